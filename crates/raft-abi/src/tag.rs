@@ -1,0 +1,102 @@
+//! The ABI tag: what the shim was compiled against, as a plain serde struct.
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The format number of [`Abi`] itself: bumped when fields are added or change meaning.
+pub const TAG_FORMAT: u32 = 1;
+
+/// The native stack a build was compiled against (the seed's `raft-abi`).
+///
+/// A plain struct with public fields: match it with struct patterns
+/// (`Abi { raft, .. }`) and copy it with struct update syntax
+/// (`Abi { raft: "26.10.00".into(), ..raft::abi() }`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Abi {
+    /// The tag's own format number ([`TAG_FORMAT`]).
+    pub version: u32,
+    /// RAFT release, `"26.08.00"`.
+    pub raft: String,
+    /// RMM release, `"26.08.00"`.
+    pub rmm: String,
+    /// CCCL release, `"3.4.3"`.
+    pub cccl: String,
+    /// CUDA runtime headers, `"13.2"`.
+    pub cuda_runtime: String,
+    /// `sizeof(raft::device_resources)` in bytes.
+    pub handle_size: usize,
+    /// RMM's inline ABI namespace, `"_RMM_26_8"`: code built against another one fails to link.
+    pub rmm_abi_namespace: String,
+}
+
+/// A field of [`Abi`], named as the seed names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AbiField {
+    /// `version`
+    Version,
+    /// `raft`
+    Raft,
+    /// `rmm`
+    Rmm,
+    /// `cccl`
+    Cccl,
+    /// `cuda-runtime`
+    CudaRuntime,
+    /// `handle-size`
+    HandleSize,
+    /// `rmm-abi-namespace`
+    RmmAbiNamespace,
+}
+
+impl fmt::Display for AbiField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AbiField::Version => "version",
+            AbiField::Raft => "raft",
+            AbiField::Rmm => "rmm",
+            AbiField::Cccl => "cccl",
+            AbiField::CudaRuntime => "cuda-runtime",
+            AbiField::HandleSize => "handle-size",
+            AbiField::RmmAbiNamespace => "rmm-abi-namespace",
+        })
+    }
+}
+
+impl Abi {
+    /// Every field with its value as text, in order.
+    pub fn fields(&self) -> [(AbiField, String); 7] {
+        [
+            (AbiField::Version, self.version.to_string()),
+            (AbiField::Raft, self.raft.clone()),
+            (AbiField::Rmm, self.rmm.clone()),
+            (AbiField::Cccl, self.cccl.clone()),
+            (AbiField::CudaRuntime, self.cuda_runtime.clone()),
+            (AbiField::HandleSize, self.handle_size.to_string()),
+            (AbiField::RmmAbiNamespace, self.rmm_abi_namespace.clone()),
+        ]
+    }
+
+    /// The fields where `other` differs from `self`, in order. A changed handle layout shows
+    /// as `handle-size` even when every version is the same.
+    pub fn mismatches(&self, other: &Abi) -> Vec<AbiField> {
+        self.fields().into_iter().zip(other.fields()).filter(|(a, b)| a.1 != b.1).map(|(a, _)| a.0).collect()
+    }
+
+    /// The one-line support report: `raft=26.08.00 rmm=26.08.00 cccl=3.4.3`.
+    pub fn report_line(&self) -> String {
+        format!("raft={} rmm={} cccl={}", self.raft, self.rmm, self.cccl)
+    }
+
+    /// The tag as pretty JSON (the format of the committed tag file).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a struct of strings and numbers always serialises")
+    }
+
+    /// Reads a tag from JSON.
+    ///
+    /// # Errors
+    /// `Logic` naming what is wrong with the text.
+    pub fn from_json(text: &str) -> raft_core::Result<Abi> {
+        serde_json::from_str(text).map_err(|e| raft_core::Error::logic("Abi::from_json", format!("not an ABI tag: {e}")))
+    }
+}

@@ -1,0 +1,42 @@
+//! Per-thread default resources: each thread gets its own for each device, made on first use
+//! and dropped when the thread ends.
+use crate::error::{Error, Result};
+use crate::resources::DeviceResources;
+use std::cell::RefCell;
+
+thread_local! {
+    static DEFAULTS: RefCell<Vec<Option<DeviceResources>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's default resources for `device`.
+///
+/// The same thread gets the same resources on every call; another thread gets its own. Once
+/// they are released, the next call makes new ones. When the thread ends its defaults are
+/// dropped, and released (on the library release thread) unless another handle still holds
+/// them. A repeated call is a thread-local read: no lock, no CUDA call.
+///
+/// # Errors
+/// `Logic` for a device that does not exist; `Cuda` when there is no driver or CUDA fails.
+pub fn current_device_resources(device: usize) -> Result<DeviceResources> {
+    const WHO: &str = "current_device_resources";
+    let hit = DEFAULTS.try_with(|d| match d.borrow().get(device) {
+        Some(Some(r)) if !r.is_released() => Some(r.clone()),
+        _ => None,
+    });
+    match hit {
+        Ok(Some(r)) => return Ok(r),
+        Ok(None) => {}
+        Err(_) => return Err(Error::logic(WHO, "the calling thread is exiting")),
+    }
+    let fresh = DeviceResources::create(WHO, device)?;
+    let stored = fresh.clone();
+    let old = DEFAULTS.try_with(|d| {
+        let mut d = d.borrow_mut();
+        if d.len() <= device {
+            d.resize(device + 1, None);
+        }
+        d[device].replace(stored)
+    });
+    drop(old); // a released default, dropped outside the borrow
+    Ok(fresh)
+}

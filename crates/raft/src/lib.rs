@@ -1,0 +1,58 @@
+//! NVIDIA RAPIDS RAFT's resource layer, from Rust.
+//!
+//! Every GPU algorithm in RAFT and cuVS stands on `raft::device_resources`: a CUDA stream,
+//! lazily made cuBLAS / cuSOLVER / cuSPARSE handles, and RMM's memory resources. This crate
+//! gives them to Rust programs, including those that use [`cudarc`] directly: the stream of a
+//! [`DeviceResources`] *is* a cudarc stream.
+//!
+//! | layer | crate | holds |
+//! | --- | --- | --- |
+//! | C++ shim + raw bindings | `raft-sys` | `raftrs_*` C functions over RAFT/RMM; every C++ exception caught |
+//! | resources | `raft-core` | [`DeviceResources`], [`current_device_resources`], [`DeviceVec`], [`gemm`], memory resources, [`Error`] |
+//! | exit safety | `raft-exit` (as [`exit`]) | exit waits, jobs and releases in flight, the atexit hook |
+//! | versions | `raft-abi` | [`version`], [`abi`], [`Abi::mismatches`], [`require_raft_release`] |
+//! | facade | `raft` | these re-exports, `raft-doctor` |
+//!
+//! # Quick start
+//! ```no_run
+//! use raft::{DeviceResources, DeviceVec, Layout};
+//! # fn main() -> raft::Result<()> {
+//! let res = DeviceResources::new()?;               // own non-blocking stream, no handles yet
+//! let a = DeviceVec::from_host(&res, &[1.0f32, 2.0, 3.0, 4.0])?;
+//! let b = DeviceVec::from_host(&res, &[1.0f32, 0.0, 0.0, 1.0])?;
+//! let mut c = DeviceVec::<f32>::zeros(&res, 4)?;
+//! raft::gemm(1.0, a.matrix(2, 2, Layout::RowMajor)?, b.matrix(2, 2, Layout::RowMajor)?, 0.0,
+//!            c.matrix_mut(2, 2, Layout::RowMajor)?)?; // cuBLAS handle made now, on res's stream
+//! res.sync()?;
+//! assert_eq!(c.to_host()?, [1.0, 2.0, 3.0, 4.0]);
+//! let job = res.spawn(|| 6 * 7)?;                  // runs on res's worker thread
+//! assert_eq!(job.join()?, 42);
+//! res.release()?;                                  // or let the last handle drop
+//! # Ok(()) }
+//! ```
+//!
+//! # Errors
+//! Every fallible call returns [`Error`]: [`ErrorKind::OutOfMemory`], [`ErrorKind::Cuda`]
+//! (including "no driver"), [`ErrorKind::Logic`] (refused before reaching the GPU) or
+//! [`ErrorKind::Generic`]; `Display` is `who: message`.
+//!
+//! # Exit
+//! A process may exit (main returns, or `std::process::exit` from any thread) while jobs run:
+//! the exit waits for them up to their exit wait (see [`exit`]), then tears down or, when a job
+//! outlives its bound, leaks the native objects to the OS rather than destroy them under it.
+pub use cudarc;
+pub use raft_abi::{abi, release, require_raft_release, running, version, Abi, AbiField, Release, Running};
+pub use raft_core::{
+    current_device, current_device_resources, current_memory_resource, device_count, driver_version, enable_memory_statistics, gemm,
+    installed_default, memory_pools_supported, memory_statistics, reset_memory_resource, runtime_version, set_memory_resource, stats,
+    with_device_resources, AsResources, DeviceResources, DeviceScalar, DeviceVec, Error, ErrorKind, GemmScalar, HandleKind, JobHandle,
+    Layout, MatrixView, MatrixViewMut, MemoryResourceKind, MemoryStatistics, Result, Scoped, Stats,
+};
+
+/// Exiting while jobs run: the exit wait and the state of the exit (`raft-exit`).
+pub mod exit {
+    pub use raft_exit::{
+        current_exit_wait, default_exit_wait, jobs_in_flight, phase, releases_in_flight, set_default_exit_wait, spawn_thread,
+        with_exit_wait, InvalidExitWait, Phase, DEFAULT_EXIT_WAIT,
+    };
+}

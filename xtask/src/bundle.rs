@@ -1,0 +1,122 @@
+//! `cargo xtask gpu-bundle [--out DIR]`: test and bench binaries built here, with the RAPIDS
+//! and CUDA runtime `.so` files and a run script, in one folder a GPU machine with no Rust
+//! toolchain and no network can run (`./run.sh tests LOGDIR`).
+use crate::{cargo, workspace_root, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The libraries carried; cuBLAS, cuSOLVER and cuSPARSE (hundreds of MB) come from the GPU
+/// machine's own CUDA install (RAFT_CUDA_LIBS in run.sh).
+const CARRIED: &[&str] = &["librmm/lib64/librmm.so", "rapids_logger/lib64/librapids_logger.so", "nvidia/cu13/lib/libcudart.so.13"];
+
+/// Builds `args` with cargo and returns the executables it made.
+fn executables(args: &[&str]) -> Result<Vec<PathBuf>> {
+    let out = cargo()
+        .args(args)
+        .args(["--message-format=json-render-diagnostics"])
+        .current_dir(workspace_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not run cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo {} failed", args.join(" ")));
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if let Some(exe) = msg.get("executable").and_then(|e| e.as_str()) {
+            found.push(PathBuf::from(exe));
+        }
+    }
+    Ok(found)
+}
+
+fn copy(from: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(from, to).map(|_| ()).map_err(|e| format!("{} -> {}: {e}", from.display(), to.display()))
+}
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# Runs this bundle on a GPU machine: no Rust toolchain or network needed.
+#   ./run.sh tests [LOGDIR]       every test binary, under RAFT_REQUIRE_GPU=1
+#   ./run.sh exec NAME [ARGS...]  one bundled binary (raft-doctor, raft-bench, ...)
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+cuda_libs=${RAFT_CUDA_LIBS:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib}
+export LD_LIBRARY_PATH="$here/lib:$cuda_libs:${LD_LIBRARY_PATH:-}"
+export RAFT_REQUIRE_GPU=1
+case "${1:-tests}" in
+  tests)
+    logs=${2:-$here/logs}; mkdir -p "$logs"
+    failed=0
+    for t in "$here"/tests/*; do
+      name=$(basename "$t")
+      "$t" ${RAFT_TEST_ARGS:-} >"$logs/$name.log" 2>&1
+      rc=$?
+      summary=$(grep -E '^test result:' "$logs/$name.log" | tail -n 1)
+      echo "$name: rc=$rc ${summary:-no summary (see $logs/$name.log)}"
+      [ $rc -eq 0 ] || failed=1
+    done
+    exit $failed ;;
+  exec)
+    shift; name=$1; shift
+    exec "$here/bin/$name" "$@" ;;
+  *) echo "usage: run.sh tests [LOGDIR] | exec NAME [ARGS...]" >&2; exit 2 ;;
+esac
+"#;
+
+pub fn run(out: Option<PathBuf>) -> Result<()> {
+    let out = out.unwrap_or_else(|| workspace_root().join("gpu-bundle"));
+    let prefix = crate::deps::prefix()?;
+    let tests = executables(&["test", "--workspace", "--release", "--no-run", "--exclude", "xtask"])?;
+    let bins = executables(&["build", "--release", "-p", "raft", "--bins", "--examples"])?;
+    let _ = std::fs::remove_dir_all(&out);
+    for sub in ["tests", "bin", "lib"] {
+        std::fs::create_dir_all(out.join(sub)).map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    let mut carried = Vec::new();
+    for exe in &tests {
+        // Test binaries are named `<target>-<hash>`; keep the target name.
+        let name = exe.file_name().and_then(|f| f.to_str()).unwrap_or("test");
+        let short = name.rsplit_once('-').map_or(name, |(n, _)| n);
+        let dest = out.join("tests").join(short);
+        copy(exe, &dest)?;
+        carried.push(dest);
+    }
+    for exe in &bins {
+        let dest = out.join("bin").join(exe.file_name().unwrap_or_default());
+        copy(exe, &dest)?;
+        carried.push(dest);
+    }
+    for file in &carried {
+        // Debug sections are most of a test binary's size; the GPU run needs none of them.
+        let _ = Command::new("strip").arg("--strip-debug").arg(file).status();
+    }
+    for lib in CARRIED {
+        let from = prefix.join(lib);
+        copy(&from, &out.join("lib").join(from.file_name().unwrap_or_default()))?;
+    }
+    let script = out.join("run.sh");
+    std::fs::write(&script, RUN_SH).map_err(|e| format!("{}: {e}", script.display()))?;
+    crate::run(Command::new("chmod").arg("+x").arg(&script))?;
+    let size: u64 = walk(&out).iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+    println!("gpu bundle: {} ({} tests, {} binaries, {:.1} MiB)", out.display(), tests.len(), bins.len(), size as f64 / (1 << 20) as f64);
+    if size > 60 << 20 {
+        return Err(format!("the bundle is {:.1} MiB: over the 64 MiB a device call carries", size as f64 / (1 << 20) as f64));
+    }
+    Ok(())
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files.extend(walk(&p));
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    files
+}

@@ -1,0 +1,70 @@
+//! `cargo xtask`: the project's tasks, one module each.
+//!
+//! | task | what it does |
+//! | --- | --- |
+//! | `deps` | fetches the pinned RAFT/RMM/CUDA wheels with pip into the cache and checks them |
+//! | `test` | `deps`, `abi-check`, then `cargo test --workspace` |
+//! | `doctor` | `deps`, then `cargo run --release --bin raft-doctor` (the main job) |
+//! | `bindings [--check]` | regenerates (or checks) `crates/raft-sys/src/bindings.rs` |
+//! | `abi-check [--bless]` | compares the ABI tag of this build with the committed one |
+//! | `gpu-bundle [--out DIR]` | packs test and bench binaries with the RAPIDS `.so` files for a GPU machine |
+mod abi_check;
+mod bindings;
+mod bundle;
+mod deps;
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+pub type Result<T> = std::result::Result<T, String>;
+
+/// The workspace root (the parent of this crate's directory).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives inside the workspace").to_path_buf()
+}
+
+/// Runs a command from the workspace root, failing with its name when it fails.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    cmd.current_dir(workspace_root());
+    let shown = format!("{cmd:?}");
+    let status = cmd.status().map_err(|e| format!("could not start {shown}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{shown} failed with {status}"))
+    }
+}
+
+pub fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+const USAGE: &str = "usage: cargo xtask <deps|test|doctor|bindings [--check]|abi-check [--bless]|gpu-bundle [--out DIR]>";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    let result = match args.first().map(String::as_str) {
+        Some("deps") => deps::run().map(|prefix| println!("native stack ready in {}", prefix.display())),
+        Some("test") => (|| {
+            deps::run()?;
+            abi_check::run(false)?;
+            run(cargo().args(["test", "--workspace"]).args(&args[1..]))
+        })(),
+        Some("doctor") => deps::run().and_then(|_| run(cargo().args(["run", "--release", "--bin", "raft-doctor", "--"]).args(&args[1..]))),
+        Some("bindings") => bindings::run(flag("--check")),
+        Some("abi-check") => deps::run().and_then(|_| abi_check::run(flag("--bless"))),
+        Some("gpu-bundle") => {
+            let out = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).map(PathBuf::from);
+            deps::run().and_then(|_| bundle::run(out))
+        }
+        _ => Err(USAGE.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
