@@ -26,3 +26,101 @@ macro_rules! require_gpu {
         }
     };
 }
+
+/// What a scenario child did.
+#[derive(Debug)]
+pub struct Child {
+    /// Exit code (`None` when killed by a signal).
+    pub code: Option<i32>,
+    /// Signal that ended it, if any.
+    pub signal: Option<i32>,
+    /// Wall time from spawn to exit.
+    pub elapsed: std::time::Duration,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Child {
+    /// The value of `key` in the child's `RESULT` lines.
+    pub fn result(&self, key: &str) -> Option<String> {
+        self.stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("RESULT "))
+            .flat_map(|l| l.split_whitespace())
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_string())
+    }
+
+    /// Panics with the child's output unless it exited with `code`.
+    pub fn assert_code(&self, code: i32) {
+        assert_eq!(
+            self.code,
+            Some(code),
+            "child ended with {:?} / signal {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.code,
+            self.signal,
+            self.stdout,
+            self.stderr
+        );
+    }
+}
+
+/// The scenarios binary: `RAFT_SCENARIOS_EXE`, else the one cargo built, else `../bin/scenarios`
+/// beside this test binary (the GPU bundle's layout).
+pub fn scenarios_exe(built: &str) -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("RAFT_SCENARIOS_EXE") {
+        return p.into();
+    }
+    let built = std::path::PathBuf::from(built);
+    if built.exists() {
+        return built;
+    }
+    let me = std::env::current_exe().expect("current exe");
+    me.parent().and_then(|d| d.parent()).map(|d| d.join("bin/scenarios")).expect("bundle layout")
+}
+
+/// Runs scenario `name` in a fresh process with `envs`, killing it after `limit`:
+/// `run_scenario!(name, envs, limit)` from an integration test.
+#[macro_export]
+macro_rules! run_scenario {
+    ($($arg:tt)*) => {
+        $crate::run_scenario_at(env!("CARGO_BIN_EXE_scenarios"), $($arg)*)
+    };
+}
+
+/// See [`run_scenario!`]; `built` is the path cargo gave the scenarios binary.
+pub fn run_scenario_at(built: &str, name: &str, envs: &[(&str, &str)], limit: std::time::Duration) -> Child {
+    use std::os::unix::process::ExitStatusExt;
+    let start = std::time::Instant::now();
+    let mut cmd = std::process::Command::new(scenarios_exe(built));
+    cmd.arg(name).envs(envs.iter().copied()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", "raft=debug");
+    }
+    let mut child = cmd.spawn().expect("spawn scenarios");
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "scenario {name} hung past {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let elapsed = start.elapsed();
+    let out = child.wait_with_output().expect("output");
+    Child {
+        code: status.code(),
+        signal: status.signal(),
+        elapsed,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}

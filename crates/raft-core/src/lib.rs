@@ -29,7 +29,7 @@ pub use memory::{
     current_memory_resource, enable_memory_statistics, installed_default, memory_statistics, reset_memory_resource, set_memory_resource,
     MemoryResourceKind, MemoryStatistics,
 };
-pub use resources::{with_device_resources, AsResources, DeviceResources, HandleKind, Scoped};
+pub use resources::{with_device_resources, AsResources, DeviceResources, HandleKind, Scoped, WeakResources};
 pub use stats::{stats, Stats};
 
 /// The CUDA runtime actually loaded (`cudaRuntimeGetVersion`, e.g. 13020): works without a GPU.

@@ -393,6 +393,11 @@ impl DeviceResources {
         Ok(JobHandle { shared, device })
     }
 
+    /// A weak handle: it does not keep the resources from being dropped (and so released).
+    pub fn downgrade(&self) -> WeakResources {
+        WeakResources { inner: Arc::downgrade(&self.inner), device: self.inner.device }
+    }
+
     pub(crate) fn from_inner(inner: Arc<Inner>) -> Self {
         DeviceResources { inner }
     }
@@ -400,6 +405,26 @@ impl DeviceResources {
     /// The id of these resources (unique in the process; shown by `Debug`).
     pub fn id(&self) -> u64 {
         self.inner.id
+    }
+}
+
+/// A [`DeviceResources`] handle that does not keep them alive (see [`DeviceResources::downgrade`]).
+#[derive(Clone)]
+pub struct WeakResources {
+    inner: Weak<Inner>,
+    device: usize,
+}
+
+impl WeakResources {
+    /// The resources, while some strong handle still holds them.
+    pub fn upgrade(&self) -> Option<DeviceResources> {
+        self.inner.upgrade().map(|inner| DeviceResources { inner })
+    }
+}
+
+impl fmt::Debug for WeakResources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakResources").field("device", &self.device).field("alive", &(self.inner.strong_count() > 0)).finish()
     }
 }
 

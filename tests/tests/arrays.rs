@@ -1,0 +1,147 @@
+//! Device arrays and real work on the resources: copies, views, GEMM against a CPU reference.
+use raft::{gemm, DeviceResources, DeviceVec, ErrorKind, Layout};
+use raft_tests::require_gpu;
+
+/// A small deterministic generator (xorshift), so every run draws fresh-looking but reproducible data.
+fn random(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// C = A·B on the CPU in f64; A is m×k, B k×n, all row-major.
+fn reference(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let aip = a[i * k + p];
+            for j in 0..n {
+                c[i * n + j] += aip * b[p * n + j];
+            }
+        }
+    }
+    c
+}
+
+fn to_layout(rm: &[f64], rows: usize, cols: usize, layout: Layout) -> Vec<f64> {
+    match layout {
+        Layout::RowMajor => rm.to_vec(),
+        Layout::ColMajor => (0..rows * cols).map(|idx| rm[(idx % rows) * cols + idx / rows]).collect(),
+    }
+}
+
+fn rel_error(out: &[f64], reference: &[f64]) -> f64 {
+    let num: f64 = out.iter().zip(reference).map(|(o, r)| (o - r).powi(2)).sum();
+    let den: f64 = reference.iter().map(|r| r * r).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+fn copies_round_trip_and_zero_fill() {
+    require_gpu!();
+    let r = DeviceResources::new().unwrap();
+    let host: Vec<i32> = (0..100_000).collect();
+    let mut v = DeviceVec::from_host(&r, &host).unwrap();
+    assert_eq!(v.len(), host.len());
+    assert_eq!(v.to_host().unwrap(), host);
+    v.fill_zero().unwrap();
+    assert!(v.to_host().unwrap().iter().all(|x| *x == 0));
+    let empty = DeviceVec::<f32>::zeros(&r, 0).unwrap();
+    assert!(empty.is_empty());
+    assert_eq!(empty.to_host().unwrap(), Vec::<f32>::new());
+    // A copy as a job: the array travels to the worker and back.
+    let (back, v) = v.into_host_job().unwrap().join().unwrap().unwrap();
+    assert_eq!(back.len(), host.len());
+    assert_eq!(v.resources(), &r);
+}
+
+#[test]
+fn arrays_keep_their_stream_and_free_in_order_after_release() {
+    require_gpu!();
+    let r = DeviceResources::new().unwrap();
+    let v = DeviceVec::<f32>::zeros(&r, 1 << 20).unwrap();
+    let stream = v.stream().cu_stream();
+    assert_eq!(stream, r.stream().unwrap().cu_stream());
+    r.release().unwrap();
+    assert_eq!(v.to_host().unwrap_err().kind(), ErrorKind::Logic);
+    drop(v); // frees on the stream it still holds: no crash, no error
+}
+
+fn check_gemm<T: raft::GemmScalar + Into<f64> + From<f32>>(m: usize, k: usize, n: usize, la: Layout, lb: Layout, lc: Layout, tol: f64) {
+    let r = DeviceResources::new().unwrap();
+    let a64 = random(m * k, 1 + m as u64);
+    let b64 = random(k * n, 2 + n as u64);
+    let cast = |v: Vec<f64>| -> Vec<T> { v.into_iter().map(|x| T::from(x as f32)).collect() };
+    let a = DeviceVec::from_host(&r, &cast(to_layout(&a64, m, k, la))).unwrap();
+    let b = DeviceVec::from_host(&r, &cast(to_layout(&b64, k, n, lb))).unwrap();
+    // Poison C: beta = 0 must overwrite every element.
+    let mut c = DeviceVec::from_host(&r, &vec![T::from(f32::NAN); m * n]).unwrap();
+    gemm(T::from(1.0), a.matrix(m, k, la).unwrap(), b.matrix(k, n, lb).unwrap(), T::from(0.0), c.matrix_mut(m, n, lc).unwrap()).unwrap();
+    r.sync().unwrap();
+    let out: Vec<f64> = c.to_host().unwrap().into_iter().map(Into::into).collect();
+    // Compare in row-major order against an f64 reference computed on the f32-rounded inputs.
+    let a_in: Vec<f64> = a64.iter().map(|x| *x as f32 as f64).collect();
+    let b_in: Vec<f64> = b64.iter().map(|x| *x as f32 as f64).collect();
+    let want = to_layout(&reference(&a_in, &b_in, m, k, n), m, n, lc);
+    assert!(out.iter().all(|x| x.is_finite()), "every element written");
+    let err = rel_error(&out, &want);
+    assert!(err < tol, "{m}x{k}x{n} {la:?}/{lb:?}/{lc:?}: relative error {err:e}");
+    assert!(r.has_handle(raft::HandleKind::Cublas).unwrap(), "the resources' own cuBLAS handle did the work");
+}
+
+#[test]
+fn sgemm_matches_a_cpu_reference_in_every_layout() {
+    require_gpu!();
+    for (la, lb, lc) in [
+        (Layout::RowMajor, Layout::RowMajor, Layout::RowMajor),
+        (Layout::ColMajor, Layout::ColMajor, Layout::ColMajor),
+        (Layout::RowMajor, Layout::ColMajor, Layout::ColMajor),
+        (Layout::ColMajor, Layout::RowMajor, Layout::RowMajor),
+    ] {
+        check_gemm::<f32>(67, 45, 31, la, lb, lc, 1e-5);
+    }
+    check_gemm::<f32>(512, 256, 384, Layout::RowMajor, Layout::RowMajor, Layout::RowMajor, 1e-5);
+}
+
+#[test]
+fn dgemm_matches_a_cpu_reference() {
+    require_gpu!();
+    check_gemm::<f64>(129, 70, 33, Layout::RowMajor, Layout::RowMajor, Layout::RowMajor, 1e-12);
+    check_gemm::<f64>(33, 70, 129, Layout::ColMajor, Layout::RowMajor, Layout::ColMajor, 1e-12);
+}
+
+#[test]
+fn gemm_refuses_shapes_that_do_not_chain_and_mixed_resources() {
+    require_gpu!();
+    let r = DeviceResources::new().unwrap();
+    let other = DeviceResources::new().unwrap();
+    let a = DeviceVec::<f32>::zeros(&r, 6).unwrap();
+    let b = DeviceVec::<f32>::zeros(&r, 6).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&r, 4).unwrap();
+    let e = gemm(
+        1.0,
+        a.matrix(2, 3, Layout::RowMajor).unwrap(),
+        b.matrix(2, 3, Layout::RowMajor).unwrap(),
+        0.0,
+        c.matrix_mut(2, 2, Layout::RowMajor).unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic);
+    let b2 = DeviceVec::<f32>::zeros(&other, 6).unwrap();
+    let e = gemm(
+        1.0,
+        a.matrix(2, 3, Layout::RowMajor).unwrap(),
+        b2.matrix(3, 2, Layout::RowMajor).unwrap(),
+        0.0,
+        c.matrix_mut(2, 2, Layout::RowMajor).unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic);
+    assert!(!r.has_handle(raft::HandleKind::Cublas).unwrap(), "refused before reaching the GPU");
+}

@@ -1,0 +1,172 @@
+//! Seed 2.2.5 "Exiting while jobs run": each scenario re-runs in a fresh process and is judged
+//! by its exit status, signal, wall time and log lines. The CPU variants run everywhere (the
+//! registry and hook are generic); the GPU variants run real resources and GPU work in the jobs.
+use raft_tests::{gpu, run_scenario, Child};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn variants() -> Vec<&'static str> {
+    // Without a GPU only the CPU variant runs (gpu() prints the skip or, under
+    // RAFT_REQUIRE_GPU=1, fails).
+    if gpu() {
+        vec!["0", "1"]
+    } else {
+        vec!["0"]
+    }
+}
+
+fn scenario(name: &str, gpu: &str, wait: &str, job_secs: &str) -> Child {
+    run_scenario!(name, &[("SCENARIO_GPU", gpu), ("SCENARIO_WAIT", wait), ("SCENARIO_JOB_SECS", job_secs)], LIMIT)
+}
+
+fn secs(c: &Child) -> f64 {
+    c.elapsed.as_secs_f64()
+}
+
+#[test]
+fn a_job_ending_within_its_bound_is_waited_for_and_torn_down() {
+    for g in variants() {
+        let c = scenario("job-then-return", g, "10", "0.7");
+        c.assert_code(0);
+        assert_eq!(c.result("job").as_deref(), Some("finished"), "the job's work was not lost");
+        assert!(secs(&c) >= 0.7 && secs(&c) < 5.0, "gpu={g}: exit took {:.2} s", secs(&c));
+        assert!(c.stderr.contains("exit: jobs in flight: job"), "gpu={g}: {}", c.stderr);
+        assert!(c.stderr.contains("tearing down"), "gpu={g}: {}", c.stderr);
+        assert!(!c.stderr.contains("WARN"), "gpu={g}: {}", c.stderr);
+    }
+}
+
+#[test]
+fn a_job_longer_than_its_bound_skips_the_teardown_after_about_the_bound() {
+    for g in variants() {
+        let c = scenario("job-then-return", g, "0.5", "20");
+        c.assert_code(0);
+        assert!(c.result("job").is_none());
+        assert!(secs(&c) >= 0.5 && secs(&c) < 4.0, "gpu={g}: exit took {:.2} s", secs(&c));
+        assert!(c.stderr.contains("teardown skipped"), "gpu={g}: {}", c.stderr);
+        assert!(c.stderr.contains("jobs still running: job"), "gpu={g}: {}", c.stderr);
+    }
+}
+
+#[test]
+fn an_infinite_wait_waits_for_a_finite_job() {
+    for g in variants() {
+        let c = scenario("job-then-return", g, "inf", "1.0");
+        c.assert_code(0);
+        assert_eq!(c.result("job").as_deref(), Some("finished"));
+        assert!(secs(&c) >= 1.0, "gpu={g}: {:.2} s", secs(&c));
+        assert!(c.stderr.contains("tearing down"));
+    }
+}
+
+#[test]
+fn a_zero_wait_does_not_wait() {
+    for g in variants() {
+        let c = scenario("job-then-return", g, "0", "20");
+        c.assert_code(0);
+        assert!(secs(&c) < 3.0, "gpu={g}: {:.2} s", secs(&c));
+        assert!(c.stderr.contains("teardown skipped"), "gpu={g}: {}", c.stderr);
+    }
+}
+
+#[test]
+fn a_job_that_calls_exit_skips_the_teardown_at_once() {
+    for g in variants() {
+        let c = scenario("job-calls-exit", g, "10", "0");
+        c.assert_code(3);
+        assert!(secs(&c) < 5.0, "gpu={g}: {:.2} s", secs(&c));
+        assert!(c.stderr.contains("exit called from a job or release thread"), "gpu={g}: {}", c.stderr);
+    }
+}
+
+#[test]
+fn exit_from_another_thread_waits_like_main_returning() {
+    for g in variants() {
+        let c = scenario("exit-from-thread", g, "10", "0.7");
+        c.assert_code(0);
+        assert_eq!(c.result("job").as_deref(), Some("finished"));
+        assert!(secs(&c) >= 0.7 && secs(&c) < 5.0, "gpu={g}: {:.2} s", secs(&c));
+        assert!(c.stderr.contains("tearing down"), "gpu={g}: {}", c.stderr);
+    }
+}
+
+#[test]
+fn a_release_in_flight_holds_the_exit_for_up_to_a_second() {
+    for g in variants() {
+        // A short release is waited for ...
+        let c = scenario("release-in-flight", g, "10", "0.3");
+        c.assert_code(0);
+        assert!(secs(&c) >= 0.3 && secs(&c) < 5.0, "gpu={g}: {:.2} s", secs(&c));
+        assert!(c.stderr.contains("tearing down"), "gpu={g}: {}", c.stderr);
+    }
+    // ... a long one (CPU variant: a release that never ends in time) only for about a second.
+    let c = scenario("release-in-flight", "0", "10", "20");
+    c.assert_code(0);
+    assert!(secs(&c) >= 1.0 && secs(&c) < 4.0, "{:.2} s", secs(&c));
+    assert!(c.stderr.contains("releases still running: release"), "{}", c.stderr);
+}
+
+#[test]
+fn two_hundred_resources_alive_at_exit_are_torn_down() {
+    if !gpu() {
+        return;
+    }
+    let c = run_scenario!("many-resources", &[("SCENARIO_COUNT", "200")], LIMIT);
+    c.assert_code(0);
+    assert_eq!(c.result("alive").as_deref(), Some("200"));
+    assert!(c.stderr.contains("tearing down"), "{}", c.stderr);
+}
+
+#[test]
+fn nothing_made_no_hook() {
+    // A process that made no job or release registers no exit hook: it exits at once, silently.
+    let c = run_scenario!("no-jobs", &[], LIMIT);
+    c.assert_code(0);
+    assert_eq!(c.result("hook").as_deref(), Some("false"));
+    assert_eq!(c.result("abi").as_deref(), Some("26.08.00"));
+    assert!(!c.stderr.contains("exit:"), "{}", c.stderr);
+}
+
+#[test]
+fn bad_exit_waits_are_refused_with_the_seed_text() {
+    for (v, text) in [(-1.0, "-1"), (f64::NAN, "NaN")] {
+        let e: raft::Error = raft::exit::with_exit_wait(v, || ()).unwrap_err().into();
+        assert_eq!(e.kind(), raft::ErrorKind::Logic);
+        assert_eq!(e.to_string(), format!("with_exit_wait: expected a non-negative real number of seconds, given {text}"));
+        assert_eq!(
+            raft::exit::set_default_exit_wait(v).unwrap_err().to_string(),
+            format!("set_default_exit_wait: expected a non-negative real number of seconds, given {text}")
+        );
+    }
+    assert_eq!(raft::exit::with_exit_wait(f64::INFINITY, raft::exit::current_exit_wait).unwrap().unwrap(), f64::INFINITY);
+    assert_eq!(raft::exit::with_exit_wait(1e300, raft::exit::current_exit_wait).unwrap().unwrap(), 1e300);
+}
+
+#[test]
+fn a_thread_made_inside_the_scope_keeps_the_value() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    raft::exit::with_exit_wait(f64::INFINITY, || {
+        raft::exit::spawn_thread(move || tx.send(raft::exit::current_exit_wait().unwrap()).unwrap());
+    })
+    .unwrap();
+    assert_eq!(rx.recv().unwrap(), f64::INFINITY);
+}
+
+#[test]
+fn raft_exit_wait_sets_the_default_and_a_bad_value_is_an_error_at_first_use() {
+    let c = run_scenario!("read-wait", &[("RAFT_EXIT_WAIT", "2.5")], LIMIT);
+    c.assert_code(0);
+    assert_eq!(c.result("wait").as_deref(), Some("2.5"));
+    let c = run_scenario!("read-wait", &[], LIMIT);
+    assert_eq!(c.result("wait").as_deref(), Some("10"), "the default is 10 seconds");
+    for bad in ["soon", "-1", "NaN"] {
+        let c = run_scenario!("read-wait", &[("RAFT_EXIT_WAIT", bad)], LIMIT);
+        c.assert_code(0);
+        assert!(
+            c.stdout.contains(&format!("ERROR RAFT_EXIT_WAIT: expected a non-negative real number of seconds, given {bad}")),
+            "{}",
+            c.stdout
+        );
+    }
+}
