@@ -165,6 +165,8 @@ fn main() {
             ),
         }
     }
+    let includes = env::join_paths(&stack.includes).expect("include paths contain no separator");
+    println!("cargo:includes={}", includes.to_string_lossy());
     let joined = env::join_paths(&stack.lib_dirs).expect("library paths contain no separator");
     println!("cargo:lib_dirs={}", joined.to_string_lossy());
     println!("cargo:root={}", stack.root.display());

@@ -124,3 +124,23 @@ pub fn run_scenario_at(built: &str, name: &str, envs: &[(&str, &str)], limit: st
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// The benchmark's C++ baseline (bench/baseline.cpp): the same operations written directly
+/// against RAFT, RMM and the CUDA runtime.
+pub mod baseline {
+    use std::ffi::c_void;
+    extern "C" {
+        /// cudaStreamCreateWithFlags(NonBlocking) + raft::device_resources on it + destroy both.
+        pub fn bl_create_release() -> i32;
+        /// cudaStreamSynchronize.
+        pub fn bl_stream_sync(stream: *mut c_void) -> i32;
+        /// Allocate + free through a C++ cuda_async_memory_resource.
+        pub fn bl_alloc_free_async(bytes: usize) -> i32;
+        /// Allocate + free through a C++ cuda_memory_resource (cudaMalloc).
+        pub fn bl_alloc_free_cuda(bytes: usize) -> i32;
+        /// ns of the first raft::resource::get_cublas_handle of new resources.
+        pub fn bl_first_cublas_ns() -> i64;
+        /// `n` resources alive at once: ns to create them and device bytes they held.
+        pub fn bl_scale(n: i32, with_cublas: i32, create_ns: *mut i64, bytes_held: *mut i64) -> i32;
+    }
+}

@@ -9,8 +9,10 @@ use std::process::Command;
 /// machine's own CUDA install (RAFT_CUDA_LIBS in run.sh).
 const CARRIED: &[&str] = &["librmm/lib64/librmm.so", "rapids_logger/lib64/librapids_logger.so", "nvidia/cu13/lib/libcudart.so.13"];
 
-/// Builds `args` with cargo and returns the executables it made.
-fn executables(args: &[&str]) -> Result<Vec<PathBuf>> {
+/// Builds `args` with cargo and returns the executables it made (for test builds, only the
+/// harnesses of libraries and integration tests: a bin's own harness has the bin's name and
+/// would shadow it).
+fn executables(args: &[&str], harnesses_only: bool) -> Result<Vec<PathBuf>> {
     let out = cargo()
         .args(args)
         .args(["--message-format=json-render-diagnostics"])
@@ -24,9 +26,13 @@ fn executables(args: &[&str]) -> Result<Vec<PathBuf>> {
     let mut found = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-        if let Some(exe) = msg.get("executable").and_then(|e| e.as_str()) {
-            found.push(PathBuf::from(exe));
+        let Some(exe) = msg.get("executable").and_then(|e| e.as_str()) else { continue };
+        let is_test = msg.pointer("/profile/test").and_then(|t| t.as_bool()).unwrap_or(false);
+        let kinds = msg.pointer("/target/kind").and_then(|k| k.as_array()).cloned().unwrap_or_default();
+        if harnesses_only && (!is_test || kinds.iter().any(|k| k == "bin")) {
+            continue;
         }
+        found.push(PathBuf::from(exe));
     }
     Ok(found)
 }
@@ -39,6 +45,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs this bundle on a GPU machine: no Rust toolchain or network needed.
 #   ./run.sh tests [LOGDIR]       every test binary, under RAFT_REQUIRE_GPU=1
 #   ./run.sh exec NAME [ARGS...]  one bundled binary (raft-doctor, raft-bench, ...)
+#   ./run.sh torture [N]          N child processes exiting at random moments with GPU jobs
+#                                 and releases in flight; counts crashes, hangs and teardowns
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 cuda_libs=${RAFT_CUDA_LIBS:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib}
@@ -60,15 +68,38 @@ case "${1:-tests}" in
   exec)
     shift; name=$1; shift
     exec "$here/bin/$name" "$@" ;;
-  *) echo "usage: run.sh tests [LOGDIR] | exec NAME [ARGS...]" >&2; exit 2 ;;
+  torture)
+    n=${2:-200}; crashes=0; hangs=0; wrong=0; torn=0; skipped=0
+    for i in $(seq 1 "$n"); do
+      ms=$((RANDOM % 400))
+      wait_s=$(printf '0.%03d' $((RANDOM % 300)))
+      case $((RANDOM % 5)) in
+        0) name=job-then-return; want=0 ;;
+        1) name=exit-from-thread; want=0 ;;
+        2) name=job-calls-exit; want=3 ;;
+        3) name=release-in-flight; want=0 ;;
+        4) name=many-resources; want=0 ;;
+      esac
+      out=$(SCENARIO_GPU=1 SCENARIO_WAIT=$wait_s SCENARIO_JOB_SECS=0.$ms SCENARIO_COUNT=20 RUST_LOG=raft=debug \
+            timeout 20 "$here/bin/scenarios" "$name" 2>&1)
+      rc=$?
+      if [ $rc -eq 124 ]; then hangs=$((hangs+1)); echo "HANG $name wait=$wait_s job=0.$ms";
+      elif [ $rc -ge 128 ]; then crashes=$((crashes+1)); echo "CRASH rc=$rc $name wait=$wait_s job=0.$ms"; echo "$out" | tail -5;
+      elif [ $rc -ne $want ]; then wrong=$((wrong+1)); echo "WRONG rc=$rc $name"; echo "$out" | tail -5; fi
+      case "$out" in *"tearing down"*) torn=$((torn+1)) ;; esac
+      case "$out" in *"teardown skipped"*) skipped=$((skipped+1)) ;; esac
+    done
+    echo "torture: $n runs, $crashes crashes, $hangs hangs, $wrong wrong statuses; teardowns done $torn, skipped $skipped"
+    [ $((crashes+hangs+wrong)) -eq 0 ] ;;
+  *) echo "usage: run.sh tests [LOGDIR] | exec NAME [ARGS...] | torture [N]" >&2; exit 2 ;;
 esac
 "#;
 
 pub fn run(out: Option<PathBuf>) -> Result<()> {
     let out = out.unwrap_or_else(|| workspace_root().join("gpu-bundle"));
     let prefix = crate::deps::prefix()?;
-    let tests = executables(&["test", "--workspace", "--release", "--no-run", "--exclude", "xtask"])?;
-    let bins = executables(&["build", "--release", "-p", "raft", "--bins", "--examples"])?;
+    let tests = executables(&["test", "--workspace", "--release", "--no-run", "--exclude", "xtask"], true)?;
+    let bins = executables(&["build", "--release", "-p", "raft", "-p", "raft-tests", "-p", "raft-abi", "--bins", "--examples"], false)?;
     let _ = std::fs::remove_dir_all(&out);
     for sub in ["tests", "bin", "lib"] {
         std::fs::create_dir_all(out.join(sub)).map_err(|e| format!("{}: {e}", out.display()))?;

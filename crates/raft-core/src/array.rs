@@ -1,5 +1,6 @@
 //! `DeviceVec<T>`: typed device memory from the device's current RMM resource, allocated and
 //! freed in order on a resources object's stream (an `rmm::device_buffer`).
+use crate::device::ContextGuard;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffi::check;
 use crate::resources::DeviceResources;
@@ -75,6 +76,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
 
     fn alloc(who: &'static str, resources: &DeviceResources, len: usize) -> Result<Self> {
         let bytes = bytes_of::<T>(who, len)?;
+        let _keep = ContextGuard::save(who)?;
         resources.with_live(who, |live| {
             let mut raw = std::ptr::null_mut();
             // SAFETY: the stream is alive under the read lock; `raw` receives a new buffer.
@@ -162,9 +164,18 @@ impl<T: DeviceScalar> DeviceVec<T> {
     pub fn fill_zero(&mut self) -> Result<()> {
         const WHO: &str = "DeviceVec::fill_zero";
         self.live(WHO)?;
+        let _keep = ContextGuard::save(WHO)?;
         let bytes = self.len * std::mem::size_of::<T>();
         // SAFETY: `ptr` holds `bytes` bytes of device memory owned by this array.
-        check(WHO, unsafe { sys::raftrs_memset_async(self.ptr as *mut c_void, 0, bytes, self.stream.cu_stream() as *mut c_void) })?;
+        check(WHO, unsafe {
+            sys::raftrs_memset_async(
+                self.resources.device() as i32,
+                self.ptr as *mut c_void,
+                0,
+                bytes,
+                self.stream.cu_stream() as *mut c_void,
+            )
+        })?;
         self.wait(WHO)
     }
 
@@ -175,12 +186,19 @@ impl<T: DeviceScalar> DeviceVec<T> {
     pub fn copy_from_host(&mut self, host: &[T]) -> Result<()> {
         const WHO: &str = "DeviceVec::copy_from_host";
         self.live(WHO)?;
+        let _keep = ContextGuard::save(WHO)?;
         self.same_len(WHO, host.len())?;
         let bytes = std::mem::size_of_val(host);
         // SAFETY: both ranges hold `bytes` bytes; the host slice outlives the copy, which is
         // waited for before returning.
         check(WHO, unsafe {
-            sys::raftrs_memcpy_async(self.ptr as *mut c_void, host.as_ptr() as *const c_void, bytes, self.stream.cu_stream() as *mut c_void)
+            sys::raftrs_memcpy_async(
+                self.resources.device() as i32,
+                self.ptr as *mut c_void,
+                host.as_ptr() as *const c_void,
+                bytes,
+                self.stream.cu_stream() as *mut c_void,
+            )
         })?;
         self.wait(WHO)
     }
@@ -192,12 +210,14 @@ impl<T: DeviceScalar> DeviceVec<T> {
     pub fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
         const WHO: &str = "DeviceVec::copy_to_host";
         self.live(WHO)?;
+        let _keep = ContextGuard::save(WHO)?;
         self.same_len(WHO, host.len())?;
         let bytes = std::mem::size_of_val(host);
         // SAFETY: both ranges hold `bytes` bytes; the host slice outlives the copy, which is
         // waited for before returning.
         check(WHO, unsafe {
             sys::raftrs_memcpy_async(
+                self.resources.device() as i32,
                 host.as_mut_ptr() as *mut c_void,
                 self.ptr as *const c_void,
                 bytes,
@@ -253,6 +273,7 @@ impl<T: DeviceScalar> Drop for DeviceVec<T> {
         if !raft_exit::native_release_allowed() {
             return; // leaked to the OS: no CUDA call once the exit has decided
         }
+        let _keep = ContextGuard::save("DeviceVec::drop");
         // SAFETY: the buffer is freed exactly once, stream-ordered on a stream kept alive by
         // `self.stream`; the shim catches every exception.
         let status = unsafe { sys::raftrs_buffer_destroy(self.buffer.0.as_ptr(), self.stream.cu_stream() as *mut c_void) };

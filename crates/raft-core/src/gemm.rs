@@ -106,6 +106,7 @@ pub fn gemm<T: GemmScalar>(alpha: T, a: MatrixView<'_, T>, b: MatrixView<'_, T>,
         return Err(Error::logic(WHO, "A, B and C must belong to the same resources"));
     }
     let c_ptr = c.data.as_mut_ptr();
+    let _keep = crate::device::ContextGuard::save(WHO)?;
     res.with_live(WHO, |live| {
         let status = if c.layout == Layout::ColMajor {
             let (pa, ta, lda) = operand(&a, false);

@@ -6,7 +6,7 @@
 //! other resource installed, before or after, is left alone; a plain `cuda_memory_resource`
 //! installed beforehand equals the initial one and is replaced. A device without memory-pool
 //! support keeps the initial resource.
-use crate::device::{check_device, device_count_for};
+use crate::device::{check_device, device_count_for, ContextGuard};
 use crate::error::Result;
 use crate::ffi::check;
 use raft_sys as sys;
@@ -75,6 +75,7 @@ pub fn current_memory_resource(device: usize) -> Result<MemoryResourceKind> {
 pub fn set_memory_resource(device: usize, kind: MemoryResourceKind) -> Result<()> {
     const WHO: &str = "set_memory_resource";
     check_device(WHO, device)?;
+    let _keep = ContextGuard::save(WHO)?;
     let raw = match kind {
         MemoryResourceKind::Cuda => sys::RAFTRS_MR_CUDA,
         MemoryResourceKind::CudaAsync => sys::RAFTRS_MR_CUDA_ASYNC,
@@ -89,6 +90,7 @@ pub fn set_memory_resource(device: usize, kind: MemoryResourceKind) -> Result<()
 pub fn reset_memory_resource(device: usize) -> Result<()> {
     const WHO: &str = "reset_memory_resource";
     check_device(WHO, device)?;
+    let _keep = ContextGuard::save(WHO)?;
     // SAFETY: plain value; the shim catches every exception.
     check(WHO, unsafe { sys::raftrs_mr_reset(device as i32) })
 }
@@ -98,6 +100,7 @@ pub fn reset_memory_resource(device: usize) -> Result<()> {
 pub fn enable_memory_statistics(device: usize) -> Result<()> {
     const WHO: &str = "enable_memory_statistics";
     check_device(WHO, device)?;
+    let _keep = ContextGuard::save(WHO)?;
     // SAFETY: plain value; the shim catches every exception.
     check(WHO, unsafe { sys::raftrs_mr_enable_statistics(device as i32) })
 }

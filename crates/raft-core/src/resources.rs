@@ -215,8 +215,8 @@ impl DeviceResources {
     pub(crate) fn create(who: &'static str, device: usize) -> Result<Self> {
         check_device(who, device)?;
         let ctx = context(who, device)?;
-        memory::ensure_default(device);
         let _keep = ContextGuard::save(who)?;
+        memory::ensure_default(device);
         let stream = ctx.new_stream().map_err(|e| Error::driver(who, e))?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: the stream is a live CUstream of this device (a CUstream is a cudaStream_t);
@@ -305,6 +305,7 @@ impl DeviceResources {
     /// `Logic` on released resources; `Cuda` when the library fails to create the handle.
     pub fn handle(&self, kind: HandleKind) -> Result<*mut c_void> {
         const WHO: &str = "DeviceResources::handle";
+        let _keep = ContextGuard::save(WHO)?;
         self.with_live(WHO, |live| {
             let mut out = std::ptr::null_mut();
             // SAFETY: the native resources are alive under the read lock; `out` receives the

@@ -79,14 +79,24 @@ pub fn on_teardown(step: fn()) {
     TEARDOWNS.lock().unwrap_or_else(|e| e.into_inner()).push(step);
 }
 
-/// Registers the hook with `atexit`, once.
+#[cfg(target_env = "gnu")]
+extern "C" {
+    /// glibc's `on_exit`: like `atexit`, but the handler receives the exit status.
+    fn on_exit(function: extern "C" fn(libc::c_int, *mut libc::c_void), arg: *mut libc::c_void) -> libc::c_int;
+}
+
+/// Registers the hook with the C library's exit handlers, once.
 pub(crate) fn ensure_registered() {
     HOOK.call_once(|| {
-        // SAFETY: `exit_hook` is an `extern "C" fn()` with no arguments that never unwinds
-        // (it catches every panic); atexit only stores the pointer.
+        #[cfg(target_env = "gnu")]
+        // SAFETY: `exit_hook_with_status` never unwinds (it catches every panic) and uses no
+        // argument; on_exit only stores the pointer.
+        let rc = unsafe { on_exit(exit_hook_with_status, std::ptr::null_mut()) };
+        #[cfg(not(target_env = "gnu"))]
+        // SAFETY: `exit_hook` never unwinds (it catches every panic); atexit only stores it.
         let rc = unsafe { libc::atexit(exit_hook) };
         if rc != 0 {
-            log::warn!(target: "raft", "atexit refused the exit hook ({rc}): exits will not wait for GPU jobs");
+            log::warn!(target: "raft", "the C library refused the exit hook ({rc}): exits will not wait for GPU jobs");
         }
     });
 }
@@ -96,8 +106,26 @@ pub fn hook_registered() -> bool {
     HOOK.is_completed()
 }
 
-extern "C" fn exit_hook() {
+#[cfg(target_env = "gnu")]
+extern "C" fn exit_hook_with_status(status: libc::c_int, _arg: *mut libc::c_void) {
     // A panic must not unwind into libc; there is nothing to do with one at exit.
+    let end_now = std::panic::catch_unwind(run_hook).unwrap_or(false);
+    if end_now {
+        // Something still runs on the GPU: the C++ static destructors that would run next
+        // (libcudart's, RMM's per-device map) would tear CUDA down under it and crash the
+        // process. End it here with its own status; the OS reclaims what was leaked.
+        // SAFETY: fflush(NULL) flushes every C stdio stream; _exit ends the process at once.
+        unsafe {
+            libc::fflush(std::ptr::null_mut());
+            libc::_exit(status);
+        }
+    }
+}
+
+#[cfg(not(target_env = "gnu"))]
+extern "C" fn exit_hook() {
+    // Without on_exit the status is unknown, so the process cannot be ended here: the
+    // teardown is still skipped, but the static destructors run.
     let _ = std::panic::catch_unwind(run_hook);
 }
 
@@ -108,18 +136,23 @@ fn list<T: std::fmt::Display>(items: &[T]) -> String {
     items.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
-fn run_hook() {
+/// Waits, then tears down or skips; returns whether the process must end at once (something
+/// other than the exiting thread still runs).
+fn run_hook() -> bool {
     let start = Instant::now();
     set_phase(Phase::Waiting);
     if on_library_thread() {
         set_phase(Phase::Skipped);
+        let jobs = REGISTRY.jobs_now();
+        let releases = REGISTRY.releases_in_flight();
         log::warn!(
             target: "raft",
             "exit called from a job or release thread: teardown skipped; jobs still running: {}; releases still running: {}",
-            list(&REGISTRY.jobs_now()),
-            REGISTRY.releases_in_flight()
+            list(&jobs),
+            releases
         );
-        return;
+        // The exiting thread holds one of them itself.
+        return jobs.len() + releases > 1;
     }
     let in_flight = REGISTRY.jobs_now();
     match REGISTRY.wait_for_drain(start, RELEASE_GRACE) {
@@ -136,6 +169,7 @@ fn run_hook() {
                 let _ = std::panic::catch_unwind(step);
             }
             set_phase(Phase::TornDown);
+            false
         }
         Outcome::TimedOut { waited, jobs, releases } => {
             set_phase(Phase::Skipped);
@@ -146,6 +180,7 @@ fn run_hook() {
                 list(&jobs),
                 list(&releases)
             );
+            true
         }
     }
 }

@@ -11,7 +11,9 @@
 //!   jobs in flight up to the largest of their bounds, and for releases up to one second after
 //!   the exit began or the last job ended, whichever is later; then runs the teardown steps
 //!   ([`on_teardown`]) if everything drained, or skips them (leaking native objects to the OS,
-//!   never destroying them under a running job) and logs a warning on target `raft`.
+//!   never destroying them under a running job), logs a warning on target `raft`, and ends
+//!   the process at once with its exit status (`_exit`): the C++ static destructors that would
+//!   follow (the CUDA runtime's, RMM's) would otherwise tear CUDA down under the running job.
 //!
 //! # Thread safety
 //! Everything here may be called from any thread, also during the exit.

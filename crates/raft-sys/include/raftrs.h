@@ -79,10 +79,10 @@ raftrs_status raftrs_current_device(int32_t* out);
 raftrs_status raftrs_device_memory_pools_supported(int32_t device, int32_t* out);
 /** cudaStreamSynchronize on a raw stream (a baseline for benchmarks and tests). */
 raftrs_status raftrs_stream_synchronize(void* stream);
-/** cudaMemcpyAsync with cudaMemcpyDefault on a stream. */
-raftrs_status raftrs_memcpy_async(void* dst, const void* src, size_t bytes, void* stream);
-/** cudaMemsetAsync on a stream. */
-raftrs_status raftrs_memset_async(void* dst, int32_t value, size_t bytes, void* stream);
+/** cudaMemcpyAsync with cudaMemcpyDefault on a stream of `device`. */
+raftrs_status raftrs_memcpy_async(int32_t device, void* dst, const void* src, size_t bytes, void* stream);
+/** cudaMemsetAsync on a stream of `device`. */
+raftrs_status raftrs_memset_async(int32_t device, void* dst, int32_t value, size_t bytes, void* stream);
 
 /* ---- raft::device_resources --------------------------------------------------------------- */
 

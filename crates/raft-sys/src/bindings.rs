@@ -92,8 +92,9 @@ unsafe extern "C" {
     pub fn raftrs_stream_synchronize(stream: *mut ::core::ffi::c_void) -> raftrs_status;
 }
 unsafe extern "C" {
-    #[doc = " cudaMemcpyAsync with cudaMemcpyDefault on a stream."]
+    #[doc = " cudaMemcpyAsync with cudaMemcpyDefault on a stream of `device`."]
     pub fn raftrs_memcpy_async(
+        device: i32,
         dst: *mut ::core::ffi::c_void,
         src: *const ::core::ffi::c_void,
         bytes: usize,
@@ -101,8 +102,14 @@ unsafe extern "C" {
     ) -> raftrs_status;
 }
 unsafe extern "C" {
-    #[doc = " cudaMemsetAsync on a stream."]
-    pub fn raftrs_memset_async(dst: *mut ::core::ffi::c_void, value: i32, bytes: usize, stream: *mut ::core::ffi::c_void) -> raftrs_status;
+    #[doc = " cudaMemsetAsync on a stream of `device`."]
+    pub fn raftrs_memset_async(
+        device: i32,
+        dst: *mut ::core::ffi::c_void,
+        value: i32,
+        bytes: usize,
+        stream: *mut ::core::ffi::c_void,
+    ) -> raftrs_status;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

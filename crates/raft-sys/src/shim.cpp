@@ -345,17 +345,19 @@ raftrs_status raftrs_stream_synchronize(void* stream)
   return guard([&] { RAFTRS_CUDA_TRY(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))); });
 }
 
-raftrs_status raftrs_memcpy_async(void* dst, const void* src, size_t bytes, void* stream)
+raftrs_status raftrs_memcpy_async(int32_t device, void* dst, const void* src, size_t bytes, void* stream)
 {
   return guard([&] {
+    device_scope scope{device};
     RAFTRS_CUDA_TRY(
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
   });
 }
 
-raftrs_status raftrs_memset_async(void* dst, int32_t value, size_t bytes, void* stream)
+raftrs_status raftrs_memset_async(int32_t device, void* dst, int32_t value, size_t bytes, void* stream)
 {
   return guard([&] {
+    device_scope scope{device};
     RAFTRS_CUDA_TRY(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)));
   });
 }

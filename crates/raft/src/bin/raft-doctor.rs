@@ -1,0 +1,188 @@
+//! raft-doctor: shows the library doing its job on this machine, or says plainly what is wrong.
+//!
+//! Prints each device, the driver and runtime, the ABI tag built against and the one running,
+//! then runs a short real workload through the library (resources per device, a job, an
+//! allocation through the default resource, a checked host↔device copy, a cuBLAS GEMM on the
+//! resources' handle timed with `sync()`). `--json` prints the same as JSON.
+//!
+//! Exit status: 0 when everything ran, 2 when there is no usable CUDA driver or device, 1 when
+//! a step failed.
+use raft::{DeviceResources, DeviceVec, Layout};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::time::Instant;
+
+struct Report {
+    json: bool,
+    doc: serde_json::Map<String, Value>,
+}
+
+impl Report {
+    fn line(&self, text: impl AsRef<str>) {
+        if !self.json {
+            println!("{}", text.as_ref());
+        }
+    }
+    fn progress(&self, text: &str) {
+        // Long steps show progress on stderr, so --json output stays clean.
+        eprint!("{text} ... ");
+        let _ = std::io::stderr().flush();
+    }
+    fn done(&self, text: &str) {
+        eprintln!("{text}");
+    }
+}
+
+fn device_info(r: &DeviceResources) -> raft::Result<Value> {
+    let ctx = r.context();
+    let d = r.device();
+    let (free, total) = ctx.mem_get_info()?;
+    let (major, minor) = ctx.compute_capability()?;
+    Ok(json!({
+        "device": d,
+        "name": ctx.name()?,
+        "memory_total_bytes": total,
+        "memory_free_bytes": free,
+        "compute_capability": format!("{major}.{minor}"),
+        "memory_pools": raft::memory_pools_supported(d)?,
+        "memory_resource": raft::current_memory_resource(d)?.to_string(),
+        "pool_installed_by_raft": raft::installed_default(d),
+    }))
+}
+
+fn workload(report: &Report, r: &DeviceResources) -> raft::Result<Value> {
+    let d = r.device();
+    report.progress(&format!("device {d}: job"));
+    let job_device = r.spawn({
+        let r = r.clone();
+        move || {
+            r.sync()?;
+            raft::current_device()
+        }
+    })?;
+    let job_ran_on = job_device.join()??;
+    report.done("ok");
+
+    report.progress(&format!("device {d}: allocation and copy"));
+    let n = 1 << 24;
+    let host: Vec<f32> = (0..n).map(|i| (i % 4099) as f32).collect();
+    let dev = DeviceVec::from_host(r, &host)?;
+    let back = dev.to_host()?;
+    let copy_ok = back == host;
+    report.done(if copy_ok { "equal" } else { "DIFFERENT" });
+
+    report.progress(&format!("device {d}: cuBLAS GEMM 4096³ fp32"));
+    let m = 4096usize;
+    let a = DeviceVec::from_host(r, &host[..m * m])?;
+    let b = DeviceVec::from_host(r, &host[..m * m])?;
+    let mut c = DeviceVec::<f32>::zeros(r, m * m)?;
+    let gemm = |c: &mut DeviceVec<f32>| {
+        raft::gemm(1.0f32, a.matrix(m, m, Layout::ColMajor)?, b.matrix(m, m, Layout::ColMajor)?, 0.0, c.matrix_mut(m, m, Layout::ColMajor)?)
+    };
+    let first = Instant::now();
+    gemm(&mut c)?; // makes the cuBLAS handle
+    r.sync()?;
+    let first_ms = first.elapsed().as_secs_f64() * 1e3;
+    let reps = 10;
+    let t = Instant::now();
+    for _ in 0..reps {
+        gemm(&mut c)?;
+    }
+    r.sync()?;
+    let secs = t.elapsed().as_secs_f64() / reps as f64;
+    let tflops = 2.0 * (m as f64).powi(3) / secs / 1e12;
+    report.done(&format!("{tflops:.1} TFLOP/s"));
+    Ok(json!({
+        "device": d,
+        "job_ran_on_device": job_ran_on,
+        "copy_64_MiB_equal": copy_ok,
+        "gemm_4096_fp32_tflops": tflops,
+        "first_gemm_with_handle_ms": first_ms,
+        "memory_resource_after": raft::current_memory_resource(d)?.to_string(),
+    }))
+}
+
+fn main() {
+    let json_out = std::env::args().any(|a| a == "--json");
+    let mut report = Report { json: json_out, doc: serde_json::Map::new() };
+    let built = raft::abi();
+    report.doc.insert("abi_built".into(), serde_json::to_value(&built).unwrap_or(Value::Null));
+    report.line(format!("raft-rs {}: built against {}", env!("CARGO_PKG_VERSION"), built.report_line()));
+    report.line(format!(
+        "  cuda runtime headers {}, handle size {} bytes, RMM ABI {}",
+        built.cuda_runtime, built.handle_size, built.rmm_abi_namespace
+    ));
+
+    let running = raft::running();
+    match &running {
+        Ok(run) => {
+            report.doc.insert("running".into(), serde_json::to_value(run).unwrap_or(Value::Null));
+            report.line(format!("  running on CUDA runtime {}, driver {}", run.cuda_runtime, run.driver.as_deref().unwrap_or("none")));
+            if run.cuda_runtime != built.cuda_runtime {
+                report.line(format!("  MISMATCH cuda-runtime: built for {}, running {}", built.cuda_runtime, run.cuda_runtime));
+            }
+        }
+        Err(e) => report.line(format!("  the CUDA runtime does not answer: {e}")),
+    }
+    report.line(format!("  exit wait: {} s", raft::exit::current_exit_wait().map(|w| w.to_string()).unwrap_or_else(|e| e.to_string())));
+
+    let count = match raft::device_count() {
+        Ok(n) if n > 0 => n,
+        other => {
+            let why = match other {
+                Ok(_) => "no CUDA device is visible".to_string(),
+                Err(e) => e.message().to_string(),
+            };
+            report.doc.insert("error".into(), json!(why));
+            if json_out {
+                println!("{}", serde_json::to_string_pretty(&report.doc).unwrap_or_default());
+            }
+            eprintln!("raft-doctor: no usable GPU: {why}");
+            std::process::exit(2);
+        }
+    };
+
+    let mut devices = Vec::new();
+    let mut workloads = Vec::new();
+    let mut failed = false;
+    for d in 0..count {
+        let step = DeviceResources::on_device(d).and_then(|r| {
+            let info = device_info(&r)?;
+            report.line(format!(
+                "device {d}: {} ({:.1} GiB, compute {}), memory pools {}, RMM resource {}",
+                info["name"].as_str().unwrap_or("?"),
+                info["memory_total_bytes"].as_f64().unwrap_or(0.0) / (1u64 << 30) as f64,
+                info["compute_capability"].as_str().unwrap_or("?"),
+                if info["memory_pools"].as_bool() == Some(true) { "yes" } else { "no" },
+                info["memory_resource"].as_str().unwrap_or("?"),
+            ));
+            devices.push(info);
+            let w = workload(&report, &r)?;
+            report.line(format!(
+                "  workload: job ok (on device {}), 64 MiB copy {}, GEMM 4096³ fp32 {:.1} TFLOP/s (first call with handle {:.1} ms)",
+                w["job_ran_on_device"],
+                if w["copy_64_MiB_equal"].as_bool() == Some(true) { "equal" } else { "DIFFERENT" },
+                w["gemm_4096_fp32_tflops"].as_f64().unwrap_or(0.0),
+                w["first_gemm_with_handle_ms"].as_f64().unwrap_or(0.0),
+            ));
+            if w["copy_64_MiB_equal"].as_bool() != Some(true) {
+                failed = true;
+            }
+            workloads.push(w);
+            r.release()
+        });
+        if let Err(e) = step {
+            report.line(format!("device {d}: FAILED: {e}"));
+            failed = true;
+        }
+    }
+    report.doc.insert("devices".into(), Value::Array(devices));
+    report.doc.insert("workloads".into(), Value::Array(workloads));
+    report.doc.insert("ok".into(), json!(!failed));
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&report.doc).unwrap_or_default());
+    } else {
+        report.line(if failed { "raft-doctor: FAILED" } else { "raft-doctor: all good" });
+    }
+    std::process::exit(if failed { 1 } else { 0 });
+}

@@ -1,0 +1,132 @@
+// The C++ side of the benchmark: the same operations written directly against RAFT, RMM and the
+// CUDA runtime, compiled with the shim's toolchain against the same headers, timed by the same
+// Rust clock in the same process.
+#include <raft/core/device_resources.hpp>
+#include <raft/core/resource/cublas_handle.hpp>
+
+#include <rmm/aligned.hpp>
+#include <rmm/mr/cuda_async_memory_resource.hpp>
+#include <rmm/mr/cuda_memory_resource.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace {
+struct own {
+  cudaStream_t stream{};
+  raft::device_resources* res{};
+};
+
+own make()
+{
+  own o;
+  cudaStreamCreateWithFlags(&o.stream, cudaStreamNonBlocking);
+  o.res = new raft::device_resources(rmm::cuda_stream_view{o.stream});
+  return o;
+}
+
+void destroy(own& o)
+{
+  delete o.res;
+  cudaStreamDestroy(o.stream);
+}
+
+cudaStream_t bench_stream()
+{
+  static cudaStream_t s = [] {
+    cudaStream_t t{};
+    cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking);
+    return t;
+  }();
+  return s;
+}
+}  // namespace
+
+extern "C" {
+
+// cudaStreamCreateWithFlags(NonBlocking) + raft::device_resources on it + destroy both.
+int32_t bl_create_release()
+{
+  try {
+    auto o = make();
+    destroy(o);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+int32_t bl_stream_sync(void* stream) { return cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); }
+
+// 1 MiB (or `bytes`) allocate + free through a C++ cuda_async_memory_resource, stream-ordered.
+int32_t bl_alloc_free_async(size_t bytes)
+{
+  try {
+    static rmm::mr::cuda_async_memory_resource mr{};
+    cuda::stream_ref s{bench_stream()};
+    void* p = mr.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    mr.deallocate(s, p, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// The same through cuda_memory_resource (cudaMalloc / cudaFree).
+int32_t bl_alloc_free_cuda(size_t bytes)
+{
+  try {
+    static rmm::mr::cuda_memory_resource mr{};
+    cuda::stream_ref s{bench_stream()};
+    void* p = mr.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    mr.deallocate(s, p, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// New resources, then the time of the first raft::resource::get_cublas_handle, in ns.
+int64_t bl_first_cublas_ns()
+{
+  try {
+    auto o     = make();
+    auto start = std::chrono::steady_clock::now();
+    (void)raft::resource::get_cublas_handle(*o.res);
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    destroy(o);
+    return ns;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// `n` resources alive at once (each with its own stream), then all destroyed; `with_cublas`
+// makes each take a cuBLAS handle. Returns ns to create all and the device bytes they held.
+int32_t bl_scale(int32_t n, int32_t with_cublas, int64_t* create_ns, int64_t* bytes_held)
+{
+  try {
+    size_t free_before = 0, free_after = 0, total = 0;
+    cudaDeviceSynchronize();
+    cudaMemGetInfo(&free_before, &total);
+    std::vector<own> all;
+    all.reserve(n);
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      all.push_back(make());
+      if (with_cublas) { (void)raft::resource::get_cublas_handle(*all.back().res); }
+    }
+    *create_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    cudaDeviceSynchronize();
+    cudaMemGetInfo(&free_after, &total);
+    *bytes_held = static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after);
+    for (auto& o : all) { destroy(o); }
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+}

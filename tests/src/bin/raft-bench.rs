@@ -1,0 +1,415 @@
+//! raft-bench: what this binding adds on top of RAFT, measured side by side with raw C++ RAFT
+//! (bench/baseline.cpp, same headers, same process, same clock) and with cudarc.
+//!
+//! Each case: warm-up, then many samples; a sample times a batch of calls with `Instant` and
+//! divides by the batch size; the table shows the median, min and max per call. Prints a
+//! Markdown table and writes JSON to the path given as the first argument (default
+//! `raft-bench.json`).
+use raft::{current_device_resources, DeviceResources, DeviceVec, Layout};
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::hint::black_box;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use raft_tests::baseline::*;
+
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+struct Stat {
+    median_ns: f64,
+    min_ns: f64,
+    max_ns: f64,
+    samples: usize,
+}
+
+/// Times `f` `batch` times per sample, `samples` samples after `warmup` calls.
+fn measure(warmup: usize, samples: usize, batch: usize, mut f: impl FnMut()) -> Stat {
+    for _ in 0..warmup {
+        f();
+    }
+    let mut per: Vec<f64> = (0..samples)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..batch {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / batch as f64
+        })
+        .collect();
+    per.sort_by(f64::total_cmp);
+    Stat { median_ns: per[per.len() / 2], min_ns: per[0], max_ns: per[per.len() - 1], samples }
+}
+
+fn stat_of(mut v: Vec<f64>) -> Stat {
+    v.sort_by(f64::total_cmp);
+    Stat { median_ns: v[v.len() / 2], min_ns: v[0], max_ns: v[v.len() - 1], samples: v.len() }
+}
+
+#[derive(serde::Serialize)]
+struct Row {
+    case: String,
+    ours: String,
+    ours_stat: Stat,
+    baselines: Vec<(String, Stat)>,
+    /// ours / the baseline named in `against`.
+    ratio: Option<f64>,
+    against: String,
+    target: String,
+    met: Option<bool>,
+}
+
+fn fmt_ns(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.2} µs", ns / 1e3)
+    } else {
+        format!("{ns:.1} ns")
+    }
+}
+
+fn show(s: &Stat) -> String {
+    format!("{} [{}, {}]", fmt_ns(s.median_ns), fmt_ns(s.min_ns), fmt_ns(s.max_ns))
+}
+
+struct Table {
+    rows: Vec<Row>,
+    notes: Vec<String>,
+}
+
+impl Table {
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &mut self,
+        case: &str,
+        ours: &str,
+        s: Stat,
+        baselines: Vec<(&str, Stat)>,
+        against: &str,
+        target: &str,
+        ok: impl Fn(f64, f64) -> bool,
+    ) {
+        let base = baselines.iter().find(|(n, _)| *n == against).map(|(_, b)| b.median_ns);
+        let ratio = base.map(|b| s.median_ns / b);
+        let met = base.map(|b| ok(s.median_ns, b));
+        eprintln!("  {case}: {} {}", show(&s), ratio.map(|r| format!("({r:.2}x {against})")).unwrap_or_default());
+        self.rows.push(Row {
+            case: case.into(),
+            ours: ours.into(),
+            ours_stat: s,
+            baselines: baselines.into_iter().map(|(n, b)| (n.to_string(), b)).collect(),
+            ratio,
+            against: against.into(),
+            target: target.into(),
+            met,
+        });
+    }
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("{message}");
+    std::process::exit(2)
+}
+
+fn main() {
+    let out = std::env::args().nth(1).unwrap_or_else(|| "raft-bench.json".into());
+    let mut t = Table { rows: Vec::new(), notes: Vec::new() };
+    match raft::device_count() {
+        Ok(n) if n > 0 => eprintln!("raft-bench on {n} device(s)"),
+        Ok(_) => fail("raft-bench needs a GPU: no CUDA device"),
+        Err(e) => fail(&format!("raft-bench needs a GPU: {e}")),
+    }
+
+    // First cuBLAS handle in the process: ours first, so ours pays the library load.
+    let r0 = DeviceResources::new().expect("resources");
+    let t0 = Instant::now();
+    r0.cublas_handle().expect("cublas");
+    let process_first = t0.elapsed().as_nanos() as f64;
+    t.notes.push(format!("first cuBLAS handle of the process (library load included): {}", fmt_ns(process_first)));
+    r0.release().unwrap();
+
+    // 1. create + release, no handles.
+    let ours = measure(200, 2000, 1, || DeviceResources::new().unwrap().release().unwrap());
+    // SAFETY: plain C function of the baseline.
+    let cpp = measure(200, 2000, 1, || assert_eq!(unsafe { bl_create_release() }, 0));
+    t.add(
+        "create + release, no handles",
+        "DeviceResources::new + release",
+        ours,
+        vec![("C++ stream + raft::device_resources + destroy", cpp)],
+        "C++ stream + raft::device_resources + destroy",
+        "<= 1.25x",
+        |a, b| a <= 1.25 * b,
+    );
+
+    // 2. sync of an empty stream.
+    let r = DeviceResources::new().unwrap();
+    let stream = r.stream().unwrap();
+    let ours = measure(1000, 2000, 100, || r.sync().unwrap());
+    // SAFETY: the stream is alive while `stream` is held.
+    let cuda_rt = measure(1000, 2000, 100, || assert_eq!(unsafe { bl_stream_sync(stream.cu_stream() as *mut c_void) }, 0));
+    let cudarc_s = measure(1000, 2000, 100, || stream.synchronize().unwrap());
+    let faster = if cuda_rt.median_ns <= cudarc_s.median_ns { "cudaStreamSynchronize" } else { "cudarc synchronize" };
+    t.add(
+        "sync of an empty stream",
+        "DeviceResources::sync",
+        ours,
+        vec![("cudaStreamSynchronize", cuda_rt), ("cudarc synchronize", cudarc_s)],
+        faster,
+        "<= 1.10x the faster",
+        |a, b| a <= 1.10 * b,
+    );
+
+    // 3. default lookup, already made.
+    current_device_resources(0).unwrap();
+    let ours = measure(1000, 2000, 1000, || drop(black_box(current_device_resources(black_box(0)).unwrap())));
+    thread_local! { static PLAIN: Cell<u64> = const { Cell::new(7) }; }
+    let tls = measure(1000, 2000, 1000, || {
+        black_box(PLAIN.with(Cell::get));
+    });
+    t.add(
+        "default lookup (made already)",
+        "current_device_resources(0)",
+        ours,
+        vec![("thread-local read", tls)],
+        "thread-local read",
+        "<= 20 ns",
+        |a, _| a <= 20.0,
+    );
+
+    // 4. job round trip.
+    let ours = measure(200, 5000, 1, || r.spawn(|| black_box(1)).unwrap().join().map(drop).unwrap());
+    let spawn_join = measure(50, 1000, 1, || std::thread::spawn(|| black_box(1)).join().map(drop).unwrap());
+    let (req_tx, req_rx) = mpsc::channel::<u32>();
+    let (rep_tx, rep_rx) = mpsc::channel::<u32>();
+    let parked = std::thread::spawn(move || {
+        while let Ok(v) = req_rx.recv() {
+            rep_tx.send(v).unwrap();
+        }
+    });
+    let mpsc_rt = measure(200, 5000, 1, || {
+        req_tx.send(1).unwrap();
+        rep_rx.recv().unwrap();
+    });
+    drop(req_tx);
+    parked.join().unwrap();
+    t.add(
+        "job round trip (no-op job)",
+        "spawn + join",
+        ours,
+        vec![("mpsc round trip to a parked thread", mpsc_rt), ("std::thread::spawn + join", spawn_join)],
+        "mpsc round trip to a parked thread",
+        "<= 1.0x",
+        |a, b| a <= b,
+    );
+
+    // 5. 1 MiB allocate + free.
+    let mib = 1 << 20;
+    let ours = measure(200, 5000, 1, || drop(DeviceVec::<u8>::new(&r, mib).unwrap()));
+    // SAFETY: plain C functions of the baseline.
+    let cpp_async = measure(200, 5000, 1, || assert_eq!(unsafe { bl_alloc_free_async(mib) }, 0));
+    // SAFETY: as above.
+    let cpp_cuda = measure(50, 1000, 1, || assert_eq!(unsafe { bl_alloc_free_cuda(mib) }, 0));
+    t.add(
+        "1 MiB allocate + free",
+        "DeviceVec::new + drop (default resource)",
+        ours,
+        vec![("C++ cuda_async_memory_resource", cpp_async), ("C++ cuda_memory_resource", cpp_cuda)],
+        "C++ cuda_async_memory_resource",
+        "<= 1.10x pool, >= 2x faster than cudaMalloc",
+        move |a, b| a <= 1.10 * b && 2.0 * a <= cpp_cuda.median_ns,
+    );
+
+    // 6. first cuBLAS handle of new resources (the library is loaded by now).
+    let mut ours_h = Vec::new();
+    let mut new_only = Vec::new();
+    for _ in 0..30 {
+        let s = Instant::now();
+        let res = DeviceResources::new().unwrap();
+        new_only.push(s.elapsed().as_nanos() as f64);
+        let s = Instant::now();
+        res.cublas_handle().unwrap();
+        ours_h.push(s.elapsed().as_nanos() as f64);
+        res.release().unwrap();
+    }
+    // SAFETY: plain C function of the baseline.
+    let cpp_h: Vec<f64> = (0..30).map(|_| unsafe { bl_first_cublas_ns() } as f64).collect();
+    let new_with_handle_later = stat_of(new_only);
+    t.add(
+        "first cuBLAS handle of new resources",
+        "cublas_handle() after new()",
+        stat_of(ours_h),
+        vec![("C++ get_cublas_handle first call", stat_of(cpp_h))],
+        "C++ get_cublas_handle first call",
+        "<= 1.05x",
+        |a, b| a <= 1.05 * b,
+    );
+    t.notes.push(format!(
+        "new() alone: {} when a handle is taken later, {} in the no-handle row: handles are lazy",
+        show(&new_with_handle_later),
+        show(&t.rows[0].ours_stat)
+    ));
+
+    // 7. cudarc alone.
+    let ctx = r.context().clone();
+    let cudarc_new = measure(200, 2000, 1, || drop(ctx.new_stream().unwrap()));
+    t.add("cudarc new_stream + drop", "CudaContext::new_stream + drop", cudarc_new, vec![], "", "reported", |_, _| true);
+
+    // 8. GEMM 8192³ fp32 through our handle, and through cudarc's cuBLAS on the same stream.
+    let n = 8192usize;
+    let flops = 2.0 * (n as f64).powi(3);
+    let host: Vec<f32> = (0..n * n).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let a = DeviceVec::from_host(&r, &host).unwrap();
+    let b = DeviceVec::from_host(&r, &host).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&r, n * n).unwrap();
+    let ours = measure(3, 10, 1, || {
+        raft::gemm(
+            1.0f32,
+            a.matrix(n, n, Layout::ColMajor).unwrap(),
+            b.matrix(n, n, Layout::ColMajor).unwrap(),
+            0.0,
+            c.matrix_mut(n, n, Layout::ColMajor).unwrap(),
+        )
+        .unwrap();
+        r.sync().unwrap();
+    });
+    let blas = cudarc::cublas::CudaBlas::new(stream.clone()).unwrap();
+    let a_c = stream.clone_htod(&host).unwrap();
+    let b_c = stream.clone_htod(&host).unwrap();
+    let mut c_c = stream.alloc_zeros::<f32>(n * n).unwrap();
+    let cfg = cudarc::cublas::GemmConfig {
+        transa: cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+        transb: cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+        m: n as i32,
+        n: n as i32,
+        k: n as i32,
+        alpha: 1.0f32,
+        lda: n as i32,
+        ldb: n as i32,
+        beta: 0.0,
+        ldc: n as i32,
+    };
+    let theirs = measure(3, 10, 1, || {
+        // SAFETY: the three buffers hold n×n floats, as the config says.
+        unsafe { cudarc::cublas::Gemm::gemm(&blas, cfg, &a_c, &b_c, &mut c_c) }.unwrap();
+        stream.synchronize().unwrap();
+    });
+    t.add(
+        "GEMM 8192³ fp32 (sync included)",
+        "raft::gemm on the resources' handle",
+        ours,
+        vec![("cudarc CudaBlas::gemm, same stream", theirs)],
+        "cudarc CudaBlas::gemm, same stream",
+        "~1.0x (same cuBLAS)",
+        |a, b| a <= 1.05 * b,
+    );
+    t.notes.push(format!(
+        "GEMM 8192³ fp32: ours {:.1} TFLOP/s, cudarc {:.1} TFLOP/s",
+        flops / ours.median_ns / 1e3,
+        flops / theirs.median_ns / 1e3
+    ));
+    drop((a, b, c, a_c, b_c, c_c, blas));
+
+    // 9. allocate + copy + free, 1 MiB and 1 GiB.
+    for (label, bytes) in [("1 MiB", 1usize << 20), ("1 GiB", 1usize << 30)] {
+        let host = vec![1u8; bytes];
+        let reps = if bytes > 1 << 24 { 5 } else { 500 };
+        let s = measure(2, reps, 1, || drop(DeviceVec::from_host(&r, &host).unwrap()));
+        t.add(&format!("allocate + copy in + free, {label}"), "DeviceVec::from_host + drop", s, vec![], "", "reported", |_, _| true);
+        t.notes.push(format!("{label} from_host: {:.2} GB/s host to device (pageable memory)", bytes as f64 / s.median_ns));
+    }
+
+    // 10. scale: resources alive at once.
+    let mut scale = Vec::new();
+    for count in [1usize, 10, 100, 1000] {
+        ctx.synchronize().unwrap();
+        let (before, _) = ctx.mem_get_info().unwrap();
+        let s = Instant::now();
+        let all: Vec<DeviceResources> = (0..count).map(|_| DeviceResources::new().unwrap()).collect();
+        let ours_ns = s.elapsed().as_nanos() as i64;
+        ctx.synchronize().unwrap();
+        let (after, _) = ctx.mem_get_info().unwrap();
+        let s = Instant::now();
+        for one in &all {
+            one.cublas_handle().unwrap();
+        }
+        let handles_ns = s.elapsed().as_nanos() as i64;
+        ctx.synchronize().unwrap();
+        let (with_handles, _) = ctx.mem_get_info().unwrap();
+        for one in &all {
+            one.release().unwrap();
+        }
+        let (mut cpp_ns, mut cpp_bytes, mut cpp_h_ns, mut cpp_h_bytes) = (0i64, 0i64, 0i64, 0i64);
+        // SAFETY: out-pointers to locals.
+        unsafe {
+            bl_scale(count as i32, 0, &mut cpp_ns, &mut cpp_bytes);
+            bl_scale(count as i32, 1, &mut cpp_h_ns, &mut cpp_h_bytes);
+        }
+        // Exit time of a process holding `count` resources (torn down at exit).
+        let exe = std::env::current_exe().unwrap().with_file_name("scenarios");
+        let exit_ms = if exe.exists() {
+            let s = Instant::now();
+            let st = std::process::Command::new(&exe)
+                .arg("many-resources")
+                .env("SCENARIO_COUNT", count.to_string())
+                .env("RUST_LOG", "off")
+                .status()
+                .unwrap();
+            assert!(st.success());
+            Some(s.elapsed().as_secs_f64() * 1e3)
+        } else {
+            None
+        };
+        scale.push(serde_json::json!({
+            "count": count,
+            "ours_create_ms": ours_ns as f64 / 1e6, "ours_bytes_no_handles": before as i64 - after as i64,
+            "ours_cublas_ms": handles_ns as f64 / 1e6, "ours_bytes_with_cublas": before as i64 - with_handles as i64,
+            "cpp_create_ms": cpp_ns as f64 / 1e6, "cpp_bytes_no_handles": cpp_bytes,
+            "cpp_create_with_cublas_ms": cpp_h_ns as f64 / 1e6, "cpp_bytes_with_cublas": cpp_h_bytes,
+            "process_with_count_resources_wall_ms": exit_ms,
+        }));
+    }
+
+    // Output.
+    println!("| case | this project | median [min, max] per call | baseline(s) | ratio | target | met |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for row in &t.rows {
+        let bases: Vec<String> = row.baselines.iter().map(|(n, s)| format!("{n}: {}", show(s))).collect();
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            row.case,
+            row.ours,
+            show(&row.ours_stat),
+            if bases.is_empty() { "—".into() } else { bases.join("; ") },
+            row.ratio.map(|r| format!("{r:.2}x")).unwrap_or_else(|| "—".into()),
+            row.target,
+            match row.met {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "—",
+            }
+        );
+    }
+    println!();
+    println!("| resources alive | ours: create all | C++: create all | ours: device memory, no handles | ours: with a cuBLAS handle each | C++: with a cuBLAS handle each | process wall (make, exit) |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for s in &scale {
+        println!(
+            "| {} | {:.2} ms | {:.2} ms | {:.1} MiB | {:.1} MiB | {:.1} MiB | {} |",
+            s["count"],
+            s["ours_create_ms"].as_f64().unwrap(),
+            s["cpp_create_ms"].as_f64().unwrap(),
+            s["ours_bytes_no_handles"].as_f64().unwrap() / 1048576.0,
+            s["ours_bytes_with_cublas"].as_f64().unwrap() / 1048576.0,
+            s["cpp_bytes_with_cublas"].as_f64().unwrap() / 1048576.0,
+            s["process_with_count_resources_wall_ms"].as_f64().map(|v| format!("{v:.0} ms")).unwrap_or_else(|| "—".into()),
+        );
+    }
+    println!();
+    for n in &t.notes {
+        println!("- {n}");
+    }
+    let json = serde_json::json!({ "rows": t.rows, "scale": scale, "notes": t.notes });
+    std::fs::write(&out, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    eprintln!("wrote {out}");
+}
