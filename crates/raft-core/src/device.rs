@@ -76,18 +76,28 @@ pub fn memory_pools_supported(device: usize) -> Result<bool> {
     Ok(v != 0)
 }
 
+/// A device's primary context as cudarc knows it, with an idle stream that stays for the
+/// process: cudarc synchronises the whole context (`cuCtxSynchronize`) whenever its stream count
+/// goes from 0 to 1, which would otherwise happen on every `new()` after the last resources of
+/// a device were released, stalling every other stream on it.
+struct DeviceContext {
+    ctx: Arc<CudaContext>,
+    _anchor: Arc<cudarc::driver::CudaStream>,
+}
+
 /// The device's primary context as a cudarc context, retained once per process.
 pub(crate) fn context(who: &'static str, device: usize) -> Result<Arc<CudaContext>> {
-    static CONTEXTS: OnceLock<Vec<OnceLock<Arc<CudaContext>>>> = OnceLock::new();
+    static CONTEXTS: OnceLock<Vec<OnceLock<DeviceContext>>> = OnceLock::new();
     let count = check_device(who, device)?;
     let slots = CONTEXTS.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect());
-    if let Some(ctx) = slots[device].get() {
-        return Ok(ctx.clone());
+    if let Some(dc) = slots[device].get() {
+        return Ok(dc.ctx.clone());
     }
     // CudaContext::new makes the context current on this thread: put the caller's back.
     let _keep = ContextGuard::save(who)?;
     let ctx = CudaContext::new(device).map_err(|e| Error::driver(who, e))?;
-    Ok(slots[device].get_or_init(|| ctx).clone())
+    let anchor = ctx.new_stream().map_err(|e| Error::driver(who, e))?;
+    Ok(slots[device].get_or_init(|| DeviceContext { ctx, _anchor: anchor }).ctx.clone())
 }
 
 /// Puts the calling thread's current CUDA context back when dropped: a library call must not
@@ -101,7 +111,8 @@ impl ContextGuard {
         if !driver_present() {
             return Err(Error::new(ErrorKind::Cuda, who, "no CUDA driver: libcuda.so could not be loaded"));
         }
-        cu::init().map_err(|e| Error::driver(who, e))?;
+        static INIT: OnceLock<std::result::Result<(), cudarc::driver::DriverError>> = OnceLock::new();
+        INIT.get_or_init(cu::init).clone().map_err(|e| Error::driver(who, e))?;
         let previous = cu::ctx::get_current().map_err(|e| Error::driver(who, e))?;
         Ok(ContextGuard { previous })
     }

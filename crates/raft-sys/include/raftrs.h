@@ -136,7 +136,7 @@ raftrs_status raftrs_mr_enable_statistics(int32_t device);
 /** Bytes allocated now and at peak through the device's statistics adaptor. */
 raftrs_status raftrs_mr_statistics(int32_t device, int64_t* current_bytes, int64_t* peak_bytes);
 
-/** An rmm::device_buffer: bytes from the device's current resource, on a stream. */
+/** Bytes from the device's current RMM resource, on a stream (freed by the same resource). */
 typedef struct raftrs_buffer raftrs_buffer;
 
 /** Allocates `bytes` through the device's current RMM resource, stream-ordered on `stream`. */

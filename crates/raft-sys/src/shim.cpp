@@ -13,7 +13,7 @@
 #include <raft/core/resource/resource_types.hpp>
 #include <raft/version_config.hpp>
 
-#include <rmm/device_buffer.hpp>
+#include <rmm/aligned.hpp>
 #include <rmm/error.hpp>
 #include <rmm/mr/cuda_async_memory_resource.hpp>
 #include <rmm/mr/cuda_memory_resource.hpp>
@@ -212,10 +212,13 @@ void check_device(int32_t device)
   }
 }
 
-/// The device memory behind raftrs_buffer.
+/// The device memory behind raftrs_buffer: the pointer and the resource that must free it (a
+/// reference, as rmm::device_buffer keeps; RMM's rule is that a resource outlives what it gave).
 struct shim_buffer {
   int device;
-  rmm::device_buffer buffer;
+  void* ptr;
+  std::size_t bytes;
+  rmm::device_async_resource_ref mr;
 };
 
 template <typename T, typename Gemm>
@@ -524,12 +527,15 @@ raftrs_status raftrs_buffer_create(int32_t device, void* stream, size_t bytes, r
   return guard([&] {
     *out = nullptr;
     device_scope scope{device};
-    auto* buf = new shim_buffer{
-      device,
-      rmm::device_buffer(bytes,
-                         rmm::cuda_stream_view{static_cast<cudaStream_t>(stream)},
-                         rmm::mr::get_per_device_resource_ref(rmm::cuda_device_id{device}))};
-    *out = reinterpret_cast<raftrs_buffer*>(buf);
+    auto mr = rmm::mr::get_per_device_resource_ref(rmm::cuda_device_id{device});
+    cuda::stream_ref s{static_cast<cudaStream_t>(stream)};
+    void* ptr = bytes == 0 ? nullptr : mr.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    try {
+      *out = reinterpret_cast<raftrs_buffer*>(new shim_buffer{device, ptr, bytes, mr});
+    } catch (...) {
+      if (ptr != nullptr) { mr.deallocate(s, ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
+      throw;
+    }
   });
 }
 
@@ -539,14 +545,17 @@ raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream)
     if (buf == nullptr) { return; }
     auto* b = reinterpret_cast<shim_buffer*>(buf);
     device_scope scope{b->device};
-    b->buffer.set_stream(rmm::cuda_stream_view{static_cast<cudaStream_t>(stream)});
+    if (b->ptr != nullptr) {
+      b->mr.deallocate(
+        cuda::stream_ref{static_cast<cudaStream_t>(stream)}, b->ptr, b->bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    }
     delete b;
   });
 }
 
 void* raftrs_buffer_data(raftrs_buffer* buf)
 {
-  return buf == nullptr ? nullptr : reinterpret_cast<shim_buffer*>(buf)->buffer.data();
+  return buf == nullptr ? nullptr : reinterpret_cast<shim_buffer*>(buf)->ptr;
 }
 
 raftrs_status raftrs_gemm_f32(raftrs_resources* res,

@@ -128,6 +128,59 @@ fn main() {
     t.notes.push(format!("first cuBLAS handle of the process (library load included): {}", fmt_ns(process_first)));
     r0.release().unwrap();
 
+    // Scale first, while the memory pool holds nothing from the other cases: resources alive
+    // at once.
+    let ctx = r0.context().clone();
+    let mut scale = Vec::new();
+    for count in [1usize, 10, 100, 1000] {
+        ctx.synchronize().unwrap();
+        let (before, _) = ctx.mem_get_info().unwrap();
+        let s = Instant::now();
+        let all: Vec<DeviceResources> = (0..count).map(|_| DeviceResources::new().unwrap()).collect();
+        let ours_ns = s.elapsed().as_nanos() as i64;
+        ctx.synchronize().unwrap();
+        let (after, _) = ctx.mem_get_info().unwrap();
+        let s = Instant::now();
+        for one in &all {
+            one.cublas_handle().unwrap();
+        }
+        let handles_ns = s.elapsed().as_nanos() as i64;
+        ctx.synchronize().unwrap();
+        let (with_handles, _) = ctx.mem_get_info().unwrap();
+        for one in &all {
+            one.release().unwrap();
+        }
+        let (mut cpp_ns, mut cpp_bytes, mut cpp_h_ns, mut cpp_h_bytes) = (0i64, 0i64, 0i64, 0i64);
+        // SAFETY: out-pointers to locals.
+        unsafe {
+            bl_scale(count as i32, 0, &mut cpp_ns, &mut cpp_bytes);
+            bl_scale(count as i32, 1, &mut cpp_h_ns, &mut cpp_h_bytes);
+        }
+        // Exit time of a process holding `count` resources (torn down at exit).
+        let exe = std::env::current_exe().unwrap().with_file_name("scenarios");
+        let exit_ms = if exe.exists() {
+            let s = Instant::now();
+            let st = std::process::Command::new(&exe)
+                .arg("many-resources")
+                .env("SCENARIO_COUNT", count.to_string())
+                .env("RUST_LOG", "off")
+                .status()
+                .unwrap();
+            assert!(st.success());
+            Some(s.elapsed().as_secs_f64() * 1e3)
+        } else {
+            None
+        };
+        scale.push(serde_json::json!({
+            "count": count,
+            "ours_create_ms": ours_ns as f64 / 1e6, "ours_bytes_no_handles": before as i64 - after as i64,
+            "ours_cublas_ms": handles_ns as f64 / 1e6, "ours_bytes_with_cublas": before as i64 - with_handles as i64,
+            "cpp_create_ms": cpp_ns as f64 / 1e6, "cpp_bytes_no_handles": cpp_bytes,
+            "cpp_create_with_cublas_ms": cpp_h_ns as f64 / 1e6, "cpp_bytes_with_cublas": cpp_h_bytes,
+            "process_with_count_resources_wall_ms": exit_ms,
+        }));
+    }
+
     // 1. create + release, no handles.
     let ours = measure(200, 2000, 1, || DeviceResources::new().unwrap().release().unwrap());
     // SAFETY: plain C function of the baseline.
@@ -220,21 +273,24 @@ fn main() {
         move |a, b| a <= 1.10 * b && 2.0 * a <= cpp_cuda.median_ns,
     );
 
-    // 6. first cuBLAS handle of new resources (the library is loaded by now).
-    let mut ours_h = Vec::new();
-    let mut new_only = Vec::new();
-    for _ in 0..30 {
+    // 6. first cuBLAS handle of new resources (the library is loaded by now); ours and C++
+    // alternate so that both see the same state of the device.
+    let (mut ours_h, mut cpp_h, mut new_then_handle, mut new_alone) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..100 {
         let s = Instant::now();
         let res = DeviceResources::new().unwrap();
-        new_only.push(s.elapsed().as_nanos() as f64);
+        new_then_handle.push(s.elapsed().as_nanos() as f64);
         let s = Instant::now();
         res.cublas_handle().unwrap();
         ours_h.push(s.elapsed().as_nanos() as f64);
         res.release().unwrap();
+        // SAFETY: plain C function of the baseline.
+        cpp_h.push(unsafe { bl_first_cublas_ns() } as f64);
+        let s = Instant::now();
+        let res = DeviceResources::new().unwrap();
+        new_alone.push(s.elapsed().as_nanos() as f64);
+        res.release().unwrap();
     }
-    // SAFETY: plain C function of the baseline.
-    let cpp_h: Vec<f64> = (0..30).map(|_| unsafe { bl_first_cublas_ns() } as f64).collect();
-    let new_with_handle_later = stat_of(new_only);
     t.add(
         "first cuBLAS handle of new resources",
         "cublas_handle() after new()",
@@ -244,14 +300,14 @@ fn main() {
         "<= 1.05x",
         |a, b| a <= 1.05 * b,
     );
+    let (with_h, alone) = (stat_of(new_then_handle), stat_of(new_alone));
     t.notes.push(format!(
-        "new() alone: {} when a handle is taken later, {} in the no-handle row: handles are lazy",
-        show(&new_with_handle_later),
-        show(&t.rows[0].ours_stat)
+        "new() alone, in the same loop: {} when a cuBLAS handle is taken afterwards, {} when none is: handles are lazy, new() does not pay for them",
+        show(&with_h),
+        show(&alone)
     ));
 
     // 7. cudarc alone.
-    let ctx = r.context().clone();
     let cudarc_new = measure(200, 2000, 1, || drop(ctx.new_stream().unwrap()));
     t.add("cudarc new_stream + drop", "CudaContext::new_stream + drop", cudarc_new, vec![], "", "reported", |_, _| true);
 
@@ -317,57 +373,6 @@ fn main() {
         let s = measure(2, reps, 1, || drop(DeviceVec::from_host(&r, &host).unwrap()));
         t.add(&format!("allocate + copy in + free, {label}"), "DeviceVec::from_host + drop", s, vec![], "", "reported", |_, _| true);
         t.notes.push(format!("{label} from_host: {:.2} GB/s host to device (pageable memory)", bytes as f64 / s.median_ns));
-    }
-
-    // 10. scale: resources alive at once.
-    let mut scale = Vec::new();
-    for count in [1usize, 10, 100, 1000] {
-        ctx.synchronize().unwrap();
-        let (before, _) = ctx.mem_get_info().unwrap();
-        let s = Instant::now();
-        let all: Vec<DeviceResources> = (0..count).map(|_| DeviceResources::new().unwrap()).collect();
-        let ours_ns = s.elapsed().as_nanos() as i64;
-        ctx.synchronize().unwrap();
-        let (after, _) = ctx.mem_get_info().unwrap();
-        let s = Instant::now();
-        for one in &all {
-            one.cublas_handle().unwrap();
-        }
-        let handles_ns = s.elapsed().as_nanos() as i64;
-        ctx.synchronize().unwrap();
-        let (with_handles, _) = ctx.mem_get_info().unwrap();
-        for one in &all {
-            one.release().unwrap();
-        }
-        let (mut cpp_ns, mut cpp_bytes, mut cpp_h_ns, mut cpp_h_bytes) = (0i64, 0i64, 0i64, 0i64);
-        // SAFETY: out-pointers to locals.
-        unsafe {
-            bl_scale(count as i32, 0, &mut cpp_ns, &mut cpp_bytes);
-            bl_scale(count as i32, 1, &mut cpp_h_ns, &mut cpp_h_bytes);
-        }
-        // Exit time of a process holding `count` resources (torn down at exit).
-        let exe = std::env::current_exe().unwrap().with_file_name("scenarios");
-        let exit_ms = if exe.exists() {
-            let s = Instant::now();
-            let st = std::process::Command::new(&exe)
-                .arg("many-resources")
-                .env("SCENARIO_COUNT", count.to_string())
-                .env("RUST_LOG", "off")
-                .status()
-                .unwrap();
-            assert!(st.success());
-            Some(s.elapsed().as_secs_f64() * 1e3)
-        } else {
-            None
-        };
-        scale.push(serde_json::json!({
-            "count": count,
-            "ours_create_ms": ours_ns as f64 / 1e6, "ours_bytes_no_handles": before as i64 - after as i64,
-            "ours_cublas_ms": handles_ns as f64 / 1e6, "ours_bytes_with_cublas": before as i64 - with_handles as i64,
-            "cpp_create_ms": cpp_ns as f64 / 1e6, "cpp_bytes_no_handles": cpp_bytes,
-            "cpp_create_with_cublas_ms": cpp_h_ns as f64 / 1e6, "cpp_bytes_with_cublas": cpp_h_bytes,
-            "process_with_count_resources_wall_ms": exit_ms,
-        }));
     }
 
     // Output.
