@@ -24,7 +24,9 @@ for step in "$@"; do
       for t in resources arrays errors memory; do
         for tool in memcheck; do
           echo "== $tool $t" >> "$out/sanitizer.txt"
-          timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 --target-processes all "$b/tests/$t" --test-threads=4 >> "$out/sanitizer.txt" 2>&1
+          # errors provokes out-of-memory on purpose: its API errors are the point of the test.
+          api=explicit; [ "$t" = errors ] && api=no
+          timeout 240 compute-sanitizer --tool $tool --report-api-errors $api --error-exitcode 99 --target-processes all "$b/tests/$t" --test-threads=4 >> "$out/sanitizer.txt" 2>&1
           r=$?; echo "rc=$r" >> "$out/sanitizer.txt"; [ $r -eq 0 ] || rc=1
         done
       done

@@ -409,3 +409,26 @@ fn without_a_driver_every_constructor_is_a_cuda_error() {
     }
     assert_eq!(DeviceResources::new().unwrap_err().who(), "DeviceResources::new");
 }
+
+#[test]
+fn a_long_job_delays_only_its_own_resources_release() {
+    require_gpu!();
+    let slow = DeviceResources::new().unwrap();
+    let gate = Arc::new(std::sync::Barrier::new(2));
+    let g = gate.clone();
+    let job = slow.spawn(move || g.wait()).unwrap();
+    drop(slow); // its release waits behind the job, on its own worker
+    let before = raft::stats().releases_done;
+    let quick = DeviceResources::new().unwrap();
+    let weak = quick.downgrade();
+    drop(quick); // no worker: the release thread releases it now
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while raft::stats().releases_done == before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(weak.upgrade().is_none());
+    assert!(raft::stats().releases_done > before, "the quick release was not held up by the slow job");
+    assert!(!job.is_finished(), "the slow job was still running all along");
+    gate.wait();
+    job.join().unwrap();
+}

@@ -17,10 +17,16 @@ fn next(s: &mut u64) -> u64 {
 
 fn settle() -> raft::Stats {
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut report = Instant::now();
     loop {
         let s = raft::stats();
         if (s.releases_pending == 0 && s.jobs_in_flight == 0) || Instant::now() > deadline {
             return s;
+        }
+        if report.elapsed() > Duration::from_secs(2) {
+            // Progress while settling: a stall shows as releases_done standing still.
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("SETTLING {s:?}\n").as_bytes());
+            report = Instant::now();
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -112,6 +118,7 @@ fn thirty_two_threads_mixing_everything_leave_nothing_behind() {
     assert_eq!(end.live_resources, base.live_resources);
     assert_eq!(end.live_handles, base.live_handles);
     assert_eq!(end.live_arrays, base.live_arrays);
+    assert_eq!(end.release_busy_for, Duration::ZERO, "the release thread is idle");
     assert_eq!(end.releases_pending, 0);
     assert_eq!(end.jobs_in_flight, 0);
     assert_eq!(end_bytes, base_bytes, "RMM holds no byte the soak allocated");

@@ -38,6 +38,14 @@ impl Worker {
         self.tx.send(task).map_err(|e| e.0)
     }
 
+    /// Queues `last` behind the jobs already queued and lets the thread end after it, without
+    /// joining it: nobody waits for a worker whose resources were dropped. Gives `last` back
+    /// when the worker has stopped.
+    pub(crate) fn retire(self, last: Task) -> std::result::Result<(), Task> {
+        self.tx.send(last).map_err(|e| e.0)
+        // `tx` drops here: the worker ends after `last`; the JoinHandle drops, detaching it.
+    }
+
     /// Lets the queued jobs finish, then joins the thread; a worker cannot join itself (a job
     /// releasing its own resources), so then it is detached and ends after that job.
     pub(crate) fn finish(self) {

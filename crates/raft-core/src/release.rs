@@ -1,7 +1,33 @@
 //! The library release thread: releases started by `Drop` run here, so a dropping thread never
 //! blocks on the GPU. Each queued release is registered with the exit machinery.
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+/// Releases finished on the library threads (release thread and retiring workers).
+static DONE: AtomicU64 = AtomicU64::new(0);
+/// When the release thread's current release started (ns after `epoch()`, +1), 0 when idle.
+static BUSY_SINCE: AtomicU64 = AtomicU64::new(0);
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Releases finished so far on library threads.
+pub(crate) fn releases_done() -> u64 {
+    DONE.load(Ordering::Relaxed)
+}
+
+/// How long the release thread has been busy with its current release (zero when idle): a
+/// release that hangs shows here.
+pub(crate) fn release_busy_for() -> std::time::Duration {
+    match BUSY_SINCE.load(Ordering::Relaxed) {
+        0 => std::time::Duration::ZERO,
+        since => epoch().elapsed().saturating_sub(std::time::Duration::from_nanos(since - 1)),
+    }
+}
 
 type Release = Box<dyn FnOnce() + Send + 'static>;
 
@@ -20,8 +46,11 @@ fn queue() -> Option<&'static Mutex<mpsc::Sender<Queued>>> {
                 .spawn(move || {
                     raft_exit::mark_library_thread();
                     while let Ok(q) = rx.recv() {
+                        BUSY_SINCE.store(epoch().elapsed().as_nanos() as u64 + 1, Ordering::Relaxed);
                         // A failing release must not stop the ones behind it.
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(q.release));
+                        BUSY_SINCE.store(0, Ordering::Relaxed);
+                        DONE.fetch_add(1, Ordering::Relaxed);
                         // `_token` drops here: the release has ended.
                     }
                 })
@@ -29,6 +58,26 @@ fn queue() -> Option<&'static Mutex<mpsc::Sender<Queued>>> {
                 .map(|_| Mutex::new(tx))
         })
         .as_ref()
+}
+
+/// Queues `release` on `worker` itself, behind the jobs already queued there; the worker ends
+/// after it. A long job then delays only its own resources' release, never the others'. Falls
+/// back to the release thread when the worker has stopped.
+pub(crate) fn on_worker(worker: crate::job::Worker, label: raft_exit::Label, release: Release) {
+    let token = raft_exit::ReleaseToken::register(label);
+    let task: Release = Box::new(move || {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(release));
+        DONE.fetch_add(1, Ordering::Relaxed);
+        drop(token);
+    });
+    if let Err(task) = worker.retire(task) {
+        enqueue_task(task);
+    }
+}
+
+/// Runs an already registered release on the release thread (its token travels inside it).
+fn enqueue_task(task: Release) {
+    enqueue(raft_exit::Label { what: "release (worker stopped)", id: 0, device: None }, task);
 }
 
 /// Queues `release` on the release thread. Never blocks on the GPU, never panics; when no

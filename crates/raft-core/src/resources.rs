@@ -140,21 +140,21 @@ impl Drop for Inner {
             std::mem::forget((live, worker));
             return;
         }
-        // The last handle is gone: release on the library thread, never blocking this one.
+        // The last handle is gone: release on a library thread, never blocking this one. With a
+        // worker, the worker itself releases after the jobs queued on it; without, the release
+        // thread does (it never waits for a job).
         let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
-        release::enqueue(
-            label,
-            Box::new(move || {
-                if let Some(w) = worker {
-                    w.finish();
+        let destroy = move || {
+            if let Some(live) = live {
+                if let Err(e) = live.destroy("DeviceResources::drop") {
+                    log::warn!(target: "raft", "{e}");
                 }
-                if let Some(live) = live {
-                    if let Err(e) = live.destroy("DeviceResources::drop") {
-                        log::warn!(target: "raft", "{e}");
-                    }
-                }
-            }),
-        );
+            }
+        };
+        match worker {
+            Some(w) => release::on_worker(w, label, Box::new(destroy)),
+            None => release::enqueue(label, Box::new(destroy)),
+        }
     }
 }
 

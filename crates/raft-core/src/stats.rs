@@ -18,6 +18,10 @@ pub struct Stats {
     pub releases_pending: usize,
     /// Jobs queued or running.
     pub jobs_in_flight: usize,
+    /// Releases finished on library threads since the process started.
+    pub releases_done: u64,
+    /// How long the release thread has been on its current release (zero when idle).
+    pub release_busy_for: std::time::Duration,
 }
 
 /// The counts now (takes the registry lock and asks RAFT about each handle: not for hot paths).
@@ -34,5 +38,7 @@ pub fn stats() -> Stats {
     s.live_arrays = crate::array::LIVE_ARRAYS.load(Ordering::Relaxed);
     s.releases_pending = raft_exit::releases_in_flight();
     s.jobs_in_flight = raft_exit::jobs_in_flight();
+    s.releases_done = crate::release::releases_done();
+    s.release_busy_for = crate::release::release_busy_for();
     s
 }

@@ -132,14 +132,24 @@ fn main() {
     // at once.
     let ctx = r0.context().clone();
     let mut scale = Vec::new();
+    // Device memory of resources without handles, for every count, before any handle exists
+    // (freed handles return memory lazily and would blur these small numbers).
+    let mut no_handles = Vec::new();
     for count in [1usize, 10, 100, 1000] {
+        ctx.synchronize().unwrap();
+        let (before, _) = ctx.mem_get_info().unwrap();
+        let all: Vec<DeviceResources> = (0..count).map(|_| DeviceResources::new().unwrap()).collect();
+        ctx.synchronize().unwrap();
+        let (after, _) = ctx.mem_get_info().unwrap();
+        no_handles.push(before as i64 - after as i64);
+        all.iter().for_each(|r| r.release().unwrap());
+    }
+    for (i, count) in [1usize, 10, 100, 1000].into_iter().enumerate() {
         ctx.synchronize().unwrap();
         let (before, _) = ctx.mem_get_info().unwrap();
         let s = Instant::now();
         let all: Vec<DeviceResources> = (0..count).map(|_| DeviceResources::new().unwrap()).collect();
         let ours_ns = s.elapsed().as_nanos() as i64;
-        ctx.synchronize().unwrap();
-        let (after, _) = ctx.mem_get_info().unwrap();
         let s = Instant::now();
         for one in &all {
             one.cublas_handle().unwrap();
@@ -156,7 +166,7 @@ fn main() {
             bl_scale(count as i32, 0, &mut cpp_ns, &mut cpp_bytes);
             bl_scale(count as i32, 1, &mut cpp_h_ns, &mut cpp_h_bytes);
         }
-        // Exit time of a process holding `count` resources (torn down at exit).
+        // Wall time of a process that makes `count` resources and exits holding them (torn down).
         let exe = std::env::current_exe().unwrap().with_file_name("scenarios");
         let exit_ms = if exe.exists() {
             let s = Instant::now();
@@ -164,6 +174,7 @@ fn main() {
                 .arg("many-resources")
                 .env("SCENARIO_COUNT", count.to_string())
                 .env("RUST_LOG", "off")
+                .stdout(std::process::Stdio::null())
                 .status()
                 .unwrap();
             assert!(st.success());
@@ -173,7 +184,7 @@ fn main() {
         };
         scale.push(serde_json::json!({
             "count": count,
-            "ours_create_ms": ours_ns as f64 / 1e6, "ours_bytes_no_handles": before as i64 - after as i64,
+            "ours_create_ms": ours_ns as f64 / 1e6, "ours_bytes_no_handles": no_handles[i],
             "ours_cublas_ms": handles_ns as f64 / 1e6, "ours_bytes_with_cublas": before as i64 - with_handles as i64,
             "cpp_create_ms": cpp_ns as f64 / 1e6, "cpp_bytes_no_handles": cpp_bytes,
             "cpp_create_with_cublas_ms": cpp_h_ns as f64 / 1e6, "cpp_bytes_with_cublas": cpp_h_bytes,
