@@ -14,6 +14,7 @@ for step in "$@"; do
     tests) "$b/run.sh" tests /tmp/raft-logs > "$out/tests.txt" 2>&1; rc=$?
            tar czf "$out/logs.tgz" -C /tmp raft-logs ;;
     soak) RAFT_SOAK_SECS=${SOAK_SECS:-60} "$b/tests/soak" --nocapture > "$out/soak.txt" 2>&1; rc=$? ;;
+    soak1) RAFT_RELEASE_THREADS=1 RAFT_SOAK_SECS=${SOAK_SECS:-60} "$b/tests/soak" --nocapture > "$out/soak1.txt" 2>&1; rc=$? ;;
     examples) rc=0; : > "$out/examples.txt"
       for e in resources devices memory_resource errors exit_while_jobs_run version_abi; do
         echo "== $e" >> "$out/examples.txt"; RUST_LOG=raft=debug "$b/bin/$e" >> "$out/examples.txt" 2>&1 || { rc=1; echo "FAILED $e" >> "$out/examples.txt"; }

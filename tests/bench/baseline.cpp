@@ -130,3 +130,30 @@ int32_t bl_scale(int32_t n, int32_t with_cublas, int64_t* create_ns, int64_t* by
   }
 }
 }
+
+namespace {
+std::vector<own>& held()
+{
+  static std::vector<own> v;
+  return v;
+}
+}  // namespace
+
+extern "C" {
+// Keeps `n` C++ resources (stream + raft::device_resources) alive until bl_unhold().
+int32_t bl_hold(int32_t n)
+{
+  try {
+    for (int i = 0; i < n; ++i) { held().push_back(make()); }
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+void bl_unhold()
+{
+  for (auto& o : held()) { destroy(o); }
+  held().clear();
+}
+}

@@ -142,5 +142,9 @@ pub mod baseline {
         pub fn bl_first_cublas_ns() -> i64;
         /// `n` resources alive at once: ns to create them and device bytes they held.
         pub fn bl_scale(n: i32, with_cublas: i32, create_ns: *mut i64, bytes_held: *mut i64) -> i32;
+        /// Keeps `n` C++ resources alive until `bl_unhold`.
+        pub fn bl_hold(n: i32) -> i32;
+        /// Destroys what `bl_hold` kept.
+        pub fn bl_unhold();
     }
 }

@@ -104,6 +104,8 @@ pub(crate) fn context(who: &'static str, device: usize) -> Result<Arc<CudaContex
 /// switch the user's thread to another device.
 pub(crate) struct ContextGuard {
     previous: Option<cusys::CUcontext>,
+    /// Library threads have no caller's context to protect: they keep whichever is bound.
+    restore: bool,
 }
 
 impl ContextGuard {
@@ -113,13 +115,19 @@ impl ContextGuard {
         }
         static INIT: OnceLock<std::result::Result<(), cudarc::driver::DriverError>> = OnceLock::new();
         INIT.get_or_init(cu::init).clone().map_err(|e| Error::driver(who, e))?;
+        if raft_exit::on_library_thread() {
+            return Ok(ContextGuard { previous: None, restore: false });
+        }
         let previous = cu::ctx::get_current().map_err(|e| Error::driver(who, e))?;
-        Ok(ContextGuard { previous })
+        Ok(ContextGuard { previous, restore: true })
     }
 }
 
 impl Drop for ContextGuard {
     fn drop(&mut self) {
+        if !self.restore {
+            return;
+        }
         let now = cu::ctx::get_current().ok().flatten();
         if now != self.previous {
             // SAFETY: restores a context that was current on this thread a moment ago (or none);

@@ -1,4 +1,4 @@
-//! The library release thread: releases started by `Drop` run here, so a dropping thread never
+//! The library release threads: releases started by `Drop` run here, so a dropping thread never
 //! blocks on the GPU. Each queued release is registered with the exit machinery.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -7,7 +7,7 @@ use std::time::Instant;
 
 /// Releases finished on the library threads (release thread and retiring workers).
 static DONE: AtomicU64 = AtomicU64::new(0);
-/// When the release thread's current release started (ns after `epoch()`, +1), 0 when idle.
+/// When a release thread's latest release started (ns after `epoch()`, +1), 0 when idle.
 static BUSY_SINCE: AtomicU64 = AtomicU64::new(0);
 
 fn epoch() -> Instant {
@@ -36,16 +36,28 @@ struct Queued {
     _token: raft_exit::ReleaseToken,
 }
 
+/// How many release threads: `RAFT_RELEASE_THREADS` (1 to 64), else 4. Releasing many streams
+/// at once is slow in the driver when thousands are alive (see docs/RELIABILITY.md), so several
+/// threads keep the queue short.
+fn release_threads() -> usize {
+    std::env::var("RAFT_RELEASE_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|n| (1..=64).contains(n)).unwrap_or(4)
+}
+
 fn queue() -> Option<&'static Mutex<mpsc::Sender<Queued>>> {
     static QUEUE: OnceLock<Option<Mutex<mpsc::Sender<Queued>>>> = OnceLock::new();
     QUEUE
         .get_or_init(|| {
             let (tx, rx) = mpsc::channel::<Queued>();
-            std::thread::Builder::new()
-                .name("raft-release".into())
-                .spawn(move || {
+            let rx = std::sync::Arc::new(Mutex::new(rx));
+            let mut started = 0;
+            for i in 0..release_threads() {
+                let rx = rx.clone();
+                let spawned = std::thread::Builder::new().name(format!("raft-release-{i}")).spawn(move || {
                     raft_exit::mark_library_thread();
-                    while let Ok(q) = rx.recv() {
+                    loop {
+                        // Take one release; the lock is not held while it runs.
+                        let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                        let Ok(q) = next else { break };
                         BUSY_SINCE.store(epoch().elapsed().as_nanos() as u64 + 1, Ordering::Relaxed);
                         // A failing release must not stop the ones behind it.
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(q.release));
@@ -53,9 +65,10 @@ fn queue() -> Option<&'static Mutex<mpsc::Sender<Queued>>> {
                         DONE.fetch_add(1, Ordering::Relaxed);
                         // `_token` drops here: the release has ended.
                     }
-                })
-                .ok()
-                .map(|_| Mutex::new(tx))
+                });
+                started += spawned.is_ok() as usize;
+            }
+            (started > 0).then(|| Mutex::new(tx))
         })
         .as_ref()
 }

@@ -318,6 +318,31 @@ fn main() {
         show(&alone)
     ));
 
+    // 6b. create + release while many other resources are alive: does the cost grow with the
+    // number of live streams, and does raw C++ RAFT see the same?
+    for alive in [0usize, 2000, 8000] {
+        let others: Vec<DeviceResources> = (0..alive).map(|_| DeviceResources::new().unwrap()).collect();
+        let ours = measure(20, 200, 1, || DeviceResources::new().unwrap().release().unwrap());
+        let cudarc_only = measure(20, 200, 1, || drop(r.context().new_stream().unwrap()));
+        others.iter().for_each(|o| o.release().unwrap());
+        drop(others);
+        // SAFETY: plain C functions of the baseline.
+        assert_eq!(unsafe { bl_hold(alive as i32) }, 0);
+        // SAFETY: as above.
+        let cpp = measure(20, 200, 1, || assert_eq!(unsafe { bl_create_release() }, 0));
+        // SAFETY: as above.
+        unsafe { bl_unhold() };
+        t.add(
+            &format!("create + release with {alive} other resources alive"),
+            "DeviceResources::new + release",
+            ours,
+            vec![("C++ stream + raft::device_resources + destroy", cpp), ("cudarc new_stream + drop", cudarc_only)],
+            "C++ stream + raft::device_resources + destroy",
+            "reported (<= 1.25x)",
+            |a, b| a <= 1.25 * b,
+        );
+    }
+
     // 7. cudarc alone.
     let cudarc_new = measure(200, 2000, 1, || drop(ctx.new_stream().unwrap()));
     t.add("cudarc new_stream + drop", "CudaContext::new_stream + drop", cudarc_new, vec![], "", "reported", |_, _| true);
