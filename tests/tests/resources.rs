@@ -368,11 +368,32 @@ fn handles_are_made_on_first_use_only() {
 fn resources_do_not_switch_the_callers_current_device_context() {
     require_gpu!();
     use cudarc::driver::result::ctx;
+    // A thread whose current context is device 0's primary one keeps it through every call.
+    let d0 = DeviceResources::on_device(0).unwrap();
+    d0.context().bind_to_thread().unwrap();
     let before = ctx::get_current().unwrap();
-    let r = DeviceResources::new().unwrap();
-    r.cublas_handle().unwrap();
-    r.release().unwrap();
+    assert_eq!(before, Some(d0.context().cu_ctx()));
+    let last = raft::device_count().unwrap() - 1;
+    let other = DeviceResources::on_device(last).unwrap();
+    other.cublas_handle().unwrap();
+    let mut v = raft::DeviceVec::<f32>::zeros(&other, 16).unwrap();
+    v.copy_from_host(&[1.0; 16]).unwrap();
+    drop(v);
+    other.release().unwrap();
     assert_eq!(ctx::get_current().unwrap(), before);
+    assert_eq!(raft::current_device().unwrap(), 0);
+    // A thread with no context gets none, or device 0's primary one (what the runtime binds on
+    // first use), never another device's.
+    let (bound, device) = std::thread::spawn(move || {
+        let r = DeviceResources::on_device(last).unwrap();
+        r.cublas_handle().unwrap();
+        r.release().unwrap();
+        (ctx::get_current().unwrap().map(|c| c as usize), raft::current_device().unwrap())
+    })
+    .join()
+    .unwrap();
+    assert!(bound.is_none() || bound == Some(d0.context().cu_ctx() as usize), "{bound:?}");
+    assert_eq!(device, 0);
 }
 
 #[test]

@@ -97,8 +97,16 @@ pub(crate) fn context(who: &'static str, device: usize) -> Result<Arc<CudaContex
     let _keep = ContextGuard::save(who)?;
     let ctx = CudaContext::new(device).map_err(|e| Error::driver(who, e))?;
     let anchor = ctx.new_stream().map_err(|e| Error::driver(who, e))?;
-    Ok(slots[device].get_or_init(|| DeviceContext { ctx, _anchor: anchor }).ctx.clone())
+    let made = slots[device].get_or_init(|| DeviceContext { ctx, _anchor: anchor }).ctx.clone();
+    if device == 0 {
+        RUNTIME_DEFAULT.store(made.cu_ctx() as usize, std::sync::atomic::Ordering::Release);
+    }
+    Ok(made)
 }
+
+/// Device 0's primary context: what the CUDA runtime binds to a thread that has none on its
+/// first call. Leaving it bound on such a thread changes nothing the runtime would not do.
+static RUNTIME_DEFAULT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Puts the calling thread's current CUDA context back when dropped: a library call must not
 /// switch the user's thread to another device.
@@ -129,6 +137,12 @@ impl Drop for ContextGuard {
             return;
         }
         let now = cu::ctx::get_current().ok().flatten();
+        let runtime_default = RUNTIME_DEFAULT.load(std::sync::atomic::Ordering::Acquire);
+        // A thread that had no context keeps device 0's primary one, as the runtime would bind
+        // it anyway: restoring "none" only makes the next runtime call bind it again.
+        if self.previous.is_none() && now.is_some_and(|c| c as usize == runtime_default) {
+            return;
+        }
         if now != self.previous {
             // SAFETY: restores a context that was current on this thread a moment ago (or none);
             // a failure leaves the thread on the library's context, which is only less tidy.
