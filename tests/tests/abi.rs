@@ -103,3 +103,47 @@ fn the_running_side_is_readable_without_a_gpu() {
         assert!(r.driver.is_some());
     }
 }
+
+#[test]
+fn malformed_tags_never_panic() {
+    // Bounded mutation fuzzing: 20 000 edits of a valid tag (byte flips, cuts, insertions of
+    // JSON punctuation), each parsed; every outcome is a tag or a Logic error, never a panic.
+    let valid = abi().to_json().into_bytes();
+    let mut s: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..20_000 {
+        let mut text = valid.clone();
+        for _ in 0..1 + next() % 4 {
+            let at = (next() as usize) % text.len().max(1);
+            match next() % 4 {
+                0 => text[at] = (next() % 256) as u8,
+                1 => text.truncate(at),
+                2 => text.insert(at, b"{}[]\":,-0e9"[(next() % 11) as usize]),
+                _ => {
+                    text.remove(at.min(text.len().saturating_sub(1)));
+                }
+            }
+            if text.is_empty() {
+                break;
+            }
+        }
+        let Ok(candidate) = std::str::from_utf8(&text) else { continue };
+        match Abi::from_json(candidate) {
+            Ok(tag) => {
+                assert_eq!(Abi::from_json(&tag.to_json()).unwrap(), tag);
+                ok += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), raft::ErrorKind::Logic);
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 1000 && ok > 0, "mutations exercised both outcomes: {ok} parsed, {refused} refused");
+}

@@ -58,7 +58,7 @@ fn thirty_two_threads_mixing_everything_leave_nothing_behind() {
                         3 => current_device_resources(0).unwrap().sync().unwrap(),
                         4 => {
                             // Release this thread's default; the next call makes a new one.
-                            if next(&mut seed) % 8 == 0 {
+                            if next(&mut seed).is_multiple_of(8) {
                                 current_device_resources(0).unwrap().release().unwrap();
                             }
                         }
@@ -84,7 +84,7 @@ fn thirty_two_threads_mixing_everything_leave_nothing_behind() {
                         8 => {
                             if let Some(r) = kept.last() {
                                 // A handle on kept resources, sometimes.
-                                if next(&mut seed) % 16 == 0 {
+                                if next(&mut seed).is_multiple_of(16) {
                                     r.handle(HandleKind::Cublas).unwrap();
                                 }
                             }

@@ -63,7 +63,7 @@ pub fn check(path: &Path, current: &Value) -> Result<Vec<Row>> {
         return Err(format!("{} is not a JSON object", path.display()));
     };
     let rows = compare(c, n);
-    println!("{:<20} {:<14} {:<14} {}", "field", "committed", "this build", "");
+    println!("{:<20} {:<14} {:<14}", "field", "committed", "this build");
     for r in &rows {
         println!("{:<20} {:<14} {:<14} {}", r.field, r.committed, r.current, if r.same() { "same" } else { "DIFFERENT" });
     }

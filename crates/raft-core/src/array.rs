@@ -236,7 +236,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
 
     /// Copies the array to the host on its resources' worker thread: the job owns the array and
     /// gives it back with the host copy.
-    pub fn into_host_job(self) -> Result<crate::JobHandle<Result<(Vec<T>, DeviceVec<T>)>>> {
+    pub fn into_host_job(self) -> Result<crate::JobHandle<HostCopy<T>>> {
         let resources = self.resources.clone();
         resources.spawn(move || self.to_host().map(|h| (h, self)))
     }
@@ -288,6 +288,9 @@ impl<T: DeviceScalar> std::fmt::Debug for DeviceVec<T> {
         f.debug_struct("DeviceVec").field("len", &self.len).field("device", &self.resources.device()).finish()
     }
 }
+
+/// What [`DeviceVec::into_host_job`] gives back: the host copy and the array itself.
+pub type HostCopy<T> = Result<(Vec<T>, DeviceVec<T>)>;
 
 /// How a matrix's elements follow each other in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -122,7 +122,7 @@ impl ContextGuard {
             return Err(Error::new(ErrorKind::Cuda, who, "no CUDA driver: libcuda.so could not be loaded"));
         }
         static INIT: OnceLock<std::result::Result<(), cudarc::driver::DriverError>> = OnceLock::new();
-        INIT.get_or_init(cu::init).clone().map_err(|e| Error::driver(who, e))?;
+        (*INIT.get_or_init(cu::init)).map_err(|e| Error::driver(who, e))?;
         if raft_exit::on_library_thread() {
             return Ok(ContextGuard { previous: None, restore: false });
         }

@@ -19,7 +19,7 @@ mod release;
 mod resources;
 mod stats;
 
-pub use array::{DeviceScalar, DeviceVec, Layout, MatrixView, MatrixViewMut};
+pub use array::{DeviceScalar, DeviceVec, HostCopy, Layout, MatrixView, MatrixViewMut};
 pub use current::current_device_resources;
 pub use device::{current_device, device_count, memory_pools_supported};
 pub use error::{Error, ErrorKind, Result};

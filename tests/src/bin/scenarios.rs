@@ -62,7 +62,7 @@ fn main() {
         "job-calls-exit" => {
             if std::env::var("SCENARIO_GPU").as_deref() == Ok("1") {
                 let res = raft::DeviceResources::new().expect("resources");
-                let _ = res.spawn(|| std::process::exit(3)).expect("spawn");
+                let _job = res.spawn(|| std::process::exit(3)).expect("spawn");
             } else {
                 let token = raft_exit::JobToken::register(raft_exit::Label { what: "job", id: 1, device: None }, wait);
                 std::thread::spawn(move || {
@@ -86,7 +86,7 @@ fn main() {
                 let busy = res.clone();
                 // A job keeps the stream busy for `secs`; dropping the last handle queues the
                 // release behind it on the release thread.
-                let _ = busy.spawn(move || std::thread::sleep(Duration::from_secs_f64(secs))).expect("spawn");
+                let _job = busy.spawn(move || std::thread::sleep(Duration::from_secs_f64(secs))).expect("spawn");
                 drop(busy);
                 drop(res);
             } else {
