@@ -20,6 +20,7 @@ for step in "$@"; do
         echo "== $e" >> "$out/examples.txt"; RUST_LOG=raft=debug "$b/bin/$e" >> "$out/examples.txt" 2>&1 || { rc=1; echo "FAILED $e" >> "$out/examples.txt"; }
       done ;;
     bench) "$b/bin/raft-bench" "$out/bench.json" > "$out/bench.md" 2> "$out/bench.err"; rc=$? ;;
+    bench2) "$b/bin/raft-bench" "$out/bench2.json" > "$out/bench2.md" 2> "$out/bench2.err"; rc=$? ;;
     doctor) { "$b/bin/raft-doctor"; echo "doctor rc=$?"; } > "$out/doctor.txt" 2>&1; "$b/bin/raft-doctor" --json > "$out/doctor.json" 2>/dev/null; rc=$? ;;
     sanitizer) rc=0; : > "$out/sanitizer.txt"
       for t in resources arrays errors memory; do

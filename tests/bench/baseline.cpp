@@ -157,3 +157,23 @@ void bl_unhold()
   held().clear();
 }
 }
+
+#include <rmm/cuda_device.hpp>
+#include <rmm/mr/per_device_resource.hpp>
+
+extern "C" {
+// Allocate + free through the device's current RMM resource, looked up on every call, as code
+// using RMM's default resource does (rmm::mr::get_per_device_resource_ref).
+int32_t bl_alloc_free_per_device(size_t bytes)
+{
+  try {
+    cuda::stream_ref s{bench_stream()};
+    auto mr = rmm::mr::get_per_device_resource_ref(rmm::cuda_device_id{0});
+    void* p = mr.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    mr.deallocate(s, p, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+}

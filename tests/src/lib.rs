@@ -136,6 +136,8 @@ pub mod baseline {
         pub fn bl_stream_sync(stream: *mut c_void) -> i32;
         /// Allocate + free through a C++ cuda_async_memory_resource.
         pub fn bl_alloc_free_async(bytes: usize) -> i32;
+        /// Allocate + free through the device's current RMM resource, looked up on every call.
+        pub fn bl_alloc_free_per_device(bytes: usize) -> i32;
         /// Allocate + free through a C++ cuda_memory_resource (cudaMalloc).
         pub fn bl_alloc_free_cuda(bytes: usize) -> i32;
         /// ns of the first raft::resource::get_cublas_handle of new resources.
