@@ -274,11 +274,17 @@ fn main() {
     let cpp_async = measure(200, 5000, 1, || assert_eq!(unsafe { bl_alloc_free_async(mib) }, 0));
     // SAFETY: as above.
     let cpp_cuda = measure(50, 1000, 1, || assert_eq!(unsafe { bl_alloc_free_cuda(mib) }, 0));
+    // SAFETY: as above.
+    let cpp_lookup = measure(200, 5000, 1, || assert_eq!(unsafe { bl_alloc_free_per_device(mib) }, 0));
     t.add(
         "1 MiB allocate + free",
         "DeviceVec::new + drop (default resource)",
         ours,
-        vec![("C++ cuda_async_memory_resource", cpp_async), ("C++ cuda_memory_resource", cpp_cuda)],
+        vec![
+            ("C++ cuda_async_memory_resource", cpp_async),
+            ("C++ through get_per_device_resource_ref", cpp_lookup),
+            ("C++ cuda_memory_resource", cpp_cuda),
+        ],
         "C++ cuda_async_memory_resource",
         "<= 1.10x pool, >= 2x faster than cudaMalloc",
         move |a, b| a <= 1.10 * b && 2.0 * a <= cpp_cuda.median_ns,
