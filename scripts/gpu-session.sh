@@ -35,6 +35,19 @@ for step in "$@"; do
       echo "== racecheck arrays" >> "$out/sanitizer.txt"
       timeout 240 compute-sanitizer --tool racecheck --error-exitcode 99 "$b/tests/arrays" --test-threads=1 >> "$out/sanitizer.txt" 2>&1
       r=$?; echo "rc=$r" >> "$out/sanitizer.txt"; [ $r -eq 0 ] || rc=1 ;;
+    latency) rc=0; : > "$out/latency.txt"
+      # Exit latency: the child's end (taken here, right after it exits) against the moment
+      # main returned, or the job ended, as the child printed it.
+      for case in "no-jobs main_end_ms" "idle-resources main_end_ms" "job-then-return job_end_ms"; do
+        set -- $case; name=$1; mark=$2; vals=""
+        for i in $(seq 1 20); do
+          o=$(SCENARIO_GPU=1 SCENARIO_WAIT=10 SCENARIO_JOB_SECS=0.5 RUST_LOG=off "$b/bin/scenarios" "$name"); r=$?
+          end=$(date +%s%3N); [ $r -eq 0 ] || rc=1
+          at=$(echo "$o" | tr ' ' '\n' | grep "^$mark=" | cut -d= -f2)
+          vals="$vals $((end - at))"
+        done
+        echo "$name ($mark -> process end, ms, 20 runs): $(echo $vals | tr ' ' '\n' | sort -n | tr '\n' ' ')" >> "$out/latency.txt"
+      done ;;
     torture) "$b/run.sh" torture "${TORTURE_N:-1000}" > "$out/torture.txt" 2>&1; rc=$? ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac

@@ -68,3 +68,22 @@ fn queries_on_a_device_that_does_not_exist_are_logic_errors() {
     assert_eq!(e.to_string(), format!("current_memory_resource: no device {n} among {n}"));
     assert_eq!(raft::set_memory_resource(0, raft::MemoryResourceKind::Other).unwrap_err().kind(), raft::ErrorKind::Logic);
 }
+
+#[test]
+fn a_free_that_may_block_runs_on_a_release_thread_and_the_pool_frees_inline() {
+    require_gpu!();
+    let c = run_scenario!("array-frees", &[], LIMIT);
+    c.assert_code(0);
+    assert_eq!(c.result("pool_inline").as_deref(), Some("true"));
+    assert_eq!(c.result("cuda_on_release_thread").as_deref(), Some("true"));
+    assert_eq!(c.result("live_arrays").as_deref(), Some("0"));
+}
+
+#[test]
+fn arrays_dropped_as_the_process_exits_are_released_before_the_teardown() {
+    require_gpu!();
+    let c = run_scenario!("array-drop-at-exit", &[], LIMIT);
+    c.assert_code(0);
+    assert_eq!(c.signal, None);
+    assert!(c.stderr.contains("tearing down"), "{}", c.stderr);
+}

@@ -45,6 +45,8 @@ unsafe impl Sync for Buffer {}
 /// `Send + Sync`; writes need `&mut self`.
 pub struct DeviceVec<T: DeviceScalar> {
     buffer: Buffer,
+    /// Freeing never blocks (the async pool): done inline by `Drop`; otherwise on a release thread.
+    stream_ordered: bool,
     ptr: *mut T,
     len: usize,
     stream: Arc<CudaStream>,
@@ -86,8 +88,10 @@ impl<T: DeviceScalar> DeviceVec<T> {
             let buffer = Buffer(NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no buffer"))?);
             // SAFETY: the buffer was just made and is alive.
             let ptr = unsafe { sys::raftrs_buffer_data(buffer.0.as_ptr()) } as *mut T;
+            // SAFETY: as above.
+            let stream_ordered = unsafe { sys::raftrs_buffer_stream_ordered(buffer.0.as_ptr()) } != 0;
             LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
-            Ok(DeviceVec { buffer, ptr, len, stream: live.stream().clone(), resources: resources.clone(), _t: PhantomData })
+            Ok(DeviceVec { buffer, stream_ordered, ptr, len, stream: live.stream().clone(), resources: resources.clone(), _t: PhantomData })
         })
     }
 
@@ -267,19 +271,33 @@ impl<T: DeviceScalar> DeviceVec<T> {
     }
 }
 
+/// Frees a buffer stream-ordered on `stream`, keeping the caller's CUDA context.
+fn free(buffer: &Buffer, stream: &CudaStream) {
+    let _keep = ContextGuard::save("DeviceVec::drop");
+    // SAFETY: the buffer is freed exactly once (its owner is being dropped), stream-ordered on a
+    // stream kept alive by the caller's Arc; the shim catches every exception.
+    let status = unsafe { sys::raftrs_buffer_destroy(buffer.0.as_ptr(), stream.cu_stream() as *mut c_void) };
+    if let Err(e) = check("DeviceVec::drop", status) {
+        log::warn!(target: "raft", "{e}");
+    }
+}
+
 impl<T: DeviceScalar> Drop for DeviceVec<T> {
     fn drop(&mut self) {
         LIVE_ARRAYS.fetch_sub(1, Ordering::Relaxed);
         if !raft_exit::native_release_allowed() {
             return; // leaked to the OS: no CUDA call once the exit has decided
         }
-        let _keep = ContextGuard::save("DeviceVec::drop");
-        // SAFETY: the buffer is freed exactly once, stream-ordered on a stream kept alive by
-        // `self.stream`; the shim catches every exception.
-        let status = unsafe { sys::raftrs_buffer_destroy(self.buffer.0.as_ptr(), self.stream.cu_stream() as *mut c_void) };
-        if let Err(e) = check("DeviceVec::drop", status) {
-            log::warn!(target: "raft", "{e}");
+        if self.stream_ordered {
+            // The async pool frees in stream order without blocking: do it here.
+            free(&self.buffer, &self.stream);
+            return;
         }
+        // Another resource may block in its free (cudaFree synchronises the device): hand it to a
+        // release thread, counted by the exit machinery like any release.
+        let (buffer, stream) = (Buffer(self.buffer.0), self.stream.clone());
+        let label = raft_exit::Label { what: "release of array", id: raft_exit::next_id(), device: Some(self.resources.device()) };
+        crate::release::enqueue(label, Box::new(move || free(&buffer, &stream)));
     }
 }
 

@@ -145,6 +145,9 @@ raftrs_status raftrs_buffer_create(int32_t device, void* stream, size_t bytes, r
 raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream);
 /** The buffer's device pointer. */
 void* raftrs_buffer_data(raftrs_buffer* buf);
+/** 1 when the resource that made the buffer frees stream-ordered without blocking (the async
+ *  pool, or a statistics adaptor over it); 0 when freeing may wait (cudaFree synchronises). */
+int32_t raftrs_buffer_stream_ordered(raftrs_buffer* buf);
 
 /* ---- work through the resources' handles -------------------------------------------------- */
 

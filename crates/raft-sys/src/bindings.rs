@@ -183,6 +183,10 @@ unsafe extern "C" {
     pub fn raftrs_buffer_data(buf: *mut raftrs_buffer) -> *mut ::core::ffi::c_void;
 }
 unsafe extern "C" {
+    #[doc = " 1 when the resource that made the buffer frees stream-ordered without blocking (the async\n  pool, or a statistics adaptor over it); 0 when freeing may wait (cudaFree synchronises)."]
+    pub fn raftrs_buffer_stream_ordered(buf: *mut raftrs_buffer) -> i32;
+}
+unsafe extern "C" {
     #[doc = " Column-major C = alpha * op(A) * op(B) + beta * C through the resources' cuBLAS handle,\n  on its stream (cublasSgemm). trans_*: 0 = N, 1 = T."]
     pub fn raftrs_gemm_f32(
         res: *mut raftrs_resources,

@@ -219,7 +219,21 @@ struct shim_buffer {
   void* ptr;
   std::size_t bytes;
   rmm::device_async_resource_ref mr;
+  bool stream_ordered;
 };
+
+/// Whether freeing through `mr` never blocks the caller: the async pool, directly or under the
+/// statistics adaptor this library installs.
+bool frees_stream_ordered(rmm::device_async_resource_ref mr)
+{
+  auto kind = classify(mr);
+  if (kind == RAFTRS_MR_CUDA_ASYNC) { return true; }
+  if (kind == RAFTRS_MR_STATISTICS) {
+    auto* stat = cuda::mr::resource_cast<statistics_mr>(&mr);
+    return stat != nullptr && classify(stat->get_upstream_resource()) == RAFTRS_MR_CUDA_ASYNC;
+  }
+  return false;
+}
 
 template <typename T, typename Gemm>
 raftrs_status gemm(raftrs_resources* res,
@@ -531,7 +545,7 @@ raftrs_status raftrs_buffer_create(int32_t device, void* stream, size_t bytes, r
     cuda::stream_ref s{static_cast<cudaStream_t>(stream)};
     void* ptr = bytes == 0 ? nullptr : mr.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
     try {
-      *out = reinterpret_cast<raftrs_buffer*>(new shim_buffer{device, ptr, bytes, mr});
+      *out = reinterpret_cast<raftrs_buffer*>(new shim_buffer{device, ptr, bytes, mr, frees_stream_ordered(mr)});
     } catch (...) {
       if (ptr != nullptr) { mr.deallocate(s, ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
       throw;
@@ -556,6 +570,11 @@ raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream)
 void* raftrs_buffer_data(raftrs_buffer* buf)
 {
   return buf == nullptr ? nullptr : reinterpret_cast<shim_buffer*>(buf)->ptr;
+}
+
+int32_t raftrs_buffer_stream_ordered(raftrs_buffer* buf)
+{
+  return buf != nullptr && reinterpret_cast<shim_buffer*>(buf)->stream_ordered ? 1 : 0;
 }
 
 raftrs_status raftrs_gemm_f32(raftrs_resources* res,

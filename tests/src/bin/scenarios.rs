@@ -22,7 +22,7 @@ fn job(secs: f64) -> Box<dyn FnOnce() + Send> {
                         v.fill_zero().expect("memset");
                         res.sync().expect("sync");
                     }
-                    println!("RESULT job=finished");
+                    println!("RESULT job=finished job_end_ms={}", now_ms());
                 }
             })
             .expect("spawn");
@@ -33,11 +33,16 @@ fn job(secs: f64) -> Box<dyn FnOnce() + Send> {
         std::thread::spawn(move || {
             raft_exit::mark_library_thread();
             std::thread::sleep(until.saturating_duration_since(Instant::now()));
-            println!("RESULT job=finished");
+            println!("RESULT job=finished job_end_ms={}", now_ms());
             drop(token);
         });
         Box::new(|| {})
     }
+}
+
+/// Wall-clock milliseconds since the epoch, for exit latencies measured by the parent.
+fn now_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
 }
 
 fn mr(device: usize) -> String {
@@ -134,6 +139,38 @@ fn main() {
             let _b = raft::DeviceResources::new().expect("resources");
             println!("RESULT after={}", mr(0));
         }
+        // Array drops: the pool frees inline, cudaFree goes to a release thread.
+        "array-frees" => {
+            let r = raft::DeviceResources::new().expect("resources");
+            let pooled = raft::DeviceVec::<u8>::zeros(&r, 1 << 20).expect("array");
+            let before = raft::stats().releases_done;
+            drop(pooled);
+            let inline = raft::stats().releases_done == before && raft::stats().releases_pending == 0;
+            raft::set_memory_resource(0, raft::MemoryResourceKind::Cuda).expect("set");
+            let blocking = raft::DeviceVec::<u8>::zeros(&r, 1 << 20).expect("array");
+            drop(blocking);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while raft::stats().releases_done == before && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            println!(
+                "RESULT pool_inline={inline} cuda_on_release_thread={} live_arrays={}",
+                raft::stats().releases_done > before,
+                raft::stats().live_arrays
+            );
+        }
+        // An array whose free blocks, dropped as main returns: the exit waits for its release.
+        "array-drop-at-exit" => {
+            let r = raft::DeviceResources::new().expect("resources");
+            raft::set_memory_resource(0, raft::MemoryResourceKind::Cuda).expect("set");
+            let arrays: Vec<_> = (0..64).map(|_| raft::DeviceVec::<f32>::zeros(&r, 1 << 20).expect("array")).collect();
+            drop(arrays); // 64 releases queued as main returns
+        }
+        // Resources made and used, nothing in flight when main returns.
+        "idle-resources" => {
+            let r = raft::DeviceResources::new().expect("resources");
+            r.spawn(|| ()).expect("spawn").join().expect("join");
+        }
         // Nothing that makes a job or a release: no exit hook.
         "no-jobs" => {
             let _ = raft::device_count();
@@ -149,4 +186,5 @@ fn main() {
             std::process::exit(2);
         }
     }
+    println!("RESULT main_end_ms={}", now_ms());
 }
