@@ -5,8 +5,10 @@
 #include <raft/core/resource/cublas_handle.hpp>
 
 #include <rmm/aligned.hpp>
+#include <rmm/cuda_device.hpp>
 #include <rmm/mr/cuda_async_memory_resource.hpp>
 #include <rmm/mr/cuda_memory_resource.hpp>
+#include <rmm/mr/per_device_resource.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -32,6 +34,22 @@ void destroy(own& o)
 {
   delete o.res;
   cudaStreamDestroy(o.stream);
+}
+
+cudaStream_t bench_stream();
+
+/// Allocate + free `bytes` through `mr` on the bench stream; 0 on success.
+template <typename Resource>
+int32_t alloc_free(Resource& mr, size_t bytes)
+{
+  try {
+    cuda::stream_ref s{bench_stream()};
+    void* p = mr.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    mr.deallocate(s, p, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
 }
 
 cudaStream_t bench_stream()
@@ -64,29 +82,15 @@ int32_t bl_stream_sync(void* stream) { return cudaStreamSynchronize(static_cast<
 // 1 MiB (or `bytes`) allocate + free through a C++ cuda_async_memory_resource, stream-ordered.
 int32_t bl_alloc_free_async(size_t bytes)
 {
-  try {
-    static rmm::mr::cuda_async_memory_resource mr{};
-    cuda::stream_ref s{bench_stream()};
-    void* p = mr.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-    mr.deallocate(s, p, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-    return 0;
-  } catch (...) {
-    return 1;
-  }
+  static rmm::mr::cuda_async_memory_resource mr{};
+  return alloc_free(mr, bytes);
 }
 
 // The same through cuda_memory_resource (cudaMalloc / cudaFree).
 int32_t bl_alloc_free_cuda(size_t bytes)
 {
-  try {
-    static rmm::mr::cuda_memory_resource mr{};
-    cuda::stream_ref s{bench_stream()};
-    void* p = mr.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-    mr.deallocate(s, p, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-    return 0;
-  } catch (...) {
-    return 1;
-  }
+  static rmm::mr::cuda_memory_resource mr{};
+  return alloc_free(mr, bytes);
 }
 
 // New resources, then the time of the first raft::resource::get_cublas_handle, in ns.
@@ -158,22 +162,13 @@ void bl_unhold()
 }
 }
 
-#include <rmm/cuda_device.hpp>
-#include <rmm/mr/per_device_resource.hpp>
 
 extern "C" {
 // Allocate + free through the device's current RMM resource, looked up on every call, as code
 // using RMM's default resource does (rmm::mr::get_per_device_resource_ref).
 int32_t bl_alloc_free_per_device(size_t bytes)
 {
-  try {
-    cuda::stream_ref s{bench_stream()};
-    auto mr = rmm::mr::get_per_device_resource_ref(rmm::cuda_device_id{0});
-    void* p = mr.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-    mr.deallocate(s, p, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-    return 0;
-  } catch (...) {
-    return 1;
-  }
+  auto mr = rmm::mr::get_per_device_resource_ref(rmm::cuda_device_id{0});
+  return alloc_free(mr, bytes);
 }
 }
