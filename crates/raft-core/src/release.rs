@@ -33,7 +33,8 @@ type Release = Box<dyn FnOnce() + Send + 'static>;
 
 struct Queued {
     release: Release,
-    _token: raft_exit::ReleaseToken,
+    /// None when the release carries its own token (a worker's release that fell back here).
+    _token: Option<raft_exit::ReleaseToken>,
 }
 
 /// How many release threads: `RAFT_RELEASE_THREADS` (1 to 64), else 4. Releasing many streams
@@ -84,21 +85,20 @@ pub(crate) fn on_worker(worker: crate::job::Worker, label: raft_exit::Label, rel
         drop(token);
     });
     if let Err(task) = worker.retire(task) {
-        enqueue_task(task);
+        // The worker has stopped: the release thread runs it, under the token it already holds.
+        send(Queued { release: task, _token: None });
     }
-}
-
-/// Runs an already registered release on the release thread (its token travels inside it).
-fn enqueue_task(task: Release) {
-    enqueue(raft_exit::Label { what: "release (worker stopped)", id: 0, device: None }, task);
 }
 
 /// Queues `release` on the release thread. Never blocks on the GPU, never panics; when no
 /// thread can run it (none could be started), the native objects are leaked instead.
 pub(crate) fn enqueue(label: raft_exit::Label, release: Release) {
-    let queued = Queued { release, _token: raft_exit::ReleaseToken::register(label) };
+    send(Queued { release, _token: Some(raft_exit::ReleaseToken::register(label)) });
+}
+
+fn send(queued: Queued) {
     let Some(q) = queue() else {
-        log::warn!(target: "raft", "no release thread could be started: {label} leaked");
+        log::warn!(target: "raft", "no release thread could be started: native objects leaked");
         std::mem::forget(queued.release);
         return;
     };

@@ -1,5 +1,5 @@
 //! `DeviceResources`: a RAFT `raft::device_resources` on a stream of its own, owned from Rust.
-use crate::device::{check_device, context, current_device_for, ContextGuard};
+use crate::device::{context, current_device_for, ContextGuard};
 use crate::error::{Error, Result};
 use crate::ffi::check;
 use crate::job::{JobHandle, Shared, Worker};
@@ -213,7 +213,7 @@ impl DeviceResources {
     }
 
     pub(crate) fn create(who: &'static str, device: usize) -> Result<Self> {
-        check_device(who, device)?;
+        // context() checks that the device exists.
         let ctx = context(who, device)?;
         let _keep = ContextGuard::save(who)?;
         memory::ensure_default(device);

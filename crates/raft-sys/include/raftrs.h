@@ -77,8 +77,6 @@ raftrs_status raftrs_device_count(int32_t* out);
 raftrs_status raftrs_current_device(int32_t* out);
 /** cudaDevAttrMemoryPoolsSupported of a device (0 or 1). */
 raftrs_status raftrs_device_memory_pools_supported(int32_t device, int32_t* out);
-/** cudaStreamSynchronize on a raw stream (a baseline for benchmarks and tests). */
-raftrs_status raftrs_stream_synchronize(void* stream);
 /** cudaMemcpyAsync with cudaMemcpyDefault on a stream of `device`. */
 raftrs_status raftrs_memcpy_async(int32_t device, void* dst, const void* src, size_t bytes, void* stream);
 /** cudaMemsetAsync on a stream of `device`. */
@@ -105,8 +103,6 @@ raftrs_status raftrs_resources_sync(raftrs_resources* res);
 raftrs_status raftrs_resources_handle(raftrs_resources* res, int32_t kind, void** out);
 /** Whether RAFT already made the handle of that kind (1) or not yet (0). */
 raftrs_status raftrs_resources_has_handle(raftrs_resources* res, int32_t kind, int32_t* out);
-/** raft::resource::get_device_id: the device RAFT recorded for these resources. */
-raftrs_status raftrs_resources_device(raftrs_resources* res, int32_t* out);
 
 /* ---- RMM's per-device memory resource ----------------------------------------------------- */
 
@@ -160,11 +156,6 @@ raftrs_status raftrs_gemm_f32(raftrs_resources* res, int32_t trans_a, int32_t tr
 raftrs_status raftrs_gemm_f64(raftrs_resources* res, int32_t trans_a, int32_t trans_b, int64_t m,
                               int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
                               const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
-
-/* ---- process exit -------------------------------------------------------------------------- */
-
-/** rmm::process_is_exiting(). */
-int32_t raftrs_process_is_exiting(void);
 
 #ifdef __cplusplus
 }

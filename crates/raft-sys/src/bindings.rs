@@ -88,10 +88,6 @@ unsafe extern "C" {
     pub fn raftrs_device_memory_pools_supported(device: i32, out: *mut i32) -> raftrs_status;
 }
 unsafe extern "C" {
-    #[doc = " cudaStreamSynchronize on a raw stream (a baseline for benchmarks and tests)."]
-    pub fn raftrs_stream_synchronize(stream: *mut ::core::ffi::c_void) -> raftrs_status;
-}
-unsafe extern "C" {
     #[doc = " cudaMemcpyAsync with cudaMemcpyDefault on a stream of `device`."]
     pub fn raftrs_memcpy_async(
         device: i32,
@@ -135,10 +131,6 @@ unsafe extern "C" {
 unsafe extern "C" {
     #[doc = " Whether RAFT already made the handle of that kind (1) or not yet (0)."]
     pub fn raftrs_resources_has_handle(res: *mut raftrs_resources, kind: i32, out: *mut i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " raft::resource::get_device_id: the device RAFT recorded for these resources."]
-    pub fn raftrs_resources_device(res: *mut raftrs_resources, out: *mut i32) -> raftrs_status;
 }
 unsafe extern "C" {
     #[doc = " The kind of the device's current RMM resource (RAFTRS_MR_*)."]
@@ -223,8 +215,4 @@ unsafe extern "C" {
         c: *mut f64,
         ldc: i64,
     ) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " rmm::process_is_exiting()."]
-    pub fn raftrs_process_is_exiting() -> i32;
 }

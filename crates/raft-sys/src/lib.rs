@@ -15,6 +15,3 @@
 
 mod bindings;
 pub use bindings::*;
-
-/// The RAFT release the shim was written against (the pinned stack).
-pub const PINNED_RAFT: &str = "26.08.00";

@@ -20,7 +20,6 @@
 #include <rmm/mr/managed_memory_resource.hpp>
 #include <rmm/mr/per_device_resource.hpp>
 #include <rmm/mr/statistics_resource_adaptor.hpp>
-#include <rmm/process_is_exiting.hpp>
 #include <rmm/version_config.hpp>
 
 #include <cublas_v2.h>
@@ -357,11 +356,6 @@ raftrs_status raftrs_device_memory_pools_supported(int32_t device, int32_t* out)
   });
 }
 
-raftrs_status raftrs_stream_synchronize(void* stream)
-{
-  return guard([&] { RAFTRS_CUDA_TRY(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))); });
-}
-
 raftrs_status raftrs_memcpy_async(int32_t device, void* dst, const void* src, size_t bytes, void* stream)
 {
   return guard([&] {
@@ -435,11 +429,6 @@ raftrs_status raftrs_resources_handle(raftrs_resources* res, int32_t kind, void*
 raftrs_status raftrs_resources_has_handle(raftrs_resources* res, int32_t kind, int32_t* out)
 {
   return guard([&] { *out = unwrap(res).has(handle_type(kind)) ? 1 : 0; });
-}
-
-raftrs_status raftrs_resources_device(raftrs_resources* res, int32_t* out)
-{
-  return guard([&] { *out = raft::resource::get_device_id(unwrap(res)); });
 }
 
 raftrs_status raftrs_mr_current(int32_t device, int32_t* out)
@@ -614,7 +603,5 @@ raftrs_status raftrs_gemm_f64(raftrs_resources* res,
   return gemm<double>(
     res, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cublasDgemm, "cublasDgemm");
 }
-
-int32_t raftrs_process_is_exiting(void) { return rmm::process_is_exiting() ? 1 : 0; }
 
 }  // extern "C"
