@@ -171,6 +171,34 @@ fn main() {
             let r = raft::DeviceResources::new().expect("resources");
             r.spawn(|| ()).expect("spawn").join().expect("join");
         }
+        // Several GPUs: a user's resource on the last device is left alone while device 0's
+        // default is replaced.
+        "mr-two-devices" => {
+            let last = raft::device_count().expect("count") - 1;
+            raft::set_memory_resource(last, raft::MemoryResourceKind::Managed).expect("set");
+            let _all: Vec<_> = (0..=last).map(|d| raft::DeviceResources::on_device(d).expect("resources")).collect();
+            println!("RESULT d0={} dlast={} last={last}", mr(0), mr(last));
+        }
+        // A GPU job in flight on every device when main returns.
+        "jobs-every-device" => {
+            let until = std::time::Instant::now() + Duration::from_secs_f64(secs);
+            let handles: Vec<_> = (0..raft::device_count().expect("count"))
+                .map(|d| {
+                    let r = raft::DeviceResources::on_device(d).expect("resources");
+                    let rr = r.clone();
+                    r.spawn(move || {
+                        let mut v = raft::DeviceVec::<f32>::zeros(&rr, 1 << 20).expect("array");
+                        while std::time::Instant::now() < until {
+                            v.fill_zero().expect("memset");
+                            rr.sync().expect("sync");
+                        }
+                        println!("RESULT job_on_{d}=finished");
+                    })
+                    .expect("spawn")
+                })
+                .collect();
+            drop(handles);
+        }
         // Nothing that makes a job or a release: no exit hook.
         "no-jobs" => {
             let _ = raft::device_count();
