@@ -71,6 +71,26 @@ fn a_zero_wait_does_not_wait() {
 }
 
 #[test]
+fn a_panicking_logger_in_the_exit_hook_still_ends_the_process_before_the_static_destructors() {
+    // The user's logger panics at the hook's warning (teardown skipped, the job outlives its
+    // 0 s bound). The hook must still end the process with its own status, before the C
+    // library's handlers: the user's handler registered before the first job must not run,
+    // since the C++ static destructors that come with it would run under the job.
+    for g in variants() {
+        let c = run_scenario!(
+            "logger-panics-at-exit",
+            &[("SCENARIO_GPU", g), ("SCENARIO_WAIT", "0"), ("SCENARIO_JOB_SECS", "20"), ("SCENARIO_STATUS", "5")],
+            LIMIT
+        );
+        assert!(c.stderr.contains("the user's logger panicked on: exit: teardown skipped"), "gpu={g}: {}", c.stderr);
+        c.assert_code(5);
+        assert!(c.result("user_atexit").is_none(), "gpu={g}: the exit went on to the static destructors:\n{}", c.stdout);
+        assert!(c.result("job").is_none(), "gpu={g}: {}", c.stdout);
+        assert!(secs(&c) < 3.0, "gpu={g}: {:.2} s", secs(&c));
+    }
+}
+
+#[test]
 fn a_job_that_calls_exit_skips_the_teardown_at_once() {
     for g in variants() {
         let c = scenario("job-calls-exit", g, "10", "0");
@@ -93,18 +113,29 @@ fn exit_from_another_thread_waits_like_main_returning() {
 
 #[test]
 fn a_release_in_flight_holds_the_exit_for_up_to_a_second() {
+    // No job runs at exit, only a release: on the GPU, that of dropped resources waiting for
+    // their stream's work; on the CPU, a release registered like the library's.
     for g in variants() {
+        // What the release waits for: the stream's work (GPU), or the release itself (CPU).
+        let done = if g == "1" { "stream_work" } else { "release" };
         // A short release is waited for ...
         let c = scenario("release-in-flight", g, "10", "0.3");
         c.assert_code(0);
+        assert_eq!(c.result("jobs_at_exit").as_deref(), Some("0"), "gpu={g}: a job held the exit");
+        assert_eq!(c.result("releases_at_exit").as_deref(), Some("1"), "gpu={g}: no release in flight at exit");
+        assert_eq!(c.result(done).as_deref(), Some("finished"), "gpu={g}: {}", c.stdout);
         assert!(secs(&c) >= 0.3 && secs(&c) < 5.0, "gpu={g}: {:.2} s", secs(&c));
+        assert!(c.stderr.contains("exit: jobs in flight: none; waited"), "gpu={g}: {}", c.stderr);
         assert!(c.stderr.contains("tearing down"), "gpu={g}: {}", c.stderr);
+        // ... a long one only for about a second.
+        let c = scenario("release-in-flight", g, "10", "20");
+        c.assert_code(0);
+        assert_eq!(c.result("jobs_at_exit").as_deref(), Some("0"), "gpu={g}: a job held the exit");
+        assert!(c.result(done).is_none(), "gpu={g}: {}", c.stdout);
+        assert!(secs(&c) >= 1.0 && secs(&c) < 4.0, "gpu={g}: {:.2} s", secs(&c));
+        assert!(c.stderr.contains("teardown skipped"), "gpu={g}: {}", c.stderr);
+        assert!(c.stderr.contains("jobs still running: none; releases still running: release"), "gpu={g}: {}", c.stderr);
     }
-    // ... a long one (CPU variant: a release that never ends in time) only for about a second.
-    let c = scenario("release-in-flight", "0", "10", "20");
-    c.assert_code(0);
-    assert!(secs(&c) >= 1.0 && secs(&c) < 4.0, "{:.2} s", secs(&c));
-    assert!(c.stderr.contains("releases still running: release"), "{}", c.stderr);
 }
 
 #[test]

@@ -1,65 +1,20 @@
 //! The exit hook: registered with `atexit` when the first job or release is made; at exit it
 //! waits for what is in flight, then tears down or, when the wait runs out, leaks.
-use crate::registry::{Outcome, Registry};
+use crate::phase::{set_phase, Phase};
+use crate::registry::{Outcome, REGISTRY};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
-
-pub(crate) static REGISTRY: Registry = Registry::new();
 
 /// How long releases may still run once no job runs.
 pub(crate) const RELEASE_GRACE: Duration = Duration::from_secs(1);
 
-/// Where the process is in its exit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Phase {
-    /// No exit has begun.
-    Running = 0,
-    /// The exit hook is waiting for jobs and releases.
-    Waiting = 1,
-    /// Everything drained; the teardown runs.
-    TearingDown = 2,
-    /// The teardown ran.
-    TornDown = 3,
-    /// The teardown was skipped: native objects are leaked to the OS.
-    Skipped = 4,
-}
-
-static PHASE: AtomicU8 = AtomicU8::new(Phase::Running as u8);
 static HOOK: Once = Once::new();
 static TEARDOWNS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
 
 thread_local! {
     /// Set on job workers and release threads (const, no destructor: readable during exit).
     static LIBRARY_THREAD: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Where the process is in its exit.
-pub fn phase() -> Phase {
-    match PHASE.load(Ordering::Acquire) {
-        0 => Phase::Running,
-        1 => Phase::Waiting,
-        2 => Phase::TearingDown,
-        3 => Phase::TornDown,
-        _ => Phase::Skipped,
-    }
-}
-
-fn set_phase(p: Phase) {
-    PHASE.store(p as u8, Ordering::Release);
-}
-
-/// Whether a release may still call into CUDA: not once the exit has decided (a release made
-/// after that would run under the C++ static destructors), except the teardown's own.
-pub fn native_release_allowed() -> bool {
-    matches!(phase(), Phase::Running | Phase::Waiting | Phase::TearingDown)
-}
-
-/// Whether the exit has begun (the hook is running or has run).
-pub fn exiting() -> bool {
-    phase() != Phase::Running
 }
 
 /// Marks the calling thread as a library thread (a job worker or a release thread): an exit
@@ -106,15 +61,31 @@ pub fn hook_registered() -> bool {
     HOOK.is_completed()
 }
 
+/// The exit hook (glibc, which passes the exit status): waits for what is in flight, then
+/// either tears down and lets the exit go on, or skips the teardown and ends the process at
+/// once with its own status (`_exit`).
+///
+/// # Handlers that do not run after a skipped teardown
+/// The C library runs exit handlers in the reverse order of their registration, and `_exit`
+/// ends the process without the rest. So after a skipped teardown:
+/// - handlers registered *after* this hook (after the process's first job or release) have
+///   already run: they are unaffected;
+/// - handlers registered *before* it (before the first job or release; LLVM's coverage writer
+///   and profilers usually register at start-up), the C++ static destructors and the C++
+///   streams' flush do not run. C stdio streams are flushed here, and Rust's stdout was
+///   flushed before the exit began.
+///
+/// Workaround: register such a handler after the first job (then it runs before the hook), or
+/// flush its data yourself before exiting (`__llvm_profile_write_file`, `__gcov_dump`, …).
 #[cfg(target_env = "gnu")]
 extern "C" fn exit_hook_with_status(status: libc::c_int, _arg: *mut libc::c_void) {
-    // A panic must not unwind into libc; there is nothing to do with one at exit.
-    let end_now = std::panic::catch_unwind(run_hook).unwrap_or(false);
-    if end_now {
-        // Something still runs on the GPU: the C++ static destructors that would run next
-        // (libcudart's, RMM's per-device map) would tear CUDA down under it and crash the
-        // process. End it here with its own status; the OS reclaims what was leaked.
-        // SAFETY: fflush(NULL) flushes every C stdio stream; _exit ends the process at once.
+    if run_hook_guarded() {
+        // Something still runs on the GPU (or the teardown did not run): the C++ static
+        // destructors that would run next (libcudart's, RMM's per-device map) would tear CUDA
+        // down under it and crash the process. End it here with its own status; the OS
+        // reclaims what was leaked.
+        // SAFETY: fflush(NULL) flushes every C stdio stream and takes no pointer of ours;
+        // _exit ends the process at once, without returning into the C library's exit.
         unsafe {
             libc::fflush(std::ptr::null_mut());
             libc::_exit(status);
@@ -122,11 +93,33 @@ extern "C" fn exit_hook_with_status(status: libc::c_int, _arg: *mut libc::c_void
     }
 }
 
+/// The exit hook without the exit status (no `on_exit`): the process cannot be ended here
+/// with its own status, so after a skipped teardown the static destructors still run.
 #[cfg(not(target_env = "gnu"))]
 extern "C" fn exit_hook() {
-    // Without on_exit the status is unknown, so the process cannot be ended here: the
-    // teardown is still skipped, but the static destructors run.
-    let _ = std::panic::catch_unwind(run_hook);
+    let _ = run_hook_guarded();
+}
+
+/// Runs the hook; returns whether the process must end at once. A panic must not unwind into
+/// the C library, nor let the exit go on as if the hook had decided to: after one, the phase
+/// and the registry decide (see `Registry::settle_after_panic`).
+fn run_hook_guarded() -> bool {
+    match std::panic::catch_unwind(run_hook) {
+        Ok(end_now) => end_now,
+        Err(payload) => {
+            // Dropping the payload could run a panicking destructor; at exit, leak it.
+            std::mem::forget(payload);
+            REGISTRY.settle_after_panic(usize::from(on_library_thread()))
+        }
+    }
+}
+
+/// Logs through the user's logger, which may panic: the hook's decision is already made by
+/// then, and a panic in the logger must not change it (nor stop the teardown).
+fn log_guarded(log: impl FnOnce()) {
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(log)) {
+        std::mem::forget(payload);
+    }
 }
 
 fn list<T: std::fmt::Display>(items: &[T]) -> String {
@@ -137,49 +130,54 @@ fn list<T: std::fmt::Display>(items: &[T]) -> String {
 }
 
 /// Waits, then tears down or skips; returns whether the process must end at once (something
-/// other than the exiting thread still runs).
+/// other than the exiting thread still runs). The decision itself is made in the registry,
+/// under its lock, so that no job is registered past it.
 fn run_hook() -> bool {
     let start = Instant::now();
     set_phase(Phase::Waiting);
     if on_library_thread() {
-        set_phase(Phase::Skipped);
-        let jobs = REGISTRY.jobs_now();
-        let releases = REGISTRY.releases_in_flight();
-        log::warn!(
-            target: "raft",
-            "exit called from a job or release thread: teardown skipped; jobs still running: {}; releases still running: {}",
-            list(&jobs),
-            releases
-        );
+        let (jobs, releases) = REGISTRY.skip_now();
+        log_guarded(|| {
+            log::warn!(
+                target: "raft",
+                "exit called from a job or release thread: teardown skipped; jobs still running: {}; releases still running: {}",
+                list(&jobs),
+                releases
+            )
+        });
         // The exiting thread holds one of them itself.
         return jobs.len() + releases > 1;
     }
     let in_flight = REGISTRY.jobs_now();
-    match REGISTRY.wait_for_drain(start, RELEASE_GRACE) {
+    match REGISTRY.wait_and_decide(start, RELEASE_GRACE) {
         Outcome::Drained { waited } => {
-            set_phase(Phase::TearingDown);
-            log::debug!(
-                target: "raft",
-                "exit: jobs in flight: {}; waited {:.3} s; tearing down",
-                list(&in_flight),
-                waited.as_secs_f64()
-            );
+            log_guarded(|| {
+                log::debug!(
+                    target: "raft",
+                    "exit: jobs in flight: {}; waited {:.3} s; tearing down",
+                    list(&in_flight),
+                    waited.as_secs_f64()
+                )
+            });
             let steps = TEARDOWNS.lock().unwrap_or_else(|e| e.into_inner()).clone();
             for step in steps {
-                let _ = std::panic::catch_unwind(step);
+                if let Err(payload) = std::panic::catch_unwind(step) {
+                    std::mem::forget(payload);
+                }
             }
             set_phase(Phase::TornDown);
             false
         }
         Outcome::TimedOut { waited, jobs, releases } => {
-            set_phase(Phase::Skipped);
-            log::warn!(
-                target: "raft",
-                "exit: teardown skipped after waiting {:.3} s; jobs still running: {}; releases still running: {}",
-                waited.as_secs_f64(),
-                list(&jobs),
-                list(&releases)
-            );
+            log_guarded(|| {
+                log::warn!(
+                    target: "raft",
+                    "exit: teardown skipped after waiting {:.3} s; jobs still running: {}; releases still running: {}",
+                    waited.as_secs_f64(),
+                    list(&jobs),
+                    list(&releases)
+                )
+            });
             true
         }
     }

@@ -14,20 +14,42 @@
 //!   never destroying them under a running job), logs a warning on target `raft`, and ends
 //!   the process at once with its exit status (`_exit`): the C++ static destructors that would
 //!   follow (the CUDA runtime's, RMM's) would otherwise tear CUDA down under the running job.
+//!   A panic inside the hook (a user's `log` logger, say) changes none of this;
+//! - the **phase** of the exit ([`phase`], [`Phase`]): a job made once the exit has decided can
+//!   be refused ([`JobToken::try_register`], [`ExitDecided`]).
+//!
+//! # Your own exit handlers after a skipped teardown
+//! `_exit` ends the process without running the exit handlers that come after the hook. The C
+//! library runs them in the reverse order of their registration, so:
+//!
+//! | registered with `atexit` (or `on_exit`) | after a skipped teardown |
+//! | --- | --- |
+//! | after the process's first job or release (after the hook) | already ran: unaffected |
+//! | before the first job or release (coverage writers, profilers, most start-up code) | do **not** run |
+//! | C++ static destructors, C++ streams' flush | do **not** run (that is the point) |
+//!
+//! C stdio streams are flushed before `_exit`, and Rust's stdout is flushed before the exit
+//! begins (when `main` returns and in `std::process::exit`). A teardown that ran (everything
+//! drained in time) lets the exit go on: then every handler runs. Workaround for a handler
+//! that must run: register it after the first job (it then runs before the hook), or flush its
+//! data yourself before exiting (`__llvm_profile_write_file`, `__gcov_dump`, a profiler's own
+//! flush call).
 //!
 //! # Thread safety
 //! Everything here may be called from any thread, also during the exit.
 mod hook;
+mod phase;
 mod registry;
 mod wait;
 
-pub use hook::{exiting, hook_registered, mark_library_thread, native_release_allowed, on_library_thread, on_teardown, phase, Phase};
+pub use hook::{hook_registered, mark_library_thread, on_library_thread, on_teardown};
+pub use phase::{exiting, native_release_allowed, phase, ExitDecided, Phase};
 pub use registry::Label;
 pub use wait::{
     current_exit_wait, default_exit_wait, set_default_exit_wait, spawn_thread, validate, with_exit_wait, InvalidExitWait, DEFAULT_EXIT_WAIT,
 };
 
-use hook::REGISTRY;
+use registry::REGISTRY;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 
@@ -49,9 +71,26 @@ static_assertions::assert_impl_all!(JobToken: Send, Sync);
 impl JobToken {
     /// Registers a job whose exit wait is `bound` seconds (read by the caller, when the job was
     /// made, from [`current_exit_wait`]). Registers the exit hook on first use.
+    ///
+    /// It registers whatever the exit's [`phase`]: a job registered once the exit has decided
+    /// is not waited for, and may run under the teardown or be cut short by `_exit`. Use
+    /// [`try_register`](Self::try_register) to have it refused instead.
     pub fn register(label: Label, bound: f64) -> JobToken {
         hook::ensure_registered();
         JobToken { slot: REGISTRY.add_job(label, bound) }
+    }
+
+    /// Registers a job as [`register`](Self::register) does, unless the exit has decided
+    /// (phase `TearingDown`, `TornDown` or `Skipped`). The check and the registration are one
+    /// step under the lock the exit hook decides under: a job registered here is waited for
+    /// (up to its bound), and one refused is one the exit would not have waited for.
+    ///
+    /// # Errors
+    /// [`ExitDecided`] (`the process is exiting`) once the exit has decided; don't start the
+    /// job then.
+    pub fn try_register(label: Label, bound: f64) -> Result<JobToken, ExitDecided> {
+        hook::ensure_registered();
+        REGISTRY.try_add_job(label, bound).map(|slot| JobToken { slot })
     }
 }
 
@@ -92,4 +131,65 @@ pub fn jobs_in_flight() -> usize {
 /// Releases in flight now.
 pub fn releases_in_flight() -> usize {
     REGISTRY.releases_in_flight()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn try_register_accepts_a_job_while_the_process_runs() {
+        // The process's own phase: Running in this test binary (its exit never began).
+        assert_eq!(phase(), Phase::Running);
+        let token = JobToken::try_register(Label { what: "job", id: next_id(), device: None }, 1.0).expect("accepted while running");
+        assert!(jobs_in_flight() >= 1);
+        assert!(hook_registered());
+        drop(token);
+    }
+
+    /// The crate's files, for the layout checks below.
+    const FILES: [(&str, &str); 5] = [
+        ("lib.rs", include_str!("lib.rs")),
+        ("hook.rs", include_str!("hook.rs")),
+        ("phase.rs", include_str!("phase.rs")),
+        ("registry.rs", include_str!("registry.rs")),
+        ("wait.rs", include_str!("wait.rs")),
+    ];
+
+    #[test]
+    fn the_registry_and_the_phase_do_not_reach_into_the_hook() {
+        // registry -> phase and hook -> {registry, phase}: no module circle.
+        for (name, text) in FILES.iter().filter(|(n, _)| *n == "registry.rs" || *n == "phase.rs") {
+            for other in ["crate::hook", "hook::", "crate::registry"] {
+                if *name == "registry.rs" && other == "crate::registry" {
+                    continue;
+                }
+                assert!(!text.contains(other), "{name} names {other}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_file_says_why_it_exists_and_every_unsafe_block_why_it_is_sound() {
+        for (name, text) in FILES {
+            assert!(text.starts_with("//!"), "{name} does not start with a `//!` line");
+            // Spelled in pieces so that this test's own text does not match.
+            let (block, imp) = (["unsafe", " {"].concat(), ["unsafe", " impl"].concat());
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                if !code.contains(&block) && !code.contains(&imp) {
+                    continue;
+                }
+                // The SAFETY comment sits just above (attributes and the rest of the comment
+                // may come between) or on the line itself.
+                let above = lines[..i].iter().rev().take_while(|l| {
+                    let t = l.trim_start();
+                    t.starts_with("//") || t.starts_with("#[")
+                });
+                let ok = line.contains("SAFETY:") || above.into_iter().any(|l| l.contains("// SAFETY:"));
+                assert!(ok, "{name}:{}: `unsafe` without a `// SAFETY:` line: {line}", i + 1);
+            }
+        }
+    }
 }

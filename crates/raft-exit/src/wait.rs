@@ -19,6 +19,14 @@ pub struct InvalidExitWait {
     pub given: String,
 }
 
+/// A refused exit wait is a `Logic` error of the API that refused it (`with_exit_wait: expected
+/// a non-negative real number of seconds, given -1`).
+impl From<InvalidExitWait> for raft_error::Error {
+    fn from(e: InvalidExitWait) -> Self {
+        raft_error::Error::logic(e.who, format!("expected a non-negative real number of seconds, given {}", e.given))
+    }
+}
+
 /// Checks a wait in seconds: finite or `+inf`, never negative or NaN.
 pub fn validate(who: &'static str, seconds: f64) -> Result<f64, InvalidExitWait> {
     if seconds.is_nan() || seconds < 0.0 {
