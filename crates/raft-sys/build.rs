@@ -1,173 +1,191 @@
-//! Finds RAFT, RMM and the CUDA 13.2 libraries, compiles the C++ shim against them and links
-//! it: the static shim first, then the libraries' shared objects.
+//! Finds RAFT, RMM and the CUDA 13.2 libraries, and builds the C++ shim against them as a shared
+//! object, `libraftrs_shim.so`, whose own RUNPATH names the library directories found here.
+//!
+//! Nothing native is linked into Rust binaries: `raft-sys` loads the shim at first use
+//! (`src/load.rs`), so a binary starts without RAFT, RMM or CUDA and reports a clear error where
+//! they are missing. The build-time facts (versions, where the shim and the libraries are) reach
+//! the crate as `rustc-env` variables and a generated `build_info.rs`.
+#[path = "build/stack.rs"]
+mod stack;
+
+use stack::{env_var_rerun, Stack, LIBRARIES, PINNED};
 use std::env;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
-/// The pinned release whose wheels `cargo xtask deps` unpacks.
-const PINNED: &str = "26.08.00";
-
-/// Reads a knob and asks cargo to rerun when it changes.
-fn env_var_rerun(name: &str) -> Option<String> {
-    println!("cargo:rerun-if-env-changed={name}");
-    env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// Where the native stack's headers and libraries are.
-struct Stack {
-    root: PathBuf,
-    includes: Vec<PathBuf>,
-    lib_dirs: Vec<PathBuf>,
-}
-
-impl Stack {
-    /// The layout `cargo xtask deps` makes: wheels unpacked side by side.
-    fn wheels(root: &Path) -> Option<Stack> {
-        if !root.join("libraft/include/raft/core/device_resources.hpp").is_file() {
-            return None;
-        }
-        Some(Stack {
-            root: root.to_path_buf(),
-            // RMM's own copy of CCCL comes before anything the CUDA wheels carry.
-            includes: ["libraft/include", "librmm/include", "librmm/include/rapids", "rapids_logger/include", "nvidia/cu13/include"]
-                .iter()
-                .map(|p| root.join(p))
-                .collect(),
-            lib_dirs: ["librmm/lib64", "rapids_logger/lib64", "nvidia/cu13/lib"].iter().map(|p| root.join(p)).collect(),
-        })
-    }
-
-    /// A conda environment or a system install: `include/raft`, `include/rapids`, `lib`.
-    fn prefix(root: &Path) -> Option<Stack> {
-        if !root.join("include/raft/core/device_resources.hpp").is_file() {
-            return None;
-        }
-        let mut includes = vec![root.join("include"), root.join("include/rapids")];
-        let mut lib_dirs = vec![root.join("lib"), root.join("lib64")];
-        let target = root.join("targets/x86_64-linux");
-        if target.is_dir() {
-            includes.push(target.join("include"));
-            lib_dirs.push(target.join("lib"));
-        }
-        includes.retain(|p| p.is_dir());
-        lib_dirs.retain(|p| p.is_dir());
-        Some(Stack { root: root.to_path_buf(), includes, lib_dirs })
-    }
-
-    fn at(root: &Path) -> Option<Stack> {
-        Stack::wheels(root).or_else(|| Stack::prefix(root))
-    }
-
-    /// The file to link for `lib<name>`: the plain `.so` when there is one, else a versioned one
-    /// (the CUDA wheels ship only `libcudart.so.13` and the like).
-    fn library(&self, name: &str) -> Option<String> {
-        let plain = format!("lib{name}.so");
-        for dir in &self.lib_dirs {
-            if dir.join(&plain).exists() {
-                return Some(plain);
-            }
-        }
-        for dir in &self.lib_dirs {
-            let Ok(entries) = std::fs::read_dir(dir) else { continue };
-            let mut found: Vec<String> =
-                entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|f| f.starts_with(&format!("{plain}."))).collect();
-            found.sort();
-            if let Some(f) = found.into_iter().next() {
-                return Some(f);
-            }
-        }
-        None
-    }
-}
-
-/// The cache `cargo xtask deps` fills; the same rule lives in `xtask/src/deps.rs`.
-fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = env_var_rerun("RAFT_RS_CACHE") {
-        return Some(PathBuf::from(dir));
-    }
-    if let Some(dir) = env_var_rerun("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(dir).join("raft-rs"));
-    }
-    env_var_rerun("HOME").map(|h| PathBuf::from(h).join(".cache/raft-rs"))
-}
-
-fn find_stack() -> Result<Stack, String> {
-    let mut tried = Vec::new();
-    if let Some(prefix) = env_var_rerun("RAFT_SYS_PREFIX") {
-        let root = PathBuf::from(&prefix);
-        return Stack::at(&root).ok_or(format!(
-            "RAFT_SYS_PREFIX={prefix} holds no RAFT headers (looked for include/raft/core/device_resources.hpp \
-             and libraft/include/raft/core/device_resources.hpp)"
-        ));
-    }
-    if let Some(cache) = cache_dir() {
-        let root = cache.join(PINNED).join("prefix");
-        if let Some(stack) = Stack::at(&root) {
-            return Ok(stack);
-        }
-        tried.push(root.display().to_string());
-    }
-    if let Some(conda) = env_var_rerun("CONDA_PREFIX") {
-        let root = PathBuf::from(conda);
-        if let Some(stack) = Stack::at(&root) {
-            return Ok(stack);
-        }
-        tried.push(root.display().to_string());
-    }
-    Err(format!(
-        "RAFT {PINNED} was not found (looked in: {}).\n\
-         Run `cargo xtask deps` to fetch the pinned RAFT/RMM/CUDA wheels into the cache, \
-         or set RAFT_SYS_PREFIX (or activate a conda environment with libraft) to use another install.",
-        if tried.is_empty() { "nowhere: no cache directory and no CONDA_PREFIX".to_string() } else { tried.join(", ") }
-    ))
-}
+/// The shim's file name (also what `raft-sys` looks for beside an executable).
+const SHIM_FILE: &str = "libraftrs_shim.so";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=build/stack.rs");
     println!("cargo:rerun-if-changed=src/shim.cpp");
     println!("cargo:rerun-if-changed=include/raftrs.h");
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:include={}", manifest.join("include").display());
 
     if env_var_rerun("DOCS_RS").is_some() || env::var_os("CARGO_FEATURE_DOC_ONLY").is_some() {
-        return; // documentation needs no native code
+        // Documentation needs no native code: the pinned facts stand in for the headers'.
+        write_build_info(&out, &pinned_info(), false);
+        println!("cargo:rustc-env=RAFT_SYS_SHIM_PATH=");
+        println!("cargo:rustc-env=RAFT_SYS_LIB_DIRS=");
+        return;
     }
 
-    let stack = match find_stack() {
+    let stack = match stack::find() {
         Ok(stack) => stack,
         Err(message) => {
+            // One clear message, not a backtrace: cargo shows a build script's stderr on failure.
             eprintln!("error: {message}");
-            panic!("{message}");
+            std::process::exit(1);
         }
     };
 
+    let shim = build_shim(&manifest, &out, &stack);
+    let info = read_build_info(&manifest, &stack);
+    write_build_info(&out, &info, true);
+
+    let lib_dirs = env::join_paths(&stack.lib_dirs).expect("library paths contain no separator");
+    let includes = env::join_paths(&stack.includes).expect("include paths contain no separator");
+    println!("cargo:rustc-env=RAFT_SYS_SHIM_PATH={}", shim.display());
+    println!("cargo:rustc-env=RAFT_SYS_LIB_DIRS={}", lib_dirs.to_string_lossy());
+    // For crates of this workspace that compile C++ against the same stack (the benchmark's
+    // baseline) and for `cargo xtask gpu-bundle`: DEP_RAFTRS_*.
+    println!("cargo:shim={}", shim.display());
+    println!("cargo:includes={}", includes.to_string_lossy());
+    println!("cargo:lib_dirs={}", lib_dirs.to_string_lossy());
+    println!("cargo:root={}", stack.root.display());
+}
+
+/// Compiles `src/shim.cpp` position-independent and links it into `OUT_DIR/libraftrs_shim.so`,
+/// with RUNPATH `$ORIGIN` and the stack's library directories.
+fn build_shim(manifest: &Path, out: &Path, stack: &Stack) -> PathBuf {
     let mut build = cc::Build::new();
-    build.cpp(true).std("c++20").file("src/shim.cpp").include(manifest.join("include"));
+    build.cpp(true).std("c++20").pic(true).file(manifest.join("src/shim.cpp")).include(manifest.join("include"));
     // -isystem: warnings inside RAFT's and RMM's headers are theirs, not the shim's.
     for dir in &stack.includes {
         build.flag(format!("-isystem{}", dir.display()));
     }
-    // The shim is small and hot: always optimised, never with debug info (it would swell the
-    // test binaries carried to the GPU machine).
+    // The shim is small and hot: always optimised, never with debug info.
     build.opt_level(2).debug(false).flag_if_supported("-Wno-deprecated-declarations");
-    build.compile("raftrs_shim");
+    let objects = build.compile_intermediates();
 
+    let shim = out.join(SHIM_FILE);
+    let compiler = build.get_compiler();
+    let mut link = Command::new(compiler.path());
+    link.arg("-shared").arg("-o").arg(&shim).args(&objects);
+    link.arg(format!("-Wl,-soname,{SHIM_FILE}"));
+    // Every symbol resolved now: a missing library fails the build, not the user's first call.
+    link.arg("-Wl,--no-undefined");
+    // RUNPATH: beside the shim first (a deployed copy with its libraries), then where they were.
+    let mut runpath = vec!["$ORIGIN".to_string()];
+    runpath.extend(stack.lib_dirs.iter().map(|d| d.display().to_string()));
+    link.arg(format!("-Wl,-rpath,{}", runpath.join(":"))).arg("-Wl,--enable-new-dtags");
     for dir in &stack.lib_dirs {
-        println!("cargo:rustc-link-search=native={}", dir.display());
+        link.arg(format!("-L{}", dir.display()));
     }
-    for name in ["rmm", "rapids_logger", "cudart", "cublas", "cusolver", "cusparse"] {
+    for name in LIBRARIES {
         match stack.library(name) {
-            Some(file) if file == format!("lib{name}.so") => println!("cargo:rustc-link-lib=dylib={name}"),
-            Some(file) => println!("cargo:rustc-link-lib=dylib:+verbatim={file}"),
-            None => panic!(
-                "lib{name}.so was not found under {} (library directories: {:?}); run `cargo xtask deps`",
-                stack.root.display(),
-                stack.lib_dirs
-            ),
+            Some((_, file)) if file == format!("lib{name}.so") => {
+                link.arg(format!("-l{name}"));
+            }
+            Some((dir, file)) => {
+                link.arg(dir.join(file));
+            }
+            None => {
+                eprintln!(
+                    "error: lib{name}.so was not found under {} (found through {}; library directories: {:?}).\n\
+                     Install it with:\n    {}",
+                    stack.root.display(),
+                    stack.source,
+                    stack.lib_dirs,
+                    stack::pip_line()
+                );
+                std::process::exit(1);
+            }
         }
     }
-    let includes = env::join_paths(&stack.includes).expect("include paths contain no separator");
-    println!("cargo:includes={}", includes.to_string_lossy());
-    let joined = env::join_paths(&stack.lib_dirs).expect("library paths contain no separator");
-    println!("cargo:lib_dirs={}", joined.to_string_lossy());
-    println!("cargo:root={}", stack.root.display());
+    link.arg("-lstdc++").arg("-lm").arg("-lpthread").arg("-ldl");
+    let status = link.status().unwrap_or_else(|e| panic!("could not run {:?}: {e}", compiler.path()));
+    if !status.success() {
+        eprintln!("error: linking {} failed ({status}): {link:?}", shim.display());
+        std::process::exit(1);
+    }
+    shim
+}
+
+/// What the headers say: versions, CCCL, the CUDA runtime, RMM's inline ABI namespace.
+struct Info {
+    raft: (u32, u32, u32),
+    rmm: (u32, u32, u32),
+    cccl: u32,
+    cudart: u32,
+    rmm_abi_namespace: String,
+}
+
+/// The pinned stack's facts, for documentation builds that have no headers.
+fn pinned_info() -> Info {
+    Info { raft: (26, 8, 0), rmm: (26, 8, 0), cccl: 3004003, cudart: 13020, rmm_abi_namespace: "_RMM_26_8".into() }
+}
+
+/// Asks the C++ preprocessor (same compiler, same include paths as the shim) to expand the
+/// version macros: the facts are then exactly those the shim was compiled with.
+fn read_build_info(manifest: &Path, stack: &Stack) -> Info {
+    let mut build = cc::Build::new();
+    build.cpp(true).std("c++20").file(manifest.join("build/probe.cpp")).cargo_metadata(false);
+    for dir in &stack.includes {
+        build.flag(format!("-isystem{}", dir.display()));
+    }
+    println!("cargo:rerun-if-changed=build/probe.cpp");
+    let expanded = build.expand();
+    let text = String::from_utf8_lossy(&expanded);
+    // The expansion may spread over several lines between line markers: take every token after
+    // `raftrs_probe`, skipping the markers.
+    let tail = text
+        .split_once("raftrs_probe")
+        .map(|(_, t)| t)
+        .unwrap_or_else(|| panic!("the preprocessor gave no raftrs_probe line for build/probe.cpp (with {:?})", stack.includes));
+    let line: String = tail.lines().filter(|l| !l.trim_start().starts_with('#')).collect::<Vec<_>>().join(" ");
+    let fields: Vec<String> =
+        line.split_whitespace().take(9).map(|f| f.trim_matches(|c| c == '(' || c == ')' || c == '"').to_string()).collect();
+    let num = |i: usize| -> u32 {
+        let f = fields.get(i).unwrap_or_else(|| panic!("raftrs_probe line too short: {line}"));
+        f.trim_end_matches(['u', 'U', 'l', 'L']).parse().unwrap_or_else(|_| panic!("not a number in raftrs_probe line {line}: {f}"))
+    };
+    Info {
+        raft: (num(0), num(1), num(2)),
+        rmm: (num(3), num(4), num(5)),
+        cccl: num(6),
+        cudart: num(7),
+        rmm_abi_namespace: fields.get(8).cloned().unwrap_or_default(),
+    }
+}
+
+fn write_build_info(out: &Path, info: &Info, native: bool) {
+    let (rj, rn, rp) = info.raft;
+    let (mj, mn, mp) = info.rmm;
+    let text = format!(
+        "// Generated by raft-sys/build.rs from the headers the shim was compiled with.\n\
+         /// RAFT's version macros (`RAFT_VERSION_MAJOR/MINOR/PATCH`).\n\
+         pub const RAFT_VERSION: (u32, u32, u32) = ({rj}, {rn}, {rp});\n\
+         /// RMM's version macros.\n\
+         pub const RMM_VERSION: (u32, u32, u32) = ({mj}, {mn}, {mp});\n\
+         /// `CCCL_VERSION`, e.g. 3004003 for 3.4.3.\n\
+         pub const CCCL_VERSION: u32 = {};\n\
+         /// `CUDART_VERSION`, e.g. 13020 for 13.2.\n\
+         pub const CUDART_VERSION: u32 = {};\n\
+         /// RMM's inline ABI namespace, e.g. `_RMM_26_8`.\n\
+         pub const RMM_ABI_NAMESPACE: &str = {:?};\n\
+         /// `sizeof(raft::device_resources)`: the shim refuses to compile (a `static_assert`) when\n\
+         /// the headers' handle has another size.\n\
+         pub const HANDLE_SIZE: usize = 32;\n\
+         /// Whether these facts came from real headers (false in documentation builds, which\n\
+         /// show the pinned stack's).\n\
+         pub const FROM_HEADERS: bool = {native};\n\
+         /// The release the build script was pinned to.\n\
+         pub const PINNED: &str = {PINNED:?};\n",
+        info.cccl, info.cudart, info.rmm_abi_namespace
+    );
+    std::fs::write(out.join("build_info.rs"), text).expect("write build_info.rs");
 }

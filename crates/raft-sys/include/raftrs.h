@@ -5,6 +5,9 @@
  * becomes a status, with its message kept in a thread-local buffer that the caller reads with
  * raftrs_last_error() and clears with raftrs_clear_error() right after the failing call.
  * Nothing unwinds across this boundary.
+ *
+ * The shim is a shared object (libraftrs_shim.so) that Rust loads at first use: a binary has no
+ * load-time dependency on RAFT, RMM or CUDA, and one whose stack is missing still starts.
  */
 #ifndef RAFTRS_H
 #define RAFTRS_H
@@ -32,7 +35,8 @@ typedef int32_t raftrs_status;
 #define RAFTRS_STATUS_GENERIC 4
 
 /** The message of the last failed call on this thread ("" when none). Valid until the next
- *  raftrs_ call on this thread. */
+ *  raftrs_ call on this thread. The buffer is a plain thread-local array (no destructor): it
+ *  stays valid while threads and the process exit. */
 const char* raftrs_last_error(void);
 /** Forgets the last message on this thread. */
 void raftrs_clear_error(void);
@@ -71,7 +75,7 @@ void raftrs_get_build_info(raftrs_build_info* out);
 raftrs_status raftrs_runtime_version(int32_t* out);
 /** cudaDriverGetVersion: 0 when no driver is installed. */
 raftrs_status raftrs_driver_version(int32_t* out);
-/** cudaGetDeviceCount. */
+/** cudaGetDeviceCount; 0 (not an error) when a driver is there but no device. */
 raftrs_status raftrs_device_count(int32_t* out);
 /** cudaGetDevice: the calling thread's current device. */
 raftrs_status raftrs_current_device(int32_t* out);
@@ -104,7 +108,7 @@ raftrs_status raftrs_resources_handle(raftrs_resources* res, int32_t kind, void*
 /** Whether RAFT already made the handle of that kind (1) or not yet (0). */
 raftrs_status raftrs_resources_has_handle(raftrs_resources* res, int32_t kind, int32_t* out);
 
-/* ---- RMM's per-device memory resource ----------------------------------------------------- */
+/* ---- RMM memory resources, owned ------------------------------------------------------- */
 
 /** RMM's initial cuda_memory_resource (cudaMalloc), or an equal one. */
 #define RAFTRS_MR_CUDA 0
@@ -116,28 +120,116 @@ raftrs_status raftrs_resources_has_handle(raftrs_resources* res, int32_t kind, i
 #define RAFTRS_MR_STATISTICS 3
 /** Anything else a user installed. */
 #define RAFTRS_MR_OTHER 4
+/** rmm::mr::pool_memory_resource (a coalescing pool over an upstream). */
+#define RAFTRS_MR_POOL 5
+/** rmm::mr::arena_memory_resource (per-thread arenas over an upstream). */
+#define RAFTRS_MR_ARENA 6
+/** rmm::mr::binning_memory_resource (fixed-size bins, larger sizes from the upstream). */
+#define RAFTRS_MR_BINNING 7
+/** rmm::mr::limiting_resource_adaptor (refuses past a byte limit). */
+#define RAFTRS_MR_LIMITING 8
+/** rmm::mr::tracking_resource_adaptor (remembers every live allocation). */
+#define RAFTRS_MR_TRACKING 9
+/** rmm::mr::logging_resource_adaptor (RMM's CSV log of every allocation and free). */
+#define RAFTRS_MR_LOGGING 10
+/** rmm::mr::failure_callback_resource_adaptor (a callback decides whether to retry). */
+#define RAFTRS_MR_FAILURE_CALLBACK 11
+/** rmm::mr::thread_safe_resource_adaptor (a mutex around the upstream). */
+#define RAFTRS_MR_THREAD_SAFE 12
+/** rmm::mr::pinned_host_memory_resource (page-locked host memory the device can reach). */
+#define RAFTRS_MR_PINNED_HOST 13
 
-/** The kind of the device's current RMM resource (RAFTRS_MR_*). */
-raftrs_status raftrs_mr_current(int32_t device, int32_t* out);
-/** Installs a new resource of `kind` (CUDA, CUDA_ASYNC or MANAGED) as the device's current. */
-raftrs_status raftrs_mr_set(int32_t device, int32_t kind);
-/** Puts RMM's initial cuda_memory_resource back as the device's current. */
-raftrs_status raftrs_mr_reset(int32_t device);
+/** One RMM device memory resource, owned: a cuda::mr::any_resource<device_accessible> holding a
+ *  copy of the resource. RMM 26.08's stateful resources (pools, adaptors) are shared handles, so
+ *  a copy shares the very same pool; the stateless ones (cuda, managed) are interchangeable.
+ *  Every raftrs_mr and every buffer made from one keeps the resource alive. */
+typedef struct raftrs_mr raftrs_mr;
+
+/** A new handle to `device`'s current RMM resource (a shared copy of RMM's per-device entry,
+ *  taken under RMM's own lock). Fails when the current resource cannot be shared (its copy does
+ *  not compare equal to it). */
+raftrs_status raftrs_mr_current(int32_t device, raftrs_mr** out);
+/** Makes (a shared copy of) `mr` the current resource of its device; `*previous` receives the
+ *  resource it replaced (pass NULL to drop it: buffers made from it keep it alive). */
+raftrs_status raftrs_mr_set_current(const raftrs_mr* mr, raftrs_mr** previous);
+/** Puts RMM's initial cuda_memory_resource back as `device`'s current; `*previous` as above. */
+raftrs_status raftrs_mr_reset_current(int32_t device, raftrs_mr** previous);
 /** The default-resource rule: when the current resource equals RMM's initial
  *  cuda_memory_resource and the device supports memory pools, installs a
  *  cuda_async_memory_resource and sets *installed to 1; otherwise leaves it and sets 0. */
 raftrs_status raftrs_mr_install_default(int32_t device, int32_t* installed);
-/** Wraps the device's current resource in a statistics adaptor (no-op if it already is one). */
-raftrs_status raftrs_mr_enable_statistics(int32_t device);
-/** Bytes allocated now and at peak through the device's statistics adaptor. */
-raftrs_status raftrs_mr_statistics(int32_t device, int64_t* current_bytes, int64_t* peak_bytes);
+/** A new resource of `kind` (CUDA, CUDA_ASYNC or MANAGED) made on `device`. */
+raftrs_status raftrs_mr_new(int32_t device, int32_t kind, raftrs_mr** out);
+/** A statistics_resource_adaptor over (a shared copy of) `upstream`, on its device. */
+raftrs_status raftrs_mr_new_statistics(const raftrs_mr* upstream, raftrs_mr** out);
+/** A new rmm::mr::pinned_host_memory_resource for `device`. */
+raftrs_status raftrs_mr_new_pinned_host(int32_t device, raftrs_mr** out);
+/** A new cuda_async_memory_resource on `device`; a negative size means "RMM's default". */
+raftrs_status raftrs_mr_new_cuda_async(int32_t device, int64_t initial_pool_size, int64_t release_threshold, raftrs_mr** out);
+/** pool_memory_resource over `upstream`: `initial` bytes first (negative: RMM's default, half the
+ *  free memory), growing up to `maximum` (negative: no maximum). */
+raftrs_status raftrs_mr_new_pool(const raftrs_mr* upstream, int64_t initial, int64_t maximum, raftrs_mr** out);
+/** arena_memory_resource over `upstream` (`arena_size` negative: RMM's default). */
+raftrs_status raftrs_mr_new_arena(const raftrs_mr* upstream, int64_t arena_size, raftrs_mr** out);
+/** binning_memory_resource over `upstream` with bins of 2^min_exponent .. 2^max_exponent bytes. */
+raftrs_status raftrs_mr_new_binning(const raftrs_mr* upstream, int32_t min_exponent, int32_t max_exponent, raftrs_mr** out);
+/** limiting_resource_adaptor over `upstream`, refusing past `limit` bytes (as out of memory). */
+raftrs_status raftrs_mr_new_limiting(const raftrs_mr* upstream, size_t limit, raftrs_mr** out);
+/** tracking_resource_adaptor over `upstream`. */
+raftrs_status raftrs_mr_new_tracking(const raftrs_mr* upstream, raftrs_mr** out);
+/** thread_safe_resource_adaptor over `upstream`. */
+raftrs_status raftrs_mr_new_thread_safe(const raftrs_mr* upstream, raftrs_mr** out);
+/** logging_resource_adaptor over `upstream`, writing RMM's CSV log to `path` (flushed on every
+ *  event when `auto_flush` is 1). */
+raftrs_status raftrs_mr_new_logging(const raftrs_mr* upstream, const char* path, int32_t auto_flush, raftrs_mr** out);
 
-/** Bytes from the device's current RMM resource, on a stream (freed by the same resource). */
+/** Called when an allocation of `bytes` failed for lack of memory: return 1 to retry, 0 to give
+ *  up (the allocation then fails as out of memory). Must not unwind. */
+typedef int32_t (*raftrs_failure_callback)(size_t bytes, void* arg);
+/** Releases a callback's `arg` when the adaptor holding it goes. */
+typedef void (*raftrs_drop_arg)(void* arg);
+/** failure_callback_resource_adaptor over `upstream`; the adaptor owns `arg` (dropped with
+ *  `drop_arg` when its last copy goes, also when this call fails). */
+raftrs_status raftrs_mr_new_failure_callback(const raftrs_mr* upstream,
+                                             raftrs_failure_callback callback,
+                                             void* arg,
+                                             raftrs_drop_arg drop_arg,
+                                             raftrs_mr** out);
+
+/** Live allocations through a tracking adaptor: their count and bytes. */
+raftrs_status raftrs_mr_tracking(const raftrs_mr* mr, size_t* count, size_t* bytes);
+/** RMM's text report of the live allocations of a tracking adaptor, copied into `buf` (at most
+ *  `capacity` bytes, NUL-terminated); `*needed` gets the report's full length + 1. */
+raftrs_status raftrs_mr_tracking_report(const raftrs_mr* mr, char* buf, size_t capacity, size_t* needed);
+/** Bytes allocated through a limiting adaptor, and its limit. */
+raftrs_status raftrs_mr_limits(const raftrs_mr* mr, size_t* allocated, size_t* limit);
+/** Counts of a statistics adaptor: allocations now, at peak, and in all. */
+raftrs_status raftrs_mr_statistics_counts(const raftrs_mr* mr, int64_t* current, int64_t* peak, int64_t* total);
+/** Total bytes ever allocated through a statistics adaptor. */
+raftrs_status raftrs_mr_statistics_total_bytes(const raftrs_mr* mr, int64_t* total);
+/** Another handle to the same resource. */
+raftrs_status raftrs_mr_clone(const raftrs_mr* mr, raftrs_mr** out);
+/** Drops this handle; the resource goes when its last handle and buffer have. */
+raftrs_status raftrs_mr_destroy(raftrs_mr* mr);
+/** The RAFTRS_MR_* kind of the resource. */
+raftrs_status raftrs_mr_kind(const raftrs_mr* mr, int32_t* out);
+/** The device the resource was made for. */
+raftrs_status raftrs_mr_device(const raftrs_mr* mr, int32_t* out);
+/** 1 when memory from one can be freed by the other (RMM's resource equality), else 0. */
+raftrs_status raftrs_mr_equal(const raftrs_mr* a, const raftrs_mr* b, int32_t* out);
+/** Bytes allocated now and at peak through a statistics adaptor (a Logic error for another kind). */
+raftrs_status raftrs_mr_statistics(const raftrs_mr* mr, int64_t* current_bytes, int64_t* peak_bytes);
+/** The address of RMM's per-device resource map as this shim binds it
+ *  (rmm::mr::detail::get_ref_map()): one process, one address, when every library shares it. */
+raftrs_status raftrs_rmm_map_address(void** out);
+
+/** Device bytes from an RMM resource, on a stream; the buffer keeps its resource alive. */
 typedef struct raftrs_buffer raftrs_buffer;
 
-/** Allocates `bytes` through the device's current RMM resource, stream-ordered on `stream`. */
-raftrs_status raftrs_buffer_create(int32_t device, void* stream, size_t bytes, raftrs_buffer** out);
-/** Frees the buffer stream-ordered on `stream`. */
+/** Allocates `bytes` on `stream` from `mr`, or from `device`'s current resource when `mr` is
+ *  NULL (the buffer then holds a shared copy of it). */
+raftrs_status raftrs_buffer_create(int32_t device, const raftrs_mr* mr, void* stream, size_t bytes, raftrs_buffer** out);
+/** Frees the buffer stream-ordered on `stream`, through the resource that made it. */
 raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream);
 /** The buffer's device pointer. */
 void* raftrs_buffer_data(raftrs_buffer* buf);

@@ -17,16 +17,17 @@ pub const RAFTRS_MR_CUDA_ASYNC: i32 = 1;
 pub const RAFTRS_MR_MANAGED: i32 = 2;
 pub const RAFTRS_MR_STATISTICS: i32 = 3;
 pub const RAFTRS_MR_OTHER: i32 = 4;
+pub const RAFTRS_MR_POOL: i32 = 5;
+pub const RAFTRS_MR_ARENA: i32 = 6;
+pub const RAFTRS_MR_BINNING: i32 = 7;
+pub const RAFTRS_MR_LIMITING: i32 = 8;
+pub const RAFTRS_MR_TRACKING: i32 = 9;
+pub const RAFTRS_MR_LOGGING: i32 = 10;
+pub const RAFTRS_MR_FAILURE_CALLBACK: i32 = 11;
+pub const RAFTRS_MR_THREAD_SAFE: i32 = 12;
+pub const RAFTRS_MR_PINNED_HOST: i32 = 13;
 #[doc = " Result of every fallible call: one of the RAFTRS_STATUS_* values."]
 pub type raftrs_status = i32;
-unsafe extern "C" {
-    #[doc = " The message of the last failed call on this thread (\"\" when none). Valid until the next\n  raftrs_ call on this thread."]
-    pub fn raftrs_last_error() -> *const ::core::ffi::c_char;
-}
-unsafe extern "C" {
-    #[doc = " Forgets the last message on this thread."]
-    pub fn raftrs_clear_error();
-}
 #[doc = " Version macros and layout facts of the headers the shim was compiled against."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -64,123 +65,111 @@ const _: () = {
     ["Offset of field: raftrs_build_info::resources_size"][::core::mem::offset_of!(raftrs_build_info, resources_size) - 40usize];
     ["Offset of field: raftrs_build_info::rmm_abi_namespace"][::core::mem::offset_of!(raftrs_build_info, rmm_abi_namespace) - 48usize];
 };
-unsafe extern "C" {
-    pub fn raftrs_get_build_info(out: *mut raftrs_build_info);
-}
-unsafe extern "C" {
-    #[doc = " cudaRuntimeGetVersion: the runtime actually loaded (works without a driver)."]
-    pub fn raftrs_runtime_version(out: *mut i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " cudaDriverGetVersion: 0 when no driver is installed."]
-    pub fn raftrs_driver_version(out: *mut i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " cudaGetDeviceCount."]
-    pub fn raftrs_device_count(out: *mut i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " cudaGetDevice: the calling thread's current device."]
-    pub fn raftrs_current_device(out: *mut i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " cudaDevAttrMemoryPoolsSupported of a device (0 or 1)."]
-    pub fn raftrs_device_memory_pools_supported(device: i32, out: *mut i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " cudaMemcpyAsync with cudaMemcpyDefault on a stream of `device`."]
-    pub fn raftrs_memcpy_async(
-        device: i32,
-        dst: *mut ::core::ffi::c_void,
-        src: *const ::core::ffi::c_void,
-        bytes: usize,
-        stream: *mut ::core::ffi::c_void,
-    ) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " cudaMemsetAsync on a stream of `device`."]
-    pub fn raftrs_memset_async(
-        device: i32,
-        dst: *mut ::core::ffi::c_void,
-        value: i32,
-        bytes: usize,
-        stream: *mut ::core::ffi::c_void,
-    ) -> raftrs_status;
-}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct raftrs_resources {
     _unused: [u8; 0],
 }
-unsafe extern "C" {
-    #[doc = " Builds raft::device_resources on `stream` for `device`; no handle is created yet."]
-    pub fn raftrs_resources_create(device: i32, stream: *mut ::core::ffi::c_void, out: *mut *mut raftrs_resources) -> raftrs_status;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct raftrs_mr {
+    _unused: [u8; 0],
 }
-unsafe extern "C" {
-    #[doc = " Destroys the resources and the handles they made (not the stream)."]
-    pub fn raftrs_resources_destroy(res: *mut raftrs_resources) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " raft::resource::sync_stream: waits for the resources' stream."]
-    pub fn raftrs_resources_sync(res: *mut raftrs_resources) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " The resources' handle of one RAFTRS_HANDLE_* kind, created on first use on the resources'\n  device and bound to its stream."]
-    pub fn raftrs_resources_handle(res: *mut raftrs_resources, kind: i32, out: *mut *mut ::core::ffi::c_void) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " Whether RAFT already made the handle of that kind (1) or not yet (0)."]
-    pub fn raftrs_resources_has_handle(res: *mut raftrs_resources, kind: i32, out: *mut i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " The kind of the device's current RMM resource (RAFTRS_MR_*)."]
-    pub fn raftrs_mr_current(device: i32, out: *mut i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " Installs a new resource of `kind` (CUDA, CUDA_ASYNC or MANAGED) as the device's current."]
-    pub fn raftrs_mr_set(device: i32, kind: i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " Puts RMM's initial cuda_memory_resource back as the device's current."]
-    pub fn raftrs_mr_reset(device: i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " The default-resource rule: when the current resource equals RMM's initial\n  cuda_memory_resource and the device supports memory pools, installs a\n  cuda_async_memory_resource and sets *installed to 1; otherwise leaves it and sets 0."]
-    pub fn raftrs_mr_install_default(device: i32, installed: *mut i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " Wraps the device's current resource in a statistics adaptor (no-op if it already is one)."]
-    pub fn raftrs_mr_enable_statistics(device: i32) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " Bytes allocated now and at peak through the device's statistics adaptor."]
-    pub fn raftrs_mr_statistics(device: i32, current_bytes: *mut i64, peak_bytes: *mut i64) -> raftrs_status;
-}
+#[doc = " Called when an allocation of `bytes` failed for lack of memory: return 1 to retry, 0 to give\n  up (the allocation then fails as out of memory). Must not unwind."]
+pub type raftrs_failure_callback = ::core::option::Option<unsafe extern "C" fn(bytes: usize, arg: *mut ::core::ffi::c_void) -> i32>;
+#[doc = " Releases a callback's `arg` when the adaptor holding it goes."]
+pub type raftrs_drop_arg = ::core::option::Option<unsafe extern "C" fn(arg: *mut ::core::ffi::c_void)>;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct raftrs_buffer {
     _unused: [u8; 0],
 }
-unsafe extern "C" {
-    #[doc = " Allocates `bytes` through the device's current RMM resource, stream-ordered on `stream`."]
-    pub fn raftrs_buffer_create(device: i32, stream: *mut ::core::ffi::c_void, bytes: usize, out: *mut *mut raftrs_buffer)
-        -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " Frees the buffer stream-ordered on `stream`."]
-    pub fn raftrs_buffer_destroy(buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " The buffer's device pointer."]
-    pub fn raftrs_buffer_data(buf: *mut raftrs_buffer) -> *mut ::core::ffi::c_void;
-}
-unsafe extern "C" {
-    #[doc = " 1 when the resource that made the buffer frees stream-ordered without blocking (the async\n  pool, or a statistics adaptor over it); 0 when freeing may wait (cudaFree synchronises)."]
-    pub fn raftrs_buffer_stream_ordered(buf: *mut raftrs_buffer) -> i32;
-}
-unsafe extern "C" {
-    #[doc = " Column-major C = alpha * op(A) * op(B) + beta * C through the resources' cuBLAS handle,\n  on its stream (cublasSgemm). trans_*: 0 = N, 1 = T."]
-    pub fn raftrs_gemm_f32(
+pub struct RaftrsShim {
+    __library: ::libloading::Library,
+    pub raftrs_last_error: unsafe extern "C" fn() -> *const ::core::ffi::c_char,
+    pub raftrs_clear_error: unsafe extern "C" fn(),
+    pub raftrs_get_build_info: unsafe extern "C" fn(out: *mut raftrs_build_info),
+    pub raftrs_runtime_version: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
+    pub raftrs_driver_version: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
+    pub raftrs_device_count: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
+    pub raftrs_current_device: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
+    pub raftrs_device_memory_pools_supported: unsafe extern "C" fn(device: i32, out: *mut i32) -> raftrs_status,
+    pub raftrs_memcpy_async: unsafe extern "C" fn(
+        device: i32,
+        dst: *mut ::core::ffi::c_void,
+        src: *const ::core::ffi::c_void,
+        bytes: usize,
+        stream: *mut ::core::ffi::c_void,
+    ) -> raftrs_status,
+    pub raftrs_memset_async: unsafe extern "C" fn(
+        device: i32,
+        dst: *mut ::core::ffi::c_void,
+        value: i32,
+        bytes: usize,
+        stream: *mut ::core::ffi::c_void,
+    ) -> raftrs_status,
+    pub raftrs_resources_create:
+        unsafe extern "C" fn(device: i32, stream: *mut ::core::ffi::c_void, out: *mut *mut raftrs_resources) -> raftrs_status,
+    pub raftrs_resources_destroy: unsafe extern "C" fn(res: *mut raftrs_resources) -> raftrs_status,
+    pub raftrs_resources_sync: unsafe extern "C" fn(res: *mut raftrs_resources) -> raftrs_status,
+    pub raftrs_resources_handle:
+        unsafe extern "C" fn(res: *mut raftrs_resources, kind: i32, out: *mut *mut ::core::ffi::c_void) -> raftrs_status,
+    pub raftrs_resources_has_handle: unsafe extern "C" fn(res: *mut raftrs_resources, kind: i32, out: *mut i32) -> raftrs_status,
+    pub raftrs_mr_current: unsafe extern "C" fn(device: i32, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_set_current: unsafe extern "C" fn(mr: *const raftrs_mr, previous: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_reset_current: unsafe extern "C" fn(device: i32, previous: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_install_default: unsafe extern "C" fn(device: i32, installed: *mut i32) -> raftrs_status,
+    pub raftrs_mr_new: unsafe extern "C" fn(device: i32, kind: i32, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_new_statistics: unsafe extern "C" fn(upstream: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_new_pinned_host: unsafe extern "C" fn(device: i32, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_new_cuda_async:
+        unsafe extern "C" fn(device: i32, initial_pool_size: i64, release_threshold: i64, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_new_pool:
+        unsafe extern "C" fn(upstream: *const raftrs_mr, initial: i64, maximum: i64, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_new_arena: unsafe extern "C" fn(upstream: *const raftrs_mr, arena_size: i64, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_new_binning:
+        unsafe extern "C" fn(upstream: *const raftrs_mr, min_exponent: i32, max_exponent: i32, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_new_limiting: unsafe extern "C" fn(upstream: *const raftrs_mr, limit: usize, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_new_tracking: unsafe extern "C" fn(upstream: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_new_thread_safe: unsafe extern "C" fn(upstream: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_new_logging: unsafe extern "C" fn(
+        upstream: *const raftrs_mr,
+        path: *const ::core::ffi::c_char,
+        auto_flush: i32,
+        out: *mut *mut raftrs_mr,
+    ) -> raftrs_status,
+    pub raftrs_mr_new_failure_callback: unsafe extern "C" fn(
+        upstream: *const raftrs_mr,
+        callback: raftrs_failure_callback,
+        arg: *mut ::core::ffi::c_void,
+        drop_arg: raftrs_drop_arg,
+        out: *mut *mut raftrs_mr,
+    ) -> raftrs_status,
+    pub raftrs_mr_tracking: unsafe extern "C" fn(mr: *const raftrs_mr, count: *mut usize, bytes: *mut usize) -> raftrs_status,
+    pub raftrs_mr_tracking_report:
+        unsafe extern "C" fn(mr: *const raftrs_mr, buf: *mut ::core::ffi::c_char, capacity: usize, needed: *mut usize) -> raftrs_status,
+    pub raftrs_mr_limits: unsafe extern "C" fn(mr: *const raftrs_mr, allocated: *mut usize, limit: *mut usize) -> raftrs_status,
+    pub raftrs_mr_statistics_counts:
+        unsafe extern "C" fn(mr: *const raftrs_mr, current: *mut i64, peak: *mut i64, total: *mut i64) -> raftrs_status,
+    pub raftrs_mr_statistics_total_bytes: unsafe extern "C" fn(mr: *const raftrs_mr, total: *mut i64) -> raftrs_status,
+    pub raftrs_mr_clone: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_destroy: unsafe extern "C" fn(mr: *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_kind: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut i32) -> raftrs_status,
+    pub raftrs_mr_device: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut i32) -> raftrs_status,
+    pub raftrs_mr_equal: unsafe extern "C" fn(a: *const raftrs_mr, b: *const raftrs_mr, out: *mut i32) -> raftrs_status,
+    pub raftrs_mr_statistics: unsafe extern "C" fn(mr: *const raftrs_mr, current_bytes: *mut i64, peak_bytes: *mut i64) -> raftrs_status,
+    pub raftrs_rmm_map_address: unsafe extern "C" fn(out: *mut *mut ::core::ffi::c_void) -> raftrs_status,
+    pub raftrs_buffer_create: unsafe extern "C" fn(
+        device: i32,
+        mr: *const raftrs_mr,
+        stream: *mut ::core::ffi::c_void,
+        bytes: usize,
+        out: *mut *mut raftrs_buffer,
+    ) -> raftrs_status,
+    pub raftrs_buffer_destroy: unsafe extern "C" fn(buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status,
+    pub raftrs_buffer_data: unsafe extern "C" fn(buf: *mut raftrs_buffer) -> *mut ::core::ffi::c_void,
+    pub raftrs_buffer_stream_ordered: unsafe extern "C" fn(buf: *mut raftrs_buffer) -> i32,
+    pub raftrs_gemm_f32: unsafe extern "C" fn(
         res: *mut raftrs_resources,
         trans_a: i32,
         trans_b: i32,
@@ -195,11 +184,8 @@ unsafe extern "C" {
         beta: f32,
         c: *mut f32,
         ldc: i64,
-    ) -> raftrs_status;
-}
-unsafe extern "C" {
-    #[doc = " The same in double precision (cublasDgemm)."]
-    pub fn raftrs_gemm_f64(
+    ) -> raftrs_status,
+    pub raftrs_gemm_f64: unsafe extern "C" fn(
         res: *mut raftrs_resources,
         trans_a: i32,
         trans_b: i32,
@@ -214,5 +200,422 @@ unsafe extern "C" {
         beta: f64,
         c: *mut f64,
         ldc: i64,
-    ) -> raftrs_status;
+    ) -> raftrs_status,
+}
+impl RaftrsShim {
+    pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
+    where
+        P: AsRef<::std::ffi::OsStr>,
+    {
+        let library = ::libloading::Library::new(path)?;
+        Self::from_library(library)
+    }
+    pub unsafe fn from_library<L>(library: L) -> Result<Self, ::libloading::Error>
+    where
+        L: Into<::libloading::Library>,
+    {
+        let __library = library.into();
+        let raftrs_last_error = __library.get(b"raftrs_last_error\0").map(|sym| *sym)?;
+        let raftrs_clear_error = __library.get(b"raftrs_clear_error\0").map(|sym| *sym)?;
+        let raftrs_get_build_info = __library.get(b"raftrs_get_build_info\0").map(|sym| *sym)?;
+        let raftrs_runtime_version = __library.get(b"raftrs_runtime_version\0").map(|sym| *sym)?;
+        let raftrs_driver_version = __library.get(b"raftrs_driver_version\0").map(|sym| *sym)?;
+        let raftrs_device_count = __library.get(b"raftrs_device_count\0").map(|sym| *sym)?;
+        let raftrs_current_device = __library.get(b"raftrs_current_device\0").map(|sym| *sym)?;
+        let raftrs_device_memory_pools_supported = __library.get(b"raftrs_device_memory_pools_supported\0").map(|sym| *sym)?;
+        let raftrs_memcpy_async = __library.get(b"raftrs_memcpy_async\0").map(|sym| *sym)?;
+        let raftrs_memset_async = __library.get(b"raftrs_memset_async\0").map(|sym| *sym)?;
+        let raftrs_resources_create = __library.get(b"raftrs_resources_create\0").map(|sym| *sym)?;
+        let raftrs_resources_destroy = __library.get(b"raftrs_resources_destroy\0").map(|sym| *sym)?;
+        let raftrs_resources_sync = __library.get(b"raftrs_resources_sync\0").map(|sym| *sym)?;
+        let raftrs_resources_handle = __library.get(b"raftrs_resources_handle\0").map(|sym| *sym)?;
+        let raftrs_resources_has_handle = __library.get(b"raftrs_resources_has_handle\0").map(|sym| *sym)?;
+        let raftrs_mr_current = __library.get(b"raftrs_mr_current\0").map(|sym| *sym)?;
+        let raftrs_mr_set_current = __library.get(b"raftrs_mr_set_current\0").map(|sym| *sym)?;
+        let raftrs_mr_reset_current = __library.get(b"raftrs_mr_reset_current\0").map(|sym| *sym)?;
+        let raftrs_mr_install_default = __library.get(b"raftrs_mr_install_default\0").map(|sym| *sym)?;
+        let raftrs_mr_new = __library.get(b"raftrs_mr_new\0").map(|sym| *sym)?;
+        let raftrs_mr_new_statistics = __library.get(b"raftrs_mr_new_statistics\0").map(|sym| *sym)?;
+        let raftrs_mr_new_pinned_host = __library.get(b"raftrs_mr_new_pinned_host\0").map(|sym| *sym)?;
+        let raftrs_mr_new_cuda_async = __library.get(b"raftrs_mr_new_cuda_async\0").map(|sym| *sym)?;
+        let raftrs_mr_new_pool = __library.get(b"raftrs_mr_new_pool\0").map(|sym| *sym)?;
+        let raftrs_mr_new_arena = __library.get(b"raftrs_mr_new_arena\0").map(|sym| *sym)?;
+        let raftrs_mr_new_binning = __library.get(b"raftrs_mr_new_binning\0").map(|sym| *sym)?;
+        let raftrs_mr_new_limiting = __library.get(b"raftrs_mr_new_limiting\0").map(|sym| *sym)?;
+        let raftrs_mr_new_tracking = __library.get(b"raftrs_mr_new_tracking\0").map(|sym| *sym)?;
+        let raftrs_mr_new_thread_safe = __library.get(b"raftrs_mr_new_thread_safe\0").map(|sym| *sym)?;
+        let raftrs_mr_new_logging = __library.get(b"raftrs_mr_new_logging\0").map(|sym| *sym)?;
+        let raftrs_mr_new_failure_callback = __library.get(b"raftrs_mr_new_failure_callback\0").map(|sym| *sym)?;
+        let raftrs_mr_tracking = __library.get(b"raftrs_mr_tracking\0").map(|sym| *sym)?;
+        let raftrs_mr_tracking_report = __library.get(b"raftrs_mr_tracking_report\0").map(|sym| *sym)?;
+        let raftrs_mr_limits = __library.get(b"raftrs_mr_limits\0").map(|sym| *sym)?;
+        let raftrs_mr_statistics_counts = __library.get(b"raftrs_mr_statistics_counts\0").map(|sym| *sym)?;
+        let raftrs_mr_statistics_total_bytes = __library.get(b"raftrs_mr_statistics_total_bytes\0").map(|sym| *sym)?;
+        let raftrs_mr_clone = __library.get(b"raftrs_mr_clone\0").map(|sym| *sym)?;
+        let raftrs_mr_destroy = __library.get(b"raftrs_mr_destroy\0").map(|sym| *sym)?;
+        let raftrs_mr_kind = __library.get(b"raftrs_mr_kind\0").map(|sym| *sym)?;
+        let raftrs_mr_device = __library.get(b"raftrs_mr_device\0").map(|sym| *sym)?;
+        let raftrs_mr_equal = __library.get(b"raftrs_mr_equal\0").map(|sym| *sym)?;
+        let raftrs_mr_statistics = __library.get(b"raftrs_mr_statistics\0").map(|sym| *sym)?;
+        let raftrs_rmm_map_address = __library.get(b"raftrs_rmm_map_address\0").map(|sym| *sym)?;
+        let raftrs_buffer_create = __library.get(b"raftrs_buffer_create\0").map(|sym| *sym)?;
+        let raftrs_buffer_destroy = __library.get(b"raftrs_buffer_destroy\0").map(|sym| *sym)?;
+        let raftrs_buffer_data = __library.get(b"raftrs_buffer_data\0").map(|sym| *sym)?;
+        let raftrs_buffer_stream_ordered = __library.get(b"raftrs_buffer_stream_ordered\0").map(|sym| *sym)?;
+        let raftrs_gemm_f32 = __library.get(b"raftrs_gemm_f32\0").map(|sym| *sym)?;
+        let raftrs_gemm_f64 = __library.get(b"raftrs_gemm_f64\0").map(|sym| *sym)?;
+        Ok(RaftrsShim {
+            __library,
+            raftrs_last_error,
+            raftrs_clear_error,
+            raftrs_get_build_info,
+            raftrs_runtime_version,
+            raftrs_driver_version,
+            raftrs_device_count,
+            raftrs_current_device,
+            raftrs_device_memory_pools_supported,
+            raftrs_memcpy_async,
+            raftrs_memset_async,
+            raftrs_resources_create,
+            raftrs_resources_destroy,
+            raftrs_resources_sync,
+            raftrs_resources_handle,
+            raftrs_resources_has_handle,
+            raftrs_mr_current,
+            raftrs_mr_set_current,
+            raftrs_mr_reset_current,
+            raftrs_mr_install_default,
+            raftrs_mr_new,
+            raftrs_mr_new_statistics,
+            raftrs_mr_new_pinned_host,
+            raftrs_mr_new_cuda_async,
+            raftrs_mr_new_pool,
+            raftrs_mr_new_arena,
+            raftrs_mr_new_binning,
+            raftrs_mr_new_limiting,
+            raftrs_mr_new_tracking,
+            raftrs_mr_new_thread_safe,
+            raftrs_mr_new_logging,
+            raftrs_mr_new_failure_callback,
+            raftrs_mr_tracking,
+            raftrs_mr_tracking_report,
+            raftrs_mr_limits,
+            raftrs_mr_statistics_counts,
+            raftrs_mr_statistics_total_bytes,
+            raftrs_mr_clone,
+            raftrs_mr_destroy,
+            raftrs_mr_kind,
+            raftrs_mr_device,
+            raftrs_mr_equal,
+            raftrs_mr_statistics,
+            raftrs_rmm_map_address,
+            raftrs_buffer_create,
+            raftrs_buffer_destroy,
+            raftrs_buffer_data,
+            raftrs_buffer_stream_ordered,
+            raftrs_gemm_f32,
+            raftrs_gemm_f64,
+        })
+    }
+    #[doc = " The message of the last failed call on this thread (\"\" when none). Valid until the next\n  raftrs_ call on this thread. The buffer is a plain thread-local array (no destructor): it\n  stays valid while threads and the process exit."]
+    pub unsafe fn raftrs_last_error(&self) -> *const ::core::ffi::c_char {
+        (self.raftrs_last_error)()
+    }
+    #[doc = " Forgets the last message on this thread."]
+    pub unsafe fn raftrs_clear_error(&self) {
+        (self.raftrs_clear_error)()
+    }
+    pub unsafe fn raftrs_get_build_info(&self, out: *mut raftrs_build_info) {
+        (self.raftrs_get_build_info)(out)
+    }
+    #[doc = " cudaRuntimeGetVersion: the runtime actually loaded (works without a driver)."]
+    pub unsafe fn raftrs_runtime_version(&self, out: *mut i32) -> raftrs_status {
+        (self.raftrs_runtime_version)(out)
+    }
+    #[doc = " cudaDriverGetVersion: 0 when no driver is installed."]
+    pub unsafe fn raftrs_driver_version(&self, out: *mut i32) -> raftrs_status {
+        (self.raftrs_driver_version)(out)
+    }
+    #[doc = " cudaGetDeviceCount; 0 (not an error) when a driver is there but no device."]
+    pub unsafe fn raftrs_device_count(&self, out: *mut i32) -> raftrs_status {
+        (self.raftrs_device_count)(out)
+    }
+    #[doc = " cudaGetDevice: the calling thread's current device."]
+    pub unsafe fn raftrs_current_device(&self, out: *mut i32) -> raftrs_status {
+        (self.raftrs_current_device)(out)
+    }
+    #[doc = " cudaDevAttrMemoryPoolsSupported of a device (0 or 1)."]
+    pub unsafe fn raftrs_device_memory_pools_supported(&self, device: i32, out: *mut i32) -> raftrs_status {
+        (self.raftrs_device_memory_pools_supported)(device, out)
+    }
+    #[doc = " cudaMemcpyAsync with cudaMemcpyDefault on a stream of `device`."]
+    pub unsafe fn raftrs_memcpy_async(
+        &self,
+        device: i32,
+        dst: *mut ::core::ffi::c_void,
+        src: *const ::core::ffi::c_void,
+        bytes: usize,
+        stream: *mut ::core::ffi::c_void,
+    ) -> raftrs_status {
+        (self.raftrs_memcpy_async)(device, dst, src, bytes, stream)
+    }
+    #[doc = " cudaMemsetAsync on a stream of `device`."]
+    pub unsafe fn raftrs_memset_async(
+        &self,
+        device: i32,
+        dst: *mut ::core::ffi::c_void,
+        value: i32,
+        bytes: usize,
+        stream: *mut ::core::ffi::c_void,
+    ) -> raftrs_status {
+        (self.raftrs_memset_async)(device, dst, value, bytes, stream)
+    }
+    #[doc = " Builds raft::device_resources on `stream` for `device`; no handle is created yet."]
+    pub unsafe fn raftrs_resources_create(
+        &self,
+        device: i32,
+        stream: *mut ::core::ffi::c_void,
+        out: *mut *mut raftrs_resources,
+    ) -> raftrs_status {
+        (self.raftrs_resources_create)(device, stream, out)
+    }
+    #[doc = " Destroys the resources and the handles they made (not the stream)."]
+    pub unsafe fn raftrs_resources_destroy(&self, res: *mut raftrs_resources) -> raftrs_status {
+        (self.raftrs_resources_destroy)(res)
+    }
+    #[doc = " raft::resource::sync_stream: waits for the resources' stream."]
+    pub unsafe fn raftrs_resources_sync(&self, res: *mut raftrs_resources) -> raftrs_status {
+        (self.raftrs_resources_sync)(res)
+    }
+    #[doc = " The resources' handle of one RAFTRS_HANDLE_* kind, created on first use on the resources'\n  device and bound to its stream."]
+    pub unsafe fn raftrs_resources_handle(
+        &self,
+        res: *mut raftrs_resources,
+        kind: i32,
+        out: *mut *mut ::core::ffi::c_void,
+    ) -> raftrs_status {
+        (self.raftrs_resources_handle)(res, kind, out)
+    }
+    #[doc = " Whether RAFT already made the handle of that kind (1) or not yet (0)."]
+    pub unsafe fn raftrs_resources_has_handle(&self, res: *mut raftrs_resources, kind: i32, out: *mut i32) -> raftrs_status {
+        (self.raftrs_resources_has_handle)(res, kind, out)
+    }
+    #[doc = " A new handle to `device`'s current RMM resource (a shared copy of RMM's per-device entry,\n  taken under RMM's own lock). Fails when the current resource cannot be shared (its copy does\n  not compare equal to it)."]
+    pub unsafe fn raftrs_mr_current(&self, device: i32, out: *mut *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_current)(device, out)
+    }
+    #[doc = " Makes (a shared copy of) `mr` the current resource of its device; `*previous` receives the\n  resource it replaced (pass NULL to drop it: buffers made from it keep it alive)."]
+    pub unsafe fn raftrs_mr_set_current(&self, mr: *const raftrs_mr, previous: *mut *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_set_current)(mr, previous)
+    }
+    #[doc = " Puts RMM's initial cuda_memory_resource back as `device`'s current; `*previous` as above."]
+    pub unsafe fn raftrs_mr_reset_current(&self, device: i32, previous: *mut *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_reset_current)(device, previous)
+    }
+    #[doc = " The default-resource rule: when the current resource equals RMM's initial\n  cuda_memory_resource and the device supports memory pools, installs a\n  cuda_async_memory_resource and sets *installed to 1; otherwise leaves it and sets 0."]
+    pub unsafe fn raftrs_mr_install_default(&self, device: i32, installed: *mut i32) -> raftrs_status {
+        (self.raftrs_mr_install_default)(device, installed)
+    }
+    #[doc = " A new resource of `kind` (CUDA, CUDA_ASYNC or MANAGED) made on `device`."]
+    pub unsafe fn raftrs_mr_new(&self, device: i32, kind: i32, out: *mut *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_new)(device, kind, out)
+    }
+    #[doc = " A statistics_resource_adaptor over (a shared copy of) `upstream`, on its device."]
+    pub unsafe fn raftrs_mr_new_statistics(&self, upstream: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_new_statistics)(upstream, out)
+    }
+    #[doc = " A new rmm::mr::pinned_host_memory_resource for `device`."]
+    pub unsafe fn raftrs_mr_new_pinned_host(&self, device: i32, out: *mut *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_new_pinned_host)(device, out)
+    }
+    #[doc = " A new cuda_async_memory_resource on `device`; a negative size means \"RMM's default\"."]
+    pub unsafe fn raftrs_mr_new_cuda_async(
+        &self,
+        device: i32,
+        initial_pool_size: i64,
+        release_threshold: i64,
+        out: *mut *mut raftrs_mr,
+    ) -> raftrs_status {
+        (self.raftrs_mr_new_cuda_async)(device, initial_pool_size, release_threshold, out)
+    }
+    #[doc = " pool_memory_resource over `upstream`: `initial` bytes first (negative: RMM's default, half the\n  free memory), growing up to `maximum` (negative: no maximum)."]
+    pub unsafe fn raftrs_mr_new_pool(
+        &self,
+        upstream: *const raftrs_mr,
+        initial: i64,
+        maximum: i64,
+        out: *mut *mut raftrs_mr,
+    ) -> raftrs_status {
+        (self.raftrs_mr_new_pool)(upstream, initial, maximum, out)
+    }
+    #[doc = " arena_memory_resource over `upstream` (`arena_size` negative: RMM's default)."]
+    pub unsafe fn raftrs_mr_new_arena(&self, upstream: *const raftrs_mr, arena_size: i64, out: *mut *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_new_arena)(upstream, arena_size, out)
+    }
+    #[doc = " binning_memory_resource over `upstream` with bins of 2^min_exponent .. 2^max_exponent bytes."]
+    pub unsafe fn raftrs_mr_new_binning(
+        &self,
+        upstream: *const raftrs_mr,
+        min_exponent: i32,
+        max_exponent: i32,
+        out: *mut *mut raftrs_mr,
+    ) -> raftrs_status {
+        (self.raftrs_mr_new_binning)(upstream, min_exponent, max_exponent, out)
+    }
+    #[doc = " limiting_resource_adaptor over `upstream`, refusing past `limit` bytes (as out of memory)."]
+    pub unsafe fn raftrs_mr_new_limiting(&self, upstream: *const raftrs_mr, limit: usize, out: *mut *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_new_limiting)(upstream, limit, out)
+    }
+    #[doc = " tracking_resource_adaptor over `upstream`."]
+    pub unsafe fn raftrs_mr_new_tracking(&self, upstream: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_new_tracking)(upstream, out)
+    }
+    #[doc = " thread_safe_resource_adaptor over `upstream`."]
+    pub unsafe fn raftrs_mr_new_thread_safe(&self, upstream: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_new_thread_safe)(upstream, out)
+    }
+    #[doc = " logging_resource_adaptor over `upstream`, writing RMM's CSV log to `path` (flushed on every\n  event when `auto_flush` is 1)."]
+    pub unsafe fn raftrs_mr_new_logging(
+        &self,
+        upstream: *const raftrs_mr,
+        path: *const ::core::ffi::c_char,
+        auto_flush: i32,
+        out: *mut *mut raftrs_mr,
+    ) -> raftrs_status {
+        (self.raftrs_mr_new_logging)(upstream, path, auto_flush, out)
+    }
+    #[doc = " failure_callback_resource_adaptor over `upstream`; the adaptor owns `arg` (dropped with\n  `drop_arg` when its last copy goes, also when this call fails)."]
+    pub unsafe fn raftrs_mr_new_failure_callback(
+        &self,
+        upstream: *const raftrs_mr,
+        callback: raftrs_failure_callback,
+        arg: *mut ::core::ffi::c_void,
+        drop_arg: raftrs_drop_arg,
+        out: *mut *mut raftrs_mr,
+    ) -> raftrs_status {
+        (self.raftrs_mr_new_failure_callback)(upstream, callback, arg, drop_arg, out)
+    }
+    #[doc = " Live allocations through a tracking adaptor: their count and bytes."]
+    pub unsafe fn raftrs_mr_tracking(&self, mr: *const raftrs_mr, count: *mut usize, bytes: *mut usize) -> raftrs_status {
+        (self.raftrs_mr_tracking)(mr, count, bytes)
+    }
+    #[doc = " RMM's text report of the live allocations of a tracking adaptor, copied into `buf` (at most\n  `capacity` bytes, NUL-terminated); `*needed` gets the report's full length + 1."]
+    pub unsafe fn raftrs_mr_tracking_report(
+        &self,
+        mr: *const raftrs_mr,
+        buf: *mut ::core::ffi::c_char,
+        capacity: usize,
+        needed: *mut usize,
+    ) -> raftrs_status {
+        (self.raftrs_mr_tracking_report)(mr, buf, capacity, needed)
+    }
+    #[doc = " Bytes allocated through a limiting adaptor, and its limit."]
+    pub unsafe fn raftrs_mr_limits(&self, mr: *const raftrs_mr, allocated: *mut usize, limit: *mut usize) -> raftrs_status {
+        (self.raftrs_mr_limits)(mr, allocated, limit)
+    }
+    #[doc = " Counts of a statistics adaptor: allocations now, at peak, and in all."]
+    pub unsafe fn raftrs_mr_statistics_counts(
+        &self,
+        mr: *const raftrs_mr,
+        current: *mut i64,
+        peak: *mut i64,
+        total: *mut i64,
+    ) -> raftrs_status {
+        (self.raftrs_mr_statistics_counts)(mr, current, peak, total)
+    }
+    #[doc = " Total bytes ever allocated through a statistics adaptor."]
+    pub unsafe fn raftrs_mr_statistics_total_bytes(&self, mr: *const raftrs_mr, total: *mut i64) -> raftrs_status {
+        (self.raftrs_mr_statistics_total_bytes)(mr, total)
+    }
+    #[doc = " Another handle to the same resource."]
+    pub unsafe fn raftrs_mr_clone(&self, mr: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_clone)(mr, out)
+    }
+    #[doc = " Drops this handle; the resource goes when its last handle and buffer have."]
+    pub unsafe fn raftrs_mr_destroy(&self, mr: *mut raftrs_mr) -> raftrs_status {
+        (self.raftrs_mr_destroy)(mr)
+    }
+    #[doc = " The RAFTRS_MR_* kind of the resource."]
+    pub unsafe fn raftrs_mr_kind(&self, mr: *const raftrs_mr, out: *mut i32) -> raftrs_status {
+        (self.raftrs_mr_kind)(mr, out)
+    }
+    #[doc = " The device the resource was made for."]
+    pub unsafe fn raftrs_mr_device(&self, mr: *const raftrs_mr, out: *mut i32) -> raftrs_status {
+        (self.raftrs_mr_device)(mr, out)
+    }
+    #[doc = " 1 when memory from one can be freed by the other (RMM's resource equality), else 0."]
+    pub unsafe fn raftrs_mr_equal(&self, a: *const raftrs_mr, b: *const raftrs_mr, out: *mut i32) -> raftrs_status {
+        (self.raftrs_mr_equal)(a, b, out)
+    }
+    #[doc = " Bytes allocated now and at peak through a statistics adaptor (a Logic error for another kind)."]
+    pub unsafe fn raftrs_mr_statistics(&self, mr: *const raftrs_mr, current_bytes: *mut i64, peak_bytes: *mut i64) -> raftrs_status {
+        (self.raftrs_mr_statistics)(mr, current_bytes, peak_bytes)
+    }
+    #[doc = " The address of RMM's per-device resource map as this shim binds it\n  (rmm::mr::detail::get_ref_map()): one process, one address, when every library shares it."]
+    pub unsafe fn raftrs_rmm_map_address(&self, out: *mut *mut ::core::ffi::c_void) -> raftrs_status {
+        (self.raftrs_rmm_map_address)(out)
+    }
+    #[doc = " Allocates `bytes` on `stream` from `mr`, or from `device`'s current resource when `mr` is\n  NULL (the buffer then holds a shared copy of it)."]
+    pub unsafe fn raftrs_buffer_create(
+        &self,
+        device: i32,
+        mr: *const raftrs_mr,
+        stream: *mut ::core::ffi::c_void,
+        bytes: usize,
+        out: *mut *mut raftrs_buffer,
+    ) -> raftrs_status {
+        (self.raftrs_buffer_create)(device, mr, stream, bytes, out)
+    }
+    #[doc = " Frees the buffer stream-ordered on `stream`, through the resource that made it."]
+    pub unsafe fn raftrs_buffer_destroy(&self, buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status {
+        (self.raftrs_buffer_destroy)(buf, stream)
+    }
+    #[doc = " The buffer's device pointer."]
+    pub unsafe fn raftrs_buffer_data(&self, buf: *mut raftrs_buffer) -> *mut ::core::ffi::c_void {
+        (self.raftrs_buffer_data)(buf)
+    }
+    #[doc = " 1 when the resource that made the buffer frees stream-ordered without blocking (the async\n  pool, or a statistics adaptor over it); 0 when freeing may wait (cudaFree synchronises)."]
+    pub unsafe fn raftrs_buffer_stream_ordered(&self, buf: *mut raftrs_buffer) -> i32 {
+        (self.raftrs_buffer_stream_ordered)(buf)
+    }
+    #[doc = " Column-major C = alpha * op(A) * op(B) + beta * C through the resources' cuBLAS handle,\n  on its stream (cublasSgemm). trans_*: 0 = N, 1 = T."]
+    pub unsafe fn raftrs_gemm_f32(
+        &self,
+        res: *mut raftrs_resources,
+        trans_a: i32,
+        trans_b: i32,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: f32,
+        a: *const f32,
+        lda: i64,
+        b: *const f32,
+        ldb: i64,
+        beta: f32,
+        c: *mut f32,
+        ldc: i64,
+    ) -> raftrs_status {
+        (self.raftrs_gemm_f32)(res, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    }
+    #[doc = " The same in double precision (cublasDgemm)."]
+    pub unsafe fn raftrs_gemm_f64(
+        &self,
+        res: *mut raftrs_resources,
+        trans_a: i32,
+        trans_b: i32,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: f64,
+        a: *const f64,
+        lda: i64,
+        b: *const f64,
+        ldb: i64,
+        beta: f64,
+        c: *mut f64,
+        ldc: i64,
+    ) -> raftrs_status {
+        (self.raftrs_gemm_f64)(res, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    }
 }

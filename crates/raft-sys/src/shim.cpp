@@ -14,19 +14,32 @@
 #include <raft/version_config.hpp>
 
 #include <rmm/aligned.hpp>
+#include <rmm/cuda_device.hpp>
 #include <rmm/error.hpp>
+#include <rmm/mr/arena_memory_resource.hpp>
+#include <rmm/mr/binning_memory_resource.hpp>
 #include <rmm/mr/cuda_async_memory_resource.hpp>
 #include <rmm/mr/cuda_memory_resource.hpp>
+#include <rmm/mr/failure_callback_resource_adaptor.hpp>
+#include <rmm/mr/limiting_resource_adaptor.hpp>
+#include <rmm/mr/logging_resource_adaptor.hpp>
 #include <rmm/mr/managed_memory_resource.hpp>
 #include <rmm/mr/per_device_resource.hpp>
+#include <rmm/mr/pinned_host_memory_resource.hpp>
+#include <rmm/mr/pool_memory_resource.hpp>
 #include <rmm/mr/statistics_resource_adaptor.hpp>
+#include <rmm/mr/thread_safe_resource_adaptor.hpp>
+#include <rmm/mr/tracking_resource_adaptor.hpp>
 #include <rmm/version_config.hpp>
 
 #include <cublas_v2.h>
 #include <cuda/std/version>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -40,42 +53,55 @@ static_assert(sizeof(raft::device_resources) == RAFTRS_EXPECTED_HANDLE_SIZE,
 
 namespace {
 
-thread_local std::string last_error;
+// A plain array, not a std::string: glibc runs thread-local destructors before the exit
+// handlers, so a std::string here would be destroyed while the exit teardown still calls the
+// shim. An array has no destructor and stays valid to the end of the thread and the process.
+constexpr std::size_t last_error_size = 2048;
+thread_local char last_error[last_error_size];
 
-raftrs_status fail(raftrs_status status, char const* what)
+raftrs_status fail(raftrs_status status, char const* what) noexcept
 {
-  // Assigning can itself throw std::bad_alloc; the status still reaches the caller.
-  try {
-    last_error = what;
-  } catch (...) {
-  }
+  std::size_t n = std::strlen(what);
+  if (n >= last_error_size) { n = last_error_size - 1; }
+  std::memcpy(last_error, what, n);
+  last_error[n] = '\0';
   return status;
 }
 
+/// Whether a library's failure text says an allocation failed (RAFT reports cuBLAS, cuSOLVER
+/// and cuSPARSE statuses by name in its exceptions).
+bool says_alloc_failed(char const* what) noexcept
+{
+  return std::strstr(what, "STATUS_ALLOC_FAILED") != nullptr ||
+         std::strstr(what, "cudaErrorMemoryAllocation") != nullptr;
+}
+
 /// A CUDA runtime call that failed: the status and a message naming the error.
+/// A CUDA runtime call that failed: the status, and a message saying in words what failed
+/// with the CUDA error's name ("counting the devices failed: cudaErrorNoDevice: …").
 struct cuda_failure : std::runtime_error {
   cudaError_t code;
-  cuda_failure(cudaError_t c, char const* call)
-    : std::runtime_error(std::string(call) + ": " + cudaGetErrorName(c) + ": " + cudaGetErrorString(c)),
+  cuda_failure(cudaError_t c, char const* doing)
+    : std::runtime_error(std::string(doing) + " failed: " + cudaGetErrorName(c) + ": " + cudaGetErrorString(c)),
       code(c)
   {
   }
 };
 
-void check(cudaError_t code, char const* call)
+/// `doing` says in words what the call was for; the message never shows C expressions.
+void check(cudaError_t code, char const* doing)
 {
   if (code != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error so the next call starts clean
-    throw cuda_failure(code, call);
+    cudaGetLastError();  // clear a non-sticky error so the next call starts clean
+    throw cuda_failure(code, doing);
   }
 }
 
-#define RAFTRS_CUDA_TRY(call) check((call), #call)
-
-void check_cublas(cublasStatus_t status, char const* call)
+/// A cuBLAS call that failed (OutOfMemory for CUBLAS_STATUS_ALLOC_FAILED, via guard()).
+void check_cublas(cublasStatus_t status, char const* doing)
 {
   if (status != CUBLAS_STATUS_SUCCESS) {
-    throw raft::cublas_error(std::string(call) + ": " + cublasGetStatusName(status) + ": " +
+    throw raft::cublas_error(std::string(doing) + " failed: " + cublasGetStatusName(status) + ": " +
                              cublasGetStatusString(status));
   }
 }
@@ -92,19 +118,23 @@ raftrs_status guard(F&& body) noexcept
     return fail(oom ? RAFTRS_STATUS_OUT_OF_MEMORY : RAFTRS_STATUS_CUDA, e.what());
   } catch (rmm::out_of_memory const& e) {
     return fail(RAFTRS_STATUS_OUT_OF_MEMORY, e.what());
+  } catch (rmm::bad_alloc const& e) {
+    // RMM throws bad_alloc for any failed cudaMalloc*, also one that failed because the context
+    // is broken (a kernel fault): out of memory only when CUDA said so.
+    return fail(says_alloc_failed(e.what()) ? RAFTRS_STATUS_OUT_OF_MEMORY : RAFTRS_STATUS_CUDA, e.what());
   } catch (std::bad_alloc const& e) {
-    // rmm::bad_alloc also lands here: an allocation that failed, for whatever reason.
     return fail(RAFTRS_STATUS_OUT_OF_MEMORY, e.what());
   } catch (raft::cuda_error const& e) {
-    return fail(RAFTRS_STATUS_CUDA, e.what());
+    return fail(says_alloc_failed(e.what()) ? RAFTRS_STATUS_OUT_OF_MEMORY : RAFTRS_STATUS_CUDA, e.what());
   } catch (raft::cublas_error const& e) {
-    return fail(RAFTRS_STATUS_CUDA, e.what());
+    // A handle's creation is the library's likeliest allocation: ~65 MiB of device memory.
+    return fail(says_alloc_failed(e.what()) ? RAFTRS_STATUS_OUT_OF_MEMORY : RAFTRS_STATUS_CUDA, e.what());
   } catch (raft::cusolver_error const& e) {
-    return fail(RAFTRS_STATUS_CUDA, e.what());
+    return fail(says_alloc_failed(e.what()) ? RAFTRS_STATUS_OUT_OF_MEMORY : RAFTRS_STATUS_CUDA, e.what());
   } catch (raft::cusparse_error const& e) {
-    return fail(RAFTRS_STATUS_CUDA, e.what());
+    return fail(says_alloc_failed(e.what()) ? RAFTRS_STATUS_OUT_OF_MEMORY : RAFTRS_STATUS_CUDA, e.what());
   } catch (rmm::cuda_error const& e) {
-    return fail(RAFTRS_STATUS_CUDA, e.what());
+    return fail(says_alloc_failed(e.what()) ? RAFTRS_STATUS_OUT_OF_MEMORY : RAFTRS_STATUS_CUDA, e.what());
   } catch (raft::logic_error const& e) {
     return fail(RAFTRS_STATUS_LOGIC, e.what());
   } catch (std::logic_error const& e) {
@@ -124,8 +154,8 @@ class device_scope {
  public:
   explicit device_scope(int device)
   {
-    RAFTRS_CUDA_TRY(cudaGetDevice(&previous_));
-    if (previous_ != device) { RAFTRS_CUDA_TRY(cudaSetDevice(device)); }
+    check(cudaGetDevice(&previous_), "reading the current device");
+    if (previous_ != device) { check(cudaSetDevice(device), "making the device current"); }
     switched_ = previous_ != device;
   }
   ~device_scope()
@@ -151,6 +181,106 @@ raft::resource::resource_type handle_type(int32_t kind)
   }
 }
 
+/// A library handle made for RAFT's resources, created eagerly in the constructor, which throws
+/// when the library refuses. RAFT 26.08's own handle resources only log a failed create (and
+/// then hand out an uninitialised handle); through these, a failed create reaches the caller as
+/// an error (`*_STATUS_ALLOC_FAILED`: out of memory) and nothing is cached, so a later call may
+/// try again.
+template <typename Handle, typename Status, Status Success, typename Traits>
+class checked_handle final : public raft::resource::resource {
+ public:
+  explicit checked_handle(rmm::cuda_stream_view stream)
+  {
+    auto created = Traits::create(&handle_);
+    if (created != Success) { Traits::fail("creating", created); }
+    auto bound = Traits::set_stream(handle_, stream.value());
+    if (bound != Success) {
+      Traits::destroy(handle_);
+      Traits::fail("binding to the resources' stream", bound);
+    }
+  }
+  ~checked_handle() override { Traits::destroy(handle_); }
+  checked_handle(checked_handle const&)            = delete;
+  checked_handle& operator=(checked_handle const&) = delete;
+  void* get_resource() override { return &handle_; }
+
+ private:
+  Handle handle_{};
+};
+
+template <typename Resource>
+class checked_factory final : public raft::resource::resource_factory {
+ public:
+  checked_factory(raft::resource::resource_type type, rmm::cuda_stream_view stream) : type_(type), stream_(stream) {}
+  raft::resource::resource_type get_resource_type() override { return type_; }
+  raft::resource::resource* make_resource() override { return new Resource(stream_); }
+
+ private:
+  raft::resource::resource_type type_;
+  rmm::cuda_stream_view stream_;
+};
+
+struct cublas_traits {
+  static cublasStatus_t create(cublasHandle_t* h) { return cublasCreate(h); }
+  static cublasStatus_t set_stream(cublasHandle_t h, cudaStream_t s) { return cublasSetStream(h, s); }
+  static void destroy(cublasHandle_t h) { cublasDestroy(h); }
+  [[noreturn]] static void fail(char const* doing, cublasStatus_t st)
+  {
+    throw raft::cublas_error(std::string(doing) + " the cuBLAS handle failed: " + cublasGetStatusName(st) + ": " +
+                             cublasGetStatusString(st));
+  }
+};
+
+/// cuSOLVER has no status-name function: the names that matter, and the number otherwise.
+std::string cusolver_status_name(cusolverStatus_t st)
+{
+  switch (st) {
+    case CUSOLVER_STATUS_NOT_INITIALIZED: return "CUSOLVER_STATUS_NOT_INITIALIZED";
+    case CUSOLVER_STATUS_ALLOC_FAILED: return "CUSOLVER_STATUS_ALLOC_FAILED";
+    case CUSOLVER_STATUS_INVALID_VALUE: return "CUSOLVER_STATUS_INVALID_VALUE";
+    case CUSOLVER_STATUS_ARCH_MISMATCH: return "CUSOLVER_STATUS_ARCH_MISMATCH";
+    case CUSOLVER_STATUS_EXECUTION_FAILED: return "CUSOLVER_STATUS_EXECUTION_FAILED";
+    case CUSOLVER_STATUS_INTERNAL_ERROR: return "CUSOLVER_STATUS_INTERNAL_ERROR";
+    default: return "cusolverStatus " + std::to_string(static_cast<int>(st));
+  }
+}
+
+struct cusolver_dn_traits {
+  static cusolverStatus_t create(cusolverDnHandle_t* h) { return cusolverDnCreate(h); }
+  static cusolverStatus_t set_stream(cusolverDnHandle_t h, cudaStream_t s) { return cusolverDnSetStream(h, s); }
+  static void destroy(cusolverDnHandle_t h) { cusolverDnDestroy(h); }
+  [[noreturn]] static void fail(char const* doing, cusolverStatus_t st)
+  {
+    throw raft::cusolver_error(std::string(doing) + " the dense cuSOLVER handle failed: " + cusolver_status_name(st));
+  }
+};
+
+struct cusolver_sp_traits {
+  static cusolverStatus_t create(cusolverSpHandle_t* h) { return cusolverSpCreate(h); }
+  static cusolverStatus_t set_stream(cusolverSpHandle_t h, cudaStream_t s) { return cusolverSpSetStream(h, s); }
+  static void destroy(cusolverSpHandle_t h) { cusolverSpDestroy(h); }
+  [[noreturn]] static void fail(char const* doing, cusolverStatus_t st)
+  {
+    throw raft::cusolver_error(std::string(doing) + " the sparse cuSOLVER handle failed: " + cusolver_status_name(st));
+  }
+};
+
+struct cusparse_traits {
+  static cusparseStatus_t create(cusparseHandle_t* h) { return cusparseCreate(h); }
+  static cusparseStatus_t set_stream(cusparseHandle_t h, cudaStream_t s) { return cusparseSetStream(h, s); }
+  static void destroy(cusparseHandle_t h) { cusparseDestroy(h); }
+  [[noreturn]] static void fail(char const* doing, cusparseStatus_t st)
+  {
+    throw raft::cusparse_error(std::string(doing) + " the cuSPARSE handle failed: " + cusparseGetErrorName(st) + ": " +
+                               cusparseGetErrorString(st));
+  }
+};
+
+using checked_cublas      = checked_handle<cublasHandle_t, cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublas_traits>;
+using checked_cusolver_dn = checked_handle<cusolverDnHandle_t, cusolverStatus_t, CUSOLVER_STATUS_SUCCESS, cusolver_dn_traits>;
+using checked_cusolver_sp = checked_handle<cusolverSpHandle_t, cusolverStatus_t, CUSOLVER_STATUS_SUCCESS, cusolver_sp_traits>;
+using checked_cusparse    = checked_handle<cusparseHandle_t, cusparseStatus_t, CUSPARSE_STATUS_SUCCESS, cusparse_traits>;
+
 /// The C++ object behind raftrs_resources: RAFT's device_resources, plus a look at whether a
 /// lazily made resource exists yet (RAFT keeps its cells protected, a subclass may read them).
 class shim_resources final : public raft::device_resources {
@@ -158,6 +288,12 @@ class shim_resources final : public raft::device_resources {
   shim_resources(int device, cudaStream_t stream)
     : raft::device_resources(rmm::cuda_stream_view{stream}), device_(device)
   {
+    using raft::resource::resource_type;
+    rmm::cuda_stream_view s{stream};
+    add_resource_factory(std::make_shared<checked_factory<checked_cublas>>(resource_type::CUBLAS_HANDLE, s));
+    add_resource_factory(std::make_shared<checked_factory<checked_cusolver_dn>>(resource_type::CUSOLVER_DN_HANDLE, s));
+    add_resource_factory(std::make_shared<checked_factory<checked_cusolver_sp>>(resource_type::CUSOLVER_SP_HANDLE, s));
+    add_resource_factory(std::make_shared<checked_factory<checked_cusparse>>(resource_type::CUSPARSE_HANDLE, s));
   }
 
   [[nodiscard]] bool has(raft::resource::resource_type type) const
@@ -179,6 +315,9 @@ shim_resources& unwrap(raftrs_resources* res)
 
 using any_device_resource = cuda::mr::any_resource<cuda::mr::device_accessible>;
 using statistics_mr       = rmm::mr::statistics_resource_adaptor;
+using tracking_mr         = rmm::mr::tracking_resource_adaptor;
+using limiting_mr         = rmm::mr::limiting_resource_adaptor;
+using failure_mr          = rmm::mr::failure_callback_resource_adaptor<rmm::out_of_memory>;
 
 /// Serialises this library's read-modify-write of RMM's per-device map (RMM locks each call,
 /// not a sequence of calls).
@@ -198,31 +337,111 @@ int32_t classify(rmm::device_async_resource_ref ref)
   if (type == typeid(rmm::mr::cuda_async_memory_resource)) { return RAFTRS_MR_CUDA_ASYNC; }
   if (type == typeid(rmm::mr::managed_memory_resource)) { return RAFTRS_MR_MANAGED; }
   if (type == typeid(statistics_mr)) { return RAFTRS_MR_STATISTICS; }
+  if (type == typeid(rmm::mr::pool_memory_resource)) { return RAFTRS_MR_POOL; }
+  if (type == typeid(rmm::mr::arena_memory_resource)) { return RAFTRS_MR_ARENA; }
+  if (type == typeid(rmm::mr::binning_memory_resource)) { return RAFTRS_MR_BINNING; }
+  if (type == typeid(limiting_mr)) { return RAFTRS_MR_LIMITING; }
+  if (type == typeid(tracking_mr)) { return RAFTRS_MR_TRACKING; }
+  if (type == typeid(rmm::mr::logging_resource_adaptor)) { return RAFTRS_MR_LOGGING; }
+  if (type == typeid(failure_mr)) { return RAFTRS_MR_FAILURE_CALLBACK; }
+  if (type == typeid(rmm::mr::thread_safe_resource_adaptor)) { return RAFTRS_MR_THREAD_SAFE; }
+  if (type == typeid(rmm::mr::pinned_host_memory_resource)) { return RAFTRS_MR_PINNED_HOST; }
   return RAFTRS_MR_OTHER;
+}
+
+int device_count()
+{
+  int n = 0;
+  auto code = cudaGetDeviceCount(&n);
+  // A driver with no device is a machine with zero devices, not a failure.
+  if (code == cudaErrorNoDevice) {
+    cudaGetLastError();
+    return 0;
+  }
+  check(code, "counting the devices");
+  return n;
 }
 
 void check_device(int32_t device)
 {
-  int count = 0;
-  RAFTRS_CUDA_TRY(cudaGetDeviceCount(&count));
+  int count = device_count();
   if (device < 0 || device >= count) {
     throw std::out_of_range("no device " + std::to_string(device) + " among " +
                             std::to_string(count));
   }
 }
 
-/// The device memory behind raftrs_buffer: the pointer and the resource that must free it (a
-/// reference, as rmm::device_buffer keeps; RMM's rule is that a resource outlives what it gave).
+/// An owned resource: what raftrs_mr points at. `device` is the device it was made for (RMM's
+/// resources must be used with that device current).
+struct shim_mr {
+  int device;
+  any_device_resource resource;
+};
+
+shim_mr const& unwrap(raftrs_mr const* mr)
+{
+  if (mr == nullptr) { throw std::invalid_argument("null memory resource"); }
+  return *reinterpret_cast<shim_mr const*>(mr);
+}
+
+raftrs_mr* wrap(shim_mr* mr) { return reinterpret_cast<raftrs_mr*>(mr); }
+
+/// A copy of `device`'s entry in RMM's per-device map, taken under RMM's own lock, so no other
+/// thread can replace (and destroy) the entry while it is copied. A missing entry is RMM's
+/// initial cuda_memory_resource, stateless, so a copy of it is as good as it.
+any_device_resource copy_current(int device)
+{
+  std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
+  auto& map = rmm::mr::detail::get_ref_map();
+  auto found = map.find(device);
+  if (found == map.end()) { return any_device_resource{rmm::mr::detail::initial_resource()}; }
+  any_device_resource copy{found->second};
+  // RMM's resource equality means "each can free what the other allocated": a copy that is not
+  // equal (a resource whose copies own separate state) cannot stand for the original.
+  if (!(copy == found->second)) {
+    throw std::logic_error("the current memory resource of device " + std::to_string(device) +
+                           " cannot be shared: a copy of it does not compare equal to it");
+  }
+  return copy;
+}
+
+/// An adaptor of type `Adaptor` over (a shared copy of) `upstream`, made on the upstream's device.
+template <typename Adaptor, typename... Args>
+raftrs_mr* adapt(raftrs_mr const* upstream, Args&&... args)
+{
+  auto const& u = unwrap(upstream);
+  device_scope scope{u.device};
+  return wrap(new shim_mr{u.device, any_device_resource{Adaptor{any_device_resource{u.resource}, std::forward<Args>(args)...}}});
+}
+
+/// `optional` from the C side's "negative means none".
+std::optional<std::size_t> size_or_none(int64_t v)
+{
+  return v < 0 ? std::nullopt : std::optional<std::size_t>{static_cast<std::size_t>(v)};
+}
+
+/// A cast of the resource behind a handle to an adaptor type (nullptr when it is another kind).
+template <typename T>
+T* cast(raftrs_mr const* mr)
+{
+  auto const& m = unwrap(mr);
+  rmm::device_async_resource_ref ref{const_cast<any_device_resource&>(m.resource)};
+  return cuda::mr::resource_cast<T>(&ref);
+}
+
+/// The device memory behind raftrs_buffer: the pointer and its own copy of the resource that
+/// must free it. Replacing the per-device resource, or dropping every other handle to it, never
+/// invalidates a live buffer.
 struct shim_buffer {
   int device;
   void* ptr;
   std::size_t bytes;
-  rmm::device_async_resource_ref mr;
+  any_device_resource mr;
   bool stream_ordered;
 };
 
-/// Whether freeing through `mr` never blocks the caller: the async pool, directly or under the
-/// statistics adaptor this library installs.
+/// Whether freeing through `mr` never blocks the caller: the async pool, directly or under a
+/// statistics adaptor.
 bool frees_stream_ordered(rmm::device_async_resource_ref mr)
 {
   auto kind = classify(mr);
@@ -256,13 +475,13 @@ raftrs_status gemm(raftrs_resources* res,
     auto& r = unwrap(res);
     for (int64_t v : {m, n, k, lda, ldb, ldc}) {
       if (v < 0 || v > INT32_MAX) {
-        throw std::invalid_argument(std::string(name) + ": a dimension is out of range");
+        throw std::invalid_argument(std::string(name) + ": a dimension is out of cuBLAS's int range");
       }
     }
     device_scope scope{r.device()};
     auto handle = raft::resource::get_cublas_handle(r);
     check_cublas(cublasSetStream(handle, raft::resource::get_cuda_stream(r).value()),
-                 "cublasSetStream");
+                 "binding the cuBLAS handle to the resources' stream");
     auto op = [](int32_t t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
     check_cublas(call(handle,
                       op(trans_a),
@@ -278,7 +497,7 @@ raftrs_status gemm(raftrs_resources* res,
                       &beta,
                       c,
                       static_cast<int>(ldc)),
-                 name);
+                 name);  // name says what ran: "the fp32 matrix product (cublasSgemm)"
   });
 }
 
@@ -286,9 +505,9 @@ raftrs_status gemm(raftrs_resources* res,
 
 extern "C" {
 
-const char* raftrs_last_error(void) { return last_error.c_str(); }
+const char* raftrs_last_error(void) { return last_error; }
 
-void raftrs_clear_error(void) { last_error.clear(); }
+void raftrs_clear_error(void) { last_error[0] = '\0'; }
 
 void raftrs_get_build_info(raftrs_build_info* out)
 {
@@ -315,7 +534,7 @@ raftrs_status raftrs_runtime_version(int32_t* out)
 {
   return guard([&] {
     int v = 0;
-    RAFTRS_CUDA_TRY(cudaRuntimeGetVersion(&v));
+    check(cudaRuntimeGetVersion(&v), "reading the CUDA runtime version");
     *out = v;
   });
 }
@@ -324,7 +543,7 @@ raftrs_status raftrs_driver_version(int32_t* out)
 {
   return guard([&] {
     int v = 0;
-    RAFTRS_CUDA_TRY(cudaDriverGetVersion(&v));
+    check(cudaDriverGetVersion(&v), "reading the CUDA driver version");
     *out = v;
   });
 }
@@ -332,9 +551,7 @@ raftrs_status raftrs_driver_version(int32_t* out)
 raftrs_status raftrs_device_count(int32_t* out)
 {
   return guard([&] {
-    int n = 0;
-    RAFTRS_CUDA_TRY(cudaGetDeviceCount(&n));
-    *out = n;
+    *out = device_count();
   });
 }
 
@@ -342,7 +559,7 @@ raftrs_status raftrs_current_device(int32_t* out)
 {
   return guard([&] {
     int d = 0;
-    RAFTRS_CUDA_TRY(cudaGetDevice(&d));
+    check(cudaGetDevice(&d), "reading the current device");
     *out = d;
   });
 }
@@ -351,7 +568,7 @@ raftrs_status raftrs_device_memory_pools_supported(int32_t device, int32_t* out)
 {
   return guard([&] {
     int v = 0;
-    RAFTRS_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, device));
+    check(cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, device), "asking whether the device supports memory pools");
     *out = v;
   });
 }
@@ -360,8 +577,8 @@ raftrs_status raftrs_memcpy_async(int32_t device, void* dst, const void* src, si
 {
   return guard([&] {
     device_scope scope{device};
-    RAFTRS_CUDA_TRY(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
+          "queueing a copy");
   });
 }
 
@@ -369,7 +586,7 @@ raftrs_status raftrs_memset_async(int32_t device, void* dst, int32_t value, size
 {
   return guard([&] {
     device_scope scope{device};
-    RAFTRS_CUDA_TRY(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)));
+    check(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)), "queueing a memset");
   });
 }
 
@@ -431,45 +648,42 @@ raftrs_status raftrs_resources_has_handle(raftrs_resources* res, int32_t kind, i
   return guard([&] { *out = unwrap(res).has(handle_type(kind)) ? 1 : 0; });
 }
 
-raftrs_status raftrs_mr_current(int32_t device, int32_t* out)
+raftrs_status raftrs_mr_current(int32_t device, raftrs_mr** out)
 {
   return guard([&] {
+    *out = nullptr;
     check_device(device);
-    *out = classify(rmm::mr::get_per_device_resource_ref(rmm::cuda_device_id{device}));
+    *out = wrap(new shim_mr{device, copy_current(device)});
   });
 }
 
-raftrs_status raftrs_mr_set(int32_t device, int32_t kind)
+raftrs_status raftrs_mr_set_current(const raftrs_mr* mr, raftrs_mr** previous)
 {
   return guard([&] {
-    check_device(device);
-    device_scope scope{device};
+    if (previous != nullptr) { *previous = nullptr; }
+    auto const& m = unwrap(mr);
+    check_device(m.device);
+    auto fresh = std::make_unique<shim_mr>(shim_mr{m.device, any_device_resource{}});
     std::lock_guard<std::mutex> lock{mr_lock()};
-    rmm::cuda_device_id id{device};
-    switch (kind) {
-      case RAFTRS_MR_CUDA:
-        rmm::mr::set_per_device_resource(id, rmm::mr::cuda_memory_resource{});
-        break;
-      case RAFTRS_MR_CUDA_ASYNC:
-        rmm::mr::set_per_device_resource(id, rmm::mr::cuda_async_memory_resource{});
-        break;
-      case RAFTRS_MR_MANAGED:
-        rmm::mr::set_per_device_resource(id, rmm::mr::managed_memory_resource{});
-        break;
-      default:
-        throw std::invalid_argument("cannot install a memory resource of kind " +
-                                    std::to_string(kind));
+    any_device_resource old =
+      rmm::mr::set_per_device_resource(rmm::cuda_device_id{m.device}, any_device_resource{m.resource});
+    if (previous != nullptr) {
+      fresh->resource = std::move(old);
+      *previous       = wrap(fresh.release());
     }
   });
 }
 
-raftrs_status raftrs_mr_reset(int32_t device)
+raftrs_status raftrs_mr_reset_current(int32_t device, raftrs_mr** previous)
 {
   return guard([&] {
+    if (previous != nullptr) { *previous = nullptr; }
     check_device(device);
     device_scope scope{device};
     std::lock_guard<std::mutex> lock{mr_lock()};
+    auto fresh = std::make_unique<shim_mr>(shim_mr{device, copy_current(device)});
     rmm::mr::reset_per_device_resource(rmm::cuda_device_id{device});
+    if (previous != nullptr) { *previous = wrap(fresh.release()); }
   });
 }
 
@@ -479,7 +693,8 @@ raftrs_status raftrs_mr_install_default(int32_t device, int32_t* installed)
     *installed = 0;
     check_device(device);
     int pools = 0;
-    RAFTRS_CUDA_TRY(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+    check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device),
+          "asking whether the device supports memory pools");
     if (pools == 0) { return; }
     device_scope scope{device};
     std::lock_guard<std::mutex> lock{mr_lock()};
@@ -493,52 +708,289 @@ raftrs_status raftrs_mr_install_default(int32_t device, int32_t* installed)
   });
 }
 
-raftrs_status raftrs_mr_enable_statistics(int32_t device)
+raftrs_status raftrs_mr_new(int32_t device, int32_t kind, raftrs_mr** out)
 {
   return guard([&] {
+    *out = nullptr;
     check_device(device);
     device_scope scope{device};
-    std::lock_guard<std::mutex> lock{mr_lock()};
-    rmm::cuda_device_id id{device};
-    if (rmm::mr::get_per_device_resource_ref(id).type() == typeid(statistics_mr)) { return; }
-    // Take the current resource out (the initial one stands in for a moment), wrap it, put the
-    // wrapper back: allocations already made through the old resource stay valid, since the
-    // adaptor owns it now.
-    any_device_resource upstream =
-      rmm::mr::set_per_device_resource(id, rmm::device_async_resource_ref{rmm::mr::detail::initial_resource()});
-    rmm::mr::set_per_device_resource(id, statistics_mr{std::move(upstream)});
+    switch (kind) {
+      case RAFTRS_MR_CUDA:
+        *out = wrap(new shim_mr{device, any_device_resource{rmm::mr::cuda_memory_resource{}}});
+        break;
+      case RAFTRS_MR_CUDA_ASYNC:
+        *out = wrap(new shim_mr{device, any_device_resource{rmm::mr::cuda_async_memory_resource{}}});
+        break;
+      case RAFTRS_MR_MANAGED:
+        *out = wrap(new shim_mr{device, any_device_resource{rmm::mr::managed_memory_resource{}}});
+        break;
+      default:
+        throw std::invalid_argument("cannot make a memory resource of kind " + std::to_string(kind) +
+                                    " on its own");
+    }
   });
 }
 
-raftrs_status raftrs_mr_statistics(int32_t device, int64_t* current_bytes, int64_t* peak_bytes)
+raftrs_status raftrs_mr_new_statistics(const raftrs_mr* upstream, raftrs_mr** out)
 {
   return guard([&] {
+    *out         = nullptr;
+    auto const& u = unwrap(upstream);
+    device_scope scope{u.device};
+    *out = wrap(new shim_mr{u.device, any_device_resource{statistics_mr{any_device_resource{u.resource}}}});
+  });
+}
+
+raftrs_status raftrs_mr_new_pinned_host(int32_t device, raftrs_mr** out)
+{
+  return guard([&] {
+    *out = nullptr;
     check_device(device);
-    auto ref   = rmm::mr::get_per_device_resource_ref(rmm::cuda_device_id{device});
-    auto* stat = cuda::mr::resource_cast<statistics_mr>(&ref);
-    if (stat == nullptr) {
-      throw std::logic_error("statistics are not enabled on device " + std::to_string(device));
+    device_scope scope{device};
+    *out = wrap(new shim_mr{device, any_device_resource{rmm::mr::pinned_host_memory_resource{}}});
+  });
+}
+
+raftrs_status raftrs_mr_new_cuda_async(int32_t device, int64_t initial_pool_size, int64_t release_threshold, raftrs_mr** out)
+{
+  return guard([&] {
+    *out = nullptr;
+    check_device(device);
+    device_scope scope{device};
+    *out = wrap(new shim_mr{device,
+                            any_device_resource{rmm::mr::cuda_async_memory_resource{
+                              size_or_none(initial_pool_size), size_or_none(release_threshold)}}});
+  });
+}
+
+raftrs_status raftrs_mr_new_pool(const raftrs_mr* upstream, int64_t initial, int64_t maximum, raftrs_mr** out)
+{
+  return guard([&] {
+    *out = nullptr;
+    std::size_t first = initial >= 0 ? static_cast<std::size_t>(initial)
+                                     : rmm::percent_of_free_device_memory(50);
+    *out = adapt<rmm::mr::pool_memory_resource>(upstream, first, size_or_none(maximum));
+  });
+}
+
+raftrs_status raftrs_mr_new_arena(const raftrs_mr* upstream, int64_t arena_size, raftrs_mr** out)
+{
+  return guard([&] {
+    *out = nullptr;
+    *out = adapt<rmm::mr::arena_memory_resource>(upstream, size_or_none(arena_size));
+  });
+}
+
+raftrs_status raftrs_mr_new_binning(const raftrs_mr* upstream, int32_t min_exponent, int32_t max_exponent, raftrs_mr** out)
+{
+  return guard([&] {
+    *out = nullptr;
+    if (min_exponent < 0 || max_exponent > 62 || min_exponent > max_exponent) {
+      throw std::invalid_argument("bin exponents must satisfy 0 <= min <= max <= 62, given " +
+                                  std::to_string(min_exponent) + " and " + std::to_string(max_exponent));
     }
+    *out = adapt<rmm::mr::binning_memory_resource>(
+      upstream, static_cast<int8_t>(min_exponent), static_cast<int8_t>(max_exponent));
+  });
+}
+
+raftrs_status raftrs_mr_new_limiting(const raftrs_mr* upstream, size_t limit, raftrs_mr** out)
+{
+  return guard([&] {
+    *out = nullptr;
+    *out = adapt<limiting_mr>(upstream, limit);
+  });
+}
+
+raftrs_status raftrs_mr_new_tracking(const raftrs_mr* upstream, raftrs_mr** out)
+{
+  return guard([&] {
+    *out = nullptr;
+    *out = adapt<tracking_mr>(upstream, false);
+  });
+}
+
+raftrs_status raftrs_mr_new_thread_safe(const raftrs_mr* upstream, raftrs_mr** out)
+{
+  return guard([&] {
+    *out = nullptr;
+    *out = adapt<rmm::mr::thread_safe_resource_adaptor>(upstream);
+  });
+}
+
+raftrs_status raftrs_mr_new_logging(const raftrs_mr* upstream, const char* path, int32_t auto_flush, raftrs_mr** out)
+{
+  return guard([&] {
+    *out = nullptr;
+    if (path == nullptr || *path == '\0') { throw std::invalid_argument("the log needs a file path"); }
+    *out = adapt<rmm::mr::logging_resource_adaptor>(upstream, std::string{path}, auto_flush != 0);
+  });
+}
+
+raftrs_status raftrs_mr_new_failure_callback(const raftrs_mr* upstream,
+                                             raftrs_failure_callback callback,
+                                             void* arg,
+                                             raftrs_drop_arg drop_arg,
+                                             raftrs_mr** out)
+{
+  // The argument is owned from here on: whatever happens, `drop_arg` runs exactly once, when the
+  // last copy of the callback (inside the shared adaptor) goes.
+  std::shared_ptr<void> holder;
+  try {
+    holder = std::shared_ptr<void>(arg, [drop_arg](void* a) {
+      if (drop_arg != nullptr) { drop_arg(a); }
+    });
+  } catch (...) {
+    if (drop_arg != nullptr) { drop_arg(arg); }
+    return fail(RAFTRS_STATUS_OUT_OF_MEMORY, "no memory for the failure callback");
+  }
+  return guard([&] {
+    *out = nullptr;
+    if (callback == nullptr) { throw std::invalid_argument("null failure callback"); }
+    rmm::mr::failure_callback_t call = [callback, holder](std::size_t bytes, void*) {
+      return callback(bytes, holder.get()) != 0;
+    };
+    *out = adapt<failure_mr>(upstream, std::move(call), nullptr);
+  });
+}
+
+raftrs_status raftrs_mr_tracking(const raftrs_mr* mr, size_t* count, size_t* bytes)
+{
+  return guard([&] {
+    auto* t = cast<tracking_mr>(mr);
+    if (t == nullptr) { throw std::logic_error("the memory resource is not a tracking adaptor"); }
+    *count = t->get_outstanding_allocations().size();
+    *bytes = t->get_allocated_bytes();
+  });
+}
+
+raftrs_status raftrs_mr_tracking_report(const raftrs_mr* mr, char* buf, size_t capacity, size_t* needed)
+{
+  return guard([&] {
+    auto* t = cast<tracking_mr>(mr);
+    if (t == nullptr) { throw std::logic_error("the memory resource is not a tracking adaptor"); }
+    auto text = t->get_outstanding_allocations_str();
+    *needed   = text.size() + 1;
+    if (buf != nullptr && capacity > 0) {
+      auto n = std::min(text.size(), capacity - 1);
+      std::memcpy(buf, text.data(), n);
+      buf[n] = '\0';
+    }
+  });
+}
+
+raftrs_status raftrs_mr_limits(const raftrs_mr* mr, size_t* allocated, size_t* limit)
+{
+  return guard([&] {
+    auto* l = cast<limiting_mr>(mr);
+    if (l == nullptr) { throw std::logic_error("the memory resource is not a limiting adaptor"); }
+    *allocated = l->get_allocated_bytes();
+    *limit     = l->get_allocation_limit();
+  });
+}
+
+raftrs_status raftrs_mr_statistics_counts(const raftrs_mr* mr, int64_t* current, int64_t* peak, int64_t* total)
+{
+  return guard([&] {
+    auto* st = cast<statistics_mr>(mr);
+    if (st == nullptr) { throw std::logic_error("the memory resource is not a statistics adaptor"); }
+    auto c   = st->get_allocations_counter();
+    *current = c.value;
+    *peak    = c.peak;
+    *total   = c.total;
+  });
+}
+
+raftrs_status raftrs_mr_statistics_total_bytes(const raftrs_mr* mr, int64_t* total)
+{
+  return guard([&] {
+    auto* st = cast<statistics_mr>(mr);
+    if (st == nullptr) { throw std::logic_error("the memory resource is not a statistics adaptor"); }
+    *total = st->get_bytes_counter().total;
+  });
+}
+
+raftrs_status raftrs_mr_clone(const raftrs_mr* mr, raftrs_mr** out)
+{
+  return guard([&] {
+    *out         = nullptr;
+    auto const& m = unwrap(mr);
+    *out         = wrap(new shim_mr{m.device, any_device_resource{m.resource}});
+  });
+}
+
+raftrs_status raftrs_mr_destroy(raftrs_mr* mr)
+{
+  return guard([&] {
+    if (mr == nullptr) { return; }
+    auto* m = reinterpret_cast<shim_mr*>(mr);
+    // The last handle of a pool destroys it: on its own device.
+    device_scope scope{m->device};
+    delete m;
+  });
+}
+
+raftrs_status raftrs_mr_kind(const raftrs_mr* mr, int32_t* out)
+{
+  return guard([&] {
+    auto const& m = unwrap(mr);
+    *out = classify(rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)});
+  });
+}
+
+raftrs_status raftrs_mr_device(const raftrs_mr* mr, int32_t* out)
+{
+  return guard([&] { *out = unwrap(mr).device; });
+}
+
+raftrs_status raftrs_mr_equal(const raftrs_mr* a, const raftrs_mr* b, int32_t* out)
+{
+  return guard([&] {
+    auto const& x = unwrap(a);
+    auto const& y = unwrap(b);
+    *out          = (x.device == y.device && x.resource == y.resource) ? 1 : 0;
+  });
+}
+
+raftrs_status raftrs_mr_statistics(const raftrs_mr* mr, int64_t* current_bytes, int64_t* peak_bytes)
+{
+  return guard([&] {
+    auto const& m = unwrap(mr);
+    rmm::device_async_resource_ref ref{const_cast<any_device_resource&>(m.resource)};
+    auto* stat = cuda::mr::resource_cast<statistics_mr>(&ref);
+    if (stat == nullptr) { throw std::logic_error("the memory resource is not a statistics adaptor"); }
     auto counter   = stat->get_bytes_counter();
     *current_bytes = counter.value;
     *peak_bytes    = counter.peak;
   });
 }
 
-raftrs_status raftrs_buffer_create(int32_t device, void* stream, size_t bytes, raftrs_buffer** out)
+raftrs_status raftrs_rmm_map_address(void** out)
+{
+  return guard([&] { *out = static_cast<void*>(&rmm::mr::detail::get_ref_map()); });
+}
+
+raftrs_status raftrs_buffer_create(int32_t device, const raftrs_mr* mr, void* stream, size_t bytes, raftrs_buffer** out)
 {
   return guard([&] {
     *out = nullptr;
     device_scope scope{device};
-    auto mr = rmm::mr::get_per_device_resource_ref(rmm::cuda_device_id{device});
-    cuda::stream_ref s{static_cast<cudaStream_t>(stream)};
-    void* ptr = bytes == 0 ? nullptr : mr.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-    try {
-      *out = reinterpret_cast<raftrs_buffer*>(new shim_buffer{device, ptr, bytes, mr, frees_stream_ordered(mr)});
-    } catch (...) {
-      if (ptr != nullptr) { mr.deallocate(s, ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
-      throw;
+    auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, false});
+    if (mr == nullptr) {
+      owned->mr = copy_current(device);
+    } else {
+      auto const& m = unwrap(mr);
+      if (m.device != device) {
+        throw std::invalid_argument("a memory resource of device " + std::to_string(m.device) +
+                                    " cannot allocate on device " + std::to_string(device));
+      }
+      owned->mr = m.resource;
     }
+    rmm::device_async_resource_ref ref{owned->mr};
+    owned->stream_ordered = frees_stream_ordered(ref);
+    cuda::stream_ref s{static_cast<cudaStream_t>(stream)};
+    if (bytes != 0) { owned->ptr = ref.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
+    *out = reinterpret_cast<raftrs_buffer*>(owned.release());
   });
 }
 
@@ -546,13 +998,12 @@ raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream)
 {
   return guard([&] {
     if (buf == nullptr) { return; }
-    auto* b = reinterpret_cast<shim_buffer*>(buf);
+    std::unique_ptr<shim_buffer> b{reinterpret_cast<shim_buffer*>(buf)};
     device_scope scope{b->device};
     if (b->ptr != nullptr) {
-      b->mr.deallocate(
+      rmm::device_async_resource_ref{b->mr}.deallocate(
         cuda::stream_ref{static_cast<cudaStream_t>(stream)}, b->ptr, b->bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
     }
-    delete b;
   });
 }
 
@@ -582,7 +1033,7 @@ raftrs_status raftrs_gemm_f32(raftrs_resources* res,
                               int64_t ldc)
 {
   return gemm<float>(
-    res, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cublasSgemm, "cublasSgemm");
+    res, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cublasSgemm, "the fp32 matrix product (cublasSgemm)");
 }
 
 raftrs_status raftrs_gemm_f64(raftrs_resources* res,
@@ -601,7 +1052,7 @@ raftrs_status raftrs_gemm_f64(raftrs_resources* res,
                               int64_t ldc)
 {
   return gemm<double>(
-    res, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cublasDgemm, "cublasDgemm");
+    res, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cublasDgemm, "the fp64 matrix product (cublasDgemm)");
 }
 
 }  // extern "C"
