@@ -1,64 +1,43 @@
-//! `DeviceVec<T>`: typed device memory from the device's current RMM resource, allocated and
-//! freed in order on a resources object's stream (an `rmm::device_buffer`).
-use crate::device::ContextGuard;
+//! `DeviceVec<T>`: typed device memory from an RMM resource, allocated and freed in order on a
+//! resources object's stream (an `rmm::device_buffer` that owns its resource), and the checked
+//! matrix views matrix routines take.
 use crate::error::{Error, ErrorKind, Result};
-use crate::ffi::check;
+use crate::memory::MemoryResource;
 use crate::resources::DeviceResources;
-use cudarc::driver::CudaStream;
-use raft_sys as sys;
-use std::ffi::c_void;
+use crate::result::{DeviceScalar, NativeBuffer};
+use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use std::marker::PhantomData;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Plain numeric types that may live in device memory: `Copy`, no drop, every bit pattern valid.
-///
-/// # Safety
-/// Implement only for types where any bit pattern is a valid value and which own no resources.
-pub unsafe trait DeviceScalar: Copy + Default + Send + Sync + 'static {}
-
-macro_rules! scalars {
-    ($($t:ty),*) => {$(
-        // SAFETY: a primitive number: any bit pattern is a value, nothing to drop.
-        unsafe impl DeviceScalar for $t {}
-    )*};
-}
-scalars!(f32, f64, i8, i16, i32, i64, u8, u16, u32, u64);
-
 pub(crate) static LIVE_ARRAYS: AtomicUsize = AtomicUsize::new(0);
-
-struct Buffer(NonNull<sys::raftrs_buffer>);
-// SAFETY: an rmm::device_buffer is a pointer, a size, a stream and a resource reference: it
-// may move between threads; all use goes through &self (reads) or Drop (exclusive).
-unsafe impl Send for Buffer {}
-// SAFETY: as above; shared use only reads its fields.
-unsafe impl Sync for Buffer {}
 
 /// `len` elements of `T` in device memory, on a resources object's stream.
 ///
-/// Allocated through the device's current RMM resource (the async pool by default) and freed,
-/// stream-ordered, when dropped. The array keeps its resources' stream alive; once the resources
-/// are released, its operations give the `Logic` error of released resources.
+/// Allocated through the device's current RMM resource (the async pool by default), or a given
+/// [`MemoryResource`] ([`new_in`](Self::new_in)), and freed, stream-ordered, when dropped. The
+/// array holds the resource that made it and its resources' stream: replacing the device's
+/// resource or releasing the resources never leaves it dangling. Once the resources are
+/// released, its operations give the `Logic` error of released resources.
+///
+/// For cudarc: `DeviceVec` implements [`DevicePtr`] and [`DevicePtrMut`], so cudarc's kernels
+/// launches and cuBLAS wrappers take it directly. Used on another stream than its own, that
+/// stream first waits for the array's stream, and is synchronised when the pointer's guard
+/// drops: the array can never be freed under work queued elsewhere.
 ///
 /// # Thread safety
 /// `Send + Sync`; writes need `&mut self`.
 pub struct DeviceVec<T: DeviceScalar> {
-    buffer: Buffer,
-    /// Freeing never blocks (the async pool): done inline by `Drop`; otherwise on a release thread.
-    stream_ordered: bool,
-    ptr: *mut T,
+    buffer: Option<NativeBuffer>,
     len: usize,
-    stream: Arc<CudaStream>,
+    /// The resource given to `new_in`, kept so that what the Rust side knows of it (a tracking
+    /// adaptor's report at exit) lives as long as the allocation. The buffer itself holds the
+    /// C++ copy that frees it.
+    _mr: Option<MemoryResource>,
     resources: DeviceResources,
     _t: PhantomData<T>,
 }
 
-// SAFETY: the device pointer is only dereferenced by the GPU, in stream order; the struct owns
-// its buffer (see `Buffer`).
-unsafe impl<T: DeviceScalar> Send for DeviceVec<T> {}
-// SAFETY: shared access only reads device memory (copies to the host) in stream order.
-unsafe impl<T: DeviceScalar> Sync for DeviceVec<T> {}
 static_assertions::assert_impl_all!(DeviceVec<f32>: Send, Sync);
 
 fn bytes_of<T>(who: &'static str, len: usize) -> Result<usize> {
@@ -68,45 +47,63 @@ fn bytes_of<T>(who: &'static str, len: usize) -> Result<usize> {
 }
 
 impl<T: DeviceScalar> DeviceVec<T> {
-    /// `len` elements with unspecified contents.
+    /// `len` elements with unspecified contents, from the device's current RMM resource.
     ///
     /// # Errors
     /// `OutOfMemory` when the allocation fails; `Logic` on released resources.
     pub fn new(resources: &DeviceResources, len: usize) -> Result<Self> {
-        Self::alloc("DeviceVec::new", resources, len)
+        Self::alloc("DeviceVec::new", resources, None, len)
     }
 
-    fn alloc(who: &'static str, resources: &DeviceResources, len: usize) -> Result<Self> {
+    /// `len` elements with unspecified contents, from `mr` (made for the resources' device).
+    ///
+    /// # Errors
+    /// `Logic` when `mr` belongs to another device or the resources were released;
+    /// `OutOfMemory` when the allocation fails.
+    pub fn new_in(resources: &DeviceResources, len: usize, mr: &MemoryResource) -> Result<Self> {
+        Self::alloc("DeviceVec::new_in", resources, Some(mr), len)
+    }
+
+    fn alloc(who: &'static str, resources: &DeviceResources, mr: Option<&MemoryResource>, len: usize) -> Result<Self> {
         let bytes = bytes_of::<T>(who, len)?;
-        let _keep = ContextGuard::save(who)?;
-        resources.with_live(who, |live| {
-            let mut raw = std::ptr::null_mut();
-            // SAFETY: the stream is alive under the read lock; `raw` receives a new buffer.
-            check(who, unsafe {
-                sys::raftrs_buffer_create(resources.device() as i32, live.stream().cu_stream() as *mut c_void, bytes, &mut raw)
-            })?;
-            let buffer = Buffer(NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no buffer"))?);
-            // SAFETY: the buffer was just made and is alive.
-            let ptr = unsafe { sys::raftrs_buffer_data(buffer.0.as_ptr()) } as *mut T;
-            // SAFETY: as above.
-            let stream_ordered = unsafe { sys::raftrs_buffer_stream_ordered(buffer.0.as_ptr()) } != 0;
-            LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
-            Ok(DeviceVec { buffer, stream_ordered, ptr, len, stream: live.stream().clone(), resources: resources.clone(), _t: PhantomData })
-        })
+        if let Some(mr) = mr {
+            if mr.device() != resources.device() {
+                return Err(Error::logic(
+                    who,
+                    format!("a memory resource of device {} cannot allocate for resources on device {}", mr.device(), resources.device()),
+                ));
+            }
+        }
+        let buffer =
+            resources.with_native(who, |n| NativeBuffer::create(who, resources.device(), mr.map(|m| m.native()), n.stream(), bytes))?;
+        LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
+        Ok(DeviceVec { buffer: Some(buffer), len, _mr: mr.cloned(), resources: resources.clone(), _t: PhantomData })
     }
 
     /// `len` zeros.
     pub fn zeros(resources: &DeviceResources, len: usize) -> Result<Self> {
-        let mut v = Self::alloc("DeviceVec::zeros", resources, len)?;
-        v.fill_zero()?;
+        const WHO: &str = "DeviceVec::zeros";
+        let mut v = Self::alloc(WHO, resources, None, len)?;
+        v.live(WHO)?;
+        v.buf_mut().zero(WHO)?;
         Ok(v)
     }
 
     /// A copy of `host` in device memory.
     pub fn from_host(resources: &DeviceResources, host: &[T]) -> Result<Self> {
-        let mut v = Self::alloc("DeviceVec::from_host", resources, host.len())?;
-        v.copy_from_host(host)?;
+        const WHO: &str = "DeviceVec::from_host";
+        let mut v = Self::alloc(WHO, resources, None, host.len())?;
+        v.live(WHO)?;
+        v.buf_mut().copy_from_host(WHO, host)?;
         Ok(v)
+    }
+
+    fn buf(&self) -> &NativeBuffer {
+        self.buffer.as_ref().expect("a DeviceVec holds its buffer until dropped")
+    }
+
+    fn buf_mut(&mut self) -> &mut NativeBuffer {
+        self.buffer.as_mut().expect("a DeviceVec holds its buffer until dropped")
     }
 
     /// The number of elements.
@@ -126,22 +123,17 @@ impl<T: DeviceScalar> DeviceVec<T> {
 
     /// The stream the array is ordered on (its resources' stream), for cudarc kernels.
     pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+        self.buf().stream()
     }
 
-    /// The device address, for kernels and FFI (valid while the array lives).
-    pub fn device_ptr(&self) -> u64 {
-        self.ptr as u64
-    }
-
-    /// The device address as a typed pointer.
-    pub fn as_ptr(&self) -> *const T {
-        self.ptr
-    }
-
-    /// The device address as a typed mutable pointer.
-    pub fn as_mut_ptr(&mut self) -> *mut T {
-        self.ptr
+    /// The device address, for FFI. The address is valid while the array lives; reading or
+    /// writing through it is the caller's `unsafe`, ordered on [`stream`](Self::stream).
+    ///
+    /// # Safety
+    /// The caller must not use the pointer past the array's life, outside its `len` elements,
+    /// or (for writes) while any shared borrow of the array is used.
+    pub unsafe fn as_raw(&self) -> *const T {
+        self.buf().address() as *const T
     }
 
     fn live(&self, who: &'static str) -> Result<()> {
@@ -152,35 +144,11 @@ impl<T: DeviceScalar> DeviceVec<T> {
         }
     }
 
-    fn same_len(&self, who: &'static str, other: usize) -> Result<()> {
-        if other != self.len {
-            return Err(Error::logic(who, format!("expected {} elements, given {other}", self.len)));
-        }
-        Ok(())
-    }
-
-    fn wait(&self, who: &'static str) -> Result<()> {
-        // SAFETY: the stream is alive (we hold an Arc); no current context is needed.
-        unsafe { cudarc::driver::result::stream::synchronize(self.stream.cu_stream()) }.map_err(|e| Error::driver(who, e))
-    }
-
     /// Sets every byte to zero (stream-ordered; returns once done).
     pub fn fill_zero(&mut self) -> Result<()> {
         const WHO: &str = "DeviceVec::fill_zero";
         self.live(WHO)?;
-        let _keep = ContextGuard::save(WHO)?;
-        let bytes = self.len * std::mem::size_of::<T>();
-        // SAFETY: `ptr` holds `bytes` bytes of device memory owned by this array.
-        check(WHO, unsafe {
-            sys::raftrs_memset_async(
-                self.resources.device() as i32,
-                self.ptr as *mut c_void,
-                0,
-                bytes,
-                self.stream.cu_stream() as *mut c_void,
-            )
-        })?;
-        self.wait(WHO)
+        self.buf_mut().zero(WHO)
     }
 
     /// Copies `host` into the array (stream-ordered; returns once done).
@@ -190,21 +158,8 @@ impl<T: DeviceScalar> DeviceVec<T> {
     pub fn copy_from_host(&mut self, host: &[T]) -> Result<()> {
         const WHO: &str = "DeviceVec::copy_from_host";
         self.live(WHO)?;
-        let _keep = ContextGuard::save(WHO)?;
         self.same_len(WHO, host.len())?;
-        let bytes = std::mem::size_of_val(host);
-        // SAFETY: both ranges hold `bytes` bytes; the host slice outlives the copy, which is
-        // waited for before returning.
-        check(WHO, unsafe {
-            sys::raftrs_memcpy_async(
-                self.resources.device() as i32,
-                self.ptr as *mut c_void,
-                host.as_ptr() as *const c_void,
-                bytes,
-                self.stream.cu_stream() as *mut c_void,
-            )
-        })?;
-        self.wait(WHO)
+        self.buf_mut().copy_from_host(WHO, host)
     }
 
     /// Copies the array into `host` (stream-ordered; returns once done).
@@ -212,29 +167,26 @@ impl<T: DeviceScalar> DeviceVec<T> {
     /// # Errors
     /// `Logic` when the lengths differ or the resources were released.
     pub fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
-        const WHO: &str = "DeviceVec::copy_to_host";
-        self.live(WHO)?;
-        let _keep = ContextGuard::save(WHO)?;
-        self.same_len(WHO, host.len())?;
-        let bytes = std::mem::size_of_val(host);
-        // SAFETY: both ranges hold `bytes` bytes; the host slice outlives the copy, which is
-        // waited for before returning.
-        check(WHO, unsafe {
-            sys::raftrs_memcpy_async(
-                self.resources.device() as i32,
-                host.as_mut_ptr() as *mut c_void,
-                self.ptr as *const c_void,
-                bytes,
-                self.stream.cu_stream() as *mut c_void,
-            )
-        })?;
-        self.wait(WHO)
+        self.copy_to_host_for("DeviceVec::copy_to_host", host)
+    }
+
+    fn copy_to_host_for(&self, who: &'static str, host: &mut [T]) -> Result<()> {
+        self.live(who)?;
+        self.same_len(who, host.len())?;
+        self.buf().copy_to_host(who, host)
+    }
+
+    fn same_len(&self, who: &'static str, other: usize) -> Result<()> {
+        if other != self.len {
+            return Err(Error::logic(who, format!("expected {} elements, given {other}", self.len)));
+        }
+        Ok(())
     }
 
     /// The array's contents on the host.
     pub fn to_host(&self) -> Result<Vec<T>> {
         let mut host = vec![T::default(); self.len];
-        self.copy_to_host(&mut host).map_err(|e| e.with_who("DeviceVec::to_host"))?;
+        self.copy_to_host_for("DeviceVec::to_host", &mut host)?;
         Ok(host)
     }
 
@@ -245,65 +197,104 @@ impl<T: DeviceScalar> DeviceVec<T> {
         resources.spawn(move || self.to_host().map(|h| (h, self)))
     }
 
-    /// A 2-D view of `rows × cols` elements in `layout`, for matrix routines.
+    /// A `rows × cols` view in `layout`, for matrix routines.
     ///
     /// # Errors
     /// `Logic` when `rows × cols` is not the array's length.
     pub fn matrix(&self, rows: usize, cols: usize, layout: Layout) -> Result<MatrixView<'_, T>> {
-        if rows.checked_mul(cols) != Some(self.len) {
-            return Err(Error::logic(
-                "DeviceVec::matrix",
-                format!("a {rows}×{cols} matrix needs {} elements, the array has {}", rows.saturating_mul(cols), self.len),
-            ));
-        }
+        check_shape("DeviceVec::matrix", rows, cols, self.len)?;
         Ok(MatrixView { data: self, rows, cols, layout })
     }
 
-    /// A mutable 2-D view (see [`matrix`](Self::matrix)).
+    /// A mutable `rows × cols` view (see [`matrix`](Self::matrix)).
     pub fn matrix_mut(&mut self, rows: usize, cols: usize, layout: Layout) -> Result<MatrixViewMut<'_, T>> {
-        if rows.checked_mul(cols) != Some(self.len) {
-            return Err(Error::logic(
-                "DeviceVec::matrix_mut",
-                format!("a {rows}×{cols} matrix needs {} elements, the array has {}", rows.saturating_mul(cols), self.len),
-            ));
-        }
+        check_shape("DeviceVec::matrix_mut", rows, cols, self.len)?;
         Ok(MatrixViewMut { data: self, rows, cols, layout })
+    }
+
+    pub(crate) fn native(&self) -> &NativeBuffer {
+        self.buf()
+    }
+
+    pub(crate) fn native_mut(&mut self) -> &mut NativeBuffer {
+        self.buf_mut()
     }
 }
 
-/// Frees a buffer stream-ordered on `stream`, keeping the caller's CUDA context.
-fn free(buffer: &Buffer, stream: &CudaStream) {
-    let _keep = ContextGuard::save("DeviceVec::drop");
-    // SAFETY: the buffer is freed exactly once (its owner is being dropped), stream-ordered on a
-    // stream kept alive by the caller's Arc; the shim catches every exception.
-    let status = unsafe { sys::raftrs_buffer_destroy(buffer.0.as_ptr(), stream.cu_stream() as *mut c_void) };
-    if let Err(e) = check("DeviceVec::drop", status) {
-        log::warn!(target: "raft", "{e}");
+fn check_shape(who: &'static str, rows: usize, cols: usize, len: usize) -> Result<()> {
+    if rows.checked_mul(cols) != Some(len) {
+        return Err(Error::logic(who, format!("a {rows}×{cols} matrix needs {} elements, the array has {len}", rows.saturating_mul(cols))));
     }
+    Ok(())
 }
 
 impl<T: DeviceScalar> Drop for DeviceVec<T> {
     fn drop(&mut self) {
         LIVE_ARRAYS.fetch_sub(1, Ordering::Relaxed);
+        let Some(buffer) = self.buffer.take() else { return };
         if !raft_exit::native_release_allowed() {
-            return; // leaked to the OS: no CUDA call once the exit has decided
+            buffer.leak(); // no CUDA call once the exit has decided: leaked to the OS
+            return;
         }
-        if self.stream_ordered {
+        if buffer.frees_stream_ordered() {
             // The async pool frees in stream order without blocking: do it here.
-            free(&self.buffer, &self.stream);
+            if let Err(e) = buffer.free("DeviceVec::drop") {
+                log::warn!(target: "raft", "{e}");
+            }
             return;
         }
         // Another resource may block in its free (cudaFree synchronises the device): hand it to a
         // release thread, counted by the exit machinery like any release.
-        let (buffer, stream) = (Buffer(self.buffer.0), self.stream.clone());
         let label = raft_exit::Label { what: "release of array", id: raft_exit::next_id(), device: Some(self.resources.device()) };
-        crate::release::enqueue(label, Box::new(move || free(&buffer, &stream)));
+        crate::release::enqueue(
+            label,
+            Box::new(move || {
+                if !raft_exit::native_release_allowed() {
+                    buffer.leak();
+                } else if let Err(e) = buffer.free("DeviceVec::drop") {
+                    log::warn!(target: "raft", "{e}");
+                }
+            }),
+        );
     }
 }
 
 impl<T: DeviceScalar> std::fmt::Debug for DeviceVec<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceVec").field("len", &self.len).field("device", &self.resources.device()).finish()
+    }
+}
+
+impl<T: DeviceScalar> DeviceSlice<T> for DeviceVec<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.buf().stream()
+    }
+}
+
+/// Orders `stream` after the array's own stream; the guard synchronises `stream` when dropped
+/// (nothing when it is the array's own stream, where order alone suffices).
+fn ordered_on<'a>(own: &'a Arc<CudaStream>, stream: &'a CudaStream) -> SyncOnDrop<'a> {
+    if own.cu_stream() == stream.cu_stream() {
+        return SyncOnDrop::Sync(None);
+    }
+    stream.context().record_err(stream.join(own));
+    SyncOnDrop::sync_stream(stream)
+}
+
+impl<T: DeviceScalar> DevicePtr<T> for DeviceVec<T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        (self.buf().address(), ordered_on(self.buf().stream(), stream))
+    }
+}
+
+impl<T: DeviceScalar> DevicePtrMut<T> for DeviceVec<T> {
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        let buf = self.buffer.as_ref().expect("a DeviceVec holds its buffer until dropped");
+        (buf.address(), ordered_on(buf.stream(), stream))
     }
 }
 
@@ -319,28 +310,74 @@ pub enum Layout {
     ColMajor,
 }
 
-/// A read-only `rows × cols` view of a [`DeviceVec`].
+/// A read-only `rows × cols` view of a whole [`DeviceVec`], made only by
+/// [`DeviceVec::matrix`], which checks that the shape is the array's: its fields are private, so
+/// safe code cannot describe more elements than the array holds.
+///
+/// ```compile_fail,E0451
+/// # use raft_core::{DeviceVec, Layout, MatrixView};
+/// # fn lie(v: &DeviceVec<f32>) {
+/// let view = MatrixView { data: v, rows: 4096, cols: 4096, layout: Layout::RowMajor };
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct MatrixView<'a, T: DeviceScalar> {
-    /// The elements.
-    pub data: &'a DeviceVec<T>,
-    /// Rows.
-    pub rows: usize,
-    /// Columns.
-    pub cols: usize,
-    /// Order in memory.
-    pub layout: Layout,
+    data: &'a DeviceVec<T>,
+    rows: usize,
+    cols: usize,
+    layout: Layout,
 }
 
-/// A mutable `rows × cols` view of a [`DeviceVec`].
+/// A mutable `rows × cols` view of a whole [`DeviceVec`], made only by
+/// [`DeviceVec::matrix_mut`] (see [`MatrixView`]).
+///
+/// ```compile_fail,E0451
+/// # use raft_core::{DeviceVec, Layout, MatrixViewMut};
+/// # fn lie(v: &mut DeviceVec<f32>) {
+/// let view = MatrixViewMut { data: v, rows: 4096, cols: 4096, layout: Layout::RowMajor };
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct MatrixViewMut<'a, T: DeviceScalar> {
-    /// The elements.
-    pub data: &'a mut DeviceVec<T>,
+    data: &'a mut DeviceVec<T>,
+    rows: usize,
+    cols: usize,
+    layout: Layout,
+}
+
+impl<'a, T: DeviceScalar> MatrixView<'a, T> {
     /// Rows.
-    pub rows: usize,
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
     /// Columns.
-    pub cols: usize,
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
     /// Order in memory.
-    pub layout: Layout,
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    /// The array viewed.
+    pub fn data(&self) -> &'a DeviceVec<T> {
+        self.data
+    }
+}
+
+impl<'a, T: DeviceScalar> MatrixViewMut<'a, T> {
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Order in memory.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    pub(crate) fn data_mut(&mut self) -> &mut DeviceVec<T> {
+        self.data
+    }
 }

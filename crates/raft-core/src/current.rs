@@ -40,3 +40,29 @@ pub fn current_device_resources(device: usize) -> Result<DeviceResources> {
     drop(old); // a released default, dropped outside the borrow
     Ok(fresh)
 }
+
+/// "A device number or resources": APIs taking `impl AsResources` accept either. A number
+/// yields the calling thread's default resources for that device
+/// ([`current_device_resources`]); resources yield themselves.
+pub trait AsResources {
+    /// The resources meant.
+    fn as_resources(&self) -> Result<DeviceResources>;
+}
+
+impl AsResources for usize {
+    fn as_resources(&self) -> Result<DeviceResources> {
+        current_device_resources(*self)
+    }
+}
+
+impl AsResources for DeviceResources {
+    fn as_resources(&self) -> Result<DeviceResources> {
+        Ok(self.clone())
+    }
+}
+
+impl<T: AsResources + ?Sized> AsResources for &T {
+    fn as_resources(&self) -> Result<DeviceResources> {
+        (**self).as_resources()
+    }
+}

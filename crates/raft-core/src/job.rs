@@ -19,19 +19,42 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    pub(crate) fn start(device: usize, ctx: Arc<cudarc::driver::CudaContext>) -> std::io::Result<Worker> {
+    /// Starts the worker and waits until it has bound the device's context: a worker that could
+    /// not bind it would run jobs with no context, or on another device.
+    pub(crate) fn start(who: &'static str, device: usize, ctx: Arc<cudarc::driver::CudaContext>) -> Result<Worker> {
         let (tx, rx) = mpsc::channel::<Task>();
-        let thread = std::thread::Builder::new().name(format!("raft-worker-{device}")).spawn(move || {
-            raft_exit::mark_library_thread();
-            // Jobs start on the resources' device, as RAFT code in them expects.
-            let _ = ctx.bind_to_thread();
-            drop(ctx);
-            while let Ok(task) = rx.recv() {
-                task();
+        let (bound_tx, bound_rx) = mpsc::sync_channel::<Result<()>>(1);
+        let thread = std::thread::Builder::new()
+            .name(format!("raft-worker-{device}"))
+            .spawn(move || {
+                raft_exit::mark_library_thread();
+                // Jobs start on the resources' device, as RAFT code in them expects.
+                let bound = crate::result::bind(who, &ctx);
+                drop(ctx);
+                let ok = bound.is_ok();
+                let _ = bound_tx.send(bound);
+                if !ok {
+                    return;
+                }
+                while let Ok(task) = rx.recv() {
+                    task();
+                }
+            })
+            .map_err(|e| Error::new(ErrorKind::Generic, who, format!("no worker thread could be started: {e}")))?;
+        match bound_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
             }
-        })?;
+            Err(_) => return Err(Error::new(ErrorKind::Generic, who, "the worker thread ended before it started")),
+        }
         let id = thread.thread().id();
         Ok(Worker { tx, thread, id })
+    }
+
+    pub(crate) fn thread_id(&self) -> ThreadId {
+        self.id
     }
 
     pub(crate) fn send(&self, task: Task) -> std::result::Result<(), Task> {

@@ -10,50 +10,43 @@
 mod array;
 mod current;
 mod device;
-mod error;
-mod ffi;
 mod gemm;
+mod handles;
 mod job;
-mod memory;
+pub mod memory;
 mod release;
 mod resources;
+mod result;
+mod scoped;
 mod stats;
 
-pub use array::{DeviceScalar, DeviceVec, HostCopy, Layout, MatrixView, MatrixViewMut};
-pub use current::current_device_resources;
+/// Errors: one type for the whole library (the `raft-error` crate).
+pub mod error {
+    pub use raft_error::{describe_driver_error, Error, ErrorKind, Result};
+}
+
+pub use array::{DeviceVec, HostCopy, Layout, MatrixView, MatrixViewMut};
+pub use current::{current_device_resources, AsResources};
 pub use device::{current_device, device_count, memory_pools_supported};
 pub use error::{Error, ErrorKind, Result};
-pub use gemm::{gemm, GemmScalar};
+pub use gemm::gemm;
+pub use handles::HandleKind;
 pub use job::JobHandle;
 pub use memory::{
-    current_memory_resource, enable_memory_statistics, installed_default, memory_statistics, reset_memory_resource, set_memory_resource,
-    MemoryResourceKind, MemoryStatistics,
+    current_memory_resource, enable_memory_statistics, installed_default, memory_statistics, reinitialize, reset_memory_resource,
+    set_memory_resource, MemoryResource, MemoryResourceKind, MemoryStatistics, RmmOptions, TrackedAllocations,
 };
-pub use resources::{with_device_resources, AsResources, DeviceResources, HandleKind, Scoped, WeakResources};
+pub use resources::{DeviceResources, WeakResources};
+pub use result::{DeviceScalar, GemmScalar};
+pub use scoped::{with_device_resources, Scoped};
 pub use stats::{stats, Stats};
 
 /// The CUDA runtime actually loaded (`cudaRuntimeGetVersion`, e.g. 13020): works without a GPU.
 pub fn runtime_version() -> Result<i32> {
-    let mut v = 0;
-    // SAFETY: writes one int.
-    ffi::check("runtime_version", unsafe { raft_sys::raftrs_runtime_version(&mut v) })?;
-    Ok(v)
+    result::runtime_version("runtime_version")
 }
 
 /// The CUDA driver's version (`cudaDriverGetVersion`, e.g. 13000); 0 when no driver is installed.
 pub fn driver_version() -> Result<i32> {
-    let mut v = 0;
-    // SAFETY: writes one int.
-    ffi::check("driver_version", unsafe { raft_sys::raftrs_driver_version(&mut v) })?;
-    Ok(v)
-}
-
-/// Registers this crate's exit teardown with `raft-exit` (once): release every live resources
-/// object, then put back RMM's initial resource where this library installed the pool.
-pub(crate) fn register_teardown() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        raft_exit::on_teardown(resources::release_all_live);
-        raft_exit::on_teardown(memory::teardown);
-    });
+    result::driver_version("driver_version")
 }

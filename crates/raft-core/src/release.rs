@@ -5,10 +5,13 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-/// Releases finished on the library threads (release thread and retiring workers).
+/// Releases finished on the library threads (release threads and retiring workers).
 static DONE: AtomicU64 = AtomicU64::new(0);
-/// When a release thread's latest release started (ns after `epoch()`, +1), 0 when idle.
-static BUSY_SINCE: AtomicU64 = AtomicU64::new(0);
+/// Most release threads there can be (`RAFT_RELEASE_THREADS` is capped at this).
+const MAX_THREADS: usize = 64;
+/// Per release thread: when its current release started (ns after `epoch()`, +1), 0 when idle.
+/// One slot each, so a thread finishing its release never hides another's that hangs.
+static BUSY_SINCE: [AtomicU64; MAX_THREADS] = [const { AtomicU64::new(0) }; MAX_THREADS];
 
 fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -20,13 +23,18 @@ pub(crate) fn releases_done() -> u64 {
     DONE.load(Ordering::Relaxed)
 }
 
-/// How long the release thread has been busy with its current release (zero when idle): a
-/// release that hangs shows here.
+/// The longest any release thread has been busy with its current release (zero when all are
+/// idle): a release that hangs shows here.
 pub(crate) fn release_busy_for() -> std::time::Duration {
-    match BUSY_SINCE.load(Ordering::Relaxed) {
-        0 => std::time::Duration::ZERO,
-        since => epoch().elapsed().saturating_sub(std::time::Duration::from_nanos(since - 1)),
-    }
+    let now = epoch().elapsed();
+    BUSY_SINCE
+        .iter()
+        .map(|b| match b.load(Ordering::Relaxed) {
+            0 => std::time::Duration::ZERO,
+            since => now.saturating_sub(std::time::Duration::from_nanos(since - 1)),
+        })
+        .max()
+        .unwrap_or_default()
 }
 
 type Release = Box<dyn FnOnce() + Send + 'static>;
@@ -35,13 +43,19 @@ struct Queued {
     release: Release,
     /// None when the release carries its own token (a worker's release that fell back here).
     _token: Option<raft_exit::ReleaseToken>,
+    /// Whether the release counts itself in `DONE` (a worker's release that fell back here).
+    counts_itself: bool,
 }
 
 /// How many release threads: `RAFT_RELEASE_THREADS` (1 to 64), else 4. Releasing many streams
 /// at once is slow in the driver when thousands are alive (see docs/RELIABILITY.md), so several
 /// threads keep the queue short.
 fn release_threads() -> usize {
-    std::env::var("RAFT_RELEASE_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|n| (1..=64).contains(n)).unwrap_or(4)
+    std::env::var("RAFT_RELEASE_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| (1..=MAX_THREADS).contains(n))
+        .unwrap_or(4)
 }
 
 fn queue() -> Option<&'static Mutex<mpsc::Sender<Queued>>> {
@@ -51,7 +65,7 @@ fn queue() -> Option<&'static Mutex<mpsc::Sender<Queued>>> {
             let (tx, rx) = mpsc::channel::<Queued>();
             let rx = std::sync::Arc::new(Mutex::new(rx));
             let mut started = 0;
-            for i in 0..release_threads() {
+            for (i, busy) in BUSY_SINCE.iter().enumerate().take(release_threads()) {
                 let rx = rx.clone();
                 let spawned = std::thread::Builder::new().name(format!("raft-release-{i}")).spawn(move || {
                     raft_exit::mark_library_thread();
@@ -59,11 +73,13 @@ fn queue() -> Option<&'static Mutex<mpsc::Sender<Queued>>> {
                         // Take one release; the lock is not held while it runs.
                         let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
                         let Ok(q) = next else { break };
-                        BUSY_SINCE.store(epoch().elapsed().as_nanos() as u64 + 1, Ordering::Relaxed);
+                        busy.store(epoch().elapsed().as_nanos() as u64 + 1, Ordering::Relaxed);
                         // A failing release must not stop the ones behind it.
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(q.release));
-                        BUSY_SINCE.store(0, Ordering::Relaxed);
-                        DONE.fetch_add(1, Ordering::Relaxed);
+                        busy.store(0, Ordering::Relaxed);
+                        if !q.counts_itself {
+                            DONE.fetch_add(1, Ordering::Relaxed);
+                        }
                         // `_token` drops here: the release has ended.
                     }
                 });
@@ -86,14 +102,14 @@ pub(crate) fn on_worker(worker: crate::job::Worker, label: raft_exit::Label, rel
     });
     if let Err(task) = worker.retire(task) {
         // The worker has stopped: the release thread runs it, under the token it already holds.
-        send(Queued { release: task, _token: None });
+        send(Queued { release: task, _token: None, counts_itself: true });
     }
 }
 
 /// Queues `release` on the release thread. Never blocks on the GPU, never panics; when no
 /// thread can run it (none could be started), the native objects are leaked instead.
 pub(crate) fn enqueue(label: raft_exit::Label, release: Release) {
-    send(Queued { release, _token: Some(raft_exit::ReleaseToken::register(label)) });
+    send(Queued { release, _token: Some(raft_exit::ReleaseToken::register(label)), counts_itself: false });
 }
 
 fn send(queued: Queued) {

@@ -1,116 +1,70 @@
-//! `DeviceResources`: a RAFT `raft::device_resources` on a stream of its own, owned from Rust.
-use crate::device::{context, current_device_for, ContextGuard};
-use crate::error::{Error, Result};
-use crate::ffi::check;
+//! `DeviceResources`: a RAFT `raft::device_resources` on a stream of its own, owned from Rust:
+//! making, syncing, releasing, jobs. Handles are in `handles.rs`, scoped release in `scoped.rs`,
+//! per-thread defaults in `current.rs`.
+use crate::device::{context, current_device_for};
+use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobHandle, Shared, Worker};
+use crate::result::{self, ContextGuard, NativeResources};
 use crate::{memory, release};
 use cudarc::driver::{CudaContext, CudaStream};
-use raft_sys as sys;
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::fmt;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::thread::ThreadId;
 
-/// A library handle of RAFT's, as the C APIs of cuBLAS, cuSOLVER and cuSPARSE know it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum HandleKind {
-    /// `cublasHandle_t`.
-    Cublas,
-    /// `cusolverDnHandle_t` (dense).
-    CusolverDn,
-    /// `cusolverSpHandle_t` (sparse).
-    CusolverSp,
-    /// `cusparseHandle_t`.
-    Cusparse,
+/// Where a release is: none yet, one running (on which thread), or done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Releasing {
+    No,
+    By(ThreadId),
+    Done,
 }
 
-impl HandleKind {
-    /// All kinds.
-    pub const ALL: [HandleKind; 4] = [HandleKind::Cublas, HandleKind::CusolverDn, HandleKind::CusolverSp, HandleKind::Cusparse];
-
-    fn raw(self) -> i32 {
-        match self {
-            HandleKind::Cublas => sys::RAFTRS_HANDLE_CUBLAS,
-            HandleKind::CusolverDn => sys::RAFTRS_HANDLE_CUSOLVER_DN,
-            HandleKind::CusolverSp => sys::RAFTRS_HANDLE_CUSOLVER_SP,
-            HandleKind::Cusparse => sys::RAFTRS_HANDLE_CUSPARSE,
-        }
-    }
-}
-
-/// The shim's `raft::device_resources`.
-struct Native(NonNull<sys::raftrs_resources>);
-
-// SAFETY: raft::device_resources may be used from any thread; its lazily made handles are
-// created under atomics (RAFT's resource cells). Destruction is exclusive: Live is taken out
-// of its RwLock (write lock) before `destroy`.
-unsafe impl Send for Native {}
-// SAFETY: as above; shared use only reads the object or goes through RAFT's atomic cells.
-unsafe impl Sync for Native {}
-
-/// What exists until release: the native resources and the stream they were built on.
-pub(crate) struct Live {
-    native: Native,
-    stream: Arc<CudaStream>,
-}
-
-impl Live {
-    pub(crate) fn raw(&self) -> *mut sys::raftrs_resources {
-        self.native.0.as_ptr()
-    }
-
-    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-
-    /// Waits for the stream, destroys the handles and RAFT's object, then the stream. At exit,
-    /// once the exit hook has decided, it leaks them instead (no CUDA call under the static
-    /// destructors).
-    fn destroy(self, who: &'static str) -> Result<()> {
-        if !raft_exit::native_release_allowed() {
-            std::mem::forget(self);
-            return Ok(());
-        }
-        // SAFETY: the stream is alive (we hold an Arc to it) and belongs to a retained context.
-        let drained = unsafe { cudarc::driver::result::stream::synchronize(self.stream.cu_stream()) };
-        let drained = drained.or_else(already_gone).map_err(|e| Error::driver(who, e));
-        let _keep = ContextGuard::save(who);
-        // SAFETY: `native` came from raftrs_resources_create and is destroyed exactly once; its
-        // stream is still alive (destroyed just below, after it).
-        let destroyed = check(who, unsafe { sys::raftrs_resources_destroy(self.native.0.as_ptr()) });
-        drop(self.stream);
-        drained.and(destroyed)
-    }
-}
-
-/// CUDA results that mean "the driver is already shutting down": the work is gone with it.
-fn already_gone(e: cudarc::driver::DriverError) -> std::result::Result<(), cudarc::driver::DriverError> {
-    use cudarc::driver::sys::CUresult;
-    match e.0 {
-        CUresult::CUDA_ERROR_DEINITIALIZED => Ok(()),
-        _ => Err(e),
-    }
-}
-
-pub(crate) struct Inner {
+/// Everything one resources object owns, shared by its handles.
+pub(crate) struct ResourcesState {
     id: u64,
     device: usize,
     ctx: Arc<CudaContext>,
     released: AtomicBool,
-    live: RwLock<Option<Live>>,
+    /// The native resources and their stream, until release. Calls hold the read lock for
+    /// their duration; a release takes the object out under the write lock.
+    native: RwLock<Option<NativeResources>>,
     /// The worker, started on the first job. Its lock also orders `spawn` against `release`.
     worker: Mutex<Option<Worker>>,
-    /// Held across a release, so a second `release()` returns once the first has finished.
-    releasing: Mutex<()>,
+    /// The release's progress: a second `release()` waits for the first to finish, without any
+    /// lock held across the first one's wait for the jobs (see `release`).
+    releasing: Mutex<Releasing>,
+    released_cv: Condvar,
+    /// The worker thread's id, once started: a job on it never waits for a release of its own
+    /// resources (that release is waiting for the job).
+    worker_thread: Mutex<Option<ThreadId>>,
 }
 
-impl Inner {
+impl ResourcesState {
     /// Releases now, on the calling thread: queued jobs finish, then the handles, RAFT's object
-    /// and the stream are destroyed.
+    /// and the stream are destroyed. A second call waits until the first has finished, except
+    /// on these resources' own worker thread (a job releasing its own resources while another
+    /// thread releases them), where it returns at once: the release in progress is waiting for
+    /// that very job.
     fn release(&self, who: &'static str) -> Result<()> {
-        let _one_at_a_time = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut state = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+            match *state {
+                Releasing::Done => return Ok(()),
+                Releasing::By(_) => {
+                    let on_worker = *self.worker_thread.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id());
+                    if on_worker {
+                        return Ok(());
+                    }
+                    while !matches!(*state, Releasing::Done) {
+                        state = self.released_cv.wait(state).unwrap_or_else(|e| e.into_inner());
+                    }
+                    return Ok(());
+                }
+                Releasing::No => *state = Releasing::By(std::thread::current().id()),
+            }
+        }
         let worker = {
             let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
             self.released.store(true, Ordering::Release);
@@ -119,34 +73,46 @@ impl Inner {
         if let Some(w) = worker {
             w.finish();
         }
-        let live = self.live.write().unwrap_or_else(|e| e.into_inner()).take();
-        match live {
-            Some(live) => live.destroy(who),
+        let native = self.native.write().unwrap_or_else(|e| e.into_inner()).take();
+        let outcome = match native {
+            Some(n) if raft_exit::native_release_allowed() => n.destroy(who),
+            Some(n) => {
+                n.leak(); // the exit has decided: no CUDA call under the static destructors
+                Ok(())
+            }
             None => Ok(()),
-        }
+        };
+        *self.releasing.lock().unwrap_or_else(|e| e.into_inner()) = Releasing::Done;
+        self.released_cv.notify_all();
+        outcome
     }
 }
 
-impl Drop for Inner {
+impl Drop for ResourcesState {
     fn drop(&mut self) {
         live_registry().lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
-        let live = self.live.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        let native = self.native.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         let worker = self.worker.get_mut().unwrap_or_else(|e| e.into_inner()).take();
-        if live.is_none() && worker.is_none() {
+        if native.is_none() && worker.is_none() {
             return;
         }
         if !raft_exit::native_release_allowed() {
             // The exit has decided: leak to the OS rather than call CUDA under the destructors.
-            std::mem::forget((live, worker));
+            if let Some(n) = native {
+                n.leak();
+            }
+            std::mem::forget(worker);
             return;
         }
         // The last handle is gone: release on a library thread, never blocking this one. With a
-        // worker, the worker itself releases after the jobs queued on it; without, the release
+        // worker, the worker itself releases after the jobs queued on it; without, a release
         // thread does (it never waits for a job).
         let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
         let destroy = move || {
-            if let Some(live) = live {
-                if let Err(e) = live.destroy("DeviceResources::drop") {
+            if let Some(n) = native {
+                if !raft_exit::native_release_allowed() {
+                    n.leak();
+                } else if let Err(e) = n.destroy("DeviceResources::drop") {
                     log::warn!(target: "raft", "{e}");
                 }
             }
@@ -159,8 +125,8 @@ impl Drop for Inner {
 }
 
 /// Every resources object alive, for the exit teardown and for [`crate::stats`].
-pub(crate) fn live_registry() -> &'static Mutex<HashMap<u64, Weak<Inner>>> {
-    static LIVE: std::sync::OnceLock<Mutex<HashMap<u64, Weak<Inner>>>> = std::sync::OnceLock::new();
+pub(crate) fn live_registry() -> &'static Mutex<HashMap<u64, Weak<ResourcesState>>> {
+    static LIVE: std::sync::OnceLock<Mutex<HashMap<u64, Weak<ResourcesState>>>> = std::sync::OnceLock::new();
     LIVE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -185,9 +151,11 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// # Thread safety
 /// `Send + Sync`: any thread may sync, spawn, take handles or release. A release waits for
 /// calls in progress on other threads, then for the jobs already queued.
+///
+/// [`with_device_resources`]: crate::with_device_resources
 #[derive(Clone)]
 pub struct DeviceResources {
-    inner: Arc<Inner>,
+    state: Arc<ResourcesState>,
 }
 
 static_assertions::assert_impl_all!(DeviceResources: Send, Sync, Clone, Eq, std::hash::Hash);
@@ -216,44 +184,42 @@ impl DeviceResources {
         // context() checks that the device exists.
         let ctx = context(who, device)?;
         let _keep = ContextGuard::save(who)?;
-        memory::ensure_default(device);
-        let stream = ctx.new_stream().map_err(|e| Error::driver(who, e))?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: the stream is a live CUstream of this device (a CUstream is a cudaStream_t);
-        // `raw` receives a new object or stays null on failure.
-        check(who, unsafe { sys::raftrs_resources_create(device as i32, stream.cu_stream() as *mut c_void, &mut raw) })?;
-        let native = Native(NonNull::new(raw).ok_or_else(|| Error::new(crate::ErrorKind::Generic, who, "the shim returned no resources"))?);
+        memory::ensure_default(who, device)?;
+        let stream = result::new_stream(who, &ctx)?;
+        let native = NativeResources::create(who, device, stream)?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let inner = Arc::new(Inner {
+        let state = Arc::new(ResourcesState {
             id,
             device,
             ctx,
             released: AtomicBool::new(false),
-            live: RwLock::new(Some(Live { native, stream })),
+            native: RwLock::new(Some(native)),
             worker: Mutex::new(None),
-            releasing: Mutex::new(()),
+            releasing: Mutex::new(Releasing::No),
+            released_cv: Condvar::new(),
+            worker_thread: Mutex::new(None),
         });
-        live_registry().lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&inner));
-        crate::register_teardown();
-        Ok(DeviceResources { inner })
+        live_registry().lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&state));
+        crate::memory::register_teardown();
+        Ok(DeviceResources { state })
     }
 
     /// The device number; still answers after release.
     pub fn device(&self) -> usize {
-        self.inner.device
+        self.state.device
     }
 
     /// Whether these resources were released.
     pub fn is_released(&self) -> bool {
-        self.inner.released.load(Ordering::Acquire)
+        self.state.released.load(Ordering::Acquire)
     }
 
-    /// Runs `f` on the live resources, or gives the `Logic` error of released resources.
-    pub(crate) fn with_live<R>(&self, who: &'static str, f: impl FnOnce(&Live) -> Result<R>) -> Result<R> {
-        let live = self.inner.live.read().unwrap_or_else(|e| e.into_inner());
-        match live.as_ref() {
-            Some(live) => f(live),
-            None => Err(Error::released(who, self.inner.device)),
+    /// Runs `f` on the live native resources, or gives the `Logic` error of released resources.
+    pub(crate) fn with_native<R>(&self, who: &'static str, f: impl FnOnce(&NativeResources) -> Result<R>) -> Result<R> {
+        let native = self.state.native.read().unwrap_or_else(|e| e.into_inner());
+        match native.as_ref() {
+            Some(n) => f(n),
+            None => Err(Error::released(who, self.state.device)),
         }
     }
 
@@ -264,22 +230,19 @@ impl DeviceResources {
     /// were released`); `Cuda` when the stream's work failed.
     pub fn sync(&self) -> Result<()> {
         const WHO: &str = "DeviceResources::sync";
-        self.with_live(WHO, |live| {
-            // SAFETY: the stream is alive while the read lock is held; synchronising needs no
-            // current context, so the caller's is left as it is.
-            unsafe { cudarc::driver::result::stream::synchronize(live.stream.cu_stream()) }.map_err(|e| Error::driver(WHO, e))
-        })
+        self.with_native(WHO, |n| result::stream_sync(WHO, n.stream()))
     }
 
     /// Releases now: the queued jobs finish, then the stream is drained and the handles, RAFT's
     /// object and the stream are destroyed. Idempotent: a second call returns `Ok` once the
-    /// first release has finished.
+    /// first release has finished (at once when made by a job on these resources' own worker,
+    /// which the first release is waiting for).
     ///
     /// # Errors
     /// `Cuda` when draining the stream or destroying a handle failed (everything is released
-    /// all the same).
+    /// all the same), including a failure cudarc recorded while destroying the stream.
     pub fn release(&self) -> Result<()> {
-        self.inner.release("DeviceResources::release")
+        self.state.release("DeviceResources::release")
     }
 
     /// The resources' stream as a cudarc stream: copies, kernels and cudarc's cuBLAS on it are
@@ -289,71 +252,18 @@ impl DeviceResources {
     /// # Errors
     /// `Logic` on released resources.
     pub fn stream(&self) -> Result<Arc<CudaStream>> {
-        self.with_live("DeviceResources::stream", |live| Ok(live.stream.clone()))
+        self.with_native("DeviceResources::stream", |n| Ok(n.stream().clone()))
     }
 
     /// The device's primary context, as cudarc knows it.
     pub fn context(&self) -> &Arc<CudaContext> {
-        &self.inner.ctx
-    }
-
-    /// The resources' handle of one kind, made by RAFT on first use on the resources' device
-    /// and bound to their stream. For FFI: the pointer is valid until the resources are
-    /// released.
-    ///
-    /// # Errors
-    /// `Logic` on released resources; `Cuda` when the library fails to create the handle.
-    pub fn handle(&self, kind: HandleKind) -> Result<*mut c_void> {
-        const WHO: &str = "DeviceResources::handle";
-        let _keep = ContextGuard::save(WHO)?;
-        self.with_live(WHO, |live| {
-            let mut out = std::ptr::null_mut();
-            // SAFETY: the native resources are alive under the read lock; `out` receives the
-            // handle. The shim makes the resources' device current around the call.
-            check(WHO, unsafe { sys::raftrs_resources_handle(live.raw(), kind.raw(), &mut out) })?;
-            Ok(out)
-        })
-    }
-
-    /// `cublasHandle_t` (see [`handle`](Self::handle)).
-    pub fn cublas_handle(&self) -> Result<*mut c_void> {
-        self.handle(HandleKind::Cublas).map_err(|e| e.with_who("DeviceResources::cublas_handle"))
-    }
-
-    /// `cusolverDnHandle_t` (see [`handle`](Self::handle)).
-    pub fn cusolver_dn_handle(&self) -> Result<*mut c_void> {
-        self.handle(HandleKind::CusolverDn).map_err(|e| e.with_who("DeviceResources::cusolver_dn_handle"))
-    }
-
-    /// `cusolverSpHandle_t` (see [`handle`](Self::handle)).
-    pub fn cusolver_sp_handle(&self) -> Result<*mut c_void> {
-        self.handle(HandleKind::CusolverSp).map_err(|e| e.with_who("DeviceResources::cusolver_sp_handle"))
-    }
-
-    /// `cusparseHandle_t` (see [`handle`](Self::handle)).
-    pub fn cusparse_handle(&self) -> Result<*mut c_void> {
-        self.handle(HandleKind::Cusparse).map_err(|e| e.with_who("DeviceResources::cusparse_handle"))
-    }
-
-    /// Whether RAFT has made the handle of `kind` yet (they are made on first use).
-    ///
-    /// # Errors
-    /// `Logic` on released resources.
-    pub fn has_handle(&self, kind: HandleKind) -> Result<bool> {
-        const WHO: &str = "DeviceResources::has_handle";
-        self.with_live(WHO, |live| {
-            let mut out = 0;
-            // SAFETY: the native resources are alive under the read lock.
-            check(WHO, unsafe { sys::raftrs_resources_has_handle(live.raw(), kind.raw(), &mut out) })?;
-            Ok(out != 0)
-        })
+        &self.state.ctx
     }
 
     /// RAFT's `raft::resource::sync_stream` (polls the stream), beside [`sync`](Self::sync).
     pub fn sync_raft(&self) -> Result<()> {
         const WHO: &str = "DeviceResources::sync_raft";
-        // SAFETY: the native resources are alive under the read lock.
-        self.with_live(WHO, |live| check(WHO, unsafe { sys::raftrs_resources_sync(live.raw()) }))
+        self.with_native(WHO, |n| n.sync_raft(WHO))
     }
 
     /// Runs `job` on these resources' worker thread (started on the first job), after the jobs
@@ -361,77 +271,85 @@ impl DeviceResources {
     /// how long an exit waits for this job.
     ///
     /// # Errors
-    /// `Logic` on released resources or a bad `RAFT_EXIT_WAIT`; `Generic` when no worker
-    /// thread could be started.
+    /// `Logic` on released resources, a bad `RAFT_EXIT_WAIT`, or once the process's exit has
+    /// decided; `Cuda` when the worker thread cannot bind the device's context; `Generic` when
+    /// no worker thread could be started.
     pub fn spawn<F, T>(&self, job: F) -> Result<JobHandle<T>>
     where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
         const WHO: &str = "DeviceResources::spawn";
-        let bound = raft_exit::current_exit_wait().map_err(Error::from)?;
-        let device = self.inner.device;
-        let mut worker = self.inner.worker.lock().unwrap_or_else(|e| e.into_inner());
+        let bound = raft_exit::current_exit_wait().map_err(|e| Error::logic(WHO, e.to_string()))?;
+        let device = self.state.device;
+        let mut worker = self.state.worker.lock().unwrap_or_else(|e| e.into_inner());
         if self.is_released() {
             return Err(Error::released(WHO, device));
         }
         if worker.is_none() {
-            let w = Worker::start(device, self.inner.ctx.clone())
-                .map_err(|e| Error::new(crate::ErrorKind::Generic, WHO, format!("no worker thread: {e}")))?;
+            let w = Worker::start(WHO, device, self.state.ctx.clone())?;
+            *self.state.worker_thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(w.thread_id());
             *worker = Some(w);
         }
+        let label = raft_exit::Label { what: "job", id: raft_exit::next_id(), device: Some(device) };
+        let token = raft_exit::JobToken::try_register(label, bound).map_err(|e| Error::logic(WHO, e.to_string()))?;
         let shared = Shared::new();
         let done = shared.clone();
-        let token = raft_exit::JobToken::register(raft_exit::Label { what: "job", id: raft_exit::next_id(), device: Some(device) }, bound);
         let task = Box::new(move || {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
             done.complete(result);
             drop(token); // the job ends once its result can be seen
         });
         if worker.as_ref().map(|w| w.send(task)).is_some_and(|r| r.is_err()) {
-            return Err(Error::new(crate::ErrorKind::Generic, WHO, "the worker thread has stopped"));
+            return Err(Error::new(ErrorKind::Generic, WHO, "the worker thread has stopped"));
         }
         Ok(JobHandle { shared, device })
     }
 
     /// A weak handle: it does not keep the resources from being dropped (and so released).
     pub fn downgrade(&self) -> WeakResources {
-        WeakResources { inner: Arc::downgrade(&self.inner), device: self.inner.device }
+        WeakResources { state: Arc::downgrade(&self.state), device: self.state.device }
     }
 
-    pub(crate) fn from_inner(inner: Arc<Inner>) -> Self {
-        DeviceResources { inner }
+    pub(crate) fn from_state(state: Arc<ResourcesState>) -> Self {
+        DeviceResources { state }
+    }
+
+    pub(crate) fn release_logged(&self, who: &'static str) {
+        if let Err(e) = self.state.release(who) {
+            log::warn!(target: "raft", "{e}");
+        }
     }
 
     /// The id of these resources (unique in the process; shown by `Debug`).
     pub fn id(&self) -> u64 {
-        self.inner.id
+        self.state.id
     }
 }
 
 /// A [`DeviceResources`] handle that does not keep them alive (see [`DeviceResources::downgrade`]).
 #[derive(Clone)]
 pub struct WeakResources {
-    inner: Weak<Inner>,
+    state: Weak<ResourcesState>,
     device: usize,
 }
 
 impl WeakResources {
     /// The resources, while some strong handle still holds them.
     pub fn upgrade(&self) -> Option<DeviceResources> {
-        self.inner.upgrade().map(|inner| DeviceResources { inner })
+        self.state.upgrade().map(|state| DeviceResources { state })
     }
 }
 
 impl fmt::Debug for WeakResources {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WeakResources").field("device", &self.device).field("alive", &(self.inner.strong_count() > 0)).finish()
+        f.debug_struct("WeakResources").field("device", &self.device).field("alive", &(self.state.strong_count() > 0)).finish()
     }
 }
 
 impl PartialEq for DeviceResources {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
+        Arc::ptr_eq(&self.state, &other.state)
     }
 }
 
@@ -439,7 +357,7 @@ impl Eq for DeviceResources {}
 
 impl std::hash::Hash for DeviceResources {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        Arc::as_ptr(&self.inner).hash(state)
+        Arc::as_ptr(&self.state).hash(state)
     }
 }
 
@@ -466,103 +384,11 @@ impl fmt::Debug for DeviceResources {
 
 /// Releases every live resources object: the exit teardown, once everything drained.
 pub(crate) fn release_all_live() {
-    let all: Vec<Arc<Inner>> = live_registry().lock().unwrap_or_else(|e| e.into_inner()).values().filter_map(Weak::upgrade).collect();
-    for inner in all {
-        if let Err(e) = inner.release("exit teardown") {
+    let all: Vec<Arc<ResourcesState>> =
+        live_registry().lock().unwrap_or_else(|e| e.into_inner()).values().filter_map(Weak::upgrade).collect();
+    for state in all {
+        if let Err(e) = state.release("exit teardown") {
             log::debug!(target: "raft", "{e}");
         }
     }
-}
-
-/// "A device number or resources": APIs taking `impl AsResources` accept either. A number
-/// yields the calling thread's default resources for that device
-/// ([`current_device_resources`](crate::current_device_resources)); resources yield themselves.
-pub trait AsResources {
-    /// The resources meant.
-    fn as_resources(&self) -> Result<DeviceResources>;
-}
-
-impl AsResources for usize {
-    fn as_resources(&self) -> Result<DeviceResources> {
-        crate::current::current_device_resources(*self)
-    }
-}
-
-impl AsResources for DeviceResources {
-    fn as_resources(&self) -> Result<DeviceResources> {
-        Ok(self.clone())
-    }
-}
-
-impl<T: AsResources + ?Sized> AsResources for &T {
-    fn as_resources(&self) -> Result<DeviceResources> {
-        (**self).as_resources()
-    }
-}
-
-/// Resources released together at the end of [`with_device_resources`]: one object, a tuple,
-/// an array or a `Vec` of them.
-pub trait Scoped {
-    /// Releases every resources object held.
-    fn release_all(&self);
-}
-
-fn release_logged(r: &DeviceResources) {
-    if let Err(e) = r.inner.release("with_device_resources") {
-        log::warn!(target: "raft", "{e}");
-    }
-}
-
-impl Scoped for DeviceResources {
-    fn release_all(&self) {
-        release_logged(self)
-    }
-}
-
-impl<const N: usize> Scoped for [DeviceResources; N] {
-    fn release_all(&self) {
-        self.iter().for_each(release_logged)
-    }
-}
-
-impl Scoped for Vec<DeviceResources> {
-    fn release_all(&self) {
-        self.iter().for_each(release_logged)
-    }
-}
-
-macro_rules! scoped_tuple {
-    ($($t:ident . $i:tt),+) => {
-        impl<$($t: Scoped),+> Scoped for ($($t,)+) {
-            fn release_all(&self) {
-                $(self.$i.release_all();)+
-            }
-        }
-    };
-}
-scoped_tuple!(A.0, B.1);
-scoped_tuple!(A.0, B.1, C.2);
-scoped_tuple!(A.0, B.1, C.2, D.3);
-
-/// Runs `body` with `resources`, then releases them: when `body` returns, also with an error,
-/// and when it panics. Several resources (a tuple, an array, a `Vec`) are released together.
-/// This gives their lifetime a clear timeline: GPU and driver state is freed at a known point,
-/// not whenever the last handle happens to be dropped. A release error is logged (target
-/// `raft`); call [`DeviceResources::release`] yourself to receive it.
-///
-/// ```no_run
-/// # use raft_core::{with_device_resources, DeviceResources};
-/// let finished = with_device_resources(DeviceResources::new()?, |r| r.clone());
-/// assert!(finished.is_released());
-/// # Ok::<(), raft_core::Error>(())
-/// ```
-pub fn with_device_resources<S: Scoped, R>(resources: S, body: impl FnOnce(&S) -> R) -> R {
-    struct ReleaseOnExit<'a, S: Scoped>(&'a S);
-    impl<S: Scoped> Drop for ReleaseOnExit<'_, S> {
-        fn drop(&mut self) {
-            self.0.release_all();
-        }
-    }
-    let _release = ReleaseOnExit(&resources);
-    body(&resources)
 }

@@ -1,5 +1,6 @@
 //! Counts of what the library holds now, for soak tests and dashboards.
-use crate::resources::{live_registry, HandleKind};
+use crate::handles::HandleKind;
+use crate::resources::live_registry;
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 
@@ -29,7 +30,7 @@ pub fn stats() -> Stats {
     let all: Vec<_> = live_registry().lock().unwrap_or_else(|e| e.into_inner()).values().filter_map(Weak::upgrade).collect();
     let mut s = Stats { live_resources: all.len(), ..Stats::default() };
     for inner in all {
-        let r = crate::resources::DeviceResources::from_inner(inner);
+        let r = crate::resources::DeviceResources::from_state(inner);
         if !r.is_released() {
             s.unreleased_resources += 1;
             s.live_handles += HandleKind::ALL.iter().filter(|k| r.has_handle(**k).unwrap_or(false)).count();

@@ -1,4 +1,7 @@
-//! `raft::Error`: every failure of the library, with one of four kinds and the API that failed.
+//! `raft::Error`: every failure of raft-rs, with one of four kinds and the API that failed.
+//!
+//! A leaf crate: every layer (`raft-sys` users, `raft-core`, `raft-abi`) reports through it, and it
+//! depends on none of them.
 use std::borrow::Cow;
 use std::fmt;
 
@@ -15,6 +18,19 @@ pub enum ErrorKind {
     Logic,
     /// Anything else.
     Generic,
+}
+
+impl ErrorKind {
+    /// The kind of a failed shim call's status (`RAFTRS_STATUS_*` of `raft-sys`: 1 out of
+    /// memory, 2 CUDA, 3 logic, anything else generic).
+    pub fn from_shim_status(status: i32) -> ErrorKind {
+        match status {
+            1 => ErrorKind::OutOfMemory,
+            2 => ErrorKind::Cuda,
+            3 => ErrorKind::Logic,
+            _ => ErrorKind::Generic,
+        }
+    }
 }
 
 impl fmt::Display for ErrorKind {
@@ -56,9 +72,11 @@ impl Error {
         Self::logic(who, format!("the device resources on device {device} were released"))
     }
 
-    /// A `Cuda` error from a cudarc call.
+    /// The error of a failed cudarc (driver) call: `OutOfMemory` for `CUDA_ERROR_OUT_OF_MEMORY`,
+    /// `Cuda` otherwise.
     pub fn driver(who: impl Into<Cow<'static, str>>, e: cudarc::driver::DriverError) -> Self {
-        Self::new(ErrorKind::Cuda, who, describe_driver_error(&e))
+        let kind = if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY { ErrorKind::OutOfMemory } else { ErrorKind::Cuda };
+        Self::new(kind, who, describe_driver_error(&e))
     }
 
     /// The kind, for dispatch.
@@ -83,27 +101,27 @@ impl Error {
     }
 }
 
-/// `CUDA_ERROR_X: description` for a driver error.
-pub(crate) fn describe_driver_error(e: &cudarc::driver::DriverError) -> String {
-    // error_name/error_string call the driver; they exist whenever a DriverError could be made.
-    let name = e.error_name().map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
-    let text = e.error_string().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
-    if text.is_empty() {
-        name
-    } else {
-        format!("{name}: {text}")
-    }
-}
-
+/// For `?` on cudarc calls in a user's own code beside raft's: a `Cuda` (or `OutOfMemory`) error
+/// whose `who` is `cudarc`. raft's own APIs never use it: they name themselves.
 impl From<cudarc::driver::DriverError> for Error {
     fn from(e: cudarc::driver::DriverError) -> Self {
         Error::driver("cudarc", e)
     }
 }
 
-impl From<raft_exit::InvalidExitWait> for Error {
-    fn from(e: raft_exit::InvalidExitWait) -> Self {
-        Error::logic(e.who, format!("expected a non-negative real number of seconds, given {}", e.given))
+/// `CUDA_ERROR_X: description` for a driver error.
+pub fn describe_driver_error(e: &cudarc::driver::DriverError) -> String {
+    // The names come from the driver; without libcuda cudarc would panic asking for them.
+    // SAFETY: is_culib_present only tries to dlopen libcuda under its usual names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return format!("{:?}", e.0);
+    }
+    let name = e.error_name().map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
+    let text = e.error_string().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+    if text.is_empty() {
+        name
+    } else {
+        format!("{name}: {text}")
     }
 }
 
@@ -122,10 +140,18 @@ mod tests {
     }
 
     #[test]
-    fn exit_wait_errors_become_logic() {
-        let e: Error = raft_exit::with_exit_wait(-1.0, || ()).unwrap_err().into();
-        assert_eq!(e.kind(), ErrorKind::Logic);
-        assert_eq!(e.to_string(), "with_exit_wait: expected a non-negative real number of seconds, given -1");
+    fn shim_statuses_map_to_kinds() {
+        let kinds: Vec<ErrorKind> = (1..=5).map(ErrorKind::from_shim_status).collect();
+        assert_eq!(kinds, [ErrorKind::OutOfMemory, ErrorKind::Cuda, ErrorKind::Logic, ErrorKind::Generic, ErrorKind::Generic]);
+    }
+
+    #[test]
+    fn driver_out_of_memory_is_out_of_memory() {
+        use cudarc::driver::sys::CUresult;
+        let e = Error::driver("DeviceResources::new", cudarc::driver::DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(e.kind(), ErrorKind::OutOfMemory);
+        let e = Error::driver("DeviceResources::new", cudarc::driver::DriverError(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(e.kind(), ErrorKind::Cuda);
     }
 
     #[test]

@@ -3,7 +3,7 @@ use raft::{abi, Abi, Release};
 
 fn main() {
     env_logger::init();
-    println!("RAFT {} (>= 26.08: {})", raft::version(), raft::release() >= Release::new(26, 8, 0));
+    println!("RAFT {} (>= 26.08: {})", raft::version(), raft::raft_release() >= Release::new(26, 8, 0));
     if let Err(e) = raft::require_raft_release("my-pipeline", "26.10.00") {
         println!("{e}");
     }

@@ -41,18 +41,19 @@
 //! the exit waits for them up to their exit wait (see [`exit`]), then tears down or, when a job
 //! outlives its bound, leaks the native objects to the OS rather than destroy them under it.
 pub use cudarc;
-pub use raft_abi::{abi, release, require_raft_release, running, version, Abi, AbiField, Release, Running};
+pub use raft_abi::{abi, raft_release, require_raft_release, running, version, Abi, AbiField, Release, Running};
 pub use raft_core::{
     current_device, current_device_resources, current_memory_resource, device_count, driver_version, enable_memory_statistics, gemm,
-    installed_default, memory_pools_supported, memory_statistics, reset_memory_resource, runtime_version, set_memory_resource, stats,
-    with_device_resources, AsResources, DeviceResources, DeviceScalar, DeviceVec, Error, ErrorKind, GemmScalar, HandleKind, JobHandle,
-    Layout, MatrixView, MatrixViewMut, MemoryResourceKind, MemoryStatistics, Result, Scoped, Stats, WeakResources,
+    installed_default, memory, memory_pools_supported, memory_statistics, reinitialize, reset_memory_resource, runtime_version,
+    set_memory_resource, stats, with_device_resources, AsResources, DeviceResources, DeviceScalar, DeviceVec, Error, ErrorKind, GemmScalar,
+    HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, Result, RmmOptions,
+    Scoped, Stats, TrackedAllocations, WeakResources,
 };
 
 /// Exiting while jobs run: the exit wait and the state of the exit (`raft-exit`).
 pub mod exit {
     pub use raft_exit::{
         current_exit_wait, default_exit_wait, jobs_in_flight, phase, releases_in_flight, set_default_exit_wait, spawn_thread,
-        with_exit_wait, InvalidExitWait, Phase, DEFAULT_EXIT_WAIT,
+        with_exit_wait, ExitDecided, InvalidExitWait, Phase, DEFAULT_EXIT_WAIT,
     };
 }
