@@ -9,7 +9,7 @@ pub fn committed_tag() -> PathBuf {
     workspace_root().join("crates/raft-abi/abi-tag.json")
 }
 
-/// This build's tag, from the `raft-abi-tag` binary (which links the shim).
+/// This build's tag, from the `raft-abi-tag` binary (build facts only: it loads nothing native).
 fn current_tag() -> Result<Value> {
     let out = cargo()
         .args(["run", "--quiet", "-p", "raft-abi", "--bin", "raft-abi-tag"])

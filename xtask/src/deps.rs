@@ -1,46 +1,22 @@
 //! `cargo xtask deps`: the pinned native stack, fetched with the ordinary `pip download` into a
 //! cache outside the source tree, unpacked side by side, and checked. Never run from build.rs.
+use crate::stack::{self, PINNED, WHEELS};
 use crate::Result;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The RAFT release everything here is pinned to.
-pub const RAFT_RELEASE: &str = "26.08.00";
 /// CCCL_VERSION of the copy inside the RMM wheel.
 pub const CCCL_VERSION: &str = "3004003";
 
-/// The wheels, by exact version (these were verified together on the CPU and GPU machines).
-/// libnvJitLink is not in SPEC's list but cuSOLVER and cuSPARSE of CUDA 13.2 need it to load.
-pub const WHEELS: &[(&str, &str)] = &[
-    ("libraft-cu13", "26.8.0"),
-    ("librmm-cu13", "26.8.0"),
-    ("rapids-logger", "0.2.3"),
-    ("nvidia-cuda-runtime", "13.2.86"),
-    ("nvidia-cuda-crt", "13.2.86"),
-    ("nvidia-cublas", "13.2.2.2"),
-    ("nvidia-cusolver", "12.1.0.51"),
-    ("nvidia-cusparse", "12.7.10.12"),
-    ("nvidia-nvjitlink", "13.2.86"),
-];
-
-/// `RAFT_RS_CACHE`, else `$XDG_CACHE_HOME/raft-rs`, else `~/.cache/raft-rs` (the same rule as
-/// `crates/raft-sys/build.rs`).
+/// The cache (`RAFT_RS_CACHE`, else `$XDG_CACHE_HOME/raft-rs`, else `~/.cache/raft-rs`): the
+/// rule of `crates/raft-sys/build/stack.rs`, which raft-sys's build script follows too.
 pub fn cache_dir() -> Result<PathBuf> {
-    let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
-    if let Some(dir) = var("RAFT_RS_CACHE") {
-        return Ok(PathBuf::from(dir));
-    }
-    if let Some(dir) = var("XDG_CACHE_HOME") {
-        return Ok(PathBuf::from(dir).join("raft-rs"));
-    }
-    var("HOME")
-        .map(|h| PathBuf::from(h).join(".cache/raft-rs"))
-        .ok_or_else(|| "neither RAFT_RS_CACHE nor HOME is set: set RAFT_RS_CACHE to a writable directory".into())
+    stack::cache_dir().ok_or_else(|| "neither RAFT_RS_CACHE nor HOME is set: set RAFT_RS_CACHE to a writable directory".into())
 }
 
 /// Where the wheels are unpacked: what `raft-sys` builds against.
 pub fn prefix() -> Result<PathBuf> {
-    Ok(cache_dir()?.join(RAFT_RELEASE).join("prefix"))
+    stack::cache_prefix().ok_or_else(|| "neither RAFT_RS_CACHE nor HOME is set: set RAFT_RS_CACHE to a writable directory".into())
 }
 
 fn stamp_text() -> String {
@@ -61,8 +37,8 @@ fn wheel_file(dir: &Path, name: &str, version: &str) -> Option<PathBuf> {
 pub fn verify(prefix: &Path) -> Result<()> {
     let version = std::fs::read_to_string(prefix.join("libraft/VERSION"))
         .map_err(|e| format!("{}: {e}", prefix.join("libraft/VERSION").display()))?;
-    if version.trim() != RAFT_RELEASE {
-        return Err(format!("the cache holds RAFT {}, not {RAFT_RELEASE}", version.trim()));
+    if version.trim() != PINNED {
+        return Err(format!("the cache holds RAFT {}, not {PINNED}", version.trim()));
     }
     let cccl = prefix.join("librmm/include/rapids/cuda/std/__cccl/version.h");
     let text = std::fs::read_to_string(&cccl).map_err(|e| format!("{}: {e}", cccl.display()))?;

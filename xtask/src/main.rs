@@ -7,11 +7,17 @@
 //! | `doctor` | `deps`, then `cargo run --release --bin raft-doctor` (the main job) |
 //! | `bindings [--check]` | regenerates (or checks) `crates/raft-sys/src/bindings.rs` |
 //! | `abi-check [--bless]` | compares the ABI tag of this build with the committed one |
-//! | `gpu-bundle [--out DIR]` | packs test and bench binaries with the RAPIDS `.so` files for a GPU machine |
+//! | `gpu-bundle [--out DIR]` | packs test and bench binaries, the shim and the downstream binary with the RAPIDS `.so` files for a GPU machine |
+//! | `package [--no-verify]` | `cargo package` of every library crate in dependency order (built from the tarballs), and their docs.rs metadata |
 mod abi_check;
 mod bindings;
 mod bundle;
 mod deps;
+mod package;
+/// Where the native stack is and what it holds: the same file raft-sys's build script includes,
+/// so `cargo xtask deps` and the build never disagree.
+#[path = "../../crates/raft-sys/build/stack.rs"]
+mod stack;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -39,7 +45,8 @@ pub fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-const USAGE: &str = "usage: cargo xtask <deps|test|doctor|bindings [--check]|abi-check [--bless]|gpu-bundle [--out DIR]>";
+const USAGE: &str =
+    "usage: cargo xtask <deps|test|doctor|bindings [--check]|abi-check [--bless]|gpu-bundle [--out DIR]|package [--no-verify]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -58,6 +65,8 @@ fn main() -> ExitCode {
             let out = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).map(PathBuf::from);
             deps::run().and_then(|_| bundle::run(out))
         }
+        Some("package") if flag("--no-verify") => package::run(false),
+        Some("package") => deps::run().and_then(|_| package::run(true)),
         _ => Err(USAGE.to_string()),
     };
     match result {

@@ -25,6 +25,8 @@ pub struct Abi {
     /// `sizeof(raft::device_resources)` in bytes.
     pub handle_size: usize,
     /// RMM's inline ABI namespace, `"_RMM_26_8"`: code built against another one fails to link.
+    /// Tags written before this field existed read as `""` (which differs from any build's).
+    #[serde(default)]
     pub rmm_abi_namespace: String,
 }
 
@@ -96,7 +98,43 @@ impl Abi {
     ///
     /// # Errors
     /// `Logic` naming what is wrong with the text.
-    pub fn from_json(text: &str) -> raft_core::Result<Abi> {
-        serde_json::from_str(text).map_err(|e| raft_core::Error::logic("Abi::from_json", format!("not an ABI tag: {e}")))
+    pub fn from_json(text: &str) -> raft_error::Result<Abi> {
+        serde_json::from_str(text).map_err(|e| raft_error::Error::logic("Abi::from_json", format!("not an ABI tag: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag() -> Abi {
+        Abi {
+            version: TAG_FORMAT,
+            raft: "26.08.00".into(),
+            rmm: "26.08.00".into(),
+            cccl: "3.4.3".into(),
+            cuda_runtime: "13.2".into(),
+            handle_size: 32,
+            rmm_abi_namespace: "_RMM_26_8".into(),
+        }
+    }
+
+    #[test]
+    fn a_tag_without_the_rmm_abi_namespace_still_reads() {
+        // The format of tags committed before the field was added.
+        let old = r#"{"version": 1, "raft": "26.08.00", "rmm": "26.08.00", "cccl": "3.4.3", "cuda_runtime": "13.2", "handle_size": 32}"#;
+        let read = Abi::from_json(old).unwrap();
+        assert_eq!(read.rmm_abi_namespace, "");
+        assert_eq!(read, Abi { rmm_abi_namespace: String::new(), ..tag() });
+        // ... and it is reported as a difference, not taken for a match.
+        assert_eq!(tag().mismatches(&read), [AbiField::RmmAbiNamespace]);
+    }
+
+    #[test]
+    fn a_tag_round_trips_and_a_missing_required_field_is_a_logic_error() {
+        assert_eq!(Abi::from_json(&tag().to_json()).unwrap(), tag());
+        let e = Abi::from_json(r#"{"version": 1, "raft": "26.08.00"}"#).unwrap_err();
+        assert_eq!(e.kind(), raft_error::ErrorKind::Logic);
+        assert!(e.message().contains("missing field"), "{e}");
     }
 }

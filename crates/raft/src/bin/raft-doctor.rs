@@ -1,12 +1,12 @@
 //! raft-doctor: shows the library doing its job on this machine, or says plainly what is wrong.
 //!
 //! Prints each device, the driver and runtime, the ABI tag built against and the one running,
-//! then runs a short real workload through the library (resources per device, a job, an
+//! where the native shim was loaded from and which RMM per-device map is in use, then runs a short real workload through the library (resources per device, a job, an
 //! allocation through the default resource, a checked host↔device copy, a cuBLAS GEMM on the
 //! resources' handle timed with `sync()`). `--json` prints the same as JSON.
 //!
-//! Exit status: 0 when everything ran, 2 when there is no usable CUDA driver or device, 1 when
-//! a step failed.
+//! Exit status: 0 when everything ran, 2 when the native stack cannot be loaded or there is no
+//! usable CUDA driver or device (said in one line), 1 when a step failed.
 use raft::{DeviceResources, DeviceVec, Layout};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -48,6 +48,27 @@ fn device_info(r: &DeviceResources) -> raft::Result<Value> {
         "memory_resource": raft::current_memory_resource(d)?.to_string(),
         "pool_installed_by_raft": raft::installed_default(d),
     }))
+}
+
+/// The file that holds `address` (`dladdr`), if any loaded object does.
+fn holder(address: usize) -> Option<String> {
+    // SAFETY: an all-zero Dl_info is valid (pointers, null).
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the loader's tables; the address need not be mapped.
+    let found = unsafe { libc::dladdr(address as *const libc::c_void, &mut info) } != 0;
+    // SAFETY: on success dli_fname is null or a NUL-terminated path owned by the loader, alive
+    // while the object stays loaded (the shim and RMM are never unloaded).
+    (found && !info.dli_fname.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned())
+}
+
+/// Says in one line why nothing native can run, and exits with 2.
+fn unusable(report: &mut Report, why: String) -> ! {
+    report.doc.insert("error".into(), json!(why));
+    if report.json {
+        println!("{}", serde_json::to_string_pretty(&report.doc).unwrap_or_default());
+    }
+    eprintln!("raft-doctor: {why}");
+    std::process::exit(2);
 }
 
 fn workload(report: &Report, r: &DeviceResources) -> raft::Result<Value> {
@@ -113,33 +134,37 @@ fn main() {
         built.cuda_runtime, built.handle_size, built.rmm_abi_namespace
     ));
 
-    let running = raft::running();
-    match &running {
-        Ok(run) => {
-            report.doc.insert("running".into(), serde_json::to_value(run).unwrap_or(Value::Null));
-            report.line(format!("  running on CUDA runtime {}, driver {}", run.cuda_runtime, run.driver.as_deref().unwrap_or("none")));
-            if run.cuda_runtime != built.cuda_runtime {
-                report.line(format!("  MISMATCH cuda-runtime: built for {}, running {}", built.cuda_runtime, run.cuda_runtime));
-            }
+    let run = match raft::running() {
+        Ok(run) => run,
+        // The shim or the libraries it needs are missing: the error says which, and what to set.
+        Err(e) => unusable(&mut report, format!("the native stack is not usable: {}", e.message())),
+    };
+    report.doc.insert("running".into(), serde_json::to_value(&run).unwrap_or(Value::Null));
+    report.line(format!("  running on CUDA runtime {}, driver {}", run.cuda_runtime, run.driver.as_deref().unwrap_or("none")));
+    if run.cuda_runtime != built.cuda_runtime {
+        report.line(format!("  MISMATCH cuda-runtime: built for {}, running {}", built.cuda_runtime, run.cuda_runtime));
+    }
+    if let Some(shim) = raft_sys::loaded_from() {
+        report.doc.insert("shim".into(), json!(shim.display().to_string()));
+        report.line(format!("  native shim: {}", shim.display()));
+    }
+    // One RMM per process: RMM's map is a GNU "unique" symbol, so every object loaded with the
+    // symbol visible (librmm.so, the shim, cuVS, a Python extension) binds the first definition
+    // loaded; the file says which one that was.
+    match raft::memory::rmm_map_address() {
+        Ok(address) => {
+            let file = holder(address);
+            report.doc.insert("rmm_map".into(), json!({ "address": format!("{address:#x}"), "file": file }));
+            report.line(format!("  RMM per-device map: {address:#x} in {}", file.as_deref().unwrap_or("(no loaded object)")));
         }
-        Err(e) => report.line(format!("  the CUDA runtime does not answer: {e}")),
+        Err(e) => report.line(format!("  RMM per-device map: unknown ({e})")),
     }
     report.line(format!("  exit wait: {} s", raft::exit::current_exit_wait().map(|w| w.to_string()).unwrap_or_else(|e| e.to_string())));
 
     let count = match raft::device_count() {
         Ok(n) if n > 0 => n,
-        other => {
-            let why = match other {
-                Ok(_) => "no CUDA device is visible".to_string(),
-                Err(e) => e.message().to_string(),
-            };
-            report.doc.insert("error".into(), json!(why));
-            if json_out {
-                println!("{}", serde_json::to_string_pretty(&report.doc).unwrap_or_default());
-            }
-            eprintln!("raft-doctor: no usable GPU: {why}");
-            std::process::exit(2);
-        }
+        Ok(_) => unusable(&mut report, "no usable GPU: no CUDA device is visible".into()),
+        Err(e) => unusable(&mut report, format!("no usable GPU: {}", e.message())),
     };
 
     let mut devices = Vec::new();
