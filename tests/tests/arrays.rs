@@ -124,6 +124,10 @@ fn gemm_refuses_shapes_that_do_not_chain_and_mixed_resources() {
     let a = DeviceVec::<f32>::zeros(&r, 6).unwrap();
     let b = DeviceVec::<f32>::zeros(&r, 6).unwrap();
     let mut c = DeviceVec::<f32>::zeros(&r, 4).unwrap();
+    let view = a.matrix(2, 3, Layout::RowMajor).unwrap();
+    assert_eq!((view.rows(), view.cols(), view.layout()), (2, 3, Layout::RowMajor));
+    assert!(std::ptr::eq(view.data(), &a), "the view is of the array it was made from");
+    assert_eq!(a.matrix(3, 3, Layout::RowMajor).unwrap_err().kind(), ErrorKind::Logic, "a shape that is not the array's");
     let e = gemm(
         1.0,
         a.matrix(2, 3, Layout::RowMajor).unwrap(),
@@ -144,4 +148,29 @@ fn gemm_refuses_shapes_that_do_not_chain_and_mixed_resources() {
     .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Logic);
     assert!(!r.has_handle(raft::HandleKind::Cublas).unwrap(), "refused before reaching the GPU");
+}
+
+/// Typed interop: cudarc's copies take a `DeviceVec` directly (`DevicePtr` / `DevicePtrMut`),
+/// on the array's own stream and on another one, which is ordered after the array's stream and
+/// synchronised before the copy call returns; the raw address is the one cudarc sees.
+#[test]
+fn cudarc_takes_device_vecs_directly_on_any_stream() {
+    require_gpu!();
+    use cudarc::driver::DevicePtr;
+    let r = DeviceResources::new().unwrap();
+    let host: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let mut v = DeviceVec::from_host(&r, &host).unwrap();
+    let own = r.stream().unwrap();
+    assert_eq!(own.clone_dtoh(&v).unwrap(), host);
+    let other = r.context().new_stream().unwrap();
+    assert_eq!(other.clone_dtoh(&v).unwrap(), host);
+    let doubled: Vec<f32> = host.iter().map(|x| 2.0 * x).collect();
+    other.memcpy_htod(&doubled, &mut v).unwrap();
+    assert_eq!(v.to_host().unwrap(), doubled, "a write on another stream is seen on the array's own");
+    let theirs = other.clone_htod(&host).unwrap();
+    other.memcpy_dtod(&theirs, &mut v).unwrap();
+    assert_eq!(v.to_host().unwrap(), host);
+    let (address, _guard) = v.device_ptr(&own);
+    // SAFETY: only the address is compared; nothing is read or written through it.
+    assert_eq!(unsafe { v.as_raw() } as u64, address);
 }

@@ -37,7 +37,7 @@ fn everything_of_a_resources_object_is_on_its_device() {
         assert_eq!(r.stream().unwrap().context().ordinal(), d);
         let host: Vec<f32> = (0..4096).map(|i| i as f32).collect();
         let v = DeviceVec::from_host(&r, &host).unwrap();
-        assert_eq!(ordinal_of(v.device_ptr()), d as i32, "array of device {d}");
+        assert_eq!(ordinal_of(cudarc::driver::DevicePtr::device_ptr(&v, v.stream()).0), d as i32, "array of device {d}");
         assert_eq!(v.to_host().unwrap(), host);
         assert!(!r.cublas_handle().unwrap().is_null());
         let job_device = r.spawn(raft::current_device).unwrap().join().unwrap().unwrap();
@@ -56,7 +56,8 @@ fn round_robin_workers_each_get_defaults_on_their_device() {
                 let d = i % n;
                 let r = current_device_resources(d).unwrap();
                 let v = DeviceVec::<u8>::zeros(&r, 1 << 16).unwrap();
-                (d, r.device(), ordinal_of(v.device_ptr()), r.id())
+                let ordinal = ordinal_of(cudarc::driver::DevicePtr::device_ptr(&v, v.stream()).0);
+                (d, r.device(), ordinal, r.id())
             })
         })
         .collect();
@@ -91,4 +92,48 @@ fn the_exit_waits_for_jobs_on_every_device() {
         assert_eq!(c.result(&format!("job_on_{d}")).as_deref(), Some("finished"));
     }
     assert!(c.stderr.contains("tearing down"), "{}", c.stderr);
+}
+
+/// Library calls on another device's resources switch to that device for their work and put the
+/// caller's current context back: the caller stays on its device. Both ways round (the caller on
+/// device 0 using the last device's resources, and the reverse), and a thread with no context
+/// is left with none or device 0's primary one (what the runtime binds on first use), never
+/// another device's. With one GPU there is nothing to switch to: a SKIP line says so.
+#[test]
+fn library_calls_on_another_device_leave_the_caller_on_its_own() {
+    require_gpu!();
+    let Some(n) = devices_or_skip() else { return };
+    use cudarc::driver::result::ctx;
+    let last = n - 1;
+    for (mine, theirs) in [(0, last), (last, 0)] {
+        let own = DeviceResources::on_device(mine).unwrap();
+        own.context().bind_to_thread().unwrap();
+        let before = ctx::get_current().unwrap();
+        assert_eq!(before, Some(own.context().cu_ctx()));
+        assert_eq!(raft::current_device().unwrap(), mine);
+        let other = DeviceResources::on_device(theirs).unwrap();
+        assert!(!other.cublas_handle().unwrap().is_null());
+        let mut v = DeviceVec::<f32>::zeros(&other, 16).unwrap();
+        v.copy_from_host(&[1.0; 16]).unwrap();
+        // The work really ran on the other device.
+        assert_eq!(ordinal_of(cudarc::driver::DevicePtr::device_ptr(&v, v.stream()).0), theirs as i32);
+        assert_eq!(v.to_host().unwrap(), [1.0; 16]);
+        other.sync().unwrap();
+        drop(v);
+        other.release().unwrap();
+        assert_eq!(ctx::get_current().unwrap(), before, "the caller on device {mine} was moved by calls on device {theirs}");
+        assert_eq!(raft::current_device().unwrap(), mine);
+    }
+    let device0 = DeviceResources::on_device(0).unwrap().context().cu_ctx() as usize;
+    let (bound, device) = std::thread::spawn(move || {
+        let r = DeviceResources::on_device(last).unwrap();
+        r.cublas_handle().unwrap();
+        DeviceVec::<f32>::zeros(&r, 16).unwrap();
+        r.release().unwrap();
+        (ctx::get_current().unwrap().map(|c| c as usize), raft::current_device().unwrap())
+    })
+    .join()
+    .unwrap();
+    assert!(bound.is_none() || bound == Some(device0), "a thread with no context was left on {bound:?}");
+    assert_eq!(device, 0);
 }

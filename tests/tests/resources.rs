@@ -7,21 +7,44 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
+/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` of cuda.h: the two default-stream handles.
+const CU_STREAM_LEGACY: usize = 0x1;
+const CU_STREAM_PER_THREAD: usize = 0x2;
+
+/// The flags the stream was created with (`cuStreamGetFlags`).
+fn stream_flags(stream: &cudarc::driver::CudaStream) -> u32 {
+    use cudarc::driver::sys::{cuStreamGetFlags, CUresult};
+    stream.context().bind_to_thread().unwrap();
+    let mut flags = 0;
+    // SAFETY: the stream is alive (borrowed); the call writes one unsigned int.
+    let rc = unsafe { cuStreamGetFlags(stream.cu_stream(), &mut flags) };
+    assert_eq!(rc, CUresult::CUDA_SUCCESS);
+    flags
+}
+
 #[test]
 fn each_call_makes_independent_resources_with_their_own_stream() {
     require_gpu!();
+    use cudarc::driver::sys::CUstream_flags::CU_STREAM_NON_BLOCKING;
     let loader = DeviceResources::new().unwrap();
     let trainer = DeviceResources::new().unwrap();
     assert_ne!(loader, trainer);
     assert_eq!(loader, loader.clone(), "Clone gives the same resources");
     assert_eq!([loader.device(), trainer.device()], [0, 0]);
-    let (a, b) = (loader.stream().unwrap(), trainer.stream().unwrap());
-    assert_ne!(a.cu_stream(), b.cu_stream());
-    // Their own streams: neither the legacy (null) nor the per-thread default stream.
-    for s in [a.cu_stream(), b.cu_stream()] {
-        assert!(!s.is_null());
-        assert_ne!(s as usize, 0x2, "cudaStreamPerThread");
-        assert_ne!(s as usize, 0x1, "cudaStreamLegacy");
+    let default = current_device_resources(0).unwrap();
+    let elsewhere = std::thread::spawn(|| DeviceResources::new().unwrap()).join().unwrap();
+    let streams: Vec<_> = [&loader, &trainer, &default, &elsewhere].iter().map(|r| r.stream().unwrap()).collect();
+    for (i, s) in streams.iter().enumerate() {
+        for t in &streams[i + 1..] {
+            assert_ne!(s.cu_stream(), t.cu_stream(), "each resources object has a stream of its own");
+        }
+        // Neither the legacy (null) nor the per-thread default stream, and created non-blocking:
+        // it never waits for the legacy default stream of libraries that still use it.
+        assert!(!s.cu_stream().is_null());
+        assert_ne!(s.cu_stream() as usize, CU_STREAM_LEGACY);
+        assert_ne!(s.cu_stream() as usize, CU_STREAM_PER_THREAD);
+        let flags = stream_flags(s);
+        assert_eq!(flags & CU_STREAM_NON_BLOCKING as u32, CU_STREAM_NON_BLOCKING as u32, "stream {i} has flags {flags:#x}");
     }
 }
 
@@ -55,7 +78,17 @@ fn released_resources_are_still_resources() {
     let finished = with_device_resources(DeviceResources::new().unwrap(), |r| r.clone());
     assert!(finished.is_released());
     assert_eq!(finished.device(), 0, "device() still answers after release");
-    let _still_a_value: &DeviceResources = &finished;
+    // Still resources: an API taking `impl AsResources` gets them back as they are (not the
+    // thread's default), identity still holds, and releasing again is a no-op.
+    fn as_resources(where_: impl AsResources) -> DeviceResources {
+        where_.as_resources().unwrap()
+    }
+    let back = as_resources(&finished);
+    assert_eq!(back, finished);
+    assert!(back.is_released());
+    assert_ne!(back, current_device_resources(0).unwrap());
+    assert_eq!(finished.release(), Ok(()));
+    assert_eq!(finished.to_string(), "device-resources on cuda:0 (released)");
 }
 
 #[test]
@@ -63,14 +96,34 @@ fn naming_the_device_in_a_log_line_and_checking_two_share_one() {
     require_gpu!();
     let loader = DeviceResources::new().unwrap();
     let trainer = DeviceResources::new().unwrap();
-    assert_eq!(format!("training on cuda:{}", trainer.device()), "training on cuda:0");
+    // The number in the log line is the device the resources' stream really is on.
+    let ordinal = trainer.stream().unwrap().context().ordinal();
+    assert_eq!(format!("training on cuda:{}", trainer.device()), format!("training on cuda:{ordinal}"));
+    assert!(trainer.to_string().contains(&format!("cuda:{ordinal}")), "{trainer}");
     let same_device = |a: &DeviceResources, b: &DeviceResources| a.device() == b.device();
     assert!(same_device(&loader, &trainer));
+    // Released resources still name their device.
+    let finished = with_device_resources(DeviceResources::new().unwrap(), |r| r.clone());
+    assert!(same_device(&finished, &loader));
+    // And resources on another device do not share it (several GPUs only).
+    let count = raft::device_count().unwrap();
+    if count > 1 {
+        let other = DeviceResources::on_device(count - 1).unwrap();
+        assert!(!same_device(&other, &loader));
+        assert_eq!(other.stream().unwrap().context().ordinal(), count - 1);
+    }
+}
+
+/// Stream work of `arg` milliseconds: a host function (it makes no CUDA call, as host functions
+/// must not), which runs in stream order like a kernel.
+unsafe extern "C" fn sleep_on_stream(arg: *mut std::ffi::c_void) {
+    std::thread::sleep(Duration::from_millis(arg as u64));
 }
 
 #[test]
 fn timing_gpu_work_which_returns_once_queued() {
     require_gpu!();
+    const WORK_MS: u64 = 300;
     let trainer = DeviceResources::new().unwrap();
     let milliseconds_on = |r: &DeviceResources, thunk: &dyn Fn()| {
         let start = Instant::now();
@@ -78,8 +131,24 @@ fn timing_gpu_work_which_returns_once_queued() {
         r.sync().unwrap();
         start.elapsed().as_secs_f64() * 1e3
     };
-    let ms = milliseconds_on(&trainer, &|| {});
-    assert!(ms.is_finite() && ms >= 0.0);
+    let stream = trainer.stream().unwrap();
+    stream.context().bind_to_thread().unwrap();
+    let queued_ms = std::cell::Cell::new(f64::NAN);
+    let ms = milliseconds_on(&trainer, &|| {
+        let start = Instant::now();
+        // SAFETY: the stream is alive (held above); `sleep_on_stream` makes no CUDA call and
+        // reads its argument as a number.
+        unsafe {
+            cudarc::driver::result::stream::launch_host_function(stream.cu_stream(), sleep_on_stream, WORK_MS as *mut std::ffi::c_void)
+        }
+        .unwrap();
+        queued_ms.set(start.elapsed().as_secs_f64() * 1e3);
+    });
+    // Queueing returns at once; sync() waits for the work, so the timing includes it.
+    assert!(queued_ms.get() < WORK_MS as f64 / 3.0, "queueing took {} ms", queued_ms.get());
+    assert!(ms >= WORK_MS as f64, "the timing ({ms} ms) covers the {WORK_MS} ms of stream work");
+    let idle = milliseconds_on(&trainer, &|| {});
+    assert!(idle < ms, "an empty thunk times less ({idle} ms) than the work ({ms} ms)");
 }
 
 #[test]
@@ -213,7 +282,18 @@ fn spreading_workers_round_robin_and_resources_for_every_device() {
     let count = raft::device_count().unwrap();
     let device_for_worker = |i: usize| i % count;
     let placed: Vec<usize> = (0..4).map(device_for_worker).collect();
-    assert_eq!(placed, (0..4).map(|i| i % count).collect::<Vec<_>>());
+    if count == 1 {
+        assert_eq!(placed, [0, 0, 0, 0], "the seed's answer on one GPU");
+    }
+    // Every placement is a device that exists: each worker's resources are made there, and are
+    // really on it; four workers cover min(4, count) devices.
+    let workers: Vec<DeviceResources> = placed.iter().map(|&d| DeviceResources::on_device(d).unwrap()).collect();
+    for (i, w) in workers.iter().enumerate() {
+        assert_eq!(w.device(), placed[i]);
+        assert_eq!(w.stream().unwrap().context().ordinal(), placed[i], "worker {i}");
+    }
+    let covered: std::collections::HashSet<usize> = workers.iter().map(DeviceResources::device).collect();
+    assert_eq!(covered.len(), count.min(4));
     let per_device: Vec<DeviceResources> = (0..count).map(|d| DeviceResources::on_device(d).unwrap()).collect();
     assert_eq!(per_device.iter().map(DeviceResources::device).collect::<Vec<_>>(), (0..count).collect::<Vec<_>>());
     for r in &per_device {
@@ -271,14 +351,21 @@ fn a_default_released_on_another_thread_is_replaced_on_its_own() {
 #[test]
 fn a_thread_s_defaults_are_released_when_it_ends() {
     require_gpu!();
-    let weak = std::thread::spawn(|| current_device_resources(0).unwrap().downgrade()).join().unwrap();
+    let (weak, stream) = std::thread::spawn(|| {
+        let r = current_device_resources(0).unwrap();
+        (r.downgrade(), Arc::downgrade(&r.stream().unwrap()))
+    })
+    .join()
+    .unwrap();
     assert!(weak.upgrade().is_none(), "the ended thread's default was dropped with it");
-    // Dropping the last handle queued its release on the library thread; it drains.
+    // Dropping the last handle queued its release on a library thread: the stream goes with it
+    // (only the native resources hold it). Watched on this object alone, not on the process-wide
+    // counters that sibling tests move too.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while raft::stats().releases_pending > 0 && Instant::now() < deadline {
+    while stream.upgrade().is_some() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(raft::stats().releases_pending, 0);
+    assert!(stream.upgrade().is_none(), "the ended thread's default was released");
 }
 
 #[test]
@@ -365,38 +452,6 @@ fn handles_are_made_on_first_use_only() {
 }
 
 #[test]
-fn resources_do_not_switch_the_callers_current_device_context() {
-    require_gpu!();
-    use cudarc::driver::result::ctx;
-    // A thread whose current context is device 0's primary one keeps it through every call.
-    let d0 = DeviceResources::on_device(0).unwrap();
-    d0.context().bind_to_thread().unwrap();
-    let before = ctx::get_current().unwrap();
-    assert_eq!(before, Some(d0.context().cu_ctx()));
-    let last = raft::device_count().unwrap() - 1;
-    let other = DeviceResources::on_device(last).unwrap();
-    other.cublas_handle().unwrap();
-    let mut v = raft::DeviceVec::<f32>::zeros(&other, 16).unwrap();
-    v.copy_from_host(&[1.0; 16]).unwrap();
-    drop(v);
-    other.release().unwrap();
-    assert_eq!(ctx::get_current().unwrap(), before);
-    assert_eq!(raft::current_device().unwrap(), 0);
-    // A thread with no context gets none, or device 0's primary one (what the runtime binds on
-    // first use), never another device's.
-    let (bound, device) = std::thread::spawn(move || {
-        let r = DeviceResources::on_device(last).unwrap();
-        r.cublas_handle().unwrap();
-        r.release().unwrap();
-        (ctx::get_current().unwrap().map(|c| c as usize), raft::current_device().unwrap())
-    })
-    .join()
-    .unwrap();
-    assert!(bound.is_none() || bound == Some(d0.context().cu_ctx() as usize), "{bound:?}");
-    assert_eq!(device, 0);
-}
-
-#[test]
 fn debug_and_display_show_the_device_and_state() {
     require_gpu!();
     let r = DeviceResources::new().unwrap();
@@ -434,20 +489,28 @@ fn without_a_driver_every_constructor_is_a_cuda_error() {
 #[test]
 fn a_long_job_delays_only_its_own_resources_release() {
     require_gpu!();
+    // Each release is watched on its own object: the stream goes when its resources are
+    // released (only the native resources hold it), whatever sibling tests release meanwhile.
+    let gone = |stream: &std::sync::Weak<cudarc::driver::CudaStream>, within: Duration| {
+        let deadline = Instant::now() + within;
+        while stream.upgrade().is_some() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stream.upgrade().is_none()
+    };
     let slow = DeviceResources::new().unwrap();
-    let gate = Arc::new(std::sync::Barrier::new(2));
-    let g = gate.clone();
-    let job = slow.spawn(move || g.wait()).unwrap();
+    let slow_stream = Arc::downgrade(&slow.stream().unwrap());
+    let (open, gate) = mpsc::channel::<()>();
+    // The job waits for the gate (or for this test to end, when the sender drops).
+    let job = slow.spawn(move || gate.recv_timeout(Duration::from_secs(30))).unwrap();
     drop(slow); // its release waits behind the job, on its own worker
-    let before = raft::stats().releases_done;
     let quick = DeviceResources::new().unwrap();
-    drop(quick); // no worker: the release thread releases it now
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while raft::stats().releases_done == before && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    assert!(raft::stats().releases_done > before, "the quick release was not held up by the slow job");
+    let quick_stream = Arc::downgrade(&quick.stream().unwrap());
+    drop(quick); // no worker: a release thread releases it now
+    assert!(gone(&quick_stream, Duration::from_secs(5)), "the quick release was not held up by the slow job");
     assert!(!job.is_finished(), "the slow job was still running all along");
-    gate.wait();
-    job.join().unwrap();
+    assert!(slow_stream.upgrade().is_some(), "the slow resources wait for their job");
+    open.send(()).unwrap();
+    assert_eq!(job.join().unwrap(), Ok(()));
+    assert!(gone(&slow_stream, Duration::from_secs(10)), "released once the job ended");
 }

@@ -1,6 +1,7 @@
 //! Child-process scenarios for the integration tests: each runs in a fresh process, because it
 //! is about what happens once per process (the exit, the first resources on a device).
 //! `scenarios NAME` runs one; it prints `RESULT key=value ...` lines for the parent to check.
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 fn env_f64(name: &str, default: f64) -> f64 {
@@ -40,6 +41,15 @@ fn job(secs: f64) -> Box<dyn FnOnce() + Send> {
     }
 }
 
+/// Work on a CUDA stream that takes `arg` milliseconds (a host function: it runs in stream
+/// order and makes no CUDA call, as host functions must not). A release of the stream's
+/// resources waits for it, as for any GPU work queued there.
+unsafe extern "C" fn stream_work(arg: *mut std::ffi::c_void) {
+    use std::io::Write;
+    std::thread::sleep(Duration::from_millis(arg as u64));
+    let _ = writeln!(std::io::stdout(), "RESULT stream_work=finished");
+}
+
 /// Wall-clock milliseconds since the epoch, for exit latencies measured by the parent.
 fn now_ms() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
@@ -49,9 +59,202 @@ fn mr(device: usize) -> String {
     format!("{:?}", raft::current_memory_resource(device).expect("memory resource"))
 }
 
-fn main() {
-    env_logger::Builder::new().parse_filters(&std::env::var("RUST_LOG").unwrap_or_else(|_| "raft=debug".into())).init();
+/// A user's logger that panics on warnings (and writes the rest to stderr): the exit hook logs
+/// its skipped teardown at `warn`, so the panic happens inside the hook.
+struct PanickingLogger;
+
+impl log::Log for PanickingLogger {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if record.level() <= log::Level::Warn {
+            panic!("the user's logger panicked on: {}", record.args());
+        }
+        eprintln!("{} {}: {}", record.level(), record.target(), record.args());
+    }
+
+    fn flush(&self) {}
+}
+
+static PANICKING_LOGGER: PanickingLogger = PanickingLogger;
+
+extern "C" {
+    /// The C library's `atexit`, as a user (a coverage tool, a profiler) would call it.
+    fn atexit(handler: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// An exit handler of the user's, registered before the first job: it runs only when the exit
+/// goes on to the C library's handlers and the static destructors.
+extern "C" fn user_exit_handler() {
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    let _ = out.write_all(b"RESULT user_atexit=ran\n");
+    let _ = out.flush();
+}
+
+/// Prints one call's outcome for the parent: `RESULT key=<kind> key_who=<who>` and the error's
+/// full text as `MESSAGE key=<who: message>` (or `RESULT key=ok`).
+fn report<T>(key: &str, outcome: &raft::Result<T>) {
+    match outcome {
+        Ok(_) => println!("RESULT {key}=ok"),
+        Err(e) => {
+            println!("RESULT {key}={} {key}_who={}", e.kind(), e.who());
+            println!("MESSAGE {key}={e}");
+        }
+    }
+}
+
+/// Fault injection, defect 7: resources take cuBLAS handles until device memory runs out (all but
+/// 2 GiB of it is taken first by arrays, so that it takes a few dozen handles, not two thousand).
+/// The failure must be `OutOfMemory`; once everything is released, new resources take a handle
+/// and multiply matrices again.
+fn cublas_oom() {
+    const HEADROOM: usize = 2 << 30;
+    const CHUNK: usize = 16 << 30;
+    const MOST_RESOURCES: usize = 4096;
+    let first = raft::DeviceResources::new().expect("resources");
+    let free = || first.context().mem_get_info().expect("cuMemGetInfo").0;
+    println!("RESULT free_mib={}", free() >> 20);
+    // cudaMalloc'd, not from the pool (the pool keeps what it frees; cudaFree gives it back), in
+    // chunks: one allocation of nearly all the memory may not find a range that large.
+    let cuda = raft::MemoryResource::cuda(first.device()).expect("a cuda_memory_resource");
+    let mut filler = Vec::new();
+    while free() > HEADROOM + (256 << 20) {
+        match raft::DeviceVec::<u8>::new_in(&first, (free() - HEADROOM).min(CHUNK), &cuda) {
+            Ok(v) => filler.push(v),
+            Err(e) => {
+                println!("MESSAGE filler={e}");
+                break;
+            }
+        }
+    }
+    println!("RESULT filled_free_mib={}", free() >> 20);
+    let mut all = vec![first];
+    let mut failure = None;
+    for _ in 0..MOST_RESOURCES {
+        let r = match raft::DeviceResources::new() {
+            Ok(r) => r,
+            Err(e) => {
+                failure = Some(("new", e));
+                break;
+            }
+        };
+        let handle = r.cublas_handle();
+        all.push(r);
+        if let Err(e) = handle {
+            failure = Some(("cublas", e));
+            break;
+        }
+    }
+    let handles = all.iter().filter(|r| r.has_handle(raft::HandleKind::Cublas).unwrap_or(false)).count();
+    match &failure {
+        Some((step, e)) => {
+            println!("RESULT kind={} step={step} handles={handles}", e.kind());
+            println!("MESSAGE oom={e}");
+        }
+        None => println!("RESULT kind=none handles={handles}"),
+    }
+    let release_errors = all.iter().map(raft::DeviceResources::release).filter(|r| r.is_err()).count();
+    println!("RESULT release_errors={release_errors}");
+    drop(all);
+    drop(filler);
+    // The filler's cudaFree runs on a library release thread: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (raft::exit::releases_in_flight() > 0 || raft::stats().live_arrays > 0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let recovered = (|| -> raft::Result<bool> {
+        let r = raft::DeviceResources::new()?;
+        r.cublas_handle()?;
+        let a = raft::DeviceVec::from_host(&r, &[1.0f32, 2.0, 3.0, 4.0])?;
+        let b = raft::DeviceVec::from_host(&r, &[0.0f32, 1.0, 1.0, 0.0])?;
+        let mut c = raft::DeviceVec::<f32>::zeros(&r, 4)?;
+        let layout = raft::Layout::RowMajor;
+        raft::gemm(1.0, a.matrix(2, 2, layout)?, b.matrix(2, 2, layout)?, 0.0, c.matrix_mut(2, 2, layout)?)?;
+        r.sync()?;
+        let product = c.to_host()?;
+        r.release()?;
+        Ok(product == [2.0, 1.0, 4.0, 3.0])
+    })();
+    report("recovery", &recovered);
+    println!("RESULT recovered={}", if recovered == Ok(true) { "yes" } else { "no" });
+}
+
+/// A kernel that stores through a null pointer: an illegal-address fault. PTX, loaded by the
+/// driver (the workspace's cudarc has no NVRTC). Volatile, so no compiler drops the store.
+const FAULT_PTX: &std::ffi::CStr = c".version 7.0
+.target sm_75
+.address_size 64
+
+.visible .entry fault()
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+
+    mov.u64 %rd1, 0;
+    mov.u32 %r1, 1;
+    st.volatile.global.u32 [%rd1], %r1;
+    ret;
+}
+";
+
+/// Queues the faulting kernel on `stream` (the module is never unloaded: the context it lives in
+/// is lost with the fault anyway).
+fn launch_fault(stream: &raft::cudarc::driver::CudaStream) -> raft::Result<()> {
+    use raft::cudarc::driver::result as cu;
+    const WHO: &str = "launch_fault";
+    let driver = |e| raft::Error::driver(WHO, e);
+    stream.context().bind_to_thread().map_err(driver)?;
+    // SAFETY: the image is a NUL-terminated PTX text, read by the driver up to its NUL.
+    let module = unsafe { cu::module::load_data(FAULT_PTX.as_ptr().cast()) }.map_err(driver)?;
+    let name = std::ffi::CString::new("fault").expect("no NUL in the name");
+    // SAFETY: `module` was just loaded and is never unloaded.
+    let function = unsafe { cu::module::get_function(module, name) }.map_err(driver)?;
+    // SAFETY: `fault` takes no parameters and the stream is alive (borrowed). Its store faults
+    // in the GPU's memory management unit (nothing is mapped at address 0): no memory is
+    // written, the device's context is lost, which is what this scenario is about.
+    unsafe { cu::launch_kernel(function, (1, 1, 1), (1, 1, 1), 0, stream.cu_stream(), &mut []) }.map_err(driver)
+}
+
+/// Fault injection "kernel fault": after an illegal-address kernel on the resources' stream,
+/// every call reports the fault as a `Cuda` error; `main` then returns 7 (see soundness.rs).
+fn kernel_fault() -> ExitCode {
+    let res = raft::DeviceResources::new().expect("resources");
+    let stream = res.stream().expect("stream");
+    report("launch", &launch_fault(&stream));
+    drop(stream);
+    report("sync", &res.sync());
+    report("zeros", &raft::DeviceVec::<f32>::zeros(&res, 4));
+    report("from_host", &raft::DeviceVec::from_host(&res, &[1.0f32, 2.0, 3.0, 4.0]));
+    report("release", &res.release());
+    println!("RESULT released={}", res.is_released());
+    report("new", &raft::DeviceResources::new());
+    println!("RESULT main_end_ms={}", now_ms());
+    ExitCode::from(7)
+}
+
+/// A bad `RAFT_EXIT_WAIT` (set by the parent) refuses a job, under the API the user called; a
+/// scoped wait, or a default set in code, still lets jobs be made.
+fn spawn_bad_exit_wait() {
+    let res = raft::DeviceResources::new().expect("resources");
+    report("spawn", &res.spawn(|| ()));
+    let scoped = raft::exit::with_exit_wait(1.0, || res.spawn(|| 6 * 7).and_then(raft::JobHandle::join)).expect("a valid wait");
+    report("scoped", &scoped);
+    raft::exit::set_default_exit_wait(1.0).expect("a valid wait");
+    report("after_default", &res.spawn(|| ()).and_then(raft::JobHandle::join));
+    res.release().expect("release");
+}
+
+fn main() -> ExitCode {
     let name = std::env::args().nth(1).unwrap_or_default();
+    if name == "logger-panics-at-exit" {
+        log::set_logger(&PANICKING_LOGGER).expect("the first logger");
+        log::set_max_level(log::LevelFilter::Trace);
+    } else {
+        env_logger::Builder::new().parse_filters(&std::env::var("RUST_LOG").unwrap_or_else(|_| "raft=debug".into())).init();
+    }
     let wait = env_f64("SCENARIO_WAIT", 10.0);
     let secs = env_f64("SCENARIO_JOB_SECS", 0.5);
     if std::env::var_os("SCENARIO_WAIT").is_some() {
@@ -61,6 +264,15 @@ fn main() {
     match name.as_str() {
         // Exit while a job runs; main returns.
         "job-then-return" => {
+            let _keep = job(secs);
+        }
+        // The user's logger panics inside the exit hook (at its warning of a skipped teardown),
+        // while a job outlives its bound; a user's exit handler registered before the first job
+        // must not run (the static destructors that follow it would run under the job).
+        "logger-panics-at-exit" => {
+            // SAFETY: `user_exit_handler` never unwinds (it ignores every write error).
+            let rc = unsafe { atexit(user_exit_handler) };
+            assert_eq!(rc, 0, "atexit refused the handler");
             let _keep = job(secs);
         }
         // The job itself calls exit.
@@ -84,15 +296,34 @@ fn main() {
             std::thread::spawn(|| std::process::exit(0)).join().ok();
             std::thread::sleep(Duration::from_secs(30));
         }
-        // A release in flight on a library thread at exit.
+        // A release in flight on a library thread at exit, and no job.
         "release-in-flight" => {
             if std::env::var("SCENARIO_GPU").as_deref() == Ok("1") {
+                // A job queues `secs` of work on the resources' stream and returns; once it has
+                // ended, dropping the last handle queues the release, which waits for that
+                // stream before destroying it: the release, not a job, holds the exit.
                 let res = raft::DeviceResources::new().expect("resources");
-                let busy = res.clone();
-                // A job keeps the stream busy for `secs`; dropping the last handle queues the
-                // release behind it on the release thread.
-                let _job = busy.spawn(move || std::thread::sleep(Duration::from_secs_f64(secs))).expect("spawn");
-                drop(busy);
+                let stream = res.stream().expect("stream");
+                let ms = (secs * 1000.0) as usize;
+                res.spawn(move || {
+                    // SAFETY: the stream is alive (this Arc, and the resources, hold it);
+                    // `stream_work` makes no CUDA call and reads its argument as a number.
+                    unsafe {
+                        raft::cudarc::driver::result::stream::launch_host_function(
+                            stream.cu_stream(),
+                            stream_work,
+                            ms as *mut std::ffi::c_void,
+                        )
+                    }
+                })
+                .expect("spawn")
+                .join()
+                .expect("job")
+                .expect("cuLaunchHostFunc");
+                // The job's token drops just after its result is seen.
+                while raft::exit::jobs_in_flight() > 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 drop(res);
             } else {
                 let token = raft_exit::ReleaseToken::register(raft_exit::Label { what: "release", id: 1, device: None });
@@ -103,6 +334,7 @@ fn main() {
                     drop(token);
                 });
             }
+            println!("RESULT jobs_at_exit={} releases_at_exit={}", raft::exit::jobs_in_flight(), raft::exit::releases_in_flight());
         }
         // Many resources alive at exit: the teardown releases them all.
         "many-resources" => {
@@ -209,10 +441,18 @@ fn main() {
             Ok(v) => println!("RESULT wait={v}"),
             Err(e) => println!("ERROR {}", raft::Error::from(e)),
         },
+        // Issue 13, defect 7: device memory exhausted by cuBLAS handles, then recovered.
+        "cublas-oom" => cublas_oom(),
+        // Issue 13: a kernel fault on the resources' stream; main returns 7.
+        "kernel-fault" => return kernel_fault(),
+        // A bad RAFT_EXIT_WAIT makes `spawn` fail as `DeviceResources::spawn`.
+        "spawn-bad-exit-wait" => spawn_bad_exit_wait(),
         other => {
             eprintln!("unknown scenario {other:?}");
             std::process::exit(2);
         }
     }
     println!("RESULT main_end_ms={}", now_ms());
+    // The status main returns (`SCENARIO_STATUS`, else 0): the exit must end with it.
+    ExitCode::from(std::env::var("SCENARIO_STATUS").ok().and_then(|v| v.parse::<u8>().ok()).unwrap_or(0))
 }

@@ -1,0 +1,225 @@
+//! RMM's resources as Rust values (issue 15): every base resource and adaptor allocates, frees
+//! and reports; limits become `OutOfMemory` and recover; a failure callback frees a cache and
+//! the retry succeeds; tracking and logging see what happened; `reinitialize` and `RAFT_RMM_*`.
+use raft::{memory, DeviceResources, DeviceVec, ErrorKind, MemoryResource, MemoryResourceKind, RmmOptions};
+use raft_tests::require_gpu;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+const MIB: usize = 1 << 20;
+
+/// Allocates `bytes` from `mr` on `res`, writes and reads it back, and frees it.
+fn round_trip(res: &DeviceResources, mr: &MemoryResource, bytes: usize) {
+    let host: Vec<u8> = (0..bytes).map(|i| (i * 7 % 251) as u8).collect();
+    let mut v = DeviceVec::<u8>::new_in(res, bytes, mr).unwrap_or_else(|e| panic!("{:?}: {e}", mr.kind()));
+    v.copy_from_host(&host).unwrap();
+    assert_eq!(v.to_host().unwrap(), host, "{:?}", mr.kind());
+}
+
+#[test]
+fn every_base_resource_and_adaptor_allocates_frees_and_reports_its_kind() {
+    require_gpu!();
+    let res = DeviceResources::on_device(0).unwrap();
+    let cuda = MemoryResource::cuda(0).unwrap();
+    let made: Vec<(MemoryResource, MemoryResourceKind)> = vec![
+        (cuda.clone(), MemoryResourceKind::Cuda),
+        (MemoryResource::cuda_async(0).unwrap(), MemoryResourceKind::CudaAsync),
+        (MemoryResource::cuda_async_with(0, Some(64 * MIB), Some(32 * MIB)).unwrap(), MemoryResourceKind::CudaAsync),
+        (MemoryResource::managed(0).unwrap(), MemoryResourceKind::Managed),
+        (MemoryResource::pinned_host(0).unwrap(), MemoryResourceKind::PinnedHost),
+        (cuda.pool(Some(64 * MIB), Some(256 * MIB)).unwrap(), MemoryResourceKind::Pool),
+        (cuda.arena(Some(64 * MIB)).unwrap(), MemoryResourceKind::Arena),
+        (cuda.binning(10, 20).unwrap(), MemoryResourceKind::Binning),
+        (cuda.with_limit(64 * MIB).unwrap(), MemoryResourceKind::Limiting),
+        (cuda.with_statistics().unwrap(), MemoryResourceKind::Statistics),
+        (cuda.with_tracking().unwrap(), MemoryResourceKind::Tracking),
+        (cuda.thread_safe().unwrap(), MemoryResourceKind::ThreadSafe),
+        (cuda.with_failure_callback(|_| false).unwrap(), MemoryResourceKind::FailureCallback),
+    ];
+    for (mr, kind) in &made {
+        assert_eq!(mr.kind(), *kind);
+        assert_eq!(mr.device(), 0);
+        round_trip(&res, mr, 3 * MIB + 5);
+    }
+    // Adaptors compose: a pool over managed memory, counted and tracked.
+    let stacked =
+        MemoryResource::managed(0).unwrap().pool(Some(32 * MIB), None).unwrap().with_tracking().unwrap().with_statistics().unwrap();
+    round_trip(&res, &stacked, MIB);
+    let s = stacked.statistics().unwrap();
+    assert_eq!((s.current_bytes, s.current_count, s.total_count), (0, 0, 1));
+    assert!(s.peak_bytes >= MIB as i64 && s.total_bytes >= MIB as i64, "{s:?}");
+}
+
+#[test]
+fn statistics_and_tracking_are_readable_from_other_threads_while_arrays_live() {
+    require_gpu!();
+    let res = DeviceResources::on_device(0).unwrap();
+    let tracked = MemoryResource::cuda_async(0).unwrap().with_tracking().unwrap();
+    let counted = tracked.with_statistics().unwrap();
+    let arrays: Vec<DeviceVec<f32>> = (1..=4).map(|i| DeviceVec::new_in(&res, i * 1000, &counted).unwrap()).collect();
+    let (t, c) = (tracked.clone(), counted.clone());
+    let seen = std::thread::spawn(move || (t.tracked().unwrap(), c.statistics().unwrap(), t.tracking_report().unwrap())).join().unwrap();
+    let bytes: usize = (1..=4).map(|i| i * 1000 * 4).sum();
+    assert_eq!(seen.0.count, 4);
+    assert!(seen.0.bytes >= bytes, "{:?}", seen.0);
+    assert_eq!(seen.1.current_count, 4);
+    assert!(!seen.2.is_empty(), "RMM's report lists the live allocations");
+    drop(arrays);
+    assert_eq!(tracked.tracked().unwrap().count, 0);
+    assert_eq!(counted.statistics().unwrap().current_bytes, 0);
+}
+
+#[test]
+fn a_limit_becomes_out_of_memory_and_freeing_recovers() {
+    require_gpu!();
+    let res = DeviceResources::on_device(0).unwrap();
+    let limited = MemoryResource::cuda_async(0).unwrap().with_limit(8 * MIB).unwrap();
+    let first = DeviceVec::<u8>::new_in(&res, 6 * MIB, &limited).unwrap();
+    let e = DeviceVec::<u8>::new_in(&res, 6 * MIB, &limited).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
+    assert_eq!(e.who(), "DeviceVec::new_in");
+    let (allocated, limit) = limited.limit().unwrap();
+    assert_eq!(limit, 8 * MIB);
+    assert!(allocated >= 6 * MIB);
+    drop(first);
+    DeviceVec::<u8>::new_in(&res, 6 * MIB, &limited).expect("the limit has room again once the first array is gone");
+}
+
+#[test]
+fn a_failure_callback_frees_a_cache_and_the_retry_succeeds() {
+    require_gpu!();
+    let res = DeviceResources::on_device(0).unwrap();
+    let limited = MemoryResource::cuda_async(0).unwrap().with_limit(8 * MIB).unwrap();
+    // A cache the callback can empty: arrays held for later use.
+    let cache: Arc<Mutex<Vec<DeviceVec<u8>>>> = Arc::new(Mutex::new(Vec::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (c, n) = (cache.clone(), calls.clone());
+    let mr = limited
+        .with_failure_callback(move |_bytes| {
+            n.fetch_add(1, Ordering::SeqCst);
+            let mut held = c.lock().unwrap();
+            let freed = !held.is_empty();
+            held.clear();
+            freed // retry only when something was freed
+        })
+        .unwrap();
+    cache.lock().unwrap().push(DeviceVec::new_in(&res, 6 * MIB, &mr).unwrap());
+    let v = DeviceVec::<u8>::new_in(&res, 6 * MIB, &mr).expect("the callback emptied the cache and the retry fit");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(cache.lock().unwrap().is_empty());
+    // Nothing left to free: the callback says no, the allocation is out of memory.
+    let e = DeviceVec::<u8>::new_in(&res, 6 * MIB, &mr).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    drop(v);
+}
+
+#[test]
+fn a_panicking_failure_callback_is_caught_and_means_out_of_memory() {
+    require_gpu!();
+    let res = DeviceResources::on_device(0).unwrap();
+    let mr = MemoryResource::cuda_async(0).unwrap().with_limit(MIB).unwrap().with_failure_callback(|_| panic!("callback bug")).unwrap();
+    let e = DeviceVec::<u8>::new_in(&res, 2 * MIB, &mr).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
+    round_trip(&res, &mr, MIB / 2); // the adaptor still works
+}
+
+#[test]
+fn logging_writes_rmms_csv() {
+    require_gpu!();
+    let res = DeviceResources::on_device(0).unwrap();
+    let path = std::env::temp_dir().join(format!("raft-rmm-log-{}.csv", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    {
+        let logged = MemoryResource::cuda_async(0).unwrap().with_logging(&path, true).unwrap();
+        round_trip(&res, &logged, 12345);
+    } // the adaptor (and its log) goes with its last handle
+    let csv = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines.first().is_some_and(|h| h.contains("Action") && h.contains("Size")), "a CSV header: {csv}");
+    assert!(lines.iter().any(|l| l.contains("allocate") && l.contains("12345")), "{csv}");
+    assert!(lines.iter().any(|l| l.contains("free") && l.contains("12345")), "{csv}");
+}
+
+#[test]
+fn set_current_returns_the_previous_and_arrays_keep_theirs() {
+    require_gpu!();
+    let res = DeviceResources::on_device(0).unwrap();
+    let before = memory::current(0).unwrap();
+    let counted = MemoryResource::cuda_async(0).unwrap().with_statistics().unwrap();
+    let previous = memory::set_current(0, &counted).unwrap();
+    assert!(previous.same_as(&before).unwrap());
+    let v = DeviceVec::<f32>::from_host(&res, &[1.0, 2.0, 3.0]).unwrap(); // from `counted`
+    assert_eq!(counted.statistics().unwrap().current_count, 1);
+    // Replace it again: the array still holds `counted`, and frees through it.
+    memory::set_current(0, &before).unwrap();
+    assert_eq!(v.to_host().unwrap(), [1.0, 2.0, 3.0]);
+    drop(v);
+    assert_eq!(counted.statistics().unwrap().current_count, 0);
+    // A resource of another device is refused.
+    let e = memory::set_current(1, &counted).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+}
+
+#[test]
+fn reinitialize_builds_what_the_options_describe() {
+    require_gpu!();
+    let res = DeviceResources::on_device(0).unwrap();
+    let options = RmmOptions {
+        pool: true,
+        initial_pool_size: Some(64 * MIB),
+        maximum_pool_size: Some(512 * MIB),
+        statistics: true,
+        ..Default::default()
+    };
+    let previous = memory::reinitialize(0, &options).unwrap();
+    let now = memory::current(0).unwrap();
+    assert_eq!(now.kind(), MemoryResourceKind::Statistics);
+    let v = DeviceVec::<u8>::zeros(&res, 4 * MIB).unwrap();
+    assert_eq!(now.statistics().unwrap().current_bytes, 4 * MIB as i64);
+    drop(v);
+    memory::set_current(0, &previous).unwrap();
+}
+
+#[test]
+fn a_pool_on_one_device_and_an_async_resource_on_another_stay_on_their_devices() {
+    require_gpu!();
+    if raft::device_count().unwrap() < 2 {
+        eprintln!("SKIP a_pool_on_one_device_and_an_async_resource_on_another_stay_on_their_devices: one GPU");
+        return;
+    }
+    use cudarc::driver::DevicePtr;
+    let ordinal = |v: &DeviceVec<u8>| {
+        use cudarc::driver::sys::{cuPointerGetAttribute, CUpointer_attribute, CUresult};
+        let (ptr, _g) = v.device_ptr(v.stream());
+        let mut d: i32 = -1;
+        // SAFETY: writes one int for a live allocation of this test.
+        let rc =
+            unsafe { cuPointerGetAttribute(&mut d as *mut i32 as *mut _, CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) };
+        assert_eq!(rc, CUresult::CUDA_SUCCESS);
+        d
+    };
+    // Made from device 0's thread context: each resource must still allocate on its own device
+    // (NVIDIA/raft#3077 made the pool on whatever device was current).
+    let pool1 = MemoryResource::cuda(1).unwrap().pool(Some(64 * MIB), None).unwrap();
+    let async0 = MemoryResource::cuda_async(0).unwrap();
+    let (r0, r1) = (DeviceResources::on_device(0).unwrap(), DeviceResources::on_device(1).unwrap());
+    let a = DeviceVec::<u8>::new_in(&r1, MIB, &pool1).unwrap();
+    let b = DeviceVec::<u8>::new_in(&r0, MIB, &async0).unwrap();
+    assert_eq!((ordinal(&a), ordinal(&b)), (1, 0));
+    assert_eq!(DeviceVec::<u8>::new_in(&r0, MIB, &pool1).unwrap_err().kind(), ErrorKind::Logic);
+}
+
+#[test]
+fn the_tracking_report_at_exit_names_a_leaked_array() {
+    require_gpu!();
+    let exe = raft_tests::scenarios_exe(env!("CARGO_BIN_EXE_rmm-exit"));
+    let exe = if exe.file_name().is_some_and(|n| n == "scenarios") { exe.with_file_name("rmm-exit") } else { exe };
+    let out = std::process::Command::new(exe).env("RUST_LOG", "raft=warn").output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let leaked = stdout.lines().find_map(|l| l.strip_prefix("LEAKED ")).expect("the child names its leaked array").trim().to_string();
+    assert!(stderr.contains("still live in a tracking resource"), "{stderr}");
+    assert!(stderr.to_lowercase().contains(&leaked.to_lowercase()), "the report names the leaked array's address {leaked}:\n{stderr}");
+}

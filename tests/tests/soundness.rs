@@ -1,0 +1,239 @@
+//! Issue 13, "sound by construction": the defects that made safe code deadlock, lose errors or
+//! misreport out of memory, and the fault injections (device memory exhausted by cuBLAS handles,
+//! a kernel fault on the resources' stream).
+//!
+//! Every test here takes [`serial`] first: cudarc keeps one error slot per device context, shared
+//! by the whole process, and one test fills the device's memory on purpose, so these tests must
+//! not overlap each other (other test files run in processes of their own).
+use cudarc::driver::sys::CUresult;
+use cudarc::driver::DriverError;
+use raft::{with_device_resources, DeviceResources, ErrorKind};
+use raft_tests::{require_gpu, run_scenario, Child};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long a release may take before the test calls it a deadlock.
+const HANG: Duration = Duration::from_secs(20);
+
+/// Runs the tests of this file one at a time (see the module comment).
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `body` on a helper thread and waits up to [`HANG`] for it: a deadlock fails the test
+/// instead of hanging the suite (the stuck thread is left behind; the process still exits).
+fn within_limit<T: Send + 'static>(what: &str, body: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(body());
+    });
+    match rx.recv_timeout(HANG) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still blocked after {HANG:?}: a deadlock"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: the helper thread panicked"),
+    }
+}
+
+/// How a job ends the scope of its own resources.
+#[derive(Debug, Clone, Copy)]
+enum JobRelease {
+    Explicit,
+    ScopeEnd,
+}
+
+/// Defect 3 (d3ada27 deadlocked here: `Inner::release` held `releasing` while it joined the
+/// worker, and the job's own release waited for `releasing`). A job queued on `r` sleeps, then
+/// releases a clone of `r`, while another thread is already releasing `r`: both releases
+/// return `Ok`, and `r` ends released.
+fn a_job_releases_its_resources_while_another_thread_does(how: JobRelease) {
+    let outcome = within_limit("a job releasing its own resources during their release", move || {
+        let r = DeviceResources::new().unwrap();
+        let inner = r.clone();
+        let (started_tx, started_rx) = mpsc::channel();
+        let job = r
+            .spawn(move || {
+                started_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+                // The release of the test thread began during the sleep: it waits for this job.
+                let saw_release_in_progress = inner.is_released();
+                let released = match how {
+                    JobRelease::Explicit => inner.release(),
+                    JobRelease::ScopeEnd => {
+                        with_device_resources(inner, |_| ());
+                        Ok(())
+                    }
+                };
+                (saw_release_in_progress, released)
+            })
+            .unwrap();
+        started_rx.recv().unwrap();
+        let outer = r.release();
+        let job = job.join();
+        (outer, job, r.is_released(), r.stream().map(|_| ()))
+    });
+    let (outer, job, released, stream) = outcome;
+    assert_eq!(outer, Ok(()), "{how:?}: the release of the test thread");
+    let (saw_release_in_progress, inner) = job.expect("the job ran to its end");
+    assert!(saw_release_in_progress, "{how:?}: the job's release overlapped the other thread's, as this test means");
+    assert_eq!(inner, Ok(()), "{how:?}: the job's own release");
+    assert!(released, "{how:?}");
+    assert_eq!(stream.unwrap_err().kind(), ErrorKind::Logic, "{how:?}: the stream is gone");
+}
+
+#[test]
+fn a_job_releasing_its_own_resources_while_another_thread_releases_them_does_not_deadlock() {
+    require_gpu!();
+    let _serial = serial();
+    a_job_releases_its_resources_while_another_thread_does(JobRelease::Explicit);
+}
+
+#[test]
+fn a_job_ending_a_scope_of_its_own_resources_while_another_thread_releases_them_does_not_deadlock() {
+    require_gpu!();
+    let _serial = serial();
+    a_job_releases_its_resources_while_another_thread_does(JobRelease::ScopeEnd);
+}
+
+/// A second `release()` from a thread that is not the worker returns only once the first has
+/// finished: after it returns, the queued job has ended and the stream is gone. (Returning at
+/// once would let a caller believe the GPU memory and the stream are free while they are not.)
+#[test]
+fn a_second_release_from_another_thread_waits_for_the_first_to_finish() {
+    require_gpu!();
+    let _serial = serial();
+    let r = DeviceResources::new().unwrap();
+    let job_done = Arc::new(AtomicBool::new(false));
+    let (started_tx, started_rx) = mpsc::channel();
+    let done = job_done.clone();
+    let job = r
+        .spawn(move || {
+            started_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            done.store(true, Ordering::SeqCst);
+        })
+        .unwrap();
+    started_rx.recv_timeout(HANG).expect("the job started");
+    let first = {
+        let r = r.clone();
+        std::thread::spawn(move || r.release())
+    };
+    // The first release has begun (it marks the resources released first, then waits for the job).
+    let deadline = Instant::now() + HANG;
+    while !r.is_released() {
+        assert!(Instant::now() < deadline, "the first release never began");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!job_done.load(Ordering::SeqCst), "the job still sleeps: the first release is still waiting for it");
+    let (second, job_was_done, stream) = {
+        let r = r.clone();
+        let job_done = job_done.clone();
+        within_limit("the second release", move || {
+            let second = r.release();
+            (second, job_done.load(Ordering::SeqCst), r.stream().map(|_| ()))
+        })
+    };
+    assert_eq!(second, Ok(()));
+    assert!(job_was_done, "the second release returned before the first had waited for the job");
+    let e = stream.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "the stream was destroyed before the second release returned: {e}");
+    assert_eq!(within_limit("the first release", move || first.join().unwrap()), Ok(()));
+    job.join().unwrap();
+    assert!(r.is_released());
+}
+
+/// Defect 4: cudarc records a failure met while destroying the stream in the device's shared
+/// `CudaContext`. The release that met it must return it, and leave nothing for the next,
+/// unrelated call (on d3ada27, `release()` returned `Ok` and the next `DeviceResources::new()`
+/// failed with the recorded error).
+#[test]
+fn an_error_recorded_during_a_release_is_returned_by_it_and_not_left_for_the_next_new() {
+    require_gpu!();
+    let _serial = serial();
+    // Releases queued by earlier drops could take the recorded error before `release` does.
+    let deadline = Instant::now() + HANG;
+    while raft::exit::releases_in_flight() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let r = DeviceResources::new().unwrap();
+    // What cudarc does when one of its `Drop`s fails (here by hand: a failure cannot be provoked).
+    r.context().record_err::<()>(Err(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE)));
+    let e = r.release().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Cuda, "{e}");
+    assert_eq!(e.who(), "DeviceResources::release", "{e}");
+    assert!(e.message().contains("CUDA_ERROR_INVALID_VALUE"), "the error names what cudarc recorded: {e}");
+    assert!(r.is_released(), "released all the same");
+    assert_eq!(r.context().check_err(), Ok(()), "nothing is left in the device's context");
+    let next = DeviceResources::new().expect("the next, unrelated resources are not failed by the earlier error");
+    next.sync().unwrap();
+    next.release().unwrap();
+}
+
+/// The value of a child's `MESSAGE key=…` line: an error's full `Display`, spaces and all.
+fn message(c: &Child, key: &str) -> String {
+    let prefix = format!("MESSAGE {key}=");
+    c.stdout.lines().find_map(|l| l.strip_prefix(&prefix)).map(str::to_string).unwrap_or_default()
+}
+
+/// Defect 7 and the fault injection "exhaust device memory with cuBLAS handles" (child scenario
+/// `cublas-oom`): most of the device's memory is taken by one array, then resources take cuBLAS
+/// handles (about 65 MiB of device memory each) until one fails. That failure is
+/// `OutOfMemory` (d3ada27 reported `Cuda` for `CUBLAS_STATUS_ALLOC_FAILED`); once everything is
+/// released, new resources take a handle and multiply matrices again.
+#[test]
+fn exhausting_device_memory_with_cublas_handles_is_out_of_memory_and_recoverable() {
+    require_gpu!();
+    let _serial = serial();
+    let c = run_scenario!("cublas-oom", &[], Duration::from_secs(300));
+    c.assert_code(0);
+    let context = format!("stdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
+    assert_eq!(c.result("kind").as_deref(), Some("out-of-memory"), "the failure: {}\n{context}", message(&c, "oom"));
+    assert_ne!(c.result("handles").as_deref(), Some("0"), "the failure came after some handles were made\n{context}");
+    assert_eq!(c.result("release_errors").as_deref(), Some("0"), "{context}");
+    assert_eq!(c.result("recovered").as_deref(), Some("yes"), "after the release: {}\n{context}", message(&c, "recovery"));
+}
+
+/// Whether an error text names the illegal-address fault (the driver's or the runtime's name).
+fn names_the_fault(text: &str) -> bool {
+    text.contains("CUDA_ERROR_ILLEGAL_ADDRESS") || text.contains("cudaErrorIllegalAddress")
+}
+
+/// Fault injection "kernel fault" (child scenario `kernel-fault`): a kernel stores through a null
+/// pointer on the resources' stream. Every later call (`sync`, `DeviceVec::zeros`,
+/// `DeviceVec::from_host`, `release`, `DeviceResources::new`) returns a `Cuda` error naming the
+/// fault, under the API the user called; nothing panics or hangs, and the process ends with the
+/// status its `main` returned (7), not a signal.
+///
+/// What a user can and cannot recover after such a fault: the fault is *sticky*. It corrupts the
+/// device's CUDA context for the rest of the process, so nothing on that device can be used again
+/// in this process: not these resources, not other resources of the device, not new ones, not
+/// allocations or copies. What stays is the error itself (its kind and the fault's name, to log
+/// or report) and the process's host state; the library still lets `main` return and the process
+/// exit with its own status. The only recovery is to exit and start a new process (a supervisor's
+/// restart, a job retry).
+#[test]
+fn a_kernel_fault_makes_every_later_call_a_cuda_error_and_the_process_exits_with_its_own_status() {
+    require_gpu!();
+    let _serial = serial();
+    let c = run_scenario!("kernel-fault", &[], Duration::from_secs(30));
+    let context = format!("stdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
+    assert_eq!(c.signal, None, "ended by a signal\n{context}");
+    c.assert_code(7);
+    assert!(c.elapsed < Duration::from_secs(30), "{:?}", c.elapsed);
+    assert!(!c.stderr.contains("panicked"), "no panic\n{context}");
+    assert_eq!(c.result("launch").as_deref(), Some("ok"), "the faulting kernel was queued: {}\n{context}", message(&c, "launch"));
+    for (key, who) in [
+        ("sync", "DeviceResources::sync"),
+        ("zeros", "DeviceVec::zeros"),
+        ("from_host", "DeviceVec::from_host"),
+        ("release", "DeviceResources::release"),
+        ("new", "DeviceResources::new"),
+    ] {
+        let text = message(&c, key);
+        assert_eq!(c.result(key).as_deref(), Some("cuda"), "{key}: {text}\n{context}");
+        assert_eq!(c.result(&format!("{key}_who")).as_deref(), Some(who), "{key}: {text}");
+        assert!(names_the_fault(&text), "{key} names the fault: {text}");
+    }
+    assert_eq!(c.result("released").as_deref(), Some("true"), "a failed release still releases\n{context}");
+}
