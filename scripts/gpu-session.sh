@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One GPU-machine session over the bundle: runs the named steps, writes each step's output under
-# $OUT (or ./gpu-out), prints a summary. Steps: tests soak examples bench doctor sanitizer torture.
+# $OUT (or ./gpu-out), prints a summary. Steps: tests soak soak1 examples bench bench2 doctor
+# sanitizer latency torture rmm-torture downstream.
 #   scripts/gpu-session.sh tests bench          (from the repository root, bundle built)
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 b="$root/gpu-bundle"
 out=${OUT:-$root/gpu-out}; mkdir -p "$out"
-export LD_LIBRARY_PATH="$b/lib:${RAFT_CUDA_LIBS:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib}:${LD_LIBRARY_PATH:-}"
+cuda_libs=${RAFT_CUDA_LIBS:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib}
+export LD_LIBRARY_PATH="$b/lib:$cuda_libs:${LD_LIBRARY_PATH:-}"
 export RAFT_REQUIRE_GPU=1 RAFT_SCENARIOS_EXE="$b/bin/scenarios"
 status=0
 for step in "$@"; do
@@ -23,18 +25,22 @@ for step in "$@"; do
     bench2) "$b/bin/raft-bench" "$out/bench2.json" > "$out/bench2.md" 2> "$out/bench2.err"; rc=$? ;;
     doctor) { "$b/bin/raft-doctor"; echo "doctor rc=$?"; } > "$out/doctor.txt" 2>&1; "$b/bin/raft-doctor" --json > "$out/doctor.json" 2>/dev/null; rc=$? ;;
     sanitizer) rc=0; : > "$out/sanitizer.txt"
-      for t in resources arrays errors memory; do
-        for tool in memcheck; do
-          echo "== $tool $t" >> "$out/sanitizer.txt"
-          # errors provokes out-of-memory on purpose: its API errors are the point of the test.
-          api=explicit; [ "$t" = errors ] && api=no
-          timeout 240 compute-sanitizer --tool $tool --report-api-errors $api --error-exitcode 99 --target-processes all "$b/tests/$t" --test-threads=4 >> "$out/sanitizer.txt" 2>&1
-          r=$?; echo "rc=$r" >> "$out/sanitizer.txt"; [ $r -eq 0 ] || rc=1
-        done
+      # memcheck: memory (arrays outliving their resource, freed from other threads; the exit
+      # teardown's children) and soundness (issue 13's defects) with the earlier binaries.
+      for t in resources arrays errors memory soundness rmm; do
+        echo "== memcheck $t" >> "$out/sanitizer.txt"
+        if [ ! -x "$b/tests/$t" ]; then echo "MISSING $b/tests/$t" >> "$out/sanitizer.txt"; rc=1; continue; fi
+        # errors provokes out-of-memory on purpose: its API errors are the point of the test.
+        api=explicit; [ "$t" = errors ] && api=no
+        timeout 240 compute-sanitizer --tool memcheck --report-api-errors $api --error-exitcode 99 --target-processes all "$b/tests/$t" --test-threads=4 >> "$out/sanitizer.txt" 2>&1
+        r=$?; echo "rc=$r" >> "$out/sanitizer.txt"; [ $r -eq 0 ] || rc=1
       done
-      echo "== racecheck arrays" >> "$out/sanitizer.txt"
-      timeout 240 compute-sanitizer --tool racecheck --error-exitcode 99 "$b/tests/arrays" --test-threads=1 >> "$out/sanitizer.txt" 2>&1
-      r=$?; echo "rc=$r" >> "$out/sanitizer.txt"; [ $r -eq 0 ] || rc=1 ;;
+      for t in arrays soundness; do
+        echo "== racecheck $t" >> "$out/sanitizer.txt"
+        if [ ! -x "$b/tests/$t" ]; then echo "MISSING $b/tests/$t" >> "$out/sanitizer.txt"; rc=1; continue; fi
+        timeout 240 compute-sanitizer --tool racecheck --error-exitcode 99 "$b/tests/$t" --test-threads=1 >> "$out/sanitizer.txt" 2>&1
+        r=$?; echo "rc=$r" >> "$out/sanitizer.txt"; [ $r -eq 0 ] || rc=1
+      done ;;
     latency) rc=0; : > "$out/latency.txt"
       # Exit latency: the child's end (taken here, right after it exits) against the moment
       # main returned, or the job ended, as the child printed it.
@@ -49,6 +55,29 @@ for step in "$@"; do
         echo "$name ($mark -> process end, ms, 20 runs): $(echo $vals | tr ' ' '\n' | sort -n | tr '\n' ' ')" >> "$out/latency.txt"
       done ;;
     torture) "$b/run.sh" torture "${TORTURE_N:-1000}" > "$out/torture.txt" 2>&1; rc=$? ;;
+    rmm-torture) rc=0; n=${TORTURE_N:-300}; crashes=0; hangs=0; wrong=0; : > "$out/rmm-torture.txt"
+      # Issue 15: random exits with an RMM pool installed (RAFT_RMM_POOL_SIZE) and arrays alive on
+      # several resources, a job holding an array, arrays dropped on other threads meanwhile.
+      for i in $(seq 1 "$n"); do
+        case $((RANDOM % 3)) in 0) end=return; want=0 ;; 1) end=exit-from-thread; want=0 ;; 2) end=exit-in-job; want=3 ;; esac
+        o=$(RAFT_RMM_POOL_SIZE=512MiB SCENARIO_END=$end SCENARIO_WAIT=0.$((RANDOM % 300)) SCENARIO_JOB_SECS=0.$((RANDOM % 400)) \
+            timeout 30 "$b/bin/rmm-exit" arrays-alive 2>&1); r=$?
+        if [ $r -eq 124 ]; then hangs=$((hangs+1)); echo "HANG $end" >> "$out/rmm-torture.txt";
+        elif [ $r -ge 128 ]; then crashes=$((crashes+1)); echo "CRASH rc=$r $end: $(echo "$o" | tail -3)" >> "$out/rmm-torture.txt";
+        elif [ $r -ne $want ]; then wrong=$((wrong+1)); echo "WRONG rc=$r $end: $(echo "$o" | tail -3)" >> "$out/rmm-torture.txt"; fi
+        [ $i -eq 1 ] && echo "first run: $o" >> "$out/rmm-torture.txt"
+      done
+      echo "rmm-torture: $n runs, $crashes crashes, $hangs hangs, $wrong wrong statuses" >> "$out/rmm-torture.txt"
+      [ $((crashes+hangs+wrong)) -eq 0 ] || rc=1 ;;
+    downstream)
+      # A user's binary as shipped, in a bare environment: no LD_LIBRARY_PATH (the shim is found
+      # beside the binary, in ../lib); cuBLAS, cuSOLVER and cuSPARSE preloaded from
+      # RAFT_RS_LIB_PATH.
+      # (Cargo names the binary after its package, raft-downstream, unless the bundle renames it.)
+      exe="$b/bin/downstream"; [ -x "$exe" ] || exe="$b/bin/raft-downstream"
+      { echo "== env -i PATH HOME RAFT_REQUIRE_GPU=1 RAFT_RS_LIB_PATH=$cuda_libs $exe"
+        env -i PATH="$PATH" HOME="$HOME" RAFT_REQUIRE_GPU=1 RAFT_RS_LIB_PATH="$cuda_libs" "$exe"
+        rc=$?; echo "rc=$rc"; } > "$out/downstream.txt" 2>&1 ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
   echo "step $step: rc=$rc"

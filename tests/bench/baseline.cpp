@@ -65,6 +65,16 @@ cudaStream_t bench_stream()
 
 extern "C" {
 
+/// cudaRuntimeGetVersion through a call linked into this binary: what every shim call was
+/// before the shim became a library loaded at first use.
+int32_t bl_runtime_version(int32_t* out)
+{
+  int v   = 0;
+  auto rc = cudaRuntimeGetVersion(&v);
+  *out    = v;
+  return rc;
+}
+
 // cudaStreamCreateWithFlags(NonBlocking) + raft::device_resources on it + destroy both.
 int32_t bl_create_release()
 {

@@ -132,6 +132,8 @@ pub mod baseline {
     extern "C" {
         /// cudaStreamCreateWithFlags(NonBlocking) + raft::device_resources on it + destroy both.
         pub fn bl_create_release() -> i32;
+        /// cudaRuntimeGetVersion, linked.
+        pub fn bl_runtime_version(out: *mut i32) -> i32;
         /// cudaStreamSynchronize.
         pub fn bl_stream_sync(stream: *mut c_void) -> i32;
         /// Allocate + free through a C++ cuda_async_memory_resource.
