@@ -183,10 +183,10 @@ impl DeviceResources {
     pub(crate) fn create(who: &'static str, device: usize) -> Result<Self> {
         // context() checks that the device exists.
         let ctx = context(who, device)?;
-        let _keep = ContextGuard::save(who)?;
+        let guard = ContextGuard::save(who)?;
         memory::ensure_default(who, device)?;
         let stream = result::new_stream(who, &ctx)?;
-        let native = NativeResources::create(who, device, stream)?;
+        let native = NativeResources::create(who, device, stream, &guard)?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ResourcesState {
             id,

@@ -197,10 +197,10 @@ unsafe impl Send for NativeResources {}
 unsafe impl Sync for NativeResources {}
 
 impl NativeResources {
-    /// Builds RAFT's resources for `device` on `stream` (no handle is made yet).
-    pub(crate) fn create(who: &'static str, device: usize, stream: Arc<CudaStream>) -> Result<Self> {
+    /// Builds RAFT's resources for `device` on `stream` (no handle is made yet). The caller's
+    /// guard (the proof it holds one) puts its context back afterwards.
+    pub(crate) fn create(who: &'static str, device: usize, stream: Arc<CudaStream>, _guard: &ContextGuard) -> Result<Self> {
         let api = api(who)?;
-        let _keep = ContextGuard::save(who)?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: the stream is a live CUstream of this device (a CUstream is a cudaStream_t),
         // kept alive by `stream`, which the new object holds; `raw` receives a new object or

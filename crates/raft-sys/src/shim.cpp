@@ -281,6 +281,21 @@ using checked_cusolver_dn = checked_handle<cusolverDnHandle_t, cusolverStatus_t,
 using checked_cusolver_sp = checked_handle<cusolverSpHandle_t, cusolverStatus_t, CUSOLVER_STATUS_SUCCESS, cusolver_sp_traits>;
 using checked_cusparse    = checked_handle<cusparseHandle_t, cusparseStatus_t, CUSPARSE_STATUS_SUCCESS, cusparse_traits>;
 
+/// The four factories of one resources object, allocated together.
+struct checked_factories {
+  explicit checked_factories(rmm::cuda_stream_view s)
+    : cublas(raft::resource::resource_type::CUBLAS_HANDLE, s),
+      cusolver_dn(raft::resource::resource_type::CUSOLVER_DN_HANDLE, s),
+      cusolver_sp(raft::resource::resource_type::CUSOLVER_SP_HANDLE, s),
+      cusparse(raft::resource::resource_type::CUSPARSE_HANDLE, s)
+  {
+  }
+  checked_factory<checked_cublas> cublas;
+  checked_factory<checked_cusolver_dn> cusolver_dn;
+  checked_factory<checked_cusolver_sp> cusolver_sp;
+  checked_factory<checked_cusparse> cusparse;
+};
+
 /// The C++ object behind raftrs_resources: RAFT's device_resources, plus a look at whether a
 /// lazily made resource exists yet (RAFT keeps its cells protected, a subclass may read them).
 class shim_resources final : public raft::device_resources {
@@ -288,12 +303,13 @@ class shim_resources final : public raft::device_resources {
   shim_resources(int device, cudaStream_t stream)
     : raft::device_resources(rmm::cuda_stream_view{stream}), device_(device)
   {
-    using raft::resource::resource_type;
-    rmm::cuda_stream_view s{stream};
-    add_resource_factory(std::make_shared<checked_factory<checked_cublas>>(resource_type::CUBLAS_HANDLE, s));
-    add_resource_factory(std::make_shared<checked_factory<checked_cusolver_dn>>(resource_type::CUSOLVER_DN_HANDLE, s));
-    add_resource_factory(std::make_shared<checked_factory<checked_cusolver_sp>>(resource_type::CUSOLVER_SP_HANDLE, s));
-    add_resource_factory(std::make_shared<checked_factory<checked_cusparse>>(resource_type::CUSPARSE_HANDLE, s));
+    // One allocation for the four factories; each cell gets an aliasing pointer into it. The
+    // cells exist already (RAFT's constructor made them): a CAS each, no new cell.
+    auto all = std::make_shared<checked_factories>(rmm::cuda_stream_view{stream});
+    ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cublas));
+    ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusolver_dn));
+    ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusolver_sp));
+    ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusparse));
   }
 
   [[nodiscard]] bool has(raft::resource::resource_type type) const
@@ -440,17 +456,37 @@ struct shim_buffer {
   bool stream_ordered;
 };
 
-/// Whether freeing through `mr` never blocks the caller: the async pool, directly or under a
-/// statistics adaptor.
-bool frees_stream_ordered(rmm::device_async_resource_ref mr)
+/// The upstream of an adaptor of type `A` behind `mr` (or nothing when `mr` is no `A`).
+template <typename A>
+std::optional<rmm::device_async_resource_ref> upstream_of(rmm::device_async_resource_ref mr)
 {
-  auto kind = classify(mr);
-  if (kind == RAFTRS_MR_CUDA_ASYNC) { return true; }
-  if (kind == RAFTRS_MR_STATISTICS) {
-    auto* stat = cuda::mr::resource_cast<statistics_mr>(&mr);
-    return stat != nullptr && classify(stat->get_upstream_resource()) == RAFTRS_MR_CUDA_ASYNC;
+  auto* a = cuda::mr::resource_cast<A>(&mr);
+  if (a == nullptr) { return std::nullopt; }
+  return a->get_upstream_resource();
+}
+
+/// Whether freeing through `mr` never blocks the caller: the async pool and RMM's own pools
+/// (their frees return blocks to a free list, stream-ordered), and any adaptor over such a
+/// resource. cudaFree, cudaFreeHost and unknown resources may synchronise the device.
+bool frees_stream_ordered(rmm::device_async_resource_ref mr, int depth = 0)
+{
+  if (depth > 32) { return false; }
+  std::optional<rmm::device_async_resource_ref> up;
+  switch (classify(mr)) {
+    case RAFTRS_MR_CUDA_ASYNC:
+    case RAFTRS_MR_POOL:
+    case RAFTRS_MR_ARENA: return true;
+    case RAFTRS_MR_STATISTICS: up = upstream_of<statistics_mr>(mr); break;
+    case RAFTRS_MR_LIMITING: up = upstream_of<limiting_mr>(mr); break;
+    case RAFTRS_MR_TRACKING: up = upstream_of<tracking_mr>(mr); break;
+    case RAFTRS_MR_LOGGING: up = upstream_of<rmm::mr::logging_resource_adaptor>(mr); break;
+    case RAFTRS_MR_FAILURE_CALLBACK: up = upstream_of<failure_mr>(mr); break;
+    case RAFTRS_MR_THREAD_SAFE: up = upstream_of<rmm::mr::thread_safe_resource_adaptor>(mr); break;
+    // Sizes past the largest bin go to the upstream.
+    case RAFTRS_MR_BINNING: up = upstream_of<rmm::mr::binning_memory_resource>(mr); break;
+    default: return false;
   }
-  return false;
+  return up.has_value() && frees_stream_ordered(*up, depth + 1);
 }
 
 template <typename T, typename Gemm>
