@@ -64,7 +64,10 @@ for step in "$@"; do
             timeout 30 "$b/bin/rmm-exit" arrays-alive 2>&1); r=$?
         if [ $r -eq 124 ]; then hangs=$((hangs+1)); echo "HANG $end" >> "$out/rmm-torture.txt";
         elif [ $r -ge 128 ]; then crashes=$((crashes+1)); echo "CRASH rc=$r $end: $(echo "$o" | tail -3)" >> "$out/rmm-torture.txt";
-        elif [ $r -ne $want ]; then wrong=$((wrong+1)); echo "WRONG rc=$r $end: $(echo "$o" | tail -3)" >> "$out/rmm-torture.txt"; fi
+        # A job calling exit(3) after the exit wait ran out never gets to: the exit ended the
+        # process first with main's status 0 (the log says the teardown was skipped).
+        elif [ $r -ne $want ] && ! { [ $r -eq 0 ] && [ "$end" = exit-in-job ] && echo "$o" | grep -q "teardown skipped"; }; then
+          wrong=$((wrong+1)); echo "WRONG rc=$r $end: $(echo "$o" | tail -3)" >> "$out/rmm-torture.txt"; fi
         [ $i -eq 1 ] && echo "first run: $o" >> "$out/rmm-torture.txt"
       done
       echo "rmm-torture: $n runs, $crashes crashes, $hangs hangs, $wrong wrong statuses" >> "$out/rmm-torture.txt"

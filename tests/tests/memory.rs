@@ -69,6 +69,12 @@ fn allocations_use_the_current_resource_and_statistics_count_them() {
     assert!(during.peak_bytes >= during.current_bytes);
     drop(v);
     r.sync().unwrap();
+    // A free that may block (cudaFree under the adaptor, if an earlier test left that resource
+    // current) runs on a release thread: wait for it before reading the counts.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while raft::stats().releases_pending > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let after = raft::memory_statistics(0).unwrap();
     assert_eq!(after.current_bytes, before.current_bytes);
 }

@@ -207,6 +207,10 @@ impl MemoryResource {
         const WHO: &str = "MemoryResource::with_tracking";
         let made = Self::wrap(WHO, self.native.tracking(WHO)?)?;
         TRACKED.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&made.native));
+        // The report runs in the exit teardown: make sure there is one, also in a process that
+        // never makes a job or a release.
+        register_teardown();
+        raft_exit::register_exit_hook();
         Ok(made)
     }
 

@@ -40,8 +40,10 @@ extern "C" {
     fn on_exit(function: extern "C" fn(libc::c_int, *mut libc::c_void), arg: *mut libc::c_void) -> libc::c_int;
 }
 
-/// Registers the hook with the C library's exit handlers, once.
-pub(crate) fn ensure_registered() {
+/// Registers the hook with the C library's exit handlers, once (the first job or release does
+/// it too). For teardown steps that must run in a process that may never make either, such as
+/// the tracking report of leaked allocations.
+pub fn ensure_registered() {
     HOOK.call_once(|| {
         #[cfg(target_env = "gnu")]
         // SAFETY: `exit_hook_with_status` never unwinds (it catches every panic) and uses no
