@@ -32,7 +32,10 @@ for step in "$@"; do
         if [ ! -x "$b/tests/$t" ]; then echo "MISSING $b/tests/$t" >> "$out/sanitizer.txt"; rc=1; continue; fi
         # errors provokes out-of-memory on purpose: its API errors are the point of the test.
         api=explicit; [ "$t" = errors ] && api=no
-        timeout 240 compute-sanitizer --tool memcheck --report-api-errors $api --error-exitcode 99 --target-processes all "$b/tests/$t" --test-threads=4 >> "$out/sanitizer.txt" 2>&1
+        # soundness faults a kernel and fills the card on purpose (two child processes): memcheck
+        # reports exactly those; they run, unsanitized, in the tests step.
+        skip=""; [ "$t" = soundness ] && skip="--skip a_kernel_fault --skip exhausting_device_memory"
+        timeout 240 compute-sanitizer --tool memcheck --report-api-errors $api --error-exitcode 99 --target-processes all "$b/tests/$t" --test-threads=4 $skip >> "$out/sanitizer.txt" 2>&1
         r=$?; echo "rc=$r" >> "$out/sanitizer.txt"; [ $r -eq 0 ] || rc=1
       done
       for t in arrays soundness; do

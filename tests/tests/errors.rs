@@ -13,6 +13,13 @@ enum Advice {
     Report,
 }
 
+/// One GPU test of this file at a time: one of them fills the card on purpose, and the others
+/// (a child process among them) must not start under it.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn describe_failure<T>(thunk: impl FnOnce() -> raft::Result<T>) -> Advice {
     match thunk() {
         Ok(_) => Advice::Ok,
@@ -27,6 +34,7 @@ fn describe_failure<T>(thunk: impl FnOnce() -> raft::Result<T>) -> Advice {
 #[test]
 fn dispatching_on_the_kind() {
     require_gpu!();
+    let _serial = serial();
     assert_eq!(describe_failure(|| current_device_resources(0)), Advice::Ok);
     assert_eq!(describe_failure(|| DeviceResources::on_device(99)), Advice::FixTheCall);
     let r = DeviceResources::new().unwrap();
@@ -36,6 +44,7 @@ fn dispatching_on_the_kind() {
 #[test]
 fn recovering_the_procedure_name_from_the_message() {
     require_gpu!();
+    let _serial = serial();
     let finished = raft::with_device_resources(DeviceResources::new().unwrap(), |r| r.clone());
     let e = finished.sync().unwrap_err();
     let who = e.to_string().split(": ").next().unwrap().to_string();
@@ -46,6 +55,7 @@ fn recovering_the_procedure_name_from_the_message() {
 #[test]
 fn out_of_memory_leaves_the_process_and_the_memory_usable() {
     require_gpu!();
+    let _serial = serial();
     let r = DeviceResources::new().unwrap();
     let (free, total) = r.context().mem_get_info().unwrap();
     for bytes in [total + (1 << 30), 1usize << 50, usize::MAX / 2] {
@@ -70,6 +80,7 @@ fn out_of_memory_leaves_the_process_and_the_memory_usable() {
 #[test]
 fn bad_arguments_are_logic_errors_not_panics() {
     require_gpu!();
+    let _serial = serial();
     let r = DeviceResources::new().unwrap();
     let mut v = DeviceVec::<f32>::zeros(&r, 4).unwrap();
     assert_eq!(v.copy_from_host(&[1.0; 3]).unwrap_err().to_string(), "DeviceVec::copy_from_host: expected 4 elements, given 3");
@@ -87,6 +98,7 @@ fn bad_arguments_are_logic_errors_not_panics() {
 #[test]
 fn array_constructors_report_themselves_as_who() {
     require_gpu!();
+    let _serial = serial();
     let r = DeviceResources::new().unwrap();
     r.release().unwrap();
     let host = [1.0f32; 4];
@@ -110,6 +122,7 @@ fn array_constructors_report_themselves_as_who() {
 #[test]
 fn a_bad_raft_exit_wait_makes_spawn_fail_as_device_resources_spawn() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("spawn-bad-exit-wait", &[("RAFT_EXIT_WAIT", "-1")], Duration::from_secs(60));
     c.assert_code(0);
     let text = c.stdout.lines().find_map(|l| l.strip_prefix("MESSAGE spawn=")).unwrap_or_default().to_string();

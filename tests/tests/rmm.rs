@@ -8,6 +8,12 @@ use std::sync::{Arc, Mutex};
 
 const MIB: usize = 1 << 20;
 
+/// Tests that change device 0's current resource run one at a time (they read it back).
+fn current_resource_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Allocates `bytes` from `mr` on `res`, writes and reads it back, and frees it.
 fn round_trip(res: &DeviceResources, mr: &MemoryResource, bytes: usize) {
     let host: Vec<u8> = (0..bytes).map(|i| (i * 7 % 251) as u8).collect();
@@ -145,6 +151,7 @@ fn logging_writes_rmms_csv() {
 #[test]
 fn set_current_returns_the_previous_and_arrays_keep_theirs() {
     require_gpu!();
+    let _one = current_resource_lock();
     let res = DeviceResources::on_device(0).unwrap();
     let before = memory::current(0).unwrap();
     let counted = MemoryResource::cuda_async(0).unwrap().with_statistics().unwrap();
@@ -165,6 +172,7 @@ fn set_current_returns_the_previous_and_arrays_keep_theirs() {
 #[test]
 fn reinitialize_builds_what_the_options_describe() {
     require_gpu!();
+    let _one = current_resource_lock();
     let res = DeviceResources::on_device(0).unwrap();
     let options = RmmOptions {
         pool: true,

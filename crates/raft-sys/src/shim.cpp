@@ -303,13 +303,25 @@ class shim_resources final : public raft::device_resources {
   shim_resources(int device, cudaStream_t stream)
     : raft::device_resources(rmm::cuda_stream_view{stream}), device_(device)
   {
-    // One allocation for the four factories; each cell gets an aliasing pointer into it. The
-    // cells exist already (RAFT's constructor made them): a CAS each, no new cell.
-    auto all = std::make_shared<checked_factories>(rmm::cuda_stream_view{stream});
-    ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cublas));
+  }
+
+  /// Installs the checked handle factories (once; later calls are one atomic load). Every shim
+  /// entry point that lets RAFT code reach these resources' handles calls it first, so RAFT's
+  /// own factories (which hand out an uninitialised handle when a create fails) never run.
+  /// Done on first use rather than in the constructor: resources that never take a handle pay
+  /// nothing for it.
+  void ensure_checked_factories()
+  {
+    using raft::resource::resource_type;
+    if (has_resource_factory(resource_type::CUBLAS_HANDLE)) { return; }
+    // One allocation for the four; each cell gets an aliasing pointer into it. The cells exist
+    // (RAFT's constructor made them): a CAS each; a racing caller's CAS simply loses.
+    auto all = std::make_shared<checked_factories>(raft::resource::get_cuda_stream(*this));
     ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusolver_dn));
     ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusolver_sp));
     ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusparse));
+    // cuBLAS last: its factory being set is what tells the others are.
+    ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cublas));
   }
 
   [[nodiscard]] bool has(raft::resource::resource_type type) const
@@ -515,6 +527,7 @@ raftrs_status gemm(raftrs_resources* res,
       }
     }
     device_scope scope{r.device()};
+    r.ensure_checked_factories();
     auto handle = raft::resource::get_cublas_handle(r);
     check_cublas(cublasSetStream(handle, raft::resource::get_cuda_stream(r).value()),
                  "binding the cuBLAS handle to the resources' stream");
@@ -665,10 +678,10 @@ raftrs_status raftrs_resources_sync(raftrs_resources* res)
 raftrs_status raftrs_resources_handle(raftrs_resources* res, int32_t kind, void** out)
 {
   return guard([&] {
-    auto& r  = unwrap(res);
-    auto t   = handle_type(kind);
-    (void)t;
+    auto& r = unwrap(res);
+    (void)handle_type(kind);  // refuses an unknown kind
     device_scope scope{r.device()};
+    r.ensure_checked_factories();
     switch (kind) {
       case RAFTRS_HANDLE_CUBLAS: *out = raft::resource::get_cublas_handle(r); break;
       case RAFTRS_HANDLE_CUSOLVER_DN: *out = raft::resource::get_cusolver_dn_handle(r); break;
