@@ -227,15 +227,18 @@ raftrs_status raftrs_rmm_map_address(void** out);
 typedef struct raftrs_buffer raftrs_buffer;
 
 /** Allocates `bytes` on `stream` from `mr`, or from `device`'s current resource when `mr` is
- *  NULL (the buffer then holds a shared copy of it). */
-raftrs_status raftrs_buffer_create(int32_t device, const raftrs_mr* mr, void* stream, size_t bytes, raftrs_buffer** out);
+ *  NULL (the buffer then holds a shared copy of it). `*data` receives the device pointer and
+ *  `*stream_ordered` 1 when the resource frees stream-ordered without blocking (the async pool,
+ *  RMM's pools, or adaptors over them), 0 when freeing may wait (cudaFree synchronises). */
+raftrs_status raftrs_buffer_create(int32_t device,
+                                   const raftrs_mr* mr,
+                                   void* stream,
+                                   size_t bytes,
+                                   raftrs_buffer** out,
+                                   void** data,
+                                   int32_t* stream_ordered);
 /** Frees the buffer stream-ordered on `stream`, through the resource that made it. */
 raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream);
-/** The buffer's device pointer. */
-void* raftrs_buffer_data(raftrs_buffer* buf);
-/** 1 when the resource that made the buffer frees stream-ordered without blocking (the async
- *  pool, or a statistics adaptor over it); 0 when freeing may wait (cudaFree synchronises). */
-int32_t raftrs_buffer_stream_ordered(raftrs_buffer* buf);
 
 /* ---- work through the resources' handles -------------------------------------------------- */
 

@@ -165,10 +165,10 @@ pub struct RaftrsShim {
         stream: *mut ::core::ffi::c_void,
         bytes: usize,
         out: *mut *mut raftrs_buffer,
+        data: *mut *mut ::core::ffi::c_void,
+        stream_ordered: *mut i32,
     ) -> raftrs_status,
     pub raftrs_buffer_destroy: unsafe extern "C" fn(buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status,
-    pub raftrs_buffer_data: unsafe extern "C" fn(buf: *mut raftrs_buffer) -> *mut ::core::ffi::c_void,
-    pub raftrs_buffer_stream_ordered: unsafe extern "C" fn(buf: *mut raftrs_buffer) -> i32,
     pub raftrs_gemm_f32: unsafe extern "C" fn(
         res: *mut raftrs_resources,
         trans_a: i32,
@@ -260,8 +260,6 @@ impl RaftrsShim {
         let raftrs_rmm_map_address = __library.get(b"raftrs_rmm_map_address\0").map(|sym| *sym)?;
         let raftrs_buffer_create = __library.get(b"raftrs_buffer_create\0").map(|sym| *sym)?;
         let raftrs_buffer_destroy = __library.get(b"raftrs_buffer_destroy\0").map(|sym| *sym)?;
-        let raftrs_buffer_data = __library.get(b"raftrs_buffer_data\0").map(|sym| *sym)?;
-        let raftrs_buffer_stream_ordered = __library.get(b"raftrs_buffer_stream_ordered\0").map(|sym| *sym)?;
         let raftrs_gemm_f32 = __library.get(b"raftrs_gemm_f32\0").map(|sym| *sym)?;
         let raftrs_gemm_f64 = __library.get(b"raftrs_gemm_f64\0").map(|sym| *sym)?;
         Ok(RaftrsShim {
@@ -311,8 +309,6 @@ impl RaftrsShim {
             raftrs_rmm_map_address,
             raftrs_buffer_create,
             raftrs_buffer_destroy,
-            raftrs_buffer_data,
-            raftrs_buffer_stream_ordered,
             raftrs_gemm_f32,
             raftrs_gemm_f64,
         })
@@ -555,7 +551,7 @@ impl RaftrsShim {
     pub unsafe fn raftrs_rmm_map_address(&self, out: *mut *mut ::core::ffi::c_void) -> raftrs_status {
         (self.raftrs_rmm_map_address)(out)
     }
-    #[doc = " Allocates `bytes` on `stream` from `mr`, or from `device`'s current resource when `mr` is\n  NULL (the buffer then holds a shared copy of it)."]
+    #[doc = " Allocates `bytes` on `stream` from `mr`, or from `device`'s current resource when `mr` is\n  NULL (the buffer then holds a shared copy of it). `*data` receives the device pointer and\n  `*stream_ordered` 1 when the resource frees stream-ordered without blocking (the async pool,\n  RMM's pools, or adaptors over them), 0 when freeing may wait (cudaFree synchronises)."]
     pub unsafe fn raftrs_buffer_create(
         &self,
         device: i32,
@@ -563,20 +559,14 @@ impl RaftrsShim {
         stream: *mut ::core::ffi::c_void,
         bytes: usize,
         out: *mut *mut raftrs_buffer,
+        data: *mut *mut ::core::ffi::c_void,
+        stream_ordered: *mut i32,
     ) -> raftrs_status {
-        (self.raftrs_buffer_create)(device, mr, stream, bytes, out)
+        (self.raftrs_buffer_create)(device, mr, stream, bytes, out, data, stream_ordered)
     }
     #[doc = " Frees the buffer stream-ordered on `stream`, through the resource that made it."]
     pub unsafe fn raftrs_buffer_destroy(&self, buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status {
         (self.raftrs_buffer_destroy)(buf, stream)
-    }
-    #[doc = " The buffer's device pointer."]
-    pub unsafe fn raftrs_buffer_data(&self, buf: *mut raftrs_buffer) -> *mut ::core::ffi::c_void {
-        (self.raftrs_buffer_data)(buf)
-    }
-    #[doc = " 1 when the resource that made the buffer frees stream-ordered without blocking (the async\n  pool, or a statistics adaptor over it); 0 when freeing may wait (cudaFree synchronises)."]
-    pub unsafe fn raftrs_buffer_stream_ordered(&self, buf: *mut raftrs_buffer) -> i32 {
-        (self.raftrs_buffer_stream_ordered)(buf)
     }
     #[doc = " Column-major C = alpha * op(A) * op(B) + beta * C through the resources' cuBLAS handle,\n  on its stream (cublasSgemm). trans_*: 0 = N, 1 = T."]
     pub unsafe fn raftrs_gemm_f32(

@@ -1019,7 +1019,13 @@ raftrs_status raftrs_rmm_map_address(void** out)
   return guard([&] { *out = static_cast<void*>(&rmm::mr::detail::get_ref_map()); });
 }
 
-raftrs_status raftrs_buffer_create(int32_t device, const raftrs_mr* mr, void* stream, size_t bytes, raftrs_buffer** out)
+raftrs_status raftrs_buffer_create(int32_t device,
+                                   const raftrs_mr* mr,
+                                   void* stream,
+                                   size_t bytes,
+                                   raftrs_buffer** out,
+                                   void** data,
+                                   int32_t* stream_ordered)
 {
   return guard([&] {
     *out = nullptr;
@@ -1039,7 +1045,9 @@ raftrs_status raftrs_buffer_create(int32_t device, const raftrs_mr* mr, void* st
     owned->stream_ordered = frees_stream_ordered(ref);
     cuda::stream_ref s{static_cast<cudaStream_t>(stream)};
     if (bytes != 0) { owned->ptr = ref.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
-    *out = reinterpret_cast<raftrs_buffer*>(owned.release());
+    *data           = owned->ptr;
+    *stream_ordered = owned->stream_ordered ? 1 : 0;
+    *out            = reinterpret_cast<raftrs_buffer*>(owned.release());
   });
 }
 
@@ -1054,16 +1062,6 @@ raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream)
         cuda::stream_ref{static_cast<cudaStream_t>(stream)}, b->ptr, b->bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
     }
   });
-}
-
-void* raftrs_buffer_data(raftrs_buffer* buf)
-{
-  return buf == nullptr ? nullptr : reinterpret_cast<shim_buffer*>(buf)->ptr;
-}
-
-int32_t raftrs_buffer_stream_ordered(raftrs_buffer* buf)
-{
-  return buf != nullptr && reinterpret_cast<shim_buffer*>(buf)->stream_ordered ? 1 : 0;
 }
 
 raftrs_status raftrs_gemm_f32(raftrs_resources* res,

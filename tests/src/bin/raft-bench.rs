@@ -442,6 +442,34 @@ fn main() {
         "<= 1.10x pool, >= 2x faster than cudaMalloc",
         move |a, b| a <= 1.10 * b && 2.0 * a <= cpp_cuda.median_ns,
     );
+    // Where the allocation's time goes: the shim's create + destroy called directly (its C++
+    // side: device scope, RMM's map lock and resource copy, allocate, free) against the same
+    // C++ lookup, and the context guard the result layer adds around each call.
+    let stream = r.stream().unwrap();
+    let api = raft_sys::shim().unwrap_or_else(|e| fail(&e.to_string()));
+    let shim_direct = measure(200, 5000, 1, || {
+        let (mut buf, mut data, mut ordered) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        let s = stream.cu_stream() as *mut std::ffi::c_void;
+        // SAFETY: the stream is alive (held above); out-pointers are locals; the buffer is freed
+        // right after, on the same stream.
+        unsafe {
+            assert_eq!(api.raftrs_buffer_create(0, std::ptr::null(), s, mib, &mut buf, &mut data, &mut ordered), 0);
+            assert_eq!(api.raftrs_buffer_destroy(buf, s), 0);
+        }
+    });
+    let guard_pair = measure(200, 5000, 1, || {
+        // What ContextGuard::save + drop cost: two cuCtxGetCurrent, twice per allocation.
+        let c = cudarc::driver::result::ctx::get_current().unwrap();
+        black_box(cudarc::driver::result::ctx::get_current().unwrap() == c);
+    });
+    t.report(
+        "1 MiB allocate + free, where the time goes",
+        "the shim's buffer create + destroy, called directly",
+        shim_direct,
+        vec![("C++ through get_per_device_resource_ref", cpp_lookup), ("DeviceVec::new + drop", ours), ("two cuCtxGetCurrent", guard_pair)],
+        "C++ through get_per_device_resource_ref",
+        "reported",
+    );
 
     // 6. first cuBLAS handle of new resources (the library is loaded by now); ours and C++
     // alternate so that both see the same state of the device.

@@ -600,13 +600,15 @@ impl NativeBuffer {
         let api = api(who)?;
         let _keep = ContextGuard::save(who)?;
         let mut raw = std::ptr::null_mut();
+        let (mut data, mut ordered) = (std::ptr::null_mut(), 0);
         let mr_ptr = mr.map_or(std::ptr::null(), |m| m.ptr.as_ptr() as *const _);
         // SAFETY: the stream is alive (borrowed, and held by the new buffer); `mr` is alive for
-        // the borrow and the buffer keeps its own copy of it; `raw` receives a new buffer.
-        check(who, api, unsafe { api.raftrs_buffer_create(device as i32, mr_ptr, stream.cu_stream() as *mut c_void, bytes, &mut raw) })?;
+        // the borrow and the buffer keeps its own copy of it; the out-pointers are locals.
+        check(who, api, unsafe {
+            api.raftrs_buffer_create(device as i32, mr_ptr, stream.cu_stream() as *mut c_void, bytes, &mut raw, &mut data, &mut ordered)
+        })?;
         let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no buffer"))?;
-        // SAFETY: the buffer was just made and is alive.
-        let (data, stream_ordered) = unsafe { (api.raftrs_buffer_data(ptr.as_ptr()), api.raftrs_buffer_stream_ordered(ptr.as_ptr()) != 0) };
+        let stream_ordered = ordered != 0;
         Ok(NativeBuffer { ptr, data, bytes, device, stream_ordered, stream: stream.clone() })
     }
 
