@@ -65,6 +65,17 @@ cudaStream_t bench_stream()
 
 extern "C" {
 
+/// RAFT C++ code on a lent `raft::resources*` (tests/tests/lend.rs): its stream and its cuBLAS
+/// handle, as RAFT's own accessors give them.
+void* bl_lent_stream(void* res)
+{
+  return static_cast<void*>(raft::resource::get_cuda_stream(*static_cast<raft::resources*>(res)).value());
+}
+void* bl_lent_cublas(void* res)
+{
+  return static_cast<void*>(raft::resource::get_cublas_handle(*static_cast<raft::resources*>(res)));
+}
+
 /// cudaRuntimeGetVersion through a call linked into this binary: what every shim call was
 /// before the shim became a library loaded at first use.
 int32_t bl_runtime_version(int32_t* out)

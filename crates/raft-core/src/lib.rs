@@ -13,6 +13,7 @@ mod device;
 mod gemm;
 mod handles;
 mod job;
+mod lend;
 pub mod memory;
 mod release;
 mod resources;
@@ -32,6 +33,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use gemm::gemm;
 pub use handles::HandleKind;
 pub use job::JobHandle;
+pub use lend::RaftResourcesPtr;
 pub use memory::{
     current_memory_resource, enable_memory_statistics, installed_default, memory_statistics, reinitialize, reset_memory_resource,
     set_memory_resource, MemoryResource, MemoryResourceKind, MemoryStatistics, RmmOptions, TrackedAllocations,

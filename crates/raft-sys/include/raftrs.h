@@ -105,6 +105,11 @@ raftrs_status raftrs_resources_sync(raftrs_resources* res);
 /** The resources' handle of one RAFTRS_HANDLE_* kind, created on first use on the resources'
  *  device and bound to its stream. */
 raftrs_status raftrs_resources_handle(raftrs_resources* res, int32_t kind, void** out);
+/** The `raft::resources*` (base of the raft::device_resources) behind `res`, for C and C++ code
+ *  that takes RAFT's resources (cuVS's cuvsResources_t, RAFT's comms). The checked handle
+ *  factories are installed first, so RAFT code reaching the handles through it gets an error,
+ *  never an uninitialised handle. Valid until the resources are destroyed. */
+raftrs_status raftrs_resources_native(raftrs_resources* res, void** out);
 /** Whether RAFT already made the handle of that kind (1) or not yet (0). */
 raftrs_status raftrs_resources_has_handle(raftrs_resources* res, int32_t kind, int32_t* out);
 

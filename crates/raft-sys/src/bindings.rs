@@ -114,6 +114,7 @@ pub struct RaftrsShim {
     pub raftrs_resources_sync: unsafe extern "C" fn(res: *mut raftrs_resources) -> raftrs_status,
     pub raftrs_resources_handle:
         unsafe extern "C" fn(res: *mut raftrs_resources, kind: i32, out: *mut *mut ::core::ffi::c_void) -> raftrs_status,
+    pub raftrs_resources_native: unsafe extern "C" fn(res: *mut raftrs_resources, out: *mut *mut ::core::ffi::c_void) -> raftrs_status,
     pub raftrs_resources_has_handle: unsafe extern "C" fn(res: *mut raftrs_resources, kind: i32, out: *mut i32) -> raftrs_status,
     pub raftrs_mr_current: unsafe extern "C" fn(device: i32, out: *mut *mut raftrs_mr) -> raftrs_status,
     pub raftrs_mr_set_current: unsafe extern "C" fn(mr: *const raftrs_mr, previous: *mut *mut raftrs_mr) -> raftrs_status,
@@ -229,6 +230,7 @@ impl RaftrsShim {
         let raftrs_resources_destroy = __library.get(b"raftrs_resources_destroy\0").map(|sym| *sym)?;
         let raftrs_resources_sync = __library.get(b"raftrs_resources_sync\0").map(|sym| *sym)?;
         let raftrs_resources_handle = __library.get(b"raftrs_resources_handle\0").map(|sym| *sym)?;
+        let raftrs_resources_native = __library.get(b"raftrs_resources_native\0").map(|sym| *sym)?;
         let raftrs_resources_has_handle = __library.get(b"raftrs_resources_has_handle\0").map(|sym| *sym)?;
         let raftrs_mr_current = __library.get(b"raftrs_mr_current\0").map(|sym| *sym)?;
         let raftrs_mr_set_current = __library.get(b"raftrs_mr_set_current\0").map(|sym| *sym)?;
@@ -278,6 +280,7 @@ impl RaftrsShim {
             raftrs_resources_destroy,
             raftrs_resources_sync,
             raftrs_resources_handle,
+            raftrs_resources_native,
             raftrs_resources_has_handle,
             raftrs_mr_current,
             raftrs_mr_set_current,
@@ -391,6 +394,10 @@ impl RaftrsShim {
         out: *mut *mut ::core::ffi::c_void,
     ) -> raftrs_status {
         (self.raftrs_resources_handle)(res, kind, out)
+    }
+    #[doc = " The `raft::resources*` (base of the raft::device_resources) behind `res`, for C and C++ code\n  that takes RAFT's resources (cuVS's cuvsResources_t, RAFT's comms). The checked handle\n  factories are installed first, so RAFT code reaching the handles through it gets an error,\n  never an uninitialised handle. Valid until the resources are destroyed."]
+    pub unsafe fn raftrs_resources_native(&self, res: *mut raftrs_resources, out: *mut *mut ::core::ffi::c_void) -> raftrs_status {
+        (self.raftrs_resources_native)(res, out)
     }
     #[doc = " Whether RAFT already made the handle of that kind (1) or not yet (0)."]
     pub unsafe fn raftrs_resources_has_handle(&self, res: *mut raftrs_resources, kind: i32, out: *mut i32) -> raftrs_status {

@@ -692,6 +692,15 @@ raftrs_status raftrs_resources_handle(raftrs_resources* res, int32_t kind, void*
   });
 }
 
+raftrs_status raftrs_resources_native(raftrs_resources* res, void** out)
+{
+  return guard([&] {
+    auto& r = unwrap(res);
+    r.ensure_checked_factories();
+    *out = static_cast<void*>(static_cast<raft::resources*>(&r));
+  });
+}
+
 raftrs_status raftrs_resources_has_handle(raftrs_resources* res, int32_t kind, int32_t* out)
 {
   return guard([&] { *out = unwrap(res).has(handle_type(kind)) ? 1 : 0; });

@@ -46,8 +46,8 @@ pub use raft_core::{
     current_device, current_device_resources, current_memory_resource, device_count, driver_version, enable_memory_statistics, gemm,
     installed_default, memory, memory_pools_supported, memory_statistics, reinitialize, reset_memory_resource, runtime_version,
     set_memory_resource, stats, with_device_resources, AsResources, DeviceResources, DeviceScalar, DeviceVec, Error, ErrorKind, GemmScalar,
-    HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, Result, RmmOptions,
-    Scoped, Stats, TrackedAllocations, WeakResources,
+    HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, RaftResourcesPtr,
+    Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
 };
 
 /// Exiting while jobs run: the exit wait and the state of the exit (`raft-exit`).

@@ -233,6 +233,16 @@ impl NativeResources {
         Ok(out)
     }
 
+    /// The `raft::resources*` behind these resources (for foreign RAFT code; see `lend.rs`).
+    pub(crate) fn raft_resources(&self, who: &'static str) -> Result<NonNull<c_void>> {
+        let api = api(who)?;
+        let mut out = std::ptr::null_mut();
+        // SAFETY: the native resources are alive for the borrow; `out` receives a pointer into
+        // them, which the caller may only use while it holds that borrow.
+        check(who, api, unsafe { api.raftrs_resources_native(self.ptr.as_ptr(), &mut out) })?;
+        NonNull::new(out).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no resources"))
+    }
+
     /// Whether RAFT made the handle of `kind` yet.
     pub(crate) fn has_handle(&self, who: &'static str, kind: HandleCode) -> Result<bool> {
         let api = api(who)?;
