@@ -74,8 +74,16 @@ impl<T: DeviceScalar> DeviceVec<T> {
                 ));
             }
         }
-        let buffer =
-            resources.with_native(who, |n| NativeBuffer::create(who, resources.device(), mr.map(|m| m.native()), n.stream(), bytes))?;
+        let make =
+            || resources.with_native(who, |n| NativeBuffer::create(who, resources.device(), mr.map(|m| m.native()), n.stream(), bytes));
+        // Out of memory only after the releases pending on this device had their chance to
+        // give memory back: run or wait for them, then try once more.
+        let buffer = match make() {
+            Err(e) if e.kind() == ErrorKind::OutOfMemory && crate::release::drain_device(resources.device(), crate::release::OOM_WAIT) => {
+                make()
+            }
+            made => made,
+        }?;
         LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
         Ok(DeviceVec { buffer: Some(buffer), len, _mr: mr.cloned(), resources: resources.clone(), _t: PhantomData })
     }
@@ -246,8 +254,12 @@ impl<T: DeviceScalar> Drop for DeviceVec<T> {
         // Another resource may block in its free (cudaFree synchronises the device): hand it to a
         // release thread, counted by the exit machinery like any release.
         let label = raft_exit::Label { what: "release of array", id: raft_exit::next_id(), device: Some(self.resources.device()) };
-        crate::release::enqueue(
+        // Counted as memory pending release on its device: backpressure and the out-of-memory
+        // retry see it.
+        let held = crate::release::Held { streams: 0, handles: 0, bytes: (self.len * std::mem::size_of::<T>()) as u64 };
+        crate::release::enqueue_holding(
             label,
+            held,
             Box::new(move || {
                 if !raft_exit::native_release_allowed() {
                     buffer.leak();

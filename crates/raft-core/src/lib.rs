@@ -8,10 +8,12 @@
 //!
 //! This is the only crate that calls `raft-sys` for resources.
 mod array;
+mod copy;
 mod current;
 mod device;
 mod gemm;
 mod handles;
+mod host;
 mod job;
 mod lend;
 pub mod memory;
@@ -27,11 +29,13 @@ pub mod error {
 }
 
 pub use array::{DeviceVec, HostCopy, Layout, MatrixView, MatrixViewMut};
+pub use copy::{DeviceToDevice, Staging, ToDevice, ToHost, Transfer};
 pub use current::{current_device_resources, AsResources};
 pub use device::{current_device, device_count, memory_pools_supported};
 pub use error::{Error, ErrorKind, Result};
 pub use gemm::gemm;
 pub use handles::HandleKind;
+pub use host::{AsDevice, PageLocked, PinnedVec, RegisteredSlice};
 pub use job::JobHandle;
 pub use lend::RaftResourcesPtr;
 pub use memory::{
@@ -39,9 +43,10 @@ pub use memory::{
     set_memory_resource, MemoryResource, MemoryResourceKind, MemoryStatistics, RmmOptions, TrackedAllocations,
 };
 pub use resources::{DeviceResources, WeakResources};
+pub use result::copy::CopyScope;
 pub use result::{DeviceScalar, GemmScalar};
 pub use scoped::{with_device_resources, Scoped};
-pub use stats::{stats, Stats};
+pub use stats::{pending_releases, stats, PendingReleases, Stats};
 
 /// The CUDA runtime actually loaded (`cudaRuntimeGetVersion`, e.g. 13020): works without a GPU.
 pub fn runtime_version() -> Result<i32> {

@@ -1,125 +1,762 @@
-//! The library release threads: releases started by `Drop` run here, so a dropping thread never
-//! blocks on the GPU. Each queued release is registered with the exit machinery.
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
+//! The library release threads and the ledger of what pending releases hold. Releases started by
+//! `Drop` run here, so a dropping thread never blocks on the GPU; when the releases pending on a
+//! device hold more than a bound, the next `new()` or handle creation on that device runs some
+//! of them itself (backpressure), and an allocation that fails for lack of memory runs or waits
+//! for its device's pending releases before it reports `OutOfMemory`. Each queued release is
+//! registered with the exit machinery. Why helping rather than only more threads: see
+//! docs/RELIABILITY.md, "Releases that keep up".
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-/// Releases finished on the library threads (release threads and retiring workers).
+/// Releases finished (on release threads, retiring workers and helping threads).
 static DONE: AtomicU64 = AtomicU64::new(0);
-/// Most release threads there can be (`RAFT_RELEASE_THREADS` is capped at this).
+/// Of those, run by a thread making resources or a handle (backpressure) or recovering from an
+/// out-of-memory error.
+static HELPED: AtomicU64 = AtomicU64::new(0);
+/// Nanoseconds releases spent running, and waiting in the queue before that, summed.
+static RUN_NS: AtomicU64 = AtomicU64::new(0);
+static WAIT_NS: AtomicU64 = AtomicU64::new(0);
+/// Most release threads there can be (`RAFT_RELEASE_THREADS_MAX` is capped at this).
 const MAX_THREADS: usize = 64;
 /// Per release thread: when its current release started (ns after `epoch()`, +1), 0 when idle.
 /// One slot each, so a thread finishing its release never hides another's that hangs.
 static BUSY_SINCE: [AtomicU64; MAX_THREADS] = [const { AtomicU64::new(0) }; MAX_THREADS];
+/// Which slots of `BUSY_SINCE` a live thread owns (threads started on demand come and go).
+static SLOT_TAKEN: [AtomicBool; MAX_THREADS] = [const { AtomicBool::new(false) }; MAX_THREADS];
+/// Devices with a ledger of their own; releases of a device beyond are counted in the last one
+/// (no process sees this many devices today; sharing a ledger only makes backpressure earlier).
+const MAX_DEVICES: usize = 64;
+/// How long an `OutOfMemory` waits for the releases of its device running elsewhere.
+pub(crate) const OOM_WAIT: Duration = Duration::from_secs(5);
+/// A thread started on demand ends after this long without a release to run.
+const EXTRA_IDLE: Duration = Duration::from_millis(500);
+/// Another thread is started when more than this many releases wait per running thread.
+const GROW_AT: usize = 32;
 
 fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     *EPOCH.get_or_init(Instant::now)
 }
 
-/// Releases finished so far on library threads.
+/// Releases finished so far by the library.
 pub(crate) fn releases_done() -> u64 {
     DONE.load(Ordering::Relaxed)
 }
 
+/// Releases run by threads that were making resources, a handle or an allocation.
+pub(crate) fn releases_helped() -> u64 {
+    HELPED.load(Ordering::Relaxed)
+}
+
+/// Time releases spent running, and waiting for a thread before that, summed over all.
+pub(crate) fn release_times() -> (Duration, Duration) {
+    (Duration::from_nanos(RUN_NS.load(Ordering::Relaxed)), Duration::from_nanos(WAIT_NS.load(Ordering::Relaxed)))
+}
+
 /// The longest any release thread has been busy with its current release (zero when all are
 /// idle): a release that hangs shows here.
-pub(crate) fn release_busy_for() -> std::time::Duration {
+pub(crate) fn release_busy_for() -> Duration {
     let now = epoch().elapsed();
     BUSY_SINCE
         .iter()
         .map(|b| match b.load(Ordering::Relaxed) {
-            0 => std::time::Duration::ZERO,
-            since => now.saturating_sub(std::time::Duration::from_nanos(since - 1)),
+            0 => Duration::ZERO,
+            since => now.saturating_sub(Duration::from_nanos(since - 1)),
         })
         .max()
         .unwrap_or_default()
+}
+
+/// What a pending release will free, as counted for backpressure: the caller's estimate, made
+/// when the release is queued.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// CUDA streams (one per resources object).
+    pub(crate) streams: usize,
+    /// cuBLAS / cuSOLVER / cuSPARSE handles.
+    pub(crate) handles: usize,
+    /// Device memory, estimated (a cuBLAS handle holds about 65 MiB).
+    pub(crate) bytes: u64,
+}
+
+/// What the releases pending on one device hold: lock-free counters, read by backpressure on
+/// every `new()` (two loads) and by `stats()`.
+#[derive(Default)]
+struct Ledger {
+    /// Pending: queued, running, or waiting on a retiring worker.
+    releases: AtomicUsize,
+    /// Of those, in the queue, not yet started: what a helping thread can run.
+    queued: AtomicUsize,
+    /// Of those, queued on a worker behind its jobs: only that worker can run them.
+    on_workers: AtomicUsize,
+    streams: AtomicUsize,
+    handles: AtomicUsize,
+    bytes: AtomicU64,
+    /// Releases of this device finished, ever (an out-of-memory wait counts them).
+    finished: AtomicU64,
+}
+
+impl Ledger {
+    fn add(&self, h: Held) {
+        self.streams.fetch_add(h.streams, Ordering::Relaxed);
+        self.handles.fetch_add(h.handles, Ordering::Relaxed);
+        self.bytes.fetch_add(h.bytes, Ordering::Relaxed);
+        self.releases.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn remove(&self, h: Held) {
+        self.streams.fetch_sub(h.streams, Ordering::Relaxed);
+        self.handles.fetch_sub(h.handles, Ordering::Relaxed);
+        self.bytes.fetch_sub(h.bytes, Ordering::Relaxed);
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        self.releases.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn snapshot(&self) -> crate::stats::PendingReleases {
+        crate::stats::PendingReleases {
+            releases: self.releases.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
+            on_workers: self.on_workers.load(Ordering::Relaxed),
+            streams: self.streams.load(Ordering::Relaxed),
+            handles: self.handles.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// How much the releases pending on one device may hold before the next `new()` or handle
+/// creation there runs some of them itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    pub(crate) releases: usize,
+    pub(crate) bytes: u64,
+}
+
+impl Limits {
+    /// `RAFT_RELEASE_PENDING_MAX` releases (default 256) and `RAFT_RELEASE_PENDING_MIB` MiB
+    /// (default 2048, about 31 cuBLAS handles) per device.
+    fn from_env() -> Limits {
+        Limits {
+            releases: knob("RAFT_RELEASE_PENDING_MAX", 256, 1..=usize::MAX),
+            bytes: (knob("RAFT_RELEASE_PENDING_MIB", 2048, 1..=(u64::MAX >> 20) as usize) as u64) << 20,
+        }
+    }
+
+    fn exceeded_by(&self, ledger: &Ledger) -> bool {
+        ledger.releases.load(Ordering::Relaxed) > self.releases || ledger.bytes.load(Ordering::Relaxed) > self.bytes
+    }
+}
+
+/// A numeric setting from the environment, or `default` when unset or out of `range` (logged).
+fn knob(name: &str, default: usize, range: std::ops::RangeInclusive<usize>) -> usize {
+    let Ok(text) = std::env::var(name) else { return default };
+    match text.trim().parse::<usize>() {
+        Ok(n) if range.contains(&n) => n,
+        _ => {
+            log::warn!(target: "raft", "{name}={text:?} is not a number in {range:?}: using {default}");
+            default
+        }
+    }
 }
 
 type Release = Box<dyn FnOnce() + Send + 'static>;
 
 struct Queued {
     release: Release,
+    /// The device whose ledger counts it (None: counted nowhere, e.g. a worker's fallback, which
+    /// its own task accounts for).
+    device: Option<usize>,
+    held: Held,
+    queued_at: Instant,
     /// None when the release carries its own token (a worker's release that fell back here).
     _token: Option<raft_exit::ReleaseToken>,
     /// Whether the release counts itself in `DONE` (a worker's release that fell back here).
     counts_itself: bool,
 }
 
-/// How many release threads: `RAFT_RELEASE_THREADS` (1 to 64), else 4. Releasing many streams
-/// at once is slow in the driver when thousands are alive (see docs/RELIABILITY.md), so several
-/// threads keep the queue short.
-fn release_threads() -> usize {
-    std::env::var("RAFT_RELEASE_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|n| (1..=MAX_THREADS).contains(n))
-        .unwrap_or(4)
+/// The queue, the release threads and the per-device ledgers.
+struct Pool {
+    queue: Mutex<VecDeque<Queued>>,
+    /// Release threads wait here for work.
+    work: Condvar,
+    /// Out-of-memory waits sleep here until a release of theirs finishes.
+    finished_lock: Mutex<()>,
+    finished: Condvar,
+    waiting: AtomicUsize,
+    ledgers: [Ledger; MAX_DEVICES],
+    /// Releases that name no device (counted in totals only).
+    unplaced: Ledger,
+    limits: Limits,
+    /// Threads always running, the most there may be, and how many run now.
+    base_threads: usize,
+    max_threads: usize,
+    threads: AtomicUsize,
+    /// Whether threads may be started (false in unit tests of the accounting).
+    spawns: bool,
 }
 
-fn queue() -> Option<&'static Mutex<mpsc::Sender<Queued>>> {
-    static QUEUE: OnceLock<Option<Mutex<mpsc::Sender<Queued>>>> = OnceLock::new();
-    QUEUE
-        .get_or_init(|| {
-            let (tx, rx) = mpsc::channel::<Queued>();
-            let rx = std::sync::Arc::new(Mutex::new(rx));
-            let mut started = 0;
-            for (i, busy) in BUSY_SINCE.iter().enumerate().take(release_threads()) {
-                let rx = rx.clone();
-                let spawned = std::thread::Builder::new().name(format!("raft-release-{i}")).spawn(move || {
-                    raft_exit::mark_library_thread();
-                    loop {
-                        // Take one release; the lock is not held while it runs.
-                        let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                        let Ok(q) = next else { break };
-                        busy.store(epoch().elapsed().as_nanos() as u64 + 1, Ordering::Relaxed);
-                        // A failing release must not stop the ones behind it.
-                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(q.release));
-                        busy.store(0, Ordering::Relaxed);
-                        if !q.counts_itself {
-                            DONE.fetch_add(1, Ordering::Relaxed);
-                        }
-                        // `_token` drops here: the release has ended.
-                    }
-                });
-                started += spawned.is_ok() as usize;
+impl Pool {
+    fn new(limits: Limits, base_threads: usize, max_threads: usize, spawns: bool) -> Pool {
+        Pool {
+            queue: Mutex::new(VecDeque::new()),
+            work: Condvar::new(),
+            finished_lock: Mutex::new(()),
+            finished: Condvar::new(),
+            waiting: AtomicUsize::new(0),
+            ledgers: std::array::from_fn(|_| Ledger::default()),
+            unplaced: Ledger::default(),
+            limits,
+            base_threads,
+            max_threads: max_threads.max(base_threads),
+            threads: AtomicUsize::new(0),
+            spawns,
+        }
+    }
+
+    fn ledger(&self, device: Option<usize>) -> &Ledger {
+        match device {
+            Some(d) => &self.ledgers[d.min(MAX_DEVICES - 1)],
+            None => &self.unplaced,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Queued>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a release, counted in its device's ledger; may start another thread when the
+    /// queue outgrows the running ones. Never blocks on the GPU.
+    fn push(&'static self, q: Queued) {
+        let queued = self.push_local(q);
+        self.maybe_grow(queued);
+    }
+
+    /// Queues without starting threads; returns how many releases are queued now.
+    fn push_local(&self, q: Queued) -> usize {
+        let ledger = self.ledger(q.device);
+        ledger.add(q.held);
+        ledger.queued.fetch_add(1, Ordering::Relaxed);
+        let queued = {
+            let mut queue = self.lock();
+            queue.push_back(q);
+            queue.len()
+        };
+        self.work.notify_one();
+        queued
+    }
+
+    /// The oldest queued release of `device`, taken off the queue.
+    fn take_for(&self, device: usize) -> Option<Queued> {
+        let device = device.min(MAX_DEVICES - 1);
+        let mut queue = self.lock();
+        let at = queue.iter().position(|q| q.device.map(|d| d.min(MAX_DEVICES - 1)) == Some(device))?;
+        let q = queue.remove(at)?;
+        drop(queue);
+        self.ledger(q.device).queued.fetch_sub(1, Ordering::Relaxed);
+        Some(q)
+    }
+
+    /// Runs one release taken off the queue, on the calling thread, and settles its accounts.
+    fn run(&self, q: Queued, busy: Option<&AtomicU64>, helping: bool) {
+        let Queued { release, device, held, queued_at, _token, counts_itself } = q;
+        let start = Instant::now();
+        WAIT_NS.fetch_add(start.duration_since(queued_at).as_nanos() as u64, Ordering::Relaxed);
+        if let Some(b) = busy {
+            b.store(epoch().elapsed().as_nanos() as u64 + 1, Ordering::Relaxed);
+        }
+        // A failing release must not stop the ones behind it.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(release));
+        if let Some(b) = busy {
+            b.store(0, Ordering::Relaxed);
+        }
+        if !counts_itself {
+            RUN_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            DONE.fetch_add(1, Ordering::Relaxed);
+            if helping {
+                HELPED.fetch_add(1, Ordering::Relaxed);
             }
-            (started > 0).then(|| Mutex::new(tx))
-        })
-        .as_ref()
+        }
+        // A release that counts itself settled its device's ledger already; this settles the
+        // queue's own entry (counted nowhere but in the totals).
+        self.settle(device, held);
+        // `_token` drops here: the release has ended.
+    }
+
+    /// A release of `device` holding `held` has finished: its ledger forgets it, and whoever
+    /// waits for the device's releases looks again.
+    fn settle(&self, device: Option<usize>, held: Held) {
+        self.ledger(device).remove(held);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            let _g = self.finished_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.finished.notify_all();
+        }
+    }
+
+    /// Backpressure: while the releases pending on `device` hold more than the limits, runs
+    /// the oldest queued ones here. Returns how many it ran.
+    fn make_room(&self, device: usize) -> usize {
+        let ledger = self.ledger(Some(device));
+        let mut ran = 0;
+        // Over the limits with nothing queued (all running, or on workers): nothing to help with.
+        while self.limits.exceeded_by(ledger) && ledger.queued.load(Ordering::Relaxed) > 0 {
+            let Some(q) = self.take_for(device) else { break };
+            self.run(q, None, true);
+            ran += 1;
+        }
+        ran
+    }
+
+    /// Runs the queued releases of `device` here (as many as were pending at the call: others
+    /// may keep queueing), then waits, up to `wait`, until as many of its releases have
+    /// finished as were pending at the call, or until none pending holds memory any more when
+    /// some did. The wait covers releases running on release threads or other helping threads,
+    /// and on workers unless the caller is a library thread (it may be the very worker such a
+    /// release waits behind). Returns whether any was pending.
+    fn drain(&self, device: usize, wait: Duration) -> bool {
+        let ledger = self.ledger(Some(device));
+        let outside = |l: &Ledger| {
+            let on_workers = if raft_exit::on_library_thread() { l.on_workers.load(Ordering::SeqCst) } else { 0 };
+            l.releases.load(Ordering::SeqCst).saturating_sub(on_workers)
+        };
+        let pending = outside(ledger);
+        if pending == 0 {
+            return false;
+        }
+        let finished_before = ledger.finished.load(Ordering::SeqCst);
+        let held_memory = ledger.bytes.load(Ordering::SeqCst) > 0;
+        for _ in 0..pending {
+            let Some(q) = self.take_for(device) else { break };
+            self.run(q, None, true);
+        }
+        let deadline = Instant::now() + wait;
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let mut g = self.finished_lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let all_finished = ledger.finished.load(Ordering::SeqCst).wrapping_sub(finished_before) >= pending as u64;
+            let memory_freed = held_memory && ledger.bytes.load(Ordering::SeqCst) == 0;
+            let now = Instant::now();
+            if all_finished || memory_freed || outside(ledger) == 0 || now >= deadline {
+                break;
+            }
+            // Bounded naps as well as the notification: a worker's release settles without it.
+            g = self.finished.wait_timeout(g, (deadline - now).min(Duration::from_millis(10))).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        drop(g);
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        true
+    }
+
+    /// Starts one more release thread when `queued` releases are more than the running ones
+    /// get through quickly: bursts of drops that no new() follows (a service shutting down a
+    /// batch, threads ending) drain on more threads where the driver lets them run in parallel.
+    fn maybe_grow(&'static self, queued: usize) {
+        let running = self.threads.load(Ordering::Relaxed);
+        if !self.spawns || running >= self.max_threads || running == 0 || queued <= GROW_AT * running {
+            return;
+        }
+        if self.threads.compare_exchange(running, running + 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() && !self.spawn(true) {
+            self.threads.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Starts a release thread (counted in `threads` by the caller); one started on demand
+    /// (`extra`) ends after `EXTRA_IDLE` without work. Returns whether it started.
+    fn spawn(&'static self, extra: bool) -> bool {
+        let Some(slot) = SLOT_TAKEN.iter().position(|s| s.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+        else {
+            return false;
+        };
+        let body = move || {
+            raft_exit::mark_library_thread();
+            let busy = &BUSY_SINCE[slot];
+            loop {
+                let next = {
+                    let mut queue = self.lock();
+                    loop {
+                        if let Some(q) = queue.pop_front() {
+                            break Some(q);
+                        }
+                        if extra {
+                            let (q, timeout) = self.work.wait_timeout(queue, EXTRA_IDLE).unwrap_or_else(|e| e.into_inner());
+                            queue = q;
+                            if timeout.timed_out() && queue.is_empty() {
+                                break None;
+                            }
+                        } else {
+                            queue = self.work.wait(queue).unwrap_or_else(|e| e.into_inner());
+                        }
+                    }
+                };
+                let Some(q) = next else { break };
+                self.ledger(q.device).queued.fetch_sub(1, Ordering::Relaxed);
+                self.run(q, Some(busy), false);
+            }
+            self.threads.fetch_sub(1, Ordering::AcqRel);
+            SLOT_TAKEN[slot].store(false, Ordering::Release);
+        };
+        // The first release, or a long queue, may come from a thread-local destructor (a
+        // thread's default resources dropped as it ends), where std's spawn can panic: then
+        // no thread is started, and the caller carries on without it.
+        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            std::thread::Builder::new().name(format!("raft-release-{slot}")).spawn(body).is_ok()
+        }))
+        .unwrap_or(false);
+        if !started {
+            SLOT_TAKEN[slot].store(false, Ordering::Release);
+        }
+        started
+    }
+
+    fn totals(&self) -> crate::stats::PendingReleases {
+        self.ledgers.iter().chain(std::iter::once(&self.unplaced)).map(Ledger::snapshot).fold(Default::default(), |a, b| a + b)
+    }
+}
+
+/// The process's pool: its ledgers from the first use, its threads from the first release
+/// queued for them (`start_threads`).
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<&'static Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let base = knob("RAFT_RELEASE_THREADS", 4, 1..=MAX_THREADS);
+        let max = knob("RAFT_RELEASE_THREADS_MAX", 16.max(base), base..=MAX_THREADS);
+        // Leaked on purpose: the threads borrow it for the life of the process.
+        Box::leak(Box::new(Pool::new(Limits::from_env(), base, max, true)))
+    })
+}
+
+/// Starts the pool's threads on first use; whether any runs. A start that failed (no thread
+/// could be spawned, say from a thread-local destructor) is tried again by the next release.
+fn start_threads(pool: &'static Pool) -> bool {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    static STARTING: Mutex<()> = Mutex::new(());
+    if STARTED.load(Ordering::Acquire) {
+        return true;
+    }
+    let _one = STARTING.lock().unwrap_or_else(|e| e.into_inner());
+    while pool.threads.load(Ordering::Acquire) < pool.base_threads {
+        pool.threads.fetch_add(1, Ordering::AcqRel);
+        if !pool.spawn(false) {
+            pool.threads.fetch_sub(1, Ordering::AcqRel);
+            break;
+        }
+    }
+    let any = pool.threads.load(Ordering::Acquire) > 0;
+    STARTED.store(any, Ordering::Release);
+    any
 }
 
 /// Queues `release` on `worker` itself, behind the jobs already queued there; the worker ends
 /// after it. A long job then delays only its own resources' release, never the others'. Falls
-/// back to the release thread when the worker has stopped.
-pub(crate) fn on_worker(worker: crate::job::Worker, label: raft_exit::Label, release: Release) {
+/// back to a release thread when the worker has stopped. `held` is counted in the device's
+/// ledger until the release has run.
+pub(crate) fn on_worker(worker: crate::job::Worker, label: raft_exit::Label, held: Held, release: Release) {
     let token = raft_exit::ReleaseToken::register(label);
+    let pool = pool();
+    let device = label.device;
+    let ledger = pool.ledger(device);
+    ledger.add(held);
+    ledger.on_workers.fetch_add(1, Ordering::Relaxed);
     let task: Release = Box::new(move || {
+        let start = Instant::now();
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(release));
+        RUN_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         DONE.fetch_add(1, Ordering::Relaxed);
+        pool.ledger(device).on_workers.fetch_sub(1, Ordering::Relaxed);
+        pool.settle(device, held);
         drop(token);
     });
     if let Err(task) = worker.retire(task) {
-        // The worker has stopped: the release thread runs it, under the token it already holds.
-        send(Queued { release: task, _token: None, counts_itself: true });
+        // The worker has stopped: a release thread runs it, under the token and the accounts it
+        // already holds.
+        send(
+            pool,
+            Queued { release: task, device: None, held: Held::default(), queued_at: Instant::now(), _token: None, counts_itself: true },
+        );
     }
 }
 
-/// Queues `release` on the release thread. Never blocks on the GPU, never panics; when no
-/// thread can run it (none could be started), the native objects are leaked instead.
+/// Queues `release` on a release thread, counted in `label`'s device ledger as holding
+/// nothing. Never blocks on the GPU, never panics; when no thread can run it (none could be
+/// started), the native objects are leaked instead.
 pub(crate) fn enqueue(label: raft_exit::Label, release: Release) {
-    send(Queued { release, _token: Some(raft_exit::ReleaseToken::register(label)), counts_itself: false });
+    enqueue_holding(label, Held::default(), release)
 }
 
-fn send(queued: Queued) {
-    let Some(q) = queue() else {
+/// [`enqueue`], counting `held` in the device's ledger until the release has run.
+pub(crate) fn enqueue_holding(label: raft_exit::Label, held: Held, release: Release) {
+    let token = raft_exit::ReleaseToken::register(label);
+    let q = Queued { release, device: label.device, held, queued_at: Instant::now(), _token: Some(token), counts_itself: false };
+    send(pool(), q);
+}
+
+fn send(pool: &'static Pool, q: Queued) {
+    if !start_threads(pool) {
         log::warn!(target: "raft", "no release thread could be started: native objects leaked");
-        std::mem::forget(queued.release);
-        return;
-    };
-    let sent = q.lock().unwrap_or_else(|e| e.into_inner()).send(queued);
-    if let Err(mpsc::SendError(q)) = sent {
         std::mem::forget(q.release);
+        return;
+    }
+    pool.push(q);
+}
+
+/// Backpressure, called before making what a release will later have to free (a stream, a
+/// handle): while the releases pending on `device` hold more than the limits, runs the oldest
+/// queued ones on the calling thread. Two atomic loads when under the limits.
+pub(crate) fn make_room(device: usize) {
+    pool().make_room(device);
+}
+
+/// Whether the releases pending on `device` hold more than the limits (a handle lookup checks
+/// this before asking whether its handle exists yet).
+pub(crate) fn over_limits(device: usize) -> bool {
+    let pool = pool();
+    pool.limits.exceeded_by(pool.ledger(Some(device)))
+}
+
+/// For an allocation or handle creation that failed with `OutOfMemory`: runs the queued
+/// releases of `device` on the calling thread and waits, up to `wait`, for those running
+/// elsewhere. Returns whether any release of the device was pending (then a retry may succeed;
+/// otherwise the `OutOfMemory` stands at once).
+pub(crate) fn drain_device(device: usize, wait: Duration) -> bool {
+    pool().drain(device, wait)
+}
+
+/// What the releases pending on `device` hold now.
+pub(crate) fn pending(device: usize) -> crate::stats::PendingReleases {
+    pool().ledger(Some(device)).snapshot()
+}
+
+/// What all pending releases hold now.
+pub(crate) fn pending_total() -> crate::stats::PendingReleases {
+    pool().totals()
+}
+
+/// The limits per device in force (read from the environment once).
+pub(crate) fn limits() -> Limits {
+    pool().limits
+}
+
+/// Release threads running now (the ones always there and those started on demand).
+pub(crate) fn release_threads() -> usize {
+    pool().threads.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    const MIB: u64 = 1 << 20;
+
+    fn handle() -> Held {
+        Held { streams: 1, handles: 1, bytes: 65 * MIB }
+    }
+
+    /// A pool with no threads: only helping threads run its releases.
+    fn pool(releases: usize, bytes: u64) -> Pool {
+        Pool::new(Limits { releases, bytes }, 1, 1, false)
+    }
+
+    fn queued(device: usize, held: Held, ran: &Arc<AtomicUsize>) -> Queued {
+        let ran = ran.clone();
+        Queued {
+            release: Box::new(move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            }),
+            device: Some(device),
+            held,
+            queued_at: Instant::now(),
+            _token: None,
+            counts_itself: false,
+        }
+    }
+
+    #[test]
+    fn the_ledger_counts_what_is_queued_and_forgets_what_ran() {
+        let p = pool(1000, 10_000 * MIB);
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..3 {
+            p.push_local(queued(0, handle(), &ran));
+        }
+        p.push_local(queued(1, Held { streams: 1, handles: 0, bytes: 0 }, &ran));
+        let d0 = p.ledger(Some(0)).snapshot();
+        assert_eq!((d0.releases, d0.queued, d0.streams, d0.handles, d0.bytes), (3, 3, 3, 3, 195 * MIB));
+        assert_eq!(p.totals().releases, 4);
+        assert_eq!(p.totals().bytes, 195 * MIB);
+        // Nothing over the limits: helping runs nothing.
+        assert_eq!(p.make_room(0), 0);
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        // Draining device 1 runs its release only.
+        assert!(p.drain(1, Duration::from_secs(1)));
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert_eq!(p.ledger(Some(1)).snapshot(), Default::default());
+        assert_eq!(p.ledger(Some(0)).snapshot().releases, 3);
+        // Nothing pending on device 1 any more: no retry is worth it.
+        assert!(!p.drain(1, Duration::from_secs(1)));
+        assert!(p.drain(0, Duration::from_secs(1)));
+        assert_eq!(ran.load(Ordering::SeqCst), 4);
+        assert_eq!(p.totals(), Default::default());
+    }
+
+    #[test]
+    fn helping_runs_the_oldest_of_its_device_until_under_the_limits() {
+        // 4 handles' worth of bytes allowed: 10 queued handles leave 4 after helping.
+        let p = pool(1000, 4 * 65 * MIB);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        for i in 0..10 {
+            let order = order.clone();
+            p.push_local(Queued {
+                release: Box::new(move || order.lock().unwrap().push(i)),
+                device: Some(0),
+                held: handle(),
+                queued_at: Instant::now(),
+                _token: None,
+                counts_itself: false,
+            });
+        }
+        assert_eq!(p.make_room(0), 6);
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+        let left = p.ledger(Some(0)).snapshot();
+        assert_eq!((left.releases, left.bytes), (4, 4 * 65 * MIB));
+        assert!(!p.limits.exceeded_by(p.ledger(Some(0))));
+        // Another device's backlog is not this device's business.
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..10 {
+            p.push_local(queued(1, handle(), &ran));
+        }
+        assert_eq!(p.make_room(0), 0);
+        assert_eq!(p.make_room(1), 6);
+    }
+
+    #[test]
+    fn the_count_limit_holds_for_releases_holding_no_memory() {
+        let p = pool(8, u64::MAX);
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..20 {
+            p.push_local(queued(2, Held { streams: 1, handles: 0, bytes: 0 }, &ran));
+        }
+        assert_eq!(p.make_room(2), 12);
+        assert_eq!(p.ledger(Some(2)).snapshot().releases, 8);
+    }
+
+    #[test]
+    fn a_panicking_release_is_settled_like_any_other() {
+        let p = pool(0, 0);
+        p.push_local(Queued {
+            release: Box::new(|| panic!("a release failing")),
+            device: Some(0),
+            held: handle(),
+            queued_at: Instant::now(),
+            _token: None,
+            counts_itself: false,
+        });
+        assert_eq!(p.make_room(0), 1);
+        assert_eq!(p.ledger(Some(0)).snapshot(), Default::default());
+    }
+
+    #[test]
+    fn an_out_of_memory_wait_ends_when_the_release_running_elsewhere_ends() {
+        let p: &'static Pool = Box::leak(Box::new(pool(1000, u64::MAX)));
+        let ran = Arc::new(AtomicUsize::new(0));
+        p.push_local(queued(0, handle(), &ran));
+        // Another thread takes it off the queue and is slow to run it: a drain finds nothing
+        // queued and waits for it.
+        let q = p.take_for(0).unwrap();
+        let other = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            p.run(q, None, false);
+        });
+        let t = Instant::now();
+        assert!(p.drain(0, Duration::from_secs(5)));
+        let waited = t.elapsed();
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert!(waited >= Duration::from_millis(90), "waited {waited:?} for the release running elsewhere");
+        assert!(waited < Duration::from_secs(4), "woken when it ended, not at the deadline: {waited:?}");
+        other.join().unwrap();
+        // And a release that never ends only holds the wait up to its bound.
+        p.ledger(Some(0)).add(handle());
+        let t = Instant::now();
+        assert!(p.drain(0, Duration::from_millis(50)));
+        assert!(t.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_long_queue_starts_more_threads_which_end_when_idle() {
+        let p: &'static Pool = Box::leak(Box::new(Pool::new(Limits { releases: usize::MAX, bytes: u64::MAX }, 1, 4, true)));
+        p.threads.fetch_add(1, Ordering::AcqRel);
+        assert!(p.spawn(false));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        for _ in 0..400 {
+            let (ran, most) = (ran.clone(), most.clone());
+            p.push(Queued {
+                release: Box::new(move || {
+                    most.fetch_max(p.threads.load(Ordering::Relaxed), Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_micros(500));
+                    ran.fetch_add(1, Ordering::SeqCst);
+                }),
+                device: Some(0),
+                held: handle(),
+                queued_at: Instant::now(),
+                _token: None,
+                counts_itself: false,
+            });
+        }
+        let t = Instant::now();
+        while p.ledger(Some(0)).snapshot().releases > 0 && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 400);
+        assert_eq!(p.ledger(Some(0)).snapshot(), Default::default());
+        assert!(most.load(Ordering::SeqCst) > 1, "the backlog started more threads");
+        assert!(p.threads.load(Ordering::SeqCst) <= 4);
+        let t = Instant::now();
+        while p.threads.load(Ordering::SeqCst) > 1 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(p.threads.load(Ordering::SeqCst), 1, "the threads started on demand ended once idle");
+    }
+
+    #[test]
+    fn an_out_of_memory_wait_ends_once_no_pending_release_holds_memory() {
+        let p = pool(1000, u64::MAX);
+        let ran = Arc::new(AtomicUsize::new(0));
+        // A release that holds no memory runs elsewhere and never ends; the handle queued
+        // behind it is run by the drain itself, which then stops waiting.
+        p.ledger(Some(0)).add(Held { streams: 1, handles: 0, bytes: 0 });
+        p.push_local(queued(0, handle(), &ran));
+        let t = Instant::now();
+        assert!(p.drain(0, Duration::from_secs(5)));
+        assert!(t.elapsed() < Duration::from_secs(2), "waited {:?} for a release holding no memory", t.elapsed());
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_worker_s_release_falling_back_to_the_queue_is_counted_once_it_ran() {
+        let p = pool(1000, u64::MAX);
+        let ran = Arc::new(AtomicUsize::new(0));
+        let q = Queued { device: None, held: Held::default(), counts_itself: true, ..queued(0, Held::default(), &ran) };
+        p.push_local(q);
+        assert_eq!(p.totals().releases, 1);
+        let q = {
+            let mut queue = p.lock();
+            queue.pop_front().unwrap()
+        };
+        p.ledger(None).queued.fetch_sub(1, Ordering::Relaxed);
+        p.run(q, None, false);
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert_eq!(p.totals(), Default::default());
+    }
+
+    #[test]
+    fn devices_beyond_the_last_ledger_share_it() {
+        let p = pool(1000, u64::MAX);
+        let ran = Arc::new(AtomicUsize::new(0));
+        p.push_local(queued(MAX_DEVICES + 5, handle(), &ran));
+        assert_eq!(p.ledger(Some(MAX_DEVICES - 1)).snapshot().releases, 1);
+        assert!(p.drain(MAX_DEVICES + 5, Duration::from_secs(1)));
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
     }
 }

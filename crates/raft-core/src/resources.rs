@@ -108,6 +108,8 @@ impl Drop for ResourcesState {
         // worker, the worker itself releases after the jobs queued on it; without, a release
         // thread does (it never waits for a job).
         let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
+        // What the release will free, counted against the device until it has run.
+        let held = native.as_ref().map(crate::handles::held_by).unwrap_or_default();
         let destroy = move || {
             if let Some(n) = native {
                 if !raft_exit::native_release_allowed() {
@@ -118,8 +120,8 @@ impl Drop for ResourcesState {
             }
         };
         match worker {
-            Some(w) => release::on_worker(w, label, Box::new(destroy)),
-            None => release::enqueue(label, Box::new(destroy)),
+            Some(w) => release::on_worker(w, label, held, Box::new(destroy)),
+            None => release::enqueue_holding(label, held, Box::new(destroy)),
         }
     }
 }
@@ -144,7 +146,11 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 ///
 /// `Clone` gives the *same* resources (a cheap handle); `==` is identity. Resources are
 /// released by [`release`](Self::release), at the end of [`with_device_resources`], or when
-/// the last handle is dropped (then on a library release thread: `Drop` never blocks).
+/// the last handle is dropped (then on a library release thread: `Drop` never blocks). What
+/// such pending releases hold is bounded per device (`RAFT_RELEASE_PENDING_MAX` releases,
+/// `RAFT_RELEASE_PENDING_MIB` of handle memory; see [`crate::Stats::pending`]): beyond it, the
+/// next `new()` or first handle on that device runs some of them on its own thread first. An
+/// `OutOfMemory` is only reported once the releases pending on the device have run.
 /// Released resources stay a `DeviceResources` value: [`device`](Self::device) still answers,
 /// and the rest give a `Logic` error.
 ///
@@ -161,21 +167,23 @@ pub struct DeviceResources {
 static_assertions::assert_impl_all!(DeviceResources: Send, Sync, Clone, Eq, std::hash::Hash);
 
 impl DeviceResources {
-    /// New, independent resources on the calling thread's current CUDA device.
+    /// New, independent resources on the calling thread's current CUDA device. When the
+    /// releases pending on the device hold more than their bound, runs some of them first.
     ///
     /// # Errors
-    /// `Cuda` when there is no driver or CUDA fails.
+    /// `Cuda` when there is no driver or CUDA fails; `OutOfMemory` when the device has no room
+    /// for a stream even after its pending releases ran.
     pub fn new() -> Result<Self> {
         const WHO: &str = "DeviceResources::new";
         let device = current_device_for(WHO)?;
         Self::create(WHO, device)
     }
 
-    /// New, independent resources on `device`.
+    /// New, independent resources on `device` (with the same backpressure as [`new`](Self::new)).
     ///
     /// # Errors
     /// `Logic` for a device that does not exist (`DeviceResources::on_device: no device 1
-    /// among 1`); `Cuda` when there is no driver or CUDA fails.
+    /// among 1`); `Cuda` when there is no driver or CUDA fails; `OutOfMemory` as for `new`.
     pub fn on_device(device: usize) -> Result<Self> {
         Self::create("DeviceResources::on_device", device)
     }
@@ -183,10 +191,18 @@ impl DeviceResources {
     pub(crate) fn create(who: &'static str, device: usize) -> Result<Self> {
         // context() checks that the device exists.
         let ctx = context(who, device)?;
+        // Backpressure: new resources are a stream a release will have to destroy; while the
+        // releases pending on this device hold too much, this thread runs some of them first.
+        release::make_room(device);
         let guard = ContextGuard::save(who)?;
         memory::ensure_default(who, device)?;
-        let stream = result::new_stream(who, &ctx)?;
-        let native = NativeResources::create(who, device, stream, &guard)?;
+        let make = || NativeResources::create(who, device, result::new_stream(who, &ctx)?, &guard);
+        // Memory only waiting for a pending release is not missing: run or wait for them, then
+        // try once more.
+        let native = match make() {
+            Err(e) if e.kind() == ErrorKind::OutOfMemory && release::drain_device(device, release::OOM_WAIT) => make(),
+            made => made,
+        }?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ResourcesState {
             id,

@@ -3,6 +3,7 @@ use crate::handles::HandleKind;
 use crate::resources::live_registry;
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
+use std::time::Duration;
 
 /// What the library holds now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -15,14 +16,75 @@ pub struct Stats {
     pub live_handles: usize,
     /// Device arrays alive.
     pub live_arrays: usize,
-    /// Releases queued or running on the library release thread.
+    /// Releases queued or running on the library's threads (as the exit machinery counts them).
     pub releases_pending: usize,
+    /// What pending releases hold, summed over the devices (see [`pending_releases`] for one
+    /// device, and the limits below).
+    pub pending: PendingReleases,
+    /// The most releases that may be pending on one device before the next `new()` or handle
+    /// creation there runs some of them itself (`RAFT_RELEASE_PENDING_MAX`, default 256).
+    pub pending_releases_limit: usize,
+    /// The most device memory pending releases may hold on one device before the same happens
+    /// (`RAFT_RELEASE_PENDING_MIB`, default 2 GiB).
+    pub pending_bytes_limit: u64,
     /// Jobs queued or running.
     pub jobs_in_flight: usize,
-    /// Releases finished on library threads since the process started.
+    /// Releases finished by the library since the process started.
     pub releases_done: u64,
-    /// How long the release thread has been on its current release (zero when idle).
-    pub release_busy_for: std::time::Duration,
+    /// Of those, run by a thread that was making resources, a handle or an allocation on the
+    /// same device (backpressure, or recovering from an out-of-memory error).
+    pub releases_helped: u64,
+    /// Release threads running now (`RAFT_RELEASE_THREADS` always, up to
+    /// `RAFT_RELEASE_THREADS_MAX` while the queue is long).
+    pub release_threads: usize,
+    /// How long the longest-busy release thread has been on its current release (zero when
+    /// all are idle).
+    pub release_busy_for: Duration,
+    /// Time releases spent running, summed over all of them: divided by `releases_done`, the
+    /// mean release.
+    pub release_time: Duration,
+    /// Time queued releases waited for a thread before they ran, summed.
+    pub release_wait: Duration,
+}
+
+/// What the releases pending on a device (or on all of them) hold, as counted when they were
+/// queued: the stream of each released resources object, the library handles RAFT had made on
+/// them, and the device memory those handles hold (estimated: about 65 MiB per cuBLAS handle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PendingReleases {
+    /// Releases queued, running, or waiting on a retiring worker behind its jobs.
+    pub releases: usize,
+    /// Of those, queued for a release thread and not yet started.
+    pub queued: usize,
+    /// Of those, waiting on a worker behind its jobs.
+    pub on_workers: usize,
+    /// CUDA streams they will destroy.
+    pub streams: usize,
+    /// cuBLAS, cuSOLVER and cuSPARSE handles they will destroy.
+    pub handles: usize,
+    /// Device memory they will free, estimated from the handles.
+    pub bytes: u64,
+}
+
+impl std::ops::Add for PendingReleases {
+    type Output = PendingReleases;
+
+    fn add(self, o: PendingReleases) -> PendingReleases {
+        PendingReleases {
+            releases: self.releases + o.releases,
+            queued: self.queued + o.queued,
+            on_workers: self.on_workers + o.on_workers,
+            streams: self.streams + o.streams,
+            handles: self.handles + o.handles,
+            bytes: self.bytes + o.bytes,
+        }
+    }
+}
+
+/// What the releases pending on `device` hold now: lock-free reads, cheap enough to sample
+/// often.
+pub fn pending_releases(device: usize) -> PendingReleases {
+    crate::release::pending(device)
 }
 
 /// The counts now (takes the registry lock and asks RAFT about each handle: not for hot paths).
@@ -38,8 +100,14 @@ pub fn stats() -> Stats {
     }
     s.live_arrays = crate::array::LIVE_ARRAYS.load(Ordering::Relaxed);
     s.releases_pending = raft_exit::releases_in_flight();
+    s.pending = crate::release::pending_total();
+    let limits = crate::release::limits();
+    (s.pending_releases_limit, s.pending_bytes_limit) = (limits.releases, limits.bytes);
     s.jobs_in_flight = raft_exit::jobs_in_flight();
     s.releases_done = crate::release::releases_done();
+    s.releases_helped = crate::release::releases_helped();
+    s.release_threads = crate::release::release_threads();
     s.release_busy_for = crate::release::release_busy_for();
+    (s.release_time, s.release_wait) = crate::release::release_times();
     s
 }

@@ -46,9 +46,10 @@ pub use raft_core::{
     current_device, current_device_resources, current_memory_resource, device_count, driver_version, enable_memory_statistics, gemm,
     installed_default, memory, memory_pools_supported, memory_statistics, reinitialize, reset_memory_resource, runtime_version,
     set_memory_resource, stats, with_device_resources, AsResources, DeviceResources, DeviceScalar, DeviceVec, Error, ErrorKind, GemmScalar,
-    HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, RaftResourcesPtr,
-    Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
+    HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, PendingReleases,
+    RaftResourcesPtr, Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
 };
+pub use raft_core::{AsDevice, CopyScope, DeviceToDevice, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost, Transfer};
 
 /// Exiting while jobs run: the exit wait and the state of the exit (`raft-exit`).
 pub mod exit {
