@@ -15,6 +15,7 @@ use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+pub(crate) mod copy;
 
 // The shim's statuses are the ones `ErrorKind::from_shim_status` knows.
 static_assertions::const_assert_eq!(sys::RAFTRS_STATUS_OUT_OF_MEMORY, 1);

@@ -1,0 +1,699 @@
+//! Copies at the speed of the link, on a resources' stream: asynchronous copies that own their
+//! ends ([`Transfer`]), copies that borrow them for a scope that waits ([`CopyScope`]),
+//! device-to-device and peer copies, and pageable slices staged through page-locked buffers
+//! ([`Staging`]).
+//!
+//! # Why these shapes
+//! A copy runs after the call that queued it has returned. A handle that merely borrowed the
+//! host memory would let `mem::forget(handle)` end the borrow while the GPU still reads or writes
+//! it: a use-after-free from safe code (the scoped-thread problem). So an asynchronous copy here
+//! either owns its ends until it has finished ([`Transfer`]: forgetting it leaks them), or
+//! borrows them for a scope the caller cannot leave before every copy of it has finished
+//! ([`DeviceResources::copy_scope`]). Synchronous copies (`DeviceVec::copy_from_host`, the staged
+//! copies) return once done.
+//!
+//! # At exit
+//! A copy runs on the stream of resources it holds (a [`Transfer`] holds them until it has been
+//! waited for; dropped early, it becomes a release that waits first). Releasing resources drains
+//! their stream, and the exit's teardown releases every live resources object, so no copy is
+//! still running when the process's static destructors tear CUDA down. Queueing a copy registers
+//! the exit hook that runs that teardown.
+use crate::array::DeviceVec;
+use crate::error::{Error, Result};
+use crate::host::{default_pinned, sealed::Sealed, PageLocked, PinnedVec};
+use crate::job::JobHandle;
+use crate::resources::DeviceResources;
+use crate::result::copy::{copy_device_ordered, run_scope, CopyScope, DeviceRange, Ends, InFlight, StagingBuffers};
+use crate::result::DeviceScalar;
+use std::sync::Mutex;
+
+fn same_len(who: &'static str, src: usize, dst: usize) -> Result<()> {
+    if src != dst {
+        return Err(Error::logic(who, format!("a copy of {src} elements into {dst} elements")));
+    }
+    Ok(())
+}
+
+fn live<T: DeviceScalar>(who: &'static str, v: &DeviceVec<T>) -> Result<()> {
+    if v.resources().is_released() {
+        return Err(Error::released(who, v.resources().device()));
+    }
+    Ok(())
+}
+
+// ---- copies that own their ends --------------------------------------------------------------
+
+/// An asynchronous copy queued on a resources' stream, owning its two ends `B` (moved in) until
+/// it has finished: [`wait`](Self::wait) gives them back.
+///
+/// Nothing the copy touches can be reached, dropped or reused while it runs: the ends are inside
+/// the transfer. Dropped before it finished, the transfer becomes a release (run on a library
+/// release thread, waited for by the exit) that waits for the copy, then drops the ends;
+/// forgotten (`mem::forget`), it leaks them. Neither blocks, and neither frees memory the GPU
+/// may still use.
+///
+/// ```compile_fail,E0382
+/// # use raft_core::{DeviceResources, DeviceVec, PinnedVec};
+/// # fn f(res: &DeviceResources) -> raft_core::Result<()> {
+/// let host = PinnedVec::<f32>::new(res, 1024)?;
+/// let dev = DeviceVec::<f32>::new(res, 1024)?;
+/// let copy = res.copy_to_device_async(host, dev)?;
+/// let first = host[0]; // error: `host` moved into the copy until `copy.wait()` gives it back
+/// # Ok(()) }
+/// ```
+///
+/// # Thread safety
+/// `Send + Sync` when the ends are: wait for it on any thread.
+#[must_use = "a transfer hands its buffers back only through `wait`; dropped, they are freed once the copy has finished"]
+pub struct Transfer<B: Send + 'static> {
+    inner: Option<InFlight<B>>,
+    resources: DeviceResources,
+}
+
+static_assertions::assert_impl_all!(Transfer<(PinnedVec<f32>, DeviceVec<f32>)>: Send, Sync);
+
+/// A transfer from page-locked host memory into a device array.
+pub type ToDevice<T> = Transfer<(PinnedVec<T>, DeviceVec<T>)>;
+/// A transfer from a device array into page-locked host memory.
+pub type ToHost<T> = Transfer<(DeviceVec<T>, PinnedVec<T>)>;
+/// A transfer between two device arrays.
+pub type DeviceToDevice<T> = Transfer<(DeviceVec<T>, DeviceVec<T>)>;
+
+impl<B: Send + 'static> Transfer<B> {
+    /// Blocks until the copy has finished and gives the ends back, `(source, destination)`.
+    ///
+    /// # Errors
+    /// `Cuda` when the copy failed; the ends are then leaked (never freed: the state of the
+    /// copy is unknown).
+    pub fn wait(mut self) -> Result<B> {
+        const WHO: &str = "Transfer::wait";
+        let inner = self.inner.take().expect("a Transfer holds its copy until waited for");
+        inner.wait(WHO)
+    }
+
+    /// Whether the copy has finished (a failed copy counts as finished: [`wait`](Self::wait)
+    /// reports it).
+    pub fn is_finished(&self) -> bool {
+        self.inner.as_ref().map_or(true, |i| i.is_complete("Transfer::is_finished").unwrap_or(true))
+    }
+
+    /// The resources whose stream runs the copy.
+    pub fn resources(&self) -> &DeviceResources {
+        &self.resources
+    }
+
+    /// Waits on the resources' worker thread instead: the job (a `Future` too, see
+    /// [`JobHandle`]) yields the ends, and the exit waits for it as for any job.
+    ///
+    /// # Errors
+    /// As [`DeviceResources::spawn`]; then the transfer is dropped (its ends are freed once the
+    /// copy has finished).
+    pub fn into_job(self) -> Result<JobHandle<Result<B>>> {
+        let resources = self.resources.clone();
+        resources.spawn(move || self.wait())
+    }
+}
+
+impl<B: Send + 'static> Drop for Transfer<B> {
+    fn drop(&mut self) {
+        const WHO: &str = "Transfer::drop";
+        let Some(inner) = self.inner.take() else { return };
+        if !raft_exit::native_release_allowed() {
+            return; // the exit has decided: no CUDA call; `inner` leaks the ends
+        }
+        if inner.is_complete(WHO).unwrap_or(false) {
+            // Finished: the ends go now (each frees as its own drop does, without blocking).
+            let _ = inner.wait(WHO).map(drop);
+            return;
+        }
+        let label = raft_exit::Label { what: "release of a copy", id: raft_exit::next_id(), device: Some(self.resources.device()) };
+        let wait_then_drop = inner.into_deferred(WHO);
+        let resources = self.resources.clone();
+        crate::release::enqueue(
+            label,
+            Box::new(move || {
+                wait_then_drop();
+                drop(resources);
+            }),
+        );
+    }
+}
+
+impl<B: Send + 'static> std::fmt::Debug for Transfer<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transfer").field("device", &self.resources.device()).field("finished", &self.is_finished()).finish()
+    }
+}
+
+fn to_device_ends<T: DeviceScalar>(b: &mut (PinnedVec<T>, DeviceVec<T>)) -> Ends<'_> {
+    let (host, dev) = b;
+    Ends::ToDevice(host.host_ref(), dev.native_mut())
+}
+
+fn to_host_ends<T: DeviceScalar>(b: &mut (DeviceVec<T>, PinnedVec<T>)) -> Ends<'_> {
+    let (dev, host) = b;
+    Ends::ToHost(dev.native(), host.host_mut())
+}
+
+fn device_ends<T: DeviceScalar>(b: &mut (DeviceVec<T>, DeviceVec<T>)) -> Ends<'_> {
+    let (src, dst) = b;
+    Ends::Device(src.native(), dst.native_mut())
+}
+
+/// Copies on these resources' stream.
+///
+/// A copy runs after the call that queued it has returned. A handle that merely borrowed the
+/// host memory would let `mem::forget(handle)` end the borrow while the GPU still reads or writes
+/// it: a use-after-free from safe code (the scoped-thread problem). So an asynchronous copy here
+/// either owns its ends until it has finished ([`Transfer`]: forgetting it leaks them, dropping
+/// it frees them once the copy is done), or borrows them for a scope the caller cannot leave
+/// before every copy of it has finished ([`copy_scope`](Self::copy_scope)). The synchronous
+/// copies (`DeviceVec::copy_from_host` with a [`PinnedVec`], [`Staging`]) return once done.
+///
+/// Copies queued on one stream run one after another: copies in both directions at once, or
+/// copies beside compute, use two resources objects. At exit, a copy still running holds its
+/// resources, whose release (the exit's teardown releases every live resources object) drains
+/// their stream first.
+impl DeviceResources {
+    fn transfer<B: Send + 'static>(&self, who: &'static str, buffers: B, ends: for<'x> fn(&'x mut B) -> Ends<'x>) -> Result<Transfer<B>> {
+        raft_exit::register_exit_hook();
+        // Queued under the resources' read lock: a release (which drains the stream) either
+        // comes before and refuses, or after and waits for the copy.
+        let inner = self.with_native(who, move |n| InFlight::start(who, n.stream(), buffers, ends).map_err(|(e, _returned)| e))?;
+        Ok(Transfer { inner: Some(inner), resources: self.clone() })
+    }
+
+    /// Copies page-locked `src` into `dst` on these resources' stream (after the work queued so
+    /// far on `dst`'s own stream), without blocking: the [`Transfer`] owns both until the copy has
+    /// finished and [`Transfer::wait`] gives them back as `(src, dst)`. `dst` may belong to
+    /// other resources of the same device; copies on one resources' stream overlap work on
+    /// another's.
+    ///
+    /// ```no_run
+    /// # use raft_core::{DeviceResources, DeviceVec, PinnedVec};
+    /// # fn main() -> raft_core::Result<()> {
+    /// let res = DeviceResources::new()?;
+    /// let host = PinnedVec::from_slice(&res, &[1.0f32, 2.0, 3.0])?;
+    /// let dev = DeviceVec::<f32>::new(&res, 3)?;
+    /// let copy = res.copy_to_device_async(host, dev)?;
+    /// // ... other work while the copy runs ...
+    /// let (host, dev) = copy.wait()?;
+    /// assert_eq!(dev.to_host()?, *host);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// `Logic`, before any CUDA call, when the lengths differ, `dst` is on another device, or
+    /// either resources object was released (the arrays are then dropped); `Cuda` when queueing
+    /// fails.
+    pub fn copy_to_device_async<T: DeviceScalar>(&self, src: PinnedVec<T>, dst: DeviceVec<T>) -> Result<ToDevice<T>> {
+        const WHO: &str = "DeviceResources::copy_to_device_async";
+        live(WHO, &dst)?;
+        same_len(WHO, src.len(), dst.len())?;
+        self.transfer(WHO, (src, dst), to_device_ends::<T>)
+    }
+
+    /// Copies `src` into page-locked `dst` on these resources' stream, without blocking; the
+    /// [`Transfer`] gives back `(src, dst)` (see [`copy_to_device_async`](Self::copy_to_device_async)).
+    pub fn copy_to_host_async<T: DeviceScalar>(&self, src: DeviceVec<T>, dst: PinnedVec<T>) -> Result<ToHost<T>> {
+        const WHO: &str = "DeviceResources::copy_to_host_async";
+        live(WHO, &src)?;
+        same_len(WHO, src.len(), dst.len())?;
+        self.transfer(WHO, (src, dst), to_host_ends::<T>)
+    }
+
+    /// Copies device array `src` into `dst` on these resources' stream, without blocking; the
+    /// arrays may be on two devices (a peer copy, `cuMemcpyPeerAsync`, direct over NVLink or
+    /// PCIe where the devices can reach each other), and these resources on either. The
+    /// [`Transfer`] gives back `(src, dst)`.
+    pub fn copy_device_async<T: DeviceScalar>(&self, src: DeviceVec<T>, dst: DeviceVec<T>) -> Result<DeviceToDevice<T>> {
+        const WHO: &str = "DeviceResources::copy_device_async";
+        live(WHO, &src)?;
+        live(WHO, &dst)?;
+        same_len(WHO, src.len(), dst.len())?;
+        self.transfer(WHO, (src, dst), device_ends::<T>)
+    }
+
+    /// Runs `body` with a [`CopyScope`] on these resources' stream and returns once every copy
+    /// queued through it has finished, also when `body` panics. Copies borrow their ends for the
+    /// whole scope, so `body` can overlap them with other work (on other resources, or host
+    /// work) without giving the buffers away.
+    ///
+    /// ```no_run
+    /// # use raft_core::{DeviceResources, DeviceVec, PinnedVec};
+    /// # fn main() -> raft_core::Result<()> {
+    /// let (copies, compute) = (DeviceResources::new()?, DeviceResources::new()?);
+    /// let host = PinnedVec::<f32>::new(&copies, 1 << 20)?;
+    /// let mut dev = DeviceVec::<f32>::new(&copies, 1 << 20)?;
+    /// copies.copy_scope(|s| {
+    ///     s.to_device(&host, &mut dev)?;   // runs on `copies`' stream ...
+    ///     compute.sync()                   // ... while `compute`'s stream works
+    /// })??;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// What a copy borrows cannot be dropped, moved or written before the scope ends, and what
+    /// the body makes itself cannot be lent to a copy (it would not outlive the scope):
+    ///
+    /// ```compile_fail,E0597
+    /// # use raft_core::{DeviceResources, DeviceVec, PinnedVec};
+    /// # fn f(res: &DeviceResources, mut dev: DeviceVec<f32>) -> raft_core::Result<()> {
+    /// res.copy_scope(|s| {
+    ///     let host = PinnedVec::<f32>::new(res, dev.len())?;
+    ///     s.to_device(&host, &mut dev) // error: `host` does not live long enough
+    /// })??;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// ```compile_fail,E0505
+    /// # use raft_core::{DeviceResources, DeviceVec, PinnedVec};
+    /// # fn f(res: &DeviceResources, mut dev: DeviceVec<f32>) -> raft_core::Result<()> {
+    /// let host = PinnedVec::<f32>::new(res, dev.len())?;
+    /// res.copy_scope(|s| {
+    ///     s.to_device(&host, &mut dev)?;
+    ///     drop(host); // error: `host` is borrowed until the scope has waited
+    ///     Ok::<_, raft_core::Error>(())
+    /// })??;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// ```compile_fail,E0499
+    /// # use raft_core::{DeviceResources, DeviceVec, PinnedVec};
+    /// # fn f(res: &DeviceResources, dev: DeviceVec<f32>, host: &mut PinnedVec<f32>) -> raft_core::Result<()> {
+    /// res.copy_scope(|s| {
+    ///     s.to_host(&dev, host)?;
+    ///     host[0] = 2.0; // error: the device writes `host` until the scope has waited
+    ///     Ok::<_, raft_core::Error>(())
+    /// })??;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// `Logic` on released resources; `Cuda` when waiting for the stream fails. The body's own
+    /// value comes back inside.
+    pub fn copy_scope<'env, F, R>(&self, body: F) -> Result<R>
+    where
+        F: for<'scope> FnOnce(&'scope CopyScope<'scope, 'env>) -> R,
+    {
+        const WHO: &str = "DeviceResources::copy_scope";
+        let stream = self.stream().map_err(|e| e.with_who(WHO))?;
+        let me = self.clone();
+        run_scope(WHO, stream, Box::new(move || !me.is_released()), body)
+    }
+}
+
+/// The copies of a [`DeviceResources::copy_scope`]: each is queued on the scope's stream (after
+/// the work queued so far on the arrays' own streams) and returns at once; the scope waits.
+impl<'scope, 'env> CopyScope<'scope, 'env> {
+    fn check<T: DeviceScalar>(&self, who: &'static str, arrays: &[&DeviceVec<T>], src: usize, dst: usize) -> Result<()> {
+        if !self.is_live() {
+            return Err(Error::released(who, self.device()));
+        }
+        for a in arrays {
+            live(who, a)?;
+        }
+        same_len(who, src, dst)
+    }
+
+    /// Queues a copy of page-locked `src` ([`PinnedVec`] or `RegisteredSlice`) into `dst`.
+    ///
+    /// # Errors
+    /// `Logic`, before any CUDA call, when the lengths differ, `dst` is on another device than
+    /// the scope's resources, or resources were released; `Cuda` when queueing fails.
+    pub fn to_device<T: DeviceScalar, H: PageLocked<T>>(&'scope self, src: &'scope H, dst: &'scope mut DeviceVec<T>) -> Result<()> {
+        const WHO: &str = "CopyScope::to_device";
+        self.check(WHO, &[&*dst], src.len(), dst.len())?;
+        self.queue(WHO, Ends::ToDevice(src.host_ref(), dst.native_mut()))
+    }
+
+    /// Queues a copy of `src` into page-locked `dst` (see [`to_device`](Self::to_device)).
+    pub fn to_host<T: DeviceScalar, H: PageLocked<T>>(&'scope self, src: &'scope DeviceVec<T>, dst: &'scope mut H) -> Result<()> {
+        const WHO: &str = "CopyScope::to_host";
+        self.check(WHO, &[src], src.len(), dst.len())?;
+        self.queue(WHO, Ends::ToHost(src.native(), dst.host_mut()))
+    }
+
+    /// Queues a copy of device array `src` into `dst`, on one device or between two (the scope's
+    /// resources on either).
+    pub fn device_to_device<T: DeviceScalar>(&'scope self, src: &'scope DeviceVec<T>, dst: &'scope mut DeviceVec<T>) -> Result<()> {
+        const WHO: &str = "CopyScope::device_to_device";
+        self.check(WHO, &[src, &*dst], src.len(), dst.len())?;
+        self.queue(WHO, Ends::Device(src.native(), dst.native_mut()))
+    }
+}
+
+// ---- device to device, returning once queued -------------------------------------------------
+
+/// Device-to-device copies and staged host copies (`copy.rs`).
+impl<T: DeviceScalar> DeviceVec<T> {
+    /// Copies `src` into this array on this array's stream, after the work queued so far on
+    /// `src`'s stream, whose later work then waits for the copy; returns once queued, like
+    /// [`gemm`](crate::gemm) (`resources().sync()` waits). `src` may be on another device: a
+    /// peer copy (`cuMemcpyPeerAsync`).
+    ///
+    /// # Errors
+    /// `Logic`, before any CUDA call, when the lengths differ or either array's resources were
+    /// released; `Cuda` when queueing fails.
+    pub fn copy_from_device(&mut self, src: &DeviceVec<T>) -> Result<()> {
+        const WHO: &str = "DeviceVec::copy_from_device";
+        live(WHO, self)?;
+        live(WHO, src)?;
+        same_len(WHO, src.len(), self.len())?;
+        raft_exit::register_exit_hook();
+        let res = self.resources().clone();
+        res.with_native(WHO, |_| copy_device_ordered(WHO, src.native(), self.native_mut()))
+    }
+
+    /// A copy of pageable `host` in device memory, staged through page-locked buffers
+    /// ([`Staging::default`]); as [`from_host`](Self::from_host), faster for large slices.
+    pub fn from_host_staged(resources: &DeviceResources, host: &[T]) -> Result<Self> {
+        Staging::default().new_array_from("DeviceVec::from_host_staged", resources, host)
+    }
+
+    /// Copies pageable `host` into the array through page-locked buffers; returns once done.
+    pub fn copy_from_host_staged(&mut self, host: &[T]) -> Result<()> {
+        Staging::default().upload("DeviceVec::copy_from_host_staged", self, host)
+    }
+
+    /// The array's contents in a new `Vec`, staged through page-locked buffers.
+    pub fn to_host_staged(&self) -> Result<Vec<T>> {
+        Staging::default().new_vec_from("DeviceVec::to_host_staged", self)
+    }
+
+    /// Copies the array into pageable `host` through page-locked buffers; returns once done.
+    pub fn copy_to_host_staged(&self, host: &mut [T]) -> Result<()> {
+        Staging::default().download("DeviceVec::copy_to_host_staged", self, host)
+    }
+}
+
+// ---- pageable memory, staged ------------------------------------------------------------------
+
+/// Bytes of page-locked staging buffers kept for reuse between staged copies (process-wide),
+/// beyond those of the latest copy.
+const POOL_BYTES: usize = 256 << 20;
+/// Smallest staged piece: below it the per-piece cost (a host copy call, an event) dominates.
+const MIN_PIECE: usize = 256 << 10;
+/// A staged copy uses one more thread per this many bytes, up to [`Staging::threads`].
+const BYTES_PER_THREAD: usize = 8 << 20;
+
+/// How copies from and to pageable memory (`Vec`, slices) are staged: in pieces of at most
+/// `chunk_bytes`, each copied by the host into one of two page-locked buffers while the device
+/// copies the other, by up to `threads` host threads at once, each with its own two buffers.
+/// The page-locked buffers are kept for reuse (those of the latest copy, and others up to
+/// 256 MiB in all).
+///
+/// Copies are synchronous (they return once done), check exact lengths, and run on the array's
+/// own stream after the work queued there, as `DeviceVec::from_host` / `to_host` do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Staging {
+    chunk_bytes: usize,
+    threads: usize,
+}
+
+impl Default for Staging {
+    /// Pieces of [`DEFAULT_CHUNK_BYTES`](Self::DEFAULT_CHUNK_BYTES) by up to
+    /// [`DEFAULT_THREADS`](Self::DEFAULT_THREADS) threads: the values `copy-bench`'s sweep of
+    /// chunk sizes and thread counts on the target machine should confirm or replace.
+    fn default() -> Self {
+        Staging { chunk_bytes: Staging::DEFAULT_CHUNK_BYTES, threads: Staging::DEFAULT_THREADS }
+    }
+}
+
+/// How a staged copy of `bytes` is cut: pieces of `piece_elems` elements over `threads` lanes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Plan {
+    piece_elems: usize,
+    threads: usize,
+}
+
+impl Staging {
+    /// Default largest piece.
+    pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
+    /// Default most host threads.
+    pub const DEFAULT_THREADS: usize = 4;
+
+    /// Pieces of at most `chunk_bytes` (64 KiB to 1 GiB), by up to `threads` host threads (1 to
+    /// 64).
+    ///
+    /// # Errors
+    /// `Logic` for values outside those ranges.
+    pub fn new(chunk_bytes: usize, threads: usize) -> Result<Staging> {
+        const WHO: &str = "Staging::new";
+        if !(64 << 10..=1 << 30).contains(&chunk_bytes) {
+            return Err(Error::logic(WHO, format!("chunk_bytes must be 64 KiB to 1 GiB, given {chunk_bytes}")));
+        }
+        if !(1..=64).contains(&threads) {
+            return Err(Error::logic(WHO, format!("threads must be 1 to 64, given {threads}")));
+        }
+        Ok(Staging { chunk_bytes, threads })
+    }
+
+    /// The largest piece.
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
+    /// The most host threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn plan(&self, len: usize, elem: usize) -> Plan {
+        let elem = elem.max(1);
+        let bytes = len.saturating_mul(elem);
+        let threads = bytes.div_ceil(BYTES_PER_THREAD).clamp(1, self.threads);
+        let piece_bytes = bytes.div_ceil(2 * threads).clamp(MIN_PIECE.min(self.chunk_bytes), self.chunk_bytes).max(elem);
+        let piece_elems = (piece_bytes / elem).max(1);
+        let pieces = len.div_ceil(piece_elems);
+        Plan { piece_elems, threads: threads.min(pieces).max(1) }
+    }
+
+    /// A copy of pageable `host` in a new device array.
+    pub fn from_host<T: DeviceScalar>(&self, resources: &DeviceResources, host: &[T]) -> Result<DeviceVec<T>> {
+        self.new_array_from("Staging::from_host", resources, host)
+    }
+
+    fn new_array_from<T: DeviceScalar>(&self, who: &'static str, resources: &DeviceResources, host: &[T]) -> Result<DeviceVec<T>> {
+        let mut v = DeviceVec::new(resources, host.len()).map_err(|e| e.with_who(who))?;
+        self.upload(who, &mut v, host)?;
+        Ok(v)
+    }
+
+    /// Copies pageable `host` into `dst`; returns once done.
+    pub fn copy_from_host<T: DeviceScalar>(&self, dst: &mut DeviceVec<T>, host: &[T]) -> Result<()> {
+        self.upload("Staging::copy_from_host", dst, host)
+    }
+
+    /// `src`'s contents in a new `Vec`.
+    pub fn to_host<T: DeviceScalar>(&self, src: &DeviceVec<T>) -> Result<Vec<T>> {
+        self.new_vec_from("Staging::to_host", src)
+    }
+
+    fn new_vec_from<T: DeviceScalar>(&self, who: &'static str, src: &DeviceVec<T>) -> Result<Vec<T>> {
+        live(who, src)?;
+        let mut host = vec![T::default(); src.len()];
+        self.download(who, src, &mut host)?;
+        Ok(host)
+    }
+
+    /// Copies `src` into pageable `host`; returns once done.
+    pub fn copy_to_host<T: DeviceScalar>(&self, src: &DeviceVec<T>, host: &mut [T]) -> Result<()> {
+        self.download("Staging::copy_to_host", src, host)
+    }
+
+    fn upload<T: DeviceScalar>(&self, who: &'static str, dst: &mut DeviceVec<T>, host: &[T]) -> Result<()> {
+        live(who, dst)?;
+        same_len(who, host.len(), dst.len())?;
+        if host.is_empty() {
+            return Ok(());
+        }
+        let plan = self.plan(host.len(), std::mem::size_of::<T>());
+        let piece_bytes = plan.piece_elems * std::mem::size_of::<T>();
+        let mut buffers = pool_take(who, dst.resources().device(), piece_bytes, plan.threads)?;
+        let pieces = host.chunks(plan.piece_elems).zip(dst.native_mut().ranges_mut(piece_bytes));
+        let lanes = deal(pieces, plan.threads);
+        let outcome = run_lanes(&mut buffers, lanes, |buf, lane| {
+            let queued = lane.iter().enumerate().try_for_each(|(j, (h, r))| buf.upload(who, j % 2, h, r));
+            let finished = buf.finish(who);
+            queued.and(finished)
+        });
+        pool_give_back(buffers);
+        outcome
+    }
+
+    fn download<T: DeviceScalar>(&self, who: &'static str, src: &DeviceVec<T>, host: &mut [T]) -> Result<()> {
+        live(who, src)?;
+        same_len(who, src.len(), host.len())?;
+        if host.is_empty() {
+            return Ok(());
+        }
+        let plan = self.plan(host.len(), std::mem::size_of::<T>());
+        let piece_bytes = plan.piece_elems * std::mem::size_of::<T>();
+        let mut buffers = pool_take(who, src.resources().device(), piece_bytes, plan.threads)?;
+        let pieces = host.chunks_mut(plan.piece_elems).zip(src.native().ranges(piece_bytes));
+        let lanes = deal(pieces, plan.threads);
+        let outcome = run_lanes(&mut buffers, lanes, |buf, lane| {
+            let (hosts, ranges): (Vec<&mut [T]>, Vec<DeviceRange<'_>>) = lane.into_iter().unzip();
+            let copied = (|| {
+                // Two pieces in flight per lane: the device fills one buffer while the host
+                // empties the other.
+                for (j, r) in ranges.iter().enumerate().take(2) {
+                    buf.download_queue(who, j % 2, r)?;
+                }
+                for (j, h) in hosts.into_iter().enumerate() {
+                    buf.download_take(who, j % 2, h)?;
+                    if let Some(r) = ranges.get(j + 2) {
+                        buf.download_queue(who, j % 2, r)?;
+                    }
+                }
+                Ok(())
+            })();
+            let finished = buf.finish(who);
+            copied.and(finished)
+        });
+        pool_give_back(buffers);
+        outcome
+    }
+}
+
+/// Deals pieces round-robin to `lanes` lanes (piece k to lane k mod lanes).
+fn deal<P>(pieces: impl Iterator<Item = P>, lanes: usize) -> Vec<Vec<P>> {
+    let mut out: Vec<Vec<P>> = (0..lanes).map(|_| Vec::new()).collect();
+    for (k, p) in pieces.enumerate() {
+        out[k % lanes].push(p);
+    }
+    out
+}
+
+/// Runs `work` once per lane, each with its own staging buffers: lane 0 on the calling thread,
+/// the others on scoped threads. The first error wins; a panic in a lane resumes here.
+fn run_lanes<W: Send>(
+    buffers: &mut [StagingBuffers],
+    lanes: Vec<W>,
+    work: impl Fn(&mut StagingBuffers, W) -> Result<()> + Sync,
+) -> Result<()> {
+    let work = &work;
+    std::thread::scope(|s| {
+        let mut pairs = buffers.iter_mut().zip(lanes);
+        let first = pairs.next();
+        let others: Vec<_> = pairs.map(|(b, lane)| s.spawn(move || work(b, lane))).collect();
+        let mut outcome = first.map_or(Ok(()), |(b, lane)| work(b, lane));
+        for h in others {
+            let r = h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            outcome = outcome.and(r);
+        }
+        outcome
+    })
+}
+
+/// Staging buffers kept for reuse, any device, least recently returned first.
+static POOL: Mutex<Vec<StagingBuffers>> = Mutex::new(Vec::new());
+
+/// `n` staging buffers of at least `piece_bytes` for `device`: pooled ones first (the smallest
+/// that fit, at most 4x the piece), new ones for the rest.
+fn pool_take(who: &'static str, device: usize, piece_bytes: usize, n: usize) -> Result<Vec<StagingBuffers>> {
+    let mut taken = Vec::with_capacity(n);
+    {
+        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        while taken.len() < n {
+            let fit = pool
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.device() == device && b.capacity() >= piece_bytes && b.capacity() <= 4 * piece_bytes)
+                .min_by_key(|(_, b)| b.capacity())
+                .map(|(i, _)| i);
+            match fit {
+                Some(i) => taken.push(pool.remove(i)),
+                None => break,
+            }
+        }
+    }
+    if taken.len() < n {
+        let mr = default_pinned(who, device)?;
+        let ctx = crate::device::context(who, device)?;
+        while taken.len() < n {
+            match StagingBuffers::new(who, &ctx, mr.native(), piece_bytes) {
+                Ok(b) => taken.push(b),
+                Err(e) => {
+                    pool_give_back(taken);
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(taken)
+}
+
+/// Returns finished staging buffers to the pool. Past [`POOL_BYTES`] the least recently used
+/// ones are freed, never those just returned (a copy repeated with the same settings reuses its
+/// buffers, however large); freed outside the lock, as freeing page-locked memory may wait for
+/// the device.
+fn pool_give_back(buffers: Vec<StagingBuffers>) {
+    let surplus = {
+        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        let returned = buffers.len();
+        pool.extend(buffers);
+        let mut held: usize = pool.iter().map(|b| 2 * b.capacity()).sum();
+        let mut surplus = Vec::new();
+        while held > POOL_BYTES && pool.len() > returned {
+            let oldest = pool.remove(0);
+            held -= 2 * oldest.capacity();
+            surplus.push(oldest);
+        }
+        surplus
+    };
+    drop(surplus);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_that_differ_are_a_logic_error_naming_the_api() {
+        let e = same_len("DeviceResources::copy_to_device_async", 3, 4).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Logic);
+        assert_eq!(e.to_string(), "DeviceResources::copy_to_device_async: a copy of 3 elements into 4 elements");
+        assert!(same_len("x", 0, 0).is_ok());
+    }
+
+    #[test]
+    fn staging_refuses_values_outside_its_ranges() {
+        for (chunk, threads) in [(0, 4), (1 << 10, 4), ((1 << 30) + 1, 4), (1 << 20, 0), (1 << 20, 65)] {
+            let e = Staging::new(chunk, threads).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::Logic, "{chunk} {threads}");
+            assert!(e.to_string().starts_with("Staging::new: "), "{e}");
+        }
+        let s = Staging::new(16 << 20, 8).unwrap();
+        assert_eq!((s.chunk_bytes(), s.threads()), (16 << 20, 8));
+        assert_eq!(Staging::default().chunk_bytes(), Staging::DEFAULT_CHUNK_BYTES);
+    }
+
+    #[test]
+    fn plans_cover_every_element_with_pieces_no_larger_than_the_chunk() {
+        let staging = [Staging::default(), Staging::new(1 << 20, 1).unwrap(), Staging::new(64 << 20, 16).unwrap()];
+        for s in staging {
+            for elem in [1usize, 4, 8] {
+                for len in [1usize, 3, 4097, (1 << 20) + 1, (64 << 20) + 3, 1 << 28] {
+                    let p = s.plan(len, elem);
+                    assert!(p.piece_elems >= 1 && p.threads >= 1 && p.threads <= s.threads(), "{s:?} {len} {elem}: {p:?}");
+                    assert!(p.piece_elems * elem <= s.chunk_bytes().max(elem), "{s:?} {len} {elem}: {p:?}");
+                    let pieces = len.div_ceil(p.piece_elems);
+                    assert!(p.threads <= pieces, "{s:?} {len} {elem}: {p:?}: idle lanes");
+                }
+            }
+        }
+        // Small copies stay on the calling thread, large ones spread.
+        assert_eq!(Staging::new(4 << 20, 8).unwrap().plan(1 << 20, 1).threads, 1);
+        assert_eq!(Staging::new(4 << 20, 8).unwrap().plan(1 << 30, 1).threads, 8);
+        // A large copy is cut into chunk-sized pieces.
+        assert_eq!(Staging::new(4 << 20, 8).unwrap().plan(1 << 30, 4).piece_elems, 1 << 20);
+    }
+
+    #[test]
+    fn pieces_are_dealt_round_robin() {
+        let lanes = deal(0..7, 3);
+        assert_eq!(lanes, vec![vec![0, 3, 6], vec![1, 4], vec![2, 5]]);
+        assert_eq!(deal(0..2, 4).iter().map(Vec::len).collect::<Vec<_>>(), vec![1, 1, 0, 0]);
+    }
+}

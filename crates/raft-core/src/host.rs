@@ -1,0 +1,379 @@
+//! Page-locked host memory, the host end of copies at the speed of the link: [`PinnedVec`] from
+//! RMM's pinned host resource, and [`RegisteredSlice`], a caller's own slice page-locked in
+//! place (`cuMemHostRegister`).
+use crate::array::DeviceVec;
+use crate::error::{Error, ErrorKind, Result};
+use crate::memory::{MemoryResource, MemoryResourceKind};
+use crate::resources::DeviceResources;
+use crate::result::copy::{HostMut, HostRef, NativeHostBuffer, NativeRegistration};
+use crate::result::DeviceScalar;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::sync::Mutex;
+
+/// "A device number, or something on a device": the page-locked memory constructors take
+/// `impl AsDevice`, so `PinnedVec::new(0, n)` and `PinnedVec::new(&res, n)` both work.
+pub trait AsDevice {
+    /// The device meant.
+    fn as_device(&self) -> usize;
+}
+
+impl AsDevice for usize {
+    fn as_device(&self) -> usize {
+        *self
+    }
+}
+
+impl AsDevice for DeviceResources {
+    fn as_device(&self) -> usize {
+        self.device()
+    }
+}
+
+impl<T: DeviceScalar> AsDevice for DeviceVec<T> {
+    fn as_device(&self) -> usize {
+        self.resources().device()
+    }
+}
+
+impl<A: AsDevice + ?Sized> AsDevice for &A {
+    fn as_device(&self) -> usize {
+        (**self).as_device()
+    }
+}
+
+/// `len` elements of `T` in bytes, or the `OutOfMemory` error of a size no memory holds (as
+/// `DeviceVec` reports it): refused before any CUDA call.
+pub(crate) fn bytes_for<T>(who: &'static str, len: usize) -> Result<usize> {
+    len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+        Error::new(ErrorKind::OutOfMemory, who, format!("{len} elements of {} bytes do not fit in memory", std::mem::size_of::<T>()))
+    })
+}
+
+/// The pinned host resource this library allocates from on `device` (one per device, made on
+/// first use and kept for the process).
+pub(crate) fn default_pinned(who: &'static str, device: usize) -> Result<MemoryResource> {
+    static MADE: Mutex<Vec<(usize, MemoryResource)>> = Mutex::new(Vec::new());
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, mr)) = made.iter().find(|(d, _)| *d == device) {
+        return Ok(mr.clone());
+    }
+    let mr = MemoryResource::pinned_host(device).map_err(|e| e.with_who(who))?;
+    made.push((device, mr.clone()));
+    Ok(mr)
+}
+
+/// `len` elements of `T` in page-locked host memory (RMM's `pinned_host_memory_resource`,
+/// `cudaHostAlloc`): the host end of copies that run at the speed of the link, asynchronously.
+///
+/// A `PinnedVec` derefs to `[T]`. It holds the memory resource that made it, so what frees the
+/// memory lives as long as the memory. Dropping it frees the memory on a library release thread
+/// (`cudaFreeHost` may wait for the device): `Drop` never blocks.
+///
+/// Copies: any copy API takes it as a slice (`DeviceVec::copy_from_host(&pinned)` runs at the
+/// pinned speed and returns once done); [`DeviceResources::copy_to_device_async`] and
+/// [`DeviceResources::copy_to_host_async`] take it by value and give it back when the copy has
+/// finished; [`DeviceResources::copy_scope`] borrows it for a scope that waits.
+///
+/// # Thread safety
+/// `Send + Sync`; writes need `&mut self`.
+pub struct PinnedVec<T: DeviceScalar> {
+    host: Option<NativeHostBuffer>,
+    len: usize,
+    /// The resource that made the memory (the buffer holds its own C++ copy; this keeps the Rust
+    /// side's view of it, e.g. a tracking report, as long).
+    mr: MemoryResource,
+    _t: PhantomData<T>,
+}
+
+static_assertions::assert_impl_all!(PinnedVec<f32>: Send, Sync);
+
+impl<T: DeviceScalar> PinnedVec<T> {
+    /// `len` zeros in page-locked memory for `device` (a number, or resources on it).
+    ///
+    /// # Errors
+    /// `OutOfMemory` when the memory cannot be page-locked (or `len` elements fit in no
+    /// memory); `Logic` for a device that does not exist; `Cuda` without a driver.
+    pub fn new(device: impl AsDevice, len: usize) -> Result<Self> {
+        const WHO: &str = "PinnedVec::new";
+        let bytes = bytes_for::<T>(WHO, len)?;
+        let mr = default_pinned(WHO, device.as_device())?;
+        Self::made(WHO, mr, len, |ctx, mr| NativeHostBuffer::zeroed(WHO, ctx, mr, bytes))
+    }
+
+    /// A page-locked copy of `data` for `device`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn from_slice(device: impl AsDevice, data: &[T]) -> Result<Self> {
+        const WHO: &str = "PinnedVec::from_slice";
+        let mr = default_pinned(WHO, device.as_device())?;
+        Self::made(WHO, mr, data.len(), |ctx, mr| NativeHostBuffer::copied(WHO, ctx, mr, data))
+    }
+
+    /// `len` zeros from `mr`, which must be a pinned host resource
+    /// ([`MemoryResource::pinned_host`]).
+    ///
+    /// # Errors
+    /// `Logic` for a resource of another kind; otherwise as [`new`](Self::new).
+    pub fn new_in(mr: &MemoryResource, len: usize) -> Result<Self> {
+        const WHO: &str = "PinnedVec::new_in";
+        let bytes = bytes_for::<T>(WHO, len)?;
+        if mr.kind() != MemoryResourceKind::PinnedHost {
+            return Err(Error::logic(WHO, format!("{} does not allocate page-locked host memory", mr.kind())));
+        }
+        Self::made(WHO, mr.clone(), len, |ctx, mr| NativeHostBuffer::zeroed(WHO, ctx, mr, bytes))
+    }
+
+    fn made(
+        who: &'static str,
+        mr: MemoryResource,
+        len: usize,
+        make: impl FnOnce(&std::sync::Arc<cudarc::driver::CudaContext>, &crate::result::NativeMr) -> Result<NativeHostBuffer>,
+    ) -> Result<Self> {
+        let ctx = crate::device::context(who, mr.device())?;
+        let host = make(&ctx, mr.native())?;
+        Ok(PinnedVec { host: Some(host), len, mr, _t: PhantomData })
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device whose pinned resource made the memory (every device reaches it: the memory
+    /// is portable under unified addressing).
+    pub fn device(&self) -> usize {
+        self.mr.device()
+    }
+
+    /// The resource that made the memory.
+    pub fn memory_resource(&self) -> &MemoryResource {
+        &self.mr
+    }
+
+    /// The elements.
+    pub fn as_slice(&self) -> &[T] {
+        self.native().as_slice(self.len)
+    }
+
+    /// The elements, to write.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        let len = self.len;
+        self.native_mut().as_mut_slice(len)
+    }
+
+    pub(crate) fn native(&self) -> &NativeHostBuffer {
+        self.host.as_ref().expect("a PinnedVec holds its memory until dropped")
+    }
+
+    pub(crate) fn native_mut(&mut self) -> &mut NativeHostBuffer {
+        self.host.as_mut().expect("a PinnedVec holds its memory until dropped")
+    }
+}
+
+impl<T: DeviceScalar> Deref for PinnedVec<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        self.as_slice()
+    }
+}
+
+impl<T: DeviceScalar> DerefMut for PinnedVec<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        self.as_mut_slice()
+    }
+}
+
+impl<T: DeviceScalar> AsRef<[T]> for PinnedVec<T> {
+    fn as_ref(&self) -> &[T] {
+        self.as_slice()
+    }
+}
+
+impl<T: DeviceScalar> AsMut<[T]> for PinnedVec<T> {
+    fn as_mut(&mut self) -> &mut [T] {
+        self.as_mut_slice()
+    }
+}
+
+impl<T: DeviceScalar> std::fmt::Debug for PinnedVec<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedVec").field("len", &self.len).field("device", &self.device()).finish()
+    }
+}
+
+impl<T: DeviceScalar> Drop for PinnedVec<T> {
+    fn drop(&mut self) {
+        let Some(host) = self.host.take() else { return };
+        if !raft_exit::native_release_allowed() {
+            host.leak(); // no CUDA call once the exit has decided: leaked to the OS
+            return;
+        }
+        if host.bytes() == 0 {
+            // Nothing was allocated: only the shim's handle goes.
+            if let Err(e) = host.free("PinnedVec::drop") {
+                log::warn!(target: "raft", "{e}");
+            }
+            return;
+        }
+        // cudaFreeHost may wait for the device: free on a release thread, counted by the exit
+        // machinery like any release.
+        let label = raft_exit::Label { what: "release of pinned memory", id: raft_exit::next_id(), device: Some(host.device()) };
+        crate::release::enqueue(
+            label,
+            Box::new(move || {
+                if !raft_exit::native_release_allowed() {
+                    host.leak();
+                } else if let Err(e) = host.free("PinnedVec::drop") {
+                    log::warn!(target: "raft", "{e}");
+                }
+            }),
+        );
+    }
+}
+
+/// A caller's own slice, page-locked in place (`cuMemHostRegister`, portable) for as long as this
+/// lives: copies from and to it run at the pinned speed without a copy into a [`PinnedVec`].
+///
+/// It holds the slice's exclusive borrow, so while it lives the slice is reached only through
+/// it (it derefs to `[T]`); dropping it makes the memory pageable again
+/// (`cuMemHostUnregister`), inline: unlike other drops here it may wait briefly in the driver,
+/// and [`unregister`](Self::unregister) gives its error. Page-locking costs about as much as
+/// copying the memory once: register data that is copied several times.
+///
+/// Asynchronous copies borrow it only inside [`DeviceResources::copy_scope`], which waits: a
+/// registration cannot be released while a copy may use it. Forgetting one (`mem::forget`)
+/// leaves the memory page-locked until the process ends, nothing worse.
+///
+/// ```compile_fail,E0499
+/// # use raft_core::RegisteredSlice;
+/// # fn f() -> raft_core::Result<()> {
+/// let mut data = vec![0f32; 1024];
+/// let pinned = RegisteredSlice::new(0, &mut data)?;
+/// data[0] = 1.0; // error: `data` is reached only through `pinned` while it lives
+/// drop(pinned);
+/// # Ok(()) }
+/// ```
+///
+/// # Thread safety
+/// `Send + Sync` like `&mut [T]`.
+pub struct RegisteredSlice<'a, T: DeviceScalar> {
+    native: NativeRegistration<'a, T>,
+    device: usize,
+}
+
+static_assertions::assert_impl_all!(RegisteredSlice<'static, f32>: Send, Sync);
+
+impl<'a, T: DeviceScalar> RegisteredSlice<'a, T> {
+    /// Page-locks `slice` for `device` (every device reaches it: the registration is portable).
+    ///
+    /// # Errors
+    /// `Logic` for a device that does not exist or memory the driver reports as already
+    /// page-locked (part of a [`PinnedVec`], registered elsewhere, or, as the driver locks whole
+    /// pages, on a page of another registered slice); `Cuda` when the driver refuses otherwise.
+    pub fn new(device: impl AsDevice, slice: &'a mut [T]) -> Result<Self> {
+        const WHO: &str = "RegisteredSlice::new";
+        let device = device.as_device();
+        let ctx = crate::device::context(WHO, device)?;
+        Ok(RegisteredSlice { native: NativeRegistration::register(WHO, &ctx, slice)?, device })
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.native.as_slice().len()
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The device given to [`new`](Self::new).
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// Makes the memory pageable again now, with the driver's error if any.
+    pub fn unregister(mut self) -> Result<()> {
+        self.native.unregister("RegisteredSlice::unregister")
+    }
+}
+
+impl<T: DeviceScalar> Deref for RegisteredSlice<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        self.native.as_slice()
+    }
+}
+
+impl<T: DeviceScalar> DerefMut for RegisteredSlice<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        self.native.as_mut_slice()
+    }
+}
+
+impl<T: DeviceScalar> std::fmt::Debug for RegisteredSlice<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegisteredSlice").field("len", &self.len()).field("device", &self.device).finish()
+    }
+}
+
+/// Page-locked host memory a copy reaches directly (DMA): [`PinnedVec`] and
+/// [`RegisteredSlice`]. Sealed: only memory this library page-locked qualifies.
+pub trait PageLocked<T: DeviceScalar>: Deref<Target = [T]> + sealed::Sealed {}
+
+impl<T: DeviceScalar> PageLocked<T> for PinnedVec<T> {}
+impl<T: DeviceScalar> PageLocked<T> for RegisteredSlice<'_, T> {}
+
+pub(crate) mod sealed {
+    use crate::result::copy::{HostMut, HostRef};
+
+    /// The page-locked bytes, for the copy layer.
+    pub trait Sealed {
+        fn host_ref(&self) -> HostRef<'_>;
+        fn host_mut(&mut self) -> HostMut<'_>;
+    }
+}
+
+impl<T: DeviceScalar> sealed::Sealed for PinnedVec<T> {
+    fn host_ref(&self) -> HostRef<'_> {
+        self.native().host_ref()
+    }
+    fn host_mut(&mut self) -> HostMut<'_> {
+        self.native_mut().host_mut()
+    }
+}
+
+impl<T: DeviceScalar> sealed::Sealed for RegisteredSlice<'_, T> {
+    fn host_ref(&self) -> HostRef<'_> {
+        self.native.host_ref()
+    }
+    fn host_mut(&mut self) -> HostMut<'_> {
+        self.native.host_mut()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_no_memory_holds_are_refused_before_any_cuda_call() {
+        let e = bytes_for::<f64>("PinnedVec::new", usize::MAX / 4).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutOfMemory);
+        assert!(e.to_string().starts_with("PinnedVec::new: "), "{e}");
+        assert_eq!(bytes_for::<u16>("x", 3).unwrap(), 6);
+    }
+
+    #[test]
+    fn devices_are_named_by_number_or_by_what_lives_on_them() {
+        assert_eq!(3usize.as_device(), 3);
+        assert_eq!((&&2usize).as_device(), 2);
+    }
+}

@@ -1,0 +1,687 @@
+//! copy-bench: host and device copies at the speed of the link (issue 16), side by side with a
+//! native baseline in the same process.
+//!
+//! The baseline is written against the CUDA driver API through cudarc's raw bindings: page-locked
+//! memory from `cuMemHostAlloc`, device memory from `cuMemAlloc`, `cuMemcpyHtoDAsync` /
+//! `cuMemcpyDtoHAsync` / `cuMemcpyDtoDAsync` / `cuMemcpyPeerAsync` on a raw non-blocking stream,
+//! then `cuStreamSynchronize`. That is what C++ `cudaMemcpyAsync` from `cudaHostAlloc`'d memory
+//! does under the runtime: an equally native baseline, and the link limit as measured.
+//!
+//! Each row: warm-up, then repeats of one whole copy (queue + wait), timed with `Instant`; the
+//! median (and min, max) in GB/s (10^9 bytes per second, bytes copied once). Prints a Markdown
+//! table and writes JSON to the path given as the first argument (default `copy-bench.json`).
+//! `COPY_BENCH_QUICK=1` runs fewer repeats and no 1 GiB rows (a smoke run).
+use cudarc::driver::{result as cu, sys, CudaContext};
+use raft::{gemm, DeviceResources, DeviceVec, Layout, PinnedVec, Staging};
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Instant;
+
+const MIB: usize = 1 << 20;
+
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+struct Stat {
+    median_s: f64,
+    min_s: f64,
+    max_s: f64,
+    repeats: usize,
+}
+
+impl Stat {
+    fn gbps(&self, bytes: usize) -> f64 {
+        bytes as f64 / self.median_s / 1e9
+    }
+}
+
+/// Times `f` `repeats` times after `warmup` calls.
+fn measure(warmup: usize, repeats: usize, mut f: impl FnMut()) -> Stat {
+    for _ in 0..warmup {
+        f();
+    }
+    let mut t: Vec<f64> = (0..repeats)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    Stat { median_s: t[t.len() / 2], min_s: t[0], max_s: t[t.len() - 1], repeats }
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("copy-bench: {message}");
+    std::process::exit(2)
+}
+
+fn ok<T, E: std::fmt::Display>(what: &str, r: Result<T, E>) -> T {
+    r.unwrap_or_else(|e| fail(&format!("{what}: {e}")))
+}
+
+fn check(what: &str, r: sys::CUresult) {
+    if r != sys::CUresult::CUDA_SUCCESS {
+        fail(&format!("{what}: {r:?}"));
+    }
+}
+
+#[derive(serde::Serialize)]
+struct Row {
+    case: String,
+    bytes: usize,
+    ours: String,
+    ours_gbps: f64,
+    ours_stat: Stat,
+    against: String,
+    baseline_gbps: Option<f64>,
+    /// ours / baseline, in bandwidth.
+    ratio: Option<f64>,
+    goal: Option<f64>,
+    met: Option<bool>,
+}
+
+struct Table {
+    rows: Vec<Row>,
+    notes: Vec<String>,
+}
+
+impl Table {
+    #[allow(clippy::too_many_arguments)]
+    fn add(&mut self, case: &str, bytes: usize, ours: &str, s: Stat, against: &str, baseline_gbps: Option<f64>, goal: Option<f64>) {
+        let ours_gbps = s.gbps(bytes);
+        let ratio = baseline_gbps.map(|b| ours_gbps / b);
+        let met = goal.and_then(|g| ratio.map(|r| r >= g));
+        eprintln!(
+            "  {case}: {ours_gbps:.2} GB/s{}",
+            ratio.map(|r| format!(" ({r:.3}x {against}{})", goal.map(|g| format!(", goal {g}x")).unwrap_or_default())).unwrap_or_default()
+        );
+        self.rows.push(Row {
+            case: case.into(),
+            bytes,
+            ours: ours.into(),
+            ours_gbps,
+            ours_stat: s,
+            against: against.into(),
+            baseline_gbps,
+            ratio,
+            goal,
+            met,
+        });
+    }
+}
+
+fn size_name(bytes: usize) -> String {
+    if bytes >= 1 << 30 {
+        format!("{} GiB", bytes >> 30)
+    } else {
+        format!("{} MiB", bytes >> 20)
+    }
+}
+
+fn reps(bytes: usize, quick: bool) -> (usize, usize) {
+    let (w, r) = if bytes <= MIB {
+        (10, 101)
+    } else if bytes <= 64 * MIB {
+        (3, 21)
+    } else {
+        (1, 7)
+    };
+    if quick {
+        (1, r.min(5))
+    } else {
+        (w, r)
+    }
+}
+
+// ---- the native baseline ----------------------------------------------------------------------
+
+/// Page-locked host memory (`cuMemHostAlloc`), device memory (`cuMemAlloc`) and raw non-blocking
+/// streams of one device, made and used with the driver API alone.
+struct Native {
+    ctx: Arc<CudaContext>,
+    host: *mut c_void,
+    host2: *mut c_void,
+    dev: sys::CUdeviceptr,
+    dev2: sys::CUdeviceptr,
+    s1: sys::CUstream,
+    s2: sys::CUstream,
+    bytes: usize,
+}
+
+impl Native {
+    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Native {
+        ok("bind", ctx.bind_to_thread());
+        // SAFETY: plain driver allocations on the bound context; each is freed once in Drop.
+        unsafe {
+            let host = ok("cuMemHostAlloc", cu::malloc_host(bytes, 0));
+            let host2 = ok("cuMemHostAlloc", cu::malloc_host(bytes, 0));
+            // Touch every page, as a user's data would have.
+            std::ptr::write_bytes(host as *mut u8, 0x5a, bytes);
+            std::ptr::write_bytes(host2 as *mut u8, 0x33, bytes);
+            let dev = ok("cuMemAlloc", cu::malloc_sync(bytes));
+            let dev2 = ok("cuMemAlloc", cu::malloc_sync(bytes));
+            let s1 = ok("cuStreamCreate", cu::stream::create(cu::stream::StreamKind::NonBlocking));
+            let s2 = ok("cuStreamCreate", cu::stream::create(cu::stream::StreamKind::NonBlocking));
+            Native { ctx: ctx.clone(), host, host2, dev, dev2, s1, s2, bytes }
+        }
+    }
+
+    fn h2d(&self) {
+        // SAFETY: both ranges hold `bytes` bytes owned by self; synchronised before returning.
+        unsafe {
+            check("cuMemcpyHtoDAsync", sys::cuMemcpyHtoDAsync_v2(self.dev, self.host, self.bytes, self.s1));
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(self.s1));
+        }
+    }
+
+    fn d2h(&self) {
+        // SAFETY: as for h2d.
+        unsafe {
+            check("cuMemcpyDtoHAsync", sys::cuMemcpyDtoHAsync_v2(self.host, self.dev, self.bytes, self.s1));
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(self.s1));
+        }
+    }
+
+    /// Host to device on one stream while device to host runs on the other.
+    fn both(&self) {
+        // SAFETY: four disjoint ranges of `bytes` bytes owned by self; both streams synchronised.
+        unsafe {
+            check("cuMemcpyHtoDAsync", sys::cuMemcpyHtoDAsync_v2(self.dev, self.host, self.bytes, self.s1));
+            check("cuMemcpyDtoHAsync", sys::cuMemcpyDtoHAsync_v2(self.host2, self.dev2, self.bytes, self.s2));
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(self.s1));
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(self.s2));
+        }
+    }
+
+    fn d2d(&self) {
+        // SAFETY: two device ranges of `bytes` bytes owned by self; synchronised.
+        unsafe {
+            check("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(self.dev2, self.dev, self.bytes, self.s1));
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(self.s1));
+        }
+    }
+
+    /// A peer copy from this device's memory into `to`'s.
+    fn peer(&self, to: &Native) {
+        // SAFETY: `bytes` bytes of device memory on each side, each with its own context;
+        // synchronised.
+        unsafe {
+            check("cuMemcpyPeerAsync", sys::cuMemcpyPeerAsync(to.dev, to.ctx.cu_ctx(), self.dev, self.ctx.cu_ctx(), self.bytes, self.s1));
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(self.s1));
+        }
+    }
+}
+
+impl Drop for Native {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: each handle was made in `new` and is released once here.
+        unsafe {
+            let _ = cu::stream::destroy(self.s1);
+            let _ = cu::stream::destroy(self.s2);
+            let _ = cu::free_sync(self.dev);
+            let _ = cu::free_sync(self.dev2);
+            let _ = cu::free_host(self.host);
+            let _ = cu::free_host(self.host2);
+        }
+    }
+}
+
+// ---- rows ---------------------------------------------------------------------------------------
+
+struct Baselines {
+    h2d: f64,
+    d2h: f64,
+    both: f64,
+    d2d: f64,
+}
+
+fn native_rows(t: &mut Table, ctx: &Arc<CudaContext>, bytes: usize, quick: bool) -> Baselines {
+    let (w, r) = reps(bytes, quick);
+    let n = Native::new(ctx, bytes);
+    let name = size_name(bytes);
+    let h2d = measure(w, r, || n.h2d());
+    t.add(&format!("native pinned H2D {name}"), bytes, "cuMemHostAlloc + cuMemcpyHtoDAsync + sync", h2d, "", None, None);
+    let d2h = measure(w, r, || n.d2h());
+    t.add(&format!("native pinned D2H {name}"), bytes, "cuMemHostAlloc + cuMemcpyDtoHAsync + sync", d2h, "", None, None);
+    let both = measure(w, r, || n.both());
+    t.add(&format!("native pinned both directions {name}"), 2 * bytes, "H2D and D2H on two streams", both, "", None, None);
+    let d2d = measure(w, r, || n.d2d());
+    t.add(&format!("native D2D {name}"), bytes, "cuMemcpyDtoDAsync + sync", d2d, "", None, None);
+    Baselines { h2d: h2d.gbps(bytes), d2h: d2h.gbps(bytes), both: both.gbps(2 * bytes), d2d: d2d.gbps(bytes) }
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_shr(24) as u8).collect()
+}
+
+fn pinned_rows(t: &mut Table, res: &DeviceResources, other: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) {
+    let (w, r) = reps(bytes, quick);
+    let name = size_name(bytes);
+    let data = pattern(bytes);
+    let mut pair = Some((ok("PinnedVec", PinnedVec::from_slice(res, &data)), ok("DeviceVec", DeviceVec::<u8>::new(res, bytes))));
+    let h2d = measure(w, r, || {
+        let (h, d) = pair.take().unwrap();
+        pair = Some(ok("copy", ok("copy", res.copy_to_device_async(h, d)).wait()));
+    });
+    t.add(&format!("pinned H2D {name}"), bytes, "copy_to_device_async + Transfer::wait", h2d, "native pinned", Some(b.h2d), Some(0.95));
+    let (h, mut d) = pair.take().unwrap();
+    let scoped = measure(w, r, || ok("scope", ok("scope", res.copy_scope(|s| s.to_device(&h, &mut d)))));
+    t.add(
+        &format!("pinned H2D {name}, scoped"),
+        bytes,
+        "copy_scope + CopyScope::to_device",
+        scoped,
+        "native pinned",
+        Some(b.h2d),
+        Some(0.95),
+    );
+    let blocking = measure(w, r, || ok("copy", d.copy_from_host(&h)));
+    t.add(
+        &format!("pinned H2D {name}, blocking"),
+        bytes,
+        "DeviceVec::copy_from_host(&pinned)",
+        blocking,
+        "native pinned",
+        Some(b.h2d),
+        Some(0.95),
+    );
+    let mut back = Some((d, h));
+    let d2h = measure(w, r, || {
+        let (d, h) = back.take().unwrap();
+        back = Some(ok("copy", ok("copy", res.copy_to_host_async(d, h)).wait()));
+    });
+    t.add(&format!("pinned D2H {name}"), bytes, "copy_to_host_async + Transfer::wait", d2h, "native pinned", Some(b.d2h), Some(0.95));
+    let (d, mut h) = back.take().unwrap();
+    let blocking = measure(w, r, || ok("copy", d.copy_to_host(&mut h)));
+    t.add(
+        &format!("pinned D2H {name}, blocking"),
+        bytes,
+        "DeviceVec::copy_to_host(&mut pinned)",
+        blocking,
+        "native pinned",
+        Some(b.d2h),
+        Some(0.95),
+    );
+    if h[..] != data[..] {
+        fail("pinned round trip: wrong data");
+    }
+    // Both directions at once: host to device on `res`, device to host on `other`.
+    // Each copy's device array belongs to the resources that run it: no stream waits for the
+    // other's copy.
+    drop(d);
+    let mut up = Some((h, ok("DeviceVec", DeviceVec::<u8>::new(res, bytes))));
+    let mut down = Some((ok("DeviceVec", DeviceVec::<u8>::zeros(other, bytes)), ok("PinnedVec", PinnedVec::<u8>::new(other, bytes))));
+    let both = measure(w, r, || {
+        let (h, d_up) = up.take().unwrap();
+        let (d_down, h_down) = down.take().unwrap();
+        let a = ok("copy", res.copy_to_device_async(h, d_up));
+        let c = ok("copy", other.copy_to_host_async(d_down, h_down));
+        up = Some(ok("wait", a.wait()));
+        down = Some(ok("wait", c.wait()));
+    });
+    t.add(
+        &format!("pinned both directions {name}"),
+        2 * bytes,
+        "copy_to_device_async on A + copy_to_host_async on B",
+        both,
+        "native pinned",
+        Some(b.both),
+        Some(0.95),
+    );
+}
+
+fn pageable_rows(t: &mut Table, res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) {
+    let (w, r) = reps(bytes, quick);
+    let name = size_name(bytes);
+    let data = pattern(bytes);
+    let mut d = ok("DeviceVec", DeviceVec::<u8>::new(res, bytes));
+    let staging = Staging::default();
+    let staged = measure(w, r, || ok("staged", staging.copy_from_host(&mut d, &data)));
+    t.add(
+        &format!("pageable H2D {name}, staged"),
+        bytes,
+        &format!("Staging::copy_from_host ({} MiB, {} threads)", staging.chunk_bytes() >> 20, staging.threads()),
+        staged,
+        "native pinned",
+        Some(b.h2d),
+        Some(0.80),
+    );
+    let staged_new = measure(w, r, || drop(ok("staged", DeviceVec::from_host_staged(res, &data))));
+    t.add(
+        &format!("pageable H2D {name}, staged + allocate"),
+        bytes,
+        "DeviceVec::from_host_staged",
+        staged_new,
+        "native pinned",
+        Some(b.h2d),
+        None,
+    );
+    let direct = measure(w, r, || ok("direct", d.copy_from_host(&data)));
+    t.add(
+        &format!("pageable H2D {name}, direct (today)"),
+        bytes,
+        "DeviceVec::copy_from_host(&vec)",
+        direct,
+        "native pinned",
+        Some(b.h2d),
+        None,
+    );
+    let direct_new = measure(w, r, || drop(ok("direct", DeviceVec::from_host(res, &data))));
+    t.add(
+        &format!("pageable H2D {name}, direct + allocate (today)"),
+        bytes,
+        "DeviceVec::from_host (the row to beat)",
+        direct_new,
+        "native pinned",
+        Some(b.h2d),
+        None,
+    );
+    t.notes.push(format!(
+        "pageable H2D {name}: staged {:.2} GB/s vs today's DeviceVec::from_host {:.2} GB/s ({:.2}x)",
+        staged_new.gbps(bytes),
+        direct_new.gbps(bytes),
+        staged_new.gbps(bytes) / direct_new.gbps(bytes)
+    ));
+    let mut out = vec![0u8; bytes];
+    let staged = measure(w, r, || ok("staged", staging.copy_to_host(&d, &mut out)));
+    t.add(
+        &format!("pageable D2H {name}, staged"),
+        bytes,
+        "Staging::copy_to_host (into a touched Vec)",
+        staged,
+        "native pinned",
+        Some(b.d2h),
+        Some(0.80),
+    );
+    if out != data {
+        fail("staged round trip: wrong data");
+    }
+    let staged_new = measure(w, r, || drop(ok("staged", d.to_host_staged())));
+    t.add(
+        &format!("pageable D2H {name}, staged + allocate"),
+        bytes,
+        "DeviceVec::to_host_staged (fresh Vec)",
+        staged_new,
+        "native pinned",
+        Some(b.d2h),
+        None,
+    );
+    let direct = measure(w, r, || ok("direct", d.copy_to_host(&mut out)));
+    t.add(
+        &format!("pageable D2H {name}, direct (today)"),
+        bytes,
+        "DeviceVec::copy_to_host(&mut vec)",
+        direct,
+        "native pinned",
+        Some(b.d2h),
+        None,
+    );
+    let direct_new = measure(w, r, || drop(ok("direct", d.to_host())));
+    t.add(
+        &format!("pageable D2H {name}, direct + allocate (today)"),
+        bytes,
+        "DeviceVec::to_host",
+        direct_new,
+        "native pinned",
+        Some(b.d2h),
+        None,
+    );
+}
+
+/// Staged copies over chunk sizes and thread counts: which settings the defaults should be.
+fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> serde_json::Value {
+    let (w, r) = reps(bytes, quick);
+    let data = pattern(bytes);
+    let mut out = vec![0u8; bytes];
+    let mut d = ok("DeviceVec", DeviceVec::<u8>::new(res, bytes));
+    let mut rows = Vec::new();
+    let mut best: [(f64, usize, usize); 2] = [(0.0, 0, 0); 2];
+    eprintln!("  sweep {}:", size_name(bytes));
+    for chunk in [MIB, 4 * MIB, 16 * MIB, 64 * MIB] {
+        for threads in [1usize, 2, 4, 8] {
+            let s = ok("Staging::new", Staging::new(chunk, threads));
+            let up = measure(w, r, || ok("staged", s.copy_from_host(&mut d, &data))).gbps(bytes);
+            let down = measure(w, r, || ok("staged", s.copy_to_host(&d, &mut out))).gbps(bytes);
+            eprintln!(
+                "    {:>2} MiB x {threads}: H2D {up:6.2} GB/s ({:.2}x), D2H {down:6.2} GB/s ({:.2}x)",
+                chunk >> 20,
+                up / b.h2d,
+                down / b.d2h
+            );
+            for (i, v) in [up, down].into_iter().enumerate() {
+                if v > best[i].0 {
+                    best[i] = (v, chunk, threads);
+                }
+            }
+            rows.push(serde_json::json!({"chunk_bytes": chunk, "threads": threads, "h2d_gbps": up, "d2h_gbps": down,
+                "h2d_vs_native_pinned": up / b.h2d, "d2h_vs_native_pinned": down / b.d2h}));
+        }
+    }
+    serde_json::json!({
+        "bytes": bytes,
+        "rows": rows,
+        "best_h2d": {"gbps": best[0].0, "chunk_bytes": best[0].1, "threads": best[0].2},
+        "best_d2h": {"gbps": best[1].0, "chunk_bytes": best[1].1, "threads": best[1].2},
+    })
+}
+
+fn d2d_rows(t: &mut Table, res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) {
+    let (w, r) = reps(bytes, quick);
+    let name = size_name(bytes);
+    let src = ok("DeviceVec", DeviceVec::<u8>::zeros(res, bytes));
+    let mut dst = ok("DeviceVec", DeviceVec::<u8>::new(res, bytes));
+    let queued = measure(w, r, || {
+        ok("copy", dst.copy_from_device(&src));
+        ok("sync", res.sync());
+    });
+    t.add(&format!("D2D {name}"), bytes, "DeviceVec::copy_from_device + sync", queued, "native D2D", Some(b.d2d), Some(0.95));
+    let mut pair = Some((src, dst));
+    let owned = measure(w, r, || {
+        let (s, d) = pair.take().unwrap();
+        pair = Some(ok("copy", ok("copy", res.copy_device_async(s, d)).wait()));
+    });
+    t.add(&format!("D2D {name}, owned"), bytes, "copy_device_async + Transfer::wait", owned, "native D2D", Some(b.d2d), Some(0.95));
+}
+
+fn peer_rows(t: &mut Table, quick: bool) -> serde_json::Value {
+    let count = raft::device_count().unwrap_or(0);
+    if count < 2 {
+        t.notes.push(format!("peer copies: SKIP ({count} GPU)"));
+        return serde_json::json!({"skipped": format!("{count} GPU")});
+    }
+    let bytes = if quick { 64 * MIB } else { 1 << 30 };
+    let (w, r) = reps(bytes, quick);
+    let (c0, c1) = (ok("ctx", CudaContext::new(0)), ok("ctx", CudaContext::new(1)));
+    let mut can = 0;
+    // SAFETY: writes one int; both devices exist.
+    check("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut can, c0.cu_device(), c1.cu_device()) });
+    let (r0, r1) = (ok("resources", DeviceResources::on_device(0)), ok("resources", DeviceResources::on_device(1)));
+    let (n0, n1) = (Native::new(&c0, bytes), Native::new(&c1, bytes));
+    let src = ok("DeviceVec", DeviceVec::<u8>::zeros(&r0, bytes));
+    let mut dst = ok("DeviceVec", DeviceVec::<u8>::new(&r1, bytes));
+    let mut run = |t: &mut Table, label: &str| {
+        ok("bind", c0.bind_to_thread());
+        let native_stat = measure(w, r, || n0.peer(&n1));
+        let native = native_stat.gbps(bytes);
+        t.add(&format!("native peer 0->1 {}{label}", size_name(bytes)), bytes, "cuMemcpyPeerAsync + sync", native_stat, "", None, None);
+        let ours = measure(w, r, || {
+            ok("copy", dst.copy_from_device(&src));
+            ok("sync", r1.sync());
+        });
+        t.add(
+            &format!("peer 0->1 {}{label}", size_name(bytes)),
+            bytes,
+            "DeviceVec::copy_from_device + sync",
+            ours,
+            "native peer",
+            Some(native),
+            Some(0.95),
+        );
+        native
+    };
+    let without = run(t, " (peer access not enabled)");
+    let mut enabled = false;
+    if can != 0 {
+        // SAFETY: enables access between two live primary contexts; "already enabled" is fine.
+        unsafe {
+            ok("bind", c0.bind_to_thread());
+            let a = sys::cuCtxEnablePeerAccess(c1.cu_ctx(), 0);
+            ok("bind", c1.bind_to_thread());
+            let b = sys::cuCtxEnablePeerAccess(c0.cu_ctx(), 0);
+            enabled =
+                [a, b].iter().all(|r| *r == sys::CUresult::CUDA_SUCCESS || *r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+        }
+    }
+    let with = if enabled { Some(run(t, " (peer access enabled)")) } else { None };
+    serde_json::json!({"can_access_peer": can != 0, "native_gbps_without_access": without, "native_gbps_with_access": with})
+}
+
+/// A GEMM on resources A while host-to-device copies run on resources B: each alone, then both.
+fn overlap(t: &mut Table, quick: bool) -> serde_json::Value {
+    let (a, b) = (ok("resources", DeviceResources::new()), ok("resources", DeviceResources::new()));
+    let n = if quick { 4096 } else { 8192 };
+    let bytes = if quick { 256 * MIB } else { 1 << 30 };
+    let copies = if quick { 1 } else { 2 };
+    let (w, r) = (1, if quick { 3 } else { 7 });
+    let x = ok("DeviceVec", DeviceVec::from_host(&a, &vec![1.0f32; n * n]));
+    let y = ok("DeviceVec", DeviceVec::from_host(&a, &vec![0.5f32; n * n]));
+    let mut z = ok("DeviceVec", DeviceVec::<f32>::zeros(&a, n * n));
+    let run_gemm = |z: &mut DeviceVec<f32>| {
+        ok(
+            "gemm",
+            gemm(
+                1.0,
+                ok("view", x.matrix(n, n, Layout::RowMajor)),
+                ok("view", y.matrix(n, n, Layout::RowMajor)),
+                0.0,
+                ok("view", z.matrix_mut(n, n, Layout::RowMajor)),
+            ),
+        )
+    };
+    let host = ok("PinnedVec", PinnedVec::from_slice(&b, &pattern(bytes)));
+    // One destination per copy: what a scoped copy writes stays borrowed until the scope ends.
+    let mut devs: Vec<DeviceVec<u8>> = (0..copies).map(|_| ok("DeviceVec", DeviceVec::<u8>::new(&b, bytes))).collect();
+    let gemm_alone = measure(w, r, || {
+        run_gemm(&mut z);
+        ok("sync", a.sync());
+    });
+    let copy_alone = measure(w, r, || {
+        ok(
+            "scope",
+            ok(
+                "scope",
+                b.copy_scope(|s| {
+                    for dev in devs.iter_mut() {
+                        s.to_device(&host, dev)?;
+                    }
+                    Ok::<_, raft::Error>(())
+                }),
+            ),
+        )
+    });
+    let both = measure(w, r, || {
+        ok(
+            "scope",
+            ok(
+                "scope",
+                b.copy_scope(|s| {
+                    for dev in devs.iter_mut() {
+                        s.to_device(&host, dev)?;
+                    }
+                    run_gemm(&mut z);
+                    a.sync()
+                }),
+            ),
+        )
+    });
+    let (g, c, tb) = (gemm_alone.median_s, copy_alone.median_s, both.median_s);
+    let overlap = ((g + c - tb) / g.min(c)).clamp(0.0, 1.0);
+    let copied = bytes * copies;
+    t.add(&format!("overlap: {} H2D on B alone", size_name(copied)), copied, "copy_scope on resources B", copy_alone, "", None, None);
+    t.add(&format!("overlap: {} H2D on B beside a {n}³ SGEMM on A", size_name(copied)), copied, "both, wall time", both, "", None, None);
+    t.notes.push(format!(
+        "overlap: SGEMM {n}³ on A alone {:.2} ms, {} H2D on B alone {:.2} ms, sum {:.2} ms, both together {:.2} ms: {:.0}% of the shorter hidden",
+        g * 1e3,
+        size_name(copied),
+        c * 1e3,
+        (g + c) * 1e3,
+        tb * 1e3,
+        overlap * 100.0
+    ));
+    serde_json::json!({"gemm_n": n, "copy_bytes": copied, "gemm_alone": gemm_alone, "copy_alone": copy_alone, "both": both,
+        "sum_s": g + c, "overlap_fraction_of_shorter": overlap})
+}
+
+fn main() {
+    let out = std::env::args().nth(1).unwrap_or_else(|| "copy-bench.json".into());
+    let quick = std::env::var("COPY_BENCH_QUICK").as_deref() == Ok("1");
+    match raft::device_count() {
+        Ok(n) if n > 0 => {}
+        Ok(_) => fail("needs a GPU: no CUDA device"),
+        Err(e) => fail(&format!("needs a GPU: {e}")),
+    }
+    let res = ok("resources", DeviceResources::on_device(0));
+    let other = ok("resources", DeviceResources::on_device(0));
+    let ctx = res.context().clone();
+    let mut t = Table { rows: Vec::new(), notes: Vec::new() };
+    let sizes: Vec<usize> = if quick { vec![MIB, 64 * MIB] } else { vec![MIB, 64 * MIB, 1 << 30] };
+    let mut sweeps = Vec::new();
+    for &bytes in &sizes {
+        eprintln!("{}:", size_name(bytes));
+        let b = native_rows(&mut t, &ctx, bytes, quick);
+        pinned_rows(&mut t, &res, &other, bytes, &b, quick);
+        pageable_rows(&mut t, &res, bytes, &b, quick);
+        d2d_rows(&mut t, &res, bytes, &b, quick);
+        if bytes >= 64 * MIB {
+            sweeps.push(sweep(&res, bytes, &b, quick));
+        }
+        t.notes.push(format!(
+            "link as measured ({}): native pinned H2D {:.2} GB/s, D2H {:.2} GB/s, both at once {:.2} GB/s",
+            size_name(bytes),
+            b.h2d,
+            b.d2h,
+            b.both
+        ));
+    }
+    eprintln!("peer:");
+    let peer = peer_rows(&mut t, quick);
+    eprintln!("overlap:");
+    let overlap = overlap(&mut t, quick);
+
+    println!("| case | ours | GB/s [min, max] | vs | ratio | goal | met |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for r in &t.rows {
+        let s = &r.ours_stat;
+        let (lo, hi) = (r.bytes as f64 / s.max_s / 1e9, r.bytes as f64 / s.min_s / 1e9);
+        println!(
+            "| {} | {} | {:.2} [{lo:.2}, {hi:.2}] | {} | {} | {} | {} |",
+            r.case,
+            r.ours,
+            r.ours_gbps,
+            if r.against.is_empty() { "—".into() } else { format!("{} {:.2}", r.against, r.baseline_gbps.unwrap_or(f64::NAN)) },
+            r.ratio.map(|x| format!("{x:.3}x")).unwrap_or_else(|| "—".into()),
+            r.goal.map(|g| format!("≥ {g}x")).unwrap_or_else(|| "reported".into()),
+            r.met.map(|m| if m { "yes" } else { "**no**" }).unwrap_or("—"),
+        );
+    }
+    println!();
+    for n in &t.notes {
+        println!("- {n}");
+    }
+    let name = ctx.name().unwrap_or_default();
+    let json = serde_json::json!({
+        "device": name,
+        "driver_version": raft::driver_version().ok(),
+        "runtime_version": raft::runtime_version().ok(),
+        "baseline": "driver API through cudarc: cuMemHostAlloc + cuMemcpy{HtoD,DtoH,DtoD,Peer}Async on a raw non-blocking stream + cuStreamSynchronize",
+        "host_threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "staging_default": {"chunk_bytes": Staging::default().chunk_bytes(), "threads": Staging::default().threads()},
+        "rows": t.rows,
+        "notes": t.notes,
+        "staging_sweeps": sweeps,
+        "peer": peer,
+        "overlap": overlap,
+    });
+    ok("write json", std::fs::write(&out, serde_json::to_string_pretty(&json).unwrap()));
+    eprintln!("wrote {out}");
+}

@@ -1,0 +1,485 @@
+//! Host memory and copies at the speed of the link (issue 16): page-locked host arrays and
+//! registered slices, asynchronous copies that own or scope-borrow their ends, device-to-device
+//! and peer copies, pageable slices staged through page-locked buffers, and what happens to a
+//! copy whose ends are dropped, whose resources are released, or which is in flight at exit.
+//!
+//! Data is a per-size pattern that differs between the two ends of every copy, so a copy that
+//! did not happen, happened twice, or wrote freed memory that was reused shows as wrong data
+//! (and as a compute-sanitizer report under memcheck).
+use raft::{gemm, DeviceResources, DeviceVec, ErrorKind, Layout, PinnedVec, RegisteredSlice, Staging};
+use raft_tests::require_gpu;
+use std::time::{Duration, Instant};
+
+/// Every size class: empty, tiny, odd, one past a page multiple, past 1 Mi, past 64 Mi elements.
+const SIZES: [usize; 6] = [0, 1, 3, 4097, (1 << 20) + 1, (64 << 20) + 3];
+
+/// A pattern that depends on the position and the seed (so two buffers never agree by chance).
+fn pattern_u32(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(0x9E37_79B9)) ^ seed).collect()
+}
+
+fn pattern_f32(n: usize, seed: u32) -> Vec<f32> {
+    pattern_u32(n, seed).into_iter().map(|x| (x >> 8) as f32).collect()
+}
+
+fn pattern_u8(n: usize, seed: u32) -> Vec<u8> {
+    pattern_u32(n, seed).into_iter().map(|x| (x >> 24) as u8).collect()
+}
+
+/// Compares without printing 64 Mi elements on a failure.
+fn same<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = got.iter().zip(want).position(|(g, w)| g != w) {
+        panic!("{what}: first difference at element {i} of {}: {:?} != {:?}", got.len(), got[i], want[i]);
+    }
+}
+
+#[test]
+fn pinned_round_trips_every_size_class_both_ways() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    for n in SIZES {
+        let want = pattern_f32(n, n as u32);
+        // Owning transfers: host -> device -> host.
+        let host = PinnedVec::from_slice(&res, &want).unwrap();
+        assert_eq!(host.len(), n);
+        same("PinnedVec::from_slice", &host, &want);
+        let dev = DeviceVec::from_host(&res, &pattern_f32(n, 7)).unwrap();
+        let (host, dev) = res.copy_to_device_async(host, dev).unwrap().wait().unwrap();
+        same(&format!("{n}: pinned -> device"), &dev.to_host().unwrap(), &want);
+        let back = PinnedVec::from_slice(&res, &pattern_f32(n, 9)).unwrap();
+        let (dev, back) = res.copy_to_host_async(dev, back).unwrap().wait().unwrap();
+        same(&format!("{n}: device -> pinned"), &back, &want);
+        // The blocking copies take a PinnedVec as a slice.
+        let mut dev2 = DeviceVec::<f32>::zeros(&res, n).unwrap();
+        dev2.copy_from_host(&host).unwrap();
+        let mut back2 = PinnedVec::<f32>::new(&res, n).unwrap();
+        assert!(back2.iter().all(|x| *x == 0.0), "{n}: PinnedVec::new is zeroed");
+        dev2.copy_to_host(&mut back2).unwrap();
+        same(&format!("{n}: blocking copies through a PinnedVec"), &back2, &want);
+        // Scoped copies, both ways in one scope.
+        let mut dev3 = DeviceVec::<f32>::zeros(&res, n).unwrap();
+        let mut back3 = PinnedVec::<f32>::new(0, n).unwrap();
+        res.copy_scope(|s| {
+            s.to_device(&host, &mut dev3)?;
+            s.to_host(&dev, &mut back3)
+        })
+        .unwrap()
+        .unwrap();
+        same(&format!("{n}: scoped pinned -> device"), &dev3.to_host().unwrap(), &want);
+        same(&format!("{n}: scoped device -> pinned"), &back3, &want);
+    }
+}
+
+#[test]
+fn pageable_staged_round_trips_every_size_class_both_ways() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let stagings =
+        [Staging::default(), Staging::new(64 << 10, 1).unwrap(), Staging::new(1 << 20, 3).unwrap(), Staging::new(16 << 20, 8).unwrap()];
+    for n in SIZES {
+        let bytes = pattern_u8(n, 3);
+        let words = pattern_u32(n, 5);
+        // The defaults, through DeviceVec.
+        let d = DeviceVec::from_host_staged(&res, &bytes).unwrap();
+        same(&format!("{n} u8: staged in"), &d.to_host().unwrap(), &bytes);
+        same(&format!("{n} u8: staged out"), &d.to_host_staged().unwrap(), &bytes);
+        for s in stagings {
+            let mut d = DeviceVec::from_host(&res, &pattern_u32(n, 11)).unwrap();
+            s.copy_from_host(&mut d, &words).unwrap();
+            same(&format!("{n} u32 {s:?}: staged in"), &d.to_host().unwrap(), &words);
+            let mut out = pattern_u32(n, 13);
+            s.copy_to_host(&d, &mut out).unwrap();
+            same(&format!("{n} u32 {s:?}: staged out"), &out, &words);
+            same(&format!("{n} u32 {s:?}: to_host"), &s.to_host(&d).unwrap(), &words);
+            same(&format!("{n} u32 {s:?}: from_host"), &s.from_host(&res, &words).unwrap().to_host().unwrap(), &words);
+        }
+    }
+}
+
+#[test]
+fn staged_copies_are_ordered_after_the_work_queued_on_the_array() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    // A slow GEMM writes C; the staged read queued right after must see its result.
+    let n = 2048;
+    let a = DeviceVec::from_host(&res, &vec![1.0f32; n * n]).unwrap();
+    let b = DeviceVec::from_host(&res, &vec![2.0f32; n * n]).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&res, n * n).unwrap();
+    gemm(
+        1.0,
+        a.matrix(n, n, Layout::RowMajor).unwrap(),
+        b.matrix(n, n, Layout::RowMajor).unwrap(),
+        0.0,
+        c.matrix_mut(n, n, Layout::RowMajor).unwrap(),
+    )
+    .unwrap();
+    let out = Staging::new(1 << 20, 4).unwrap().to_host(&c).unwrap();
+    assert!(out.iter().all(|x| *x == 2.0 * n as f32), "the staged copy ran before the GEMM finished");
+}
+
+#[test]
+fn registered_slices_round_trip_and_unregister() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    for n in SIZES {
+        let want = pattern_u32(n, 17);
+        let mut src = want.clone();
+        let mut dst = pattern_u32(n, 19);
+        let mut dev = DeviceVec::<u32>::zeros(&res, n).unwrap();
+        // One registration at a time: two small vectors may share a page, which the driver
+        // locks as a whole.
+        let registered = RegisteredSlice::new(&res, &mut src).unwrap();
+        assert_eq!(registered.len(), n);
+        res.copy_scope(|s| s.to_device(&registered, &mut dev)).unwrap().unwrap();
+        registered.unregister().unwrap();
+        {
+            let mut out = RegisteredSlice::new(0, &mut dst).unwrap();
+            res.copy_scope(|s| s.to_host(&dev, &mut out)).unwrap().unwrap();
+            same(&format!("{n}: through registered slices"), &out, &want);
+        } // `out` unregisters here
+        same(&format!("{n}: the slice after unregistering"), &dst, &want);
+        // Registered again: the earlier registration is gone.
+        RegisteredSlice::new(0, &mut dst).unwrap().unregister().unwrap();
+    }
+    // Memory that is already page-locked cannot be registered twice.
+    let mut pinned = PinnedVec::<u32>::new(&res, 4096).unwrap();
+    let e = RegisteredSlice::new(0, &mut pinned[..]).unwrap_err();
+    assert!(e.to_string().starts_with("RegisteredSlice::new: "), "{e}");
+    eprintln!("registering page-locked memory again: {:?} {e}", e.kind());
+}
+
+#[test]
+fn device_to_device_copies_same_device_all_shapes() {
+    require_gpu!();
+    let (a, b) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
+    for n in SIZES {
+        let want = pattern_u32(n, 23);
+        let src = DeviceVec::from_host(&a, &want).unwrap();
+        // Queued on the destination's stream; the source is on other resources.
+        let mut dst = DeviceVec::from_host(&b, &pattern_u32(n, 29)).unwrap();
+        dst.copy_from_device(&src).unwrap();
+        same(&format!("{n}: copy_from_device"), &dst.to_host().unwrap(), &want);
+        // Owning, on a third stream's resources.
+        let dst2 = DeviceVec::<u32>::zeros(&b, n).unwrap();
+        let (src, dst2) = a.copy_device_async(src, dst2).unwrap().wait().unwrap();
+        same(&format!("{n}: copy_device_async"), &dst2.to_host().unwrap(), &want);
+        // Scoped.
+        let mut dst3 = DeviceVec::<u32>::zeros(&a, n).unwrap();
+        b.copy_scope(|s| s.device_to_device(&src, &mut dst3)).unwrap().unwrap();
+        same(&format!("{n}: scoped device_to_device"), &dst3.to_host().unwrap(), &want);
+    }
+}
+
+/// The copy's stream waits for the work queued on the arrays' own streams, and the source's
+/// stream waits for a queued copy before writing the source again.
+#[test]
+fn copies_on_another_stream_are_ordered_with_the_arrays_streams() {
+    require_gpu!();
+    let (compute, copies) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
+    let n = 2048;
+    let a = DeviceVec::from_host(&compute, &vec![1.0f32; n * n]).unwrap();
+    let b = DeviceVec::from_host(&compute, &vec![3.0f32; n * n]).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&compute, n * n).unwrap();
+    let gemm_into = |c: &mut DeviceVec<f32>, alpha: f32| {
+        gemm(
+            alpha,
+            a.matrix(n, n, Layout::RowMajor).unwrap(),
+            b.matrix(n, n, Layout::RowMajor).unwrap(),
+            0.0,
+            c.matrix_mut(n, n, Layout::RowMajor).unwrap(),
+        )
+        .unwrap()
+    };
+    gemm_into(&mut c, 1.0);
+    // Read by a copy on the other resources' stream, queued while the GEMM may still run.
+    let dst = DeviceVec::<f32>::zeros(&copies, n * n).unwrap();
+    let (mut c, dst) = copies.copy_device_async(c, dst).unwrap().wait().unwrap();
+    assert!(dst.to_host().unwrap().iter().all(|x| *x == 3.0 * n as f32), "the copy ran before the GEMM finished");
+    // A queued copy_from_device reads c on `copies`' stream; the GEMM queued next on c's own
+    // stream must not overwrite c before that read.
+    let mut dst2 = DeviceVec::<f32>::zeros(&copies, n * n).unwrap();
+    dst2.copy_from_device(&c).unwrap();
+    gemm_into(&mut c, 2.0);
+    compute.sync().unwrap();
+    assert!(dst2.to_host().unwrap().iter().all(|x| *x == 3.0 * n as f32), "the GEMM overwrote the source under the copy");
+    assert!(c.to_host().unwrap().iter().all(|x| *x == 6.0 * n as f32));
+}
+
+#[test]
+fn peer_copies_between_two_gpus() {
+    require_gpu!();
+    let count = raft::device_count().unwrap();
+    if count < 2 {
+        eprintln!("SKIP peer_copies_between_two_gpus: {count} GPU(s), a peer copy needs 2");
+        return;
+    }
+    let (r0, r1) = (DeviceResources::on_device(0).unwrap(), DeviceResources::on_device(1).unwrap());
+    for n in SIZES {
+        let want = pattern_u32(n, 31);
+        let src = DeviceVec::from_host(&r0, &want).unwrap();
+        let mut dst = DeviceVec::<u32>::zeros(&r1, n).unwrap();
+        dst.copy_from_device(&src).unwrap();
+        same(&format!("{n}: peer copy_from_device"), &dst.to_host().unwrap(), &want);
+        let back = DeviceVec::<u32>::zeros(&r0, n).unwrap();
+        // On the destination's device, and on the source's.
+        let (dst, back) = r0.copy_device_async(dst, back).unwrap().wait().unwrap();
+        same(&format!("{n}: peer copy_device_async on the destination's device"), &back.to_host().unwrap(), &want);
+        let (back, dst) = r1.copy_device_async(back, dst).unwrap().wait().unwrap();
+        same(&format!("{n}: peer copy_device_async on the source's device"), &dst.to_host().unwrap(), &want);
+        let mut again = DeviceVec::<u32>::zeros(&r1, n).unwrap();
+        r0.copy_scope(|s| s.device_to_device(&back, &mut again)).unwrap().unwrap();
+        same(&format!("{n}: scoped peer copy"), &again.to_host().unwrap(), &want);
+    }
+    // A host copy must run on the device array's own device.
+    let host = PinnedVec::<u32>::new(0, 16).unwrap();
+    let dev1 = DeviceVec::<u32>::zeros(&r1, 16).unwrap();
+    let e = r0.copy_to_device_async(host, dev1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+}
+
+#[test]
+fn arguments_are_checked_before_any_cuda_call() {
+    // CPU side: sizes no memory holds, bad staging settings.
+    let e = PinnedVec::<f64>::new(0, usize::MAX / 4).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
+    assert!(e.to_string().starts_with("PinnedVec::new: "), "{e}");
+    assert_eq!(Staging::new(0, 4).unwrap_err().kind(), ErrorKind::Logic);
+    assert_eq!(Staging::new(1 << 20, 0).unwrap_err().kind(), ErrorKind::Logic);
+    require_gpu!();
+    // GPU side: lengths that differ, named by the API called.
+    let res = DeviceResources::new().unwrap();
+    let e = res.copy_to_device_async(PinnedVec::<f32>::new(&res, 3).unwrap(), DeviceVec::zeros(&res, 4).unwrap()).unwrap_err();
+    assert_eq!(
+        (e.kind(), e.to_string().as_str()),
+        (ErrorKind::Logic, "DeviceResources::copy_to_device_async: a copy of 3 elements into 4 elements")
+    );
+    let e = res.copy_to_host_async(DeviceVec::<f32>::zeros(&res, 4).unwrap(), PinnedVec::new(&res, 3).unwrap()).unwrap_err();
+    assert_eq!(e.who(), "DeviceResources::copy_to_host_async");
+    let e = res.copy_device_async(DeviceVec::<f32>::zeros(&res, 4).unwrap(), DeviceVec::zeros(&res, 5).unwrap()).unwrap_err();
+    assert_eq!(e.who(), "DeviceResources::copy_device_async");
+    let mut d4 = DeviceVec::<f32>::zeros(&res, 4).unwrap();
+    let d5 = DeviceVec::<f32>::zeros(&res, 5).unwrap();
+    assert_eq!(d4.copy_from_device(&d5).unwrap_err().who(), "DeviceVec::copy_from_device");
+    assert_eq!(
+        d4.copy_from_host_staged(&[1.0; 3]).unwrap_err().to_string(),
+        "DeviceVec::copy_from_host_staged: a copy of 3 elements into 4 elements"
+    );
+    assert_eq!(d4.copy_to_host_staged(&mut [0.0; 5]).unwrap_err().who(), "DeviceVec::copy_to_host_staged");
+    let p3 = PinnedVec::<f32>::new(&res, 3).unwrap();
+    let e = res.copy_scope(|s| s.to_device(&p3, &mut d4)).unwrap().unwrap_err();
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "CopyScope::to_device"));
+    // Released resources are refused.
+    let gone = DeviceResources::new().unwrap();
+    let on_gone = DeviceVec::<f32>::zeros(&gone, 4).unwrap();
+    gone.release().unwrap();
+    let e = res.copy_to_device_async(PinnedVec::<f32>::new(&res, 4).unwrap(), on_gone).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.to_string().contains("were released"), "{e}");
+    let e = gone.copy_to_device_async(PinnedVec::<f32>::new(&res, 4).unwrap(), DeviceVec::zeros(&res, 4).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("were released"), "{e}");
+    assert!(gone.copy_scope(|_| ()).unwrap_err().to_string().contains("were released"));
+}
+
+/// Waits until the library's release threads have nothing left (a dropped transfer's release).
+fn settle_releases() {
+    let start = Instant::now();
+    while raft::stats().releases_pending > 0 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A transfer dropped (or forgotten) while its copy runs: its page-locked destination must not
+/// be freed and reused under the copy. Fresh page-locked buffers made right after hold their own
+/// pattern; a copy writing freed, reused memory would overwrite it.
+#[test]
+fn a_dropped_or_forgotten_transfer_never_frees_what_its_copy_uses() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let n = 64 << 20; // 256 MiB of f32: long enough to outlast the drop by far
+    let incoming = pattern_f32(n, 41);
+    let mine = pattern_f32(n, 43);
+    for forget in [false, true] {
+        for _ in 0..3 {
+            let src = DeviceVec::from_host(&res, &incoming).unwrap();
+            let dst = PinnedVec::<f32>::new(&res, n).unwrap();
+            let copy = res.copy_to_host_async(src, dst).unwrap();
+            if forget {
+                std::mem::forget(copy);
+            } else {
+                drop(copy);
+            }
+            let fresh: Vec<PinnedVec<f32>> = (0..2).map(|_| PinnedVec::from_slice(&res, &mine).unwrap()).collect();
+            res.sync().unwrap();
+            settle_releases();
+            for f in &fresh {
+                same(&format!("a fresh page-locked buffer after a {} transfer", if forget { "forgotten" } else { "dropped" }), f, &mine);
+            }
+        }
+        // The same from the other side: a dropped host -> device transfer reads its source to
+        // the end (a freed source would be a sanitizer report).
+        let src = PinnedVec::from_slice(&res, &incoming).unwrap();
+        let dst = DeviceVec::<f32>::zeros(&res, n).unwrap();
+        let copy = res.copy_to_device_async(src, dst).unwrap();
+        if forget {
+            std::mem::forget(copy);
+        } else {
+            drop(copy);
+        }
+        res.sync().unwrap();
+        settle_releases();
+    }
+}
+
+/// Resources released while a copy runs on their stream: the release drains the stream, so the
+/// copy finishes and gives its buffers back; copies on released resources are refused.
+#[test]
+fn releasing_resources_under_a_copy_waits_for_it() {
+    require_gpu!();
+    let n = 64 << 20;
+    let want = pattern_f32(n, 47);
+    // The copy's own resources released.
+    let copies = DeviceResources::new().unwrap();
+    let keep = DeviceResources::new().unwrap();
+    let dst = DeviceVec::<f32>::zeros(&keep, n).unwrap();
+    let copy = copies.copy_to_device_async(PinnedVec::from_slice(&keep, &want).unwrap(), dst).unwrap();
+    copies.release().unwrap();
+    assert!(copy.is_finished(), "the release drained the stream the copy runs on");
+    let (_, dst) = copy.wait().unwrap();
+    same("the copy of released resources", &dst.to_host().unwrap(), &want);
+    // The destination's resources released while the copy runs on another stream.
+    let owner = DeviceResources::new().unwrap();
+    let dst = DeviceVec::<f32>::zeros(&owner, n).unwrap();
+    let copy = keep.copy_to_device_async(PinnedVec::from_slice(&keep, &want).unwrap(), dst).unwrap();
+    owner.release().unwrap();
+    let (src, dst) = copy.wait().unwrap();
+    assert_eq!(dst.to_host().unwrap_err().kind(), ErrorKind::Logic, "the array's resources were released");
+    drop((src, dst)); // frees on the stream the array still holds
+    keep.sync().unwrap();
+}
+
+#[test]
+fn a_transfer_waits_as_a_job_and_as_a_future() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let want = pattern_u32(1 << 20, 53);
+    let copy = res.copy_to_device_async(PinnedVec::from_slice(&res, &want).unwrap(), DeviceVec::zeros(&res, want.len()).unwrap()).unwrap();
+    let (host, dev) = copy.into_job().unwrap().join().unwrap().unwrap();
+    same("through a job", &dev.to_host().unwrap(), &want);
+    let copy = res.copy_to_host_async(dev, PinnedVec::new(&res, want.len()).unwrap()).unwrap();
+    let (_, back) = pollster::block_on(copy.into_job().unwrap()).unwrap().unwrap();
+    same("awaited", &back, &want);
+    drop(host);
+}
+
+/// Copies on one resources' stream overlap a GEMM on another's, inside a scope that waits.
+#[test]
+fn scoped_copies_overlap_compute_on_other_resources() {
+    require_gpu!();
+    let (compute, copies) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
+    let n = 2048;
+    let a = DeviceVec::from_host(&compute, &vec![1.0f32; n * n]).unwrap();
+    let b = DeviceVec::from_host(&compute, &vec![0.5f32; n * n]).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&compute, n * n).unwrap();
+    let want = pattern_f32(16 << 20, 59);
+    let host = PinnedVec::from_slice(&copies, &want).unwrap();
+    let mut dev = DeviceVec::<f32>::zeros(&copies, want.len()).unwrap();
+    let mut back = PinnedVec::<f32>::new(&copies, want.len()).unwrap();
+    let earlier = DeviceVec::from_host(&copies, &pattern_f32(want.len(), 60)).unwrap();
+    let mut other = DeviceVec::<f32>::zeros(&copies, want.len()).unwrap();
+    copies
+        .copy_scope(|s| -> raft::Result<()> {
+            // What a copy writes stays borrowed until the scope has waited: each copy here
+            // has ends of its own.
+            s.to_device(&host, &mut dev)?;
+            gemm(1.0, a.matrix(n, n, Layout::RowMajor)?, b.matrix(n, n, Layout::RowMajor)?, 0.0, c.matrix_mut(n, n, Layout::RowMajor)?)?;
+            s.device_to_device(&earlier, &mut other)?;
+            s.to_host(&earlier, &mut back)?;
+            compute.sync()
+        })
+        .unwrap()
+        .unwrap();
+    same("scoped host -> device beside a GEMM", &dev.to_host().unwrap(), &want);
+    same("scoped device -> device beside a GEMM", &other.to_host().unwrap(), &earlier.to_host().unwrap());
+    same("scoped device -> host beside a GEMM", &back, &earlier.to_host().unwrap());
+    assert!(c.to_host().unwrap().iter().all(|x| *x == 0.5 * n as f32));
+}
+
+/// A scope whose body panics still waits for its copies before the panic goes on.
+#[test]
+fn a_panicking_scope_waits_for_its_copies() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let want = pattern_f32(64 << 20, 61);
+    let host = PinnedVec::from_slice(&res, &want).unwrap();
+    let mut dev = DeviceVec::<f32>::zeros(&res, want.len()).unwrap();
+    let stream = res.stream().unwrap();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = res.copy_scope(|s| {
+            s.to_device(&host, &mut dev).unwrap();
+            panic!("the body gives up");
+        });
+    }));
+    assert!(caught.is_err());
+    // Nothing is left on the stream: the scope waited before unwinding.
+    let idle = stream.record_event(None).unwrap();
+    assert!(idle.is_complete(), "the scope unwound with its copy still running");
+    same("the copy of a panicking scope", &dev.to_host().unwrap(), &want);
+}
+
+// ---- at exit -------------------------------------------------------------------------------
+
+/// What the child of [`a_copy_in_flight_at_exit_is_waited_for`] does: it queues copies that run
+/// for tens of milliseconds and exits at once, keeping (`keep`), forgetting (`forget`) or
+/// dropping (`drop`) the transfers. A teardown step of its own, run after the library's, reports
+/// whether the stream had drained by then.
+fn exit_child(how: &str) -> ! {
+    use std::sync::OnceLock;
+    static EVENT: OnceLock<cudarc::driver::CudaEvent> = OnceLock::new();
+    fn report() {
+        let drained = EVENT.get().map(|e| e.is_complete());
+        println!("RESULT drained={drained:?}");
+    }
+    let res = DeviceResources::new().unwrap();
+    raft_exit::on_teardown(report); // after raft-core's own steps, registered by `new`
+    let n = 32 << 20; // 8 x 128 MiB: tens of milliseconds of copies, far longer than the exit
+    let mut copies = Vec::new();
+    for _ in 0..8 {
+        let host = PinnedVec::<f32>::new(&res, n).unwrap();
+        let dev = DeviceVec::<f32>::new(&res, n).unwrap();
+        copies.push(res.copy_to_device_async(host, dev).unwrap());
+    }
+    EVENT.set(res.stream().unwrap().record_event(None).unwrap()).ok();
+    println!("RESULT queued=8 finished_before_exit={}", copies.iter().all(|c| c.is_finished()));
+    match how {
+        "forget" => copies.into_iter().for_each(std::mem::forget),
+        "drop" => drop(copies),
+        _ => {} // keep: `exit` drops nothing, so the transfers stay alive through the exit
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    std::process::exit(0)
+}
+
+#[test]
+fn a_copy_in_flight_at_exit_is_waited_for() {
+    if let Ok(how) = std::env::var("RAFT_COPIES_EXIT_CHILD") {
+        exit_child(&how);
+    }
+    require_gpu!();
+    let me = std::env::current_exe().unwrap();
+    for how in ["keep", "forget", "drop"] {
+        let start = Instant::now();
+        let out = std::process::Command::new(&me)
+            .args(["a_copy_in_flight_at_exit_is_waited_for", "--exact", "--nocapture", "--test-threads=1"])
+            .env("RAFT_COPIES_EXIT_CHILD", how)
+            .env("RUST_LOG", "raft=debug")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{how}: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+        assert!(stdout.contains("RESULT queued=8"), "{how}: {stdout}");
+        assert!(stdout.contains("RESULT drained=Some(true)"), "{how}: the teardown did not drain the copies\n{stdout}\n{stderr}");
+        assert!(start.elapsed() < Duration::from_secs(60), "{how}: {:?}", start.elapsed());
+    }
+}
