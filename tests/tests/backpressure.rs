@@ -219,6 +219,7 @@ fn stall_the_release_thread() {
 }
 
 #[test]
+#[ignore = "deadlocks by construction (GPU run 20): the stall is a host function spinning on a stream, and cublasDestroy, run by the making thread, synchronises the whole device, so it waits for that stall; needs a stall that does not occupy the device"]
 fn without_backpressure_handle_creation_waits_for_the_pending_releases_before_any_out_of_memory() {
     require_gpu!();
     if std::env::var_os(CHILD).is_none() {
@@ -249,6 +250,7 @@ fn without_backpressure_handle_creation_waits_for_the_pending_releases_before_an
 }
 
 #[test]
+#[ignore = "deadlocks by construction (GPU run 20): the stall is a host function spinning on a stream, and cublasDestroy, run by the making thread, synchronises the whole device, so it waits for that stall; needs a stall that does not occupy the device"]
 fn without_backpressure_an_allocation_waits_for_the_pending_releases_before_any_out_of_memory() {
     require_gpu!();
     if std::env::var_os(CHILD).is_none() {
