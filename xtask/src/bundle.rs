@@ -126,7 +126,13 @@ esac
 pub fn run(out: Option<PathBuf>) -> Result<()> {
     let out = out.unwrap_or_else(|| workspace_root().join("gpu-bundle"));
     let prefix = crate::deps::prefix()?;
-    let tests = executables(&["test", "--workspace", "--release", "--no-run", "--exclude", "xtask"], true)?.executables;
+    // raft-comms and raft-cuvs carry bundles of their own (crates/raft-comms/scripts/comms-bundle.sh,
+    // crates/raft-cuvs/gpu/pack.sh): NCCL needs the two-GPU machine, cuVS its 259 MiB library.
+    let tests = executables(
+        &["test", "--workspace", "--release", "--no-run", "--exclude", "xtask", "--exclude", "raft-comms", "--exclude", "raft-cuvs"],
+        true,
+    )?
+    .executables;
     let built =
         executables(&["build", "--release", "-p", "rapids-raft", "-p", "raft-tests", "-p", "raft-abi", "--bins", "--examples"], false)?;
     let shim = built.shim.ok_or("the release build reported no libraftrs_shim.so from raft-sys's build script")?;

@@ -1,6 +1,6 @@
 //! `cargo xtask deps`: the pinned native stack, fetched with the ordinary `pip download` into a
 //! cache outside the source tree, unpacked side by side, and checked. Never run from build.rs.
-use crate::stack::{self, PINNED, WHEELS};
+use crate::stack::{self, NCCL_WHEEL, PINNED, WHEELS};
 use crate::Result;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -62,8 +62,17 @@ pub fn verify(prefix: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Fetches (when needed), unpacks and checks the stack; returns the prefix.
+/// Fetches (when needed), unpacks and checks the stack; returns the prefix. `cargo xtask deps
+/// --cuvs` fetches cuVS's wheels too (see [`cuvs`]).
 pub fn run() -> Result<PathBuf> {
+    let prefix = run_base()?;
+    if cuvs_requested() {
+        cuvs(&prefix)?;
+    }
+    Ok(prefix)
+}
+
+fn run_base() -> Result<PathBuf> {
     let cache = cache_dir()?;
     let prefix = prefix()?;
     let stamp = prefix.join(".raft-rs-wheels");
@@ -113,4 +122,141 @@ pub fn run() -> Result<PathBuf> {
     std::fs::rename(&staging, &prefix).map_err(|e| format!("{} -> {}: {e}", staging.display(), prefix.display()))?;
     std::fs::write(&stamp, stamp_text()).map_err(|e| format!("{}: {e}", stamp.display()))?;
     Ok(prefix)
+}
+
+/// `cargo xtask deps --nccl`: NCCL's wheel (`nccl.h`, `libnccl.so.2`, for raft-comms) unpacked
+/// into the same prefix, `<prefix>/nvidia/nccl/{include,lib}`. Optional: nothing else needs it.
+pub fn nccl(prefix: &Path) -> Result<()> {
+    let (name, version) = NCCL_WHEEL;
+    let stamp = prefix.join(".raft-rs-nccl");
+    let files = [prefix.join("nvidia/nccl/include/nccl.h"), prefix.join("nvidia/nccl/lib/libnccl.so.2")];
+    let want = format!("{name}=={version}\n");
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(want.as_str()) && files.iter().all(|f| f.exists()) {
+        return Ok(());
+    }
+    let wheels = cache_dir()?.join("wheels");
+    std::fs::create_dir_all(&wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    if wheel_file(&wheels, name, version).is_none() {
+        eprintln!("xtask deps: fetching {name}=={version} (about 200 MB) into {}", wheels.display());
+        let mut pip = Command::new(&python);
+        pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]);
+        for platform in ["manylinux_2_18_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"] {
+            pip.args(["--platform", platform]);
+        }
+        pip.arg("-d").arg(&wheels).arg(format!("{name}=={version}"));
+        crate::run(&mut pip).map_err(|e| format!("{e}\n(pip must reach PyPI)"))?;
+    }
+    let wheel = wheel_file(&wheels, name, version).ok_or(format!("pip did not fetch {name}=={version}"))?;
+    crate::run(Command::new(&python).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(prefix))?;
+    if let Some(missing) = files.iter().find(|f| !f.exists()) {
+        return Err(format!("{} is missing after unpacking {}", missing.display(), wheel.display()));
+    }
+    std::fs::write(&stamp, want).map_err(|e| format!("{}: {e}", stamp.display()))
+}
+
+// ---- cuVS: `cargo xtask deps --cuvs`, for raft-cuvs (optional: nothing else needs it) ----------
+
+/// cuVS's wheels, by exact version: `libcuvs-cu13` (`libcuvs_c.so`, `libcuvs.so`, the C headers)
+/// and what its METADATA asks for beyond the base stack: nvJitLink >= 13.3 (libcuvs.so and
+/// libraft.so call its `_13_3` entry points), cuRAND and NVRTC (the same 13.3 toolkit line) and
+/// NCCL (>= 2.19 asked; 2.28.9 is the GPU image's).
+pub const CUVS_WHEELS: &[(&str, &str)] = &[
+    ("libcuvs-cu13", "26.8.1"),
+    ("nvidia-nvjitlink", "13.3.33"),
+    ("nvidia-curand", "10.4.3.29"),
+    ("nvidia-cuda-nvrtc", "13.3.33"),
+    ("nvidia-nccl-cu13", "2.28.9"),
+];
+
+/// Where `--cuvs` unpacks: beside the base prefix (`<cache>/26.08.00/cuvs`), in the wheels' own
+/// layout, so libcuvs's RPATH (`$ORIGIN/../../nvidia/...`) finds its libraries. raft-cuvs's build
+/// script looks there (`$DEP_RAFTRS_ROOT/../cuvs`).
+pub fn cuvs_prefix(prefix: &Path) -> PathBuf {
+    prefix.with_file_name("cuvs")
+}
+
+/// `cargo xtask deps --cuvs`: main.rs hands `deps` no flag but `--nccl`, so this one is read here.
+fn cuvs_requested() -> bool {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    args.first().map(String::as_str) == Some("deps") && args.iter().any(|a| a == "--cuvs")
+}
+
+fn cuvs_stamp_text() -> String {
+    CUVS_WHEELS.iter().map(|(n, v)| format!("{n}=={v}\n")).collect()
+}
+
+/// Checks what the cuVS prefix holds: the release, the libraries, an nvJitLink new enough.
+pub fn verify_cuvs(dir: &Path) -> Result<()> {
+    let version =
+        std::fs::read_to_string(dir.join("libcuvs/VERSION")).map_err(|e| format!("{}: {e}", dir.join("libcuvs/VERSION").display()))?;
+    if version.trim() != "26.08.01" {
+        return Err(format!("the cuVS prefix holds cuVS {}, not 26.08.01", version.trim()));
+    }
+    for file in [
+        "libcuvs/lib64/libcuvs_c.so",
+        "libcuvs/lib64/libcuvs.so",
+        "libcuvs/include/cuvs/core/c_api.h",
+        "libcuvs/include/cuvs/neighbors/cagra.h",
+        "nvidia/cu13/lib/libnvJitLink.so.13",
+        "nvidia/cu13/lib/libcurand.so.10",
+        "nvidia/cu13/lib/libnvrtc.so.13",
+        "nvidia/nccl/lib/libnccl.so.2",
+    ] {
+        if !dir.join(file).exists() {
+            return Err(format!("{} is missing", dir.join(file).display()));
+        }
+    }
+    let jitlink = dir.join("nvidia/cu13/lib/libnvJitLink.so.13");
+    let bytes = std::fs::read(&jitlink).map_err(|e| format!("{}: {e}", jitlink.display()))?;
+    if !bytes.windows(22).any(|w| w == b"__nvJitLinkCreate_13_3") {
+        return Err(format!("{} is older than 13.3 (no __nvJitLinkCreate_13_3): libcuvs.so cannot load with it", jitlink.display()));
+    }
+    Ok(())
+}
+
+/// Fetches (when needed) cuVS's wheels into the cache with `pip download`, unpacks them beside the
+/// base prefix and checks them; returns where. About 700 MB to fetch (libcuvs alone is 233 MB).
+pub fn cuvs(prefix: &Path) -> Result<PathBuf> {
+    let dir = cuvs_prefix(prefix);
+    let stamp = dir.join(".raft-rs-cuvs-wheels");
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(cuvs_stamp_text().as_str()) && verify_cuvs(&dir).is_ok() {
+        return Ok(dir); // already done: nothing to fetch
+    }
+    let wheels = cache_dir()?.join("wheels");
+    std::fs::create_dir_all(&wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let missing: Vec<String> =
+        CUVS_WHEELS.iter().filter(|(n, v)| wheel_file(&wheels, n, v).is_none()).map(|(n, v)| format!("{n}=={v}")).collect();
+    if !missing.is_empty() {
+        eprintln!("xtask deps --cuvs: fetching {} wheel(s) into {} (libcuvs-cu13 alone is 233 MB)", missing.len(), wheels.display());
+        let mut pip = Command::new(&python);
+        pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]);
+        for platform in [
+            "manylinux_2_28_x86_64",
+            "manylinux_2_27_x86_64",
+            "manylinux_2_18_x86_64",
+            "manylinux_2_17_x86_64",
+            "manylinux2014_x86_64",
+            "manylinux_2_12_x86_64",
+            "manylinux2010_x86_64",
+        ] {
+            pip.args(["--platform", platform]);
+        }
+        pip.arg("-d").arg(&wheels).args(&missing);
+        crate::run(&mut pip).map_err(|e| format!("{e}\n(pip could not fetch cuVS's wheels: it must reach PyPI; nothing was unpacked)"))?;
+    }
+    let staging = dir.with_extension("partial");
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
+    for (name, version) in CUVS_WHEELS {
+        let wheel = wheel_file(&wheels, name, version).ok_or(format!("pip did not fetch {name}=={version}"))?;
+        crate::run(Command::new(&python).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&staging))?;
+    }
+    verify_cuvs(&staging)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&staging, &dir).map_err(|e| format!("{} -> {}: {e}", staging.display(), dir.display()))?;
+    std::fs::write(&stamp, cuvs_stamp_text()).map_err(|e| format!("{}: {e}", stamp.display()))?;
+    eprintln!("xtask deps --cuvs: cuVS 26.08.01 ready in {}", dir.display());
+    Ok(dir)
 }

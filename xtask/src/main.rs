@@ -2,7 +2,7 @@
 //!
 //! | task | what it does |
 //! | --- | --- |
-//! | `deps` | fetches the pinned RAFT/RMM/CUDA wheels with pip into the cache and checks them |
+//! | `deps [--nccl]` | fetches the pinned RAFT/RMM/CUDA wheels with pip into the cache and checks them (`--nccl`: NCCL's too, for raft-comms) |
 //! | `test` | `deps`, `abi-check`, then `cargo test --workspace` |
 //! | `doctor` | `deps`, then `cargo run --release --bin raft-doctor` (the main job) |
 //! | `bindings [--check]` | regenerates (or checks) `crates/raft-sys/src/bindings.rs` |
@@ -46,13 +46,15 @@ pub fn cargo() -> Command {
 }
 
 const USAGE: &str =
-    "usage: cargo xtask <deps|test|doctor|bindings [--check]|abi-check [--bless]|gpu-bundle [--out DIR]|package [--no-verify]>";
+    "usage: cargo xtask <deps [--nccl]|test|doctor|bindings [--check]|abi-check [--bless]|gpu-bundle [--out DIR]|package [--no-verify]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str| args.iter().any(|a| a == name);
     let result = match args.first().map(String::as_str) {
-        Some("deps") => deps::run().map(|prefix| println!("native stack ready in {}", prefix.display())),
+        Some("deps") => deps::run()
+            .and_then(|prefix| if flag("--nccl") { deps::nccl(&prefix).map(|()| prefix) } else { Ok(prefix) })
+            .map(|prefix| println!("native stack ready in {}", prefix.display())),
         Some("test") => (|| {
             deps::run()?;
             abi_check::run(false)?;

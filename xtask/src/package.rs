@@ -14,7 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 /// The published crates, each after the ones it depends on.
-pub const PUBLISHED: &[&str] = &["raft-error", "raft-exit", "raft-sys", "rapids-raft-core", "raft-abi", "rapids-raft"];
+pub const PUBLISHED: &[&str] =
+    &["raft-error", "raft-exit", "raft-sys", "rapids-raft-core", "raft-abi", "raft-comms", "raft-cuvs", "rapids-raft"];
 
 /// Files the native crate cannot build without (its build script includes them).
 const RAFT_SYS_FILES: &[&str] =

@@ -263,8 +263,7 @@ mod tests {
     /// A registry with a phase of its own: the tests never move the process's exit. The cells
     /// are statics (not leaked boxes), so valgrind's leak check stays meaningful here.
     fn registry() -> Registry {
-        const CELL: PhaseCell = PhaseCell::new();
-        static CELLS: [PhaseCell; 32] = [CELL; 32];
+        static CELLS: [PhaseCell; 32] = [const { PhaseCell::new() }; 32];
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let i = NEXT.fetch_add(1, Ordering::Relaxed);
         Registry::new(CELLS.get(i).expect("more registries than test cells: raise the count"))

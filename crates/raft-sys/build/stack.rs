@@ -23,6 +23,7 @@ pub const WHEELS: &[(&str, &str)] = &[
     ("nvidia-cusparse", "12.7.10.12"),
     ("nvidia-nvjitlink", "13.2.86"),
 ];
+pub const NCCL_WHEEL: (&str, &str) = ("nvidia-nccl-cu13", "2.28.9"); // optional (`cargo xtask deps --nccl`, raft-comms): the NCCL of the GPU image's torch
 
 /// The one `pip install` line that lays out in a Python environment exactly what the cache holds.
 pub fn pip_line() -> String {

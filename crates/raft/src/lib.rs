@@ -51,6 +51,11 @@ pub use raft_core::{
 };
 pub use raft_core::{AsDevice, CopyScope, DeviceToDevice, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost, Transfer};
 
+#[cfg(feature = "comms")]
+pub use raft_comms as comms;
+#[cfg(feature = "cuvs")]
+pub use raft_cuvs as cuvs;
+
 /// Exiting while jobs run: the exit wait and the state of the exit (`raft-exit`).
 pub mod exit {
     pub use raft_exit::{

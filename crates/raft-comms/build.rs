@@ -1,0 +1,187 @@
+//! Builds raft-comms's C++ shim (`src/comms.cpp`) as its own shared object,
+//! `libraftcomms_shim.so`, against NCCL's `nccl.h` and the very RAFT / RMM / CUDA stack raft-sys
+//! built its shim against (raft-sys publishes its include and library directories and the
+//! stack's root as build metadata: `DEP_RAFTRS_INCLUDES`, `DEP_RAFTRS_LIB_DIRS`,
+//! `DEP_RAFTRS_ROOT`). libnccl itself is not linked: the shim opens it at run time, so only the
+//! header is needed here.
+//!
+//! Without `nccl.h` the crate still builds (with a warning): the Rust side compiles, and the first
+//! use of a communicator reports that the NCCL headers were not found at build time and how to
+//! get them (`cargo xtask deps --nccl`, or `RAFT_COMMS_NCCL_PREFIX`).
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Reads a knob and reruns the build when it changes.
+fn env_var_rerun(name: &str) -> Option<String> {
+    println!("cargo:rerun-if-env-changed={name}");
+    env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// What raft-sys's build found (its `cargo:` metadata).
+struct Stack {
+    root: PathBuf,
+    includes: Vec<PathBuf>,
+    lib_dirs: Vec<PathBuf>,
+}
+
+impl Stack {
+    fn from_raft_sys() -> Option<Stack> {
+        let paths = |name: &str| env::var_os(name).map(|v| env::split_paths(&v).collect::<Vec<_>>());
+        Some(Stack {
+            root: PathBuf::from(env::var_os("DEP_RAFTRS_ROOT")?),
+            includes: paths("DEP_RAFTRS_INCLUDES")?,
+            lib_dirs: paths("DEP_RAFTRS_LIB_DIRS")?,
+        })
+    }
+
+    /// `libcudart.so`, else a versioned `libcudart.so.13…` (the CUDA wheels ship only those).
+    fn cudart(&self) -> Option<PathBuf> {
+        for dir in &self.lib_dirs {
+            if dir.join("libcudart.so").exists() {
+                return Some(dir.join("libcudart.so"));
+            }
+        }
+        for dir in &self.lib_dirs {
+            let Ok(entries) = std::fs::read_dir(dir) else { continue };
+            let mut found: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.starts_with("libcudart.so.")))
+                .collect();
+            found.sort();
+            if let Some(f) = found.into_iter().next() {
+                return Some(f);
+            }
+        }
+        None
+    }
+}
+
+/// The shim's file name (also what the loader looks for beside an executable).
+const SHIM_FILE: &str = "libraftcomms_shim.so";
+
+/// Where NCCL's header (and, when there, its library) was found.
+struct Nccl {
+    include: PathBuf,
+    lib: Option<PathBuf>,
+}
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/comms.cpp");
+    println!("cargo:rerun-if-changed=include/raftcomms.h");
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    println!("cargo:include={}", manifest.join("include").display());
+
+    if env_var_rerun("DOCS_RS").is_some() || env::var_os("CARGO_FEATURE_DOC_ONLY").is_some() {
+        no_shim("this is a documentation build (no native code)", "");
+        return;
+    }
+
+    let Some(stack) = Stack::from_raft_sys() else {
+        // raft-sys builds no shim in a documentation build and prints no metadata then.
+        no_shim("raft-sys built no shim (a documentation build?)", "");
+        return;
+    };
+
+    let (nccl, tried) = find_nccl(&stack);
+    let Some(nccl) = nccl else {
+        let note = format!(
+            "NCCL headers were not found at build time (looked for nccl.h in: {}). Run `cargo xtask deps --nccl` \
+             (or `pip install nvidia-nccl-cu13`), or set RAFT_COMMS_NCCL_PREFIX to an NCCL install, then rebuild",
+            tried.join("; ")
+        );
+        println!("cargo:warning=raft-comms builds without its NCCL shim: {note}");
+        no_shim(&note, "");
+        return;
+    };
+
+    let shim = build_shim(&manifest, &out, &stack, &nccl);
+    let nccl_lib = nccl.lib.as_ref().map(|d| d.display().to_string()).unwrap_or_default();
+    println!("cargo:rustc-env=RAFT_COMMS_SHIM_PATH={}", shim.display());
+    println!("cargo:rustc-env=RAFT_COMMS_BUILD_NOTE=");
+    println!("cargo:rustc-env=RAFT_COMMS_NCCL_LIB_DIR={nccl_lib}");
+    println!("cargo:rustc-env=RAFT_COMMS_NCCL_INCLUDE={}", nccl.include.display());
+    // For `cargo xtask gpu-bundle`-like tools: DEP_RAFTCOMMS_SHIM.
+    println!("cargo:shim={}", shim.display());
+}
+
+/// The environment of a build with no shim: the reason reaches the run-time error.
+fn no_shim(note: &str, nccl_lib: &str) {
+    println!("cargo:rustc-env=RAFT_COMMS_SHIM_PATH=");
+    println!("cargo:rustc-env=RAFT_COMMS_BUILD_NOTE={note}");
+    println!("cargo:rustc-env=RAFT_COMMS_NCCL_LIB_DIR={nccl_lib}");
+    println!("cargo:rustc-env=RAFT_COMMS_NCCL_INCLUDE=");
+}
+
+/// `nccl.h` in, in order: `RAFT_COMMS_NCCL_PREFIX` (`include/` or the wheel's `nvidia/nccl/include/`),
+/// the RAFT stack's own root (the `cargo xtask deps` cache, where `--nccl` unpacks NCCL's wheel,
+/// or a Python environment, where `pip install nvidia-nccl-cu13` puts it beside RAFT's),
+/// `CONDA_PREFIX`, `/usr/include`. Returns it, or every place tried.
+fn find_nccl(stack: &Stack) -> (Option<Nccl>, Vec<String>) {
+    let mut roots: Vec<(PathBuf, String)> = Vec::new();
+    if let Some(prefix) = env_var_rerun("RAFT_COMMS_NCCL_PREFIX") {
+        roots.push((PathBuf::from(prefix), "RAFT_COMMS_NCCL_PREFIX".into()));
+    }
+    roots.push((stack.root.clone(), "the RAFT stack raft-sys built against".into()));
+    if let Some(conda) = env_var_rerun("CONDA_PREFIX") {
+        roots.push((PathBuf::from(conda), "CONDA_PREFIX".into()));
+    }
+    roots.push((PathBuf::from("/usr"), "the system".into()));
+    let mut tried = Vec::new();
+    for (root, source) in roots {
+        for (include, libs) in
+            [("nvidia/nccl/include", &["nvidia/nccl/lib"][..]), ("include", &["lib", "lib64", "lib/x86_64-linux-gnu"][..])]
+        {
+            let dir = root.join(include);
+            if dir.join("nccl.h").is_file() {
+                let lib = libs.iter().map(|l| root.join(l)).find(|l| l.join("libnccl.so.2").exists());
+                return (Some(Nccl { include: dir, lib }), tried);
+            }
+            tried.push(format!("{} ({source})", dir.display()));
+        }
+    }
+    (None, tried)
+}
+
+/// Compiles `src/comms.cpp` position-independent and links `OUT_DIR/libraftcomms_shim.so` with
+/// the CUDA runtime (the same `libcudart.so.13` raft-sys's shim uses) and RUNPATH `$ORIGIN`, the
+/// stack's library directories and NCCL's (where libnccl.so.2 is looked for at run time).
+fn build_shim(manifest: &Path, out: &Path, stack: &Stack, nccl: &Nccl) -> PathBuf {
+    let mut build = cc::Build::new();
+    build.cpp(true).std("c++20").pic(true).file(manifest.join("src/comms.cpp")).include(manifest.join("include"));
+    build.flag(format!("-isystem{}", nccl.include.display()));
+    for dir in &stack.includes {
+        build.flag(format!("-isystem{}", dir.display()));
+    }
+    build.opt_level(2).debug(false).warnings(true).extra_warnings(true);
+    let objects = build.compile_intermediates();
+
+    let shim = out.join(SHIM_FILE);
+    let compiler = build.get_compiler();
+    let mut link = Command::new(compiler.path());
+    link.arg("-shared").arg("-o").arg(&shim).args(&objects);
+    link.arg(format!("-Wl,-soname,{SHIM_FILE}"));
+    link.arg("-Wl,--no-undefined");
+    let mut runpath = vec!["$ORIGIN".to_string()];
+    runpath.extend(stack.lib_dirs.iter().map(|d| d.display().to_string()));
+    runpath.extend(nccl.lib.iter().map(|d| d.display().to_string()));
+    link.arg(format!("-Wl,-rpath,{}", runpath.join(":"))).arg("-Wl,--enable-new-dtags");
+    match stack.cudart() {
+        Some(file) => {
+            link.arg(file);
+        }
+        None => {
+            eprintln!("error: libcudart.so.13 was not found in raft-sys's library directories {:?}", stack.lib_dirs);
+            std::process::exit(1);
+        }
+    }
+    link.arg("-lstdc++").arg("-lm").arg("-lpthread").arg("-ldl");
+    let status = link.status().unwrap_or_else(|e| panic!("could not run {:?}: {e}", compiler.path()));
+    if !status.success() {
+        eprintln!("error: linking {} failed ({status}): {link:?}", shim.display());
+        std::process::exit(1);
+    }
+    shim
+}

@@ -1,0 +1,839 @@
+//! `Communicator`: one NCCL communicator (`ncclComm_t`) of one rank, bound to a
+//! `DeviceResources` whose stream its collectives run on; how it is made (a clique of this
+//! process's GPUs, or one rank of several processes), split, installed into RAFT's resources,
+//! waited for, and ended. The collectives themselves are in `collectives.rs`.
+use crate::group;
+use crate::launch::{timeout_from_env, Launch};
+use crate::result::{self, NativeComm};
+use crate::unique_id::{self, UniqueId};
+use crate::watchdog;
+use cudarc::driver::CudaStream;
+use raft_core::DeviceResources;
+use raft_error::{Error, ErrorKind, Result};
+use raft_exit::{JobToken, Label, ReleaseToken};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
+use std::time::{Duration, Instant};
+
+/// Where a dropped communicator's teardown is (done by the watchdog).
+pub(crate) enum Closing {
+    No,
+    /// Dropped: finalize once the work in flight has finished.
+    Requested(ReleaseToken),
+    /// `ncclCommFinalize` issued at `since`: destroy once it completes, abort past the timeout.
+    Finalizing {
+        since: Instant,
+        _release: ReleaseToken,
+    },
+}
+
+/// What changes over a communicator's life, under one lock (taken before the shim's own).
+pub(crate) struct State {
+    /// The exit rule: a job registered with raft-exit from the first collective enqueued until
+    /// its work is seen finished (by `sync` or the watchdog), so that an exit waits for it (up to
+    /// the exit wait read when it was enqueued) instead of tearing CUDA down under it.
+    pub(crate) token: Option<JobToken>,
+    /// When the last collective was enqueued: the timeout runs from there.
+    pub(crate) last_enqueue: Instant,
+    /// Set once the communicator was aborted or released: every later call returns it.
+    pub(crate) ended: Option<Error>,
+    /// Whether the watchdog holds it.
+    pub(crate) watched: bool,
+    pub(crate) closing: Closing,
+}
+
+/// Everything one communicator owns, shared by its handle, the watchdog and an open group.
+pub(crate) struct Shared {
+    pub(crate) native: NativeComm,
+    pub(crate) resources: DeviceResources,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) id: u64,
+    timeout_ns: AtomicU64,
+    /// Open groups (on any thread) that queued calls on it and have not ended: the watchdog
+    /// leaves it alone meanwhile (its calls are not launched yet).
+    pub(crate) groups: AtomicUsize,
+    pub(crate) state: Mutex<State>,
+}
+
+/// Every communicator made, for the exit teardown: one still alive then (leaked, or kept in a
+/// static) is aborted, so that NCCL's threads stop before the CUDA runtime is torn down.
+static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+fn register_live(shared: &Arc<Shared>) {
+    static TEARDOWN: Once = Once::new();
+    TEARDOWN.call_once(|| raft_exit::on_teardown(abort_all_live));
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(shared));
+}
+
+/// The exit teardown's step (everything drained by then): aborts what is still alive.
+fn abort_all_live() {
+    const WHO: &str = "exit teardown";
+    let live: Vec<Arc<Shared>> = LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
+    for sh in live {
+        let mut st = sh.lock();
+        if st.ended.is_none() {
+            sh.end_with(&mut st, WHO, Error::logic(WHO, "the process exited with the communicator alive"));
+        }
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    fn label(&self, what: &'static str) -> Label {
+        Label { what, id: self.id, device: Some(self.resources.device()) }
+    }
+
+    /// Ends the communicator with `error`: aborts it (a no-op when the shim already did), keeps
+    /// the error for every later call, and ends the exit-wait job. Returns the error.
+    pub(crate) fn end_with(&self, st: &mut State, who: &'static str, error: Error) -> Error {
+        if st.ended.is_none() {
+            if let Err(e) = self.native.abort(who, error.message()) {
+                log::debug!(target: "raft", "{e}");
+            }
+            st.ended = Some(error.clone());
+        }
+        st.token = None;
+        error
+    }
+
+    /// A failure of a call on the communicator: refused arguments (`Logic`) leave it as it was;
+    /// anything else ends it. Returns the error.
+    pub(crate) fn fail_unless_refused(&self, st: &mut State, who: &'static str, error: Error) -> Error {
+        if error.kind() == ErrorKind::Logic {
+            error
+        } else {
+            self.end_with(st, who, error)
+        }
+    }
+
+    /// The error of a call on an ended communicator, seen from `who`.
+    fn ended_error(st: &State, who: &'static str) -> Option<Error> {
+        st.ended.as_ref().map(|e| e.clone().with_who(who))
+    }
+
+    /// Enqueues one call on the resources' stream (see `collectives.rs`): refuses on an ended
+    /// communicator or once the exit has decided, keeps the exit-wait job and the watchdog up to
+    /// date, and ends the communicator when the failure leaves it unusable.
+    pub(crate) fn enqueue(
+        self: &Arc<Self>,
+        who: &'static str,
+        call: impl FnOnce(&NativeComm, &CudaStream, bool) -> Result<()>,
+    ) -> Result<()> {
+        let stream = self.resources.stream().map_err(|e| e.with_who(who))?;
+        let in_group = group::active();
+        let mut st = self.lock();
+        if let Some(e) = Self::ended_error(&st, who) {
+            return Err(e);
+        }
+        let fresh = if st.token.is_none() {
+            let bound = raft_exit::current_exit_wait().map_err(|e| Error::logic(who, e.to_string()))?;
+            Some(JobToken::try_register(self.label("collective"), bound).map_err(|e| Error::logic(who, e.to_string()))?)
+        } else {
+            None
+        };
+        if let Err(e) = call(&self.native, &stream, !in_group) {
+            return Err(self.fail_unless_refused(&mut st, who, e));
+        }
+        if let Some(t) = fresh {
+            st.token = Some(t);
+        }
+        st.last_enqueue = Instant::now();
+        if in_group {
+            group::used(self, stream);
+        }
+        let start_watching = !st.watched;
+        st.watched = true;
+        drop(st);
+        if start_watching {
+            watchdog::watch(self.clone());
+        }
+        Ok(())
+    }
+
+    /// After the group that used this communicator ended: the group's calls now run (their
+    /// exit-wait job and the watchdog follow them), or the group failed (the shim aborted it).
+    pub(crate) fn after_group(self: &Arc<Self>, failed: Option<&Error>) {
+        self.groups.fetch_sub(1, Ordering::AcqRel);
+        let mut st = self.lock();
+        if let Some(e) = failed {
+            st.ended.get_or_insert_with(|| e.clone());
+            st.token = None;
+            return;
+        }
+        if st.ended.is_some() {
+            return;
+        }
+        if st.token.is_none() {
+            // The watchdog may have seen the event of the calls before the group and ended the
+            // job meanwhile: the group's calls need one again. (Once the exit has decided there
+            // is none to be had; the calls are launched all the same.)
+            if let Ok(bound) = raft_exit::current_exit_wait() {
+                st.token = JobToken::try_register(self.label("collective"), bound).ok();
+            }
+        }
+        st.last_enqueue = Instant::now();
+        let start_watching = !st.watched;
+        st.watched = true;
+        drop(st);
+        if start_watching {
+            watchdog::watch(self.clone());
+        }
+    }
+
+    /// One look by the watchdog; returns whether to keep watching.
+    pub(crate) fn watch_step(&self) -> bool {
+        const WHO: &str = "raft-comms watchdog";
+        if !raft_exit::native_release_allowed() {
+            return false; // the exit has decided: no native call any more
+        }
+        // An open group has queued calls on it, not launched yet: look after the group.
+        if self.groups.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        // A caller in `sync` or `release` holds the lock: look next time.
+        let Ok(mut st) = self.state.try_lock() else { return true };
+        if st.token.is_some() && st.ended.is_none() {
+            match self.native.query(WHO, None) {
+                Ok(true) => st.token = None,
+                Ok(false) => {
+                    let timeout = self.timeout();
+                    if st.last_enqueue.elapsed() > timeout {
+                        let e = Error::new(
+                            ErrorKind::Generic,
+                            WHO,
+                            format!(
+                                "a collective did not finish within {:.1} s of being enqueued (a rank died, or never made the \
+                                 matching call); the communicator was aborted",
+                                timeout.as_secs_f64()
+                            ),
+                        );
+                        self.end_with(&mut st, WHO, e);
+                    }
+                }
+                Err(e) => {
+                    let e = Error::new(e.kind(), WHO, format!("NCCL reported an error, and the communicator was aborted: {}", e.message()));
+                    self.end_with(&mut st, WHO, e);
+                }
+            }
+        }
+        if st.token.is_some() && st.ended.is_none() {
+            return true;
+        }
+        st.token = None;
+        let keep = match std::mem::replace(&mut st.closing, Closing::No) {
+            Closing::No => false,
+            Closing::Requested(release) => {
+                if st.ended.is_some() {
+                    false
+                } else {
+                    match self.native.finalize(WHO) {
+                        Ok(()) => {
+                            st.closing = Closing::Finalizing { since: Instant::now(), _release: release };
+                            true
+                        }
+                        Err(e) => {
+                            self.end_with(&mut st, WHO, e);
+                            false
+                        }
+                    }
+                }
+            }
+            Closing::Finalizing { since, _release } => {
+                if st.ended.is_some() {
+                    false
+                } else {
+                    match self.native.query(WHO, None) {
+                        Ok(true) => {
+                            if let Err(e) = self.native.destroy(WHO) {
+                                log::warn!(target: "raft", "{e}");
+                            }
+                            st.ended = Some(Error::logic(WHO, "the communicator was released"));
+                            false
+                        }
+                        Ok(false) if since.elapsed() <= self.timeout() => {
+                            st.closing = Closing::Finalizing { since, _release };
+                            true
+                        }
+                        Ok(false) => {
+                            let e = Error::new(ErrorKind::Generic, WHO, "finalizing a dropped communicator timed out (other ranks gone?)");
+                            self.end_with(&mut st, WHO, e);
+                            false
+                        }
+                        Err(e) => {
+                            self.end_with(&mut st, WHO, e);
+                            false
+                        }
+                    }
+                }
+            }
+        };
+        if !keep {
+            st.watched = false;
+        }
+        keep
+    }
+}
+
+/// One rank's NCCL communicator (`ncclComm_t`), bound to a [`DeviceResources`]: its collectives
+/// (see [`allreduce`](Self::allreduce) and the others) run on the resources' stream, on
+/// [`DeviceVec`](raft_core::DeviceVec)s of those resources, with their counts checked before NCCL is
+/// called. [`install`](Self::install) puts it into RAFT's resources
+/// (`raft::resource::set_comms`), where RAFT's and cuVS's multi-GPU C++ code finds it through
+/// `raft::resource::get_comms`.
+///
+/// Made by [`clique`](Self::clique) (one process, several GPUs), [`from_env`](Self::from_env) /
+/// [`init`](Self::init) (one rank of several processes), or [`split`](Self::split).
+///
+/// # Waiting, failures and timeouts
+/// Collectives are stream-ordered and return once enqueued. [`sync`](Self::sync) waits for the
+/// stream, and so does anything else that waits for it (`to_host`, `DeviceResources::sync`).
+/// Every communicator has a timeout ([`set_timeout`](Self::set_timeout); `RAFT_COMMS_TIMEOUT`,
+/// default 300 s): a collective that has not finished that long after it was enqueued (a rank
+/// died, or never made the matching call), or an error NCCL reports, aborts the communicator
+/// (`ncclCommAbort`) — from `sync`, or from the library's watchdog thread when nobody is in
+/// `sync` — so that the stuck kernels end and every waiter returns; every later call then
+/// returns that error. Initialisation is bounded the same way.
+///
+/// # Ending
+/// [`release`](Self::release) (or [`release_all`](Self::release_all) for a clique) waits for the
+/// work, finalizes and destroys the communicator and returns any error; [`abort`](Self::abort)
+/// ends it at once. Dropping it hands the same teardown to the watchdog: `Drop` never blocks. A
+/// communicator holds its resources, so it is always destroyed before them. RAFT's resources it
+/// was installed into keep a handle that fails, saying why, once it has ended.
+///
+/// # Exit
+/// From its first collective until its work is seen finished, a communicator counts as a job of
+/// `raft-exit` (with the exit wait read when the collective was enqueued): an exit waits for it,
+/// then tears down, or skips the teardown when it does not finish in time — never destroying
+/// CUDA state under a running collective.
+///
+/// # Thread safety
+/// `Send + Sync`: calls from several threads are serialised on the communicator (NCCL forbids
+/// concurrent calls on one). For a clique driven from one thread, put the calls of all its GPUs
+/// inside one [`group`](crate::group); from one thread per GPU, no group is needed.
+pub struct Communicator {
+    shared: Arc<Shared>,
+}
+
+static_assertions::assert_impl_all!(Communicator: Send, Sync);
+
+impl Communicator {
+    fn new(native: NativeComm, resources: DeviceResources, timeout: Duration) -> Result<Communicator> {
+        let info = native.info("Communicator")?;
+        if info.device != resources.device() {
+            return Err(Error::new(
+                ErrorKind::Generic,
+                "Communicator",
+                format!("NCCL put the communicator on device {}, its resources are on device {}", info.device, resources.device()),
+            ));
+        }
+        let shared = Arc::new(Shared {
+            native,
+            resources,
+            rank: info.rank,
+            size: info.size,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            timeout_ns: AtomicU64::new(nanos(timeout)),
+            groups: AtomicUsize::new(0),
+            state: Mutex::new(State { token: None, last_enqueue: Instant::now(), ended: None, watched: false, closing: Closing::No }),
+        });
+        register_live(&shared);
+        Ok(Communicator { shared })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// One communicator per resources object, rank `i` on `resources[i]`'s device, all in this
+    /// process: a new unique id, then `ncclCommInitRankConfig` for every device inside one NCCL
+    /// group, eagerly, on the calling thread (a lazy initialisation inside worker threads breaks
+    /// the group: NVIDIA/cuvs#968). Bounded by `RAFT_COMMS_TIMEOUT` (default 300 s).
+    ///
+    /// # Errors
+    /// `Logic` for no resources, two on one device, released resources, or a call inside a
+    /// group; `Generic` / `Cuda` when NCCL fails or does not finish in time (every communicator
+    /// made so far is aborted).
+    pub fn clique(resources: &[DeviceResources]) -> Result<Vec<Communicator>> {
+        Self::clique_with_timeout(resources, timeout_from_env()?)
+    }
+
+    /// [`clique`](Self::clique) with an explicit bound.
+    pub fn clique_with_timeout(resources: &[DeviceResources], timeout: Duration) -> Result<Vec<Communicator>> {
+        const WHO: &str = "Communicator::clique";
+        group::refuse_inside(WHO)?;
+        if resources.is_empty() {
+            return Err(Error::logic(WHO, "no resources: a clique needs one per device"));
+        }
+        let devices: Vec<usize> = resources.iter().map(|r| r.device()).collect();
+        for (i, d) in devices.iter().enumerate() {
+            if devices[..i].contains(d) {
+                return Err(Error::logic(WHO, format!("two resources on device {d}: NCCL needs one rank per GPU")));
+            }
+        }
+        if let Some(r) = resources.iter().find(|r| r.is_released()) {
+            return Err(Error::released(WHO, r.device()));
+        }
+        let natives = NativeComm::init_clique(WHO, &devices, timeout)?;
+        let mut failed = None;
+        for n in &natives {
+            if let Err(e) = n.wait(WHO, timeout) {
+                failed.get_or_insert(e);
+            }
+        }
+        if let Some(e) = failed {
+            for n in &natives {
+                let _ = n.abort(WHO, e.message());
+            }
+            return Err(e);
+        }
+        natives.into_iter().zip(resources).map(|(n, r)| Self::new(n, r.clone(), timeout)).collect()
+    }
+
+    /// This process's rank among several, from the launcher's environment (`RANK`,
+    /// `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`; see [`Launch`]), bounded by
+    /// `RAFT_COMMS_TIMEOUT` (default 300 s). Pick the device from `LOCAL_RANK` first:
+    ///
+    /// ```no_run
+    /// # fn main() -> raft::Result<()> {
+    /// let launch = raft_comms::Launch::from_env()?;
+    /// let res = raft::DeviceResources::on_device(launch.local_rank.unwrap_or(0))?;
+    /// let comm = raft_comms::Communicator::from_env(&res)?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`init`](Self::init); `Logic` naming a missing or malformed variable.
+    pub fn from_env(resources: &DeviceResources) -> Result<Communicator> {
+        let launch = Launch::from_env()?;
+        Self::init(resources, launch.rank, launch.world_size, &launch.rendezvous_addr(), timeout_from_env()?)
+    }
+
+    /// Rank `rank` of `world` on `resources`' device: rank 0 makes the unique id and serves it at
+    /// `addr` (`host:port`) over TCP; the others fetch it from there; then a non-blocking
+    /// `ncclCommInitRankConfig`, polled. The whole is bounded by `timeout`: a rank that never
+    /// arrives gives the others an error naming it, and an initialisation that does not complete
+    /// is aborted (`ncclCommAbort`).
+    ///
+    /// # Errors
+    /// `Logic` for a rank not below `world`, released resources, another rank's mismatching
+    /// world size, or a call inside a group; `Generic` when the rendezvous or NCCL fails or runs
+    /// out of time.
+    pub fn init(resources: &DeviceResources, rank: usize, world: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
+        const WHO: &str = "Communicator::init";
+        group::refuse_inside(WHO)?;
+        if world == 0 || rank >= world {
+            return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a world of {world}")));
+        }
+        let deadline = Instant::now() + timeout;
+        let id = if rank == 0 {
+            let id = UniqueId::new().map_err(|e| e.with_who(WHO))?;
+            if world > 1 {
+                let listener = unique_id::bind(WHO, addr)?;
+                unique_id::serve_on(WHO, &listener, &id, world, deadline, timeout)?;
+            }
+            id
+        } else {
+            unique_id::fetch_until(WHO, addr, rank, world, deadline, timeout)?
+        };
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        Self::init_until(WHO, resources, &id, rank, world, left, timeout)
+    }
+
+    /// Rank `rank` of `world` with an id shared by the program's own means (rank 0's
+    /// [`UniqueId::new`]), bounded by `timeout`.
+    ///
+    /// # Errors
+    /// As [`init`](Self::init), without the rendezvous.
+    pub fn init_with_id(resources: &DeviceResources, id: &UniqueId, rank: usize, world: usize, timeout: Duration) -> Result<Communicator> {
+        const WHO: &str = "Communicator::init_with_id";
+        group::refuse_inside(WHO)?;
+        if world == 0 || rank >= world {
+            return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a world of {world}")));
+        }
+        Self::init_until(WHO, resources, id, rank, world, timeout, timeout)
+    }
+
+    fn init_until(
+        who: &'static str,
+        resources: &DeviceResources,
+        id: &UniqueId,
+        rank: usize,
+        world: usize,
+        left: Duration,
+        timeout: Duration,
+    ) -> Result<Communicator> {
+        if resources.is_released() {
+            return Err(Error::released(who, resources.device()));
+        }
+        let native = NativeComm::init(who, id.as_bytes(), world, rank, resources.device(), timeout)?;
+        native
+            .wait(who, left)
+            .map_err(|e| Error::new(e.kind(), who, format!("rank {rank} of {world}: NCCL's initialisation failed: {}", e.message())))?;
+        Self::new(native, resources.clone(), timeout)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.shared.size
+    }
+
+    /// The device (the resources').
+    pub fn device(&self) -> usize {
+        self.shared.resources.device()
+    }
+
+    /// The resources whose stream the collectives run on.
+    pub fn resources(&self) -> &DeviceResources {
+        &self.shared.resources
+    }
+
+    /// The bound of this communicator's waits.
+    pub fn timeout(&self) -> Duration {
+        self.shared.timeout()
+    }
+
+    /// Sets the bound of this communicator's waits (and of the RAFT-side handle's).
+    ///
+    /// # Errors
+    /// `Logic` for a zero bound or an ended communicator.
+    pub fn set_timeout(&self, timeout: Duration) -> Result<()> {
+        const WHO: &str = "Communicator::set_timeout";
+        if timeout.is_zero() {
+            return Err(Error::logic(WHO, "a zero timeout"));
+        }
+        let st = self.shared.lock();
+        if let Some(e) = Shared::ended_error(&st, WHO) {
+            return Err(e);
+        }
+        self.shared.native.set_timeout(WHO, timeout)?;
+        self.shared.timeout_ns.store(nanos(timeout), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The error that ended this communicator (aborted, released), if it has ended.
+    pub fn ended(&self) -> Option<Error> {
+        self.shared.lock().ended.clone()
+    }
+
+    /// Waits for the work on the resources' stream (the collectives enqueued so far), at most
+    /// the communicator's timeout.
+    ///
+    /// # Errors
+    /// `Generic` when NCCL reported an error or the work did not finish in time: the
+    /// communicator is then aborted, and every later call returns the same error; `Cuda` when
+    /// the stream failed; `Logic` inside a group or on an ended communicator.
+    pub fn sync(&self) -> Result<()> {
+        self.sync_within("Communicator::sync", self.timeout())
+    }
+
+    /// [`sync`](Self::sync) with another bound for this wait.
+    pub fn sync_timeout(&self, timeout: Duration) -> Result<()> {
+        self.sync_within("Communicator::sync_timeout", timeout)
+    }
+
+    fn sync_within(&self, who: &'static str, timeout: Duration) -> Result<()> {
+        group::refuse_inside(who)?;
+        let sh = &self.shared;
+        let stream = sh.resources.stream().map_err(|e| e.with_who(who))?;
+        let start = Instant::now();
+        let mut round = 0u32;
+        loop {
+            {
+                let mut st = sh.lock();
+                if let Some(e) = Shared::ended_error(&st, who) {
+                    return Err(e);
+                }
+                match sh.native.query(who, Some(&stream)) {
+                    Ok(true) => {
+                        if st.token.is_some() && sh.native.query(who, None).unwrap_or(false) {
+                            st.token = None;
+                        }
+                        return Ok(());
+                    }
+                    Ok(false) if start.elapsed() <= timeout => {}
+                    Ok(false) => {
+                        let e = Error::new(
+                            ErrorKind::Generic,
+                            who,
+                            format!(
+                                "the collectives did not finish within {:.1} s (a rank died, or never made the matching call); the \
+                                 communicator was aborted",
+                                timeout.as_secs_f64()
+                            ),
+                        );
+                        return Err(sh.end_with(&mut st, who, e));
+                    }
+                    Err(e) => {
+                        let e = Error::new(e.kind(), who, format!("the communicator was aborted: {}", e.message()));
+                        return Err(sh.end_with(&mut st, who, e));
+                    }
+                }
+            }
+            backoff(&mut round);
+        }
+    }
+
+    /// Every rank waits here until all have arrived (an allreduce of one int, then
+    /// [`sync`](Self::sync)).
+    ///
+    /// # Errors
+    /// As [`sync`](Self::sync).
+    pub fn barrier(&self) -> Result<()> {
+        const WHO: &str = "Communicator::barrier";
+        group::refuse_inside(WHO)?;
+        self.shared.enqueue(WHO, |n, s, mark| n.barrier(WHO, s, mark))?;
+        self.sync_within(WHO, self.timeout())
+    }
+
+    /// Splits the ranks into new communicators (`ncclCommSplit`, collective over all ranks):
+    /// ranks giving the same `color` end up in one, ordered by `key` (then by their rank here);
+    /// `None` takes no part (and gets `None`). The new communicator uses the same resources.
+    /// For a clique driven from one thread, use [`split_all`](Self::split_all).
+    ///
+    /// # Errors
+    /// `Logic` inside a group or on an ended communicator; `Generic` when NCCL fails or does not
+    /// finish within the timeout.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        const WHO: &str = "Communicator::split";
+        group::refuse_inside(WHO)?;
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        if let Some(e) = Shared::ended_error(&st, WHO) {
+            return Err(e);
+        }
+        let child = sh.native.split(WHO, color, key).map_err(|e| sh.fail_unless_refused(&mut st, WHO, e))?;
+        // The split completes with the parent; only then has NCCL written the child.
+        sh.native.wait(WHO, self.timeout()).map_err(|e| sh.fail_unless_refused(&mut st, WHO, e))?;
+        drop(st);
+        if !child.split_done(WHO)? {
+            return Ok(None);
+        }
+        child.wait(WHO, self.timeout())?;
+        Self::new(child, sh.resources.clone(), self.timeout()).map(Some)
+    }
+
+    /// [`split`](Self::split) of several communicators of this process at once, in one NCCL
+    /// group (how one thread splits a clique): `(communicator, color, key)` for each.
+    ///
+    /// # Errors
+    /// As [`split`](Self::split).
+    pub fn split_all(parts: &[(&Communicator, Option<u32>, i32)]) -> Result<Vec<Option<Communicator>>> {
+        const WHO: &str = "Communicator::split_all";
+        group::refuse_inside(WHO)?;
+        for (c, _, _) in parts {
+            if let Some(e) = Shared::ended_error(&c.shared.lock(), WHO) {
+                return Err(e);
+            }
+        }
+        result::group_start(WHO)?;
+        let mut children = Vec::with_capacity(parts.len());
+        let mut first_error = None;
+        for (c, color, key) in parts {
+            match c.shared.native.split(WHO, *color, *key) {
+                Ok(child) => children.push(Some(child)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    children.push(None);
+                }
+            }
+        }
+        // The group's end waits for the parents: the splits complete with them.
+        let parents: Vec<(&NativeComm, Option<Arc<CudaStream>>)> = parts.iter().map(|(c, _, _)| (&c.shared.native, None)).collect();
+        let ended = result::group_end(WHO, &parents);
+        if let Err(e) = &ended {
+            // The shim aborted every parent of a failed group.
+            for (c, _, _) in parts {
+                let mut st = c.shared.lock();
+                c.shared.end_with(&mut st, WHO, e.clone());
+            }
+        }
+        if let Some(e) = first_error.or(ended.err()) {
+            return Err(e); // the children's slots are leaked, never freed under NCCL
+        }
+        let mut made = Vec::with_capacity(parts.len());
+        for child in children.into_iter().flatten() {
+            made.push(if child.split_done(WHO)? { Some(child) } else { None });
+        }
+        for child in made.iter().flatten() {
+            child.wait(WHO, parts[0].0.timeout())?;
+        }
+        made.into_iter()
+            .zip(parts)
+            .map(|(child, (c, _, _))| child.map(|n| Self::new(n, c.shared.resources.clone(), c.timeout())).transpose())
+            .collect()
+    }
+
+    /// Installs this communicator into `resources` (`raft::resource::set_comms`, replacing any
+    /// installed before): RAFT's and cuVS's C++ code given those resources finds it through
+    /// `raft::resource::get_comms`, with its barrier on their stream. The resources may be these
+    /// (see [`resources`](Self::resources)) or others on the same device.
+    ///
+    /// # Errors
+    /// `Logic` for resources on another device, released resources or an ended communicator.
+    pub fn install(&self, resources: &DeviceResources) -> Result<()> {
+        const WHO: &str = "Communicator::install";
+        if resources.device() != self.device() {
+            return Err(Error::logic(
+                WHO,
+                format!("the communicator is on device {}, the resources on device {}", self.device(), resources.device()),
+            ));
+        }
+        let stream = resources.stream().map_err(|e| e.with_who(WHO))?;
+        let st = self.shared.lock();
+        if let Some(e) = Shared::ended_error(&st, WHO) {
+            return Err(e);
+        }
+        resources.with_raft_resources(|raft| self.shared.native.install(WHO, raft, &stream)).map_err(|e| e.with_who(WHO))?
+    }
+
+    /// Ends the communicator now (`ncclCommAbort`): work in flight is cut short; other ranks in
+    /// a collective with it will fail or time out.
+    ///
+    /// # Errors
+    /// `Generic` when NCCL's abort itself failed (the communicator is gone all the same).
+    pub fn abort(self) -> Result<()> {
+        const WHO: &str = "Communicator::abort";
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        st.token = None;
+        if st.ended.is_some() {
+            return Ok(());
+        }
+        let outcome = sh.native.abort(WHO, "it was aborted by Communicator::abort");
+        st.ended = Some(Error::logic(WHO, "the communicator was aborted by Communicator::abort"));
+        outcome
+    }
+
+    /// Waits for the work in flight (bounded), then finalizes and destroys the communicator,
+    /// and returns the first error; on a failure it is aborted instead.
+    ///
+    /// # Errors
+    /// As [`sync`](Self::sync), and `Generic` when the finalize does not complete in time (the
+    /// other ranks must release theirs too).
+    pub fn release(self) -> Result<()> {
+        Self::release_all(vec![self])
+    }
+
+    /// [`release`](Self::release) of several communicators at once: all are finalized before
+    /// any is waited for (how one thread releases a clique, whose ranks finalize together).
+    ///
+    /// # Errors
+    /// The first error; every communicator is ended all the same.
+    pub fn release_all(comms: Vec<Communicator>) -> Result<()> {
+        const WHO: &str = "Communicator::release";
+        group::refuse_inside(WHO)?;
+        let mut first: Option<Error> = None;
+        let mut note = |r: Result<()>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        for c in &comms {
+            if c.ended().is_none() {
+                note(c.sync_within(WHO, c.timeout()));
+            }
+        }
+        let mut finalizing = Vec::new();
+        for c in &comms {
+            let sh = &c.shared;
+            let mut st = sh.lock();
+            if st.ended.is_some() {
+                continue;
+            }
+            match sh.native.finalize(WHO) {
+                Ok(()) => finalizing.push(c),
+                Err(e) => note(Err(sh.end_with(&mut st, WHO, e))),
+            }
+        }
+        for c in &finalizing {
+            let sh = &c.shared;
+            let r = sh.native.wait(WHO, c.timeout());
+            let mut st = sh.lock();
+            match r.and_then(|()| sh.native.destroy(WHO)) {
+                Ok(()) => {
+                    st.ended = Some(Error::logic(WHO, "the communicator was released"));
+                    st.token = None;
+                }
+                Err(e) => note(Err(sh.end_with(&mut st, WHO, e))),
+            }
+        }
+        for c in &comms {
+            let mut st = c.shared.lock();
+            st.token = None;
+            st.ended.get_or_insert_with(|| Error::logic(WHO, "the communicator was released"));
+        }
+        drop(comms);
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// A few yields, then short sleeps: a wait that ends at once costs little, a long one little CPU.
+pub(crate) fn backoff(round: &mut u32) {
+    if *round < 64 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(if *round < 1024 { 20 } else { 200 }));
+    }
+    *round = round.saturating_add(1);
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if !raft_exit::native_release_allowed() {
+            return; // the exit has decided: leaked to the OS
+        }
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        if st.ended.is_some() || !matches!(st.closing, Closing::No) {
+            return;
+        }
+        st.closing = Closing::Requested(ReleaseToken::register(sh.label("release of communicator")));
+        let start_watching = !st.watched;
+        st.watched = true;
+        drop(st);
+        if start_watching {
+            watchdog::watch(sh.clone());
+        }
+    }
+}
+
+impl fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .field("device", &self.device())
+            .field("ended", &self.shared.state.try_lock().map(|s| s.ended.is_some()).ok())
+            .finish()
+    }
+}
+
+impl fmt::Display for Communicator {
+    /// `rank 1 of 2 on cuda:1`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {} of {} on cuda:{}", self.rank(), self.size(), self.device())
+    }
+}

@@ -1,0 +1,152 @@
+//! Loading the shim (`libraftcomms_shim.so`) and, through it, libnccl at first use, so that a
+//! program without NCCL starts and gets an error naming what is missing and what to set.
+use crate::sys::RaftcommsShim;
+use raft_error::{Error, ErrorKind, Result};
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The shim's file name.
+pub const SHIM_FILE: &str = "libraftcomms_shim.so";
+
+/// Where build.rs put the shim ("" when it built none).
+const BUILT_SHIM: &str = env!("RAFT_COMMS_SHIM_PATH");
+/// Why build.rs built no shim ("" when it did).
+const BUILD_NOTE: &str = env!("RAFT_COMMS_BUILD_NOTE");
+/// The directory of the libnccl.so.2 found at build time ("" when none), in the shim's RUNPATH.
+pub(crate) const BUILD_NCCL_LIB_DIR: &str = env!("RAFT_COMMS_NCCL_LIB_DIR");
+
+/// The loaded shim with NCCL opened.
+pub(crate) struct Loaded {
+    pub(crate) api: RaftcommsShim,
+    pub(crate) shim_path: PathBuf,
+    pub(crate) nccl_version: i32,
+    pub(crate) nccl_path: String,
+}
+
+static LOADED: OnceLock<std::result::Result<Loaded, String>> = OnceLock::new();
+
+/// The loaded shim, loading it (and libnccl) on the first call; later calls are one atomic load.
+///
+/// Where the shim is looked for: `RAFT_COMMS_SHIM` (a path; then only there); beside the
+/// executable, then `<its dir>/../lib` (a deployed binary with its libraries); where build.rs
+/// built it. libnccl: `RAFT_COMMS_NCCL_LIB` (a path to `libnccl.so.2`), else `libnccl.so.2` by
+/// the dynamic loader's search (`LD_LIBRARY_PATH`, the shim's RUNPATH, which names the NCCL
+/// found at build time, then the system's).
+pub(crate) fn loaded(who: &'static str) -> Result<&'static Loaded> {
+    LOADED.get_or_init(load).as_ref().map_err(|m| Error::new(ErrorKind::Generic, who, m.clone()))
+}
+
+/// Reads and clears the calling thread's message of the last failed shim call.
+pub(crate) fn take_last_error(api: &RaftcommsShim) -> String {
+    // SAFETY: raftcomms_last_error returns a NUL-terminated thread-local buffer valid until the
+    // next raftcomms_ call on this thread; it is copied before the next call (the clear).
+    let message = unsafe { CStr::from_ptr((api.raftcomms_last_error)()) }.to_string_lossy().into_owned();
+    // SAFETY: only clears this thread's message buffer.
+    unsafe { (api.raftcomms_clear_error)() };
+    message
+}
+
+fn candidates() -> (Vec<PathBuf>, bool) {
+    if let Some(path) = std::env::var_os("RAFT_COMMS_SHIM").filter(|p| !p.is_empty()) {
+        return (vec![PathBuf::from(path)], true);
+    }
+    let mut found = Vec::new();
+    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+        found.push(dir.join(SHIM_FILE));
+        found.push(dir.join("../lib").join(SHIM_FILE));
+    }
+    if !BUILT_SHIM.is_empty() {
+        found.push(PathBuf::from(BUILT_SHIM));
+    }
+    (found, false)
+}
+
+fn nccl_advice() -> String {
+    format!(
+        "Install NCCL {}.{} or newer (`pip install nvidia-nccl-cu13`, or the system's libnccl2), then set RAFT_COMMS_NCCL_LIB \
+         to its libnccl.so.2 or add its directory to LD_LIBRARY_PATH{}",
+        crate::sys::RAFTCOMMS_MIN_NCCL_VERSION / 10000,
+        (crate::sys::RAFTCOMMS_MIN_NCCL_VERSION % 10000) / 100,
+        if BUILD_NCCL_LIB_DIR.is_empty() { String::new() } else { format!(" (at build time it was in {BUILD_NCCL_LIB_DIR})") }
+    )
+}
+
+fn load() -> std::result::Result<Loaded, String> {
+    // raft-sys's shim first: it preloads the CUDA libraries RAFT_RS_LIB_PATH names, and this shim
+    // must bind to the same libcudart. Its own failure is reported by the calls that need it.
+    let _ = raft_sys::shim();
+    let (paths, explicit) = candidates();
+    let mut tried = Vec::new();
+    for path in &paths {
+        if !path.exists() {
+            tried.push(format!("{} (absent)", path.display()));
+            continue;
+        }
+        // SAFETY: the shim's initialisers make no CUDA or NCCL call; RTLD_NOW resolves every
+        // symbol now (a missing libcudart is an error here, not a crash later). Never unloaded.
+        let lib = match unsafe {
+            libloading::os::unix::Library::open(Some(path), libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL)
+        } {
+            Ok(lib) => lib,
+            Err(e) => {
+                tried.push(format!("{}: {e}", path.display()));
+                continue;
+            }
+        };
+        // SAFETY: a raftcomms shim: its functions have the signatures of src/sys.rs, which a test
+        // checks against the header it was built from.
+        let api = match unsafe { RaftcommsShim::from_library(lib.into()) } {
+            Ok(api) => api,
+            Err(e) => {
+                tried.push(format!("{}: not this raft-comms version's shim ({e})", path.display()));
+                continue;
+            }
+        };
+        let explicit_nccl = std::env::var("RAFT_COMMS_NCCL_LIB").ok().filter(|p| !p.is_empty());
+        let c_path = match explicit_nccl.as_deref().map(CString::new).transpose() {
+            Ok(p) => p,
+            Err(_) => return Err("RAFT_COMMS_NCCL_LIB contains a NUL byte".into()),
+        };
+        let mut version = 0;
+        // SAFETY: the path is NUL-terminated (or null); `version` is a valid int.
+        let status = unsafe { (api.raftcomms_nccl_load)(c_path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()), &mut version) };
+        if status != crate::sys::RAFTCOMMS_STATUS_OK {
+            let why = take_last_error(&api);
+            let named = if explicit_nccl.is_some() { " (RAFT_COMMS_NCCL_LIB names it)" } else { "" };
+            return Err(format!("NCCL could not be loaded{named}: {why}. {}", nccl_advice()));
+        }
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: the buffer holds `len` bytes; the shim writes at most that, NUL-terminated.
+        let status = unsafe { (api.raftcomms_nccl_path)(buf.as_mut_ptr().cast(), buf.len()) };
+        let nccl_path = if status == crate::sys::RAFTCOMMS_STATUS_OK {
+            CStr::from_bytes_until_nul(&buf).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+        } else {
+            take_last_error(&api);
+            String::new()
+        };
+        return Ok(Loaded { api, shim_path: path.clone(), nccl_version: version, nccl_path });
+    }
+    let mut message = format!("could not load raft-comms's shim ({SHIM_FILE}): {}", tried.join("; "));
+    if explicit {
+        message.push_str(" (RAFT_COMMS_SHIM names it)");
+    }
+    if !BUILD_NOTE.is_empty() {
+        message.push_str(&format!(". {BUILD_NOTE}"));
+    } else {
+        message.push_str(". Put it beside the executable or in <its dir>/../lib, or set RAFT_COMMS_SHIM to its path");
+    }
+    Err(message)
+}
+
+/// Facts about the loaded NCCL, for diagnostics: its version code and its file.
+pub(crate) fn nccl_facts(who: &'static str) -> Result<(i32, String, PathBuf)> {
+    let l = loaded(who)?;
+    Ok((l.nccl_version, l.nccl_path.clone(), l.shim_path.clone()))
+}
+
+/// Whether this build has a shim at all (false when the NCCL headers were missing at build
+/// time, or in a documentation build), and if not why.
+pub(crate) fn build_note() -> Option<&'static str> {
+    (BUILT_SHIM.is_empty() && std::env::var_os("RAFT_COMMS_SHIM").is_none()).then_some(BUILD_NOTE)
+}

@@ -1,0 +1,175 @@
+//! Raw bindings of the shim's header (`include/raftcomms.h`): constants, the opaque handle, and
+//! the table of its functions, looked up by name when the shim is loaded. Written by hand (the
+//! header is small) and checked against the header by a test, so neither drifts.
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_char, c_void};
+
+/// Result of every fallible shim call (`RAFTCOMMS_STATUS_*`).
+pub type raftcomms_status = i32;
+
+pub const RAFTCOMMS_STATUS_OK: raftcomms_status = 0;
+pub const RAFTCOMMS_STATUS_OUT_OF_MEMORY: raftcomms_status = 1;
+pub const RAFTCOMMS_STATUS_CUDA: raftcomms_status = 2;
+pub const RAFTCOMMS_STATUS_LOGIC: raftcomms_status = 3;
+pub const RAFTCOMMS_STATUS_GENERIC: raftcomms_status = 4;
+
+pub const RAFTCOMMS_MIN_NCCL_VERSION: i32 = 21800;
+pub const RAFTCOMMS_UNIQUE_ID_BYTES: usize = 128;
+
+pub const RAFTCOMMS_DTYPE_U8: i32 = 0;
+pub const RAFTCOMMS_DTYPE_I32: i32 = 1;
+pub const RAFTCOMMS_DTYPE_I64: i32 = 2;
+pub const RAFTCOMMS_DTYPE_F32: i32 = 3;
+pub const RAFTCOMMS_DTYPE_F64: i32 = 4;
+
+pub const RAFTCOMMS_OP_SUM: i32 = 0;
+pub const RAFTCOMMS_OP_PROD: i32 = 1;
+pub const RAFTCOMMS_OP_MIN: i32 = 2;
+pub const RAFTCOMMS_OP_MAX: i32 = 3;
+
+pub const RAFTCOMMS_STATE_DONE: i32 = 0;
+pub const RAFTCOMMS_STATE_PENDING: i32 = 1;
+
+/// A shim communicator handle (`raftcomms_comm`): opaque.
+#[repr(C)]
+pub struct raftcomms_comm {
+    _opaque: [u8; 0],
+    // Not Send, not Sync, not Unpin by itself: the owners say what holds.
+    _marker: std::marker::PhantomData<(*mut u8, std::marker::PhantomPinned)>,
+}
+
+macro_rules! shim_functions {
+    ($( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $(-> $ret:ty)?; )*) => {
+        /// The shim's functions, looked up once when it is loaded; the library is kept open
+        /// (never unloaded) with them.
+        pub struct RaftcommsShim {
+            _lib: libloading::Library,
+            $( pub $name: unsafe extern "C" fn($($ty),*) $(-> $ret)?, )*
+        }
+
+        impl RaftcommsShim {
+            /// Looks every function up in `lib`.
+            ///
+            /// # Safety
+            /// `lib` must be a raftcomms shim built from this crate's header: the functions are
+            /// taken to have the signatures written here.
+            pub unsafe fn from_library(lib: libloading::Library) -> Result<Self, libloading::Error> {
+                $(
+                    // SAFETY: the caller vouches that the symbol has this signature; the fn
+                    // pointer is kept beside the library, which is never unloaded.
+                    let $name = unsafe {
+                        *lib.get::<unsafe extern "C" fn($($ty),*) $(-> $ret)?>(concat!(stringify!($name), "\0").as_bytes())?
+                    };
+                )*
+                Ok(RaftcommsShim { _lib: lib, $($name,)* })
+            }
+        }
+
+        /// The names bound here (checked against the header by a test).
+        #[cfg(test)]
+        pub(crate) const FUNCTIONS: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+shim_functions! {
+    fn raftcomms_last_error() -> *const c_char;
+    fn raftcomms_clear_error();
+    fn raftcomms_header_nccl_version() -> i32;
+    fn raftcomms_nccl_load(path: *const c_char, version: *mut i32) -> raftcomms_status;
+    fn raftcomms_nccl_path(buf: *mut c_char, size: usize) -> raftcomms_status;
+    fn raftcomms_unique_id(out: *mut u8) -> raftcomms_status;
+    fn raftcomms_comm_init(id: *const u8, nranks: i32, rank: i32, device: i32, timeout_s: f64, out: *mut *mut raftcomms_comm) -> raftcomms_status;
+    fn raftcomms_comm_init_clique(n: i32, devices: *const i32, timeout_s: f64, out: *mut *mut raftcomms_comm) -> raftcomms_status;
+    fn raftcomms_comm_split(comm: *mut raftcomms_comm, color: i32, key: i32, out: *mut *mut raftcomms_comm) -> raftcomms_status;
+    fn raftcomms_comm_split_done(child: *mut raftcomms_comm, present: *mut i32) -> raftcomms_status;
+    fn raftcomms_comm_wait(comm: *mut raftcomms_comm, timeout_s: f64) -> raftcomms_status;
+    fn raftcomms_comm_info(comm: *mut raftcomms_comm, rank: *mut i32, size: *mut i32, device: *mut i32) -> raftcomms_status;
+    fn raftcomms_comm_set_timeout(comm: *mut raftcomms_comm, timeout_s: f64) -> raftcomms_status;
+    fn raftcomms_comm_query(comm: *mut raftcomms_comm, stream: *mut c_void, state: *mut i32) -> raftcomms_status;
+    fn raftcomms_comm_abort(comm: *mut raftcomms_comm, reason: *const c_char) -> raftcomms_status;
+    fn raftcomms_comm_finalize(comm: *mut raftcomms_comm) -> raftcomms_status;
+    fn raftcomms_comm_destroy(comm: *mut raftcomms_comm) -> raftcomms_status;
+    fn raftcomms_comm_free(comm: *mut raftcomms_comm);
+    fn raftcomms_comm_install(comm: *mut raftcomms_comm, raft_resources: *mut c_void, stream: *mut c_void) -> raftcomms_status;
+    fn raftcomms_installed(raft_resources: *mut c_void, present: *mut i32, rank: *mut i32, size: *mut i32) -> raftcomms_status;
+    fn raftcomms_raft_allreduce(raft_resources: *mut c_void, send: *const c_void, recv: *mut c_void, count: usize, dtype: i32, op: i32, stream: *mut c_void) -> raftcomms_status;
+    fn raftcomms_group_start() -> raftcomms_status;
+    fn raftcomms_group_end(n: i32, comms: *const *mut raftcomms_comm, streams: *const *mut c_void) -> raftcomms_status;
+    fn raftcomms_allreduce(comm: *mut raftcomms_comm, send: *const c_void, recv: *mut c_void, count: usize, dtype: i32, op: i32, stream: *mut c_void, mark: i32) -> raftcomms_status;
+    fn raftcomms_broadcast(comm: *mut raftcomms_comm, send: *const c_void, recv: *mut c_void, count: usize, dtype: i32, root: i32, stream: *mut c_void, mark: i32) -> raftcomms_status;
+    fn raftcomms_reduce(comm: *mut raftcomms_comm, send: *const c_void, recv: *mut c_void, count: usize, dtype: i32, op: i32, root: i32, stream: *mut c_void, mark: i32) -> raftcomms_status;
+    fn raftcomms_allgather(comm: *mut raftcomms_comm, send: *const c_void, recv: *mut c_void, sendcount: usize, dtype: i32, stream: *mut c_void, mark: i32) -> raftcomms_status;
+    fn raftcomms_allgatherv(comm: *mut raftcomms_comm, send: *const c_void, recv: *mut c_void, counts: *const usize, displs: *const usize, dtype: i32, stream: *mut c_void, mark: i32) -> raftcomms_status;
+    fn raftcomms_gather(comm: *mut raftcomms_comm, send: *const c_void, recv: *mut c_void, sendcount: usize, dtype: i32, root: i32, stream: *mut c_void, mark: i32) -> raftcomms_status;
+    fn raftcomms_reducescatter(comm: *mut raftcomms_comm, send: *const c_void, recv: *mut c_void, recvcount: usize, dtype: i32, op: i32, stream: *mut c_void, mark: i32) -> raftcomms_status;
+    fn raftcomms_send(comm: *mut raftcomms_comm, buf: *const c_void, count: usize, dtype: i32, peer: i32, stream: *mut c_void, mark: i32) -> raftcomms_status;
+    fn raftcomms_recv(comm: *mut raftcomms_comm, buf: *mut c_void, count: usize, dtype: i32, peer: i32, stream: *mut c_void, mark: i32) -> raftcomms_status;
+    fn raftcomms_sendrecv(comm: *mut raftcomms_comm, send: *const c_void, sendcount: usize, dest: i32, recv: *mut c_void, recvcount: usize, source: i32, dtype: i32, stream: *mut c_void, mark: i32) -> raftcomms_status;
+    fn raftcomms_barrier(comm: *mut raftcomms_comm, stream: *mut c_void, mark: i32) -> raftcomms_status;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: &str = include_str!("../include/raftcomms.h");
+
+    /// Every function the header declares, by name.
+    fn declared() -> Vec<String> {
+        let mut names = Vec::new();
+        for line in HEADER.lines() {
+            let t = line.trim_start();
+            if t.starts_with("/*") || t.starts_with('*') || t.starts_with('#') {
+                continue;
+            }
+            // A declaration: the identifier right before the first '(' names the function.
+            let Some(open) = t.find('(') else { continue };
+            let name = t[..open].split_whitespace().last().unwrap_or("").trim_start_matches('*');
+            if name.starts_with("raftcomms_") && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                names.push(name.to_string());
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn bindings_name_every_function_of_the_header_and_no_other() {
+        let mut header = declared();
+        let mut bound: Vec<String> = FUNCTIONS.iter().map(|s| s.to_string()).collect();
+        header.sort();
+        bound.sort();
+        assert_eq!(header, bound, "include/raftcomms.h and src/sys.rs disagree");
+    }
+
+    #[test]
+    fn constants_match_the_header() {
+        let value = |name: &str| -> i64 {
+            let line =
+                HEADER.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not in header"));
+            line.split_whitespace().nth(2).unwrap().parse().unwrap()
+        };
+        for (name, v) in [
+            ("RAFTCOMMS_STATUS_OK", RAFTCOMMS_STATUS_OK as i64),
+            ("RAFTCOMMS_STATUS_OUT_OF_MEMORY", RAFTCOMMS_STATUS_OUT_OF_MEMORY as i64),
+            ("RAFTCOMMS_STATUS_CUDA", RAFTCOMMS_STATUS_CUDA as i64),
+            ("RAFTCOMMS_STATUS_LOGIC", RAFTCOMMS_STATUS_LOGIC as i64),
+            ("RAFTCOMMS_STATUS_GENERIC", RAFTCOMMS_STATUS_GENERIC as i64),
+            ("RAFTCOMMS_MIN_NCCL_VERSION", RAFTCOMMS_MIN_NCCL_VERSION as i64),
+            ("RAFTCOMMS_UNIQUE_ID_BYTES", RAFTCOMMS_UNIQUE_ID_BYTES as i64),
+            ("RAFTCOMMS_DTYPE_U8", RAFTCOMMS_DTYPE_U8 as i64),
+            ("RAFTCOMMS_DTYPE_I32", RAFTCOMMS_DTYPE_I32 as i64),
+            ("RAFTCOMMS_DTYPE_I64", RAFTCOMMS_DTYPE_I64 as i64),
+            ("RAFTCOMMS_DTYPE_F32", RAFTCOMMS_DTYPE_F32 as i64),
+            ("RAFTCOMMS_DTYPE_F64", RAFTCOMMS_DTYPE_F64 as i64),
+            ("RAFTCOMMS_OP_SUM", RAFTCOMMS_OP_SUM as i64),
+            ("RAFTCOMMS_OP_PROD", RAFTCOMMS_OP_PROD as i64),
+            ("RAFTCOMMS_OP_MIN", RAFTCOMMS_OP_MIN as i64),
+            ("RAFTCOMMS_OP_MAX", RAFTCOMMS_OP_MAX as i64),
+            ("RAFTCOMMS_STATE_DONE", RAFTCOMMS_STATE_DONE as i64),
+            ("RAFTCOMMS_STATE_PENDING", RAFTCOMMS_STATE_PENDING as i64),
+        ] {
+            assert_eq!(value(name), v, "{name}");
+        }
+    }
+}

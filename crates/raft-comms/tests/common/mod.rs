@@ -1,0 +1,197 @@
+//! Helpers shared by raft-comms's integration tests: finding `raft-run` (also inside the GPU
+//! bundle, where cargo's build paths do not exist), and the GPU / NCCL skip rules.
+#![allow(dead_code)] // each test file uses its own part
+
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// `raft-run`: `RAFT_RUN`, else beside this test binary or in `../bin` (the GPU bundle's layout),
+/// else `..` (cargo's `target/<profile>/deps/<test>` → `target/<profile>/raft-run`), else where
+/// cargo built it.
+pub fn raft_run() -> PathBuf {
+    if let Some(p) = std::env::var_os("RAFT_RUN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe.parent().expect("a directory").to_path_buf();
+    for candidate in [dir.join("raft-run"), dir.join("../bin/raft-run"), dir.join("../raft-run")] {
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    PathBuf::from(env!("CARGO_BIN_EXE_raft-run"))
+}
+
+/// Whether the tests must not skip (`RAFT_REQUIRE_GPU=1`, set on the GPU machine).
+pub fn required() -> bool {
+    std::env::var("RAFT_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// The number of GPUs (0 without a driver).
+pub fn gpus() -> usize {
+    raft::device_count().unwrap_or(0)
+}
+
+/// Whether `test` can run with `n` GPUs and NCCL here; prints why not, and fails instead under
+/// `RAFT_REQUIRE_GPU=1`.
+pub fn have(n: usize, test: &str) -> bool {
+    let found = gpus();
+    let why = if found < n {
+        Some(format!("{test}: skipped: needs {n} GPU(s), found {found}"))
+    } else if std::env::var("NCCL_NVLS_ENABLE").ok().as_deref() != Some("0") {
+        // NVLink multicast can take a shared host's GPUs out of service: never from a test.
+        Some(format!("{test}: skipped: NCCL_NVLS_ENABLE=0 is not set (NVLink multicast must stay off)"))
+    } else {
+        raft_comms::nccl_info().err().map(|e| format!("{test}: skipped: NCCL is not available: {e}"))
+    };
+    match why {
+        None => true,
+        Some(why) if required() => panic!("{why} (RAFT_REQUIRE_GPU=1)"),
+        Some(why) => {
+            eprintln!("{why}");
+            false
+        }
+    }
+}
+
+/// Whether NCCL (the shim and libnccl) loads here, for the CPU tests that need only it; prints
+/// why not. (NCCL needs no GPU to make a unique id.)
+pub fn have_nccl(test: &str) -> bool {
+    match raft_comms::nccl_info() {
+        Ok(_) => true,
+        Err(e) if required() => panic!("{test}: NCCL is not available: {e} (RAFT_REQUIRE_GPU=1)"),
+        Err(e) => {
+            eprintln!("{test}: skipped: NCCL is not available: {e}");
+            false
+        }
+    }
+}
+
+// ---- values every rank can compute for every rank ----------------------------------------------
+
+use raft_comms::{NcclType, ReduceOp};
+use std::fmt::Debug;
+
+/// The element types, with small values whose sums and products are exact in all of them.
+pub trait Val: NcclType + PartialEq + Debug {
+    fn of(v: i64) -> Self;
+}
+impl Val for u8 {
+    fn of(v: i64) -> Self {
+        v as u8
+    }
+}
+impl Val for i32 {
+    fn of(v: i64) -> Self {
+        v as i32
+    }
+}
+impl Val for i64 {
+    fn of(v: i64) -> Self {
+        v
+    }
+}
+impl Val for f32 {
+    fn of(v: i64) -> Self {
+        v as f32
+    }
+}
+impl Val for f64 {
+    fn of(v: i64) -> Self {
+        v as f64
+    }
+}
+
+/// Rank r's element i: 1..=10, different on each rank.
+pub fn value(r: usize, i: usize) -> i64 {
+    ((r * 7 + i * 3) % 10 + 1) as i64
+}
+
+pub fn data(r: usize, n: usize) -> Vec<i64> {
+    (0..n).map(|i| value(r, i)).collect()
+}
+
+pub fn typed<T: Val>(v: &[i64]) -> Vec<T> {
+    v.iter().map(|&x| T::of(x)).collect()
+}
+
+pub fn reduce_cpu(op: ReduceOp, n: usize, world: usize) -> Vec<i64> {
+    (0..n)
+        .map(|i| {
+            let vals = (0..world).map(|r| value(r, i));
+            match op {
+                ReduceOp::Sum => vals.sum(),
+                ReduceOp::Prod => vals.product(),
+                ReduceOp::Min => vals.min().unwrap(),
+                ReduceOp::Max => vals.max().unwrap(),
+            }
+        })
+        .collect()
+}
+
+// ---- bounded waits: a hang fails the test instead of stalling the run ---------------------------
+
+/// Waits for `res`'s stream at most `bound`; false when it did not drain in time.
+pub fn drains_within(res: &raft::DeviceResources, bound: Duration) -> bool {
+    let res = res.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(res.sync());
+    });
+    matches!(rx.recv_timeout(bound), Ok(Ok(())))
+}
+
+/// What a bounded child run gave: its status (None when it was stopped for running past the
+/// bound), its output, how long it took.
+pub struct Run {
+    pub status: Option<ExitStatus>,
+    pub stdout: String,
+    pub stderr: String,
+    pub took: Duration,
+}
+
+impl Run {
+    pub fn show(&self) -> String {
+        format!("status {:?} after {:?}\nstdout:\n{}\nstderr:\n{}", self.status, self.took, self.stdout, self.stderr)
+    }
+}
+
+/// Runs `cmd` (output to files, so no pipe fills up) for at most `bound`; past it, SIGTERM (which
+/// raft-run passes on to its ranks), then SIGKILL.
+pub fn run_bounded(mut cmd: Command, bound: Duration) -> Run {
+    let dir = std::env::temp_dir().join(format!(
+        "raft-comms-run-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (out, err) = (dir.join("stdout"), dir.join("stderr"));
+    cmd.stdout(Stdio::from(std::fs::File::create(&out).unwrap())).stderr(Stdio::from(std::fs::File::create(&err).unwrap()));
+    let start = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if start.elapsed() > bound {
+            // SAFETY: kill takes our own child's pid (not yet reaped) and a signal number.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let until = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < until && child.try_wait().unwrap().is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = start.elapsed();
+    let read = |p: &PathBuf| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+    let run = Run { status, stdout: read(&out), stderr: read(&err), took };
+    let _ = std::fs::remove_dir_all(&dir);
+    run
+}
+
+static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -1,0 +1,373 @@
+//! One process, two GPUs: a clique driven from one thread (inside `raft_comms::group`) and from
+//! one thread per GPU; every collective for every element type against an answer computed on the
+//! CPU; sub-communicators; the communicator installed into RAFT's resources and used through
+//! `get_comms`; counts refused with no NCCL call made; a rank that never makes the matching call
+//! turned into an error within the bound. Skips without two GPUs (fails under
+//! `RAFT_REQUIRE_GPU=1`).
+// Rank r indexes the resources, the communicators and the arrays alike.
+#![allow(clippy::needless_range_loop)]
+
+mod common;
+
+use common::{data, reduce_cpu, typed, Val};
+
+use raft::{DeviceResources, DeviceVec, ErrorKind};
+use raft_comms::{group, Communicator, ReduceOp};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// NCCL kernels of two cliques on the same GPUs at once can wait for each other: one test at a
+/// time.
+static GPUS: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    GPUS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn setup() -> (Vec<DeviceResources>, Vec<Communicator>) {
+    let resources: Vec<DeviceResources> = (0..2).map(|d| DeviceResources::on_device(d).unwrap()).collect();
+    let comms = Communicator::clique_with_timeout(&resources, Duration::from_secs(60)).unwrap();
+    for (i, c) in comms.iter().enumerate() {
+        assert_eq!((c.rank(), c.size(), c.device()), (i, 2, i));
+    }
+    (resources, comms)
+}
+
+fn sync_all(comms: &[Communicator]) {
+    for c in comms {
+        c.sync().unwrap();
+    }
+}
+
+fn up<T: Val>(res: &DeviceResources, v: &[i64]) -> DeviceVec<T> {
+    DeviceVec::from_host(res, &typed::<T>(v)).unwrap()
+}
+
+fn zeros<T: Val>(res: &DeviceResources, n: usize) -> DeviceVec<T> {
+    DeviceVec::zeros(res, n).unwrap()
+}
+
+/// Every collective of one element type on a clique driven from this thread.
+fn every_collective<T: Val>(res: &[DeviceResources], comms: &[Communicator]) {
+    let (world, n) = (comms.len(), 8);
+    let name = std::any::type_name::<T>();
+
+    for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
+        let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
+        let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], n)).collect();
+        group(|| (0..world).try_for_each(|r| comms[r].allreduce(&send[r], &mut recv[r], op))).unwrap();
+        sync_all(comms);
+        for r in 0..world {
+            assert_eq!(recv[r].to_host().unwrap(), typed::<T>(&reduce_cpu(op, n, world)), "{name} allreduce {op:?} rank {r}");
+        }
+    }
+
+    let mut buf: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
+    group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))).unwrap();
+    sync_all(comms);
+    for (r, b) in buf.iter().enumerate() {
+        assert_eq!(b.to_host().unwrap(), typed::<T>(&reduce_cpu(ReduceOp::Sum, n, world)), "{name} allreduce in place rank {r}");
+    }
+
+    // Broadcast from rank 1, then in place from rank 0.
+    let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
+    let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], n)).collect();
+    group(|| (0..world).try_for_each(|r| comms[r].broadcast(&send[r], &mut recv[r], 1))).unwrap();
+    sync_all(comms);
+    for r in 0..world {
+        assert_eq!(recv[r].to_host().unwrap(), typed::<T>(&data(1, n)), "{name} broadcast rank {r}");
+    }
+    let mut buf: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
+    group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].broadcast_in_place(b, 0))).unwrap();
+    sync_all(comms);
+    for (r, b) in buf.iter().enumerate() {
+        assert_eq!(b.to_host().unwrap(), typed::<T>(&data(0, n)), "{name} broadcast in place rank {r}");
+    }
+
+    // Reduce to rank 1; rank 0 gives no receive array.
+    let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
+    let mut at_root: DeviceVec<T> = zeros(&res[1], n);
+    group(|| {
+        comms[0].reduce(&send[0], None, ReduceOp::Max, 1)?;
+        comms[1].reduce(&send[1], Some(&mut at_root), ReduceOp::Max, 1)
+    })
+    .unwrap();
+    sync_all(comms);
+    assert_eq!(at_root.to_host().unwrap(), typed::<T>(&reduce_cpu(ReduceOp::Max, n, world)), "{name} reduce");
+
+    // Allgather.
+    let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
+    let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], world * n)).collect();
+    group(|| (0..world).try_for_each(|r| comms[r].allgather(&send[r], &mut recv[r]))).unwrap();
+    sync_all(comms);
+    let all: Vec<i64> = (0..world).flat_map(|r| data(r, n)).collect();
+    for r in 0..world {
+        assert_eq!(recv[r].to_host().unwrap(), typed::<T>(&all), "{name} allgather rank {r}");
+    }
+
+    // Allgatherv: rank 0 sends 3, rank 1 sends 5.
+    let counts = [3usize, 5];
+    let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, counts[r]))).collect();
+    let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], 8)).collect();
+    group(|| (0..world).try_for_each(|r| comms[r].allgatherv(&send[r], &mut recv[r], &counts))).unwrap();
+    sync_all(comms);
+    let all: Vec<i64> = (0..world).flat_map(|r| data(r, counts[r])).collect();
+    for r in 0..world {
+        assert_eq!(recv[r].to_host().unwrap(), typed::<T>(&all), "{name} allgatherv rank {r}");
+    }
+
+    // Gather to rank 0.
+    let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
+    let mut at_root: DeviceVec<T> = zeros(&res[0], world * n);
+    group(|| {
+        comms[0].gather(&send[0], Some(&mut at_root), 0)?;
+        comms[1].gather(&send[1], None, 0)
+    })
+    .unwrap();
+    sync_all(comms);
+    let all: Vec<i64> = (0..world).flat_map(|r| data(r, n)).collect();
+    assert_eq!(at_root.to_host().unwrap(), typed::<T>(&all), "{name} gather");
+
+    // Reduce-scatter: rank r gets block r of the sum.
+    let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, world * n))).collect();
+    let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], n)).collect();
+    group(|| (0..world).try_for_each(|r| comms[r].reduce_scatter(&send[r], &mut recv[r], ReduceOp::Sum))).unwrap();
+    sync_all(comms);
+    let sum = reduce_cpu(ReduceOp::Sum, world * n, world);
+    for r in 0..world {
+        assert_eq!(recv[r].to_host().unwrap(), typed::<T>(&sum[r * n..(r + 1) * n]), "{name} reduce_scatter rank {r}");
+    }
+
+    // Send / recv: rank 0 to rank 1.
+    let sent: DeviceVec<T> = up(&res[0], &data(0, n));
+    let mut got: DeviceVec<T> = zeros(&res[1], n);
+    group(|| {
+        comms[0].send(&sent, 1)?;
+        comms[1].recv(&mut got, 0)
+    })
+    .unwrap();
+    sync_all(comms);
+    assert_eq!(got.to_host().unwrap(), typed::<T>(&data(0, n)), "{name} send/recv");
+
+    // Sendrecv around the ring.
+    let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
+    let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], n)).collect();
+    group(|| (0..world).try_for_each(|r| comms[r].sendrecv(&send[r], (r + 1) % world, &mut recv[r], (r + world - 1) % world))).unwrap();
+    sync_all(comms);
+    for r in 0..world {
+        assert_eq!(recv[r].to_host().unwrap(), typed::<T>(&data((r + world - 1) % world, n)), "{name} sendrecv rank {r}");
+    }
+}
+
+#[test]
+fn every_collective_for_every_type_matches_the_cpu() {
+    if !common::have(2, "every_collective_for_every_type_matches_the_cpu") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    every_collective::<f32>(&res, &comms);
+    every_collective::<f64>(&res, &comms);
+    every_collective::<i32>(&res, &comms);
+    every_collective::<i64>(&res, &comms);
+    every_collective::<u8>(&res, &comms);
+    Communicator::release_all(comms).unwrap();
+}
+
+#[test]
+fn one_thread_per_gpu_needs_no_group_and_barriers_meet() {
+    if !common::have(2, "one_thread_per_gpu_needs_no_group_and_barriers_meet") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    let n = 1 << 20;
+    std::thread::scope(|s| {
+        for (r, c) in comms.iter().enumerate() {
+            let res = &res[r];
+            s.spawn(move || {
+                let mut v: DeviceVec<f32> = up(res, &data(r, n));
+                c.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                c.barrier().unwrap();
+                assert_eq!(v.to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, 2)));
+                c.barrier().unwrap();
+            });
+        }
+    });
+    Communicator::release_all(comms).unwrap();
+}
+
+#[test]
+fn sub_communicators_from_split() {
+    if !common::have(2, "sub_communicators_from_split") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    // One color, keys reversed: the ranks swap.
+    let subs = Communicator::split_all(&[(&comms[0], Some(5), 1), (&comms[1], Some(5), 0)]).unwrap();
+    let subs: Vec<Communicator> = subs.into_iter().map(Option::unwrap).collect();
+    assert_eq!((subs[0].rank(), subs[0].size(), subs[1].rank(), subs[1].size()), (1, 2, 0, 2));
+    // Gather onto the sub-communicator's rank 0 (the parent's rank 1): the parent's rank 1 data first.
+    let send: Vec<DeviceVec<i32>> = (0..2).map(|r| up(&res[r], &data(r, 4))).collect();
+    let mut at_root: DeviceVec<i32> = zeros(&res[1], 8);
+    group(|| {
+        subs[0].gather(&send[0], None, 0)?;
+        subs[1].gather(&send[1], Some(&mut at_root), 0)
+    })
+    .unwrap();
+    sync_all(&subs);
+    let want: Vec<i64> = data(1, 4).into_iter().chain(data(0, 4)).collect();
+    assert_eq!(at_root.to_host().unwrap(), typed::<i32>(&want));
+
+    // Rank 1 takes no part: rank 0 alone in a communicator of one, rank 1 gets none.
+    let alone = Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], None, 0)]).unwrap();
+    assert!(alone[1].is_none());
+    let solo = alone.into_iter().next().unwrap().unwrap();
+    assert_eq!((solo.rank(), solo.size()), (0, 1));
+    let mut v: DeviceVec<f64> = up(&res[0], &data(0, 4));
+    solo.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    solo.sync().unwrap();
+    assert_eq!(v.to_host().unwrap(), typed::<f64>(&data(0, 4)));
+
+    // The parents still work after their children are gone.
+    Communicator::release_all(subs).unwrap();
+    solo.release().unwrap();
+    let mut buf: Vec<DeviceVec<i64>> = (0..2).map(|r| up(&res[r], &data(r, 4))).collect();
+    group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))).unwrap();
+    sync_all(&comms);
+    assert_eq!(buf[0].to_host().unwrap(), typed::<i64>(&reduce_cpu(ReduceOp::Sum, 4, 2)));
+    Communicator::release_all(comms).unwrap();
+}
+
+#[test]
+fn raft_sees_the_installed_communicator_through_get_comms() {
+    if !common::have(2, "raft_sees_the_installed_communicator_through_get_comms") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    assert_eq!(raft_comms::installed(&res[0]).unwrap(), None);
+    for (r, c) in comms.iter().enumerate() {
+        c.install(&res[r]).unwrap();
+        assert_eq!(raft_comms::installed(&res[r]).unwrap(), Some((r, 2)));
+    }
+    let e = comms[0].install(&res[1]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    // RAFT's comms_t::allreduce then sync_stream block per rank: one thread each.
+    let n = 1000;
+    std::thread::scope(|s| {
+        for r in 0..2 {
+            let res = &res[r];
+            s.spawn(move || {
+                let send: DeviceVec<f32> = up(res, &data(r, n));
+                let mut recv: DeviceVec<f32> = zeros(res, n);
+                raft_comms::through_raft::allreduce(res, &send, &mut recv, ReduceOp::Sum).unwrap();
+                assert_eq!(recv.to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, 2)));
+            });
+        }
+    });
+    // After the communicator ends, RAFT's handle says so instead of using a dead communicator.
+    Communicator::release_all(comms).unwrap();
+    assert_eq!(raft_comms::installed(&res[0]).unwrap(), Some((0, 2)), "the installed handle stays, ended");
+    let send: DeviceVec<f32> = up(&res[0], &data(0, 4));
+    let mut recv: DeviceVec<f32> = zeros(&res[0], 4);
+    let e = raft_comms::through_raft::allreduce(&res[0], &send, &mut recv, ReduceOp::Sum).unwrap_err();
+    assert!(e.message().contains("was released"), "{e}");
+}
+
+#[test]
+fn wrong_counts_are_refused_before_nccl_and_the_clique_still_agrees() {
+    if !common::have(2, "wrong_counts_are_refused_before_nccl_and_the_clique_still_agrees") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    let send: DeviceVec<f32> = up(&res[0], &data(0, 4));
+    let mut short: DeviceVec<f32> = zeros(&res[0], 7);
+    let e = comms[0].allgather(&send, &mut short).unwrap_err();
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "Communicator::allgather"), "{e}");
+    let mut wrong: DeviceVec<f32> = zeros(&res[0], 3);
+    assert_eq!(comms[0].reduce_scatter(&send, &mut wrong, ReduceOp::Sum).unwrap_err().kind(), ErrorKind::Logic);
+    assert_eq!(comms[0].allreduce(&send, &mut wrong, ReduceOp::Sum).unwrap_err().kind(), ErrorKind::Logic);
+    assert_eq!(comms[0].broadcast_in_place(&mut wrong, 2).unwrap_err().kind(), ErrorKind::Logic);
+    assert_eq!(comms[0].send(&send, 2).unwrap_err().kind(), ErrorKind::Logic);
+    assert_eq!(comms[0].gather(&send, None, 0).unwrap_err().kind(), ErrorKind::Logic, "the root needs a receive array");
+    // An array of other resources (another stream) is refused too.
+    let other = DeviceResources::on_device(0).unwrap();
+    let foreign: DeviceVec<f32> = up(&other, &data(0, 4));
+    let mut recv: DeviceVec<f32> = zeros(&res[0], 4);
+    let e = comms[0].allreduce(&foreign, &mut recv, ReduceOp::Sum).unwrap_err();
+    assert!(e.message().contains("not to the communicator's resources"), "{e}");
+    // Waiting inside a group is refused: it would wait for work the group has not launched.
+    let e = group(|| comms[0].sync()).unwrap_err();
+    assert!(e.message().contains("inside raft_comms::group"), "{e}");
+    // Nothing reached NCCL: the next collective still pairs up.
+    let mut buf: Vec<DeviceVec<f32>> = (0..2).map(|r| up(&res[r], &data(r, 4))).collect();
+    group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))).unwrap();
+    sync_all(&comms);
+    assert_eq!(buf[1].to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, 4, 2)));
+    Communicator::release_all(comms).unwrap();
+}
+
+#[test]
+fn a_rank_that_never_joins_a_collective_is_an_error_within_the_bound() {
+    if !common::have(2, "a_rank_that_never_joins_a_collective_is_an_error_within_the_bound") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    // Connections first (a first collective sets them up), so the lone call below is enqueued.
+    let mut warm: Vec<DeviceVec<f32>> = (0..2).map(|r| up(&res[r], &data(r, 4))).collect();
+    group(|| warm.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))).unwrap();
+    sync_all(&comms);
+    let bound = Duration::from_secs(3);
+    comms[0].set_timeout(bound).unwrap();
+    let mut lone: DeviceVec<f32> = up(&res[0], &data(0, 1 << 16));
+    let start = Instant::now();
+    let outcome = comms[0].allreduce_in_place(&mut lone, ReduceOp::Sum).and_then(|()| comms[0].sync());
+    let took = start.elapsed();
+    let e = outcome.unwrap_err();
+    assert!(took >= bound - Duration::from_millis(100) && took < bound + Duration::from_secs(10), "took {took:?}");
+    assert!(e.message().contains("did not finish within") || e.message().contains("did not complete within"), "{e}");
+    assert!(comms[0].ended().is_some());
+    // Every later call says the same; the stuck kernel was aborted, so the stream drains.
+    let again = comms[0].allreduce_in_place(&mut lone, ReduceOp::Sum).unwrap_err();
+    assert_eq!(again.who(), "Communicator::allreduce_in_place");
+    assert!(common::drains_within(&res[0], Duration::from_secs(20)), "the stream did not drain after the abort");
+    let mut it = comms.into_iter();
+    it.next().unwrap().abort().unwrap();
+    it.next().unwrap().abort().unwrap();
+}
+
+#[test]
+fn dropped_communicators_are_torn_down_in_the_background() {
+    if !common::have(2, "dropped_communicators_are_torn_down_in_the_background") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    let mut buf: Vec<DeviceVec<f32>> = (0..2).map(|r| up(&res[r], &data(r, 1 << 20))).collect();
+    group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))).unwrap();
+    let start = Instant::now();
+    drop(comms); // with the allreduce maybe still running: Drop returns at once
+    assert!(start.elapsed() < Duration::from_secs(1), "drop blocked for {:?}", start.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while raft::exit::releases_in_flight() > 0 {
+        assert!(Instant::now() < deadline, "the teardown did not finish");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(buf[0].to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, 1 << 20, 2)));
+}
+
+#[test]
+fn a_clique_refuses_two_ranks_on_one_gpu() {
+    if !common::have(1, "a_clique_refuses_two_ranks_on_one_gpu") {
+        return;
+    }
+    let res = DeviceResources::on_device(0).unwrap();
+    let e = Communicator::clique(&[res.clone(), res]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic);
+    assert!(e.message().contains("two resources on device 0"), "{e}");
+    assert_eq!(Communicator::clique(&[]).unwrap_err().kind(), ErrorKind::Logic);
+}

@@ -1,0 +1,110 @@
+//! The argument checks every call makes before any native call (before cuVS is even loaded):
+//! shapes against the arrays' lengths, `k` against the rows, devices against the resources'.
+//! cuVS takes shapes on trust from the DLPack tensors, so these are what keeps its kernels inside
+//! the arrays.
+use raft_core::{Error, Result};
+
+/// `rows × cols` must be exactly an array of `len` elements, with neither side zero.
+pub(crate) fn matrix(who: &'static str, what: &str, len: usize, rows: usize, cols: usize) -> Result<()> {
+    if rows == 0 || cols == 0 {
+        return Err(Error::logic(who, format!("{what}: a {rows}×{cols} matrix is empty")));
+    }
+    if rows.checked_mul(cols) != Some(len) {
+        return Err(Error::logic(
+            who,
+            format!("{what}: a {rows}×{cols} matrix needs {} elements, the array has {len}", rows.saturating_mul(cols)),
+        ));
+    }
+    if i64::try_from(len).is_err() {
+        return Err(Error::logic(who, format!("{what}: {len} elements do not fit DLPack's 64-bit shape")));
+    }
+    Ok(())
+}
+
+/// The output of `n_queries` searches for `k` neighbours among `n_rows`: `k` from 1 to `n_rows`,
+/// and `n_queries × k` elements that fit.
+pub(crate) fn k_of(who: &'static str, k: usize, n_rows: usize, n_queries: usize) -> Result<usize> {
+    if k == 0 {
+        return Err(Error::logic(who, "k must be at least 1"));
+    }
+    if k > n_rows {
+        return Err(Error::logic(who, format!("k = {k} is more than the {n_rows} rows searched")));
+    }
+    n_queries
+        .checked_mul(k)
+        .filter(|n| i64::try_from(*n).is_ok())
+        .ok_or_else(|| Error::logic(who, format!("{n_queries} queries × k = {k} results do not fit in memory")))
+}
+
+/// An array of device `array` used with resources of device `res`.
+pub(crate) fn same_device(who: &'static str, what: &str, array: usize, res: usize) -> Result<()> {
+    if array != res {
+        return Err(Error::logic(who, format!("{what} is on device {array}, the resources on device {res}")));
+    }
+    Ok(())
+}
+
+/// The whole check of a k-NN search of `n_queries × dim` queries among `n_rows × dim` rows;
+/// returns the number of results (`n_queries × k`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn knn(
+    who: &'static str,
+    dataset_len: usize,
+    n_rows: usize,
+    dim: usize,
+    queries_len: usize,
+    n_queries: usize,
+    k: usize,
+) -> Result<usize> {
+    matrix(who, "dataset", dataset_len, n_rows, dim)?;
+    matrix(who, "queries", queries_len, n_queries, dim)?;
+    k_of(who, k, n_rows, n_queries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use raft_core::ErrorKind;
+
+    fn refused(r: Result<usize>) -> String {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Logic);
+        e.to_string()
+    }
+
+    #[test]
+    fn a_consistent_search_passes() {
+        assert_eq!(knn("w", 2000 * 32, 2000, 32, 50 * 32, 50, 10).unwrap(), 500);
+        assert_eq!(knn("w", 12, 4, 3, 3, 1, 4).unwrap(), 4, "k may be every row");
+    }
+
+    #[test]
+    fn shapes_that_do_not_match_the_arrays_are_refused() {
+        assert_eq!(
+            refused(knn("w", 2000 * 32, 2000, 33, 50 * 32, 50, 10)),
+            "w: dataset: a 2000×33 matrix needs 66000 elements, the array has 64000"
+        );
+        assert_eq!(
+            refused(knn("w", 2000 * 32, 2000, 32, 50 * 32, 51, 10)),
+            "w: queries: a 51×32 matrix needs 1632 elements, the array has 1600"
+        );
+        assert_eq!(refused(knn("w", 0, 0, 32, 32, 1, 1)), "w: dataset: a 0×32 matrix is empty");
+        assert_eq!(refused(knn("w", 64, 2, 32, 0, 0, 1)), "w: queries: a 0×32 matrix is empty");
+        // The lie of the soundness issue: a huge shape over a small array.
+        refused(knn("w", 4, 4096, 4096, 4, 1, 1));
+        refused(knn("w", 4, usize::MAX, 2, 2, 1, 1));
+    }
+
+    #[test]
+    fn k_must_be_between_one_and_the_rows() {
+        assert_eq!(refused(knn("w", 64, 2, 32, 32, 1, 0)), "w: k must be at least 1");
+        assert_eq!(refused(knn("w", 64, 2, 32, 32, 1, 3)), "w: k = 3 is more than the 2 rows searched");
+        refused(k_of("w", 2, 4, usize::MAX));
+    }
+
+    #[test]
+    fn arrays_of_another_device_are_refused() {
+        assert!(same_device("w", "queries", 0, 0).is_ok());
+        assert_eq!(same_device("w", "queries", 1, 0).unwrap_err().to_string(), "w: queries is on device 1, the resources on device 0");
+    }
+}

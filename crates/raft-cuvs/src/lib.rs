@@ -1,0 +1,75 @@
+//! cuVS on raft-rs resources: lend a [`DeviceResources`] to cuVS without giving it up.
+//!
+//! cuVS (vector search: brute force, CAGRA, IVF-Flat, IVF-PQ) runs on RAFT's resources: its C
+//! API takes them as `cuvsResources_t`, a `raft::resources*`. This crate lends the very
+//! `raft::resources` behind a [`DeviceResources`] to cuVS, for the duration of a call, so cuVS's
+//! kernels run on that stream, with those cuBLAS handles and RMM's memory resource of the device
+//! (the one raft-rs installs and counts); nothing is copied, and cuVS never destroys them.
+//!
+//! | item | what |
+//! | --- | --- |
+//! | [`with_cuvs`], [`CuvsResources`] | the borrowed `cuvsResources_t`, for cuVS calls of your own |
+//! | [`brute_force_knn`], [`BruteForceIndex`] | exact k-NN search |
+//! | [`CagraIndex`], [`CagraIndexParams`], [`CagraSearchParams`] | CAGRA graph index: build and search |
+//! | [`load`], [`version`] | cuVS's library, loaded at run time |
+//! | [`sys`] | the raw bindings and the loader |
+//!
+//! Every call checks its shapes against the arrays (`rows × cols == len`, `1 ≤ k ≤ rows`, the
+//! resources' device) before any native call: cuVS takes DLPack shapes on trust. Arrays are lent
+//! to cuVS as DLPack tensors for one call only. Indexes own their dataset and live on its
+//! resources, whose clone they hold.
+//!
+//! # Loading cuVS
+//! `libcuvs_c.so` is loaded at the first call ([`sys::api`] says where it looks), so a binary
+//! built with this crate starts without it, and the first call returns a `Cuda` error that says
+//! what is missing. `cargo xtask deps --cuvs` fetches cuVS 26.08.1 and its libraries beside the
+//! raft-rs stack, where the build finds them. cuVS 26.08 needs nvJitLink 13.3 or newer while the
+//! raft-rs stack ships 13.2, and a process holds one: call [`load`] before the first raft call
+//! (or set `RAFT_RS_LIB_PATH` to the directory of the newer one) so that the raft-rs shim binds
+//! to it too.
+//!
+//! # Example
+//! ```no_run
+//! # fn main() -> raft_core::Result<()> {
+//! use raft_core::{DeviceResources, DeviceVec};
+//! raft_cuvs::load()?; // before the first raft call: see "Loading cuVS"
+//! let res = DeviceResources::new()?;
+//! let dataset = DeviceVec::from_host(&res, &vec![0.5f32; 1000 * 16])?;
+//! let queries = DeviceVec::from_host(&res, &vec![0.5f32; 10 * 16])?;
+//! let (ids, distances) = raft_cuvs::brute_force_knn(&res, &dataset, 1000, 16, &queries, 10, 5)?;
+//! let stream = raft_cuvs::with_cuvs(&res, |cuvs| cuvs.stream())??;
+//! assert_eq!(stream, res.stream()?.cu_stream() as usize); // cuVS ran on our stream
+//! # let _ = (ids, distances); Ok(()) }
+//! ```
+mod brute_force;
+mod cagra;
+mod check;
+mod distance;
+mod dlpack;
+mod resources;
+mod result;
+pub mod sys;
+
+pub use brute_force::{brute_force_knn, BruteForceIndex, Neighbors};
+pub use cagra::{CagraBuildAlgo, CagraIndex, CagraIndexParams, CagraSearchAlgo, CagraSearchParams};
+pub use distance::Metric;
+pub use raft_core::DeviceResources;
+pub use resources::{with_cuvs, CuvsResources};
+
+/// Loads cuVS now (otherwise the first call does), and says where from.
+///
+/// Call it before the first raft call of the process when the raft-rs shim would otherwise load
+/// an nvJitLink older than cuVS needs (see [`sys::api`]).
+///
+/// # Errors
+/// `Cuda` when `libcuvs_c.so` or a library it needs cannot be loaded, with where it looked and
+/// what to set.
+pub fn load() -> raft_core::Result<&'static std::path::Path> {
+    result::api("raft_cuvs::load")?;
+    Ok(sys::loaded_from().expect("loaded just above"))
+}
+
+/// The version of the loaded cuVS (`cuvsVersionGet`), e.g. `(26, 8, 1)`.
+pub fn version() -> raft_core::Result<(u16, u16, u16)> {
+    result::version("raft_cuvs::version")
+}

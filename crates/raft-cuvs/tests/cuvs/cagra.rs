@@ -1,0 +1,111 @@
+//! CAGRA build and search through cuVS on lent raft-rs resources (GPU; skips without one or
+//! without cuVS, fails under `RAFT_REQUIRE_GPU=1`): recall@10 against the exact CPU answer.
+use crate::common::{exact_knn, Rng};
+use raft_core::{DeviceResources, DeviceVec, ErrorKind};
+use raft_cuvs::{CagraIndex, CagraIndexParams, CagraSearchParams};
+
+/// Rows of low intrinsic dimension, like real embeddings (SIFT's is about 10-20): `A·z + ε`
+/// with a fixed `dim × 16` matrix `A`, `z` standard normal in 16 dimensions and a little noise
+/// in all `dim`. (In uniform 128-dimensional noise every row is nearly equidistant from every
+/// query, and any graph search's recall says more about the data than about the search.)
+fn embeddings(rng: &mut Rng, a: &[f32], dim: usize, n: usize) -> Vec<f32> {
+    const LATENT: usize = 16;
+    let mut out = Vec::with_capacity(n * dim);
+    for _ in 0..n {
+        let z: Vec<f32> = (0..LATENT).map(|_| rng.normal()).collect();
+        for row in a.chunks_exact(LATENT) {
+            out.push(row.iter().zip(&z).map(|(x, y)| x * y).sum::<f32>() + 0.05 * rng.normal());
+        }
+    }
+    out
+}
+
+fn mixing(rng: &mut Rng, dim: usize) -> Vec<f32> {
+    (0..dim * 16).map(|_| rng.normal() / 4.0).collect()
+}
+
+/// recall@k of `ids` (`n × k`, for the first `n` queries) against the exact answer.
+fn recall(ids: &[i64], dataset: &[f32], dim: usize, queries: &[f32], n: usize, k: usize) -> f64 {
+    let exact = exact_knn(dataset, dim, &queries[..n * dim], k);
+    let mut hits = 0;
+    for (qi, (want, _)) in exact.iter().enumerate() {
+        let got = &ids[qi * k..][..k];
+        hits += want.iter().filter(|w| got.contains(&(**w as i64))).count();
+    }
+    hits as f64 / (n * k) as f64
+}
+
+#[test]
+fn cagra_recall_at_10_on_100k_by_128_is_at_least_0_95() {
+    require_gpu!();
+    const N_ROWS: usize = 100_000;
+    const DIM: usize = 128;
+    const N_QUERIES: usize = 1000;
+    const CHECKED: usize = 200; // queries checked against the exact CPU answer
+    const K: usize = 10;
+    let mut rng = Rng::new(0x5eed_0002);
+    let a = mixing(&mut rng, DIM);
+    let dataset = embeddings(&mut rng, &a, DIM, N_ROWS);
+    let queries = embeddings(&mut rng, &a, DIM, N_QUERIES);
+
+    let res = DeviceResources::new().unwrap();
+    let started = std::time::Instant::now();
+    let index = CagraIndex::build(DeviceVec::from_host(&res, &dataset).unwrap(), N_ROWS, DIM, &CagraIndexParams::default()).unwrap();
+    let built = started.elapsed();
+    assert_eq!((index.n_rows(), index.dim(), index.graph_degree()), (N_ROWS, DIM, 64));
+    let q = DeviceVec::from_host(&res, &queries).unwrap();
+    // itopk_size 128 (cuVS's default is 64): the accuracy knob, with room above k.
+    let params = CagraSearchParams { itopk_size: Some(128), ..Default::default() };
+    let (ids, distances) = index.search(&q, N_QUERIES, K, &params).unwrap();
+    let ids = ids.to_host().unwrap();
+    let distances = distances.to_host().unwrap();
+    assert!(ids.iter().all(|i| (0..N_ROWS as i64).contains(i)), "ids out of range");
+    assert!(distances.chunks_exact(K).all(|row| row.windows(2).all(|w| w[0] <= w[1])), "each row nearest first");
+    let r = recall(&ids, &dataset, DIM, &queries, CHECKED, K);
+    eprintln!("CAGRA 100000×128: built in {:.2} s, recall@10 = {r:.4} over {CHECKED} queries", built.as_secs_f64());
+    assert!(r >= 0.95, "recall@10 = {r:.4} < 0.95");
+    index.release().unwrap();
+}
+
+#[test]
+fn rows_that_are_not_16_byte_multiples_are_copied_into_cagra_s_layout() {
+    require_gpu!();
+    const N_ROWS: usize = 5000;
+    const DIM: usize = 30; // 120-byte rows: cuVS needs a padded copy
+    const N_QUERIES: usize = 100;
+    const K: usize = 10;
+    let mut rng = Rng::new(0x5eed_0003);
+    let a = mixing(&mut rng, DIM);
+    let dataset = embeddings(&mut rng, &a, DIM, N_ROWS);
+    let queries = embeddings(&mut rng, &a, DIM, N_QUERIES);
+    let res = DeviceResources::new().unwrap();
+    let params = CagraIndexParams { graph_degree: Some(32), intermediate_graph_degree: Some(64), ..Default::default() };
+    let index = CagraIndex::build(DeviceVec::from_host(&res, &dataset).unwrap(), N_ROWS, DIM, &params).unwrap();
+    assert_eq!(index.graph_degree(), 32);
+    let q = DeviceVec::from_host(&res, &queries).unwrap();
+    let (ids, _) = index.search(&q, N_QUERIES, K, &CagraSearchParams::default()).unwrap();
+    let r = recall(&ids.to_host().unwrap(), &dataset, DIM, &queries, N_QUERIES, K);
+    eprintln!("CAGRA 5000×30 (padded copy): recall@10 = {r:.4}");
+    assert!(r >= 0.9, "recall@10 = {r:.4}");
+}
+
+#[test]
+fn cagra_refuses_what_does_not_match_before_any_native_call() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let mut rng = Rng::new(7);
+    let index = CagraIndex::build(DeviceVec::from_host(&res, &rng.uniform_vec(1000 * 16)).unwrap(), 1000, 16, &Default::default()).unwrap();
+    let q = DeviceVec::from_host(&res, &rng.uniform_vec(3 * 8)).unwrap();
+    let e = index.search(&q, 3, 10, &Default::default()).unwrap_err(); // 3 × 16 needs 48
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "CagraIndex::search"), "{e}");
+    let q = DeviceVec::from_host(&res, &rng.uniform_vec(16)).unwrap();
+    assert_eq!(index.search(&q, 1, 0, &Default::default()).unwrap_err().kind(), ErrorKind::Logic);
+    assert_eq!(index.search(&q, 1, 1001, &Default::default()).unwrap_err().kind(), ErrorKind::Logic);
+    let bad = CagraIndexParams { metric: Some(raft_cuvs::Metric::L1), ..Default::default() };
+    let e = CagraIndex::build(DeviceVec::from_host(&res, &rng.uniform_vec(16)).unwrap(), 1, 16, &bad).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic);
+    // cuVS's own refusals come back as errors too: k above the (rounded up) itopk_size.
+    let e = index.search(&q, 1, 100, &CagraSearchParams { itopk_size: Some(32), ..Default::default() }).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.message().starts_with("cuVS: "), "{e}");
+}

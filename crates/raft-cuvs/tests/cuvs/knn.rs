@@ -1,0 +1,189 @@
+//! Brute-force k-NN through cuVS on lent raft-rs resources (GPU; skips without one or without
+//! cuVS, fails under `RAFT_REQUIRE_GPU=1`): the exact CPU answer, the lent stream and device,
+//! arrays of other resources, released resources, and argument checks that refuse before cuVS is
+//! even loaded.
+use crate::common::{child_scenario, exact_knn, l2, report, rerun, Rng};
+use raft_core::{DeviceResources, DeviceVec, ErrorKind};
+use raft_cuvs::{brute_force_knn, with_cuvs, BruteForceIndex, Metric};
+use std::time::Duration;
+
+const N_ROWS: usize = 2000;
+const DIM: usize = 32;
+const N_QUERIES: usize = 50;
+const K: usize = 10;
+const SEED: u64 = 0x5eed_0001;
+
+/// The test's data: `N_ROWS × DIM` rows and `N_QUERIES × DIM` queries, uniform in [0, 1).
+fn data() -> (Vec<f32>, Vec<f32>) {
+    let mut rng = Rng::new(SEED);
+    (rng.uniform_vec(N_ROWS * DIM), rng.uniform_vec(N_QUERIES * DIM))
+}
+
+/// Checks a search's results against the exact answer: every query's `j`-th neighbour is a
+/// distinct row at exactly (up to f32 rounding) the `j`-th smallest distance, and the reported
+/// distance is that row's. Ties may come in either order; nothing else may differ.
+fn assert_exact(ids: &[i64], distances: &[f32], dataset: &[f32], queries: &[f32], k: usize) {
+    let exact = exact_knn(dataset, DIM, queries, k);
+    let mut same_ids = 0;
+    for (qi, (want_ids, want_d)) in exact.iter().enumerate() {
+        let q = &queries[qi * DIM..][..DIM];
+        let got = &ids[qi * k..][..k];
+        let mut seen = std::collections::HashSet::new();
+        for j in 0..k {
+            let id = got[j];
+            assert!((0..N_ROWS as i64).contains(&id), "query {qi}: id {id} out of range");
+            assert!(seen.insert(id), "query {qi}: id {id} twice in {got:?}");
+            let d = l2(&dataset[id as usize * DIM..][..DIM], q);
+            let tol = 1e-4 * (1.0 + want_d[j]);
+            assert!(
+                (d - want_d[j]).abs() <= tol,
+                "query {qi}, rank {j}: row {id} is at {d}, the exact {j}-th distance is {} (exact ids {want_ids:?}, got {got:?})",
+                want_d[j]
+            );
+            let reported = distances[qi * k + j] as f64;
+            assert!(
+                (reported - d).abs() <= 1e-3 * (1.0 + d),
+                "query {qi}, rank {j}: cuVS reports {reported} for row {id}, which is at {d}"
+            );
+            same_ids += usize::from(want_ids[j] as i64 == id);
+        }
+    }
+    // Ties are rare in uniform data: nearly every id is the exact one, in place.
+    assert!(same_ids * 100 >= exact.len() * k * 99, "only {same_ids} of {} ids in place", exact.len() * k);
+}
+
+#[test]
+fn brute_force_equals_the_exact_cpu_answer() {
+    require_gpu!();
+    let (dataset, queries) = data();
+    let res = DeviceResources::new().unwrap();
+    let d = DeviceVec::from_host(&res, &dataset).unwrap();
+    let q = DeviceVec::from_host(&res, &queries).unwrap();
+    let (ids, distances) = brute_force_knn(&res, &d, N_ROWS, DIM, &q, N_QUERIES, K).unwrap();
+    assert_eq!((ids.len(), distances.len()), (N_QUERIES * K, N_QUERIES * K));
+    assert_eq!(ids.resources(), &res, "the results are arrays of the resources searched on");
+    assert_exact(&ids.to_host().unwrap(), &distances.to_host().unwrap(), &dataset, &queries, K);
+}
+
+#[test]
+fn an_index_searches_as_the_one_shot_call() {
+    require_gpu!();
+    let (dataset, queries) = data();
+    let res = DeviceResources::new().unwrap();
+    let index = BruteForceIndex::build(DeviceVec::from_host(&res, &dataset).unwrap(), N_ROWS, DIM, Metric::L2Expanded).unwrap();
+    assert_eq!((index.n_rows(), index.dim(), index.metric()), (N_ROWS, DIM, Metric::L2Expanded));
+    let q = DeviceVec::from_host(&res, &queries).unwrap();
+    for _ in 0..3 {
+        let (ids, distances) = index.search(&q, N_QUERIES, K).unwrap();
+        assert_exact(&ids.to_host().unwrap(), &distances.to_host().unwrap(), &dataset, &queries, K);
+    }
+    // A search from a job on the index's own resources (the index is Send + Sync).
+    let index = std::sync::Arc::new(index);
+    let job = {
+        let index = index.clone();
+        res.spawn(move || index.search(&q, N_QUERIES, 1).and_then(|(ids, _)| ids.to_host())).unwrap()
+    };
+    let nearest = job.join().unwrap().unwrap();
+    let exact = exact_knn(&dataset, DIM, &queries, 1);
+    assert_eq!(nearest, exact.iter().map(|(ids, _)| ids[0] as i64).collect::<Vec<_>>());
+    std::sync::Arc::try_unwrap(index).unwrap().release().unwrap();
+}
+
+#[test]
+fn cuvs_runs_on_the_lent_stream_and_device() {
+    require_gpu!();
+    let a = DeviceResources::new().unwrap();
+    let b = DeviceResources::new().unwrap();
+    for res in [&a, &b] {
+        let ours = res.stream().unwrap().cu_stream() as usize;
+        let (stream, device) = with_cuvs(res, |cuvs| {
+            assert_eq!(cuvs.device(), res.device());
+            (cuvs.stream().unwrap(), cuvs.device_id().unwrap())
+        })
+        .unwrap();
+        assert_eq!(stream, ours, "cuVS sees the resources' own stream");
+        assert_eq!(device, res.device() as i32);
+        with_cuvs(res, |cuvs| cuvs.sync()).unwrap().unwrap();
+    }
+    let handles: Vec<usize> = [&a, &b].iter().map(|r| with_cuvs(r, |c| c.as_raw()).unwrap()).collect();
+    assert_ne!(handles[0], handles[1], "each resources object lends its own raft::resources");
+    // Lent, not given: the resources still work after any number of lends.
+    a.sync().unwrap();
+    a.release().unwrap();
+    let e = with_cuvs(&a, |_| ()).unwrap_err();
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "raft_cuvs::with_cuvs"));
+}
+
+#[test]
+fn arrays_of_other_resources_are_ordered_before_and_after() {
+    require_gpu!();
+    let (dataset, queries) = data();
+    let (ra, rb, rc) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
+    // Written on two other streams, searched on a third, with no sync in between: the search
+    // waits for the copies, and returns only once done with the arrays.
+    let d = DeviceVec::from_host(&ra, &dataset).unwrap();
+    let q = DeviceVec::from_host(&rb, &queries).unwrap();
+    let (ids, distances) = brute_force_knn(&rc, &d, N_ROWS, DIM, &q, N_QUERIES, K).unwrap();
+    drop((d, q)); // freed on their own streams at once: the search is done with them
+    assert_exact(&ids.to_host().unwrap(), &distances.to_host().unwrap(), &dataset, &queries, K);
+}
+
+#[test]
+fn released_resources_are_refused_and_an_index_outliving_them_leaks_rather_than_frees_late() {
+    require_gpu!();
+    let (dataset, queries) = data();
+    let res = DeviceResources::new().unwrap();
+    let other = DeviceResources::new().unwrap();
+    let d = DeviceVec::from_host(&other, &dataset).unwrap();
+    let q = DeviceVec::from_host(&other, &queries).unwrap();
+    let index = BruteForceIndex::build(DeviceVec::from_host(&res, &dataset).unwrap(), N_ROWS, DIM, Metric::L2Expanded).unwrap();
+    res.release().unwrap();
+    let e = brute_force_knn(&res, &d, N_ROWS, DIM, &q, N_QUERIES, K).unwrap_err();
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "raft_cuvs::brute_force_knn"), "{e}");
+    let e = index.search(&q, N_QUERIES, K).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    let e = index.release().unwrap_err();
+    assert!(e.message().contains("were released before this index"), "{e}");
+    // The other resources are untouched.
+    brute_force_knn(&other, &d, N_ROWS, DIM, &q, N_QUERIES, K).unwrap();
+}
+
+/// The child: cuVS cannot be loaded (`RAFT_CUVS_LIB` names nothing), and every bad argument must
+/// still be refused as such, which proves the checks come before any native call.
+fn refuse_before_loading() {
+    let res = DeviceResources::new().unwrap();
+    let d = DeviceVec::from_host(&res, &vec![0.5f32; 64 * 8]).unwrap(); // 64 × 8
+    let q = DeviceVec::from_host(&res, &[0.5f32; 4 * 8]).unwrap(); // 4 × 8
+    report("dim", &brute_force_knn(&res, &d, 64, 9, &q, 4, 1));
+    report("rows", &brute_force_knn(&res, &d, 4096, 4096, &q, 4, 1));
+    report("queries", &brute_force_knn(&res, &d, 64, 8, &q, 5, 1));
+    report("k0", &brute_force_knn(&res, &d, 64, 8, &q, 4, 0));
+    report("k_over", &brute_force_knn(&res, &d, 64, 8, &q, 4, 65));
+    report("index", &BruteForceIndex::build(DeviceVec::from_host(&res, &[1.0f32; 10]).unwrap(), 3, 3, Metric::L2Expanded));
+    report("cagra", &raft_cuvs::CagraIndex::build(DeviceVec::from_host(&res, &[1.0f32; 10]).unwrap(), 5, 3, &Default::default()));
+    // Good arguments reach the loader: a clear error, no panic.
+    report("good", &brute_force_knn(&res, &d, 64, 8, &q, 4, 1));
+}
+
+#[test]
+fn argument_checks_refuse_before_any_native_call() {
+    if let Some(s) = child_scenario() {
+        assert_eq!(s, "refuse");
+        return refuse_before_loading();
+    }
+    require_gpu!();
+    let c = rerun(
+        concat!(module_path!(), "::argument_checks_refuse_before_any_native_call"),
+        "refuse",
+        &[("RAFT_CUVS_LIB", Some("/nonexistent/libcuvs_c.so"))],
+        Duration::from_secs(60),
+    );
+    c.assert_code(0);
+    for key in ["dim", "rows", "queries", "k0", "k_over", "index", "cagra"] {
+        assert_eq!(c.result(key).as_deref(), Some("logic"), "{key}: {}", c.stdout);
+    }
+    assert!(c.message("rows").unwrap().contains("a 4096×4096 matrix needs 16777216 elements, the array has 512"), "{}", c.stdout);
+    assert_eq!(c.message("k_over").unwrap(), "raft_cuvs::brute_force_knn: k = 65 is more than the 64 rows searched");
+    assert_eq!(c.result("good").as_deref(), Some("cuda"));
+    assert!(c.message("good").unwrap().contains("could not load cuVS's C library"), "{}", c.stdout);
+}
