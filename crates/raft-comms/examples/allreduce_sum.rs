@@ -6,8 +6,8 @@
 //! raft-run -n 2 cargo run --example allreduce_sum     # one process per GPU
 //! cargo run --example allreduce_sum                   # one process, every visible GPU
 //! ```
-use raft::{DeviceResources, DeviceVec};
 use raft_comms::{group, Communicator, Launch, ReduceOp};
+use raft_core::{DeviceResources, DeviceVec};
 
 /// The dataset: the numbers 0..N; rank r of w owns those equal to r modulo w.
 const N: u64 = 1 << 24;
@@ -26,7 +26,7 @@ fn check(total: &[i64]) {
     assert!(total.iter().all(|&c| c == (N / BUCKETS as u64) as i64), "wrong histogram: {total:?}");
 }
 
-fn main() -> raft::Result<()> {
+fn main() -> raft_core::Result<()> {
     if std::env::var_os("RANK").is_some() {
         // One process per GPU, started by raft-run (or torchrun).
         let launch = Launch::from_env()?;
@@ -41,16 +41,16 @@ fn main() -> raft::Result<()> {
         return comm.release();
     }
     // One process driving every visible GPU: a clique, its calls in one group.
-    let devices = raft::device_count()?;
+    let devices = raft_core::device_count()?;
     if devices == 0 {
         eprintln!("no GPU: run it on a machine with one, or under raft-run");
         return Ok(());
     }
-    let resources: Vec<DeviceResources> = (0..devices).map(DeviceResources::on_device).collect::<raft::Result<_>>()?;
+    let resources: Vec<DeviceResources> = (0..devices).map(DeviceResources::on_device).collect::<raft_core::Result<_>>()?;
     let comms = Communicator::clique(&resources)?;
     let world = comms.len();
     let mut parts: Vec<DeviceVec<i64>> =
-        resources.iter().enumerate().map(|(r, res)| DeviceVec::from_host(res, &part(r, world))).collect::<raft::Result<_>>()?;
+        resources.iter().enumerate().map(|(r, res)| DeviceVec::from_host(res, &part(r, world))).collect::<raft_core::Result<_>>()?;
     group(|| comms.iter().zip(parts.iter_mut()).try_for_each(|(c, p)| c.allreduce_in_place(p, ReduceOp::Sum)))?;
     for (c, p) in comms.iter().zip(&parts) {
         c.sync()?;

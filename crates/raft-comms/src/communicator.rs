@@ -412,9 +412,9 @@ impl Communicator {
     /// `RAFT_COMMS_TIMEOUT` (default 300 s). Pick the device from `LOCAL_RANK` first:
     ///
     /// ```no_run
-    /// # fn main() -> raft::Result<()> {
+    /// # fn main() -> raft_core::Result<()> {
     /// let launch = raft_comms::Launch::from_env()?;
-    /// let res = raft::DeviceResources::on_device(launch.local_rank.unwrap_or(0))?;
+    /// let res = raft_core::DeviceResources::on_device(launch.local_rank.unwrap_or(0))?;
     /// let comm = raft_comms::Communicator::from_env(&res)?;
     /// # Ok(()) }
     /// ```

@@ -62,12 +62,12 @@ pub(crate) fn used(shared: &Arc<Shared>, stream: Arc<CudaStream>) {
 ///
 /// ```no_run
 /// # use raft_comms::{Communicator, ReduceOp};
-/// # use raft::{DeviceResources, DeviceVec};
-/// # fn main() -> raft::Result<()> {
+/// # use raft_core::{DeviceResources, DeviceVec};
+/// # fn main() -> raft_core::Result<()> {
 /// let resources = [DeviceResources::on_device(0)?, DeviceResources::on_device(1)?];
 /// let comms = Communicator::clique(&resources)?;
 /// let mut data: Vec<DeviceVec<f32>> =
-///     resources.iter().map(|r| DeviceVec::from_host(r, &[1.0; 4])).collect::<raft::Result<_>>()?;
+///     resources.iter().map(|r| DeviceVec::from_host(r, &[1.0; 4])).collect::<raft_core::Result<_>>()?;
 /// raft_comms::group(|| {
 ///     for (c, d) in comms.iter().zip(data.iter_mut()) {
 ///         c.allreduce_in_place(d, ReduceOp::Sum)?;

@@ -13,13 +13,13 @@
 //!
 //! # One process, several GPUs
 //! ```no_run
-//! use raft::{DeviceResources, DeviceVec};
+//! use raft_core::{DeviceResources, DeviceVec};
 //! use raft_comms::{Communicator, ReduceOp};
-//! # fn main() -> raft::Result<()> {
+//! # fn main() -> raft_core::Result<()> {
 //! let resources = [DeviceResources::on_device(0)?, DeviceResources::on_device(1)?];
 //! let comms = Communicator::clique(&resources)?; // eager, on this thread, in one NCCL group
 //! let mut parts: Vec<DeviceVec<f32>> =
-//!     resources.iter().map(|r| DeviceVec::from_host(r, &[1.0, 2.0])).collect::<raft::Result<_>>()?;
+//!     resources.iter().map(|r| DeviceVec::from_host(r, &[1.0, 2.0])).collect::<raft_core::Result<_>>()?;
 //! raft_comms::group(|| comms.iter().zip(parts.iter_mut()).try_for_each(|(c, p)| c.allreduce_in_place(p, ReduceOp::Sum)))?;
 //! comms.iter().try_for_each(|c| c.sync())?;
 //! assert_eq!(parts[0].to_host()?, [2.0, 4.0]);
@@ -30,9 +30,9 @@
 //! Started by `raft-run -n 2 ./prog` (or torchrun, or a cluster's launcher setting `RANK`,
 //! `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`):
 //! ```no_run
-//! use raft::{DeviceResources, DeviceVec};
+//! use raft_core::{DeviceResources, DeviceVec};
 //! use raft_comms::{Communicator, Launch, ReduceOp};
-//! # fn main() -> raft::Result<()> {
+//! # fn main() -> raft_core::Result<()> {
 //! let launch = Launch::from_env()?;
 //! let res = DeviceResources::on_device(launch.local_rank.unwrap_or(0))?;
 //! let comm = Communicator::from_env(&res)?; // rank 0 serves the unique id over TCP

@@ -11,8 +11,8 @@ mod common;
 
 use common::{data, reduce_cpu, typed, Val};
 
-use raft::{DeviceResources, DeviceVec, ErrorKind};
 use raft_comms::{group, Communicator, ReduceOp};
+use raft_core::{DeviceResources, DeviceVec, ErrorKind};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -353,7 +353,7 @@ fn dropped_communicators_are_torn_down_in_the_background() {
     drop(comms); // with the allreduce maybe still running: Drop returns at once
     assert!(start.elapsed() < Duration::from_secs(1), "drop blocked for {:?}", start.elapsed());
     let deadline = Instant::now() + Duration::from_secs(30);
-    while raft::exit::releases_in_flight() > 0 {
+    while raft_exit::releases_in_flight() > 0 {
         assert!(Instant::now() < deadline, "the teardown did not finish");
         std::thread::sleep(Duration::from_millis(10));
     }

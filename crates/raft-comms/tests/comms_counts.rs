@@ -1,8 +1,8 @@
 //! The count checks every collective makes before NCCL is called (`raft_comms::counts`): CPU
 //! only. The GPU tests check that a communicator refuses the same cases with no NCCL call made
 //! (the next collective on it still agrees with its peers).
-use raft::ErrorKind;
 use raft_comms::counts;
+use raft_core::ErrorKind;
 
 #[test]
 fn allreduce_and_broadcast_need_equal_lengths() {

@@ -8,8 +8,8 @@ mod common;
 
 use common::Run;
 use common::{data, reduce_cpu, typed, Val};
-use raft::{DeviceResources, DeviceVec};
 use raft_comms::{Communicator, Launch, ReduceOp};
+use raft_core::{DeviceResources, DeviceVec};
 use std::process::Command;
 use std::time::{Duration, Instant};
 

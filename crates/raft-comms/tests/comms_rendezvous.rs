@@ -3,8 +3,8 @@
 //! bound. With NCCL present, also a real `ncclGetUniqueId` (NCCL needs no GPU for it).
 mod common;
 
-use raft::ErrorKind;
 use raft_comms::UniqueId;
+use raft_core::ErrorKind;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 

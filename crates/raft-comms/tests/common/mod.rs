@@ -30,7 +30,7 @@ pub fn required() -> bool {
 
 /// The number of GPUs (0 without a driver).
 pub fn gpus() -> usize {
-    raft::device_count().unwrap_or(0)
+    raft_core::device_count().unwrap_or(0)
 }
 
 /// Whether `test` can run with `n` GPUs and NCCL here; prints why not, and fails instead under
@@ -133,7 +133,7 @@ pub fn reduce_cpu(op: ReduceOp, n: usize, world: usize) -> Vec<i64> {
 // ---- bounded waits: a hang fails the test instead of stalling the run ---------------------------
 
 /// Waits for `res`'s stream at most `bound`; false when it did not drain in time.
-pub fn drains_within(res: &raft::DeviceResources, bound: Duration) -> bool {
+pub fn drains_within(res: &raft_core::DeviceResources, bound: Duration) -> bool {
     let res = res.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
