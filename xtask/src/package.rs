@@ -17,6 +17,9 @@ use std::process::Command;
 pub const PUBLISHED: &[&str] =
     &["raft-error", "raft-exit", "raft-sys", "rapids-raft-core", "raft-abi", "raft-comms", "raft-cuvs", "rapids-raft"];
 
+/// Where the verifying builds go (emptied before each run; see `forget_unpacked_copies`).
+const VERIFY_TARGET: &str = "target/package-verify";
+
 /// Files the native crate cannot build without (its build script includes them).
 const RAFT_SYS_FILES: &[&str] =
     &["build.rs", "build/stack.rs", "build/probe.cpp", "src/shim.cpp", "include/raftrs.h", "src/bindings.rs", "src/load.rs"];
@@ -105,6 +108,39 @@ fn listed_files(name: &str) -> Result<Vec<String>> {
     Ok(String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect())
 }
 
+/// Removes what an earlier `cargo package` left of these crates (target/package and what it
+/// unpacked under `$CARGO_HOME/registry/src`):
+/// cargo verifies each crate against its dependencies' tarballs from a local registry, but does
+/// not unpack the same name and version again when a directory is there, so a verify would
+/// build against the sources of an earlier run (seen here: a raft-sys without the latest entry
+/// points). Only our own unpublished crates' directories are touched.
+fn forget_unpacked_copies() -> Result<()> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cargo")))
+        .ok_or("neither CARGO_HOME nor HOME is set")?;
+    let version = env!("CARGO_PKG_VERSION");
+    // The local registry cargo verifies from (target/package), and the target directory of the
+    // verifying builds: cargo takes a registry crate of the same name, version and source as
+    // unchanged and never rebuilds it, so a build left by an earlier run would be linked.
+    for dir in ["target/package", VERIFY_TARGET] {
+        let dir = workspace_root().join(dir);
+        if dir.is_dir() {
+            std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+    }
+    let Ok(registries) = std::fs::read_dir(home.join("registry/src")) else { return Ok(()) };
+    for registry in registries.flatten() {
+        for name in PUBLISHED {
+            let dir = registry.path().join(format!("{name}-{version}"));
+            if dir.is_dir() {
+                std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn run(verify: bool) -> Result<()> {
     check_manifests()?;
     let files = listed_files("raft-sys")?;
@@ -112,9 +148,10 @@ pub fn run(verify: bool) -> Result<()> {
     if !missing.is_empty() {
         return Err(format!("raft-sys's package lacks {missing:?} (its `include` list in Cargo.toml)"));
     }
+    forget_unpacked_copies()?;
     // --allow-dirty: this checks that the crates package, not that the tree is committed.
     let mut cmd = cargo();
-    cmd.args(["package", "--allow-dirty"]);
+    cmd.args(["package", "--allow-dirty", "--target-dir", VERIFY_TARGET]);
     if !verify {
         cmd.arg("--no-verify");
     }
@@ -122,7 +159,7 @@ pub fn run(verify: bool) -> Result<()> {
         cmd.args(["-p", name]);
     }
     crate::run(&mut cmd)?;
-    let dir = workspace_root().join("target/package");
+    let dir = workspace_root().join(VERIFY_TARGET).join("package");
     for name in PUBLISHED {
         let version = env!("CARGO_PKG_VERSION");
         let file = dir.join(format!("{name}-{version}.crate"));
