@@ -33,6 +33,49 @@ fn wheel_file(dir: &Path, name: &str, version: &str) -> Option<PathBuf> {
         .find(|p| p.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.starts_with(&start) && f.ends_with(".whl")))
 }
 
+/// `pip download` of the `name==version` pins missing from `wheels` (one call for all of them),
+/// for CPython 3.12 on x86-64 Linux, whatever this machine's Python is. `what` says in the
+/// progress line and the error what they are for.
+fn fetch(wheels: &Path, pins: &[(&str, &str)], what: &str) -> Result<()> {
+    std::fs::create_dir_all(wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
+    let missing: Vec<String> = pins.iter().filter(|(n, v)| wheel_file(wheels, n, v).is_none()).map(|(n, v)| format!("{n}=={v}")).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask deps: fetching {} wheel(s) ({what}) into {}", missing.len(), wheels.display());
+    let python = python();
+    let mut pip = Command::new(&python);
+    pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]);
+    for platform in [
+        "manylinux_2_28_x86_64",
+        "manylinux_2_27_x86_64",
+        "manylinux_2_24_x86_64",
+        "manylinux_2_18_x86_64",
+        "manylinux_2_17_x86_64",
+        "manylinux2014_x86_64",
+        "manylinux_2_12_x86_64",
+        "manylinux2010_x86_64",
+    ] {
+        pip.args(["--platform", platform]);
+    }
+    pip.arg("-d").arg(wheels).args(&missing);
+    crate::run(&mut pip)
+        .map_err(|e| format!("{e}\n(pip must reach PyPI to fetch {what}; install python3-pip if `{python} -m pip` is missing)"))
+}
+
+/// Unpacks the pinned wheels from `wheels` into `into` (Python's own zipfile: no unzip needed).
+fn unpack(wheels: &Path, pins: &[(&str, &str)], into: &Path) -> Result<()> {
+    for (name, version) in pins {
+        let wheel = wheel_file(wheels, name, version).ok_or(format!("pip did not fetch {name}=={version}"))?;
+        crate::run(Command::new(python()).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(into))?;
+    }
+    Ok(())
+}
+
+fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
 /// Checks what the prefix holds against the pins.
 pub fn verify(prefix: &Path) -> Result<()> {
     let version = std::fs::read_to_string(prefix.join("libraft/VERSION"))
@@ -80,36 +123,11 @@ fn run_base() -> Result<PathBuf> {
         return Ok(prefix); // already done: nothing to fetch
     }
     let wheels = cache.join("wheels");
-    std::fs::create_dir_all(&wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
-    let missing: Vec<String> =
-        WHEELS.iter().filter(|(n, v)| wheel_file(&wheels, n, v).is_none()).map(|(n, v)| format!("{n}=={v}")).collect();
-    if !missing.is_empty() {
-        eprintln!("xtask deps: fetching {} wheel(s) into {}", missing.len(), wheels.display());
-        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        let mut pip = Command::new(&python);
-        pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]);
-        for platform in [
-            "manylinux_2_28_x86_64",
-            "manylinux_2_27_x86_64",
-            "manylinux_2_24_x86_64",
-            "manylinux_2_17_x86_64",
-            "manylinux2014_x86_64",
-            "manylinux_2_12_x86_64",
-            "manylinux2010_x86_64",
-        ] {
-            pip.args(["--platform", platform]);
-        }
-        pip.arg("-d").arg(&wheels).args(&missing);
-        crate::run(&mut pip).map_err(|e| format!("{e}\n(pip must reach PyPI; install python3-pip if `{python} -m pip` is missing)"))?;
-    }
+    fetch(&wheels, WHEELS, "the RAFT/RMM/CUDA stack")?;
     let staging = prefix.with_extension("partial");
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
-    for (name, version) in WHEELS {
-        let wheel = wheel_file(&wheels, name, version).ok_or(format!("pip did not fetch {name}=={version}"))?;
-        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        crate::run(Command::new(python).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&staging))?;
-    }
+    unpack(&wheels, WHEELS, &staging)?;
     // librmm.so looks for librapids_logger.so beside itself ($ORIGIN): put a link there so that
     // binaries load it without LD_LIBRARY_PATH.
     let link = staging.join("librmm/lib64/librapids_logger.so");
@@ -135,20 +153,9 @@ pub fn nccl(prefix: &Path) -> Result<()> {
         return Ok(());
     }
     let wheels = cache_dir()?.join("wheels");
-    std::fs::create_dir_all(&wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    if wheel_file(&wheels, name, version).is_none() {
-        eprintln!("xtask deps: fetching {name}=={version} (about 200 MB) into {}", wheels.display());
-        let mut pip = Command::new(&python);
-        pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]);
-        for platform in ["manylinux_2_18_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"] {
-            pip.args(["--platform", platform]);
-        }
-        pip.arg("-d").arg(&wheels).arg(format!("{name}=={version}"));
-        crate::run(&mut pip).map_err(|e| format!("{e}\n(pip must reach PyPI)"))?;
-    }
+    fetch(&wheels, &[NCCL_WHEEL], "NCCL, about 200 MB")?;
+    unpack(&wheels, &[NCCL_WHEEL], prefix)?;
     let wheel = wheel_file(&wheels, name, version).ok_or(format!("pip did not fetch {name}=={version}"))?;
-    crate::run(Command::new(&python).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(prefix))?;
     if let Some(missing) = files.iter().find(|f| !f.exists()) {
         return Err(format!("{} is missing after unpacking {}", missing.display(), wheel.display()));
     }
@@ -224,35 +231,11 @@ pub fn cuvs(prefix: &Path) -> Result<PathBuf> {
         return Ok(dir); // already done: nothing to fetch
     }
     let wheels = cache_dir()?.join("wheels");
-    std::fs::create_dir_all(&wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let missing: Vec<String> =
-        CUVS_WHEELS.iter().filter(|(n, v)| wheel_file(&wheels, n, v).is_none()).map(|(n, v)| format!("{n}=={v}")).collect();
-    if !missing.is_empty() {
-        eprintln!("xtask deps --cuvs: fetching {} wheel(s) into {} (libcuvs-cu13 alone is 233 MB)", missing.len(), wheels.display());
-        let mut pip = Command::new(&python);
-        pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]);
-        for platform in [
-            "manylinux_2_28_x86_64",
-            "manylinux_2_27_x86_64",
-            "manylinux_2_18_x86_64",
-            "manylinux_2_17_x86_64",
-            "manylinux2014_x86_64",
-            "manylinux_2_12_x86_64",
-            "manylinux2010_x86_64",
-        ] {
-            pip.args(["--platform", platform]);
-        }
-        pip.arg("-d").arg(&wheels).args(&missing);
-        crate::run(&mut pip).map_err(|e| format!("{e}\n(pip could not fetch cuVS's wheels: it must reach PyPI; nothing was unpacked)"))?;
-    }
+    fetch(&wheels, CUVS_WHEELS, "cuVS; libcuvs-cu13 alone is 233 MB")?;
     let staging = dir.with_extension("partial");
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
-    for (name, version) in CUVS_WHEELS {
-        let wheel = wheel_file(&wheels, name, version).ok_or(format!("pip did not fetch {name}=={version}"))?;
-        crate::run(Command::new(&python).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&staging))?;
-    }
+    unpack(&wheels, CUVS_WHEELS, &staging)?;
     verify_cuvs(&staging)?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&staging, &dir).map_err(|e| format!("{} -> {}: {e}", staging.display(), dir.display()))?;

@@ -781,54 +781,37 @@ pub struct GemmArgs<'a> {
     ldc: usize,
 }
 
-impl sealed::Sealed for f32 {
-    fn status(api: &sys::RaftrsShim, g: &GemmArgs<'_>, alpha: f32, beta: f32) -> sys::raftrs_status {
-        // SAFETY: every operand's extent was checked against its buffer by `gemm`, which holds
-        // the borrows (C exclusively) for the call; the resources are alive for the borrow.
-        unsafe {
-            api.raftrs_gemm_f32(
-                g.res.ptr.as_ptr(),
-                g.a.transposed as i32,
-                g.b.transposed as i32,
-                g.m as i64,
-                g.n as i64,
-                g.k as i64,
-                alpha,
-                g.a.buffer.data as *const f32,
-                g.a.ld as i64,
-                g.b.buffer.data as *const f32,
-                g.b.ld as i64,
-                beta,
-                g.c.data as *mut f32,
-                g.ldc as i64,
-            )
+macro_rules! gemm_scalar {
+    ($t:ty, $call:ident) => {
+        impl sealed::Sealed for $t {
+            fn status(api: &sys::RaftrsShim, g: &GemmArgs<'_>, alpha: $t, beta: $t) -> sys::raftrs_status {
+                // SAFETY: every operand's extent was checked against its buffer by `gemm`, which
+                // holds the borrows (C exclusively) for the call; the resources are alive for the
+                // borrow.
+                unsafe {
+                    api.$call(
+                        g.res.ptr.as_ptr(),
+                        g.a.transposed as i32,
+                        g.b.transposed as i32,
+                        g.m as i64,
+                        g.n as i64,
+                        g.k as i64,
+                        alpha,
+                        g.a.buffer.data as *const $t,
+                        g.a.ld as i64,
+                        g.b.buffer.data as *const $t,
+                        g.b.ld as i64,
+                        beta,
+                        g.c.data as *mut $t,
+                        g.ldc as i64,
+                    )
+                }
+            }
         }
-    }
+    };
 }
-
-impl sealed::Sealed for f64 {
-    fn status(api: &sys::RaftrsShim, g: &GemmArgs<'_>, alpha: f64, beta: f64) -> sys::raftrs_status {
-        // SAFETY: as for f32.
-        unsafe {
-            api.raftrs_gemm_f64(
-                g.res.ptr.as_ptr(),
-                g.a.transposed as i32,
-                g.b.transposed as i32,
-                g.m as i64,
-                g.n as i64,
-                g.k as i64,
-                alpha,
-                g.a.buffer.data as *const f64,
-                g.a.ld as i64,
-                g.b.buffer.data as *const f64,
-                g.b.ld as i64,
-                beta,
-                g.c.data as *mut f64,
-                g.ldc as i64,
-            )
-        }
-    }
-}
+gemm_scalar!(f32, raftrs_gemm_f32);
+gemm_scalar!(f64, raftrs_gemm_f64);
 
 /// Column-major `C = alpha · op(A) · op(B) + beta · C` (C is m×n with leading dimension
 /// `ldc`) through the resources' cuBLAS handle, on their stream. Every extent is checked
