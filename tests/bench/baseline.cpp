@@ -7,7 +7,9 @@
 #include <rmm/aligned.hpp>
 #include <rmm/cuda_device.hpp>
 #include <rmm/mr/cuda_async_memory_resource.hpp>
+#include <rmm/mr/arena_memory_resource.hpp>
 #include <rmm/mr/cuda_memory_resource.hpp>
+#include <rmm/mr/pool_memory_resource.hpp>
 #include <rmm/mr/per_device_resource.hpp>
 
 #include <cuda_runtime_api.h>
@@ -111,6 +113,20 @@ int32_t bl_alloc_free_async(size_t bytes)
 int32_t bl_alloc_free_cuda(size_t bytes)
 {
   static rmm::mr::cuda_memory_resource mr{};
+  return alloc_free(mr, bytes);
+}
+
+// The same through a pool_memory_resource over cudaMalloc (256 MiB to start), made once.
+int32_t bl_alloc_free_pool(size_t bytes)
+{
+  static rmm::mr::pool_memory_resource mr{rmm::mr::cuda_memory_resource{}, std::size_t{256} << 20};
+  return alloc_free(mr, bytes);
+}
+
+// The same through an arena_memory_resource over cudaMalloc (1 GiB arena), made once.
+int32_t bl_alloc_free_arena(size_t bytes)
+{
+  static rmm::mr::arena_memory_resource mr{rmm::mr::cuda_memory_resource{}, std::size_t{1} << 30};
   return alloc_free(mr, bytes);
 }
 

@@ -144,6 +144,10 @@ pub mod baseline {
         pub fn bl_alloc_free_async(bytes: usize) -> i32;
         /// Allocate + free through the device's current RMM resource, looked up on every call.
         pub fn bl_alloc_free_per_device(bytes: usize) -> i32;
+        /// Allocate + free through a C++ pool_memory_resource over cudaMalloc (256 MiB initial).
+        pub fn bl_alloc_free_pool(bytes: usize) -> i32;
+        /// Allocate + free through a C++ arena_memory_resource over cudaMalloc (1 GiB arena).
+        pub fn bl_alloc_free_arena(bytes: usize) -> i32;
         /// Allocate + free through a C++ cuda_memory_resource (cudaMalloc).
         pub fn bl_alloc_free_cuda(bytes: usize) -> i32;
         /// ns of the first raft::resource::get_cublas_handle of new resources.

@@ -223,6 +223,83 @@ fn shim_load(n: usize) -> Stat {
     stat_of(samples)
 }
 
+/// The multi-stream pattern of rapidsai/rmm#2039: allocations of mixed sizes made and freed on
+/// several streams (one resources object each) through one resource. A statistics adaptor under
+/// the resource counts what it takes from cudaMalloc (its footprint), one over it what is live;
+/// the footprint's peak over the live peak is the fragmentation overhead. Same seeded sequence
+/// for every resource and stream count.
+fn fragmentation(t: &mut Table) {
+    const ROUNDS: usize = 2000;
+    let sizes = [64usize << 10, 1 << 20, 3 << 20, 16 << 20, 48 << 20];
+    let mut seed: u64 = 0x2039;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let plan: Vec<(usize, usize, bool)> = (0..ROUNDS)
+        .map(|_| {
+            let n = next();
+            (sizes[(n % sizes.len() as u64) as usize], (n >> 8) as usize, (n >> 16) % 3 != 0)
+        })
+        .collect();
+    for streams in [1usize, 2, 4] {
+        let all: Vec<DeviceResources> = (0..streams).map(|_| DeviceResources::on_device(0).unwrap()).collect();
+        for (name, make) in [
+            (
+                "pool",
+                (|up: &raft::MemoryResource| up.pool(Some(0), None)) as fn(&raft::MemoryResource) -> raft::Result<raft::MemoryResource>,
+            ),
+            ("arena", |up: &raft::MemoryResource| up.arena(Some(8 << 30))),
+            ("cuda_async", |_up: &raft::MemoryResource| raft::MemoryResource::cuda_async(0)),
+        ] {
+            let upstream = raft::MemoryResource::cuda(0).unwrap().with_statistics().unwrap();
+            let mr = make(&upstream).unwrap();
+            let top = mr.with_statistics().unwrap();
+            let mut live: Vec<DeviceVec<u8>> = Vec::new();
+            for &(bytes, pick, keep) in &plan {
+                let res = &all[pick % streams];
+                if keep || live.is_empty() {
+                    live.push(DeviceVec::<u8>::new_in(res, bytes, &top).unwrap());
+                }
+                if live.len() > 64 || !keep {
+                    let victim = pick % live.len();
+                    drop(live.swap_remove(victim));
+                }
+            }
+            drop(live);
+            all.iter().for_each(|r| r.sync().unwrap());
+            let live_peak = top.statistics().unwrap().peak_bytes as f64;
+            // cuda_async takes from the driver's pool, not through `upstream`: its footprint is
+            // not seen there, and the row says so.
+            let footprint = upstream.statistics().unwrap().peak_bytes as f64;
+            let note = if name == "arena" {
+                format!(
+                    "{name}, {streams} stream(s): live peak {:.0} MiB; the arena takes its whole 8 GiB from cudaMalloc at once ({:.0} MiB), so its overhead is that reservation, not fragmentation",
+                    live_peak / (1u64 << 20) as f64,
+                    footprint / (1u64 << 20) as f64
+                )
+            } else if name == "cuda_async" {
+                format!(
+                    "{name}, {streams} stream(s): live peak {:.0} MiB (footprint inside the driver's pool: not counted here)",
+                    live_peak / (1u64 << 20) as f64
+                )
+            } else {
+                format!(
+                    "{name}, {streams} stream(s): live peak {:.0} MiB, taken from cudaMalloc at peak {:.0} MiB: {:.2}x",
+                    live_peak / (1u64 << 20) as f64,
+                    footprint / (1u64 << 20) as f64,
+                    footprint / live_peak.max(1.0)
+                )
+            };
+            eprintln!("  fragmentation (rmm#2039 pattern): {note}");
+            t.notes.push(format!("fragmentation (rmm#2039 pattern, {ROUNDS} allocations of 64 KiB-48 MiB): {note}"));
+        }
+        all.iter().for_each(|r| r.release().unwrap());
+    }
+}
+
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("--shim-load") {
         shim_load_child();
@@ -470,6 +547,30 @@ fn main() {
         "C++ through get_per_device_resource_ref",
         "reported",
     );
+
+    // Issue 15: the same allocation through RMM's pool and arena, made from Rust, against C++
+    // calling the same kind of resource (each over cudaMalloc, made once, warm).
+    let pool = raft::MemoryResource::cuda(0).unwrap().pool(Some(256 << 20), None).unwrap();
+    let arena = raft::MemoryResource::cuda(0).unwrap().arena(Some(1 << 30)).unwrap();
+    for (label, mr, cpp) in [
+        ("1 MiB allocate + free, pool over cudaMalloc", &pool, bl_alloc_free_pool as unsafe extern "C" fn(usize) -> i32),
+        ("1 MiB allocate + free, arena over cudaMalloc", &arena, bl_alloc_free_arena as unsafe extern "C" fn(usize) -> i32),
+    ] {
+        let ours = measure(200, 5000, 1, || drop(DeviceVec::<u8>::new_in(&r, mib, mr).unwrap()));
+        // SAFETY: plain C functions of the baseline.
+        let base = measure(200, 5000, 1, || assert_eq!(unsafe { cpp(mib) }, 0));
+        t.add(
+            label,
+            "DeviceVec::new_in + drop",
+            ours,
+            vec![("C++, the same resource kind", base)],
+            "C++, the same resource kind",
+            "<= 1.10x",
+            |a, b| a <= 1.10 * b,
+        );
+    }
+    drop((pool, arena));
+    fragmentation(&mut t);
 
     // 6. first cuBLAS handle of new resources (the library is loaded by now); ours and C++
     // alternate so that both see the same state of the device.
