@@ -233,3 +233,25 @@ fn the_tracking_report_at_exit_names_a_leaked_array() {
     assert!(stderr.contains("still live in a tracking resource"), "{stderr}");
     assert!(stderr.to_lowercase().contains(&leaked.to_lowercase()), "the report names the leaked array's address {leaked}:\n{stderr}");
 }
+
+#[test]
+fn a_pool_over_a_failure_callback_is_refused_since_the_callback_would_run_under_the_pool_lock() {
+    require_gpu!();
+    let cb = MemoryResource::cuda(0).unwrap().with_limit(64 * MIB).unwrap().with_failure_callback(|_| false).unwrap();
+    for (what, made) in [
+        ("pool", cb.pool(Some(32 * MIB), None)),
+        ("arena", cb.arena(Some(64 * MIB))),
+        ("binning", cb.binning(10, 20)),
+        ("thread_safe", cb.thread_safe()),
+        // Also further down the chain, and through the device's current resource.
+        ("pool over statistics over it", cb.with_statistics().unwrap().pool(Some(32 * MIB), None)),
+    ] {
+        let e = made.err().unwrap_or_else(|| panic!("{what}: accepted"));
+        assert_eq!(e.kind(), ErrorKind::Logic, "{what}: {e}");
+        assert!(e.message().contains("failure-callback"), "{what}: {e}");
+    }
+    // The other way round is fine: the callback on top sees the pool's failures.
+    let top = MemoryResource::cuda(0).unwrap().pool(Some(32 * MIB), None).unwrap().with_failure_callback(|_| false).unwrap();
+    let res = DeviceResources::on_device(0).unwrap();
+    round_trip(&res, &top, MIB);
+}

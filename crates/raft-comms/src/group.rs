@@ -68,12 +68,15 @@ pub(crate) fn used(shared: &Arc<Shared>, stream: Arc<CudaStream>) {
 /// let comms = Communicator::clique(&resources)?;
 /// let mut data: Vec<DeviceVec<f32>> =
 ///     resources.iter().map(|r| DeviceVec::from_host(r, &[1.0; 4])).collect::<raft_core::Result<_>>()?;
-/// raft_comms::group(|| {
-///     for (c, d) in comms.iter().zip(data.iter_mut()) {
-///         c.allreduce_in_place(d, ReduceOp::Sum)?;
-///     }
-///     Ok(())
-/// })?;
+/// // SAFETY: the arrays of `data` live past the group and nothing else touches them meanwhile.
+/// unsafe {
+///     raft_comms::group(|| {
+///         for (c, d) in comms.iter().zip(data.iter_mut()) {
+///             c.allreduce_in_place(d, ReduceOp::Sum)?;
+///         }
+///         Ok(())
+///     })?;
+/// }
 /// for c in &comms {
 ///     c.sync()?;
 /// }
@@ -84,7 +87,16 @@ pub(crate) fn used(shared: &Arc<Shared>, stream: Arc<CudaStream>) {
 /// # Errors
 /// The first error of `calls`, else that of `ncclGroupEnd` (or of waiting for a communicator to
 /// take the group's calls, bounded by its timeout).
-pub fn group<R>(calls: impl FnOnce() -> Result<R>) -> Result<R> {
+///
+/// # Safety
+/// Inside a group NCCL only records the arrays' addresses; it queues the work on their streams
+/// when the group ends. Every array passed to a collective inside `calls` must therefore stay
+/// alive (not dropped, not moved into something that frees it) and must not be written by other
+/// work until `group` has returned: an array freed inside the closure would be given back to its
+/// pool before NCCL's kernel writes into it. (A scoped form whose closure can only borrow arrays
+/// for the whole group, as `copy_scope` does for copies, would make this safe; it does not
+/// exist yet.)
+pub unsafe fn group<R>(calls: impl FnOnce() -> Result<R>) -> Result<R> {
     const WHO: &str = "raft_comms::group";
     let outermost = !active();
     if outermost {

@@ -55,7 +55,8 @@ fn every_collective<T: Val>(res: &[DeviceResources], comms: &[Communicator]) {
     for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
         let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
         let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], n)).collect();
-        group(|| (0..world).try_for_each(|r| comms[r].allreduce(&send[r], &mut recv[r], op))).unwrap();
+        // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+        unsafe { group(|| (0..world).try_for_each(|r| comms[r].allreduce(&send[r], &mut recv[r], op))) }.unwrap();
         sync_all(comms);
         for r in 0..world {
             assert_eq!(recv[r].to_host().unwrap(), typed::<T>(&reduce_cpu(op, n, world)), "{name} allreduce {op:?} rank {r}");
@@ -63,7 +64,8 @@ fn every_collective<T: Val>(res: &[DeviceResources], comms: &[Communicator]) {
     }
 
     let mut buf: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
-    group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))).unwrap();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))) }.unwrap();
     sync_all(comms);
     for (r, b) in buf.iter().enumerate() {
         assert_eq!(b.to_host().unwrap(), typed::<T>(&reduce_cpu(ReduceOp::Sum, n, world)), "{name} allreduce in place rank {r}");
@@ -72,13 +74,15 @@ fn every_collective<T: Val>(res: &[DeviceResources], comms: &[Communicator]) {
     // Broadcast from rank 1, then in place from rank 0.
     let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
     let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], n)).collect();
-    group(|| (0..world).try_for_each(|r| comms[r].broadcast(&send[r], &mut recv[r], 1))).unwrap();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| (0..world).try_for_each(|r| comms[r].broadcast(&send[r], &mut recv[r], 1))) }.unwrap();
     sync_all(comms);
     for r in 0..world {
         assert_eq!(recv[r].to_host().unwrap(), typed::<T>(&data(1, n)), "{name} broadcast rank {r}");
     }
     let mut buf: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
-    group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].broadcast_in_place(b, 0))).unwrap();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].broadcast_in_place(b, 0))) }.unwrap();
     sync_all(comms);
     for (r, b) in buf.iter().enumerate() {
         assert_eq!(b.to_host().unwrap(), typed::<T>(&data(0, n)), "{name} broadcast in place rank {r}");
@@ -87,10 +91,13 @@ fn every_collective<T: Val>(res: &[DeviceResources], comms: &[Communicator]) {
     // Reduce to rank 1; rank 0 gives no receive array.
     let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
     let mut at_root: DeviceVec<T> = zeros(&res[1], n);
-    group(|| {
-        comms[0].reduce(&send[0], None, ReduceOp::Max, 1)?;
-        comms[1].reduce(&send[1], Some(&mut at_root), ReduceOp::Max, 1)
-    })
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe {
+        group(|| {
+            comms[0].reduce(&send[0], None, ReduceOp::Max, 1)?;
+            comms[1].reduce(&send[1], Some(&mut at_root), ReduceOp::Max, 1)
+        })
+    }
     .unwrap();
     sync_all(comms);
     assert_eq!(at_root.to_host().unwrap(), typed::<T>(&reduce_cpu(ReduceOp::Max, n, world)), "{name} reduce");
@@ -98,7 +105,8 @@ fn every_collective<T: Val>(res: &[DeviceResources], comms: &[Communicator]) {
     // Allgather.
     let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
     let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], world * n)).collect();
-    group(|| (0..world).try_for_each(|r| comms[r].allgather(&send[r], &mut recv[r]))).unwrap();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| (0..world).try_for_each(|r| comms[r].allgather(&send[r], &mut recv[r]))) }.unwrap();
     sync_all(comms);
     let all: Vec<i64> = (0..world).flat_map(|r| data(r, n)).collect();
     for r in 0..world {
@@ -109,7 +117,8 @@ fn every_collective<T: Val>(res: &[DeviceResources], comms: &[Communicator]) {
     let counts = [3usize, 5];
     let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, counts[r]))).collect();
     let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], 8)).collect();
-    group(|| (0..world).try_for_each(|r| comms[r].allgatherv(&send[r], &mut recv[r], &counts))).unwrap();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| (0..world).try_for_each(|r| comms[r].allgatherv(&send[r], &mut recv[r], &counts))) }.unwrap();
     sync_all(comms);
     let all: Vec<i64> = (0..world).flat_map(|r| data(r, counts[r])).collect();
     for r in 0..world {
@@ -119,10 +128,13 @@ fn every_collective<T: Val>(res: &[DeviceResources], comms: &[Communicator]) {
     // Gather to rank 0.
     let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
     let mut at_root: DeviceVec<T> = zeros(&res[0], world * n);
-    group(|| {
-        comms[0].gather(&send[0], Some(&mut at_root), 0)?;
-        comms[1].gather(&send[1], None, 0)
-    })
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe {
+        group(|| {
+            comms[0].gather(&send[0], Some(&mut at_root), 0)?;
+            comms[1].gather(&send[1], None, 0)
+        })
+    }
     .unwrap();
     sync_all(comms);
     let all: Vec<i64> = (0..world).flat_map(|r| data(r, n)).collect();
@@ -131,7 +143,8 @@ fn every_collective<T: Val>(res: &[DeviceResources], comms: &[Communicator]) {
     // Reduce-scatter: rank r gets block r of the sum.
     let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, world * n))).collect();
     let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], n)).collect();
-    group(|| (0..world).try_for_each(|r| comms[r].reduce_scatter(&send[r], &mut recv[r], ReduceOp::Sum))).unwrap();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| (0..world).try_for_each(|r| comms[r].reduce_scatter(&send[r], &mut recv[r], ReduceOp::Sum))) }.unwrap();
     sync_all(comms);
     let sum = reduce_cpu(ReduceOp::Sum, world * n, world);
     for r in 0..world {
@@ -141,10 +154,13 @@ fn every_collective<T: Val>(res: &[DeviceResources], comms: &[Communicator]) {
     // Send / recv: rank 0 to rank 1.
     let sent: DeviceVec<T> = up(&res[0], &data(0, n));
     let mut got: DeviceVec<T> = zeros(&res[1], n);
-    group(|| {
-        comms[0].send(&sent, 1)?;
-        comms[1].recv(&mut got, 0)
-    })
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe {
+        group(|| {
+            comms[0].send(&sent, 1)?;
+            comms[1].recv(&mut got, 0)
+        })
+    }
     .unwrap();
     sync_all(comms);
     assert_eq!(got.to_host().unwrap(), typed::<T>(&data(0, n)), "{name} send/recv");
@@ -152,7 +168,9 @@ fn every_collective<T: Val>(res: &[DeviceResources], comms: &[Communicator]) {
     // Sendrecv around the ring.
     let send: Vec<DeviceVec<T>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
     let mut recv: Vec<DeviceVec<T>> = (0..world).map(|r| zeros(&res[r], n)).collect();
-    group(|| (0..world).try_for_each(|r| comms[r].sendrecv(&send[r], (r + 1) % world, &mut recv[r], (r + world - 1) % world))).unwrap();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| (0..world).try_for_each(|r| comms[r].sendrecv(&send[r], (r + 1) % world, &mut recv[r], (r + world - 1) % world))) }
+        .unwrap();
     sync_all(comms);
     for r in 0..world {
         assert_eq!(recv[r].to_host().unwrap(), typed::<T>(&data((r + world - 1) % world, n)), "{name} sendrecv rank {r}");
@@ -211,10 +229,13 @@ fn sub_communicators_from_split() {
     // Gather onto the sub-communicator's rank 0 (the parent's rank 1): the parent's rank 1 data first.
     let send: Vec<DeviceVec<i32>> = (0..2).map(|r| up(&res[r], &data(r, 4))).collect();
     let mut at_root: DeviceVec<i32> = zeros(&res[1], 8);
-    group(|| {
-        subs[0].gather(&send[0], None, 0)?;
-        subs[1].gather(&send[1], Some(&mut at_root), 0)
-    })
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe {
+        group(|| {
+            subs[0].gather(&send[0], None, 0)?;
+            subs[1].gather(&send[1], Some(&mut at_root), 0)
+        })
+    }
     .unwrap();
     sync_all(&subs);
     let want: Vec<i64> = data(1, 4).into_iter().chain(data(0, 4)).collect();
@@ -234,7 +255,8 @@ fn sub_communicators_from_split() {
     Communicator::release_all(subs).unwrap();
     solo.release().unwrap();
     let mut buf: Vec<DeviceVec<i64>> = (0..2).map(|r| up(&res[r], &data(r, 4))).collect();
-    group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))).unwrap();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))) }.unwrap();
     sync_all(&comms);
     assert_eq!(buf[0].to_host().unwrap(), typed::<i64>(&reduce_cpu(ReduceOp::Sum, 4, 2)));
     Communicator::release_all(comms).unwrap();
@@ -300,11 +322,13 @@ fn wrong_counts_are_refused_before_nccl_and_the_clique_still_agrees() {
     let e = comms[0].allreduce(&foreign, &mut recv, ReduceOp::Sum).unwrap_err();
     assert!(e.message().contains("not to the communicator's resources"), "{e}");
     // Waiting inside a group is refused: it would wait for work the group has not launched.
-    let e = group(|| comms[0].sync()).unwrap_err();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    let e = unsafe { group(|| comms[0].sync()) }.unwrap_err();
     assert!(e.message().contains("inside raft_comms::group"), "{e}");
     // Nothing reached NCCL: the next collective still pairs up.
     let mut buf: Vec<DeviceVec<f32>> = (0..2).map(|r| up(&res[r], &data(r, 4))).collect();
-    group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))).unwrap();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))) }.unwrap();
     sync_all(&comms);
     assert_eq!(buf[1].to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, 4, 2)));
     Communicator::release_all(comms).unwrap();
@@ -319,7 +343,8 @@ fn a_rank_that_never_joins_a_collective_is_an_error_within_the_bound() {
     let (res, comms) = setup();
     // Connections first (a first collective sets them up), so the lone call below is enqueued.
     let mut warm: Vec<DeviceVec<f32>> = (0..2).map(|r| up(&res[r], &data(r, 4))).collect();
-    group(|| warm.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))).unwrap();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| warm.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))) }.unwrap();
     sync_all(&comms);
     let bound = Duration::from_secs(3);
     comms[0].set_timeout(bound).unwrap();
@@ -348,7 +373,8 @@ fn dropped_communicators_are_torn_down_in_the_background() {
     let _gpus = serial();
     let (res, comms) = setup();
     let mut buf: Vec<DeviceVec<f32>> = (0..2).map(|r| up(&res[r], &data(r, 1 << 20))).collect();
-    group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))).unwrap();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| buf.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))) }.unwrap();
     let start = Instant::now();
     drop(comms); // with the allreduce maybe still running: Drop returns at once
     assert!(start.elapsed() < Duration::from_secs(1), "drop blocked for {:?}", start.elapsed());

@@ -293,7 +293,12 @@ fn ordered_on<'a>(own: &'a Arc<CudaStream>, stream: &'a CudaStream) -> SyncOnDro
     if own.cu_stream() == stream.cu_stream() {
         return SyncOnDrop::Sync(None);
     }
-    stream.context().record_err(stream.join(own));
+    if let Err(e) = stream.join(own) {
+        // Not ordered after the array's own work: wait for that work instead, so the pointer
+        // is never used before the array's pending writes are done.
+        stream.context().record_err::<()>(Err(e));
+        stream.context().record_err(own.synchronize());
+    }
     SyncOnDrop::sync_stream(stream)
 }
 

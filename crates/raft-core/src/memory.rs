@@ -229,7 +229,10 @@ impl MemoryResource {
 
     /// An `rmm::mr::failure_callback_resource_adaptor`: when an allocation fails for lack of
     /// memory, `callback(bytes)` runs (on the allocating thread) and returns whether to retry,
-    /// e.g. after freeing a cache. A panic in it is caught and means "give up".
+    /// e.g. after freeing a cache. A panic in it is caught and means "give up". A pool, arena,
+    /// binning or thread-safe resource cannot be put over it (a `Logic` error): they hold their
+    /// own lock while taking memory from upstream, so the callback would run under that lock and
+    /// a free through the same resource would lock it again. Put the callback on top instead.
     pub fn with_failure_callback<F>(&self, callback: F) -> Result<Self>
     where
         F: Fn(usize) -> bool + Send + Sync + 'static,

@@ -477,17 +477,52 @@ std::optional<rmm::device_async_resource_ref> upstream_of(rmm::device_async_reso
   return a->get_upstream_resource();
 }
 
-/// Whether freeing through `mr` never blocks the caller: the async pool and RMM's own pools
-/// (their frees return blocks to a free list, stream-ordered), and any adaptor over such a
-/// resource. cudaFree, cudaFreeHost and unknown resources may synchronise the device.
+/// The upstream of an adaptor or pool behind `mr`, when it has one this shim knows.
+std::optional<rmm::device_async_resource_ref> upstream_any(rmm::device_async_resource_ref mr)
+{
+  switch (classify(mr)) {
+    case RAFTRS_MR_STATISTICS: return upstream_of<statistics_mr>(mr);
+    case RAFTRS_MR_LIMITING: return upstream_of<limiting_mr>(mr);
+    case RAFTRS_MR_TRACKING: return upstream_of<tracking_mr>(mr);
+    case RAFTRS_MR_LOGGING: return upstream_of<rmm::mr::logging_resource_adaptor>(mr);
+    case RAFTRS_MR_FAILURE_CALLBACK: return upstream_of<failure_mr>(mr);
+    case RAFTRS_MR_THREAD_SAFE: return upstream_of<rmm::mr::thread_safe_resource_adaptor>(mr);
+    case RAFTRS_MR_BINNING: return upstream_of<rmm::mr::binning_memory_resource>(mr);
+    case RAFTRS_MR_POOL: return upstream_of<rmm::mr::pool_memory_resource>(mr);
+    default: return std::nullopt;
+  }
+}
+
+/// Refuses a pool, arena, binning or thread-safe resource over a chain that holds a failure
+/// callback: those hold their own lock while they take memory from upstream, so the callback
+/// would run under it, and a callback that frees through the same resource (what it is for)
+/// would lock it again on the same thread.
+void refuse_over_failure_callback(raftrs_mr const* upstream, char const* what)
+{
+  auto const& u = unwrap(upstream);
+  std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(u.resource)}};
+  for (int depth = 0; at.has_value() && depth < 32; ++depth) {
+    if (classify(*at) == RAFTRS_MR_FAILURE_CALLBACK) {
+      throw std::logic_error(std::string("a ") + what +
+                             " over a failure-callback adaptor would run the callback under its own lock: "
+                             "put the failure callback on top instead");
+    }
+    at = upstream_any(*at);
+  }
+}
+
+/// Whether freeing through `mr` never blocks the caller: the async pool and RMM's pool (its
+/// frees return blocks to a free list, stream-ordered), and any adaptor over such a resource.
+/// cudaFree, cudaFreeHost, the arena and unknown resources may synchronise.
 bool frees_stream_ordered(rmm::device_async_resource_ref mr, int depth = 0)
 {
   if (depth > 32) { return false; }
   std::optional<rmm::device_async_resource_ref> up;
   switch (classify(mr)) {
     case RAFTRS_MR_CUDA_ASYNC:
-    case RAFTRS_MR_POOL:
-    case RAFTRS_MR_ARENA: return true;
+    case RAFTRS_MR_POOL: return true;
+    // Not the arena: RMM 26.08 frees its blocks over 1 MiB with a stream synchronisation
+    // (rmm/mr/detail/arena.hpp), so such a free may wait for the GPU.
     case RAFTRS_MR_STATISTICS: up = upstream_of<statistics_mr>(mr); break;
     case RAFTRS_MR_LIMITING: up = upstream_of<limiting_mr>(mr); break;
     case RAFTRS_MR_TRACKING: up = upstream_of<tracking_mr>(mr); break;
@@ -825,6 +860,7 @@ raftrs_status raftrs_mr_new_pool(const raftrs_mr* upstream, int64_t initial, int
 {
   return guard([&] {
     *out = nullptr;
+    refuse_over_failure_callback(upstream, "pool");
     std::size_t first = initial >= 0 ? static_cast<std::size_t>(initial)
                                      : rmm::percent_of_free_device_memory(50);
     *out = adapt<rmm::mr::pool_memory_resource>(upstream, first, size_or_none(maximum));
@@ -835,6 +871,7 @@ raftrs_status raftrs_mr_new_arena(const raftrs_mr* upstream, int64_t arena_size,
 {
   return guard([&] {
     *out = nullptr;
+    refuse_over_failure_callback(upstream, "arena");
     *out = adapt<rmm::mr::arena_memory_resource>(upstream, size_or_none(arena_size));
   });
 }
@@ -843,6 +880,7 @@ raftrs_status raftrs_mr_new_binning(const raftrs_mr* upstream, int32_t min_expon
 {
   return guard([&] {
     *out = nullptr;
+    refuse_over_failure_callback(upstream, "binning resource");
     if (min_exponent < 0 || max_exponent > 62 || min_exponent > max_exponent) {
       throw std::invalid_argument("bin exponents must satisfy 0 <= min <= max <= 62, given " +
                                   std::to_string(min_exponent) + " and " + std::to_string(max_exponent));
@@ -872,6 +910,7 @@ raftrs_status raftrs_mr_new_thread_safe(const raftrs_mr* upstream, raftrs_mr** o
 {
   return guard([&] {
     *out = nullptr;
+    refuse_over_failure_callback(upstream, "thread-safe adaptor");
     *out = adapt<rmm::mr::thread_safe_resource_adaptor>(upstream);
   });
 }
