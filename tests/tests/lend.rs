@@ -43,3 +43,16 @@ fn a_release_from_another_thread_waits_for_the_lend_to_end() {
     rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the release ends once the lend ended");
     assert!(res.is_released());
 }
+
+#[test]
+fn a_release_from_inside_the_lend_on_the_same_thread_is_refused_not_a_deadlock() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let inner = res.with_raft_resources(|_| res.release()).unwrap();
+    let e = inner.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.message().contains("in use on this thread"), "{e}");
+    assert!(!res.is_released());
+    res.release().unwrap();
+    assert!(res.is_released());
+}

@@ -33,8 +33,10 @@ impl DeviceResources {
     /// which report a failed create as an error), their device. Nothing is copied: RAFT code
     /// given the pointer works on these very resources, on their stream.
     ///
-    /// Do not release these resources from inside `f` on the same thread: the release waits for
-    /// the lend to end.
+    /// A release of these resources from inside `f`, on this thread, is refused with a `Logic`
+    /// error (it would wait for the lend, which waits for it); on another thread it waits until
+    /// the lend ends. At exit, the teardown waits up to a second for a lend on another thread,
+    /// then leaves the native object to the OS.
     ///
     /// # Errors
     /// `Logic` on released resources.

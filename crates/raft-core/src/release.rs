@@ -452,7 +452,11 @@ fn start_threads(pool: &'static Pool) -> bool {
 /// back to a release thread when the worker has stopped. `held` is counted in the device's
 /// ledger until the release has run.
 pub(crate) fn on_worker(worker: crate::job::Worker, label: raft_exit::Label, held: Held, release: Release) {
-    let token = raft_exit::ReleaseToken::register(label);
+    let Ok(token) = raft_exit::ReleaseToken::try_register(label) else {
+        // The exit has decided: no CUDA call may start now; the OS takes the native objects.
+        std::mem::forget((worker, release));
+        return;
+    };
     let pool = pool();
     let device = label.device;
     let ledger = pool.ledger(device);
@@ -486,7 +490,12 @@ pub(crate) fn enqueue(label: raft_exit::Label, release: Release) {
 
 /// [`enqueue`], counting `held` in the device's ledger until the release has run.
 pub(crate) fn enqueue_holding(label: raft_exit::Label, held: Held, release: Release) {
-    let token = raft_exit::ReleaseToken::register(label);
+    let Ok(token) = raft_exit::ReleaseToken::try_register(label) else {
+        // The exit has decided: a release queued now could still be in a CUDA call when the
+        // static destructors run; the OS takes the native objects instead.
+        std::mem::forget(release);
+        return;
+    };
     let q = Queued { release, device: label.device, held, queued_at: Instant::now(), _token: Some(token), counts_itself: false };
     send(pool(), q);
 }

@@ -48,6 +48,17 @@ impl ResourcesState {
     /// thread releases them), where it returns at once: the release in progress is waiting for
     /// that very job.
     fn release(&self, who: &'static str) -> Result<()> {
+        if holding(self.id) {
+            // This thread is inside a use of these resources (a lend, an allocation whose
+            // failure callback released them): the release would wait for this very thread.
+            return Err(Error::logic(
+                who,
+                format!(
+                    "the device resources on device {} are in use on this thread (inside with_raft_resources or an allocation): release them after that use",
+                    self.device
+                ),
+            ));
+        }
         {
             let mut state = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
             match *state {
@@ -73,7 +84,26 @@ impl ResourcesState {
         if let Some(w) = worker {
             w.finish();
         }
-        let native = self.native.write().unwrap_or_else(|e| e.into_inner()).take();
+        let native = if who == TEARDOWN {
+            // At exit, a thread still inside a lend would hold the exit forever: wait a bounded
+            // time, then leave the native object to the OS.
+            let deadline = std::time::Instant::now() + TEARDOWN_LEND_WAIT;
+            loop {
+                match self.native.try_write() {
+                    Ok(mut g) => break g.take(),
+                    Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner().take(),
+                    Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(1))
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => {
+                        log::warn!(target: "raft", "exit teardown: resources {} on device {} are still lent on another thread: left to the OS", self.id, self.device);
+                        break None;
+                    }
+                }
+            }
+        } else {
+            self.native.write().unwrap_or_else(|e| e.into_inner()).take()
+        };
         let outcome = match native {
             Some(n) if raft_exit::native_release_allowed() => n.destroy(who),
             Some(n) => {
@@ -123,6 +153,39 @@ impl Drop for ResourcesState {
             Some(w) => release::on_worker(w, label, held, Box::new(destroy)),
             None => release::enqueue_holding(label, held, Box::new(destroy)),
         }
+    }
+}
+
+/// The `who` of the exit teardown's releases.
+const TEARDOWN: &str = "exit teardown";
+/// How long the exit teardown waits for another thread's lend of resources to end.
+const TEARDOWN_LEND_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+thread_local! {
+    /// The resources this thread is using now (inside `with_native`: a call, a lend, an
+    /// allocation), innermost last. A release of one of them from this thread would wait for
+    /// itself. Read and written with `try_with` only: gone (and so empty) once the thread's
+    /// destructors ran.
+    static HOLDING: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn holding(id: u64) -> bool {
+    HOLDING.try_with(|h| h.borrow().contains(&id)).unwrap_or(false)
+}
+
+/// Marks resources in use on this thread for the guard's life.
+struct Holding;
+
+impl Holding {
+    fn enter(id: u64) -> Holding {
+        let _ = HOLDING.try_with(|h| h.borrow_mut().push(id));
+        Holding
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let _ = HOLDING.try_with(|h| h.borrow_mut().pop());
     }
 }
 
@@ -232,6 +295,7 @@ impl DeviceResources {
 
     /// Runs `f` on the live native resources, or gives the `Logic` error of released resources.
     pub(crate) fn with_native<R>(&self, who: &'static str, f: impl FnOnce(&NativeResources) -> Result<R>) -> Result<R> {
+        let _held = Holding::enter(self.state.id);
         let native = self.state.native.read().unwrap_or_else(|e| e.into_inner());
         match native.as_ref() {
             Some(n) => f(n),
@@ -403,7 +467,7 @@ pub(crate) fn release_all_live() {
     let all: Vec<Arc<ResourcesState>> =
         live_registry().lock().unwrap_or_else(|e| e.into_inner()).values().filter_map(Weak::upgrade).collect();
     for state in all {
-        if let Err(e) = state.release("exit teardown") {
+        if let Err(e) = state.release(TEARDOWN) {
             log::debug!(target: "raft", "{e}");
         }
     }

@@ -115,6 +115,14 @@ impl ReleaseToken {
         hook::ensure_registered();
         ReleaseToken { slot: REGISTRY.add_release(label) }
     }
+
+    /// Registers a release unless the exit has decided ([`ExitDecided`]): then the caller leaves
+    /// the native objects to the OS instead of queueing a release that could still be inside a
+    /// CUDA call when the static destructors run.
+    pub fn try_register(label: Label) -> Result<ReleaseToken, ExitDecided> {
+        hook::ensure_registered();
+        REGISTRY.try_add_release(label).map(|slot| ReleaseToken { slot })
+    }
 }
 
 impl Drop for ReleaseToken {

@@ -163,6 +163,21 @@ impl Registry {
         }
     }
 
+    /// Registers a release unless the exit has decided (under the lock, as jobs): one queued
+    /// after that could still be in a CUDA call when the static destructors run.
+    pub(crate) fn try_add_release(&self, label: Label) -> Result<usize, ExitDecided> {
+        let slot = {
+            let mut st = self.lock();
+            let phase = self.phase.get();
+            if phase.decided() {
+                return Err(ExitDecided::new(phase));
+            }
+            st.releases.insert(Entry { label, bound: 0.0 })
+        };
+        self.releases.fetch_add(1, Ordering::Relaxed);
+        Ok(slot)
+    }
+
     pub(crate) fn add_release(&self, label: Label) -> usize {
         let slot = self.lock().releases.insert(Entry { label, bound: 0.0 });
         self.releases.fetch_add(1, Ordering::Relaxed);
@@ -340,6 +355,22 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_release_is_refused_once_the_exit_has_decided_and_accepted_before() {
+        let r = registry();
+        let release = Label { what: "release", id: 1, device: Some(0) };
+        for phase in [Phase::Running, Phase::Waiting] {
+            r.phase.set(phase);
+            let slot = r.try_add_release(release).expect("accepted before the decision");
+            r.end_release(slot);
+        }
+        for phase in [Phase::TearingDown, Phase::TornDown, Phase::Skipped] {
+            r.phase.set(phase);
+            assert_eq!(r.try_add_release(release).unwrap_err().phase(), phase);
+        }
+        assert_eq!(r.releases_in_flight(), 0);
     }
 
     #[test]
