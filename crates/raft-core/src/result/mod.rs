@@ -546,19 +546,42 @@ impl NativeMr {
     }
 }
 
+/// A memory-resource handle on its way to destruction, owned by the closure that destroys it.
+struct DoomedMr(NonNull<sys::raftrs_mr>);
+
+// SAFETY: the handle is owned exclusively by the closure that destroys it (its `NativeMr` is gone)
+// and RMM's resources may be destroyed from any thread (the shim makes their device current).
+unsafe impl Send for DoomedMr {}
+
+impl DoomedMr {
+    fn destroy(self) {
+        const WHO: &str = "MemoryResource::drop";
+        let Ok(api) = api(WHO) else { return };
+        let _keep = ContextGuard::save(WHO);
+        // SAFETY: the handle is destroyed exactly once (self is consumed); buffers made from the
+        // resource hold their own copy of it, so none is left dangling.
+        let status = unsafe { api.raftrs_mr_destroy(self.0.as_ptr()) };
+        if let Err(e) = check(WHO, api, status) {
+            log::warn!(target: "raft", "{e}");
+        }
+    }
+}
+
 impl Drop for NativeMr {
+    /// Destroying the last handle of a pool runs RMM's destructor, which waits for the GPU and
+    /// calls cudaFree: that happens on a release thread, never on the dropping one (in the exit
+    /// teardown, inline, while CUDA is still up).
     fn drop(&mut self) {
         if !raft_exit::native_release_allowed() {
             return; // the exit has decided: leaked to the OS, no CUDA call
         }
-        let Ok(api) = api("MemoryResource::drop") else { return };
-        let _keep = ContextGuard::save("MemoryResource::drop");
-        // SAFETY: the handle is destroyed exactly once (here); buffers made from the resource hold
-        // their own copy of it, so none is left dangling.
-        let status = unsafe { api.raftrs_mr_destroy(self.ptr.as_ptr()) };
-        if let Err(e) = check("MemoryResource::drop", api, status) {
-            log::warn!(target: "raft", "{e}");
+        let doomed = DoomedMr(self.ptr);
+        if raft_exit::phase() == raft_exit::Phase::TearingDown {
+            doomed.destroy();
+            return;
         }
+        let label = raft_exit::Label { what: "release of memory resource", id: raft_exit::next_id(), device: Some(self.device) };
+        crate::release::enqueue(label, Box::new(move || doomed.destroy()));
     }
 }
 
