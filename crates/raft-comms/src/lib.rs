@@ -20,7 +20,8 @@
 //! let comms = Communicator::clique(&resources)?; // eager, on this thread, in one NCCL group
 //! let mut parts: Vec<DeviceVec<f32>> =
 //!     resources.iter().map(|r| DeviceVec::from_host(r, &[1.0, 2.0])).collect::<raft_core::Result<_>>()?;
-//! raft_comms::group(|| comms.iter().zip(parts.iter_mut()).try_for_each(|(c, p)| c.allreduce_in_place(p, ReduceOp::Sum)))?;
+//! // SAFETY: `parts` outlives the group and nothing else touches it meanwhile.
+//! unsafe { raft_comms::group(|| comms.iter().zip(parts.iter_mut()).try_for_each(|(c, p)| c.allreduce_in_place(p, ReduceOp::Sum)))? };
 //! comms.iter().try_for_each(|c| c.sync())?;
 //! assert_eq!(parts[0].to_host()?, [2.0, 4.0]);
 //! # Ok(()) }
