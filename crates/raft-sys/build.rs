@@ -30,6 +30,7 @@ fn main() {
         write_build_info(&out, &pinned_info(), false);
         println!("cargo:rustc-env=RAFT_SYS_SHIM_PATH=");
         println!("cargo:rustc-env=RAFT_SYS_LIB_DIRS=");
+        println!("cargo:rustc-env=RAFT_SYS_HEADER_HASH=0");
         return;
     }
 
@@ -42,7 +43,9 @@ fn main() {
         }
     };
 
-    let shim = build_shim(&manifest, &out, &stack);
+    let header_hash = fnv1a(&std::fs::read(manifest.join("include/raftrs.h")).expect("read include/raftrs.h"));
+    println!("cargo:rustc-env=RAFT_SYS_HEADER_HASH={header_hash}");
+    let shim = build_shim(&manifest, &out, &stack, header_hash);
     let info = read_build_info(&manifest, &stack);
     write_build_info(&out, &info, true);
 
@@ -60,8 +63,9 @@ fn main() {
 
 /// Compiles `src/shim.cpp` position-independent and links it into `OUT_DIR/libraftrs_shim.so`,
 /// with RUNPATH `$ORIGIN` and the stack's library directories.
-fn build_shim(manifest: &Path, out: &Path, stack: &Stack) -> PathBuf {
+fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64) -> PathBuf {
     let mut build = cc::Build::new();
+    build.define("RAFTRS_HEADER_HASH", Some(format!("{header_hash}ULL").as_str()));
     build.cpp(true).std("c++20").pic(true).file(manifest.join("src/shim.cpp")).include(manifest.join("include"));
     // -isystem: warnings inside RAFT's and RMM's headers are theirs, not the shim's.
     for dir in &stack.includes {
@@ -113,6 +117,11 @@ fn build_shim(manifest: &Path, out: &Path, stack: &Stack) -> PathBuf {
         std::process::exit(1);
     }
     shim
+}
+
+/// FNV-1a (64 bits) of the shim's header: the loader compares the shim's with the bindings'.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// What the headers say: versions, CCCL, the CUDA runtime, RMM's inline ABI namespace.

@@ -41,6 +41,13 @@ const char* raftrs_last_error(void);
 /** Forgets the last message on this thread. */
 void raftrs_clear_error(void);
 
+/* ---- which header the shim was compiled from --------------------------------------------- */
+
+/** A hash of this header's text (FNV-1a, 64 bits) as it was when the shim was built: the loader
+ *  refuses a shim whose functions were declared differently from the bindings it calls them
+ *  through. Takes no argument and makes no call: safe to call before anything else. */
+uint64_t raftrs_header_hash(void);
+
 /* ---- what the shim was compiled against -------------------------------------------------- */
 
 /** Version macros and layout facts of the headers the shim was compiled against. */

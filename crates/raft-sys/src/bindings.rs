@@ -88,6 +88,7 @@ pub struct RaftrsShim {
     __library: ::libloading::Library,
     pub raftrs_last_error: unsafe extern "C" fn() -> *const ::core::ffi::c_char,
     pub raftrs_clear_error: unsafe extern "C" fn(),
+    pub raftrs_header_hash: unsafe extern "C" fn() -> u64,
     pub raftrs_get_build_info: unsafe extern "C" fn(out: *mut raftrs_build_info),
     pub raftrs_runtime_version: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
     pub raftrs_driver_version: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
@@ -218,6 +219,7 @@ impl RaftrsShim {
         let __library = library.into();
         let raftrs_last_error = __library.get(b"raftrs_last_error\0").map(|sym| *sym)?;
         let raftrs_clear_error = __library.get(b"raftrs_clear_error\0").map(|sym| *sym)?;
+        let raftrs_header_hash = __library.get(b"raftrs_header_hash\0").map(|sym| *sym)?;
         let raftrs_get_build_info = __library.get(b"raftrs_get_build_info\0").map(|sym| *sym)?;
         let raftrs_runtime_version = __library.get(b"raftrs_runtime_version\0").map(|sym| *sym)?;
         let raftrs_driver_version = __library.get(b"raftrs_driver_version\0").map(|sym| *sym)?;
@@ -268,6 +270,7 @@ impl RaftrsShim {
             __library,
             raftrs_last_error,
             raftrs_clear_error,
+            raftrs_header_hash,
             raftrs_get_build_info,
             raftrs_runtime_version,
             raftrs_driver_version,
@@ -323,6 +326,10 @@ impl RaftrsShim {
     #[doc = " Forgets the last message on this thread."]
     pub unsafe fn raftrs_clear_error(&self) {
         (self.raftrs_clear_error)()
+    }
+    #[doc = " A hash of this header's text (FNV-1a, 64 bits) as it was when the shim was built: the loader\n  refuses a shim whose functions were declared differently from the bindings it calls them\n  through. Takes no argument and makes no call: safe to call before anything else."]
+    pub unsafe fn raftrs_header_hash(&self) -> u64 {
+        (self.raftrs_header_hash)()
     }
     pub unsafe fn raftrs_get_build_info(&self, out: *mut raftrs_build_info) {
         (self.raftrs_get_build_info)(out)

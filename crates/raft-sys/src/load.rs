@@ -170,6 +170,16 @@ fn load() -> Result<Loaded, LoadError> {
                 continue;
             }
         };
+        // SAFETY: takes nothing, returns a number: callable whatever the rest of the shim is.
+        let theirs = unsafe { api.raftrs_header_hash() };
+        let ours: u64 = env!("RAFT_SYS_HEADER_HASH").parse().unwrap_or(0);
+        if theirs != ours {
+            tried.push(format!(
+                "{}: built from another raftrs.h (hash {theirs:#x}, these bindings {ours:#x}): a shim of another raft-sys version",
+                path.display()
+            ));
+            continue;
+        }
         if let Err(why) = same_build(&api) {
             tried.push(format!("{}: {why}", path.display()));
             continue;

@@ -589,6 +589,8 @@ raftrs_status gemm(raftrs_resources* res,
 
 extern "C" {
 
+uint64_t raftrs_header_hash(void) { return RAFTRS_HEADER_HASH; }
+
 const char* raftrs_last_error(void) { return last_error; }
 
 void raftrs_clear_error(void) { last_error[0] = '\0'; }
