@@ -665,9 +665,18 @@ mod tests {
         assert_eq!(p.ledger(Some(0)).snapshot(), Default::default());
     }
 
+    /// A pool for the process's life (its threads hold `&'static` to it), kept reachable from a
+    /// static so that valgrind's leak check over the test binary stays meaningful.
+    fn kept(p: Pool) -> &'static Pool {
+        static KEPT: std::sync::Mutex<Vec<&'static Pool>> = std::sync::Mutex::new(Vec::new());
+        let p: &'static Pool = Box::leak(Box::new(p));
+        KEPT.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+        p
+    }
+
     #[test]
     fn an_out_of_memory_wait_ends_when_the_release_running_elsewhere_ends() {
-        let p: &'static Pool = Box::leak(Box::new(pool(1000, u64::MAX)));
+        let p = kept(pool(1000, u64::MAX));
         let ran = Arc::new(AtomicUsize::new(0));
         p.push_local(queued(0, handle(), &ran));
         // Another thread takes it off the queue and is slow to run it: a drain finds nothing
@@ -693,7 +702,7 @@ mod tests {
 
     #[test]
     fn a_long_queue_starts_more_threads_which_end_when_idle() {
-        let p: &'static Pool = Box::leak(Box::new(Pool::new(Limits { releases: usize::MAX, bytes: u64::MAX }, 1, 4, true)));
+        let p = kept(Pool::new(Limits { releases: usize::MAX, bytes: u64::MAX }, 1, 4, true));
         p.threads.fetch_add(1, Ordering::AcqRel);
         assert!(p.spawn(false));
         let ran = Arc::new(AtomicUsize::new(0));
