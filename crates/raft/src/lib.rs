@@ -7,11 +7,14 @@
 //!
 //! | layer | crate | holds |
 //! | --- | --- | --- |
-//! | C++ shim + raw bindings | `raft-sys` | `raftrs_*` C functions over RAFT/RMM; every C++ exception caught |
-//! | resources | `raft-core` | [`DeviceResources`], [`current_device_resources`], [`DeviceVec`], [`gemm`], memory resources, [`Error`] |
+//! | C++ shim + raw bindings | `raft-sys` | `raftrs_*` C functions over RAFT/RMM in `libraftrs_shim.so`, loaded at first use; every C++ exception caught |
+//! | errors | `raft-error` | [`Error`], [`ErrorKind`] |
+//! | resources | `rapids-raft-core` (`raft_core`) | [`DeviceResources`], [`current_device_resources`], [`DeviceVec`], [`gemm`], [`MemoryResource`] and [`memory`], [`PinnedVec`] and copies, [`DeviceResources::with_raft_resources`] |
 //! | exit safety | `raft-exit` (as [`exit`]) | exit waits, jobs and releases in flight, the atexit hook |
 //! | versions | `raft-abi` | [`version`], [`abi`], [`Abi::mismatches`], [`require_raft_release`] |
-//! | facade | `raft` | these re-exports, `raft-doctor` |
+//! | NCCL (feature `comms`) | `raft-comms` | communicators in the resources, collectives on `DeviceVec`s, `raft-run` |
+//! | cuVS (feature `cuvs`) | `raft-cuvs` | brute force and CAGRA on lent resources |
+//! | facade | `rapids-raft` (`raft`) | these re-exports, `raft-doctor` |
 //!
 //! # Quick start
 //! ```no_run
