@@ -17,6 +17,19 @@ pub fn gpu() -> bool {
     false
 }
 
+/// The device an array lives on, as the driver says (`cuPointerGetAttribute` DEVICE_ORDINAL).
+pub fn device_of<T: raft::DeviceScalar>(v: &raft::DeviceVec<T>) -> i32 {
+    use cudarc::driver::sys::{cuPointerGetAttribute, CUpointer_attribute, CUresult};
+    use cudarc::driver::DevicePtr;
+    let (ptr, _ordered) = v.device_ptr(v.stream());
+    let mut ordinal: i32 = -1;
+    // SAFETY: writes one int for a pointer the driver knows (a live allocation, borrowed here).
+    let rc =
+        unsafe { cuPointerGetAttribute(&mut ordinal as *mut i32 as *mut _, CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) };
+    assert_eq!(rc, CUresult::CUDA_SUCCESS);
+    ordinal
+}
+
 /// Returns from the test when there is no GPU (see [`gpu`]).
 #[macro_export]
 macro_rules! require_gpu {

@@ -17,17 +17,6 @@ fn devices_or_skip() -> Option<usize> {
     Some(n)
 }
 
-/// The device a device pointer lives on (cuPointerGetAttribute DEVICE_ORDINAL).
-fn ordinal_of(ptr: u64) -> i32 {
-    use cudarc::driver::sys::{cuPointerGetAttribute, CUpointer_attribute, CUresult};
-    let mut ordinal: i32 = -1;
-    // SAFETY: writes one int for a pointer the driver knows (a live allocation of the test).
-    let rc =
-        unsafe { cuPointerGetAttribute(&mut ordinal as *mut i32 as *mut _, CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) };
-    assert_eq!(rc, CUresult::CUDA_SUCCESS);
-    ordinal
-}
-
 #[test]
 fn everything_of_a_resources_object_is_on_its_device() {
     require_gpu!();
@@ -37,7 +26,7 @@ fn everything_of_a_resources_object_is_on_its_device() {
         assert_eq!(r.stream().unwrap().context().ordinal(), d);
         let host: Vec<f32> = (0..4096).map(|i| i as f32).collect();
         let v = DeviceVec::from_host(&r, &host).unwrap();
-        assert_eq!(ordinal_of(cudarc::driver::DevicePtr::device_ptr(&v, v.stream()).0), d as i32, "array of device {d}");
+        assert_eq!(raft_tests::device_of(&v), d as i32, "array of device {d}");
         assert_eq!(v.to_host().unwrap(), host);
         assert!(!r.cublas_handle().unwrap().is_null());
         let job_device = r.spawn(raft::current_device).unwrap().join().unwrap().unwrap();
@@ -56,7 +45,7 @@ fn round_robin_workers_each_get_defaults_on_their_device() {
                 let d = i % n;
                 let r = current_device_resources(d).unwrap();
                 let v = DeviceVec::<u8>::zeros(&r, 1 << 16).unwrap();
-                let ordinal = ordinal_of(cudarc::driver::DevicePtr::device_ptr(&v, v.stream()).0);
+                let ordinal = raft_tests::device_of(&v);
                 (d, r.device(), ordinal, r.id())
             })
         })
@@ -116,7 +105,7 @@ fn library_calls_on_another_device_leave_the_caller_on_its_own() {
         let mut v = DeviceVec::<f32>::zeros(&other, 16).unwrap();
         v.copy_from_host(&[1.0; 16]).unwrap();
         // The work really ran on the other device.
-        assert_eq!(ordinal_of(cudarc::driver::DevicePtr::device_ptr(&v, v.stream()).0), theirs as i32);
+        assert_eq!(raft_tests::device_of(&v), theirs as i32);
         assert_eq!(v.to_host().unwrap(), [1.0; 16]);
         other.sync().unwrap();
         drop(v);

@@ -199,17 +199,7 @@ fn a_pool_on_one_device_and_an_async_resource_on_another_stay_on_their_devices()
         eprintln!("SKIP a_pool_on_one_device_and_an_async_resource_on_another_stay_on_their_devices: one GPU");
         return;
     }
-    use cudarc::driver::DevicePtr;
-    let ordinal = |v: &DeviceVec<u8>| {
-        use cudarc::driver::sys::{cuPointerGetAttribute, CUpointer_attribute, CUresult};
-        let (ptr, _g) = v.device_ptr(v.stream());
-        let mut d: i32 = -1;
-        // SAFETY: writes one int for a live allocation of this test.
-        let rc =
-            unsafe { cuPointerGetAttribute(&mut d as *mut i32 as *mut _, CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) };
-        assert_eq!(rc, CUresult::CUDA_SUCCESS);
-        d
-    };
+    let ordinal = raft_tests::device_of::<u8>;
     // Made from device 0's thread context: each resource must still allocate on its own device
     // (NVIDIA/raft#3077 made the pool on whatever device was current).
     let pool1 = MemoryResource::cuda(1).unwrap().pool(Some(64 * MIB), None).unwrap();
