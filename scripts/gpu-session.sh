@@ -27,7 +27,7 @@ for step in "$@"; do
     sanitizer) rc=0; : > "$out/sanitizer.txt"
       # memcheck: memory (arrays outliving their resource, freed from other threads; the exit
       # teardown's children) and soundness (issue 13's defects) with the earlier binaries.
-      for t in resources arrays errors memory soundness rmm; do
+      for t in resources arrays errors memory soundness rmm copies lend; do
         echo "== memcheck $t" >> "$out/sanitizer.txt"
         if [ ! -x "$b/tests/$t" ]; then echo "MISSING $b/tests/$t" >> "$out/sanitizer.txt"; rc=1; continue; fi
         # errors provokes out-of-memory on purpose: its API errors are the point of the test.
@@ -38,7 +38,7 @@ for step in "$@"; do
         timeout 240 compute-sanitizer --tool memcheck --report-api-errors $api --error-exitcode 99 --target-processes all "$b/tests/$t" --test-threads=4 $skip >> "$out/sanitizer.txt" 2>&1
         r=$?; echo "rc=$r" >> "$out/sanitizer.txt"; [ $r -eq 0 ] || rc=1
       done
-      for t in arrays soundness; do
+      for t in arrays soundness copies; do
         echo "== racecheck $t" >> "$out/sanitizer.txt"
         if [ ! -x "$b/tests/$t" ]; then echo "MISSING $b/tests/$t" >> "$out/sanitizer.txt"; rc=1; continue; fi
         timeout 240 compute-sanitizer --tool racecheck --error-exitcode 99 "$b/tests/$t" --test-threads=1 >> "$out/sanitizer.txt" 2>&1

@@ -71,6 +71,26 @@ fn the_default_resource_rule_applies_per_device() {
     assert_eq!(c.result("dlast").as_deref(), Some("Managed"), "the user's resource on the last device is left alone");
 }
 
+/// A process that only uses the last device (one rank per GPU, `LOCAL_RANK` = 1) allocates,
+/// copies both ways and reads back what it wrote, on that device. Run 21 saw such processes fail
+/// at their first copy while device 1 worked in processes that had used device 0 first; such a
+/// process must not make a context on device 0 either (memory taken from another rank's GPU).
+#[test]
+fn a_process_that_uses_only_the_last_device_works() {
+    require_gpu!();
+    let Some(n) = devices_or_skip() else { return };
+    let c = run_scenario!("last-device-only", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    let last = (n - 1).to_string();
+    assert_eq!(c.result("last").as_deref(), Some(last.as_str()));
+    for step in ["resources", "zeros", "from_host", "to_host"] {
+        assert_eq!(c.result(step).as_deref(), Some("ok"), "{step}: {}", c.stdout);
+    }
+    assert_eq!(c.result("zeros_device").as_deref(), Some(last.as_str()), "the array is on the last device");
+    assert_eq!(c.result("equal").as_deref(), Some("true"));
+    assert_eq!(c.result("device0_active").as_deref(), Some("0"), "device 0's context was made: {}", c.stdout);
+}
+
 #[test]
 fn the_exit_waits_for_jobs_on_every_device() {
     require_gpu!();

@@ -147,26 +147,77 @@ raftrs_status guard(F&& body) noexcept
   }
 }
 
-/// Makes `device` current for the calling thread and puts the previous device back on exit:
-/// RAFT creates handles on whichever device is current at their first use, and a thread may
-/// have switched devices since the resources were made.
+/// Makes `device` current for the calling thread and puts back on exit the exact context that
+/// was current before (or none): RAFT creates handles on whichever device is current at their
+/// first use, and a thread may have switched devices since the resources were made. Putting
+/// back "device 0" instead of "no context" would create device 0's context in a process that
+/// only uses device 1 (one rank per GPU), which run 21 saw fail.
 class device_scope {
  public:
-  explicit device_scope(int device)
+  explicit device_scope(int device) : device_{device}
   {
-    check(cudaGetDevice(&previous_), "reading the current device");
-    if (previous_ != device) { check(cudaSetDevice(device), "making the device current"); }
-    switched_ = previous_ != device;
+    auto const* d = driver_ctx_api();
+    void* ctx     = nullptr;
+    if (d != nullptr && d->get(&ctx) == 0) {
+      saved_ctx_ = true;
+      previous_  = ctx;
+    }
+    // With a context bound, the runtime reports its device; with none, its answer is only its
+    // default (0), and the thread must be switched whatever the device.
+    if (!saved_ctx_ || previous_ != nullptr) {
+      int current = -1;
+      check(cudaGetDevice(&current), "reading the current device");
+      if (current == device) { return; }
+      if (!saved_ctx_) { previous_device_ = current; }
+    }
+    check(cudaSetDevice(device), "making the device current");
+    switched_ = true;
   }
   ~device_scope()
   {
-    if (switched_) { cudaSetDevice(previous_); }
+    if (!switched_) { return; }
+    if (!saved_ctx_) {
+      cudaSetDevice(previous_device_);
+    } else if (previous_ != nullptr || device_ != 0) {
+      // A thread that had no context keeps device 0's primary one (what the runtime binds to
+      // such a thread on its first call anyway); switched to any other device it gets "none"
+      // back, so a rank that only uses device 1 never wakes device 0.
+      driver_ctx_api()->set(previous_);
+    }
   }
   device_scope(device_scope const&)            = delete;
   device_scope& operator=(device_scope const&) = delete;
 
  private:
-  int previous_{0};
+  /// The driver's context calls, looked up once through the runtime (which has loaded the
+  /// driver); null where the runtime cannot give them (then the runtime's device is restored).
+  struct driver_ctx {
+    using get_fn = int (*)(void**);
+    using set_fn = int (*)(void*);
+    get_fn get;
+    set_fn set;
+  };
+  static driver_ctx const* driver_ctx_api()
+  {
+    static driver_ctx const* const api = []() -> driver_ctx const* {
+      void* get = nullptr;
+      void* set = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+          found != cudaDriverEntryPointSuccess ||
+          cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+          found != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        return nullptr;
+      }
+      return new driver_ctx{reinterpret_cast<driver_ctx::get_fn>(get), reinterpret_cast<driver_ctx::set_fn>(set)};
+    }();
+    return api;
+  }
+  void* previous_{nullptr};
+  int device_{0};
+  int previous_device_{0};
+  bool saved_ctx_{false};
   bool switched_{false};
 };
 

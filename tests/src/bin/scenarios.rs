@@ -411,6 +411,34 @@ fn main() -> ExitCode {
             let _all: Vec<_> = (0..=last).map(|d| raft::DeviceResources::on_device(d).expect("resources")).collect();
             println!("RESULT d0={} dlast={} last={last}", mr(0), mr(last));
         }
+        // Several GPUs: a process that only ever uses the last device (as one rank per GPU
+        // does), never device 0. Each step reports on its own, so a failure names its step.
+        "last-device-only" => {
+            let last = raft::device_count().expect("count") - 1;
+            let res = raft::DeviceResources::on_device(last);
+            report("resources", &res);
+            let res = res.expect("resources");
+            let zeros = raft::DeviceVec::<f32>::zeros(&res, 1 << 16);
+            report("zeros", &zeros);
+            if let Ok(z) = &zeros {
+                println!("RESULT zeros_device={}", raft_tests::device_of(z));
+            }
+            let host: Vec<f32> = (0..(1 << 16)).map(|i| i as f32).collect();
+            let copied = raft::DeviceVec::from_host(&res, &host);
+            report("from_host", &copied);
+            if let Ok(v) = &copied {
+                let back = v.to_host();
+                report("to_host", &back);
+                println!("RESULT equal={}", back.map(|b| b == host).unwrap_or(false));
+            }
+            // Device 0's primary context: never made by a process that does not use device 0.
+            let mut flags = 0u32;
+            let mut active = -1i32;
+            // SAFETY: reads the state of device 0's primary context into two valid locals.
+            let rc = unsafe { cudarc::driver::sys::cuDevicePrimaryCtxGetState(0, &mut flags, &mut active) };
+            println!("RESULT device0_active={active} device0_rc={rc:?}");
+            println!("RESULT last={last}");
+        }
         // A GPU job in flight on every device when main returns.
         "jobs-every-device" => {
             let until = std::time::Instant::now() + Duration::from_secs_f64(secs);
