@@ -32,6 +32,9 @@ for step in "$@"; do
         if [ ! -x "$b/tests/$t" ]; then echo "MISSING $b/tests/$t" >> "$out/sanitizer.txt"; rc=1; continue; fi
         # errors provokes out-of-memory on purpose: its API errors are the point of the test.
         api=explicit; [ "$t" = errors ] && api=no
+        # copies registers page-locked memory a second time on purpose (the driver refuses it with
+        # CUDA_ERROR_INVALID_VALUE, the test checks the refusal): memory errors only.
+        [ "$t" = copies ] && api=no
         # soundness faults a kernel and fills the card on purpose (two child processes): memcheck
         # reports exactly those; they run, unsanitized, in the tests step.
         skip=""; [ "$t" = soundness ] && skip="--skip a_kernel_fault --skip exhausting_device_memory"

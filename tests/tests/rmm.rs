@@ -2,7 +2,7 @@
 //! and reports; limits become `OutOfMemory` and recover; a failure callback frees a cache and
 //! the retry succeeds; tracking and logging see what happened; `reinitialize` and `RAFT_RMM_*`.
 use raft::{memory, DeviceResources, DeviceVec, ErrorKind, MemoryResource, MemoryResourceKind, RmmOptions};
-use raft_tests::require_gpu;
+use raft_tests::{require_gpu, run_scenario};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -244,4 +244,19 @@ fn a_pool_over_a_failure_callback_is_refused_since_the_callback_would_run_under_
     let top = MemoryResource::cuda(0).unwrap().pool(Some(32 * MIB), None).unwrap().with_failure_callback(|_| false).unwrap();
     let res = DeviceResources::on_device(0).unwrap();
     round_trip(&res, &top, MIB);
+}
+
+/// The exit hook registered before RMM's per-device map exists: at exit the map is destroyed
+/// before this library's teardown runs, which then leaves it alone (before the fix it looked the
+/// device's resource up in the destroyed map: run 22 and the two-GPU run after it saw the `rmm`
+/// test binary die of SIGSEGV there, in `copy_current` under `memory::teardown`). A use after
+/// free does not crash every time: eight processes.
+#[test]
+fn an_exit_hook_registered_before_rmms_map_never_reads_the_destroyed_map() {
+    require_gpu!();
+    for i in 0..8 {
+        let c = run_scenario!("hook-before-rmm-map", &[], std::time::Duration::from_secs(60));
+        assert_eq!(c.result("made").as_deref(), Some("ok"), "run {i}: {}", c.stderr);
+        c.assert_code(0);
+    }
 }

@@ -208,8 +208,10 @@ impl MemoryResource {
         let made = Self::wrap(WHO, self.native.tracking(WHO)?)?;
         TRACKED.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&made.native));
         // The report runs in the exit teardown: make sure there is one, also in a process that
-        // never makes a job or a release.
+        // never makes a job or a release. RMM's per-device map is made first, so that at exit
+        // it is destroyed after the hook has run (exit handlers run in reverse order).
         register_teardown();
+        let _ = result::rmm_map_address(WHO);
         raft_exit::register_exit_hook();
         Ok(made)
     }

@@ -30,6 +30,7 @@
 #include <rmm/mr/statistics_resource_adaptor.hpp>
 #include <rmm/mr/thread_safe_resource_adaptor.hpp>
 #include <rmm/mr/tracking_resource_adaptor.hpp>
+#include <rmm/process_is_exiting.hpp>
 #include <rmm/version_config.hpp>
 
 #include <cublas_v2.h>
@@ -178,11 +179,17 @@ class device_scope {
     if (!switched_) { return; }
     if (!saved_ctx_) {
       cudaSetDevice(previous_device_);
-    } else if (previous_ != nullptr || device_ != 0) {
-      // A thread that had no context keeps device 0's primary one (what the runtime binds to
-      // such a thread on its first call anyway); switched to any other device it gets "none"
-      // back, so a rank that only uses device 1 never wakes device 0.
+    } else if (previous_ != nullptr) {
       driver_ctx_api()->set(previous_);
+    } else if (device_ != 0) {
+      // A thread that had no context: where device 0's primary context exists, the thread is
+      // put back on it (what the runtime binds to such a thread on its first call anyway), so
+      // its runtime device is 0 again. Where it does not (a rank that only uses device 1), the
+      // thread gets "none" back and device 0 is never woken; the runtime then remembers
+      // `device_` as the thread's device, which binds nothing until the thread's next runtime
+      // call. Switched to device 0, the thread simply keeps device 0's primary context.
+      auto const* d = driver_ctx_api();
+      if (!(device_zero_active(d) && cudaSetDevice(0) == cudaSuccess)) { d->set(nullptr); }
     }
   }
   device_scope(device_scope const&)            = delete;
@@ -192,25 +199,39 @@ class device_scope {
   /// The driver's context calls, looked up once through the runtime (which has loaded the
   /// driver); null where the runtime cannot give them (then the runtime's device is restored).
   struct driver_ctx {
-    using get_fn = int (*)(void**);
-    using set_fn = int (*)(void*);
+    using get_fn   = int (*)(void**);
+    using set_fn   = int (*)(void*);
+    using dev_fn   = int (*)(int*, int);
+    using state_fn = int (*)(int, unsigned int*, int*);
     get_fn get;
     set_fn set;
+    dev_fn device_get;
+    state_fn primary_state;
   };
+  /// Whether device 0's primary context is active (made, and not released).
+  static bool device_zero_active(driver_ctx const* d)
+  {
+    int dev = 0, active = 0;
+    unsigned int flags = 0;
+    return d->device_get(&dev, 0) == 0 && d->primary_state(dev, &flags, &active) == 0 && active != 0;
+  }
   static driver_ctx const* driver_ctx_api()
   {
     static driver_ctx const* const api = []() -> driver_ctx const* {
-      void* get = nullptr;
-      void* set = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-      if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-          found != cudaDriverEntryPointSuccess ||
-          cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-          found != cudaDriverEntryPointSuccess) {
-        cudaGetLastError();
-        return nullptr;
+      void* fns[4]             = {};
+      char const* const names[] = {"cuCtxGetCurrent", "cuCtxSetCurrent", "cuDeviceGet", "cuDevicePrimaryCtxGetState"};
+      for (int i = 0; i < 4; ++i) {
+        cudaDriverEntryPointQueryResult found{};
+        if (cudaGetDriverEntryPointByVersion(names[i], &fns[i], 12000, cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess || fns[i] == nullptr) {
+          cudaGetLastError();
+          return nullptr;
+        }
       }
-      return new driver_ctx{reinterpret_cast<driver_ctx::get_fn>(get), reinterpret_cast<driver_ctx::set_fn>(set)};
+      return new driver_ctx{reinterpret_cast<driver_ctx::get_fn>(fns[0]),
+                            reinterpret_cast<driver_ctx::set_fn>(fns[1]),
+                            reinterpret_cast<driver_ctx::dev_fn>(fns[2]),
+                            reinterpret_cast<driver_ctx::state_fn>(fns[3])};
     }();
     return api;
   }
@@ -465,11 +486,23 @@ shim_mr const& unwrap(raftrs_mr const* mr)
 
 raftrs_mr* wrap(shim_mr* mr) { return reinterpret_cast<raftrs_mr*>(mr); }
 
+/// Refuses to touch RMM's per-device map once RMM's own exit hook has run. RMM registers that
+/// hook right after it constructs the map, so at exit it runs before the map's destructor; when
+/// it has already run, the map may be destroyed (a process whose map was made after this
+/// library's exit hook was registered: exit handlers run in reverse order).
+void require_rmm_alive()
+{
+  if (rmm::process_is_exiting()) {
+    throw std::logic_error("RMM's per-device memory resources are gone: the process is exiting");
+  }
+}
+
 /// A copy of `device`'s entry in RMM's per-device map, taken under RMM's own lock, so no other
 /// thread can replace (and destroy) the entry while it is copied. A missing entry is RMM's
 /// initial cuda_memory_resource, stateless, so a copy of it is as good as it.
 any_device_resource copy_current(int device)
 {
+  require_rmm_alive();
   std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
   auto& map = rmm::mr::detail::get_ref_map();
   auto found = map.find(device);
@@ -562,18 +595,24 @@ void refuse_over_failure_callback(raftrs_mr const* upstream, char const* what)
   }
 }
 
-/// Whether freeing through `mr` never blocks the caller: the async pool and RMM's pool (its
-/// frees return blocks to a free list, stream-ordered), and any adaptor over such a resource.
-/// cudaFree, cudaFreeHost, the arena and unknown resources may synchronise.
-bool frees_stream_ordered(rmm::device_async_resource_ref mr, int depth = 0)
+/// Whether freeing `bytes` through `mr`, on the stream the block was allocated on (never the
+/// legacy default stream: `on_own_stream`), never blocks the caller: the async pool and RMM's
+/// pool (their frees return blocks to a free list, stream-ordered), the arena for blocks of at
+/// most 1 MiB, and any adaptor over such a resource. cudaFree, cudaFreeHost, the arena's large
+/// blocks and unknown resources may synchronise.
+bool frees_stream_ordered(rmm::device_async_resource_ref mr, std::size_t bytes, bool on_own_stream, int depth = 0)
 {
   if (depth > 32) { return false; }
   std::optional<rmm::device_async_resource_ref> up;
   switch (classify(mr)) {
     case RAFTRS_MR_CUDA_ASYNC:
     case RAFTRS_MR_POOL: return true;
-    // Not the arena: RMM 26.08 frees its blocks over 1 MiB with a stream synchronisation
-    // (rmm/mr/detail/arena.hpp), so such a free may wait for the GPU.
+    // RMM 26.08's arena (rmm/mr/detail/arena.hpp) synchronises the stream when it frees a block
+    // its global arena handles (over superblock::minimum_size, 1 MiB, after alignment) or one
+    // that belongs to another stream's arena. A block of at most 1 MiB freed on the (non-default)
+    // stream that allocated it goes back to that stream's own arena without waiting.
+    case RAFTRS_MR_ARENA:
+      return on_own_stream && rmm::align_up(bytes, rmm::CUDA_ALLOCATION_ALIGNMENT) <= (std::size_t{1} << 20);
     case RAFTRS_MR_STATISTICS: up = upstream_of<statistics_mr>(mr); break;
     case RAFTRS_MR_LIMITING: up = upstream_of<limiting_mr>(mr); break;
     case RAFTRS_MR_TRACKING: up = upstream_of<tracking_mr>(mr); break;
@@ -584,7 +623,7 @@ bool frees_stream_ordered(rmm::device_async_resource_ref mr, int depth = 0)
     case RAFTRS_MR_BINNING: up = upstream_of<rmm::mr::binning_memory_resource>(mr); break;
     default: return false;
   }
-  return up.has_value() && frees_stream_ordered(*up, depth + 1);
+  return up.has_value() && frees_stream_ordered(*up, bytes, on_own_stream, depth + 1);
 }
 
 template <typename T, typename Gemm>
@@ -809,6 +848,7 @@ raftrs_status raftrs_mr_set_current(const raftrs_mr* mr, raftrs_mr** previous)
     if (previous != nullptr) { *previous = nullptr; }
     auto const& m = unwrap(mr);
     check_device(m.device);
+    require_rmm_alive();
     auto fresh = std::make_unique<shim_mr>(shim_mr{m.device, any_device_resource{}});
     std::lock_guard<std::mutex> lock{mr_lock()};
     any_device_resource old =
@@ -825,6 +865,7 @@ raftrs_status raftrs_mr_reset_current(int32_t device, raftrs_mr** previous)
   return guard([&] {
     if (previous != nullptr) { *previous = nullptr; }
     check_device(device);
+    require_rmm_alive();
     device_scope scope{device};
     std::lock_guard<std::mutex> lock{mr_lock()};
     auto fresh = std::make_unique<shim_mr>(shim_mr{device, copy_current(device)});
@@ -842,6 +883,7 @@ raftrs_status raftrs_mr_install_default(int32_t device, int32_t* installed)
     check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device),
           "asking whether the device supports memory pools");
     if (pools == 0) { return; }
+    require_rmm_alive();
     device_scope scope{device};
     std::lock_guard<std::mutex> lock{mr_lock()};
     rmm::cuda_device_id id{device};
@@ -1143,7 +1185,7 @@ raftrs_status raftrs_buffer_create(int32_t device,
       owned->mr = m.resource;
     }
     rmm::device_async_resource_ref ref{owned->mr};
-    owned->stream_ordered = frees_stream_ordered(ref);
+    owned->stream_ordered = frees_stream_ordered(ref, bytes, stream != nullptr);
     cuda::stream_ref s{static_cast<cudaStream_t>(stream)};
     if (bytes != 0) { owned->ptr = ref.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
     *data           = owned->ptr;

@@ -624,7 +624,15 @@ fn main() {
     let other = ok("resources", DeviceResources::on_device(0));
     let ctx = res.context().clone();
     let mut t = Table { rows: Vec::new(), notes: Vec::new() };
-    let sizes: Vec<usize> = if quick { vec![MIB, 64 * MIB] } else { vec![MIB, 64 * MIB, 1 << 30] };
+    // COPY_BENCH_ONLY=peer: the peer rows alone (for a two-GPU machine's short call).
+    let peer_only = std::env::var("COPY_BENCH_ONLY").as_deref() == Ok("peer");
+    let sizes: Vec<usize> = if peer_only {
+        vec![]
+    } else if quick {
+        vec![MIB, 64 * MIB]
+    } else {
+        vec![MIB, 64 * MIB, 1 << 30]
+    };
     let mut sweeps = Vec::new();
     for &bytes in &sizes {
         eprintln!("{}:", size_name(bytes));
@@ -645,8 +653,12 @@ fn main() {
     }
     eprintln!("peer:");
     let peer = peer_rows(&mut t, quick);
-    eprintln!("overlap:");
-    let overlap = overlap(&mut t, quick);
+    let overlap = if peer_only {
+        serde_json::Value::Null
+    } else {
+        eprintln!("overlap:");
+        overlap(&mut t, quick)
+    };
 
     println!("| case | ours | GB/s [min, max] | vs | ratio | goal | met |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
