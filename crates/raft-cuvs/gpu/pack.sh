@@ -54,6 +54,10 @@ cp "$cuvs/libcuvs/lib64/libcuvs_c.so" "$cuvs/libcuvs/lib64/libcuvs.so" "$cuvs"/l
 ( cd "$out/stage" && tar -cf - bundle ) | zstd -T0 -19 -q -o "$out/payload.tar.zst"
 split -b 56m "$out/payload.tar.zst" "$out/part-"
 rm -rf "$out/stage" "$out/payload.tar.zst"
+# The GPU image has no zstd (run 26 found out): this machine's goes along with the last part
+# (it links libzstd statically; libz, liblzma and liblz4 are in the image).
+mkdir -p "$out/tools"
+cp "$(command -v zstd)" "$out/tools/zstd"
 ls -la "$out"
 parts=$(cd "$out" && ls part-* | wc -l)
 rel=${out#"$root"/}
@@ -65,6 +69,6 @@ for p in $(cd "$out" && ls part-*); do
   if [ "$i" -lt "$parts" ]; then
     echo "  call $i: carry [\"$rel/$p\"]  command: ls -la $rel"
   else
-    echo "  call $i: carry [\"$rel/$p\"]  command: crates/raft-cuvs/gpu/run.sh $rel"
+    echo "  call $i: carry [\"$rel/$p\", \"$rel/tools\"]  command: crates/raft-cuvs/gpu/run.sh $rel"
   fi
 done

@@ -7,6 +7,7 @@
 set -uo pipefail
 dir=$1
 logs=${OUT:-$dir/logs}; mkdir -p "$logs"
+export PATH="$dir/tools:$PATH"   # pack.sh's zstd: the GPU image has none
 if [ ! -d "$dir/bundle" ]; then
   cat "$dir"/part-* | zstd -d -q | tar -xf - -C "$dir" || { echo "the parts do not reassemble: $(ls "$dir")"; exit 1; }
 fi
