@@ -97,6 +97,35 @@ fn pageable_staged_round_trips_every_size_class_both_ways() {
     }
 }
 
+/// `from_host`, `to_host`, `copy_from_host` and `copy_to_host` stage pageable copies from
+/// `DeviceVec::STAGED_FROM_BYTES` on and copy page-locked memory directly: both sides of the
+/// threshold, odd lengths, and a `PinnedVec`'s slice as the host side.
+#[test]
+fn the_plain_copies_are_right_on_both_sides_of_the_staging_threshold() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let at = DeviceVec::<u8>::STAGED_FROM_BYTES;
+    for n in [at - 1, at, at + 3, (64 << 20) + 5] {
+        let want = pattern_u8(n, 17);
+        let mut d = DeviceVec::from_host(&res, &want).unwrap();
+        same(&format!("{n} u8: from_host, to_host"), &d.to_host().unwrap(), &want);
+        let other = pattern_u8(n, 19);
+        d.copy_from_host(&other).unwrap();
+        let mut out = vec![0u8; n];
+        d.copy_to_host(&mut out).unwrap();
+        same(&format!("{n} u8: copy_from_host, copy_to_host"), &out, &other);
+        // Page-locked host memory goes the direct way, both directions.
+        let mut pinned = PinnedVec::<u8>::from_slice(&res, &want).unwrap();
+        d.copy_from_host(pinned.as_slice()).unwrap();
+        same(&format!("{n} u8: to_host after a pinned copy in"), &d.to_host().unwrap(), &want);
+        d.copy_from_host(&other).unwrap();
+        d.copy_to_host(pinned.as_mut_slice()).unwrap();
+        same(&format!("{n} u8: a pinned copy out"), pinned.as_slice(), &other);
+    }
+    let words = pattern_f32((16 << 20) + 1, 23);
+    same("f32 64 MiB + 4 B", &DeviceVec::from_host(&res, &words).unwrap().to_host().unwrap(), &words);
+}
+
 #[test]
 fn staged_copies_are_ordered_after_the_work_queued_on_the_array() {
     require_gpu!();

@@ -98,12 +98,33 @@ impl<T: DeviceScalar> DeviceVec<T> {
     }
 
     /// A copy of `host` in device memory.
+    ///
+    /// From pageable memory, copies of [`STAGED_FROM_BYTES`](Self::STAGED_FROM_BYTES) or more go
+    /// through page-locked buffers by several threads ([`Staging::default`](crate::Staging)):
+    /// several times faster than the driver's own pageable path. Page-locked memory (a
+    /// [`PinnedVec`](crate::PinnedVec), a registered slice) is copied directly.
     pub fn from_host(resources: &DeviceResources, host: &[T]) -> Result<Self> {
         const WHO: &str = "DeviceVec::from_host";
         let mut v = Self::alloc(WHO, resources, None, host.len())?;
         v.live(WHO)?;
-        v.buf_mut().copy_from_host(WHO, host)?;
+        v.upload(WHO, host)?;
         Ok(v)
+    }
+
+    /// The size from which copies between pageable host memory and an array are staged (see
+    /// [`from_host`](Self::from_host)): below it the driver's direct path is as fast (GPU runs 20
+    /// and 23: 1 MiB staged 10.8 GB/s, direct 11.3 GB/s; 64 MiB staged 34.7, direct 7.3).
+    pub const STAGED_FROM_BYTES: usize = 4 << 20;
+
+    fn staged(host: &[T]) -> bool {
+        std::mem::size_of_val(host) >= Self::STAGED_FROM_BYTES && !crate::result::copy::is_page_locked(host)
+    }
+
+    fn upload(&mut self, who: &'static str, host: &[T]) -> Result<()> {
+        if Self::staged(host) {
+            return crate::Staging::default().upload(who, self, host);
+        }
+        self.buf_mut().copy_from_host(who, host)
     }
 
     fn buf(&self) -> &NativeBuffer {
@@ -167,7 +188,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
         const WHO: &str = "DeviceVec::copy_from_host";
         self.live(WHO)?;
         self.same_len(WHO, host.len())?;
-        self.buf_mut().copy_from_host(WHO, host)
+        self.upload(WHO, host)
     }
 
     /// Copies the array into `host` (stream-ordered; returns once done).
@@ -181,6 +202,9 @@ impl<T: DeviceScalar> DeviceVec<T> {
     fn copy_to_host_for(&self, who: &'static str, host: &mut [T]) -> Result<()> {
         self.live(who)?;
         self.same_len(who, host.len())?;
+        if Self::staged(host) {
+            return crate::Staging::default().download(who, self, host);
+        }
         self.buf().copy_to_host(who, host)
     }
 
@@ -191,10 +215,15 @@ impl<T: DeviceScalar> DeviceVec<T> {
         Ok(())
     }
 
-    /// The array's contents on the host.
+    /// The array's contents on the host (staged from
+    /// [`STAGED_FROM_BYTES`](Self::STAGED_FROM_BYTES) on, as [`from_host`](Self::from_host)).
     pub fn to_host(&self) -> Result<Vec<T>> {
+        const WHO: &str = "DeviceVec::to_host";
+        if self.len * std::mem::size_of::<T>() >= Self::STAGED_FROM_BYTES {
+            return crate::Staging::default().new_vec_from(WHO, self);
+        }
         let mut host = vec![T::default(); self.len];
-        self.copy_to_host_for("DeviceVec::to_host", &mut host)?;
+        self.copy_to_host_for(WHO, &mut host)?;
         Ok(host)
     }
 

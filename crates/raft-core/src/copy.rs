@@ -394,7 +394,7 @@ const POOL_BYTES: usize = 256 << 20;
 /// Smallest staged piece: below it the per-piece cost (a host copy call, an event) dominates.
 const MIN_PIECE: usize = 256 << 10;
 /// A staged copy uses one more thread per this many bytes, up to [`Staging::threads`].
-const BYTES_PER_THREAD: usize = 8 << 20;
+const BYTES_PER_THREAD: usize = 4 << 20;
 
 /// How copies from and to pageable memory (`Vec`, slices) are staged: in pieces of at most
 /// `chunk_bytes`, each copied by the host into one of two page-locked buffers while the device
@@ -411,13 +411,14 @@ pub struct Staging {
 }
 
 impl Default for Staging {
-    /// Pieces of [`DEFAULT_CHUNK_BYTES`](Self::DEFAULT_CHUNK_BYTES) by up to
-    /// [`DEFAULT_THREADS`](Self::DEFAULT_THREADS) threads: the best of `copy-bench`'s sweep on
-    /// the H200 (GPU run 20: 1 MiB × 8 reached 44.3 GB/s host to device at 1 GiB, 0.80x the
-    /// link; 4 MiB × 4 gave 27 GB/s). Bandwidth grows with threads: each copies into the pinned
-    /// pieces at 5.5–7 GB/s.
+    /// Pieces of [`DEFAULT_CHUNK_BYTES`](Self::DEFAULT_CHUNK_BYTES) by as many threads as the
+    /// machine runs at once, at most [`DEFAULT_THREADS`](Self::DEFAULT_THREADS). Bandwidth grows
+    /// with threads (each copies into the page-locked pieces at 5–7 GB/s on the H200 machine):
+    /// `copy-bench`'s sweep in GPU run 23 went from 27 to 40 GB/s host to device at 1 GiB from 4
+    /// to 8 threads, and the machine has 16.
     fn default() -> Self {
-        Staging { chunk_bytes: Staging::DEFAULT_CHUNK_BYTES, threads: Staging::DEFAULT_THREADS }
+        let parallel = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Staging { chunk_bytes: Staging::DEFAULT_CHUNK_BYTES, threads: parallel.clamp(1, Staging::DEFAULT_THREADS) }
     }
 }
 
@@ -431,8 +432,8 @@ struct Plan {
 impl Staging {
     /// Default largest piece.
     pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
-    /// Default most host threads.
-    pub const DEFAULT_THREADS: usize = 8;
+    /// The most host threads of the default (which takes fewer on a machine with fewer).
+    pub const DEFAULT_THREADS: usize = 16;
 
     /// Pieces of at most `chunk_bytes` (64 KiB to 1 GiB), by up to `threads` host threads (1 to
     /// 64).
@@ -491,9 +492,12 @@ impl Staging {
         self.new_vec_from("Staging::to_host", src)
     }
 
-    fn new_vec_from<T: DeviceScalar>(&self, who: &'static str, src: &DeviceVec<T>) -> Result<Vec<T>> {
+    pub(crate) fn new_vec_from<T: DeviceScalar>(&self, who: &'static str, src: &DeviceVec<T>) -> Result<Vec<T>> {
         live(who, src)?;
+        // Zeroed memory of a large Vec comes fresh from the OS, not yet touched: the lanes then
+        // fault it in, on huge pages where the kernel has them.
         let mut host = vec![T::default(); src.len()];
+        crate::result::copy::advise_huge_pages(&mut host);
         self.download(who, src, &mut host)?;
         Ok(host)
     }
@@ -503,7 +507,7 @@ impl Staging {
         self.download("Staging::copy_to_host", src, host)
     }
 
-    fn upload<T: DeviceScalar>(&self, who: &'static str, dst: &mut DeviceVec<T>, host: &[T]) -> Result<()> {
+    pub(crate) fn upload<T: DeviceScalar>(&self, who: &'static str, dst: &mut DeviceVec<T>, host: &[T]) -> Result<()> {
         live(who, dst)?;
         same_len(who, host.len(), dst.len())?;
         if host.is_empty() {
@@ -523,7 +527,7 @@ impl Staging {
         outcome
     }
 
-    fn download<T: DeviceScalar>(&self, who: &'static str, src: &DeviceVec<T>, host: &mut [T]) -> Result<()> {
+    pub(crate) fn download<T: DeviceScalar>(&self, who: &'static str, src: &DeviceVec<T>, host: &mut [T]) -> Result<()> {
         live(who, src)?;
         same_len(who, src.len(), host.len())?;
         if host.is_empty() {

@@ -899,3 +899,41 @@ mod tests {
         }
     }
 }
+
+// ---- pageable host memory ------------------------------------------------------------------------
+
+/// Whether `host` is page-locked memory the driver knows (a `PinnedVec`, a registered slice,
+/// any `cudaHostAlloc`'d or registered range): its copies need no staging. An unknown pointer
+/// (pageable memory) is `false`; so is any failure to ask (staging then only costs speed).
+pub(crate) fn is_page_locked<T>(host: &[T]) -> bool {
+    if host.is_empty() || !super::driver_present() {
+        return false;
+    }
+    let mut kind: u32 = 0;
+    // SAFETY: writes one unsigned int for an address; the driver only looks the address up in
+    // its tables (an address it does not know is CUDA_ERROR_INVALID_VALUE, nothing is read).
+    let rc = unsafe {
+        cusys::cuPointerGetAttribute(
+            &mut kind as *mut u32 as *mut c_void,
+            cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            host.as_ptr() as cusys::CUdeviceptr,
+        )
+    };
+    rc == cusys::CUresult::CUDA_SUCCESS && kind == cusys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
+}
+
+/// Asks the kernel to back `host` with transparent huge pages where it can (`MADV_HUGEPAGE` on
+/// the 2 MiB-aligned part): a fresh `Vec` of a GiB is otherwise filled one 4 KiB page fault at a
+/// time, which run 23 measured as the slowest part of `to_host` (1.35 GB/s). Only a hint: on a
+/// kernel without THP, or for memory already touched, nothing changes.
+pub(crate) fn advise_huge_pages<T>(host: &mut [T]) {
+    const HUGE: usize = 2 << 20;
+    let start = host.as_mut_ptr() as usize;
+    let end = start + std::mem::size_of_val(host);
+    let (a, b) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
+    if b > a {
+        // SAFETY: [a, b) lies inside `host`, memory this process owns and borrows mutably here;
+        // MADV_HUGEPAGE changes how the kernel backs it, never its contents or its mapping.
+        let _ = unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
+    }
+}
