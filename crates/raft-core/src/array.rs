@@ -77,13 +77,21 @@ impl<T: DeviceScalar> DeviceVec<T> {
         let make =
             || resources.with_native(who, |n| NativeBuffer::create(who, resources.device(), mr.map(|m| m.native()), n.stream(), bytes));
         // Out of memory only after the releases pending on this device had their chance to
-        // give memory back: run or wait for them, then try once more.
+        // give memory back: run or wait for them, then try once more. A final failure gives
+        // what the async pool holds unused back to the driver, for other processes (RMM keeps
+        // it otherwise: runs 22, 24 and 27 saw the next process fail to make a context).
+        let out_of_memory = |e: &Error| e.kind() == ErrorKind::OutOfMemory;
         let buffer = match make() {
-            Err(e) if e.kind() == ErrorKind::OutOfMemory && crate::release::drain_device(resources.device(), crate::release::OOM_WAIT) => {
-                make()
-            }
+            Err(e) if out_of_memory(&e) && crate::release::drain_device(resources.device(), crate::release::OOM_WAIT) => make(),
             made => made,
-        }?;
+        }
+        .inspect_err(|e| {
+            if out_of_memory(e) {
+                if let Err(trim) = crate::result::trim_async_pool(who, resources.device(), mr.map(|m| m.native())) {
+                    log::warn!(target: "raft", "{trim}");
+                }
+            }
+        })?;
         LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
         Ok(DeviceVec { buffer: Some(buffer), len, _mr: mr.cloned(), resources: resources.clone(), _t: PhantomData })
     }

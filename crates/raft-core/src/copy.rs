@@ -413,9 +413,10 @@ pub struct Staging {
 impl Default for Staging {
     /// Pieces of [`DEFAULT_CHUNK_BYTES`](Self::DEFAULT_CHUNK_BYTES) by as many threads as the
     /// machine runs at once, at most [`DEFAULT_THREADS`](Self::DEFAULT_THREADS). Bandwidth grows
-    /// with threads (each copies into the page-locked pieces at 5–7 GB/s on the H200 machine):
-    /// `copy-bench`'s sweep in GPU run 23 went from 27 to 40 GB/s host to device at 1 GiB from 4
-    /// to 8 threads, and the machine has 16.
+    /// with threads (each copies into the page-locked pieces at 3–6 GB/s on the H200 machine):
+    /// `copy-bench`'s sweep in GPU run 27, at 1 GiB, host to device / device to host: 2 MiB × 16
+    /// threads 49.4 / 48.1 GB/s (0.89x / 0.87x the link), 1 MiB × 16 45.5 / 43.9, 2 MiB × 8
+    /// 40.3 / 37.2, 2 MiB × 4 23.5 / 21.4; at 64 MiB every setting from 8 threads on gave 33–38.
     fn default() -> Self {
         let parallel = std::thread::available_parallelism().map_or(1, |n| n.get());
         Staging { chunk_bytes: Staging::DEFAULT_CHUNK_BYTES, threads: parallel.clamp(1, Staging::DEFAULT_THREADS) }
@@ -431,7 +432,7 @@ struct Plan {
 
 impl Staging {
     /// Default largest piece.
-    pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
+    pub const DEFAULT_CHUNK_BYTES: usize = 2 << 20;
     /// The most host threads of the default (which takes fewer on a machine with fewer).
     pub const DEFAULT_THREADS: usize = 16;
 

@@ -231,6 +231,10 @@ raftrs_status raftrs_mr_device(const raftrs_mr* mr, int32_t* out);
 raftrs_status raftrs_mr_equal(const raftrs_mr* a, const raftrs_mr* b, int32_t* out);
 /** Bytes allocated now and at peak through a statistics adaptor (a Logic error for another kind). */
 raftrs_status raftrs_mr_statistics(const raftrs_mr* mr, int64_t* current_bytes, int64_t* peak_bytes);
+/** Gives the unused memory of the CUDA async pool behind `mr` (the device's current resource
+ *  when null, looking through adaptors) back to the driver (cudaMemPoolTrimTo(pool, 0));
+ *  `trimmed` is 1 when there was such a pool, else 0. */
+raftrs_status raftrs_mr_trim_async(int32_t device, const raftrs_mr* mr, int32_t* trimmed);
 /** The address of RMM's per-device resource map as this shim binds it
  *  (rmm::mr::detail::get_ref_map()): one process, one address, when every library shares it. */
 raftrs_status raftrs_rmm_map_address(void** out);

@@ -160,6 +160,7 @@ pub struct RaftrsShim {
     pub raftrs_mr_device: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut i32) -> raftrs_status,
     pub raftrs_mr_equal: unsafe extern "C" fn(a: *const raftrs_mr, b: *const raftrs_mr, out: *mut i32) -> raftrs_status,
     pub raftrs_mr_statistics: unsafe extern "C" fn(mr: *const raftrs_mr, current_bytes: *mut i64, peak_bytes: *mut i64) -> raftrs_status,
+    pub raftrs_mr_trim_async: unsafe extern "C" fn(device: i32, mr: *const raftrs_mr, trimmed: *mut i32) -> raftrs_status,
     pub raftrs_rmm_map_address: unsafe extern "C" fn(out: *mut *mut ::core::ffi::c_void) -> raftrs_status,
     pub raftrs_buffer_create: unsafe extern "C" fn(
         device: i32,
@@ -261,6 +262,7 @@ impl RaftrsShim {
         let raftrs_mr_device = __library.get(b"raftrs_mr_device\0").map(|sym| *sym)?;
         let raftrs_mr_equal = __library.get(b"raftrs_mr_equal\0").map(|sym| *sym)?;
         let raftrs_mr_statistics = __library.get(b"raftrs_mr_statistics\0").map(|sym| *sym)?;
+        let raftrs_mr_trim_async = __library.get(b"raftrs_mr_trim_async\0").map(|sym| *sym)?;
         let raftrs_rmm_map_address = __library.get(b"raftrs_rmm_map_address\0").map(|sym| *sym)?;
         let raftrs_buffer_create = __library.get(b"raftrs_buffer_create\0").map(|sym| *sym)?;
         let raftrs_buffer_destroy = __library.get(b"raftrs_buffer_destroy\0").map(|sym| *sym)?;
@@ -312,6 +314,7 @@ impl RaftrsShim {
             raftrs_mr_device,
             raftrs_mr_equal,
             raftrs_mr_statistics,
+            raftrs_mr_trim_async,
             raftrs_rmm_map_address,
             raftrs_buffer_create,
             raftrs_buffer_destroy,
@@ -560,6 +563,10 @@ impl RaftrsShim {
     #[doc = " Bytes allocated now and at peak through a statistics adaptor (a Logic error for another kind)."]
     pub unsafe fn raftrs_mr_statistics(&self, mr: *const raftrs_mr, current_bytes: *mut i64, peak_bytes: *mut i64) -> raftrs_status {
         (self.raftrs_mr_statistics)(mr, current_bytes, peak_bytes)
+    }
+    #[doc = " Gives the unused memory of the CUDA async pool behind `mr` (the device's current resource\n  when null, looking through adaptors) back to the driver (cudaMemPoolTrimTo(pool, 0));\n  `trimmed` is 1 when there was such a pool, else 0."]
+    pub unsafe fn raftrs_mr_trim_async(&self, device: i32, mr: *const raftrs_mr, trimmed: *mut i32) -> raftrs_status {
+        (self.raftrs_mr_trim_async)(device, mr, trimmed)
     }
     #[doc = " The address of RMM's per-device resource map as this shim binds it\n  (rmm::mr::detail::get_ref_map()): one process, one address, when every library shares it."]
     pub unsafe fn raftrs_rmm_map_address(&self, out: *mut *mut ::core::ffi::c_void) -> raftrs_status {

@@ -1157,6 +1157,25 @@ raftrs_status raftrs_mr_statistics(const raftrs_mr* mr, int64_t* current_bytes, 
   });
 }
 
+raftrs_status raftrs_mr_trim_async(int32_t device, const raftrs_mr* mr, int32_t* trimmed)
+{
+  return guard([&] {
+    *trimmed = 0;
+    check_device(device);
+    device_scope scope{device};
+    any_device_resource held = mr == nullptr ? copy_current(device) : unwrap(mr).resource;
+    std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{held}};
+    for (int depth = 0; at.has_value() && depth < 32; ++depth) {
+      if (auto* async = cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&*at)) {
+        check(cudaMemPoolTrimTo(async->pool_handle(), 0), "giving the async pool's unused memory back");
+        *trimmed += 1;
+        return;
+      }
+      at = upstream_any(*at);
+    }
+  });
+}
+
 raftrs_status raftrs_rmm_map_address(void** out)
 {
   return guard([&] { *out = static_cast<void*>(&rmm::mr::detail::get_ref_map()); });

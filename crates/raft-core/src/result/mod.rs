@@ -177,6 +177,21 @@ pub(crate) fn rmm_map_address(who: &'static str) -> Result<usize> {
     Ok(p as usize)
 }
 
+/// Gives the unused memory of the CUDA async pool behind `mr` (the device's current resource
+/// when `None`) back to the driver; `true` when there was such a pool. RMM's async resource keeps
+/// what it reserved (its release threshold is "never"): after an allocation failed, that memory
+/// is better left to other processes and libraries.
+pub(crate) fn trim_async_pool(who: &'static str, device: usize, mr: Option<&NativeMr>) -> Result<bool> {
+    let api = api(who)?;
+    let _keep = ContextGuard::save(who)?;
+    let mut trimmed = 0i32;
+    let raw = mr.map_or(std::ptr::null(), |m| m.ptr.as_ptr() as *const sys::raftrs_mr);
+    // SAFETY: `raw` is null or a live resource borrowed for the call; writes one int. The shim
+    // makes the device current around the call.
+    check(who, api, unsafe { api.raftrs_mr_trim_async(device as i32, raw, &mut trimmed) })?;
+    Ok(trimmed != 0)
+}
+
 // ---- raft::device_resources ----------------------------------------------------------------
 
 /// Which handle of RAFT's (`RAFTRS_HANDLE_*`).
