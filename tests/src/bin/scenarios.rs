@@ -238,20 +238,7 @@ fn kernel_fault() -> ExitCode {
 /// A bad `RAFT_EXIT_WAIT` (set by the parent) refuses a job, under the API the user called; a
 /// scoped wait, or a default set in code, still lets jobs be made.
 fn spawn_bad_exit_wait() {
-    // Run right after errors.rs's out-of-memory test, this process's first resources have failed
-    // with CUDA_ERROR_OUT_OF_MEMORY (runs 22 and 24, not understood): retried, and said, so the
-    // phenomenon stays visible in the parent's output while this scenario tests what it is for.
-    let mut retries = 0;
-    let res = loop {
-        match raft::DeviceResources::new() {
-            Err(e) if e.kind() == raft::ErrorKind::OutOfMemory && retries < 5 => {
-                retries += 1;
-                println!("RESULT resources_oom_retries={retries} MESSAGE {e}");
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            made => break made.expect("resources"),
-        }
-    };
+    let res = raft::DeviceResources::new().expect("resources");
     report("spawn", &res.spawn(|| ()));
     let scoped = raft::exit::with_exit_wait(1.0, || res.spawn(|| 6 * 7).and_then(raft::JobHandle::join)).expect("a valid wait");
     report("scoped", &scoped);
