@@ -64,7 +64,7 @@ fn out_of_memory_leaves_the_process_and_the_memory_usable() {
         assert_eq!(e.who(), "DeviceVec::new");
         // A failed allocation leaves the device's memory to others (another process's context
         // needs some): RMM's async pool keeps what it reserved (its release threshold is
-        // "never"), so runs 22, 24 and 27 saw the next child process fail to make a context.
+        // "never"), so runs 22, 24 and 28 saw the next child process fail to make a context.
         let (after, _) = r.context().mem_get_info().unwrap();
         eprintln!("after a failed {bytes}-byte allocation: {} MiB free of {} MiB (before: {} MiB)", after >> 20, total >> 20, free >> 20);
         assert!(after + (2 << 30) >= free, "{bytes} bytes: {} MiB free after, {} MiB before", after >> 20, free >> 20);

@@ -79,7 +79,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
         // Out of memory only after the releases pending on this device had their chance to
         // give memory back: run or wait for them, then try once more. A final failure gives
         // what the async pool holds unused back to the driver, for other processes (RMM keeps
-        // it otherwise: runs 22, 24 and 27 saw the next process fail to make a context).
+        // it otherwise: runs 22, 24 and 28 saw the next process fail to make a context).
         let out_of_memory = |e: &Error| e.kind() == ErrorKind::OutOfMemory;
         let buffer = match make() {
             Err(e) if out_of_memory(&e) && crate::release::drain_device(resources.device(), crate::release::OOM_WAIT) => make(),

@@ -414,7 +414,7 @@ impl Default for Staging {
     /// Pieces of [`DEFAULT_CHUNK_BYTES`](Self::DEFAULT_CHUNK_BYTES) by as many threads as the
     /// machine runs at once, at most [`DEFAULT_THREADS`](Self::DEFAULT_THREADS). Bandwidth grows
     /// with threads (each copies into the page-locked pieces at 3–6 GB/s on the H200 machine):
-    /// `copy-bench`'s sweep in GPU run 27, at 1 GiB, host to device / device to host: 2 MiB × 16
+    /// `copy-bench`'s sweep in GPU run 28, at 1 GiB, host to device / device to host: 2 MiB × 16
     /// threads 49.4 / 48.1 GB/s (0.89x / 0.87x the link), 1 MiB × 16 45.5 / 43.9, 2 MiB × 8
     /// 40.3 / 37.2, 2 MiB × 4 23.5 / 21.4; at 64 MiB every setting from 8 threads on gave 33–38.
     fn default() -> Self {

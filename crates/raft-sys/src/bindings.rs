@@ -172,6 +172,7 @@ pub struct RaftrsShim {
         stream_ordered: *mut i32,
     ) -> raftrs_status,
     pub raftrs_buffer_destroy: unsafe extern "C" fn(buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status,
+    pub raftrs_buffer_grant_peer: unsafe extern "C" fn(buf: *const raftrs_buffer, peer: i32, granted: *mut i32) -> raftrs_status,
     pub raftrs_gemm_f32: unsafe extern "C" fn(
         res: *mut raftrs_resources,
         trans_a: i32,
@@ -266,6 +267,7 @@ impl RaftrsShim {
         let raftrs_rmm_map_address = __library.get(b"raftrs_rmm_map_address\0").map(|sym| *sym)?;
         let raftrs_buffer_create = __library.get(b"raftrs_buffer_create\0").map(|sym| *sym)?;
         let raftrs_buffer_destroy = __library.get(b"raftrs_buffer_destroy\0").map(|sym| *sym)?;
+        let raftrs_buffer_grant_peer = __library.get(b"raftrs_buffer_grant_peer\0").map(|sym| *sym)?;
         let raftrs_gemm_f32 = __library.get(b"raftrs_gemm_f32\0").map(|sym| *sym)?;
         let raftrs_gemm_f64 = __library.get(b"raftrs_gemm_f64\0").map(|sym| *sym)?;
         Ok(RaftrsShim {
@@ -318,6 +320,7 @@ impl RaftrsShim {
             raftrs_rmm_map_address,
             raftrs_buffer_create,
             raftrs_buffer_destroy,
+            raftrs_buffer_grant_peer,
             raftrs_gemm_f32,
             raftrs_gemm_f64,
         })
@@ -588,6 +591,10 @@ impl RaftrsShim {
     #[doc = " Frees the buffer stream-ordered on `stream`, through the resource that made it."]
     pub unsafe fn raftrs_buffer_destroy(&self, buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status {
         (self.raftrs_buffer_destroy)(buf, stream)
+    }
+    #[doc = " Lets device `peer` access the buffer's memory where it comes from a CUDA async pool\n  (cudaMemPoolSetAccess on the pool, once per pool and peer): peer copies then go over the\n  devices' link instead of through the host. `granted` is 1 for such a pool, else 0."]
+    pub unsafe fn raftrs_buffer_grant_peer(&self, buf: *const raftrs_buffer, peer: i32, granted: *mut i32) -> raftrs_status {
+        (self.raftrs_buffer_grant_peer)(buf, peer, granted)
     }
     #[doc = " Column-major C = alpha * op(A) * op(B) + beta * C through the resources' cuBLAS handle,\n  on its stream (cublasSgemm). trans_*: 0 = N, 1 = T."]
     pub unsafe fn raftrs_gemm_f32(

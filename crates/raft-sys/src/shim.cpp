@@ -42,6 +42,7 @@
 #include <optional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -1169,6 +1170,43 @@ raftrs_status raftrs_mr_trim_async(int32_t device, const raftrs_mr* mr, int32_t*
       if (auto* async = cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&*at)) {
         check(cudaMemPoolTrimTo(async->pool_handle(), 0), "giving the async pool's unused memory back");
         *trimmed += 1;
+        return;
+      }
+      at = upstream_any(*at);
+    }
+  });
+}
+
+raftrs_status raftrs_buffer_grant_peer(const raftrs_buffer* buf, int32_t peer, int32_t* granted)
+{
+  return guard([&] {
+    *granted = 0;
+    if (buf == nullptr) { throw std::invalid_argument("null buffer"); }
+    check_device(peer);
+    auto const& b = *reinterpret_cast<shim_buffer const*>(buf);
+    // Memory of a CUDA async pool is visible to another device only once the pool grants it
+    // (cudaMemPoolSetAccess), whatever the contexts' peer access says; granted once per pool
+    // and peer (a pool made later at a reused address is granted again at worst, never missed:
+    // the set only remembers grants that happened).
+    static std::mutex lock;
+    static std::set<std::pair<cudaMemPool_t, int>> done;
+    std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(b.mr)}};
+    for (int depth = 0; at.has_value() && depth < 32; ++depth) {
+      if (auto* async = cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&*at)) {
+        cudaMemPool_t pool = async->pool_handle();
+        std::lock_guard<std::mutex> hold{lock};
+        if (done.count({pool, peer}) != 0) {
+          *granted = 1;
+          return;
+        }
+        device_scope scope{b.device};
+        cudaMemAccessDesc desc{};
+        desc.location.type = cudaMemLocationTypeDevice;
+        desc.location.id   = peer;
+        desc.flags         = cudaMemAccessFlagsProtReadWrite;
+        check(cudaMemPoolSetAccess(pool, &desc, 1), "giving a peer device access to the async pool");
+        done.insert({pool, peer});
+        *granted = 1;
         return;
       }
       at = upstream_any(*at);

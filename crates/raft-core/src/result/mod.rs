@@ -738,6 +738,16 @@ impl NativeBuffer {
         queued.and(waited)
     }
 
+    /// Lets device `peer` access this buffer's memory where it comes from a CUDA async pool (see
+    /// `copy::enable_peer_access`).
+    pub(crate) fn grant_peer(&self, who: &'static str, peer: usize) -> Result<()> {
+        let api = api(who)?;
+        let _keep = ContextGuard::save(who)?;
+        let mut granted = 0i32;
+        // SAFETY: the buffer is alive for the borrow; writes one int; the shim checks `peer`.
+        check(who, api, unsafe { api.raftrs_buffer_grant_peer(self.ptr.as_ptr(), peer as i32, &mut granted) })
+    }
+
     /// Frees the buffer stream-ordered on its own stream, through the resource that made it.
     pub(crate) fn free(self, who: &'static str) -> Result<()> {
         let api = api(who)?;
