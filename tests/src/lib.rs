@@ -4,6 +4,7 @@ use std::io::Write;
 /// Whether a GPU is there. Without one, prints a visible skip line (straight to stderr, past
 /// the test harness's capture) and returns false; under `RAFT_REQUIRE_GPU=1` it panics instead.
 pub fn gpu() -> bool {
+    crash_report();
     let reason = match raft::device_count() {
         Ok(n) if n > 0 => return true,
         Ok(_) => "no CUDA device".to_string(),
@@ -172,4 +173,39 @@ pub mod baseline {
         /// Destroys what `bl_hold` kept.
         pub fn bl_unhold();
     }
+}
+
+/// On SIGSEGV / SIGBUS / SIGABRT, writes the crashing thread's stack (glibc's `backtrace`) to
+/// stderr before the process dies, so a crash in a GPU run that a debugger does not reproduce
+/// still says where it was. Installed once, by the first GPU test.
+pub fn crash_report() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        extern "C" {
+            fn backtrace(buffer: *mut *mut std::ffi::c_void, size: i32) -> i32;
+            fn backtrace_symbols_fd(buffer: *const *mut std::ffi::c_void, size: i32, fd: i32);
+        }
+        extern "C" fn on_fault(signal: i32) {
+            let mut frames = [std::ptr::null_mut(); 64];
+            let msg: &[u8] = b"\nCRASH: fatal signal; the crashing thread's stack:\n";
+            // SAFETY: write(2) of a static buffer; backtrace and backtrace_symbols_fd write into
+            // the local array and to fd 2 (glibc documents backtrace_symbols_fd for this use).
+            unsafe {
+                libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
+                let n = backtrace(frames.as_mut_ptr(), frames.len() as i32);
+                backtrace_symbols_fd(frames.as_ptr(), n, 2);
+                libc::signal(signal, libc::SIG_DFL);
+                libc::raise(signal);
+            }
+        }
+        // The first backtrace() loads libgcc_s (malloc, dlopen): do it now, not in the handler.
+        let mut warm = [std::ptr::null_mut(); 4];
+        // SAFETY: writes at most 4 frames into the local array.
+        unsafe { backtrace(warm.as_mut_ptr(), 4) };
+        for signal in [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT] {
+            // SAFETY: installs a handler that only writes to stderr and then re-raises the
+            // signal with the default action (the process still dies of it).
+            unsafe { libc::signal(signal, on_fault as extern "C" fn(i32) as libc::sighandler_t) };
+        }
+    });
 }
