@@ -248,9 +248,9 @@ fn a_pool_over_a_failure_callback_is_refused_since_the_callback_would_run_under_
 
 /// The exit hook registered before RMM's per-device map exists: at exit the map is destroyed
 /// before this library's teardown runs, which then leaves it alone (before the fix it looked the
-/// device's resource up in the destroyed map: run 22 and the two-GPU run after it saw the `rmm`
-/// test binary die of SIGSEGV there, in `copy_current` under `memory::teardown`). A use after
-/// free does not crash every time: eight processes.
+/// device's resource up in the destroyed map: GPU run 24 caught the `rmm` test binary dying of
+/// SIGSEGV there under cuda-gdb, in `copy_current` under `memory::teardown`). A use after free
+/// does not crash every time (run 25: these eight children did not crash with the old shim).
 #[test]
 fn an_exit_hook_registered_before_rmms_map_never_reads_the_destroyed_map() {
     require_gpu!();
