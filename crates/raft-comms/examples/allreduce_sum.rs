@@ -6,7 +6,7 @@
 //! raft-run -n 2 cargo run --example allreduce_sum     # one process per GPU
 //! cargo run --example allreduce_sum                   # one process, every visible GPU
 //! ```
-use raft_comms::{group, Communicator, Launch, ReduceOp};
+use raft_comms::{group_scope, Communicator, Launch, ReduceOp};
 use raft_core::{DeviceResources, DeviceVec};
 
 /// The dataset: the numbers 0..N; rank r of w owns those equal to r modulo w.
@@ -51,8 +51,7 @@ fn main() -> raft_core::Result<()> {
     let world = comms.len();
     let mut parts: Vec<DeviceVec<i64>> =
         resources.iter().enumerate().map(|(r, res)| DeviceVec::from_host(res, &part(r, world))).collect::<raft_core::Result<_>>()?;
-    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
-    unsafe { group(|| comms.iter().zip(parts.iter_mut()).try_for_each(|(c, p)| c.allreduce_in_place(p, ReduceOp::Sum))) }?;
+    group_scope(|g| comms.iter().zip(parts.iter_mut()).try_for_each(|(c, p)| g.allreduce_in_place(c, p, ReduceOp::Sum)))?;
     for (c, p) in comms.iter().zip(&parts) {
         c.sync()?;
         let total = p.to_host()?;

@@ -136,6 +136,7 @@ impl Shared {
         who: &'static str,
         call: impl FnOnce(&NativeComm, &CudaStream, bool) -> Result<()>,
     ) -> Result<()> {
+        group::check_call(who)?;
         let stream = self.resources.stream().map_err(|e| e.with_who(who))?;
         let in_group = group::active();
         let mut st = self.lock();

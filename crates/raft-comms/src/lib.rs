@@ -72,7 +72,7 @@ mod watchdog;
 
 pub use communicator::Communicator;
 pub use dtype::{NcclType, ReduceOp};
-pub use group::group;
+pub use group::{group, group_scope, GroupScope};
 pub use launch::{timeout_from_env, Launch, DEFAULT_TIMEOUT};
 pub use unique_id::UniqueId;
 

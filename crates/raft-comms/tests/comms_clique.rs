@@ -11,7 +11,7 @@ mod common;
 
 use common::{data, reduce_cpu, typed, Val};
 
-use raft_comms::{group, Communicator, ReduceOp};
+use raft_comms::{group, group_scope, Communicator, ReduceOp};
 use raft_core::{DeviceResources, DeviceVec, ErrorKind};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -189,6 +189,54 @@ fn every_collective_for_every_type_matches_the_cpu() {
     every_collective::<i32>(&res, &comms);
     every_collective::<i64>(&res, &comms);
     every_collective::<u8>(&res, &comms);
+    Communicator::release_all(comms).unwrap();
+}
+
+/// The safe form of a group: collectives through the scope's methods (which borrow the arrays
+/// past the group's end) match the CPU; a collective called directly inside the scope is refused
+/// before NCCL (`Logic`), as is a scoped group inside another group; the clique still agrees.
+#[test]
+fn a_scoped_group_runs_its_collectives_and_refuses_direct_calls() {
+    if !common::have(2, "a_scoped_group_runs_its_collectives_and_refuses_direct_calls") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    let (world, n) = (comms.len(), 8);
+    let mut buf: Vec<DeviceVec<f32>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
+    let send: Vec<DeviceVec<f32>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
+    let mut recv: Vec<DeviceVec<f32>> = (0..world).map(|r| zeros(&res[r], world * n)).collect();
+    group_scope(|g| {
+        for (r, b) in buf.iter_mut().enumerate() {
+            g.allreduce_in_place(&comms[r], b, ReduceOp::Sum)?;
+        }
+        for (r, out) in recv.iter_mut().enumerate() {
+            g.allgather(&comms[r], &send[r], out)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    sync_all(&comms);
+    let all: Vec<i64> = (0..world).flat_map(|r| data(r, n)).collect();
+    for r in 0..world {
+        assert_eq!(buf[r].to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, world)), "allreduce in place rank {r}");
+        assert_eq!(recv[r].to_host().unwrap(), typed::<f32>(&all), "allgather rank {r}");
+    }
+
+    let e = group_scope(|_g| comms[0].allreduce_in_place(&mut buf[0], ReduceOp::Sum)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.to_string().contains("GroupScope"), "{e}");
+    // SAFETY: no collective is made inside this group.
+    let e = unsafe { group(|| group_scope(|_g| Ok(()))) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+
+    // Nothing reached NCCL: the ranks still agree.
+    let mut again: Vec<DeviceVec<f32>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
+    group_scope(|g| again.iter_mut().enumerate().try_for_each(|(r, b)| g.allreduce_in_place(&comms[r], b, ReduceOp::Sum))).unwrap();
+    sync_all(&comms);
+    for r in 0..world {
+        assert_eq!(again[r].to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, world)), "after the refusals, rank {r}");
+    }
     Communicator::release_all(comms).unwrap();
 }
 
