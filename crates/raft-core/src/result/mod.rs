@@ -749,8 +749,20 @@ impl NativeBuffer {
     }
 
     /// Frees the buffer stream-ordered on its own stream, through the resource that made it.
+    /// A resource whose free is not stream-ordered (cudaFree, cudaFreeHost, the arena's large
+    /// blocks, unknown resources) gets the buffer only once its stream has finished with it:
+    /// CUDA documents that cudaFree *may* synchronise, not that it does (the CUDA 13 runtime
+    /// documentation of cudaFree), so the wait is made here (such frees run on release threads).
     pub(crate) fn free(self, who: &'static str) -> Result<()> {
         let api = api(who)?;
+        if !self.stream_ordered {
+            if let Err(e) = stream_sync(who, &self.stream) {
+                if !already_gone(&e) {
+                    // The stream failed (a fault): its work is over, the free may proceed.
+                    log::debug!(target: "raft", "{e}");
+                }
+            }
+        }
         let _keep = ContextGuard::save(who);
         // SAFETY: the buffer is freed exactly once (self is consumed), on the stream it is
         // ordered on (alive: held by self until after the call).
