@@ -73,7 +73,7 @@ export RAFT_REQUIRE_GPU=1 RAFT_RUN="$here/bin/raft-run"
 logs=${2:-$here/logs}; mkdir -p "$logs"
 failed=0
 tests() {
-  for t in comms_counts comms_rendezvous comms_launcher raft_comms comms_clique comms_processes; do
+  for t in comms_counts comms_groups comms_rendezvous comms_launcher raft_comms comms_clique comms_processes; do
     start=$SECONDS
     "$here/tests/$t" --test-threads=1 --nocapture >"$logs/$t.log" 2>&1
     rc=$?

@@ -1280,13 +1280,26 @@ raftcomms_status raftcomms_group_end(int32_t n, raftcomms_comm* const* comms, vo
     }
     if (group_depth > 0) { return; }
     for (int32_t i = 0; i < n; ++i) {
-      auto& c = cell_of(comms[i]);
-      wait_ready(c, c.timeout_s, "ending the group");
-      if (streams != nullptr && streams[i] != nullptr) {
-        std::lock_guard<std::mutex> hold(c.lock);
-        live(c, "ending the group");
-        device_scope scope{c.device};
-        check_cuda(cudaEventRecord(c.event, as_stream(streams[i])), "recording the communicator's event");
+      try {
+        auto& c = cell_of(comms[i]);
+        wait_ready(c, c.timeout_s, "ending the group");
+        if (streams != nullptr && streams[i] != nullptr) {
+          std::lock_guard<std::mutex> hold(c.lock);
+          live(c, "ending the group");
+          device_scope scope{c.device};
+          check_cuda(cudaEventRecord(c.event, as_stream(streams[i])), "recording the communicator's event");
+        }
+      } catch (std::exception const& e) {
+        // The others may still be queuing the group's kernels on their streams, after which
+        // the caller is free to drop the arrays: abort every one, so nothing of the group is
+        // launched later.
+        std::string what = std::string("ending the group failed: ") + e.what();
+        for (int32_t j = 0; j < n; ++j) {
+          auto& c = cell_of(comms[j]);
+          std::lock_guard<std::mutex> hold(c.lock);
+          abort_locked(c, what);
+        }
+        throw;
       }
     }
   });

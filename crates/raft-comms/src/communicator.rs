@@ -717,6 +717,8 @@ impl Communicator {
     /// `Generic` when NCCL's abort itself failed (the communicator is gone all the same).
     pub fn abort(self) -> Result<()> {
         const WHO: &str = "Communicator::abort";
+        // Inside a group, the group's end still launches what was recorded on this communicator.
+        group::refuse_inside(WHO)?;
         let sh = &self.shared;
         let mut st = sh.lock();
         st.token = None;

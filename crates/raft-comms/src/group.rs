@@ -18,6 +18,9 @@ struct Frame {
     unchecked: usize,
     /// A `GroupScope` method is making the call (its arrays are borrowed past the group's end).
     via_scope: bool,
+    /// A [`group_scope`] is open: an unsafe `group` inside it is refused (its calls would be
+    /// launched only when the scope ends, after the inner closure's arrays may be gone).
+    scoped: bool,
 }
 
 thread_local! {
@@ -112,14 +115,18 @@ pub(crate) fn used(shared: &Arc<Shared>, stream: Arc<CudaStream>) {
 ///
 /// # Safety
 /// Inside a group NCCL only records the arrays' addresses; it queues the work on their streams
-/// when the group ends. Every array passed to a collective inside `calls` must therefore stay
-/// alive (not dropped, not moved into something that frees it) and must not be written by other
-/// work until `group` has returned: an array freed inside the closure would be given back to its
+/// when the outermost group ends. Every array passed to a collective inside `calls` must
+/// therefore stay alive (not dropped, not moved into something that frees it) and must not be
+/// written by other work until the outermost group has ended (`group` returned, when it is not
+/// nested in another): an array freed inside the closure would be given back to its
 /// pool before NCCL's kernel writes into it. (A scoped form whose closure can only borrow arrays
 /// for the whole group, as `copy_scope` does for copies, would make this safe; it does not
 /// exist yet.)
 pub unsafe fn group<R>(calls: impl FnOnce() -> Result<R>) -> Result<R> {
     const WHO: &str = "raft_comms::group";
+    if FRAME.try_with(|f| f.borrow().scoped).unwrap_or(false) {
+        return Err(Error::logic(WHO, "inside raft_comms::group_scope: make the calls through the scope's GroupScope"));
+    }
     let outermost = !active();
     if outermost {
         result::group_start(WHO)?;
@@ -158,6 +165,8 @@ impl Open {
                 f.depth = f.depth.saturating_sub(1);
                 if unchecked {
                     f.unchecked = f.unchecked.saturating_sub(1);
+                } else {
+                    f.scoped = false;
                 }
                 (f.depth, if f.depth == 0 { std::mem::take(&mut f.used) } else { Vec::new() })
             })
@@ -234,14 +243,22 @@ where
     F: for<'scope> FnOnce(&'scope GroupScope<'scope, 'env>) -> Result<R>,
 {
     const WHO: &str = "raft_comms::group_scope";
-    if active() {
-        return Err(Error::logic(
-            WHO,
-            "inside another group: a scoped group must be the outermost (its arrays are borrowed only until it ends)",
-        ));
+    match FRAME.try_with(|f| f.borrow().depth) {
+        Ok(0) => {}
+        Ok(_) => {
+            return Err(Error::logic(
+                WHO,
+                "inside another group: a scoped group must be the outermost (its arrays are borrowed only until it ends)",
+            ))
+        }
+        Err(_) => return Err(Error::logic(WHO, "called while the thread's locals are being destroyed: no group can be kept track of")),
     }
     result::group_start(WHO)?;
-    let _ = FRAME.try_with(|f| f.borrow_mut().depth += 1);
+    let _ = FRAME.try_with(|f| {
+        let mut f = f.borrow_mut();
+        f.depth += 1;
+        f.scoped = true;
+    });
     let mut open = Open { ended: false, unchecked: false };
     let scope = GroupScope { _scope: std::marker::PhantomData, _env: std::marker::PhantomData };
     let out = calls(&scope);

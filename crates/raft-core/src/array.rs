@@ -130,7 +130,12 @@ impl<T: DeviceScalar> DeviceVec<T> {
 
     fn upload(&mut self, who: &'static str, host: &[T]) -> Result<()> {
         if Self::staged(host) {
-            return crate::Staging::default().upload(who, self, host);
+            match crate::Staging::default().upload(who, self, host) {
+                // No page-locked memory for the staging buffers (a memlock limit, say): the
+                // driver's own path below still works.
+                Err(e) if e.kind() == ErrorKind::OutOfMemory => {}
+                other => return other,
+            }
         }
         self.buf_mut().copy_from_host(who, host)
     }
@@ -211,7 +216,10 @@ impl<T: DeviceScalar> DeviceVec<T> {
         self.live(who)?;
         self.same_len(who, host.len())?;
         if Self::staged(host) {
-            return crate::Staging::default().download(who, self, host);
+            match crate::Staging::default().download(who, self, host) {
+                Err(e) if e.kind() == ErrorKind::OutOfMemory => {} // as in `upload`
+                other => return other,
+            }
         }
         self.buf().copy_to_host(who, host)
     }
@@ -228,7 +236,10 @@ impl<T: DeviceScalar> DeviceVec<T> {
     pub fn to_host(&self) -> Result<Vec<T>> {
         const WHO: &str = "DeviceVec::to_host";
         if self.len * std::mem::size_of::<T>() >= Self::STAGED_FROM_BYTES {
-            return crate::Staging::default().new_vec_from(WHO, self);
+            match crate::Staging::default().new_vec_from(WHO, self) {
+                Err(e) if e.kind() == ErrorKind::OutOfMemory => {} // as in `upload`
+                other => return other,
+            }
         }
         let mut host = vec![T::default(); self.len];
         self.copy_to_host_for(WHO, &mut host)?;

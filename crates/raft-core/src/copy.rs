@@ -589,9 +589,15 @@ fn run_lanes<W: Send>(
     if others.is_empty() {
         return work(b0, lane0);
     }
-    let Some(pool) = staging_threads() else {
-        // No staging threads could be started: the lanes run here, one after another.
-        return others.into_iter().fold(work(b0, lane0), |acc, (b, lane)| acc.and(work(b, lane)));
+    // Called from a worker of a rayon pool (the user's `par_iter`, say), waiting for another
+    // pool's scope would let this thread run unrelated jobs of its own pool meanwhile, which may
+    // wait for the caller: plain scoped threads then, which block without stealing.
+    let Some(pool) = staging_threads().filter(|_| rayon_core::current_thread_index().is_none()) else {
+        return std::thread::scope(|s| {
+            let handles: Vec<_> = others.into_iter().map(|(b, lane)| s.spawn(move || work(b, lane))).collect();
+            let first = work(b0, lane0);
+            handles.into_iter().fold(first, |acc, h| acc.and(h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))))
+        });
     };
     let outcomes: Vec<Mutex<Option<Result<()>>>> = others.iter().map(|_| Mutex::new(None)).collect();
     let outcome0 = pool.in_place_scope(|s| {
@@ -608,7 +614,7 @@ fn run_lanes<W: Send>(
 
 /// The staging threads: as many as the machine runs at once, at most
 /// [`Staging::DEFAULT_THREADS`]; library threads for the exit machinery. `None` when they could
-/// not be started (the lanes then run on the calling thread).
+/// not be started (the lanes then run on scoped threads of their own).
 fn staging_threads() -> Option<&'static rayon_core::ThreadPool> {
     static POOL: std::sync::OnceLock<Option<rayon_core::ThreadPool>> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
@@ -618,7 +624,7 @@ fn staging_threads() -> Option<&'static rayon_core::ThreadPool> {
             .thread_name(|i| format!("raft-staging-{i}"))
             .start_handler(|_| raft_exit::mark_library_thread())
             .build()
-            .inspect_err(|e| log::warn!(target: "raft", "staging threads not started, staged copies run on the calling thread: {e}"))
+            .inspect_err(|e| log::warn!(target: "raft", "staging threads not started, staged copies start threads of their own: {e}"))
             .ok()
     })
     .as_ref()

@@ -256,7 +256,7 @@ raftrs_status raftrs_buffer_create(int32_t device,
 /** Frees the buffer stream-ordered on `stream`, through the resource that made it. */
 raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream);
 /** Lets device `peer` access the buffer's memory where it comes from a CUDA async pool
- *  (cudaMemPoolSetAccess on the pool, once per pool and peer): peer copies then go over the
+ *  (cudaMemPoolSetAccess on the pool, unless cudaMemPoolGetAccess says it has it): peer copies then go over the
  *  devices' link instead of through the host. `granted` is 1 for such a pool, else 0. */
 raftrs_status raftrs_buffer_grant_peer(const raftrs_buffer* buf, int32_t peer, int32_t* granted);
 

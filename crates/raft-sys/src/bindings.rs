@@ -592,7 +592,7 @@ impl RaftrsShim {
     pub unsafe fn raftrs_buffer_destroy(&self, buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status {
         (self.raftrs_buffer_destroy)(buf, stream)
     }
-    #[doc = " Lets device `peer` access the buffer's memory where it comes from a CUDA async pool\n  (cudaMemPoolSetAccess on the pool, once per pool and peer): peer copies then go over the\n  devices' link instead of through the host. `granted` is 1 for such a pool, else 0."]
+    #[doc = " Lets device `peer` access the buffer's memory where it comes from a CUDA async pool\n  (cudaMemPoolSetAccess on the pool, unless cudaMemPoolGetAccess says it has it): peer copies then go over the\n  devices' link instead of through the host. `granted` is 1 for such a pool, else 0."]
     pub unsafe fn raftrs_buffer_grant_peer(&self, buf: *const raftrs_buffer, peer: i32, granted: *mut i32) -> raftrs_status {
         (self.raftrs_buffer_grant_peer)(buf, peer, granted)
     }

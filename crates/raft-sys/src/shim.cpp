@@ -42,7 +42,6 @@
 #include <optional>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -1119,6 +1118,19 @@ raftrs_status raftrs_mr_destroy(raftrs_mr* mr)
     auto* m = reinterpret_cast<shim_mr*>(mr);
     // The last handle of a pool destroys it: on its own device.
     device_scope scope{m->device};
+    // A CUDA async pool in the chain: wait for the device first, so that no stream still holds
+    // a free into the pool when RMM destroys it (cudaMemPoolDestroy, no wait of its own). CUDA
+    // documents such a destroy as allowed; run 33 caught a release thread faulting in
+    // cuStreamSynchronize while pools were destroyed beside it, and this rules the pattern out
+    // (not yet run on a GPU). Memory resources are destroyed on release threads.
+    std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{m->resource}};
+    for (int depth = 0; at.has_value() && depth < 32; ++depth) {
+      if (cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&*at) != nullptr) {
+        if (!rmm::process_is_exiting() && cudaDeviceSynchronize() != cudaSuccess) { cudaGetLastError(); }
+        break;
+      }
+      at = upstream_any(*at);
+    }
     delete m;
   });
 }
@@ -1185,27 +1197,24 @@ raftrs_status raftrs_buffer_grant_peer(const raftrs_buffer* buf, int32_t peer, i
     check_device(peer);
     auto const& b = *reinterpret_cast<shim_buffer const*>(buf);
     // Memory of a CUDA async pool is visible to another device only once the pool grants it
-    // (cudaMemPoolSetAccess), whatever the contexts' peer access says; granted once per pool
-    // and peer (a pool made later at a reused address is granted again at worst, never missed:
-    // the set only remembers grants that happened).
-    static std::mutex lock;
-    static std::set<std::pair<cudaMemPool_t, int>> done;
+    // (cudaMemPoolSetAccess), whatever the contexts' peer access says. Asked each time (a
+    // query): a cache keyed by pool handle would miss a new pool at a reused handle.
     std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(b.mr)}};
     for (int depth = 0; at.has_value() && depth < 32; ++depth) {
       if (auto* async = cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&*at)) {
         cudaMemPool_t pool = async->pool_handle();
-        std::lock_guard<std::mutex> hold{lock};
-        if (done.count({pool, peer}) != 0) {
-          *granted = 1;
-          return;
-        }
         device_scope scope{b.device};
-        cudaMemAccessDesc desc{};
-        desc.location.type = cudaMemLocationTypeDevice;
-        desc.location.id   = peer;
-        desc.flags         = cudaMemAccessFlagsProtReadWrite;
-        check(cudaMemPoolSetAccess(pool, &desc, 1), "giving a peer device access to the async pool");
-        done.insert({pool, peer});
+        cudaMemLocation where{};
+        where.type = cudaMemLocationTypeDevice;
+        where.id   = peer;
+        cudaMemAccessFlags flags{};
+        check(cudaMemPoolGetAccess(&flags, pool, &where), "asking whether a peer device may access the async pool");
+        if (flags != cudaMemAccessFlagsProtReadWrite) {
+          cudaMemAccessDesc desc{};
+          desc.location = where;
+          desc.flags    = cudaMemAccessFlagsProtReadWrite;
+          check(cudaMemPoolSetAccess(pool, &desc, 1), "giving a peer device access to the async pool");
+        }
         *granted = 1;
         return;
       }

@@ -928,25 +928,6 @@ impl Drop for StagingBuffers {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cuts_cover_the_bytes_once_in_order() {
-        for (bytes, piece) in [(0usize, 4usize), (1, 4), (4, 4), (5, 4), (4097, 1024), (10, 0)] {
-            let v: Vec<_> = cuts(bytes, piece).collect();
-            let mut next = 0;
-            for (off, len) in &v {
-                assert_eq!(*off, next, "{bytes}/{piece}: {v:?}");
-                assert!(*len > 0 && *len <= piece.max(1));
-                next += len;
-            }
-            assert_eq!(next, bytes, "{bytes}/{piece}: {v:?}");
-        }
-    }
-}
-
 // ---- pageable host memory ------------------------------------------------------------------------
 
 /// Whether `host` is page-locked memory the driver knows (a `PinnedVec`, a registered slice,
@@ -982,5 +963,24 @@ pub(crate) fn advise_huge_pages<T>(host: &mut [T]) {
         // SAFETY: [a, b) lies inside `host`, memory this process owns and borrows mutably here;
         // MADV_HUGEPAGE changes how the kernel backs it, never its contents or its mapping.
         let _ = unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_cover_the_bytes_once_in_order() {
+        for (bytes, piece) in [(0usize, 4usize), (1, 4), (4, 4), (5, 4), (4097, 1024), (10, 0)] {
+            let v: Vec<_> = cuts(bytes, piece).collect();
+            let mut next = 0;
+            for (off, len) in &v {
+                assert_eq!(*off, next, "{bytes}/{piece}: {v:?}");
+                assert!(*len > 0 && *len <= piece.max(1));
+                next += len;
+            }
+            assert_eq!(next, bytes, "{bytes}/{piece}: {v:?}");
+        }
     }
 }

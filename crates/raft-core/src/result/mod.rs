@@ -272,9 +272,11 @@ impl NativeResources {
     /// and returns any failure cudarc recorded meanwhile: the caller gets every error of its own
     /// release, and none is left for the next unrelated call.
     pub(crate) fn destroy(self, who: &'static str) -> Result<()> {
-        let drained = stream_sync(who, &self.stream);
         let api = api(who)?;
         let _keep = ContextGuard::save(who);
+        // The stream's own context bound while waiting for it (a release thread otherwise keeps
+        // whichever context its last release left, maybe another device's, or none).
+        let drained = bind(who, self.stream.context()).and_then(|()| stream_sync(who, &self.stream));
         // SAFETY: `ptr` came from raftrs_resources_create and is destroyed exactly once (self is
         // consumed); its stream is still alive (dropped just below, after it).
         let destroyed = check(who, api, unsafe { api.raftrs_resources_destroy(self.ptr.as_ptr()) });
@@ -755,18 +757,24 @@ impl NativeBuffer {
     /// documentation of cudaFree), so the wait is made here (such frees run on release threads).
     pub(crate) fn free(self, who: &'static str) -> Result<()> {
         let api = api(who)?;
-        if !self.stream_ordered {
-            if let Err(e) = stream_sync(who, &self.stream) {
+        let _keep = ContextGuard::save(who);
+        // Page-locked host buffers name the legacy default stream (null) and are only ever
+        // used by copies that wait for themselves: nothing to wait for there.
+        if !self.stream_ordered && !self.stream.cu_stream().is_null() {
+            let waited = bind(who, self.stream.context()).and_then(|()| stream_sync(who, &self.stream));
+            if let Err(e) = waited {
                 if !already_gone(&e) {
                     // The stream failed (a fault): its work is over, the free may proceed.
                     log::debug!(target: "raft", "{e}");
                 }
             }
         }
-        let _keep = ContextGuard::save(who);
         // SAFETY: the buffer is freed exactly once (self is consumed), on the stream it is
         // ordered on (alive: held by self until after the call).
         let status = unsafe { api.raftrs_buffer_destroy(self.ptr.as_ptr(), self.stream.cu_stream() as *mut c_void) };
+        // The stream's last handle may go here: under the guard, which then puts the caller's
+        // context back (cudarc binds the stream's context to destroy it).
+        drop(self);
         check(who, api, status).or_else(|e| if already_gone(&e) { Ok(()) } else { Err(e) })
     }
 
