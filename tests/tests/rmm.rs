@@ -260,3 +260,17 @@ fn an_exit_hook_registered_before_rmms_map_never_reads_the_destroyed_map() {
         c.assert_code(0);
     }
 }
+
+/// Pools destroyed on release threads while other release threads wait for the streams that
+/// freed into them (the pattern of the crash run 33 caught: a release thread faulting in
+/// `cuStreamSynchronize`): 8 threads × 200 rounds of resources + async pool + array, dropped,
+/// in a child process, three times. The child must end normally.
+#[test]
+fn pools_destroyed_beside_stream_waits_never_crash() {
+    require_gpu!();
+    for i in 0..3 {
+        let c = run_scenario!("pool-destroy-race", &[], std::time::Duration::from_secs(120));
+        c.assert_code(0);
+        assert_eq!(c.result("rounds").as_deref(), Some("1600"), "run {i}: {}", c.stderr);
+    }
+}

@@ -443,6 +443,31 @@ fn main() -> ExitCode {
         // exit, made at the start of main), then resources, which make the map and install the
         // async pool: at exit, RMM's own hook and the map's destructor run before this library's
         // teardown, which must not read the destroyed map.
+        // The pattern of the rmm tests' rare crash (run 33: a release thread faulted in
+        // cuStreamSynchronize waiting for a dropped resources' stream while other release
+        // threads destroyed memory resources): threads that each make resources and a CUDA
+        // async pool, free an array of it on the stream, then drop the pool and the resources,
+        // so that pool destructions and stream waits meet on the release threads.
+        "pool-destroy-race" => {
+            let threads = env_f64("SCENARIO_THREADS", 8.0) as usize;
+            let rounds = env_f64("SCENARIO_ROUNDS", 200.0) as usize;
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    s.spawn(move || {
+                        for _ in 0..rounds {
+                            let res = raft::DeviceResources::new().expect("resources");
+                            let mr = raft::MemoryResource::cuda_async_with(0, None, Some(32 << 20)).expect("pool");
+                            let mut v = raft::DeviceVec::<u8>::new_in(&res, 1 << 20, &mr).expect("array");
+                            v.fill_zero().expect("memset");
+                            drop(v);
+                            drop(mr);
+                            drop(res);
+                        }
+                    });
+                }
+            });
+            println!("RESULT rounds={}", threads * rounds);
+        }
         "hook-before-rmm-map" => {
             raft_exit::register_exit_hook();
             let res = raft::DeviceResources::new().expect("resources");
