@@ -223,6 +223,10 @@ raftrs_status raftrs_mr_statistics_total_bytes(const raftrs_mr* mr, int64_t* tot
 raftrs_status raftrs_mr_clone(const raftrs_mr* mr, raftrs_mr** out);
 /** Drops this handle; the resource goes when its last handle and buffer have. */
 raftrs_status raftrs_mr_destroy(raftrs_mr* mr);
+/** Where a CUDA async pool is behind `mr` (through adaptors), waits for its device
+ *  (cudaDeviceSynchronize), so that no stream still holds a free into the pool when the last
+ *  handle destroys it; `waited` is 1 then, else 0. For release threads: it blocks. */
+raftrs_status raftrs_mr_quiesce(const raftrs_mr* mr, int32_t* waited);
 /** The RAFTRS_MR_* kind of the resource. */
 raftrs_status raftrs_mr_kind(const raftrs_mr* mr, int32_t* out);
 /** The device the resource was made for. */

@@ -156,6 +156,7 @@ pub struct RaftrsShim {
     pub raftrs_mr_statistics_total_bytes: unsafe extern "C" fn(mr: *const raftrs_mr, total: *mut i64) -> raftrs_status,
     pub raftrs_mr_clone: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status,
     pub raftrs_mr_destroy: unsafe extern "C" fn(mr: *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_quiesce: unsafe extern "C" fn(mr: *const raftrs_mr, waited: *mut i32) -> raftrs_status,
     pub raftrs_mr_kind: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut i32) -> raftrs_status,
     pub raftrs_mr_device: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut i32) -> raftrs_status,
     pub raftrs_mr_equal: unsafe extern "C" fn(a: *const raftrs_mr, b: *const raftrs_mr, out: *mut i32) -> raftrs_status,
@@ -259,6 +260,7 @@ impl RaftrsShim {
         let raftrs_mr_statistics_total_bytes = __library.get(b"raftrs_mr_statistics_total_bytes\0").map(|sym| *sym)?;
         let raftrs_mr_clone = __library.get(b"raftrs_mr_clone\0").map(|sym| *sym)?;
         let raftrs_mr_destroy = __library.get(b"raftrs_mr_destroy\0").map(|sym| *sym)?;
+        let raftrs_mr_quiesce = __library.get(b"raftrs_mr_quiesce\0").map(|sym| *sym)?;
         let raftrs_mr_kind = __library.get(b"raftrs_mr_kind\0").map(|sym| *sym)?;
         let raftrs_mr_device = __library.get(b"raftrs_mr_device\0").map(|sym| *sym)?;
         let raftrs_mr_equal = __library.get(b"raftrs_mr_equal\0").map(|sym| *sym)?;
@@ -312,6 +314,7 @@ impl RaftrsShim {
             raftrs_mr_statistics_total_bytes,
             raftrs_mr_clone,
             raftrs_mr_destroy,
+            raftrs_mr_quiesce,
             raftrs_mr_kind,
             raftrs_mr_device,
             raftrs_mr_equal,
@@ -550,6 +553,10 @@ impl RaftrsShim {
     #[doc = " Drops this handle; the resource goes when its last handle and buffer have."]
     pub unsafe fn raftrs_mr_destroy(&self, mr: *mut raftrs_mr) -> raftrs_status {
         (self.raftrs_mr_destroy)(mr)
+    }
+    #[doc = " Where a CUDA async pool is behind `mr` (through adaptors), waits for its device\n  (cudaDeviceSynchronize), so that no stream still holds a free into the pool when the last\n  handle destroys it; `waited` is 1 then, else 0. For release threads: it blocks."]
+    pub unsafe fn raftrs_mr_quiesce(&self, mr: *const raftrs_mr, waited: *mut i32) -> raftrs_status {
+        (self.raftrs_mr_quiesce)(mr, waited)
     }
     #[doc = " The RAFTRS_MR_* kind of the resource."]
     pub unsafe fn raftrs_mr_kind(&self, mr: *const raftrs_mr, out: *mut i32) -> raftrs_status {

@@ -1118,20 +1118,25 @@ raftrs_status raftrs_mr_destroy(raftrs_mr* mr)
     auto* m = reinterpret_cast<shim_mr*>(mr);
     // The last handle of a pool destroys it: on its own device.
     device_scope scope{m->device};
-    // A CUDA async pool in the chain: wait for the device first, so that no stream still holds
-    // a free into the pool when RMM destroys it (cudaMemPoolDestroy, no wait of its own). CUDA
-    // documents such a destroy as allowed; run 33 caught a release thread faulting in
-    // cuStreamSynchronize while pools were destroyed beside it, and this rules the pattern out
-    // (not yet run on a GPU). Memory resources are destroyed on release threads.
-    std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{m->resource}};
+    delete m;
+  });
+}
+
+raftrs_status raftrs_mr_quiesce(const raftrs_mr* mr, int32_t* waited)
+{
+  return guard([&] {
+    *waited = 0;
+    auto const& m = unwrap(mr);
+    std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)}};
     for (int depth = 0; at.has_value() && depth < 32; ++depth) {
       if (cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&*at) != nullptr) {
-        if (!rmm::process_is_exiting() && cudaDeviceSynchronize() != cudaSuccess) { cudaGetLastError(); }
-        break;
+        device_scope scope{m.device};
+        check(cudaDeviceSynchronize(), "waiting for the device before an async pool is destroyed");
+        *waited = 1;
+        return;
       }
       at = upstream_any(*at);
     }
-    delete m;
   });
 }
 

@@ -571,6 +571,23 @@ struct DoomedMr(NonNull<sys::raftrs_mr>);
 unsafe impl Send for DoomedMr {}
 
 impl DoomedMr {
+    /// On a release thread: where a CUDA async pool is behind the resource, waits for its device
+    /// first, so that no stream still holds a free into the pool if this handle is the last
+    /// (RMM's destructor calls `cudaMemPoolDestroy` without waiting). CUDA documents such a
+    /// destroy as allowed; run 33 caught a release thread faulting in `cuStreamSynchronize`
+    /// while pools were destroyed beside it, and this rules that pattern out (not yet run on a
+    /// GPU). Never in the exit teardown, which must not wait for work it cannot bound.
+    fn quiesce(&self) {
+        const WHO: &str = "MemoryResource::drop";
+        let Ok(api) = api(WHO) else { return };
+        let mut waited = 0i32;
+        // SAFETY: the handle is alive (destroyed only by `destroy`, which takes self); writes
+        // one int; the shim makes the resource's device current around the wait.
+        if let Err(e) = check(WHO, api, unsafe { api.raftrs_mr_quiesce(self.0.as_ptr(), &mut waited) }) {
+            log::debug!(target: "raft", "{e}");
+        }
+    }
+
     fn destroy(self) {
         const WHO: &str = "MemoryResource::drop";
         let Ok(api) = api(WHO) else { return };
@@ -598,7 +615,13 @@ impl Drop for NativeMr {
             return;
         }
         let label = raft_exit::Label { what: "release of memory resource", id: raft_exit::next_id(), device: Some(self.device) };
-        crate::release::enqueue(label, Box::new(move || doomed.destroy()));
+        crate::release::enqueue(
+            label,
+            Box::new(move || {
+                doomed.quiesce();
+                doomed.destroy()
+            }),
+        );
     }
 }
 
