@@ -3,7 +3,7 @@
 use crate::sys::RaftcommsShim;
 use raft_error::{Error, ErrorKind, Result};
 use std::ffi::{CStr, CString};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 /// The shim's file name.
@@ -48,18 +48,11 @@ pub(crate) fn take_last_error(api: &RaftcommsShim) -> String {
 }
 
 fn candidates() -> (Vec<PathBuf>, bool) {
-    if let Some(path) = std::env::var_os("RAFT_COMMS_SHIM").filter(|p| !p.is_empty()) {
-        return (vec![PathBuf::from(path)], true);
-    }
-    let mut found = Vec::new();
-    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
-        found.push(dir.join(SHIM_FILE));
-        found.push(dir.join("../lib").join(SHIM_FILE));
-    }
-    if !BUILT_SHIM.is_empty() {
+    let (mut found, explicit) = raft_sys::shipped_library_candidates("RAFT_COMMS_SHIM", SHIM_FILE);
+    if !explicit && !BUILT_SHIM.is_empty() {
         found.push(PathBuf::from(BUILT_SHIM));
     }
-    (found, false)
+    (found, explicit)
 }
 
 fn nccl_advice() -> String {

@@ -25,7 +25,7 @@ mod bindings;
 mod load;
 
 pub use bindings::*;
-pub use load::{loaded_from, shim, take_last_error, LoadError, SHIM_FILE};
+pub use load::{loaded_from, shim, shipped_library_candidates, take_last_error, LoadError, SHIM_FILE};
 
 /// What the shim was compiled against, read from the headers by `build.rs` (RAFT's, RMM's and
 /// CCCL's version macros, `CUDART_VERSION`, RMM's ABI namespace, the handle size). Available

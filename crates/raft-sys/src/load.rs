@@ -87,19 +87,28 @@ pub fn take_last_error(api: &RaftrsShim) -> String {
     message
 }
 
-fn candidates() -> (Vec<PathBuf>, bool) {
-    if let Some(path) = std::env::var_os("RAFT_RS_SHIM").filter(|p| !p.is_empty()) {
+/// Where a library that ships with a program is looked for, the rule every raft-rs loader
+/// shares (this shim's, raft-comms', raft-cuvs'): the path in the variable `var` when it is set
+/// (then only there: `true`), else `file` beside the executable, then in `<its dir>/../lib` (a
+/// deployed binary with its libraries). Callers append their own later places.
+pub fn shipped_library_candidates(var: &str, file: &str) -> (Vec<PathBuf>, bool) {
+    if let Some(path) = std::env::var_os(var).filter(|p| !p.is_empty()) {
         return (vec![PathBuf::from(path)], true);
     }
     let mut found = Vec::new();
     if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
-        found.push(dir.join(SHIM_FILE));
-        found.push(dir.join("../lib").join(SHIM_FILE));
-    }
-    if !build_info::SHIM_PATH.is_empty() {
-        found.push(PathBuf::from(build_info::SHIM_PATH));
+        found.push(dir.join(file));
+        found.push(dir.join("../lib").join(file));
     }
     (found, false)
+}
+
+fn candidates() -> (Vec<PathBuf>, bool) {
+    let (mut found, explicit) = shipped_library_candidates("RAFT_RS_SHIM", SHIM_FILE);
+    if !explicit && !build_info::SHIM_PATH.is_empty() {
+        found.push(PathBuf::from(build_info::SHIM_PATH));
+    }
+    (found, explicit)
 }
 
 /// Loads the libraries found in `RAFT_RS_LIB_PATH`'s directories, globally, leaves first: the

@@ -107,14 +107,12 @@ fn build_roots() -> Vec<PathBuf> {
 
 /// The `libcuvs_c.so` files to try, and whether `RAFT_CUVS_LIB` named the only one.
 fn candidates() -> (Vec<PathBuf>, bool) {
-    if let Some(path) = std::env::var_os("RAFT_CUVS_LIB").filter(|p| !p.is_empty()) {
-        return (vec![PathBuf::from(path)], true);
+    let (beside, explicit) = raft_sys::shipped_library_candidates("RAFT_CUVS_LIB", LIB_FILE);
+    if explicit {
+        return (beside, true);
     }
     let mut found: Vec<PathBuf> = env_dirs().into_iter().map(|d| d.join(LIB_FILE)).collect();
-    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
-        found.push(dir.join(LIB_FILE));
-        found.push(dir.join("../lib").join(LIB_FILE));
-    }
+    found.extend(beside);
     for root in build_roots() {
         for sub in ["libcuvs/lib64", "lib", "lib64"] {
             found.push(root.join(sub).join(LIB_FILE));
