@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session over the bundle: runs the named steps, writes each step's output under
 # $OUT (or ./gpu-out), prints a summary. Steps: tests soak soak1 examples bench bench2 doctor
-# sanitizer latency torture rmm-torture downstream.
+# sanitizer latency torture rmm-torture rmm-repeat downstream.
 #   scripts/gpu-session.sh tests bench          (from the repository root, bundle built)
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,6 +60,16 @@ for step in "$@"; do
         done
         echo "$name ($mark -> process end, ms, 20 runs): $(echo $vals | tr ' ' '\n' | sort -n | tr '\n' ' ')" >> "$out/latency.txt"
       done ;;
+    rmm-repeat) rc=0; n=${REPEAT_N:-40}; bad=0; : > "$out/rmm-repeat.txt"
+      # Issue 13's intermittent SIGSEGV: the rmm test binary N times; a crash keeps its log (the
+      # test binaries print the crashing thread's stack). REPEAT_ENV adds variables, e.g.
+      # "RAFT_RELEASE_THREADS=1 RAFT_RELEASE_THREADS_MAX=1" to take release concurrency away.
+      for i in $(seq 1 "$n"); do
+        env ${REPEAT_ENV:-} timeout 120 "$b/tests/rmm" > /tmp/rmm-run.log 2>&1; r=$?
+        if [ $r -ne 0 ]; then bad=$((bad+1)); echo "== run $i rc=$r" >> "$out/rmm-repeat.txt"; tail -80 /tmp/rmm-run.log >> "$out/rmm-repeat.txt"; fi
+      done
+      echo "rmm-repeat (${REPEAT_ENV:-default}): $n runs, $bad failed" >> "$out/rmm-repeat.txt"
+      [ $bad -eq 0 ] || rc=1 ;;
     torture) "$b/run.sh" torture "${TORTURE_N:-1000}" > "$out/torture.txt" 2>&1; rc=$? ;;
     rmm-torture) rc=0; n=${TORTURE_N:-300}; crashes=0; hangs=0; wrong=0; : > "$out/rmm-torture.txt"
       # Issue 15: random exits with an RMM pool installed (RAFT_RMM_POOL_SIZE) and arrays alive on
