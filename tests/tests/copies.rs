@@ -200,6 +200,38 @@ fn device_to_device_copies_same_device_all_shapes() {
     }
 }
 
+
+/// Arrays from page-locked host and managed memory resources are device arrays too (unified
+/// addressing): device-to-device copies between them and plain device memory, every direction.
+#[test]
+fn device_copies_between_device_pinned_and_managed_arrays() {
+    require_gpu!();
+    use raft::MemoryResource;
+    let r = DeviceResources::new().unwrap();
+    let kinds: Vec<(&str, Option<MemoryResource>)> = vec![
+        ("device", None),
+        ("pinned host", Some(MemoryResource::pinned_host(0).unwrap())),
+        ("managed", Some(MemoryResource::managed(0).unwrap())),
+    ];
+    let make = |mr: &Option<MemoryResource>, n: usize| match mr {
+        Some(mr) => DeviceVec::<u32>::new_in(&r, n, mr).unwrap(),
+        None => DeviceVec::<u32>::new(&r, n).unwrap(),
+    };
+    let n = (1 << 20) + 7;
+    for (i, (from, src_mr)) in kinds.iter().enumerate() {
+        for (j, (to, dst_mr)) in kinds.iter().enumerate() {
+            let want = pattern_u32(n, (7 * i + j) as u32);
+            let mut src = make(src_mr, n);
+            src.copy_from_host(&want).unwrap();
+            let mut dst = make(dst_mr, n);
+            dst.copy_from_host(&pattern_u32(n, 99)).unwrap();
+            dst.copy_from_device(&src).unwrap();
+            same(&format!("{from} -> {to}: copy_from_device"), &dst.to_host().unwrap(), &want);
+            let (_, dst) = r.copy_device_async(src, dst).unwrap().wait().unwrap();
+            same(&format!("{from} -> {to}: copy_device_async"), &dst.to_host().unwrap(), &want);
+        }
+    }
+}
 /// The copy's stream waits for the work queued on the arrays' own streams, and the source's
 /// stream waits for a queued copy before writing the source again.
 #[test]
