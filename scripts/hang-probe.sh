@@ -6,6 +6,7 @@
 set -u
 exe=$1; name=$2; n=$3; limit=$4; out=$5
 gdb=$(command -v cuda-gdb || ls /usr/local/cuda*/bin/cuda-gdb 2>/dev/null | head -n 1)
+[ -n "${PROBE_NO_STACKS:-}" ] && gdb=""
 hangs=0; fails=0
 for i in $(seq 1 "$n"); do
   start=$(date +%s%3N)
