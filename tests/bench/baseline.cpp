@@ -6,7 +6,6 @@
 
 #include <rmm/aligned.hpp>
 #include <rmm/cuda_device.hpp>
-#include <rmm/cuda_stream_pool.hpp>
 #include <rmm/mr/cuda_async_memory_resource.hpp>
 #include <rmm/mr/arena_memory_resource.hpp>
 #include <rmm/mr/cuda_memory_resource.hpp>
@@ -96,22 +95,6 @@ int32_t bl_create_release()
     auto o = make();
     destroy(o);
     return 0;
-  } catch (...) {
-    return 1;
-  }
-}
-
-// The same with the stream reused, as this library now does: a stream from an
-// rmm::cuda_stream_pool, raft::device_resources on it, the stream drained, the object deleted.
-int32_t bl_create_release_pooled()
-{
-  static rmm::cuda_stream_pool pool{16, rmm::cuda_stream::flags::non_blocking};
-  try {
-    auto stream = pool.get_stream();
-    auto* res   = new raft::device_resources(stream);
-    auto rc     = cudaStreamSynchronize(stream.value());
-    delete res;
-    return rc;
   } catch (...) {
     return 1;
   }

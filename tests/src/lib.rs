@@ -146,7 +146,6 @@ pub mod baseline {
     extern "C" {
         /// cudaStreamCreateWithFlags(NonBlocking) + raft::device_resources on it + destroy both.
         pub fn bl_create_release() -> i32;
-        pub fn bl_create_release_pooled() -> i32;
         /// `raft::resource::get_cuda_stream` of a lent `raft::resources*`.
         pub fn bl_lent_stream(res: *mut c_void) -> *mut c_void;
         /// `raft::resource::get_cublas_handle` of a lent `raft::resources*`.

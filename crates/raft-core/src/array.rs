@@ -90,9 +90,6 @@ impl<T: DeviceScalar> DeviceVec<T> {
                 if let Err(trim) = crate::result::trim_async_pool(who, resources.device(), mr.map(|m| m.native())) {
                     log::warn!(target: "raft", "{trim}");
                 }
-                if let Err(spare) = crate::result::drop_spare_streams(who, resources.context()) {
-                    log::warn!(target: "raft", "{spare}");
-                }
             }
         })?;
         LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);

@@ -203,11 +203,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Each object owns a non-blocking CUDA stream (made through cudarc on the device's primary
 /// context, never the legacy or per-thread default stream), a worker thread for jobs (started
 /// on the first [`spawn`](Self::spawn)), and the cuBLAS, cuSOLVER (dense and sparse) and
-/// cuSPARSE handles RAFT creates on first use, bound to that stream. The stream of released
-/// resources that nothing else holds (no array, copy or `Arc` from [`stream`](Self::stream))
-/// is kept, drained, for the next resources of its device (up to 16 per device, as RMM's
-/// `cuda_stream_pool` keeps streams): no two live resources ever share one. Making one costs a
-/// stream and a small C++ object; a first cuBLAS handle costs tens of milliseconds and about 65 MiB of
+/// cuSPARSE handles RAFT creates on first use, bound to that stream. Making one costs a stream
+/// and a small C++ object; a first cuBLAS handle costs tens of milliseconds and about 65 MiB of
 /// device memory, paid only by the resources that use one.
 ///
 /// `Clone` gives the *same* resources (a cheap handle); `==` is identity. Resources are
@@ -262,7 +259,7 @@ impl DeviceResources {
         release::make_room(device);
         let guard = ContextGuard::save(who)?;
         memory::ensure_default(who, device)?;
-        let make = || NativeResources::create(who, device, result::resources_stream(who, &ctx)?, &guard);
+        let make = || NativeResources::create(who, device, result::new_stream(who, &ctx)?, &guard);
         // Memory only waiting for a pending release is not missing: run or wait for them, then
         // try once more.
         let native = match make() {

@@ -421,16 +421,11 @@ fn main() {
     let ours = measure(200, 2000, 1, || DeviceResources::new().unwrap().release().unwrap());
     // SAFETY: plain C function of the baseline.
     let cpp = measure(200, 2000, 1, || assert_eq!(unsafe { bl_create_release() }, 0));
-    // SAFETY: as above.
-    let cpp_pooled = measure(200, 2000, 1, || assert_eq!(unsafe { bl_create_release_pooled() }, 0));
     t.add(
         "create + release, no handles",
-        "DeviceResources::new + release (the stream reused when nothing else holds it)",
+        "DeviceResources::new + release",
         ours,
-        vec![
-            ("C++ stream + raft::device_resources + destroy", cpp),
-            ("C++ like ours: stream from rmm::cuda_stream_pool + raft::device_resources + sync + delete", cpp_pooled),
-        ],
+        vec![("C++ stream + raft::device_resources + destroy", cpp)],
         "C++ stream + raft::device_resources + destroy",
         "<= 1.25x",
         |a, b| a <= 1.25 * b,

@@ -281,15 +281,7 @@ impl NativeResources {
         // consumed); its stream is still alive (dropped just below, after it).
         let destroyed = check(who, api, unsafe { api.raftrs_resources_destroy(self.ptr.as_ptr()) });
         let ctx = self.stream.context().clone();
-        let mut stream = self.stream;
-        // A drained stream nobody else holds (no array, copy or caller kept it) is kept for the
-        // next resources of its context: making and destroying a stream is most of the cost of
-        // short-lived resources. A stream whose work failed, or that is still shared, is not.
-        if drained.is_ok() && destroyed.is_ok() && Arc::get_mut(&mut stream).is_some() {
-            spare_streams::keep(stream);
-        } else {
-            drop(stream);
-        }
+        drop(self.stream);
         let recorded = take_recorded(who, &ctx);
         let tolerate = |r: Result<()>| r.or_else(|e| if already_gone(&e) { Ok(()) } else { Err(e) });
         tolerate(drained).and(tolerate(destroyed)).and(tolerate(recorded))
@@ -972,69 +964,6 @@ pub(crate) fn retain_primary(who: &'static str, device: usize) -> Result<Arc<Cud
 /// A new non-blocking stream on `ctx` (cudarc binds the context: the caller holds a guard).
 pub(crate) fn new_stream(who: &'static str, ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
     ctx.new_stream().map_err(|e| Error::driver(who, e))
-}
-
-/// A stream for new resources on `ctx`: one kept from released resources (idle, and held by
-/// nobody else) when there is one, otherwise a new non-blocking stream.
-pub(crate) fn resources_stream(who: &'static str, ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
-    match spare_streams::take(ctx) {
-        Some(stream) => Ok(stream),
-        None => new_stream(who, ctx),
-    }
-}
-
-/// Streams of released resources kept for reuse, as RMM's `cuda_stream_pool` and PyTorch's
-/// stream pools keep theirs. Each was drained when kept (its work finished without error) and
-/// was held by nothing else, so its next owner is the only one to see it. What stays with a
-/// stream across owners is what was set on it through its raw handle (attributes such as an
-/// L2 access policy window); nothing of the previous owner's work does.
-mod spare_streams {
-    use cudarc::driver::{CudaContext, CudaStream};
-    use std::sync::{Arc, Mutex};
-
-    /// Most streams kept per context (a stream holds about half a MiB of device memory).
-    const MOST_PER_CONTEXT: usize = 16;
-
-    static SPARE: Mutex<Vec<Arc<CudaStream>>> = Mutex::new(Vec::new());
-
-    pub(super) fn take(ctx: &Arc<CudaContext>) -> Option<Arc<CudaStream>> {
-        let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
-        let i = spare.iter().rposition(|s| Arc::ptr_eq(s.context(), ctx))?;
-        Some(spare.swap_remove(i))
-    }
-
-    /// Keeps `stream` (idle, and its only handle) for reuse; destroys it when its context
-    /// already has enough kept.
-    pub(super) fn keep(stream: Arc<CudaStream>) {
-        let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
-        if spare.iter().filter(|s| Arc::ptr_eq(s.context(), stream.context())).count() < MOST_PER_CONTEXT {
-            spare.push(stream);
-            return;
-        }
-        drop(spare);
-        drop(stream); // cudarc destroys it (its context is bound by the caller)
-    }
-
-    /// Takes every stream kept for `ctx` (to be destroyed: the device ran out of memory).
-    pub(super) fn take_all(ctx: &Arc<CudaContext>) -> Vec<Arc<CudaStream>> {
-        let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
-        let (mine, others) = std::mem::take(&mut *spare).into_iter().partition(|s| Arc::ptr_eq(s.context(), ctx));
-        *spare = others;
-        mine
-    }
-}
-
-/// Destroys the streams kept for reuse on `ctx` (after a final `OutOfMemory`: their device
-/// memory goes back with the async pool's).
-pub(crate) fn drop_spare_streams(who: &'static str, ctx: &Arc<CudaContext>) -> Result<()> {
-    let spare = spare_streams::take_all(ctx);
-    if spare.is_empty() {
-        return Ok(());
-    }
-    let _keep = ContextGuard::save(who)?;
-    bind(who, ctx)?;
-    drop(spare);
-    take_recorded(who, ctx)
 }
 
 /// Binds `ctx` on the calling (library) thread.
