@@ -200,7 +200,6 @@ fn device_to_device_copies_same_device_all_shapes() {
     }
 }
 
-
 /// Arrays from page-locked host and managed memory resources are device arrays too (unified
 /// addressing): device-to-device copies between them and plain device memory, every direction.
 #[test]

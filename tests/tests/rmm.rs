@@ -274,3 +274,17 @@ fn pools_destroyed_beside_stream_waits_never_crash() {
         assert_eq!(c.result("rounds").as_deref(), Some("1600"), "run {i}: {}", c.stderr);
     }
 }
+
+/// Async pools made and dropped in a loop while the resources whose streams freed into them
+/// stay alive and keep allocating, syncing and releasing (8 threads × 200 pools). Reusing such a
+/// stream for later resources crashed or hung the driver (GPU runs 36-38); this is the
+/// long-lived shape of the same thing.
+#[test]
+fn pools_dropped_while_their_streams_live_on_never_crash() {
+    require_gpu!();
+    for i in 0..3 {
+        let c = run_scenario!("pool-dies-beside-live-streams", &[], std::time::Duration::from_secs(120));
+        c.assert_code(0);
+        assert_eq!(c.result("rounds").as_deref(), Some("1600"), "run {i}: {}", c.stderr);
+    }
+}

@@ -468,6 +468,32 @@ fn main() -> ExitCode {
             });
             println!("RESULT rounds={}", threads * rounds);
         }
+        // Async pools made and dropped while the resources whose streams freed into them live
+        // on and keep working (each thread's resources last the whole run): what a user does
+        // who tries pool settings in a loop.
+        "pool-dies-beside-live-streams" => {
+            let threads = env_f64("SCENARIO_THREADS", 8.0) as usize;
+            let rounds = env_f64("SCENARIO_ROUNDS", 200.0) as usize;
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    s.spawn(move || {
+                        let res = raft::DeviceResources::new().expect("resources");
+                        for _ in 0..rounds {
+                            let mr = raft::MemoryResource::cuda_async_with(0, None, Some(32 << 20)).expect("pool");
+                            let mut v = raft::DeviceVec::<u8>::new_in(&res, 1 << 20, &mr).expect("array");
+                            v.fill_zero().expect("memset");
+                            drop(v);
+                            drop(mr);
+                            let mut w = raft::DeviceVec::<u8>::new(&res, 1 << 20).expect("array");
+                            w.fill_zero().expect("memset");
+                            res.sync().expect("sync");
+                        }
+                        res.release().expect("release");
+                    });
+                }
+            });
+            println!("RESULT rounds={}", threads * rounds);
+        }
         "hook-before-rmm-map" => {
             raft_exit::register_exit_hook();
             let res = raft::DeviceResources::new().expect("resources");
