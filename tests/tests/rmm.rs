@@ -278,7 +278,22 @@ fn pools_destroyed_beside_stream_waits_never_crash() {
 /// Async pools made and dropped in a loop while the resources whose streams freed into them
 /// stay alive and keep allocating, syncing and releasing (8 threads × 200 pools). Reusing such a
 /// stream for later resources crashed or hung the driver (GPU runs 36-38); this is the
-/// long-lived shape of the same thing.
+/// long-lived shape of the same thing, with staged copies (whose lane streams follow those
+/// streams) each round.
+/// An async pool made current and replaced again, its Rust handle dropped before the arrays
+/// made from it through the default path: the last array's own copy then destroys the pool,
+/// which must first let the frees queued into it finish (the shim waits for the device), while
+/// seven threads keep allocating from whatever is current.
+#[test]
+fn a_replaced_current_pool_destroyed_by_its_last_array_never_crashes() {
+    require_gpu!();
+    for i in 0..3 {
+        let c = run_scenario!("pool-dies-default-path", &[], std::time::Duration::from_secs(120));
+        c.assert_code(0);
+        assert_eq!(c.result("rounds").as_deref(), Some("200"), "run {i}: {}", c.stderr);
+    }
+}
+
 #[test]
 fn pools_dropped_while_their_streams_live_on_never_crash() {
     require_gpu!();

@@ -695,6 +695,10 @@ fn pool_take(who: &'static str, device: usize, piece_bytes: usize, n: usize) -> 
 /// buffers, however large); freed outside the lock, as freeing page-locked memory may wait for
 /// the device.
 fn pool_give_back(buffers: Vec<StagingBuffers>) {
+    // Buffers whose copy could not be waited for are never used again: dropped (which leaks
+    // them) rather than pooled, where every later staged copy of their size would fail.
+    let (buffers, poisoned): (Vec<_>, Vec<_>) = buffers.into_iter().partition(|b| !b.is_poisoned());
+    drop(poisoned);
     let surplus = {
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
         let returned = buffers.len();

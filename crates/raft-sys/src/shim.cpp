@@ -517,6 +517,17 @@ any_device_resource copy_current(int device)
   return copy;
 }
 
+/// Whether `device`'s entry in RMM's per-device map is (a copy of) `mr`. Also true once RMM is
+/// exiting: the map is gone, and the exit teardown waits for nothing.
+bool still_current(int device, any_device_resource const& mr)
+{
+  if (rmm::process_is_exiting()) { return true; }
+  std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
+  auto& map  = rmm::mr::detail::get_ref_map();
+  auto found = map.find(device);
+  return found != map.end() && mr == found->second;
+}
+
 /// An adaptor of type `Adaptor` over (a shared copy of) `upstream`, made on the upstream's device.
 template <typename Adaptor, typename... Args>
 raftrs_mr* adapt(raftrs_mr const* upstream, Args&&... args)
@@ -550,6 +561,9 @@ struct shim_buffer {
   std::size_t bytes;
   any_device_resource mr;
   bool stream_ordered;
+  /// Made from the device's current resource (no resource given): nothing on the Rust side
+  /// holds that resource, so this copy may become its last handle.
+  bool from_current;
 };
 
 /// The upstream of an adaptor of type `A` behind `mr` (or nothing when `mr` is no `A`).
@@ -575,6 +589,17 @@ std::optional<rmm::device_async_resource_ref> upstream_any(rmm::device_async_res
     case RAFTRS_MR_POOL: return upstream_of<rmm::mr::pool_memory_resource>(mr);
     default: return std::nullopt;
   }
+}
+
+/// Whether a CUDA async pool is anywhere in the chain behind `mr`.
+bool holds_async_pool(rmm::device_async_resource_ref mr)
+{
+  std::optional<rmm::device_async_resource_ref> at{mr};
+  for (int depth = 0; at.has_value() && depth < 32; ++depth) {
+    if (cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&*at) != nullptr) { return true; }
+    at = upstream_any(*at);
+  }
+  return false;
 }
 
 /// Refuses a pool, arena, binning or thread-safe resource over a chain that holds a failure
@@ -1127,15 +1152,10 @@ raftrs_status raftrs_mr_quiesce(const raftrs_mr* mr, int32_t* waited)
   return guard([&] {
     *waited = 0;
     auto const& m = unwrap(mr);
-    std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)}};
-    for (int depth = 0; at.has_value() && depth < 32; ++depth) {
-      if (cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&*at) != nullptr) {
-        device_scope scope{m.device};
-        check(cudaDeviceSynchronize(), "waiting for the device before an async pool is destroyed");
-        *waited = 1;
-        return;
-      }
-      at = upstream_any(*at);
+    if (holds_async_pool(rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)})) {
+      device_scope scope{m.device};
+      check(cudaDeviceSynchronize(), "waiting for the device before an async pool is destroyed");
+      *waited = 1;
     }
   });
 }
@@ -1244,7 +1264,7 @@ raftrs_status raftrs_buffer_create(int32_t device,
   return guard([&] {
     *out = nullptr;
     device_scope scope{device};
-    auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, false});
+    auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, false, mr == nullptr});
     if (mr == nullptr) {
       owned->mr = copy_current(device);
     } else {
@@ -1275,6 +1295,19 @@ raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream)
       rmm::device_async_resource_ref{b->mr}.deallocate(
         cuda::stream_ref{static_cast<cudaStream_t>(stream)}, b->ptr, b->bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
     }
+    // A buffer made from the device's current resource, which has since been replaced, may hold
+    // the last handle to an async pool: its destruction must not run while frees into the pool
+    // are still queued on streams that live on (GPU runs 33 and 38: the driver faults, or hangs,
+    // using such a stream later). Wait for the device first, as a dropped MemoryResource does on
+    // its release thread (raftrs_mr_quiesce). Resources given explicitly are held by the Rust
+    // side, whose drop waits; the current resource is held by RMM's map.
+    if (b->from_current) {
+      rmm::device_async_resource_ref ref{b->mr};
+      if (holds_async_pool(ref) && !still_current(b->device, b->mr)) { (void)cudaDeviceSynchronize(); }
+    }
+    // Destroyed here, inside the device scope, so a pool's destructor runs on its device and the
+    // caller's context is put back after it (the Rust side takes no context guard around this).
+    b.reset();
   });
 }
 

@@ -478,6 +478,7 @@ fn main() -> ExitCode {
                 for _ in 0..threads {
                     s.spawn(move || {
                         let res = raft::DeviceResources::new().expect("resources");
+                        let host: Vec<u8> = (0..16 << 20).map(|i| (i % 251) as u8).collect();
                         for _ in 0..rounds {
                             let mr = raft::MemoryResource::cuda_async_with(0, None, Some(32 << 20)).expect("pool");
                             let mut v = raft::DeviceVec::<u8>::new_in(&res, 1 << 20, &mr).expect("array");
@@ -487,12 +488,57 @@ fn main() -> ExitCode {
                             let mut w = raft::DeviceVec::<u8>::new(&res, 1 << 20).expect("array");
                             w.fill_zero().expect("memset");
                             res.sync().expect("sync");
+                            // Staged copies: their lane streams follow and are followed by this
+                            // stream, which freed into the pool just dropped.
+                            let staged = raft::Staging::default().from_host(&res, &host).expect("staged upload");
+                            assert!(staged.to_host_staged().expect("staged download") == host, "staged round trip");
                         }
                         res.release().expect("release");
                     });
                 }
             });
             println!("RESULT rounds={}", threads * rounds);
+        }
+        // A device's current resource replaced by a fresh async pool and back, 200 times, while
+        // arrays made from it through the default path (no resource given) are dropped after
+        // the pool's last Rust handle: the array's own copy then destroys the pool. Seven
+        // threads keep allocating from whatever is current, syncing, on long-lived resources.
+        "pool-dies-default-path" => {
+            let rounds = env_f64("SCENARIO_ROUNDS", 200.0) as usize;
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let stop = &stop;
+            std::thread::scope(|s| {
+                for _ in 0..7 {
+                    s.spawn(move || {
+                        let res = raft::DeviceResources::new().expect("resources");
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            let mut w = raft::DeviceVec::<u8>::new(&res, 1 << 20).expect("array");
+                            w.fill_zero().expect("memset");
+                            drop(w);
+                            res.sync().expect("sync");
+                        }
+                        res.release().expect("release");
+                    });
+                }
+                s.spawn(move || {
+                    let res = raft::DeviceResources::new().expect("resources");
+                    for _ in 0..rounds {
+                        let pool = raft::MemoryResource::cuda_async_with(0, None, Some(32 << 20)).expect("pool");
+                        let previous = raft::memory::set_current(0, &pool).expect("set_current");
+                        let mut v = raft::DeviceVec::<u8>::new(&res, 1 << 20).expect("array");
+                        v.fill_zero().expect("memset");
+                        raft::memory::set_current(0, &previous).expect("set_current back");
+                        drop(pool);
+                        drop(v);
+                        let mut w = raft::DeviceVec::<u8>::new(&res, 1 << 20).expect("array");
+                        w.fill_zero().expect("memset");
+                        res.sync().expect("sync");
+                    }
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    res.release().expect("release");
+                });
+            });
+            println!("RESULT rounds={rounds}");
         }
         "hook-before-rmm-map" => {
             raft_exit::register_exit_hook();

@@ -820,8 +820,21 @@ impl StagingBuffers {
     /// stream-ordered free come after the lane's copies even when a lane gave up waiting for
     /// them (a failed event).
     pub(crate) fn join_back(&self, who: &'static str, array_stream: &CudaStream) -> Result<()> {
-        let guard = ContextGuard::save(who)?;
-        join(who, array_stream, self.lane_stream(), &guard)
+        let joined = ContextGuard::save(who).and_then(|guard| join(who, array_stream, self.lane_stream(), &guard));
+        if joined.is_err() {
+            // The array's stream cannot be made to wait: wait for the lane on the host instead,
+            // so no copy of this lane is left running when the staged copy returns. A failure
+            // here too means the context is broken (a lane stream is never captured) and runs
+            // nothing more.
+            let _ = stream_sync(who, self.lane_stream());
+        }
+        joined
+    }
+
+    /// Whether a copy of these buffers could be neither recorded nor waited for: they are then
+    /// never used again (and leaked when dropped).
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.poisoned
     }
 
     /// Makes this lane's stream wait (on the device) for the work queued on the array's stream
