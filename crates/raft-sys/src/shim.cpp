@@ -517,17 +517,6 @@ any_device_resource copy_current(int device)
   return copy;
 }
 
-/// Whether `device`'s entry in RMM's per-device map is (a copy of) `mr`. Also true once RMM is
-/// exiting: the map is gone, and the exit teardown waits for nothing.
-bool still_current(int device, any_device_resource const& mr)
-{
-  if (rmm::process_is_exiting()) { return true; }
-  std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
-  auto& map  = rmm::mr::detail::get_ref_map();
-  auto found = map.find(device);
-  return found != map.end() && mr == found->second;
-}
-
 /// An adaptor of type `Adaptor` over (a shared copy of) `upstream`, made on the upstream's device.
 template <typename Adaptor, typename... Args>
 raftrs_mr* adapt(raftrs_mr const* upstream, Args&&... args)
@@ -561,9 +550,6 @@ struct shim_buffer {
   std::size_t bytes;
   any_device_resource mr;
   bool stream_ordered;
-  /// Made from the device's current resource (no resource given): nothing on the Rust side
-  /// holds that resource, so this copy may become its last handle.
-  bool from_current;
 };
 
 /// The upstream of an adaptor of type `A` behind `mr` (or nothing when `mr` is no `A`).
@@ -1264,7 +1250,7 @@ raftrs_status raftrs_buffer_create(int32_t device,
   return guard([&] {
     *out = nullptr;
     device_scope scope{device};
-    auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, false, mr == nullptr});
+    auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, false});
     if (mr == nullptr) {
       owned->mr = copy_current(device);
     } else {
@@ -1294,16 +1280,6 @@ raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream)
     if (b->ptr != nullptr) {
       rmm::device_async_resource_ref{b->mr}.deallocate(
         cuda::stream_ref{static_cast<cudaStream_t>(stream)}, b->ptr, b->bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-    }
-    // A buffer made from the device's current resource, which has since been replaced, may hold
-    // the last handle to an async pool: its destruction must not run while frees into the pool
-    // are still queued on streams that live on (GPU runs 33 and 38: the driver faults, or hangs,
-    // using such a stream later). Wait for the device first, as a dropped MemoryResource does on
-    // its release thread (raftrs_mr_quiesce). Resources given explicitly are held by the Rust
-    // side, whose drop waits; the current resource is held by RMM's map.
-    if (b->from_current) {
-      rmm::device_async_resource_ref ref{b->mr};
-      if (holds_async_pool(ref) && !still_current(b->device, b->mr)) { (void)cudaDeviceSynchronize(); }
     }
     // Destroyed here, inside the device scope, so a pool's destructor runs on its device and the
     // caller's context is put back after it (the Rust side takes no context guard around this).
