@@ -840,7 +840,7 @@ impl StagingBuffers {
     /// Makes this lane's stream wait (on the device) for the work queued on the array's stream
     /// before the staged copy began: the array's allocation, and any kernel still writing or
     /// reading it. Called once per lane, before its first piece.
-    pub(crate) fn follow(&mut self, who: &'static str, start: &StagingStart) -> Result<()> {
+    pub(crate) fn follow(&self, who: &'static str, start: &StagingStart) -> Result<()> {
         if !same_context(&start.event.ctx, &self.ctx) {
             return Err(Error::logic(who, "staging buffers serve arrays of their own device"));
         }
