@@ -503,15 +503,27 @@ fn main() -> ExitCode {
         // arrays made from it through the default path (no resource given) are dropped after
         // the pool's last Rust handle: the array's own copy then destroys the pool. Seven
         // threads keep allocating from whatever is current, syncing, on long-lived resources.
+        //
+        // For the diagnosis of its hang (GPU run 39): SCENARIO_WORKER_ROUNDS bounds the workers
+        // (so a replacer that is only starved while they run still finishes, late), and
+        // SCENARIO_WORKER_PAUSE_US pauses them between rounds; the replacer prints its slowest
+        // round.
         "pool-dies-default-path" => {
             let rounds = env_f64("SCENARIO_ROUNDS", 200.0) as usize;
+            let worker_rounds = env_f64("SCENARIO_WORKER_ROUNDS", f64::INFINITY);
+            let pause = Duration::from_secs_f64(env_f64("SCENARIO_WORKER_PAUSE_US", 0.0) / 1e6);
             let stop = std::sync::atomic::AtomicBool::new(false);
             let stop = &stop;
             std::thread::scope(|s| {
                 for _ in 0..7 {
                     s.spawn(move || {
                         let res = raft::DeviceResources::new().expect("resources");
-                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let mut done = 0.0;
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) && done < worker_rounds {
+                            done += 1.0;
+                            if !pause.is_zero() {
+                                std::thread::sleep(pause);
+                            }
                             let mut w = raft::DeviceVec::<u8>::new(&res, 1 << 20).expect("array");
                             w.fill_zero().expect("memset");
                             drop(w);
@@ -522,7 +534,9 @@ fn main() -> ExitCode {
                 }
                 s.spawn(move || {
                     let res = raft::DeviceResources::new().expect("resources");
+                    let mut slowest = Duration::ZERO;
                     for _ in 0..rounds {
+                        let round = Instant::now();
                         let pool = raft::MemoryResource::cuda_async_with(0, None, Some(32 << 20)).expect("pool");
                         let previous = raft::memory::set_current(0, &pool).expect("set_current");
                         let mut v = raft::DeviceVec::<u8>::new(&res, 1 << 20).expect("array");
@@ -533,7 +547,9 @@ fn main() -> ExitCode {
                         let mut w = raft::DeviceVec::<u8>::new(&res, 1 << 20).expect("array");
                         w.fill_zero().expect("memset");
                         res.sync().expect("sync");
+                        slowest = slowest.max(round.elapsed());
                     }
+                    println!("RESULT slowest_round_ms={:.1}", slowest.as_secs_f64() * 1e3);
                     stop.store(true, std::sync::atomic::Ordering::Relaxed);
                     res.release().expect("release");
                 });
