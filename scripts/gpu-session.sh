@@ -3,6 +3,7 @@
 # $OUT (or ./gpu-out), prints a summary. Steps: tests soak soak1 examples bench bench2 doctor
 # sanitizer latency torture rmm-torture rmm-repeat downstream.
 #   scripts/gpu-session.sh tests bench          (from the repository root, bundle built)
+#   OUT=/tmp/o SAVE_TO=$OUT scripts/gpu-session.sh ...   (device tool: results saved per step)
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 b="$root/gpu-bundle"
@@ -100,6 +101,11 @@ for step in "$@"; do
     *) echo "unknown step $step"; rc=2 ;;
   esac
   echo "step $step: rc=$rc"
+  echo "step $step: rc=$rc" >> "$out/steps.txt"
+  # SAVE_TO (the device tool's $OUT): everything so far, as one file, after every step, so a
+  # call that runs past its time limit still returns what the finished steps found (run 39 did
+  # not).
+  [ -n "${SAVE_TO:-}" ] && tar czf "$SAVE_TO/gpu-session.tgz" -C "$out" . 2>/dev/null
   [ $rc -eq 0 ] || status=1
 done
 exit $status
