@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session over the bundle: runs the named steps, writes each step's output under
 # $OUT (or ./gpu-out), prints a summary. Steps: tests soak soak1 examples bench bench2 doctor
-# sanitizer latency torture rmm-torture rmm-repeat downstream.
+# sanitizer latency torture rmm-torture rmm-repeat copy downstream.
 #   scripts/gpu-session.sh tests bench          (from the repository root, bundle built)
 #   OUT=/tmp/o SAVE_TO=$OUT scripts/gpu-session.sh ...   (device tool: results saved per step)
 set -u
@@ -23,6 +23,7 @@ for step in "$@"; do
         echo "== $e" >> "$out/examples.txt"; RUST_LOG=raft=debug "$b/bin/$e" >> "$out/examples.txt" 2>&1 || { rc=1; echo "FAILED $e" >> "$out/examples.txt"; }
       done ;;
     bench) "$b/bin/raft-bench" "$out/bench.json" > "$out/bench.md" 2> "$out/bench.err"; rc=$? ;;
+    copy) timeout ${COPY_TIMEOUT:-300} "$b/bin/copy-bench" "$out/copy.json" > "$out/copy.md" 2> "$out/copy.err"; rc=$? ;;
     bench2) "$b/bin/raft-bench" "$out/bench2.json" > "$out/bench2.md" 2> "$out/bench2.err"; rc=$? ;;
     doctor) { "$b/bin/raft-doctor"; echo "doctor rc=$?"; } > "$out/doctor.txt" 2>&1; "$b/bin/raft-doctor" --json > "$out/doctor.json" 2>/dev/null; rc=$? ;;
     sanitizer) rc=0; : > "$out/sanitizer.txt"
