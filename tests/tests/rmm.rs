@@ -275,17 +275,12 @@ fn pools_destroyed_beside_stream_waits_never_crash() {
     }
 }
 
-/// Async pools made and dropped in a loop while the resources whose streams freed into them
-/// stay alive and keep allocating, syncing and releasing (8 threads × 200 pools). Reusing such a
-/// stream for later resources crashed or hung the driver (GPU runs 36-38); this is the
-/// long-lived shape of the same thing, with staged copies (whose lane streams follow those
-/// streams) each round.
 /// An async pool made current and replaced again, its Rust handle dropped before the arrays
 /// made from it through the default path (the last array's own copy then destroys the pool),
 /// while seven threads keep allocating from whatever is current.
 ///
 /// Ignored: it does not pass. GPU run 39: the scenario hung in 3 of 6 runs and failed once with
-/// the shim of 95740b7, and hung 4 of 4 with a shim that waited for the device before such a
+/// the shim before 70deebe, and hung 4 of 4 with a shim that waited for the device before such a
 /// copy destroyed its pool (that wait is not kept). Not yet diagnosed (the device time ran out):
 /// a driver hazard around async pools destroyed beside live streams (runs 33, 37, 38), or a
 /// deadlock in this scenario or library. Run it with `--ignored` under RAFT_REQUIRE_GPU=1, and
@@ -302,6 +297,11 @@ fn a_replaced_current_pool_destroyed_by_its_last_array_never_crashes() {
     }
 }
 
+/// Async pools made and dropped in a loop while the resources whose streams freed into them
+/// stay alive and keep allocating, syncing and releasing (8 threads × 200 pools). Reusing such a
+/// stream for later resources crashed or hung the driver (GPU runs 36-38); this is the
+/// long-lived shape of the same thing, with staged copies (whose lane streams follow those
+/// streams) each round.
 #[test]
 fn pools_dropped_while_their_streams_live_on_never_crash() {
     require_gpu!();
