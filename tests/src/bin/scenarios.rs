@@ -533,6 +533,15 @@ fn main() -> ExitCode {
                     });
                 }
                 s.spawn(move || {
+                    // The workers stop when this thread ends, also by a panic: a failure here is
+                    // then a failure of the scenario, not a hang.
+                    struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+                    impl Drop for StopOnDrop<'_> {
+                        fn drop(&mut self) {
+                            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                    let _stop_workers = StopOnDrop(stop);
                     let res = raft::DeviceResources::new().expect("resources");
                     let mut slowest = Duration::ZERO;
                     for _ in 0..rounds {
@@ -550,7 +559,6 @@ fn main() -> ExitCode {
                         slowest = slowest.max(round.elapsed());
                     }
                     println!("RESULT slowest_round_ms={:.1}", slowest.as_secs_f64() * 1e3);
-                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
                     res.release().expect("release");
                 });
             });
