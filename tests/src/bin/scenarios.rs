@@ -8,6 +8,104 @@ fn env_f64(name: &str, default: f64) -> f64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// The `raw-pool-streams` scenario (see its comment in `main`).
+fn raw_pool_streams() {
+    use cudarc::driver::sys::*;
+    use std::sync::mpsc;
+    use std::sync::Mutex;
+    fn ok(what: &str, rc: CUresult) {
+        assert_eq!(rc, CUresult::CUDA_SUCCESS, "{what}");
+    }
+    let threads = env_f64("SCENARIO_THREADS", 8.0) as usize;
+    let rounds = env_f64("SCENARIO_ROUNDS", 200.0) as usize;
+    let reuse = env_f64("SCENARIO_REUSE", 0.0) != 0.0;
+    let device_sync = env_f64("SCENARIO_DEVICE_SYNC", 0.0) != 0.0;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: plain driver calls with out-pointers to locals; device 0 exists (a GPU run).
+    unsafe {
+        ok("cuInit", cuInit(0));
+        let mut dev: CUdevice = 0;
+        ok("cuDeviceGet", cuDeviceGet(&mut dev, 0));
+        ok("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain(&mut ctx, dev));
+    }
+    let ctx = ctx as usize;
+    // SAFETY: binds the retained primary context (alive for the process) to the calling thread.
+    let bind = move || ok("cuCtxSetCurrent", unsafe { cuCtxSetCurrent(ctx as CUcontext) });
+    let spare: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    let (pool_tx, pool_rx) = mpsc::channel::<usize>();
+    let (stream_tx, stream_rx) = mpsc::channel::<usize>();
+    std::thread::scope(|s| {
+        let spare = &spare;
+        s.spawn(move || {
+            bind();
+            for pool in pool_rx {
+                if device_sync {
+                    // SAFETY: the context is bound to this thread.
+                    ok("cuCtxSynchronize", unsafe { cuCtxSynchronize() });
+                }
+                // SAFETY: the pool was made by a worker, which no longer uses it.
+                ok("cuMemPoolDestroy", unsafe { cuMemPoolDestroy(pool as CUmemoryPool) });
+            }
+        });
+        s.spawn(move || {
+            bind();
+            for stream in stream_rx {
+                // SAFETY: the stream was made by a worker, which no longer uses it.
+                ok("cuStreamSynchronize", unsafe { cuStreamSynchronize(stream as CUstream) });
+                if reuse {
+                    spare.lock().unwrap().push(stream);
+                } else {
+                    // SAFETY: as above; destroyed once (never kept when destroyed).
+                    ok("cuStreamDestroy", unsafe { cuStreamDestroy_v2(stream as CUstream) });
+                }
+            }
+        });
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                let (pool_tx, stream_tx) = (pool_tx.clone(), stream_tx.clone());
+                s.spawn(move || {
+                    bind();
+                    for _ in 0..rounds {
+                        let taken = spare.lock().unwrap().pop();
+                        let stream = match taken {
+                            Some(st) => st as CUstream,
+                            None => {
+                                let mut st: CUstream = std::ptr::null_mut();
+                                // SAFETY: out-pointer to a local; the context is bound.
+                                ok("cuStreamCreate", unsafe { cuStreamCreate(&mut st, CUstream_flags::CU_STREAM_NON_BLOCKING as u32) });
+                                st
+                            }
+                        };
+                        // SAFETY: zeroed props are a valid start (no handle types, device 0);
+                        // the pool, the allocation and the memset are used only as below, on
+                        // this thread's stream, and the free is queued before both are handed
+                        // to the other threads.
+                        unsafe {
+                            let mut props: CUmemPoolProps = std::mem::zeroed();
+                            props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                            props.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                            let mut pool: CUmemoryPool = std::ptr::null_mut();
+                            ok("cuMemPoolCreate", cuMemPoolCreate(&mut pool, &props));
+                            let mut ptr: CUdeviceptr = 0;
+                            ok("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync(&mut ptr, 1 << 20, pool, stream));
+                            ok("cuMemsetD8Async", cuMemsetD8Async(ptr, 0, 1 << 20, stream));
+                            ok("cuStreamSynchronize", cuStreamSynchronize(stream));
+                            ok("cuMemFreeAsync", cuMemFreeAsync(ptr, stream));
+                            pool_tx.send(pool as usize).unwrap();
+                        }
+                        stream_tx.send(stream as usize).unwrap();
+                    }
+                })
+            })
+            .collect();
+        drop((pool_tx, stream_tx));
+        for w in workers {
+            w.join().unwrap();
+        }
+    });
+    println!("RESULT rounds={} reuse={} device_sync={}", threads * rounds, u8::from(reuse), u8::from(device_sync));
+}
+
 /// A job that runs `secs`: on real resources (GPU work, syncing its stream) when
 /// `SCENARIO_GPU=1`, else a CPU job registered with raft-exit like the library's own.
 fn job(secs: f64) -> Box<dyn FnOnce() + Send> {
@@ -564,6 +662,13 @@ fn main() -> ExitCode {
             });
             println!("RESULT rounds={rounds}");
         }
+        // Runs 37-38's pattern without this library, RMM or RAFT: the driver API alone, to tell
+        // a driver hazard from ours. 8 threads × 200 rounds: a stream (a reused one when
+        // SCENARIO_REUSE=1), a fresh async pool, 1 MiB from it on the stream, a memset, a
+        // stream-ordered free; then the pool goes to a destroyer thread (which first waits for
+        // the context when SCENARIO_DEVICE_SYNC=1) and the stream to a releaser thread (which
+        // synchronises it, then destroys it or keeps it for reuse), as release threads do.
+        "raw-pool-streams" => raw_pool_streams(),
         "hook-before-rmm-map" => {
             raft_exit::register_exit_hook();
             let res = raft::DeviceResources::new().expect("resources");
