@@ -22,13 +22,19 @@ const DEPENDENCIES: &[&str] = &[
     "libcusolver.so.12",
 ];
 
-/// Why the shim could not be loaded: which library, where it looked, what to set.
+/// Why a native library could not be loaded (the shim here; cuVS in raft-cuvs, which uses this
+/// type too): which library, where it looked, what to set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadError {
     message: String,
 }
 
 impl LoadError {
+    /// An error with this explanation (for the loaders of the other native parts).
+    pub fn new(message: impl Into<String>) -> LoadError {
+        LoadError { message: message.into() }
+    }
+
     /// The whole explanation.
     pub fn message(&self) -> &str {
         &self.message

@@ -3,7 +3,6 @@
 use super::bindings::CuvsApi;
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 use std::ffi::{c_int, c_uint, c_void, CStr};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -30,26 +29,9 @@ const NVJITLINK: &str = "libnvJitLink.so.13";
 /// libraft.so too): an older nvJitLink lacks them, and the dynamic loader then refuses libcuvs.
 const NVJITLINK_13_3: &[u8] = b"__nvJitLinkCreate_13_3\0";
 
-/// Why cuVS could not be loaded: which library, where it looked, what to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LoadError {
-    message: String,
-}
-
-impl LoadError {
-    /// The whole explanation.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl fmt::Display for LoadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for LoadError {}
+/// Why cuVS could not be loaded: which library, where it looked, what to do (raft-sys's type,
+/// shared by every loader of this workspace).
+pub use raft_sys::LoadError;
 
 struct Loaded {
     api: CuvsApi,
@@ -243,7 +225,7 @@ fn already_in_process() -> Option<(Library, PathBuf)> {
 fn load() -> Result<Loaded, LoadError> {
     if std::env::var_os("RAFT_CUVS_LIB").is_none() {
         if let Some((lib, path)) = already_in_process() {
-            return api_of(lib, &path).map_err(|why| LoadError { message: format!("could not use the cuVS already loaded: {why}") });
+            return api_of(lib, &path).map_err(|why| LoadError::new(format!("could not use the cuVS already loaded: {why}")));
         }
     }
     let (paths, explicit) = candidates();
@@ -257,7 +239,7 @@ fn load() -> Result<Loaded, LoadError> {
         let dirs = dependency_dirs(path);
         let problems = preload(&dirs);
         if let Err(why) = check_nvjitlink(&dirs) {
-            return Err(LoadError { message: format!("could not load cuVS ({}): {why}.", path.display()) });
+            return Err(LoadError::new(format!("could not load cuVS ({}): {why}.", path.display())));
         }
         // SAFETY: cuVS's initialisers (and its CUDA libraries') make no call that needs a device;
         // RTLD_NOW resolves every symbol now, so a missing one is an error here rather than a
@@ -286,7 +268,7 @@ fn load() -> Result<Loaded, LoadError> {
     }
     message.push(' ');
     message.push_str(&advice());
-    Err(LoadError { message })
+    Err(LoadError::new(message))
 }
 
 /// The C API of a loaded `libcuvs_c.so`, refused unless it is cuVS 26.08.
