@@ -14,9 +14,7 @@
 //!   caller never holds the scope by value and so cannot forget it.
 //! - [`StagingBuffers`] (pageable memory) never lets the device touch the caller's memory: it
 //!   copies through page-locked buffers it owns, and waits for a buffer's last copy before the
-//!   host touches that buffer again or frees it. Each lane queues on a stream of its own, which
-//!   first waits for the array's stream ([`StagingStart`]) and which the array's stream then
-//!   waits for ([`StagingBuffers::join_back`]).
+//!   host touches that buffer again or frees it.
 //!
 //! Device memory needs no guard: every use of a [`NativeBuffer`] is ordered on its own stream or
 //! follows a host wait, and a copy queued on another stream first waits for the buffer's stream
@@ -751,22 +749,6 @@ impl NativeBuffer {
     }
 }
 
-/// An event recorded on an array's stream when a staged copy begins: every lane's stream waits
-/// for it before its first piece ([`StagingBuffers::follow`]).
-pub(crate) struct StagingStart {
-    event: NativeEvent,
-}
-
-impl StagingStart {
-    /// Records the work queued on `stream` (an array's own stream) so far.
-    pub(crate) fn record(who: &'static str, stream: &Arc<CudaStream>) -> Result<StagingStart> {
-        let guard = ContextGuard::save(who)?;
-        let event = NativeEvent::create(who, stream.context(), &guard)?;
-        event.record(who, stream, &guard)?;
-        Ok(StagingStart { event })
-    }
-}
-
 struct Slot {
     host: Option<NativeHostBuffer>,
     event: NativeEvent,
@@ -782,11 +764,6 @@ struct Slot {
 pub(crate) struct StagingBuffers {
     slots: [Slot; 2],
     ctx: Arc<CudaContext>,
-    /// The lane's own stream: every lane of a staged copy queues its pieces on a stream of its
-    /// own, so the per-copy cost of one lane overlaps the others' instead of queueing behind
-    /// them on the array's stream (run 36: 256 KiB pieces on one stream ran at 18 GB/s, about
-    /// 10 µs of serialised cost a piece). Taken out only in Drop.
-    stream: Option<Arc<CudaStream>>,
     capacity: usize,
     /// A copy could be neither recorded nor drained: the buffers are never touched again.
     poisoned: bool,
@@ -797,7 +774,6 @@ impl StagingBuffers {
     pub(crate) fn new(who: &'static str, ctx: &Arc<CudaContext>, mr: &NativeMr, capacity: usize) -> Result<Self> {
         let guard = ContextGuard::save(who)?;
         let events = [NativeEvent::create(who, ctx, &guard)?, NativeEvent::create(who, ctx, &guard)?];
-        let stream = super::new_stream(who, ctx)?;
         let first = NativeHostBuffer::zeroed(who, ctx, mr, capacity)?;
         let second = match NativeHostBuffer::zeroed(who, ctx, mr, capacity) {
             Ok(b) => b,
@@ -808,50 +784,13 @@ impl StagingBuffers {
         };
         let [e0, e1] = events;
         let slot = |host, event| Slot { host: Some(host), event, pending: false, filled: 0 };
-        Ok(StagingBuffers { slots: [slot(first, e0), slot(second, e1)], ctx: ctx.clone(), stream: Some(stream), capacity, poisoned: false })
-    }
-
-    fn lane_stream(&self) -> &Arc<CudaStream> {
-        self.stream.as_ref().expect("a lane keeps its stream until dropped")
-    }
-
-    /// Makes the array's stream wait (on the device) for everything queued on this lane's
-    /// stream: called once per lane after its last piece, so the array's later work and its
-    /// stream-ordered free come after the lane's copies even when a lane gave up waiting for
-    /// them (a failed event).
-    pub(crate) fn join_back(&self, who: &'static str, array_stream: &CudaStream) -> Result<()> {
-        let joined = ContextGuard::save(who).and_then(|guard| join(who, array_stream, self.lane_stream(), &guard));
-        if joined.is_err() {
-            // The array's stream cannot be made to wait: wait for the lane on the host instead,
-            // so no copy of this lane is left running when the staged copy returns. A failure
-            // here too means the context is broken (a lane stream is never captured) and runs
-            // nothing more.
-            let _ = stream_sync(who, self.lane_stream());
-        }
-        joined
+        Ok(StagingBuffers { slots: [slot(first, e0), slot(second, e1)], ctx: ctx.clone(), capacity, poisoned: false })
     }
 
     /// Whether a copy of these buffers could be neither recorded nor waited for: they are then
     /// never used again (and leaked when dropped).
     pub(crate) fn is_poisoned(&self) -> bool {
         self.poisoned
-    }
-
-    /// Makes this lane's stream wait (on the device) for the work queued on the array's stream
-    /// before the staged copy began: the array's allocation, and any kernel still writing or
-    /// reading it. Called once per lane, before its first piece.
-    pub(crate) fn follow(&self, who: &'static str, start: &StagingStart) -> Result<()> {
-        if !same_context(&start.event.ctx, &self.ctx) {
-            return Err(Error::logic(who, "staging buffers serve arrays of their own device"));
-        }
-        let _guard = ContextGuard::save(who)?;
-        bind(who, &self.ctx)?;
-        // SAFETY: the lane's stream and the event are alive for the call; both belong to this
-        // context (checked above).
-        unsafe {
-            cu::stream::wait_event(self.lane_stream().cu_stream(), start.event.event, cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
-        }
-        .map_err(driver(who))
     }
 
     pub(crate) fn capacity(&self) -> usize {
@@ -910,10 +849,11 @@ impl StagingBuffers {
     }
 
     /// Copies `host` into slot `i` once the slot's last copy has finished, then queues it into
-    /// `dst` on the lane's stream.
+    /// `dst` on the array's own stream.
     pub(crate) fn upload<T: DeviceScalar>(&mut self, who: &'static str, i: usize, host: &[T], dst: &DeviceRangeMut<'_>) -> Result<()> {
         let bytes = std::mem::size_of_val(host);
-        self.check(who, bytes, dst.bytes, &dst.buffer.stream)?;
+        let stream = &dst.buffer.stream;
+        self.check(who, bytes, dst.bytes, stream)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -924,26 +864,24 @@ impl StagingBuffers {
         // cannot overlap page-locked memory this module allocated.
         unsafe { std::ptr::copy_nonoverlapping(host.as_ptr() as *const u8, data, bytes) };
         let guard = ContextGuard::save(who)?;
-        bind(who, &self.ctx)?;
-        let stream = self.lane_stream().clone();
+        bind(who, stream.context())?;
         // SAFETY: source: `bytes` bytes of the slot, which the host leaves alone and does not
         // free until the event recorded next has completed; destination: `bytes` bytes at
-        // `offset` inside the device buffer (made by `ranges_mut`), borrowed exclusively for the
-        // whole staged copy, which waits for every lane's last copy before it returns; the lane's
-        // stream followed the array's stream first (`follow`), so the copy comes after the
-        // array's allocation and earlier work.
+        // `offset` inside the device buffer (made by `ranges_mut`), borrowed exclusively, on the
+        // buffer's own stream, so every later use of the buffer is ordered after the copy.
         unsafe {
             cusys::cuMemcpyHtoDAsync_v2(dst.buffer.data as u64 + dst.offset as u64, data as *const c_void, bytes, stream.cu_stream())
         }
         .result()
         .map_err(driver(who))?;
-        self.after_queue(who, i, &stream, &guard)
+        self.after_queue(who, i, stream, &guard)
     }
 
-    /// Queues `src` into slot `i` on the lane's stream, once the slot's last copy has
+    /// Queues `src` into slot `i` on the array's own stream, once the slot's last copy has
     /// finished; [`download_take`](Self::download_take) then copies it out.
     pub(crate) fn download_queue(&mut self, who: &'static str, i: usize, src: &DeviceRange<'_>) -> Result<()> {
-        self.check(who, src.bytes, src.bytes, &src.buffer.stream)?;
+        let stream = &src.buffer.stream;
+        self.check(who, src.bytes, src.bytes, stream)?;
         self.settle(who, i)?;
         self.slots[i].filled = src.bytes;
         if src.bytes == 0 {
@@ -951,20 +889,17 @@ impl StagingBuffers {
         }
         let data = self.data(i);
         let guard = ContextGuard::save(who)?;
-        bind(who, &self.ctx)?;
-        let stream = self.lane_stream().clone();
+        bind(who, stream.context())?;
         // SAFETY: destination: `bytes` bytes of the slot (capacity checked), which the host
         // neither reads nor frees until the event recorded next has completed; source: `bytes`
-        // bytes at `offset` inside the device buffer (made by `ranges`), borrowed for the whole
-        // staged copy, which waits for every lane's last copy before it returns (so later
-        // writes and frees of the buffer come after it); the lane's stream followed the array's
-        // stream first (`follow`), so the copy sees the array's earlier work.
+        // bytes at `offset` inside the device buffer (made by `ranges`), on the buffer's own
+        // stream, so later writes and frees of the buffer come after the copy.
         unsafe {
             cusys::cuMemcpyDtoHAsync_v2(data as *mut c_void, src.buffer.data as u64 + src.offset as u64, src.bytes, stream.cu_stream())
         }
         .result()
         .map_err(driver(who))?;
-        self.after_queue(who, i, &stream, &guard)
+        self.after_queue(who, i, stream, &guard)
     }
 
     /// Waits for the download queued into slot `i`, then copies it into `host` (exactly as many
@@ -1010,14 +945,6 @@ impl Drop for StagingBuffers {
                 log::warn!(target: "raft", "{e}");
             }
         }
-        let stream = self.stream.take();
-        if !raft_exit::native_release_allowed() {
-            std::mem::forget(stream); // the exit has decided: no CUDA call
-            return;
-        }
-        // cudarc binds the stream's context to destroy it: put the caller's back.
-        let _keep = ContextGuard::save("staging buffers");
-        drop(stream);
     }
 }
 
