@@ -82,7 +82,15 @@ impl<T: DeviceScalar> DeviceVec<T> {
         // it otherwise: runs 22, 24 and 28 saw the next process fail to make a context).
         let out_of_memory = |e: &Error| e.kind() == ErrorKind::OutOfMemory;
         let buffer = match make() {
-            Err(e) if out_of_memory(&e) && crate::release::drain_device(resources.device(), crate::release::OOM_WAIT) => make(),
+            // Both run (`|`, not `||`): pending releases, and released async pools that still
+            // hold memory.
+            Err(e)
+                if out_of_memory(&e)
+                    && (crate::release::drain_device(resources.device(), crate::release::OOM_WAIT)
+                        | crate::result::reclaim_released_pools()) =>
+            {
+                make()
+            }
             made => made,
         }
         .inspect_err(|e| {

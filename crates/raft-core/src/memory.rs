@@ -12,7 +12,7 @@
 //! resource, from Rust or from any other library in the process, never invalidates a live
 //! [`DeviceVec`](crate::DeviceVec).
 use crate::device::check_device;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::result::{self, NativeMr};
 use raft_sys as sys;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -128,7 +128,7 @@ impl MemoryResource {
 
     fn made(who: &'static str, device: usize, kind: i32) -> Result<Self> {
         check_device(who, device)?;
-        Self::wrap(who, NativeMr::new(who, device, kind)?)
+        Self::wrap(who, reclaiming(|| NativeMr::new(who, device, kind))?)
     }
 
     /// A new `rmm::mr::cuda_memory_resource` (cudaMalloc / cudaFree) for `device`.
@@ -155,7 +155,7 @@ impl MemoryResource {
     pub fn cuda_async_with(device: usize, initial_pool_size: Option<usize>, release_threshold: Option<usize>) -> Result<Self> {
         const WHO: &str = "MemoryResource::cuda_async_with";
         check_device(WHO, device)?;
-        Self::wrap(WHO, NativeMr::cuda_async(WHO, device, initial_pool_size, release_threshold)?)
+        Self::wrap(WHO, reclaiming(|| NativeMr::cuda_async(WHO, device, initial_pool_size, release_threshold))?)
     }
 
     /// A new `rmm::mr::pinned_host_memory_resource` for `device`: page-locked host memory the
@@ -611,6 +611,15 @@ impl RmmOptions {
             mr = mr.with_statistics()?;
         }
         Ok(mr)
+    }
+}
+
+/// Makes a resource; one that fails with `OutOfMemory` is made once more after the released
+/// async pools that still hold memory (or driver pool objects) are destroyed, where any were.
+fn reclaiming(make: impl Fn() -> Result<NativeMr>) -> Result<NativeMr> {
+    match make() {
+        Err(e) if e.kind() == ErrorKind::OutOfMemory && result::reclaim_released_pools() => make(),
+        made => made,
     }
 }
 

@@ -45,6 +45,14 @@ pub struct Stats {
     pub release_time: Duration,
     /// Time queued releases waited for a thread before they ran, summed.
     pub release_wait: Duration,
+    /// CUDA async pools whose last copy (handle, array, adaptor, RMM map entry) has gone, since
+    /// the process started. Such a pool is destroyed on a release thread once the streams that
+    /// freed into it have finished and it holds no memory: the driver crashes or hangs when a
+    /// pool is destroyed while a free into it is still queued on a stream that goes on working,
+    /// or while it still holds memory (GPU runs 42 and 46).
+    pub async_pools_released: u64,
+    /// Of those, destroyed so far (the rest wait for a release thread, or the exit).
+    pub async_pools_destroyed: u64,
 }
 
 /// What the releases pending on a device (or on all of them) hold, as counted when they were
@@ -109,5 +117,6 @@ pub fn stats() -> Stats {
     s.release_threads = crate::release::release_threads();
     s.release_busy_for = crate::release::release_busy_for();
     (s.release_time, s.release_wait) = crate::release::release_times();
+    (s.async_pools_released, s.async_pools_destroyed) = crate::result::async_pools();
     s
 }

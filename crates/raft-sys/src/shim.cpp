@@ -38,6 +38,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <iterator>
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <memory>
@@ -46,6 +48,8 @@
 #include <stdexcept>
 #include <string>
 #include <typeinfo>
+#include <utility>
+#include <vector>
 
 static_assert(sizeof(raft::device_resources) == RAFTRS_EXPECTED_HANDLE_SIZE,
               "raft::device_resources changed size: RAFT's handle layout moved under this binding. "
@@ -77,7 +81,6 @@ bool says_alloc_failed(char const* what) noexcept
          std::strstr(what, "cudaErrorMemoryAllocation") != nullptr;
 }
 
-/// A CUDA runtime call that failed: the status and a message naming the error.
 /// A CUDA runtime call that failed: the status, and a message saying in words what failed
 /// with the CUDA error's name ("counting the devices failed: cudaErrorNoDevice: …").
 struct cuda_failure : std::runtime_error {
@@ -419,6 +422,101 @@ using tracking_mr         = rmm::mr::tracking_resource_adaptor;
 using limiting_mr         = rmm::mr::limiting_resource_adaptor;
 using failure_mr          = rmm::mr::failure_callback_resource_adaptor<rmm::out_of_memory>;
 
+/// One buried pool: its burial number (1, 2, ...), its device, the pool.
+struct buried_pool {
+  uint64_t seq;
+  int device;
+  rmm::mr::cuda_async_memory_resource pool;
+};
+
+/// Async pools whose last copy is gone, waiting for `raftrs_mr_graveyard_drain`. Never
+/// destroyed (a pool buried during static destruction stays with the OS). `buried` is the
+/// number of the latest burial, stored under the lock after its pool is in `pools`.
+struct graveyard {
+  std::mutex lock;
+  std::vector<buried_pool> pools;
+  std::atomic<uint64_t> buried{0};
+};
+
+graveyard& the_graveyard()
+{
+  static auto* g = new graveyard{};
+  return *g;
+}
+
+/// A CUDA async pool this shim made, shared by every copy (handles, buffers, adaptors, RMM's
+/// per-device map). When the last copy goes, the pool is not destroyed there: it is buried, and
+/// destroyed later by `raftrs_mr_graveyard_drain`, which the Rust side calls once the streams
+/// that freed into it have finished (or at exit).
+///
+/// Why: the driver crashes when a pool is destroyed while a stream-ordered free into it is still
+/// queued and that stream then goes on working (GPU run 42, `scenarios raw-pool-streams`, driver
+/// API only: SIGSEGV or SIGFPE in 4 of 4 runs; with the stream waited for before the destroy,
+/// 0 of 4; CUDA documents such a destroy as allowed). The last copy is often an array freed on
+/// its stream a moment earlier, or a copy destroyed beside streams that freed into the pool and
+/// are still running, so no destructor can wait for exactly the right streams.
+class async_pool_guard {
+ public:
+  async_pool_guard(int device, rmm::mr::cuda_async_memory_resource pool) : device_{device}, pool_{std::move(pool)} {}
+  ~async_pool_guard()
+  {
+    auto& g = the_graveyard();
+    std::lock_guard<std::mutex> lock{g.lock};
+    uint64_t seq = g.buried.load(std::memory_order_relaxed) + 1;
+    try {
+      g.pools.push_back(buried_pool{seq, device_, std::move(pool_)});
+    } catch (...) {
+      // No room to bury it: left to the OS rather than destroyed with work queued.
+      static_cast<void>(new (std::nothrow) rmm::mr::cuda_async_memory_resource(std::move(pool_)));
+    }
+    g.buried.store(seq, std::memory_order_release);
+  }
+  async_pool_guard(async_pool_guard const&)            = delete;
+  async_pool_guard(async_pool_guard&&)                 = delete;
+  async_pool_guard& operator=(async_pool_guard const&) = delete;
+  async_pool_guard& operator=(async_pool_guard&&)      = delete;
+
+  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
+  {
+    return pool_.allocate(stream, bytes, alignment);
+  }
+  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept
+  {
+    pool_.deallocate(stream, ptr, bytes, alignment);
+  }
+  void* allocate_sync(std::size_t bytes, std::size_t alignment) { return pool_.allocate_sync(bytes, alignment); }
+  void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept
+  {
+    pool_.deallocate_sync(ptr, bytes, alignment);
+  }
+  [[nodiscard]] bool operator==(async_pool_guard const& other) const noexcept { return pool_ == other.pool_; }
+  [[nodiscard]] bool operator!=(async_pool_guard const& other) const noexcept { return !(*this == other); }
+  friend void get_property(async_pool_guard const&, cuda::mr::device_accessible) noexcept {}
+
+  [[nodiscard]] rmm::mr::cuda_async_memory_resource& pool() noexcept { return pool_; }
+
+ private:
+  int device_;
+  rmm::mr::cuda_async_memory_resource pool_;
+};
+
+using guarded_async_mr = cuda::mr::shared_resource<async_pool_guard>;
+
+/// A fresh async pool on `device` (which must be current), guarded.
+template <typename... Args>
+any_device_resource guarded_async(int device, Args&&... args)
+{
+  return any_device_resource{cuda::mr::make_shared_resource<async_pool_guard>(
+    device, rmm::mr::cuda_async_memory_resource{std::forward<Args>(args)...})};
+}
+
+/// The CUDA async pool `ref` is (guarded or not), or null.
+rmm::mr::cuda_async_memory_resource* as_async(rmm::device_async_resource_ref& ref)
+{
+  if (auto* g = cuda::mr::resource_cast<guarded_async_mr>(&ref)) { return &g->get().pool(); }
+  return cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&ref);
+}
+
 /// Serialises this library's read-modify-write of RMM's per-device map (RMM locks each call,
 /// not a sequence of calls).
 std::mutex& mr_lock()
@@ -434,7 +532,9 @@ int32_t classify(rmm::device_async_resource_ref ref)
   }
   auto const& type = ref.type();
   if (type == typeid(rmm::mr::cuda_memory_resource)) { return RAFTRS_MR_CUDA; }
-  if (type == typeid(rmm::mr::cuda_async_memory_resource)) { return RAFTRS_MR_CUDA_ASYNC; }
+  if (type == typeid(rmm::mr::cuda_async_memory_resource) || type == typeid(guarded_async_mr)) {
+    return RAFTRS_MR_CUDA_ASYNC;
+  }
   if (type == typeid(rmm::mr::managed_memory_resource)) { return RAFTRS_MR_MANAGED; }
   if (type == typeid(statistics_mr)) { return RAFTRS_MR_STATISTICS; }
   if (type == typeid(rmm::mr::pool_memory_resource)) { return RAFTRS_MR_POOL; }
@@ -575,17 +675,6 @@ std::optional<rmm::device_async_resource_ref> upstream_any(rmm::device_async_res
     case RAFTRS_MR_POOL: return upstream_of<rmm::mr::pool_memory_resource>(mr);
     default: return std::nullopt;
   }
-}
-
-/// Whether a CUDA async pool is anywhere in the chain behind `mr`.
-bool holds_async_pool(rmm::device_async_resource_ref mr)
-{
-  std::optional<rmm::device_async_resource_ref> at{mr};
-  for (int depth = 0; at.has_value() && depth < 32; ++depth) {
-    if (cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&*at) != nullptr) { return true; }
-    at = upstream_any(*at);
-  }
-  return false;
 }
 
 /// Refuses a pool, arena, binning or thread-safe resource over a chain that holds a failure
@@ -902,7 +991,7 @@ raftrs_status raftrs_mr_install_default(int32_t device, int32_t* installed)
         rmm::device_async_resource_ref{rmm::mr::detail::initial_resource()}) {
       return;  // someone else chose this device's resource: leave it alone
     }
-    rmm::mr::set_per_device_resource(id, rmm::mr::cuda_async_memory_resource{});
+    rmm::mr::set_per_device_resource(id, guarded_async(device));
     *installed = 1;
   });
 }
@@ -918,7 +1007,7 @@ raftrs_status raftrs_mr_new(int32_t device, int32_t kind, raftrs_mr** out)
         *out = wrap(new shim_mr{device, any_device_resource{rmm::mr::cuda_memory_resource{}}});
         break;
       case RAFTRS_MR_CUDA_ASYNC:
-        *out = wrap(new shim_mr{device, any_device_resource{rmm::mr::cuda_async_memory_resource{}}});
+        *out = wrap(new shim_mr{device, guarded_async(device)});
         break;
       case RAFTRS_MR_MANAGED:
         *out = wrap(new shim_mr{device, any_device_resource{rmm::mr::managed_memory_resource{}}});
@@ -956,9 +1045,7 @@ raftrs_status raftrs_mr_new_cuda_async(int32_t device, int64_t initial_pool_size
     *out = nullptr;
     check_device(device);
     device_scope scope{device};
-    *out = wrap(new shim_mr{device,
-                            any_device_resource{rmm::mr::cuda_async_memory_resource{
-                              size_or_none(initial_pool_size), size_or_none(release_threshold)}}});
+    *out = wrap(new shim_mr{device, guarded_async(device, size_or_none(initial_pool_size), size_or_none(release_threshold))});
   });
 }
 
@@ -1133,16 +1220,58 @@ raftrs_status raftrs_mr_destroy(raftrs_mr* mr)
   });
 }
 
-raftrs_status raftrs_mr_quiesce(const raftrs_mr* mr, int32_t* waited)
+raftrs_status raftrs_mr_buried_counter(const uint64_t** out)
 {
   return guard([&] {
-    *waited = 0;
-    auto const& m = unwrap(mr);
-    if (holds_async_pool(rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)})) {
-      device_scope scope{m.device};
-      check(cudaDeviceSynchronize(), "waiting for the device before an async pool is destroyed");
-      *waited = 1;
+    static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t) && std::atomic<uint64_t>::is_always_lock_free);
+    *out = reinterpret_cast<const uint64_t*>(&the_graveyard().buried);
+  });
+}
+
+raftrs_status raftrs_mr_graveyard_drain(uint64_t upto, int32_t* destroyed, int32_t* left)
+{
+  return guard([&] {
+    *destroyed = 0;
+    *left      = 0;
+    auto& g = the_graveyard();
+    std::vector<buried_pool> taken;
+    {
+      std::lock_guard<std::mutex> lock{g.lock};
+      auto later = std::stable_partition(g.pools.begin(), g.pools.end(), [&](buried_pool const& b) { return b.seq > upto; });
+      std::move(later, g.pools.end(), std::back_inserter(taken));
+      g.pools.erase(later, g.pools.end());
     }
+    std::vector<buried_pool> kept;
+    cudaError_t failed = cudaSuccess;
+    for (auto& b : taken) {
+      device_scope scope{b.device};
+      // Destroyed only once it holds no memory at all: its memory handed back (release
+      // threshold 0, trimmed), which also means no free into it is still queued. GPU run 46: a
+      // pool destroyed while it still held memory left other threads' stream synchronisations
+      // hung inside libcuda.
+      cudaMemPool_t pool = b.pool.pool_handle();
+      uint64_t zero     = 0;
+      uint64_t reserved = 1;
+      auto code = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &zero);
+      if (code == cudaSuccess) { code = cudaMemPoolTrimTo(pool, 0); }
+      if (code == cudaSuccess) { code = cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved); }
+      if (code != cudaSuccess) {
+        cudaGetLastError();
+        failed = code;
+      }
+      if (code != cudaSuccess || reserved != 0) {
+        kept.push_back(std::move(b));
+        continue;
+      }
+      rmm::mr::cuda_async_memory_resource doomed{std::move(b.pool)};
+      *destroyed += 1;
+    }
+    if (!kept.empty()) {
+      *left = static_cast<int32_t>(kept.size());
+      std::lock_guard<std::mutex> lock{g.lock};
+      for (auto& b : kept) { g.pools.push_back(std::move(b)); }
+    }
+    check(failed, "handing a released async pool's memory back before destroying it");
   });
 }
 
@@ -1190,7 +1319,7 @@ raftrs_status raftrs_mr_trim_async(int32_t device, const raftrs_mr* mr, int32_t*
     any_device_resource held = mr == nullptr ? copy_current(device) : unwrap(mr).resource;
     std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{held}};
     for (int depth = 0; at.has_value() && depth < 32; ++depth) {
-      if (auto* async = cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&*at)) {
+      if (auto* async = as_async(*at)) {
         check(cudaMemPoolTrimTo(async->pool_handle(), 0), "giving the async pool's unused memory back");
         *trimmed += 1;
         return;
@@ -1212,7 +1341,7 @@ raftrs_status raftrs_buffer_grant_peer(const raftrs_buffer* buf, int32_t peer, i
     // query): a cache keyed by pool handle would miss a new pool at a reused handle.
     std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(b.mr)}};
     for (int depth = 0; at.has_value() && depth < 32; ++depth) {
-      if (auto* async = cuda::mr::resource_cast<rmm::mr::cuda_async_memory_resource>(&*at)) {
+      if (auto* async = as_async(*at)) {
         cudaMemPool_t pool = async->pool_handle();
         device_scope scope{b.device};
         cudaMemLocation where{};

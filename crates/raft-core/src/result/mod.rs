@@ -11,10 +11,12 @@
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::{result as cu, sys as cusys, CudaContext, CudaStream};
 use raft_sys as sys;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 pub(crate) mod copy;
 
 // The shim's statuses are the ones `ErrorKind::from_shim_status` knows.
@@ -280,6 +282,8 @@ impl NativeResources {
         // SAFETY: `ptr` came from raftrs_resources_create and is destroyed exactly once (self is
         // consumed); its stream is still alive (dropped just below, after it).
         let destroyed = check(who, api, unsafe { api.raftrs_resources_destroy(self.ptr.as_ptr()) });
+        // RAFT's object may have held the last copy of an async pool (its workspace resource).
+        after_native_drop();
         let ctx = self.stream.context().clone();
         drop(self.stream);
         let recorded = take_recorded(who, &ctx);
@@ -306,6 +310,175 @@ pub(crate) fn install_default(who: &'static str, device: usize) -> Result<bool> 
 }
 
 // ---- memory resources and buffers -----------------------------------------------------------
+
+/// The shim's count of buried async pools (`raftrs_mr_buried_counter`), or None without a shim.
+fn buried_counter() -> Option<&'static AtomicU64> {
+    static COUNTER: OnceLock<Option<&'static AtomicU64>> = OnceLock::new();
+    *COUNTER.get_or_init(|| {
+        let api = api("raft::memory").ok()?;
+        let mut at: *const u64 = std::ptr::null();
+        // SAFETY: writes one pointer.
+        check("raft::memory", api, unsafe { api.raftrs_mr_buried_counter(&mut at) }).ok()?;
+        // SAFETY: the shim's counter is a lock-free `std::atomic<uint64_t>` (asserted there, the
+        // same size and alignment as AtomicU64) in an object the shim never destroys, in a
+        // library this process never unloads; it is only ever accessed atomically.
+        (!at.is_null()).then(|| unsafe { AtomicU64::from_ptr(at as *mut u64) })
+    })
+}
+
+/// Burials covered by the drains queued so far.
+static DRAINS_QUEUED_FOR: AtomicU64 = AtomicU64::new(0);
+/// Buried pools the drains have destroyed.
+static POOLS_DESTROYED: AtomicU64 = AtomicU64::new(0);
+
+/// Async pools buried (their last copy gone) and destroyed so far, for `raft::stats()`.
+pub(crate) fn async_pools() -> (u64, u64) {
+    let buried = buried_counter().map_or(0, |c| c.load(Ordering::Acquire));
+    (buried, POOLS_DESTROYED.load(Ordering::Acquire))
+}
+
+/// Every stream a stream-ordered free has gone through, by the address of its `Arc`: a drain
+/// waits for those still alive before it destroys buried pools. A stream already dropped
+/// (destroyed) runs no new work, and its queued frees finish on their own.
+fn free_streams() -> std::sync::MutexGuard<'static, HashMap<usize, Weak<CudaStream>>> {
+    static STREAMS: OnceLock<Mutex<HashMap<usize, Weak<CudaStream>>>> = OnceLock::new();
+    STREAMS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+thread_local! {
+    /// The stream this thread noted last: a thread that frees on the same stream again skips
+    /// the lock. The weak reference keeps the `Arc`'s allocation, so no other stream can come
+    /// to have its address while this thread remembers it.
+    static LAST_NOTED: RefCell<Weak<CudaStream>> = const { RefCell::new(Weak::new()) };
+}
+
+/// Notes `stream` as one a free went through (before the free is queued).
+fn note_free_stream(stream: &Arc<CudaStream>) {
+    let known = LAST_NOTED.try_with(|w| std::ptr::eq(w.borrow().as_ptr(), Arc::as_ptr(stream))).unwrap_or(false);
+    if known {
+        return;
+    }
+    let weak = Arc::downgrade(stream);
+    free_streams().insert(Arc::as_ptr(stream) as usize, weak.clone());
+    let _ = LAST_NOTED.try_with(|w| *w.borrow_mut() = weak);
+}
+
+/// After anything that may have dropped the last copy of a CUDA async pool (a buffer's free, a
+/// resource handle's destruction, RAFT's object): the shim buries such a pool instead of
+/// destroying it, because the driver crashes when a pool is destroyed while a free into it is
+/// still queued on a stream that goes on working (GPU run 42). This queues its destruction on a
+/// release thread ([`drain_graveyard`]). One atomic load when nothing was buried. In the exit
+/// teardown, buried pools that hold no memory are destroyed at once (nothing waits there), the
+/// rest are left to the OS, as is everything once the exit has decided.
+pub(crate) fn after_native_drop() {
+    let Some(counter) = buried_counter() else { return };
+    let buried = counter.load(Ordering::Acquire);
+    if buried <= DRAINS_QUEUED_FOR.load(Ordering::Relaxed) || DRAINS_QUEUED_FOR.fetch_max(buried, Ordering::AcqRel) >= buried {
+        return;
+    }
+    if !raft_exit::native_release_allowed() {
+        return;
+    }
+    if raft_exit::phase() == raft_exit::Phase::TearingDown {
+        let _ = drain_graveyard(false);
+        return;
+    }
+    let label = raft_exit::Label { what: "destruction of released async pools", id: raft_exit::next_id(), device: None };
+    crate::release::enqueue(
+        label,
+        Box::new(|| {
+            // A pool whose memory is not all back yet (a free still queued somewhere) is tried
+            // again a moment later, for a while; then it waits for the next burial's drain.
+            for _ in 0..200 {
+                if drain_graveyard(true) == 0 {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            log::debug!(target: "raft", "released async pools still hold memory: they wait for the next drain");
+        }),
+    );
+}
+
+/// Destroys buried async pools; returns how many are still buried. With `wait` (a release
+/// thread): takes the latest burial's number, waits for every stream a free has gone through
+/// that is still alive (so none of them holds a free into those pools any more), then asks the
+/// shim to destroy the pools buried up to that number, each once it holds no memory (see
+/// `raftrs_mr_graveyard_drain`). Never `cudaDeviceSynchronize`: GPU run 45 caught it deadlocked
+/// inside libcuda against a `cuStreamSynchronize` of another thread. Without `wait` (the exit
+/// teardown): whatever holds no memory now; the rest is left to the OS.
+fn drain_graveyard(wait: bool) -> i32 {
+    const WHO: &str = "raft::memory (released async pools)";
+    let Ok(api) = api(WHO) else { return 0 };
+    let Some(counter) = buried_counter() else { return 0 };
+    let _keep = ContextGuard::save(WHO);
+    let upto = if wait {
+        let upto = counter.load(Ordering::Acquire);
+        let streams: Vec<Arc<CudaStream>> = {
+            let mut known = free_streams();
+            known.retain(|_, w| w.strong_count() > 0);
+            known.values().filter_map(Weak::upgrade).collect()
+        };
+        for stream in &streams {
+            if let Err(e) = wait_unless_capturing(WHO, stream) {
+                // A failed stream (a fault) runs nothing more; its pools go all the same.
+                if !already_gone(&e) {
+                    log::debug!(target: "raft", "{e}");
+                }
+            }
+        }
+        // The last handle of a stream may go here: cudarc binds its context to destroy it, and
+        // the guard above puts the caller's back.
+        drop(streams);
+        upto
+    } else {
+        u64::MAX
+    };
+    let (mut destroyed, mut left) = (0i32, 0i32);
+    // SAFETY: writes two ints; the shim makes each pool's device current around its work.
+    let drained = check(WHO, api, unsafe { api.raftrs_mr_graveyard_drain(upto, &mut destroyed, &mut left) });
+    POOLS_DESTROYED.fetch_add(destroyed.max(0) as u64, Ordering::AcqRel);
+    match drained {
+        Ok(()) => log::trace!(target: "raft", "{WHO}: {destroyed} destroyed, {left} left"),
+        Err(e) if already_gone(&e) => return 0,
+        Err(e) => log::warn!(target: "raft", "{e}"),
+    }
+    left
+}
+
+/// For an allocation or a new async pool that failed with `OutOfMemory`: destroys the released
+/// async pools now, on the calling thread (waiting for the streams that freed into them), trying
+/// again for a moment while some still hold memory. Returns whether any was destroyed (then a
+/// retry may succeed). Released pools keep their memory, and the driver's pool objects, until
+/// destroyed: a process that churns through pools faster than the release threads destroy
+/// them would otherwise run out (GPU run 47: `cudaMemPoolCreate` out of memory).
+pub(crate) fn reclaim_released_pools() -> bool {
+    let destroyed_before = POOLS_DESTROYED.load(Ordering::Acquire);
+    let buried = buried_counter().map_or(0, |c| c.load(Ordering::Acquire));
+    if buried <= destroyed_before {
+        return false; // none waiting
+    }
+    for _ in 0..200 {
+        if drain_graveyard(true) == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    POOLS_DESTROYED.load(Ordering::Acquire) > destroyed_before
+}
+
+/// Waits for `stream`, unless it is capturing a CUDA graph (waiting would end the capture; its
+/// frees are graph nodes then, not queued work).
+fn wait_unless_capturing(who: &'static str, stream: &CudaStream) -> Result<()> {
+    bind(who, stream.context())?;
+    let mut status = cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the stream is alive for the borrow (an `Arc` is held); writes one enum.
+    unsafe { cusys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }.result().map_err(|e| Error::driver(who, e))?;
+    if status != cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok(());
+    }
+    stream_sync(who, stream)
+}
 
 /// One owned RMM memory resource (a shared copy: see `raftrs_mr` in the shim's header). Dropping
 /// the last handle to a pool destroys the pool, on its device.
@@ -571,23 +744,6 @@ struct DoomedMr(NonNull<sys::raftrs_mr>);
 unsafe impl Send for DoomedMr {}
 
 impl DoomedMr {
-    /// On a release thread: where a CUDA async pool is behind the resource, waits for its device
-    /// first, so that no stream still holds a free into the pool if this handle is the last
-    /// (RMM's destructor calls `cudaMemPoolDestroy` without waiting). CUDA documents such a
-    /// destroy as allowed; run 33 caught a release thread faulting in `cuStreamSynchronize`
-    /// while pools were destroyed beside it, and this rules that pattern out (not yet run on a
-    /// GPU). Never in the exit teardown, which must not wait for work it cannot bound.
-    fn quiesce(&self) {
-        const WHO: &str = "MemoryResource::drop";
-        let Ok(api) = api(WHO) else { return };
-        let mut waited = 0i32;
-        // SAFETY: the handle is alive (destroyed only by `destroy`, which takes self); writes
-        // one int; the shim makes the resource's device current around the wait.
-        if let Err(e) = check(WHO, api, unsafe { api.raftrs_mr_quiesce(self.0.as_ptr(), &mut waited) }) {
-            log::debug!(target: "raft", "{e}");
-        }
-    }
-
     fn destroy(self) {
         const WHO: &str = "MemoryResource::drop";
         let Ok(api) = api(WHO) else { return };
@@ -598,13 +754,15 @@ impl DoomedMr {
         if let Err(e) = check(WHO, api, status) {
             log::warn!(target: "raft", "{e}");
         }
+        after_native_drop();
     }
 }
 
 impl Drop for NativeMr {
     /// Destroying the last handle of a pool runs RMM's destructor, which waits for the GPU and
     /// calls cudaFree: that happens on a release thread, never on the dropping one (in the exit
-    /// teardown, inline, while CUDA is still up).
+    /// teardown, inline, while CUDA is still up). A CUDA async pool is never destroyed there: its
+    /// last copy buries it (see [`after_native_drop`]).
     fn drop(&mut self) {
         if !raft_exit::native_release_allowed() {
             return; // the exit has decided: leaked to the OS, no CUDA call
@@ -615,13 +773,7 @@ impl Drop for NativeMr {
             return;
         }
         let label = raft_exit::Label { what: "release of memory resource", id: raft_exit::next_id(), device: Some(self.device) };
-        crate::release::enqueue(
-            label,
-            Box::new(move || {
-                doomed.quiesce();
-                doomed.destroy()
-            }),
-        );
+        crate::release::enqueue(label, Box::new(move || doomed.destroy()));
     }
 }
 
@@ -796,9 +948,14 @@ impl NativeBuffer {
                 }
             }
         }
+        if self.stream_ordered && !self.stream.cu_stream().is_null() {
+            note_free_stream(&self.stream);
+        }
         // SAFETY: the buffer is freed exactly once (self is consumed), on the stream it is
         // ordered on (alive: held by self until after the call).
         let status = unsafe { api.raftrs_buffer_destroy(self.ptr.as_ptr(), self.stream.cu_stream() as *mut c_void) };
+        // The buffer's copy of its resource may have been an async pool's last.
+        after_native_drop();
         // The stream's last handle may go here (`into_inner` tells exactly one holder it is the
         // last): cudarc binds the stream's context to destroy it, so a guard puts the caller's
         // context back.
