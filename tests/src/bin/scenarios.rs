@@ -8,18 +8,52 @@ fn env_f64(name: &str, default: f64) -> f64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// The `raw-pool-streams` scenario (see its comment in `main`).
+/// The `raw-pool-streams` scenario (see its comment in `main`): the driver API alone.
+///
+/// `SCENARIO_MODE` picks what the worker threads do each round, all on device 0's primary
+/// context (`SCENARIO_THREADS` workers × `SCENARIO_ROUNDS` rounds):
+/// - `inline`: on a stream each worker keeps for the whole run, a fresh async pool, 1 MiB from
+///   it, a memset, a stream-ordered free, and the pool destroyed at once by the worker (its free
+///   still queued); then 1 MiB from the device's default pool, a memset, a free and a stream
+///   sync. No context-wide wait anywhere.
+/// - `ctxsync`: no pool is made; the workers do the default-pool part only while
+///   `SCENARIO_SYNCERS` (2) threads call `cuCtxSynchronize` in a loop.
+/// - `inline-ctxsync`: `inline` beside the context-wide waits of `ctxsync` (what this library
+///   did on the default path: a pool destroyed by the array that freed into it, release
+///   threads waiting for the device meanwhile).
+/// - `streamsync-ctxsync`: as `inline-ctxsync`, but each worker waits for its own stream before
+///   destroying the pool (nothing of the pool queued anywhere when it dies).
+/// - `handoff`: runs 37–38's pattern: per round a stream (a spare one when `SCENARIO_REUSE=1`),
+///   the pool part, then the pool to a destroyer thread (which first waits for the context when
+///   `SCENARIO_DEVICE_SYNC=1`) and the stream to a releaser thread (which syncs it, then
+///   destroys it or keeps it for reuse).
+///
+/// Pools are made with a 64 MiB maximum (the default, the whole device, made `cuMemPoolCreate`
+/// fail with out-of-memory once several were alive, GPU run 41). Prints
+/// `RESULT mode=… rounds=…`; a failing call panics with its name and result.
 fn raw_pool_streams() {
     use cudarc::driver::sys::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::mpsc;
     use std::sync::Mutex;
     fn ok(what: &str, rc: CUresult) {
         assert_eq!(rc, CUresult::CUDA_SUCCESS, "{what}");
     }
+    let mode = std::env::var("SCENARIO_MODE").unwrap_or_else(|_| "handoff".into());
     let threads = env_f64("SCENARIO_THREADS", 8.0) as usize;
     let rounds = env_f64("SCENARIO_ROUNDS", 200.0) as usize;
+    let syncers = env_f64("SCENARIO_SYNCERS", 2.0) as usize;
     let reuse = env_f64("SCENARIO_REUSE", 0.0) != 0.0;
     let device_sync = env_f64("SCENARIO_DEVICE_SYNC", 0.0) != 0.0;
+    let (make_pools, ctx_syncs, stream_sync_first, handoff) = match mode.as_str() {
+        "inline" => (true, false, false, false),
+        "ctxsync" => (false, true, false, false),
+        "inline-ctxsync" => (true, true, false, false),
+        "streamsync-ctxsync" => (true, true, true, false),
+        "handoff" => (true, false, false, true),
+        "pool-limit" => return raw_pool_limit(),
+        other => panic!("SCENARIO_MODE {other:?}: inline, ctxsync, inline-ctxsync, streamsync-ctxsync or handoff"),
+    };
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: plain driver calls with out-pointers to locals; device 0 exists (a GPU run).
     unsafe {
@@ -31,27 +65,45 @@ fn raw_pool_streams() {
     let ctx = ctx as usize;
     // SAFETY: binds the retained primary context (alive for the process) to the calling thread.
     let bind = move || ok("cuCtxSetCurrent", unsafe { cuCtxSetCurrent(ctx as CUcontext) });
+    // SAFETY (both helpers): out-pointers to locals; the context is bound by the caller.
+    let new_stream = || {
+        let mut st: CUstream = std::ptr::null_mut();
+        ok("cuStreamCreate", unsafe { cuStreamCreate(&mut st, CUstream_flags::CU_STREAM_NON_BLOCKING as u32) });
+        st
+    };
+    let new_pool = || {
+        // SAFETY: zeroed props are a valid start (no handle types, device 0, no flags).
+        let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.__bindgen_anon_1.id = 0;
+        props.maxSize = 64 << 20;
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        ok("cuMemPoolCreate", unsafe { cuMemPoolCreate(&mut pool, &props) });
+        pool
+    };
     let spare: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    let stop = AtomicBool::new(false);
     let (pool_tx, pool_rx) = mpsc::channel::<usize>();
     let (stream_tx, stream_rx) = mpsc::channel::<usize>();
     std::thread::scope(|s| {
-        let spare = &spare;
+        let (spare, stop) = (&spare, &stop);
         s.spawn(move || {
             bind();
             for pool in pool_rx {
                 if device_sync {
                     // SAFETY: the context is bound to this thread.
-                    ok("cuCtxSynchronize", unsafe { cuCtxSynchronize() });
+                    ok("cuCtxSynchronize (destroyer)", unsafe { cuCtxSynchronize() });
                 }
                 // SAFETY: the pool was made by a worker, which no longer uses it.
-                ok("cuMemPoolDestroy", unsafe { cuMemPoolDestroy(pool as CUmemoryPool) });
+                ok("cuMemPoolDestroy (destroyer)", unsafe { cuMemPoolDestroy(pool as CUmemoryPool) });
             }
         });
         s.spawn(move || {
             bind();
             for stream in stream_rx {
                 // SAFETY: the stream was made by a worker, which no longer uses it.
-                ok("cuStreamSynchronize", unsafe { cuStreamSynchronize(stream as CUstream) });
+                ok("cuStreamSynchronize (releaser)", unsafe { cuStreamSynchronize(stream as CUstream) });
                 if reuse {
                     spare.lock().unwrap().push(stream);
                 } else {
@@ -60,50 +112,139 @@ fn raw_pool_streams() {
                 }
             }
         });
+        if ctx_syncs {
+            for _ in 0..syncers {
+                s.spawn(move || {
+                    bind();
+                    while !stop.load(Ordering::Relaxed) {
+                        // SAFETY: the context is bound to this thread.
+                        ok("cuCtxSynchronize (syncer)", unsafe { cuCtxSynchronize() });
+                    }
+                });
+            }
+        }
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 let (pool_tx, stream_tx) = (pool_tx.clone(), stream_tx.clone());
                 s.spawn(move || {
                     bind();
+                    let own = (!handoff).then(new_stream);
                     for _ in 0..rounds {
-                        let taken = spare.lock().unwrap().pop();
-                        let stream = match taken {
-                            Some(st) => st as CUstream,
-                            None => {
-                                let mut st: CUstream = std::ptr::null_mut();
-                                // SAFETY: out-pointer to a local; the context is bound.
-                                ok("cuStreamCreate", unsafe { cuStreamCreate(&mut st, CUstream_flags::CU_STREAM_NON_BLOCKING as u32) });
-                                st
-                            }
+                        let stream = match own {
+                            Some(st) => st,
+                            None => match spare.lock().unwrap().pop() {
+                                Some(st) => st as CUstream,
+                                None => new_stream(),
+                            },
                         };
-                        // SAFETY: zeroed props are a valid start (no handle types, device 0);
-                        // the pool, the allocation and the memset are used only as below, on
-                        // this thread's stream, and the free is queued before both are handed
-                        // to the other threads.
+                        // SAFETY: each pointer is used only on this thread's stream, between its
+                        // allocation and its stream-ordered free; a pool is destroyed once, by
+                        // this thread or (handed over) by the destroyer, after its last free is
+                        // queued; the stream is handed over only in `handoff` mode, after its
+                        // last use here.
                         unsafe {
-                            let mut props: CUmemPoolProps = std::mem::zeroed();
-                            props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-                            props.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-                            let mut pool: CUmemoryPool = std::ptr::null_mut();
-                            ok("cuMemPoolCreate", cuMemPoolCreate(&mut pool, &props));
-                            let mut ptr: CUdeviceptr = 0;
-                            ok("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync(&mut ptr, 1 << 20, pool, stream));
-                            ok("cuMemsetD8Async", cuMemsetD8Async(ptr, 0, 1 << 20, stream));
-                            ok("cuStreamSynchronize", cuStreamSynchronize(stream));
-                            ok("cuMemFreeAsync", cuMemFreeAsync(ptr, stream));
-                            pool_tx.send(pool as usize).unwrap();
+                            if make_pools {
+                                let pool = new_pool();
+                                let mut ptr: CUdeviceptr = 0;
+                                ok("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync(&mut ptr, 1 << 20, pool, stream));
+                                ok("cuMemsetD8Async", cuMemsetD8Async(ptr, 0, 1 << 20, stream));
+                                ok("cuMemFreeAsync (pool)", cuMemFreeAsync(ptr, stream));
+                                if handoff {
+                                    pool_tx.send(pool as usize).unwrap();
+                                } else {
+                                    if stream_sync_first {
+                                        ok("cuStreamSynchronize (before destroy)", cuStreamSynchronize(stream));
+                                    }
+                                    ok("cuMemPoolDestroy", cuMemPoolDestroy(pool));
+                                }
+                            }
+                            if !handoff {
+                                let mut ptr: CUdeviceptr = 0;
+                                ok("cuMemAllocAsync", cuMemAllocAsync(&mut ptr, 1 << 20, stream));
+                                ok("cuMemsetD8Async (default pool)", cuMemsetD8Async(ptr, 0, 1 << 20, stream));
+                                ok("cuMemFreeAsync", cuMemFreeAsync(ptr, stream));
+                                ok("cuStreamSynchronize", cuStreamSynchronize(stream));
+                            }
                         }
-                        stream_tx.send(stream as usize).unwrap();
+                        if handoff {
+                            stream_tx.send(stream as usize).unwrap();
+                        }
+                    }
+                    if let Some(st) = own {
+                        // SAFETY: this thread's own stream, last used above.
+                        ok("cuStreamDestroy (own)", unsafe { cuStreamDestroy_v2(st) });
                     }
                 })
             })
             .collect();
         drop((pool_tx, stream_tx));
+        let mut failed = None;
         for w in workers {
-            w.join().unwrap();
+            if let Err(e) = w.join() {
+                failed = Some(e);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        if let Some(e) = failed {
+            std::panic::resume_unwind(e);
         }
     });
-    println!("RESULT rounds={} reuse={} device_sync={}", threads * rounds, u8::from(reuse), u8::from(device_sync));
+    println!("RESULT mode={mode} rounds={} reuse={} device_sync={}", threads * rounds, u8::from(reuse), u8::from(device_sync));
+}
+
+/// `raw-pool-streams` with `SCENARIO_MODE=pool-limit`: how many async pools can be alive at once
+/// on device 0, each with 1 MiB taken from it, when made with the default maximum (0: the
+/// driver's default) and, separately, with `maxSize` 64 MiB. Prints both counts (stopping at
+/// 4096).
+fn raw_pool_limit() {
+    use cudarc::driver::sys::*;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: plain driver calls with out-pointers to locals; device 0 exists (a GPU run).
+    unsafe {
+        assert_eq!(cuInit(0), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuDevicePrimaryCtxRetain(&mut ctx, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuCtxSetCurrent(ctx), CUresult::CUDA_SUCCESS);
+    }
+    for max in [0usize, 64 << 20] {
+        let mut made = Vec::new();
+        let mut failure = String::from("none");
+        while made.len() < 4096 {
+            // SAFETY: zeroed props are a valid start; out-pointers to locals; each pool and
+            // allocation is destroyed below, after a context-wide wait.
+            unsafe {
+                let mut props: CUmemPoolProps = std::mem::zeroed();
+                props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                props.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                props.maxSize = max;
+                let mut pool: CUmemoryPool = std::ptr::null_mut();
+                let rc = cuMemPoolCreate(&mut pool, &props);
+                if rc != CUresult::CUDA_SUCCESS {
+                    failure = format!("cuMemPoolCreate:{rc:?}");
+                    break;
+                }
+                let mut ptr: CUdeviceptr = 0;
+                let rc = cuMemAllocFromPoolAsync(&mut ptr, 1 << 20, pool, std::ptr::null_mut());
+                if rc != CUresult::CUDA_SUCCESS {
+                    failure = format!("cuMemAllocFromPoolAsync:{rc:?}");
+                    cuMemPoolDestroy(pool);
+                    break;
+                }
+                made.push((pool, ptr));
+            }
+        }
+        let n = made.len();
+        // SAFETY: every pointer and pool was made above and is freed / destroyed once, after the
+        // context has finished the allocations.
+        unsafe {
+            assert_eq!(cuCtxSynchronize(), CUresult::CUDA_SUCCESS);
+            for (pool, ptr) in made {
+                cuMemFreeAsync(ptr, std::ptr::null_mut());
+                assert_eq!(cuCtxSynchronize(), CUresult::CUDA_SUCCESS);
+                cuMemPoolDestroy(pool);
+            }
+        }
+        println!("RESULT max_size_mib={} pools_alive={n} stopped_by={failure}", max >> 20);
+    }
 }
 
 /// A job that runs `secs`: on real resources (GPU work, syncing its stream) when
@@ -359,6 +500,22 @@ fn main() -> ExitCode {
         raft::exit::set_default_exit_wait(wait).expect("a valid wait");
     }
     println!("RESULT start_ms={}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis());
+    if let Some(every) = std::env::var("SCENARIO_WATCH").ok().and_then(|v| v.parse::<f64>().ok()) {
+        // For hang probes: the library's counts every `every` seconds (a hung run's last lines).
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_secs_f64(every));
+            let s = raft::stats();
+            println!(
+                "WATCH releases_pending={} release_threads={} busy_for_ms={} pools_released={} pools_destroyed={} live_arrays={}",
+                s.releases_pending,
+                s.release_threads,
+                s.release_busy_for.as_millis(),
+                s.async_pools_released,
+                s.async_pools_destroyed,
+                s.live_arrays
+            );
+        });
+    }
     match name.as_str() {
         // Exit while a job runs; main returns.
         "job-then-return" => {
@@ -566,6 +723,60 @@ fn main() -> ExitCode {
             });
             println!("RESULT rounds={}", threads * rounds);
         }
+        // Eight threads, each on a stream of its own: each round an async pool whose last copy
+        // is an array freed (stream-ordered) on a stream that then goes on working. The pool's
+        // Rust handle is dropped first and its release waited for, so the array's copy is the
+        // last. Prints how many pools were released and destroyed once every release has run,
+        // and the device memory taken at the end against the start.
+        "pool-last-copy-in-array" => {
+            let threads = env_f64("SCENARIO_THREADS", 8.0) as usize;
+            let rounds = env_f64("SCENARIO_ROUNDS", 100.0) as usize;
+            let settle = || {
+                let until = Instant::now() + Duration::from_secs(30);
+                while raft::stats().pending.releases > 0 || raft::stats().releases_pending > 0 {
+                    assert!(Instant::now() < until, "releases still pending after 30 s");
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            };
+            let first = raft::DeviceResources::new().expect("resources");
+            let free = || first.context().mem_get_info().expect("cuMemGetInfo").0;
+            let mut w = raft::DeviceVec::<u8>::new(&first, 1 << 20).expect("array");
+            w.fill_zero().expect("memset");
+            drop(w);
+            first.sync().expect("sync");
+            settle();
+            let before = free();
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    s.spawn(move || {
+                        let res = raft::DeviceResources::new().expect("resources");
+                        for _ in 0..rounds {
+                            let mr = raft::MemoryResource::cuda_async_with(0, None, Some(32 << 20)).expect("pool");
+                            let mut v = raft::DeviceVec::<u8>::new_in(&res, 1 << 20, &mr).expect("array");
+                            v.fill_zero().expect("memset");
+                            drop(mr);
+                            settle();
+                            drop(v);
+                            let mut w = raft::DeviceVec::<u8>::new(&res, 1 << 20).expect("array");
+                            w.fill_zero().expect("memset");
+                            drop(w);
+                            res.sync().expect("sync");
+                        }
+                        res.release().expect("release");
+                    });
+                }
+            });
+            settle();
+            let s = raft::stats();
+            let taken = before.saturating_sub(free());
+            println!(
+                "RESULT rounds={} pools_released={} pools_destroyed={} taken_mib={}",
+                threads * rounds,
+                s.async_pools_released,
+                s.async_pools_destroyed,
+                taken >> 20
+            );
+        }
         // Async pools made and dropped while the resources whose streams freed into them live
         // on and keep working (each thread's resources last the whole run): what a user does
         // who tries pool settings in a loop.
@@ -586,8 +797,8 @@ fn main() -> ExitCode {
                             let mut w = raft::DeviceVec::<u8>::new(&res, 1 << 20).expect("array");
                             w.fill_zero().expect("memset");
                             res.sync().expect("sync");
-                            // Staged copies: their lane streams follow and are followed by this
-                            // stream, which freed into the pool just dropped.
+                            // Staged copies on this stream, which freed into the pool just
+                            // dropped.
                             let staged = raft::Staging::default().from_host(&res, &host).expect("staged upload");
                             assert!(staged.to_host_staged().expect("staged download") == host, "staged round trip");
                         }
