@@ -47,6 +47,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -429,6 +430,9 @@ struct buried_pool {
   rmm::mr::cuda_async_memory_resource pool;
 };
 
+static_assert(std::is_nothrow_move_constructible_v<buried_pool>,
+              "a buried pool must move without throwing: a pool destroyed by accident is the crash it avoids");
+
 /// Async pools whose last copy is gone, waiting for `raftrs_mr_graveyard_drain`. Never
 /// destroyed (a pool buried during static destruction stays with the OS). `buried` is the
 /// number of the latest burial, stored under the lock after its pool is in `pools`.
@@ -462,13 +466,19 @@ class async_pool_guard {
   {
     auto& g = the_graveyard();
     std::lock_guard<std::mutex> lock{g.lock};
-    uint64_t seq = g.buried.load(std::memory_order_relaxed) + 1;
+    bool room = true;
     try {
-      g.pools.push_back(buried_pool{seq, device_, std::move(pool_)});
+      g.pools.reserve(g.pools.size() + 1);
     } catch (...) {
+      room = false;
+    }
+    if (!room) {
       // No room to bury it: left to the OS rather than destroyed with work queued.
       static_cast<void>(new (std::nothrow) rmm::mr::cuda_async_memory_resource(std::move(pool_)));
+      return;
     }
+    uint64_t seq = g.buried.load(std::memory_order_relaxed) + 1;
+    g.pools.push_back(buried_pool{seq, device_, std::move(pool_)});  // capacity reserved: no throw
     g.buried.store(seq, std::memory_order_release);
   }
   async_pool_guard(async_pool_guard const&)            = delete;
@@ -1223,7 +1233,8 @@ raftrs_status raftrs_mr_destroy(raftrs_mr* mr)
 raftrs_status raftrs_mr_buried_counter(const uint64_t** out)
 {
   return guard([&] {
-    static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t) && std::atomic<uint64_t>::is_always_lock_free);
+    static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t) && alignof(std::atomic<uint64_t>) == alignof(uint64_t) &&
+                  std::atomic<uint64_t>::is_always_lock_free);
     *out = reinterpret_cast<const uint64_t*>(&the_graveyard().buried);
   });
 }
@@ -1234,42 +1245,69 @@ raftrs_status raftrs_mr_graveyard_drain(uint64_t upto, int32_t* destroyed, int32
     *destroyed = 0;
     *left      = 0;
     auto& g = the_graveyard();
+    // Every vector a buried pool moves into has its room made before the first move, so no
+    // exception can destroy a pool on the way (a pool destroyed by accident is the crash this
+    // avoids).
     std::vector<buried_pool> taken;
+    std::vector<buried_pool> kept;
     {
       std::lock_guard<std::mutex> lock{g.lock};
+      taken.reserve(g.pools.size());
+      kept.reserve(g.pools.size());
       auto later = std::stable_partition(g.pools.begin(), g.pools.end(), [&](buried_pool const& b) { return b.seq > upto; });
       std::move(later, g.pools.end(), std::back_inserter(taken));
       g.pools.erase(later, g.pools.end());
     }
-    std::vector<buried_pool> kept;
     cudaError_t failed = cudaSuccess;
     for (auto& b : taken) {
-      device_scope scope{b.device};
-      // Destroyed only once it holds no memory at all: its memory handed back (release
-      // threshold 0, trimmed), which also means no free into it is still queued. GPU run 46: a
-      // pool destroyed while it still held memory left other threads' stream synchronisations
-      // hung inside libcuda.
-      cudaMemPool_t pool = b.pool.pool_handle();
-      uint64_t zero     = 0;
-      uint64_t reserved = 1;
-      auto code = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &zero);
-      if (code == cudaSuccess) { code = cudaMemPoolTrimTo(pool, 0); }
-      if (code == cudaSuccess) { code = cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved); }
-      if (code != cudaSuccess) {
-        cudaGetLastError();
-        failed = code;
+      bool gone = false;
+      try {
+        device_scope scope{b.device};
+        // Destroyed only once it holds no memory at all: its memory handed back (release
+        // threshold 0, trimmed), which also means no free into it is still queued. GPU run 46:
+        // pools destroyed while they still held memory left other threads' stream waits hung
+        // inside libcuda.
+        cudaMemPool_t pool = b.pool.pool_handle();
+        uint64_t zero     = 0;
+        uint64_t reserved = 1;
+        auto code = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &zero);
+        if (code == cudaSuccess) { code = cudaMemPoolTrimTo(pool, 0); }
+        if (code == cudaSuccess) { code = cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved); }
+        if (code != cudaSuccess) {
+          cudaGetLastError();
+          failed = code;
+        } else if (reserved == 0) {
+          rmm::mr::cuda_async_memory_resource doomed{std::move(b.pool)};
+          gone = true;
+        }
+      } catch (cuda_failure const& e) {
+        failed = e.code;
+      } catch (...) {
+        failed = cudaErrorUnknown;
       }
-      if (code != cudaSuccess || reserved != 0) {
-        kept.push_back(std::move(b));
-        continue;
+      if (gone) {
+        *destroyed += 1;
+      } else {
+        kept.push_back(std::move(b));  // room made above: no throw
       }
-      rmm::mr::cuda_async_memory_resource doomed{std::move(b.pool)};
-      *destroyed += 1;
     }
     if (!kept.empty()) {
       *left = static_cast<int32_t>(kept.size());
       std::lock_guard<std::mutex> lock{g.lock};
-      for (auto& b : kept) { g.pools.push_back(std::move(b)); }
+      bool room = true;
+      try {
+        g.pools.reserve(g.pools.size() + kept.size());
+      } catch (...) {
+        room = false;
+      }
+      for (auto& b : kept) {
+        if (room) {
+          g.pools.push_back(std::move(b));
+        } else {
+          // No room to keep it buried: left to the OS rather than destroyed with work queued.
+          static_cast<void>(new (std::nothrow) rmm::mr::cuda_async_memory_resource(std::move(b.pool)));
+        }
+      }
     }
     check(failed, "handing a released async pool's memory back before destroying it");
   });

@@ -190,8 +190,11 @@ pub(crate) fn trim_async_pool(who: &'static str, device: usize, mr: Option<&Nati
     let raw = mr.map_or(std::ptr::null(), |m| m.ptr.as_ptr() as *const sys::raftrs_mr);
     // SAFETY: `raw` is null or a live resource borrowed for the call; writes one int. The shim
     // makes the device current around the call.
-    check(who, api, unsafe { api.raftrs_mr_trim_async(device as i32, raw, &mut trimmed) })?;
-    Ok(trimmed != 0)
+    let trim = check(who, api, unsafe { api.raftrs_mr_trim_async(device as i32, raw, &mut trimmed) });
+    // Without `mr`, the shim held a copy of the current resource, which a concurrent
+    // `set_current` may have left the last one.
+    after_native_drop();
+    trim.map(|()| trimmed != 0)
 }
 
 // ---- raft::device_resources ----------------------------------------------------------------
@@ -380,40 +383,64 @@ pub(crate) fn after_native_drop() {
         return;
     }
     if raft_exit::phase() == raft_exit::Phase::TearingDown {
-        let _ = drain_graveyard(false);
+        let _ = drain_graveyard(Drain::Poll);
         return;
     }
+    queue_drain(0);
+}
+
+/// How often a drain whose pools still hold memory is queued again (each try polls for about
+/// 200 ms): about 4 s in all, then the pools wait for the next burial or `OutOfMemory`.
+const DRAIN_TRIES: u32 = 20;
+
+/// Queues a drain on a release thread: it waits for the noted streams once, then polls the
+/// buried pools for a while; pools still holding memory get another try later.
+fn queue_drain(tried: u32) {
     let label = raft_exit::Label { what: "destruction of released async pools", id: raft_exit::next_id(), device: None };
     crate::release::enqueue(
         label,
-        Box::new(|| {
-            // A pool whose memory is not all back yet (a free still queued somewhere) is tried
-            // again a moment later, for a while; then it waits for the next burial's drain.
+        Box::new(move || {
+            let mut left = drain_graveyard(if tried == 0 { Drain::WaitForStreams } else { Drain::Poll });
             for _ in 0..200 {
-                if drain_graveyard(true) == 0 {
+                if left == 0 {
                     return;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(1));
+                left = drain_graveyard(Drain::Poll);
             }
-            log::debug!(target: "raft", "released async pools still hold memory: they wait for the next drain");
+            if tried + 1 < DRAIN_TRIES && raft_exit::native_release_allowed() {
+                queue_drain(tried + 1);
+            } else {
+                log::debug!(target: "raft", "{left} released async pools still hold memory: they wait for the next drain");
+            }
         }),
     );
 }
 
-/// Destroys buried async pools; returns how many are still buried. With `wait` (a release
-/// thread): takes the latest burial's number, waits for every stream a free has gone through
-/// that is still alive (so none of them holds a free into those pools any more), then asks the
-/// shim to destroy the pools buried up to that number, each once it holds no memory (see
-/// `raftrs_mr_graveyard_drain`). Never `cudaDeviceSynchronize`: GPU run 45 caught it deadlocked
-/// inside libcuda against a `cuStreamSynchronize` of another thread. Without `wait` (the exit
-/// teardown): whatever holds no memory now; the rest is left to the OS.
-fn drain_graveyard(wait: bool) -> i32 {
+/// What a drain does before it asks the shim to destroy buried pools.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    /// Waits for every noted stream still alive (a release thread only: it may block behind
+    /// any work queued there, a collective of another rank included).
+    WaitForStreams,
+    /// Nothing: the shim destroys the pools that hold no memory now.
+    Poll,
+}
+
+/// Destroys buried async pools; returns how many are still buried. Takes the latest burial's
+/// number; with [`Drain::WaitForStreams`] waits for every stream a free has gone through that
+/// is still alive (so none of them holds a free into those pools any more); then asks the shim
+/// to destroy the pools buried up to that number, each only once it holds no memory (see
+/// `raftrs_mr_graveyard_drain`: what makes the destroy safe is that check, the wait only lets
+/// the frees finish sooner). Never `cudaDeviceSynchronize`: GPU run 45 caught it deadlocked
+/// inside libcuda against a `cuStreamSynchronize` of another thread.
+fn drain_graveyard(how: Drain) -> i32 {
     const WHO: &str = "raft::memory (released async pools)";
     let Ok(api) = api(WHO) else { return 0 };
     let Some(counter) = buried_counter() else { return 0 };
     let _keep = ContextGuard::save(WHO);
-    let upto = if wait {
-        let upto = counter.load(Ordering::Acquire);
+    let upto = counter.load(Ordering::Acquire);
+    if how == Drain::WaitForStreams {
         let streams: Vec<Arc<CudaStream>> = {
             let mut known = free_streams();
             known.retain(|_, w| w.strong_count() > 0);
@@ -430,10 +457,7 @@ fn drain_graveyard(wait: bool) -> i32 {
         // The last handle of a stream may go here: cudarc binds its context to destroy it, and
         // the guard above puts the caller's back.
         drop(streams);
-        upto
-    } else {
-        u64::MAX
-    };
+    }
     let (mut destroyed, mut left) = (0i32, 0i32);
     // SAFETY: writes two ints; the shim makes each pool's device current around its work.
     let drained = check(WHO, api, unsafe { api.raftrs_mr_graveyard_drain(upto, &mut destroyed, &mut left) });
@@ -441,25 +465,27 @@ fn drain_graveyard(wait: bool) -> i32 {
     match drained {
         Ok(()) => log::trace!(target: "raft", "{WHO}: {destroyed} destroyed, {left} left"),
         Err(e) if already_gone(&e) => return 0,
-        Err(e) => log::warn!(target: "raft", "{e}"),
+        // Polled again and again on a broken context: not a warning each time.
+        Err(e) => log::debug!(target: "raft", "{e}"),
     }
     left
 }
 
 /// For an allocation or a new async pool that failed with `OutOfMemory`: destroys the released
-/// async pools now, on the calling thread (waiting for the streams that freed into them), trying
-/// again for a moment while some still hold memory. Returns whether any was destroyed (then a
-/// retry may succeed). Released pools keep their memory, and the driver's pool objects, until
-/// destroyed: a process that churns through pools faster than the release threads destroy
-/// them would otherwise run out (GPU run 47: `cudaMemPoolCreate` out of memory).
+/// async pools that hold no memory now, on the calling thread, polling for a moment (50 ms at
+/// most) while some still do. Never waits for a stream: the caller's thread must not block
+/// behind other threads' work (another rank's collective, say). Returns whether any was
+/// destroyed (then a retry may succeed). Released pools keep their memory, and the driver's
+/// pool objects, until destroyed: a process that churns through pools faster than the release
+/// threads destroy them would otherwise run out (GPU run 47: `cudaMemPoolCreate` out of memory).
 pub(crate) fn reclaim_released_pools() -> bool {
     let destroyed_before = POOLS_DESTROYED.load(Ordering::Acquire);
     let buried = buried_counter().map_or(0, |c| c.load(Ordering::Acquire));
     if buried <= destroyed_before {
         return false; // none waiting
     }
-    for _ in 0..200 {
-        if drain_graveyard(true) == 0 {
+    for _ in 0..50 {
+        if drain_graveyard(Drain::Poll) == 0 {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
@@ -831,9 +857,14 @@ impl NativeBuffer {
         let mr_ptr = mr.map_or(std::ptr::null(), |m| m.ptr.as_ptr() as *const _);
         // SAFETY: the stream is alive (borrowed, and held by the new buffer); `mr` is alive for
         // the borrow and the buffer keeps its own copy of it; the out-pointers are locals.
-        check(who, api, unsafe {
+        let made = check(who, api, unsafe {
             api.raftrs_buffer_create(device as i32, mr_ptr, stream.cu_stream() as *mut c_void, bytes, &mut raw, &mut data, &mut ordered)
-        })?;
+        });
+        if made.is_err() {
+            // The failed buffer's copy of the current resource may have been its last.
+            after_native_drop();
+        }
+        made?;
         let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no buffer"))?;
         let stream_ordered = ordered != 0;
         Ok(NativeBuffer { ptr, data, bytes, device, stream_ordered, stream: stream.clone() })
