@@ -343,8 +343,24 @@ pub(crate) fn async_pools() -> (u64, u64) {
 /// Every stream a stream-ordered free has gone through, by the address of its `Arc`: a drain
 /// waits for those still alive before it destroys buried pools. A stream already dropped
 /// (destroyed) runs no new work, and its queued frees finish on their own.
-fn free_streams() -> std::sync::MutexGuard<'static, HashMap<usize, Weak<CudaStream>>> {
-    static STREAMS: OnceLock<Mutex<HashMap<usize, Weak<CudaStream>>>> = OnceLock::new();
+#[derive(Default)]
+struct FreeStreams {
+    by_address: HashMap<usize, Weak<CudaStream>>,
+    /// The size past which the next insertion first forgets dropped streams (twice the live
+    /// ones at the last pruning): the map stays proportional to the live streams, in a process
+    /// that makes resources forever and never buries a pool.
+    prune_at: usize,
+}
+
+impl FreeStreams {
+    fn prune(&mut self) {
+        self.by_address.retain(|_, w| w.strong_count() > 0);
+        self.prune_at = (2 * self.by_address.len()).max(64);
+    }
+}
+
+fn free_streams() -> std::sync::MutexGuard<'static, FreeStreams> {
+    static STREAMS: OnceLock<Mutex<FreeStreams>> = OnceLock::new();
     STREAMS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -362,7 +378,13 @@ fn note_free_stream(stream: &Arc<CudaStream>) {
         return;
     }
     let weak = Arc::downgrade(stream);
-    free_streams().insert(Arc::as_ptr(stream) as usize, weak.clone());
+    {
+        let mut known = free_streams();
+        if known.by_address.len() >= known.prune_at {
+            known.prune();
+        }
+        known.by_address.insert(Arc::as_ptr(stream) as usize, weak.clone());
+    }
     let _ = LAST_NOTED.try_with(|w| *w.borrow_mut() = weak);
 }
 
@@ -400,13 +422,10 @@ fn queue_drain(tried: u32) {
     crate::release::enqueue(
         label,
         Box::new(move || {
-            let mut left = drain_graveyard(if tried == 0 { Drain::WaitForStreams } else { Drain::Poll });
-            for _ in 0..200 {
-                if left == 0 {
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(1));
-                left = drain_graveyard(Drain::Poll);
+            let first = drain_graveyard(if tried == 0 { Drain::WaitForStreams } else { Drain::Poll });
+            let left = poll_graveyard(first, 200);
+            if left == 0 {
+                return;
             }
             if tried + 1 < DRAIN_TRIES && raft_exit::native_release_allowed() {
                 queue_drain(tried + 1);
@@ -443,8 +462,8 @@ fn drain_graveyard(how: Drain) -> i32 {
     if how == Drain::WaitForStreams {
         let streams: Vec<Arc<CudaStream>> = {
             let mut known = free_streams();
-            known.retain(|_, w| w.strong_count() > 0);
-            known.values().filter_map(Weak::upgrade).collect()
+            known.prune();
+            known.by_address.values().filter_map(Weak::upgrade).collect()
         };
         for stream in &streams {
             if let Err(e) = wait_unless_capturing(WHO, stream) {
@@ -484,13 +503,21 @@ pub(crate) fn reclaim_released_pools() -> bool {
     if buried <= destroyed_before {
         return false; // none waiting
     }
-    for _ in 0..50 {
-        if drain_graveyard(Drain::Poll) == 0 {
+    poll_graveyard(drain_graveyard(Drain::Poll), 50);
+    POOLS_DESTROYED.load(Ordering::Acquire) > destroyed_before
+}
+
+/// While `left` pools are still buried, polls again every millisecond, `tries` times at most;
+/// returns how many are left.
+fn poll_graveyard(mut left: i32, tries: u32) -> i32 {
+    for _ in 0..tries {
+        if left == 0 {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
+        left = drain_graveyard(Drain::Poll);
     }
-    POOLS_DESTROYED.load(Ordering::Acquire) > destroyed_before
+    left
 }
 
 /// Waits for `stream`, unless it is capturing a CUDA graph (waiting would end the capture; its
@@ -507,7 +534,8 @@ fn wait_unless_capturing(who: &'static str, stream: &CudaStream) -> Result<()> {
 }
 
 /// One owned RMM memory resource (a shared copy: see `raftrs_mr` in the shim's header). Dropping
-/// the last handle to a pool destroys the pool, on its device.
+/// the last handle to a pool destroys the pool, on its device; a CUDA async pool is buried
+/// instead (see [`after_native_drop`]).
 pub(crate) struct NativeMr {
     ptr: NonNull<sys::raftrs_mr>,
     device: usize,
