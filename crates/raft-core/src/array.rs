@@ -82,12 +82,12 @@ impl<T: DeviceScalar> DeviceVec<T> {
         // it otherwise: runs 22, 24 and 28 saw the next process fail to make a context).
         let out_of_memory = |e: &Error| e.kind() == ErrorKind::OutOfMemory;
         let buffer = match make() {
-            // Both run (`|`, not `||`): pending releases, and released async pools that still
+            // Both run (`|`, not `||`): pending releases, and retired async pools that still
             // hold memory.
             Err(e)
                 if out_of_memory(&e)
                     && (crate::release::drain_device(resources.device(), crate::release::OOM_WAIT)
-                        | crate::result::reclaim_released_pools()) =>
+                        | crate::result::reclaim_retired_pools()) =>
             {
                 make()
             }

@@ -614,11 +614,11 @@ impl RmmOptions {
     }
 }
 
-/// Makes a resource; one that fails with `OutOfMemory` is made once more after the released
-/// async pools that still hold memory (or driver pool objects) are destroyed, where any were.
+/// Makes a resource; one that fails with `OutOfMemory` is made once more after the retired
+/// async pools have given their unused memory back, where they held any.
 fn reclaiming(make: impl Fn() -> Result<NativeMr>) -> Result<NativeMr> {
     match make() {
-        Err(e) if e.kind() == ErrorKind::OutOfMemory && result::reclaim_released_pools() => make(),
+        Err(e) if e.kind() == ErrorKind::OutOfMemory && result::reclaim_retired_pools() => make(),
         made => made,
     }
 }

@@ -45,14 +45,16 @@ pub struct Stats {
     pub release_time: Duration,
     /// Time queued releases waited for a thread before they ran, summed.
     pub release_wait: Duration,
-    /// CUDA async pools whose last copy (handle, array, adaptor, RMM map entry) has gone, since
-    /// the process started. Such a pool is destroyed on a release thread once the streams that
-    /// freed into it have finished and it holds no memory: the driver crashes or hangs when a
-    /// pool is destroyed while a free into it is still queued on a stream that goes on working,
-    /// or while it still holds memory (GPU runs 42 and 46).
-    pub async_pools_released: u64,
-    /// Of those, destroyed so far (the rest wait for a release thread, or the exit).
-    pub async_pools_destroyed: u64,
+    /// CUDA async pools this library created (with `cudaMemPoolCreate`) since the process
+    /// started.
+    pub async_pools_made: u64,
+    /// CUDA async pools whose last copy (handle, array, adaptor, RMM map entry) has gone. Such a
+    /// pool is never destroyed (the driver crashes or hangs when a pool is destroyed while a free
+    /// into it is still queued on a stream that goes on working: GPU runs 42, 45, 46, 48): its
+    /// memory goes back to the driver and the next async pool made on its device reuses it.
+    pub async_pools_retired: u64,
+    /// Retired async pools handed to a new async resource (made + reused = resources made).
+    pub async_pools_reused: u64,
 }
 
 /// What the releases pending on a device (or on all of them) hold, as counted when they were
@@ -117,6 +119,6 @@ pub fn stats() -> Stats {
     s.release_threads = crate::release::release_threads();
     s.release_busy_for = crate::release::release_busy_for();
     (s.release_time, s.release_wait) = crate::release::release_times();
-    (s.async_pools_released, s.async_pools_destroyed) = crate::result::async_pools();
+    (s.async_pools_made, s.async_pools_retired, s.async_pools_reused) = crate::result::async_pools();
     s
 }

@@ -223,18 +223,15 @@ raftrs_status raftrs_mr_statistics_total_bytes(const raftrs_mr* mr, int64_t* tot
 raftrs_status raftrs_mr_clone(const raftrs_mr* mr, raftrs_mr** out);
 /** Drops this handle; the resource goes when its last handle and buffer have. */
 raftrs_status raftrs_mr_destroy(raftrs_mr* mr);
-/** The address of the number of the latest burial of a CUDA async pool whose last copy
- *  (handle, buffer, adaptor or RMM map entry) has gone: such a pool is buried, not destroyed,
- *  because the driver must not see a pool destroyed while a free into it is still queued on a
- *  stream that goes on working. Burials are numbered 1, 2, ...; the number lives as long as the
- *  process and only grows (read it as an atomic, acquire). */
-raftrs_status raftrs_mr_buried_counter(const uint64_t** out);
-/** Destroys the buried async pools numbered up to `upto` (UINT64_MAX: all), each on its device,
- *  once it holds no memory: its release threshold is set to 0 and it is trimmed, and a pool that
- *  still has memory reserved after that (a free into it still queued) stays buried for a later
- *  call. The caller first waits for the streams that freed into pools (this library does).
- *  `destroyed` counts the pools destroyed, `left` those still buried. */
-raftrs_status raftrs_mr_graveyard_drain(uint64_t upto, int32_t* destroyed, int32_t* left);
+/** CUDA async pools this shim made: created with cudaMemPoolCreate, retired (their last copy
+ *  (handle, buffer, adaptor or RMM map entry) gone) and reused, since the process started. A
+ *  retired pool is never destroyed (the driver must not see a pool destroyed while a free into it
+ *  is still queued on a stream that goes on working): its memory goes back to the driver and the
+ *  next async pool made on its device is that pool again. */
+raftrs_status raftrs_mr_async_pools(uint64_t* made, uint64_t* retired, uint64_t* reused);
+/** Gives the unused memory of every retired async pool back to the driver now (no wait);
+ *  `released` is the bytes they held less (for a retry after an out-of-memory failure). */
+raftrs_status raftrs_mr_trim_retired(uint64_t* released);
 /** The RAFTRS_MR_* kind of the resource. */
 raftrs_status raftrs_mr_kind(const raftrs_mr* mr, int32_t* out);
 /** The device the resource was made for. */

@@ -156,8 +156,8 @@ pub struct RaftrsShim {
     pub raftrs_mr_statistics_total_bytes: unsafe extern "C" fn(mr: *const raftrs_mr, total: *mut i64) -> raftrs_status,
     pub raftrs_mr_clone: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status,
     pub raftrs_mr_destroy: unsafe extern "C" fn(mr: *mut raftrs_mr) -> raftrs_status,
-    pub raftrs_mr_buried_counter: unsafe extern "C" fn(out: *mut *const u64) -> raftrs_status,
-    pub raftrs_mr_graveyard_drain: unsafe extern "C" fn(upto: u64, destroyed: *mut i32, left: *mut i32) -> raftrs_status,
+    pub raftrs_mr_async_pools: unsafe extern "C" fn(made: *mut u64, retired: *mut u64, reused: *mut u64) -> raftrs_status,
+    pub raftrs_mr_trim_retired: unsafe extern "C" fn(released: *mut u64) -> raftrs_status,
     pub raftrs_mr_kind: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut i32) -> raftrs_status,
     pub raftrs_mr_device: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut i32) -> raftrs_status,
     pub raftrs_mr_equal: unsafe extern "C" fn(a: *const raftrs_mr, b: *const raftrs_mr, out: *mut i32) -> raftrs_status,
@@ -261,8 +261,8 @@ impl RaftrsShim {
         let raftrs_mr_statistics_total_bytes = __library.get(b"raftrs_mr_statistics_total_bytes\0").map(|sym| *sym)?;
         let raftrs_mr_clone = __library.get(b"raftrs_mr_clone\0").map(|sym| *sym)?;
         let raftrs_mr_destroy = __library.get(b"raftrs_mr_destroy\0").map(|sym| *sym)?;
-        let raftrs_mr_buried_counter = __library.get(b"raftrs_mr_buried_counter\0").map(|sym| *sym)?;
-        let raftrs_mr_graveyard_drain = __library.get(b"raftrs_mr_graveyard_drain\0").map(|sym| *sym)?;
+        let raftrs_mr_async_pools = __library.get(b"raftrs_mr_async_pools\0").map(|sym| *sym)?;
+        let raftrs_mr_trim_retired = __library.get(b"raftrs_mr_trim_retired\0").map(|sym| *sym)?;
         let raftrs_mr_kind = __library.get(b"raftrs_mr_kind\0").map(|sym| *sym)?;
         let raftrs_mr_device = __library.get(b"raftrs_mr_device\0").map(|sym| *sym)?;
         let raftrs_mr_equal = __library.get(b"raftrs_mr_equal\0").map(|sym| *sym)?;
@@ -316,8 +316,8 @@ impl RaftrsShim {
             raftrs_mr_statistics_total_bytes,
             raftrs_mr_clone,
             raftrs_mr_destroy,
-            raftrs_mr_buried_counter,
-            raftrs_mr_graveyard_drain,
+            raftrs_mr_async_pools,
+            raftrs_mr_trim_retired,
             raftrs_mr_kind,
             raftrs_mr_device,
             raftrs_mr_equal,
@@ -557,13 +557,13 @@ impl RaftrsShim {
     pub unsafe fn raftrs_mr_destroy(&self, mr: *mut raftrs_mr) -> raftrs_status {
         (self.raftrs_mr_destroy)(mr)
     }
-    #[doc = " The address of the number of the latest burial of a CUDA async pool whose last copy\n  (handle, buffer, adaptor or RMM map entry) has gone: such a pool is buried, not destroyed,\n  because the driver must not see a pool destroyed while a free into it is still queued on a\n  stream that goes on working. Burials are numbered 1, 2, ...; the number lives as long as the\n  process and only grows (read it as an atomic, acquire)."]
-    pub unsafe fn raftrs_mr_buried_counter(&self, out: *mut *const u64) -> raftrs_status {
-        (self.raftrs_mr_buried_counter)(out)
+    #[doc = " CUDA async pools this shim made: created with cudaMemPoolCreate, retired (their last copy\n  (handle, buffer, adaptor or RMM map entry) gone) and reused, since the process started. A\n  retired pool is never destroyed (the driver must not see a pool destroyed while a free into it\n  is still queued on a stream that goes on working): its memory goes back to the driver and the\n  next async pool made on its device is that pool again."]
+    pub unsafe fn raftrs_mr_async_pools(&self, made: *mut u64, retired: *mut u64, reused: *mut u64) -> raftrs_status {
+        (self.raftrs_mr_async_pools)(made, retired, reused)
     }
-    #[doc = " Destroys the buried async pools numbered up to `upto` (UINT64_MAX: all), each on its device,\n  once it holds no memory: its release threshold is set to 0 and it is trimmed, and a pool that\n  still has memory reserved after that (a free into it still queued) stays buried for a later\n  call. The caller first waits for the streams that freed into pools (this library does).\n  `destroyed` counts the pools destroyed, `left` those still buried."]
-    pub unsafe fn raftrs_mr_graveyard_drain(&self, upto: u64, destroyed: *mut i32, left: *mut i32) -> raftrs_status {
-        (self.raftrs_mr_graveyard_drain)(upto, destroyed, left)
+    #[doc = " Gives the unused memory of every retired async pool back to the driver now (no wait);\n  `released` is the bytes they held less (for a retry after an out-of-memory failure)."]
+    pub unsafe fn raftrs_mr_trim_retired(&self, released: *mut u64) -> raftrs_status {
+        (self.raftrs_mr_trim_retired)(released)
     }
     #[doc = " The RAFTRS_MR_* kind of the resource."]
     pub unsafe fn raftrs_mr_kind(&self, mr: *const raftrs_mr, out: *mut i32) -> raftrs_status {

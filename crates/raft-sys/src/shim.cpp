@@ -41,6 +41,7 @@
 #include <iterator>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <memory>
 #include <mutex>
@@ -423,64 +424,51 @@ using tracking_mr         = rmm::mr::tracking_resource_adaptor;
 using limiting_mr         = rmm::mr::limiting_resource_adaptor;
 using failure_mr          = rmm::mr::failure_callback_resource_adaptor<rmm::out_of_memory>;
 
-/// One buried pool: its burial number (1, 2, ...), its device, the pool.
-struct buried_pool {
-  uint64_t seq;
+/// One retired async pool: its device, the pool (alive, never destroyed).
+struct retired_pool {
   int device;
   rmm::mr::cuda_async_memory_resource pool;
 };
 
-static_assert(std::is_nothrow_move_constructible_v<buried_pool>,
-              "a buried pool must move without throwing: a pool destroyed by accident is the crash it avoids");
+static_assert(std::is_nothrow_move_constructible_v<retired_pool>,
+              "a retired pool must move without throwing: a pool destroyed by accident is the crash it avoids");
 
-/// Async pools whose last copy is gone, waiting for `raftrs_mr_graveyard_drain`. Never
-/// destroyed (a pool buried during static destruction stays with the OS). `buried` is the
-/// number of the latest burial, stored under the lock after its pool is in `pools`.
-struct graveyard {
+/// Async pools whose last copy is gone, kept alive for the next async pool made on their device.
+/// Never destroyed (the process's end gives them back to the OS). The counters only grow; they
+/// are read for `raft::stats()`.
+struct retired_pools {
   std::mutex lock;
-  std::vector<buried_pool> pools;
-  std::atomic<uint64_t> buried{0};
+  std::vector<retired_pool> pools;
+  std::atomic<uint64_t> made{0};     ///< pools created with cudaMemPoolCreate
+  std::atomic<uint64_t> retired{0};  ///< last copies gone
+  std::atomic<uint64_t> reused{0};   ///< retired pools handed to a new resource
 };
 
-graveyard& the_graveyard()
+retired_pools& the_retired()
 {
-  static auto* g = new graveyard{};
-  return *g;
+  static auto* r = new retired_pools{};
+  return *r;
 }
 
 /// A CUDA async pool this shim made, shared by every copy (handles, buffers, adaptors, RMM's
-/// per-device map). When the last copy goes, the pool is not destroyed there: it is buried, and
-/// destroyed later by `raftrs_mr_graveyard_drain`, which the Rust side calls once the streams
-/// that freed into it have finished (or at exit).
+/// per-device map). When the last copy goes, the pool is never destroyed: it is retired (its
+/// release threshold set to 0 and trimmed, so its memory goes back to the driver, now or at the
+/// next synchronisation once the frees still queued into it have run), and the next async pool
+/// asked for on its device is this one again, primed and set as asked.
 ///
 /// Why: the driver crashes when a pool is destroyed while a stream-ordered free into it is still
 /// queued and that stream then goes on working (GPU run 42, `scenarios raw-pool-streams`, driver
 /// API only: SIGSEGV or SIGFPE in 4 of 4 runs; with the stream waited for before the destroy,
-/// 0 of 4; CUDA documents such a destroy as allowed). The last copy is often an array freed on
-/// its stream a moment earlier, or a copy destroyed beside streams that freed into the pool and
-/// are still running, so no destructor can wait for exactly the right streams.
+/// 0 of 4; CUDA documents such a destroy as allowed). Every way of destroying later that was
+/// tried failed on the GPU: a device-wide wait deadlocked inside libcuda (run 45), pools
+/// destroyed once the streams that freed had been waited for left other stream waits hung
+/// (run 46), and a graveyard drained by release threads still crashed, hung and ran the driver
+/// out of pools inside the whole `rmm` test binary (run 48). A pool that is never destroyed has
+/// no such moment; reuse bounds the pools alive by the most ever alive at once.
 class async_pool_guard {
  public:
   async_pool_guard(int device, rmm::mr::cuda_async_memory_resource pool) : device_{device}, pool_{std::move(pool)} {}
-  ~async_pool_guard()
-  {
-    auto& g = the_graveyard();
-    std::lock_guard<std::mutex> lock{g.lock};
-    bool room = true;
-    try {
-      g.pools.reserve(g.pools.size() + 1);
-    } catch (...) {
-      room = false;
-    }
-    if (!room) {
-      // No room to bury it: left to the OS rather than destroyed with work queued.
-      static_cast<void>(new (std::nothrow) rmm::mr::cuda_async_memory_resource(std::move(pool_)));
-      return;
-    }
-    uint64_t seq = g.buried.load(std::memory_order_relaxed) + 1;
-    g.pools.push_back(buried_pool{seq, device_, std::move(pool_)});  // capacity reserved: no throw
-    g.buried.store(seq, std::memory_order_release);
-  }
+  ~async_pool_guard() { retire(device_, std::move(pool_)); }
   async_pool_guard(async_pool_guard const&)            = delete;
   async_pool_guard(async_pool_guard&&)                 = delete;
   async_pool_guard& operator=(async_pool_guard const&) = delete;
@@ -505,6 +493,33 @@ class async_pool_guard {
 
   [[nodiscard]] rmm::mr::cuda_async_memory_resource& pool() noexcept { return pool_; }
 
+  /// Keeps `pool` for reuse; its unused memory goes back to the driver. No CUDA error escapes
+  /// (a destructor calls this, also at exit with the driver gone).
+  static void retire(int device, rmm::mr::cuda_async_memory_resource pool) noexcept
+  {
+    cudaMemPool_t handle = pool.pool_handle();
+    uint64_t zero        = 0;
+    if (cudaMemPoolSetAttribute(handle, cudaMemPoolAttrReleaseThreshold, &zero) != cudaSuccess ||
+        cudaMemPoolTrimTo(handle, 0) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+    }
+    auto& r = the_retired();
+    std::lock_guard<std::mutex> lock{r.lock};
+    bool room = true;
+    try {
+      r.pools.reserve(r.pools.size() + 1);
+    } catch (...) {
+      room = false;
+    }
+    if (room) {
+      r.pools.push_back(retired_pool{device, std::move(pool)});  // capacity reserved: no throw
+    } else {
+      // No room to keep it: left to the OS rather than destroyed with work queued.
+      static_cast<void>(new (std::nothrow) rmm::mr::cuda_async_memory_resource(std::move(pool)));
+    }
+    r.retired.fetch_add(1, std::memory_order_relaxed);
+  }
+
  private:
   int device_;
   rmm::mr::cuda_async_memory_resource pool_;
@@ -512,12 +527,48 @@ class async_pool_guard {
 
 using guarded_async_mr = cuda::mr::shared_resource<async_pool_guard>;
 
-/// A fresh async pool on `device` (which must be current), guarded.
-template <typename... Args>
-any_device_resource guarded_async(int device, Args&&... args)
+/// An async pool on `device` (which must be current), guarded, with RMM's semantics for the two
+/// sizes (`cuda_async_memory_resource`'s constructor): the release threshold is "never" unless
+/// given, and the pool is primed by allocating and freeing `initial_pool_size` on the null
+/// stream. A retired pool of the device is taken first; a new one is made only when none is.
+any_device_resource guarded_async(int device,
+                                  std::optional<std::size_t> initial_pool_size = {},
+                                  std::optional<std::size_t> release_threshold = {})
 {
-  return any_device_resource{cuda::mr::make_shared_resource<async_pool_guard>(
-    device, rmm::mr::cuda_async_memory_resource{std::forward<Args>(args)...})};
+  auto& r = the_retired();
+  std::optional<rmm::mr::cuda_async_memory_resource> taken;
+  {
+    std::lock_guard<std::mutex> lock{r.lock};
+    for (auto it = r.pools.rbegin(); it != r.pools.rend(); ++it) {
+      if (it->device == device) {
+        taken.emplace(std::move(it->pool));  // a nothrow move
+        r.pools.erase(std::next(it).base());
+        break;
+      }
+    }
+  }
+  if (!taken) {
+    auto made = any_device_resource{cuda::mr::make_shared_resource<async_pool_guard>(
+      device, rmm::mr::cuda_async_memory_resource{initial_pool_size, release_threshold})};
+    r.made.fetch_add(1, std::memory_order_relaxed);
+    return made;
+  }
+  // The guard owns the pool from here: if anything below throws, the guard retires it again.
+  auto shared = cuda::mr::make_shared_resource<async_pool_guard>(device, std::move(*taken));
+  r.reused.fetch_add(1, std::memory_order_relaxed);
+  cudaMemPool_t handle = shared.get().pool().pool_handle();
+  uint64_t threshold   = release_threshold.value_or(std::numeric_limits<std::size_t>::max());
+  check(cudaMemPoolSetAttribute(handle, cudaMemPoolAttrReleaseThreshold, &threshold),
+        "setting the release threshold of a reused async pool");
+  uint64_t zero = 0;
+  check(cudaMemPoolSetAttribute(handle, cudaMemPoolAttrReservedMemHigh, &zero), "resetting an async pool's peak");
+  check(cudaMemPoolSetAttribute(handle, cudaMemPoolAttrUsedMemHigh, &zero), "resetting an async pool's peak");
+  if (initial_pool_size.has_value()) {
+    auto& pool = shared.get().pool();
+    void* p    = pool.allocate(cuda::stream_ref{cudaStream_t{nullptr}}, *initial_pool_size, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    pool.deallocate(cuda::stream_ref{cudaStream_t{nullptr}}, p, *initial_pool_size, rmm::CUDA_ALLOCATION_ALIGNMENT);
+  }
+  return any_device_resource{std::move(shared)};
 }
 
 /// The CUDA async pool `ref` is (guarded or not), or null.
@@ -1230,86 +1281,33 @@ raftrs_status raftrs_mr_destroy(raftrs_mr* mr)
   });
 }
 
-raftrs_status raftrs_mr_buried_counter(const uint64_t** out)
+raftrs_status raftrs_mr_async_pools(uint64_t* made, uint64_t* retired, uint64_t* reused)
 {
   return guard([&] {
-    static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t) && alignof(std::atomic<uint64_t>) == alignof(uint64_t) &&
-                  std::atomic<uint64_t>::is_always_lock_free);
-    *out = reinterpret_cast<const uint64_t*>(&the_graveyard().buried);
+    auto& r  = the_retired();
+    *made    = r.made.load(std::memory_order_relaxed);
+    *retired = r.retired.load(std::memory_order_relaxed);
+    *reused  = r.reused.load(std::memory_order_relaxed);
   });
 }
 
-raftrs_status raftrs_mr_graveyard_drain(uint64_t upto, int32_t* destroyed, int32_t* left)
+raftrs_status raftrs_mr_trim_retired(uint64_t* released)
 {
   return guard([&] {
-    *destroyed = 0;
-    *left      = 0;
-    auto& g = the_graveyard();
-    // Every vector a buried pool moves into has its room made before the first move, so no
-    // exception can destroy a pool on the way (a pool destroyed by accident is the crash this
-    // avoids).
-    std::vector<buried_pool> taken;
-    std::vector<buried_pool> kept;
-    {
-      std::lock_guard<std::mutex> lock{g.lock};
-      taken.reserve(g.pools.size());
-      kept.reserve(g.pools.size());
-      auto later = std::stable_partition(g.pools.begin(), g.pools.end(), [&](buried_pool const& b) { return b.seq > upto; });
-      std::move(later, g.pools.end(), std::back_inserter(taken));
-      g.pools.erase(later, g.pools.end());
+    *released = 0;
+    auto& r = the_retired();
+    std::lock_guard<std::mutex> lock{r.lock};
+    for (auto& p : r.pools) {
+      cudaMemPool_t handle = p.pool.pool_handle();
+      uint64_t before = 0, after = 0;
+      if (cudaMemPoolGetAttribute(handle, cudaMemPoolAttrReservedMemCurrent, &before) != cudaSuccess ||
+          cudaMemPoolTrimTo(handle, 0) != cudaSuccess ||
+          cudaMemPoolGetAttribute(handle, cudaMemPoolAttrReservedMemCurrent, &after) != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());
+        continue;
+      }
+      if (before > after) { *released += before - after; }
     }
-    cudaError_t failed = cudaSuccess;
-    for (auto& b : taken) {
-      bool gone = false;
-      try {
-        device_scope scope{b.device};
-        // Destroyed only once it holds no memory at all: its memory handed back (release
-        // threshold 0, trimmed), which also means no free into it is still queued. GPU run 46:
-        // pools destroyed while they still held memory left other threads' stream waits hung
-        // inside libcuda.
-        cudaMemPool_t pool = b.pool.pool_handle();
-        uint64_t zero     = 0;
-        uint64_t reserved = 1;
-        auto code = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &zero);
-        if (code == cudaSuccess) { code = cudaMemPoolTrimTo(pool, 0); }
-        if (code == cudaSuccess) { code = cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved); }
-        if (code != cudaSuccess) {
-          cudaGetLastError();
-          failed = code;
-        } else if (reserved == 0) {
-          rmm::mr::cuda_async_memory_resource doomed{std::move(b.pool)};
-          gone = true;
-        }
-      } catch (cuda_failure const& e) {
-        failed = e.code;
-      } catch (...) {
-        failed = cudaErrorUnknown;
-      }
-      if (gone) {
-        *destroyed += 1;
-      } else {
-        kept.push_back(std::move(b));  // room made above: no throw
-      }
-    }
-    if (!kept.empty()) {
-      *left = static_cast<int32_t>(kept.size());
-      std::lock_guard<std::mutex> lock{g.lock};
-      bool room = true;
-      try {
-        g.pools.reserve(g.pools.size() + kept.size());
-      } catch (...) {
-        room = false;
-      }
-      for (auto& b : kept) {
-        if (room) {
-          g.pools.push_back(std::move(b));
-        } else {
-          // No room to keep it buried: left to the OS rather than destroyed with work queued.
-          static_cast<void>(new (std::nothrow) rmm::mr::cuda_async_memory_resource(std::move(b.pool)));
-        }
-      }
-    }
-    check(failed, "handing a released async pool's memory back before destroying it");
   });
 }
 

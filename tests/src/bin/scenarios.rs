@@ -506,12 +506,13 @@ fn main() -> ExitCode {
             std::thread::sleep(Duration::from_secs_f64(every));
             let s = raft::stats();
             println!(
-                "WATCH releases_pending={} release_threads={} busy_for_ms={} pools_released={} pools_destroyed={} live_arrays={}",
+                "WATCH releases_pending={} release_threads={} busy_for_ms={} pools_made={} pools_retired={} pools_reused={} live_arrays={}",
                 s.releases_pending,
                 s.release_threads,
                 s.release_busy_for.as_millis(),
-                s.async_pools_released,
-                s.async_pools_destroyed,
+                s.async_pools_made,
+                s.async_pools_retired,
+                s.async_pools_reused,
                 s.live_arrays
             );
         });
@@ -726,7 +727,7 @@ fn main() -> ExitCode {
         // Eight threads, each on a stream of its own: each round an async pool whose last copy
         // is an array freed (stream-ordered) on a stream that then goes on working. The pool's
         // Rust handle is dropped first and its release waited for, so the array's copy is the
-        // last. Prints how many pools were released and destroyed once every release has run,
+        // last. Prints how many pools were made, retired and reused once every release has run,
         // and the device memory taken at the end against the start.
         "pool-last-copy-in-array" => {
             let threads = env_f64("SCENARIO_THREADS", 8.0) as usize;
@@ -770,10 +771,11 @@ fn main() -> ExitCode {
             let s = raft::stats();
             let taken = before.saturating_sub(free());
             println!(
-                "RESULT rounds={} pools_released={} pools_destroyed={} taken_mib={}",
+                "RESULT rounds={} pools_made={} pools_retired={} pools_reused={} taken_mib={}",
                 threads * rounds,
-                s.async_pools_released,
-                s.async_pools_destroyed,
+                s.async_pools_made,
+                s.async_pools_retired,
+                s.async_pools_reused,
                 taken >> 20
             );
         }

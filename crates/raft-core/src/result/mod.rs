@@ -11,12 +11,10 @@
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::{result as cu, sys as cusys, CudaContext, CudaStream};
 use raft_sys as sys;
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 pub(crate) mod copy;
 
 // The shim's statuses are the ones `ErrorKind::from_shim_status` knows.
@@ -191,9 +189,6 @@ pub(crate) fn trim_async_pool(who: &'static str, device: usize, mr: Option<&Nati
     // SAFETY: `raw` is null or a live resource borrowed for the call; writes one int. The shim
     // makes the device current around the call.
     let trim = check(who, api, unsafe { api.raftrs_mr_trim_async(device as i32, raw, &mut trimmed) });
-    // Without `mr`, the shim held a copy of the current resource, which a concurrent
-    // `set_current` may have left the last one.
-    after_native_drop();
     trim.map(|()| trimmed != 0)
 }
 
@@ -285,8 +280,6 @@ impl NativeResources {
         // SAFETY: `ptr` came from raftrs_resources_create and is destroyed exactly once (self is
         // consumed); its stream is still alive (dropped just below, after it).
         let destroyed = check(who, api, unsafe { api.raftrs_resources_destroy(self.ptr.as_ptr()) });
-        // RAFT's object may have held the last copy of an async pool (its workspace resource).
-        after_native_drop();
         let ctx = self.stream.context().clone();
         drop(self.stream);
         let recorded = take_recorded(who, &ctx);
@@ -314,228 +307,42 @@ pub(crate) fn install_default(who: &'static str, device: usize) -> Result<bool> 
 
 // ---- memory resources and buffers -----------------------------------------------------------
 
-/// The shim's count of buried async pools (`raftrs_mr_buried_counter`), or None without a shim.
-fn buried_counter() -> Option<&'static AtomicU64> {
-    static COUNTER: OnceLock<Option<&'static AtomicU64>> = OnceLock::new();
-    *COUNTER.get_or_init(|| {
-        let api = api("raft::memory").ok()?;
-        let mut at: *const u64 = std::ptr::null();
-        // SAFETY: writes one pointer.
-        check("raft::memory", api, unsafe { api.raftrs_mr_buried_counter(&mut at) }).ok()?;
-        // SAFETY: the shim's counter is a lock-free `std::atomic<uint64_t>` (asserted there, the
-        // same size and alignment as AtomicU64) in an object the shim never destroys, in a
-        // library this process never unloads; it is only ever accessed atomically.
-        (!at.is_null()).then(|| unsafe { AtomicU64::from_ptr(at as *mut u64) })
-    })
-}
-
-/// Burials covered by the drains queued so far.
-static DRAINS_QUEUED_FOR: AtomicU64 = AtomicU64::new(0);
-/// Buried pools the drains have destroyed.
-static POOLS_DESTROYED: AtomicU64 = AtomicU64::new(0);
-
-/// Async pools buried (their last copy gone) and destroyed so far, for `raft::stats()`.
-pub(crate) fn async_pools() -> (u64, u64) {
-    let buried = buried_counter().map_or(0, |c| c.load(Ordering::Acquire));
-    (buried, POOLS_DESTROYED.load(Ordering::Acquire))
-}
-
-/// Every stream a stream-ordered free has gone through, by the address of its `Arc`: a drain
-/// waits for those still alive before it destroys buried pools. A stream already dropped
-/// (destroyed) runs no new work, and its queued frees finish on their own.
-#[derive(Default)]
-struct FreeStreams {
-    by_address: HashMap<usize, Weak<CudaStream>>,
-    /// The size past which the next insertion first forgets dropped streams (twice the live
-    /// ones at the last pruning): the map stays proportional to the live streams, in a process
-    /// that makes resources forever and never buries a pool.
-    prune_at: usize,
-}
-
-impl FreeStreams {
-    fn prune(&mut self) {
-        self.by_address.retain(|_, w| w.strong_count() > 0);
-        self.prune_at = (2 * self.by_address.len()).max(64);
+/// CUDA async pools the shim made, retired (last copy gone) and reused, for `raft::stats()`
+/// (zeros without a shim).
+pub(crate) fn async_pools() -> (u64, u64, u64) {
+    const WHO: &str = "raft::stats";
+    let Ok(api) = api(WHO) else { return (0, 0, 0) };
+    let (mut made, mut retired, mut reused) = (0u64, 0u64, 0u64);
+    // SAFETY: writes three integers; reads three atomics, no CUDA call.
+    match check(WHO, api, unsafe { api.raftrs_mr_async_pools(&mut made, &mut retired, &mut reused) }) {
+        Ok(()) => (made, retired, reused),
+        Err(_) => (0, 0, 0),
     }
 }
 
-fn free_streams() -> std::sync::MutexGuard<'static, FreeStreams> {
-    static STREAMS: OnceLock<Mutex<FreeStreams>> = OnceLock::new();
-    STREAMS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
-}
-
-thread_local! {
-    /// The stream this thread noted last: a thread that frees on the same stream again skips
-    /// the lock. The weak reference keeps the `Arc`'s allocation, so no other stream can come
-    /// to have its address while this thread remembers it.
-    static LAST_NOTED: RefCell<Weak<CudaStream>> = const { RefCell::new(Weak::new()) };
-}
-
-/// Notes `stream` as one a free went through (before the free is queued).
-fn note_free_stream(stream: &Arc<CudaStream>) {
-    let known = LAST_NOTED.try_with(|w| std::ptr::eq(w.borrow().as_ptr(), Arc::as_ptr(stream))).unwrap_or(false);
-    if known {
-        return;
-    }
-    let weak = Arc::downgrade(stream);
-    {
-        let mut known = free_streams();
-        if known.by_address.len() >= known.prune_at {
-            known.prune();
-        }
-        known.by_address.insert(Arc::as_ptr(stream) as usize, weak.clone());
-    }
-    let _ = LAST_NOTED.try_with(|w| *w.borrow_mut() = weak);
-}
-
-/// After anything that may have dropped the last copy of a CUDA async pool (a buffer's free, a
-/// resource handle's destruction, RAFT's object): the shim buries such a pool instead of
-/// destroying it, because the driver crashes when a pool is destroyed while a free into it is
-/// still queued on a stream that goes on working (GPU run 42). This queues its destruction on a
-/// release thread ([`drain_graveyard`]). One atomic load when nothing was buried. In the exit
-/// teardown, buried pools that hold no memory are destroyed at once (nothing waits there), the
-/// rest are left to the OS, as is everything once the exit has decided.
-pub(crate) fn after_native_drop() {
-    let Some(counter) = buried_counter() else { return };
-    let buried = counter.load(Ordering::Acquire);
-    if buried <= DRAINS_QUEUED_FOR.load(Ordering::Relaxed) || DRAINS_QUEUED_FOR.fetch_max(buried, Ordering::AcqRel) >= buried {
-        return;
-    }
-    if !raft_exit::native_release_allowed() {
-        return;
-    }
-    if raft_exit::phase() == raft_exit::Phase::TearingDown {
-        let _ = drain_graveyard(Drain::Poll);
-        return;
-    }
-    queue_drain(0);
-}
-
-/// How often a drain whose pools still hold memory is queued again (each try polls for about
-/// 200 ms): about 4 s in all, then the pools wait for the next burial or `OutOfMemory`.
-const DRAIN_TRIES: u32 = 20;
-
-/// Queues a drain on a release thread: it waits for the noted streams once, then polls the
-/// buried pools for a while; pools still holding memory get another try later.
-fn queue_drain(tried: u32) {
-    let label = raft_exit::Label { what: "destruction of released async pools", id: raft_exit::next_id(), device: None };
-    crate::release::enqueue(
-        label,
-        Box::new(move || {
-            let first = drain_graveyard(if tried == 0 { Drain::WaitForStreams } else { Drain::Poll });
-            let left = poll_graveyard(first, 200);
-            if left == 0 {
-                return;
-            }
-            if tried + 1 < DRAIN_TRIES && raft_exit::native_release_allowed() {
-                queue_drain(tried + 1);
-            } else {
-                log::debug!(target: "raft", "{left} released async pools still hold memory: they wait for the next drain");
-            }
-        }),
-    );
-}
-
-/// What a drain does before it asks the shim to destroy buried pools.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Drain {
-    /// Waits for every noted stream still alive (a release thread only: it may block behind
-    /// any work queued there, a collective of another rank included).
-    WaitForStreams,
-    /// Nothing: the shim destroys the pools that hold no memory now.
-    Poll,
-}
-
-/// Destroys buried async pools; returns how many are still buried. Takes the latest burial's
-/// number; with [`Drain::WaitForStreams`] waits for every stream a free has gone through that
-/// is still alive (so none of them holds a free into those pools any more); then asks the shim
-/// to destroy the pools buried up to that number, each only once it holds no memory (see
-/// `raftrs_mr_graveyard_drain`: what makes the destroy safe is that check, the wait only lets
-/// the frees finish sooner). Never `cudaDeviceSynchronize`: GPU run 45 caught it deadlocked
-/// inside libcuda against a `cuStreamSynchronize` of another thread.
-fn drain_graveyard(how: Drain) -> i32 {
-    const WHO: &str = "raft::memory (released async pools)";
-    let Ok(api) = api(WHO) else { return 0 };
-    let Some(counter) = buried_counter() else { return 0 };
+/// For an allocation or a new async pool that failed with `OutOfMemory`: gives the unused
+/// memory of every retired async pool back to the driver now (a pool retired a moment ago gives
+/// its memory back only at the next synchronisation). Never waits: the caller's thread must not
+/// block behind other threads' work (another rank's collective, say). Returns whether any memory
+/// went back (then a retry may succeed).
+pub(crate) fn reclaim_retired_pools() -> bool {
+    const WHO: &str = "raft::memory (retired async pools)";
+    let Ok(api) = api(WHO) else { return false };
     let _keep = ContextGuard::save(WHO);
-    let upto = counter.load(Ordering::Acquire);
-    if how == Drain::WaitForStreams {
-        let streams: Vec<Arc<CudaStream>> = {
-            let mut known = free_streams();
-            known.prune();
-            known.by_address.values().filter_map(Weak::upgrade).collect()
-        };
-        for stream in &streams {
-            if let Err(e) = wait_unless_capturing(WHO, stream) {
-                // A failed stream (a fault) runs nothing more; its pools go all the same.
-                if !already_gone(&e) {
-                    log::debug!(target: "raft", "{e}");
-                }
-            }
+    let mut released = 0u64;
+    // SAFETY: writes one integer; the shim touches only the pools it keeps.
+    match check(WHO, api, unsafe { api.raftrs_mr_trim_retired(&mut released) }) {
+        Ok(()) => released > 0,
+        Err(e) => {
+            log::debug!(target: "raft", "{e}");
+            false
         }
-        // The last handle of a stream may go here: cudarc binds its context to destroy it, and
-        // the guard above puts the caller's back.
-        drop(streams);
     }
-    let (mut destroyed, mut left) = (0i32, 0i32);
-    // SAFETY: writes two ints; the shim makes each pool's device current around its work.
-    let drained = check(WHO, api, unsafe { api.raftrs_mr_graveyard_drain(upto, &mut destroyed, &mut left) });
-    POOLS_DESTROYED.fetch_add(destroyed.max(0) as u64, Ordering::AcqRel);
-    match drained {
-        Ok(()) => log::trace!(target: "raft", "{WHO}: {destroyed} destroyed, {left} left"),
-        Err(e) if already_gone(&e) => return 0,
-        // Polled again and again on a broken context: not a warning each time.
-        Err(e) => log::debug!(target: "raft", "{e}"),
-    }
-    left
-}
-
-/// For an allocation or a new async pool that failed with `OutOfMemory`: destroys the released
-/// async pools that hold no memory now, on the calling thread, polling for a moment (50 ms at
-/// most) while some still do. Never waits for a stream: the caller's thread must not block
-/// behind other threads' work (another rank's collective, say). Returns whether any was
-/// destroyed (then a retry may succeed). Released pools keep their memory, and the driver's
-/// pool objects, until destroyed: a process that churns through pools faster than the release
-/// threads destroy them would otherwise run out (GPU run 47: `cudaMemPoolCreate` out of memory).
-pub(crate) fn reclaim_released_pools() -> bool {
-    let destroyed_before = POOLS_DESTROYED.load(Ordering::Acquire);
-    let buried = buried_counter().map_or(0, |c| c.load(Ordering::Acquire));
-    if buried <= destroyed_before {
-        return false; // none waiting
-    }
-    poll_graveyard(drain_graveyard(Drain::Poll), 50);
-    POOLS_DESTROYED.load(Ordering::Acquire) > destroyed_before
-}
-
-/// While `left` pools are still buried, polls again every millisecond, `tries` times at most;
-/// returns how many are left.
-fn poll_graveyard(mut left: i32, tries: u32) -> i32 {
-    for _ in 0..tries {
-        if left == 0 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-        left = drain_graveyard(Drain::Poll);
-    }
-    left
-}
-
-/// Waits for `stream`, unless it is capturing a CUDA graph (waiting would end the capture; its
-/// frees are graph nodes then, not queued work).
-fn wait_unless_capturing(who: &'static str, stream: &CudaStream) -> Result<()> {
-    bind(who, stream.context())?;
-    let mut status = cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: the stream is alive for the borrow (an `Arc` is held); writes one enum.
-    unsafe { cusys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }.result().map_err(|e| Error::driver(who, e))?;
-    if status != cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-        return Ok(());
-    }
-    stream_sync(who, stream)
 }
 
 /// One owned RMM memory resource (a shared copy: see `raftrs_mr` in the shim's header). Dropping
-/// the last handle to a pool destroys the pool, on its device; a CUDA async pool is buried
-/// instead (see [`after_native_drop`]).
+/// the last handle to a pool destroys the pool, on its device; a CUDA async pool is retired
+/// instead, never destroyed (see `async_pool_guard` in the shim).
 pub(crate) struct NativeMr {
     ptr: NonNull<sys::raftrs_mr>,
     device: usize,
@@ -808,15 +615,14 @@ impl DoomedMr {
         if let Err(e) = check(WHO, api, status) {
             log::warn!(target: "raft", "{e}");
         }
-        after_native_drop();
     }
 }
 
 impl Drop for NativeMr {
     /// Destroying the last handle of a pool runs RMM's destructor, which waits for the GPU and
     /// calls cudaFree: that happens on a release thread, never on the dropping one (in the exit
-    /// teardown, inline, while CUDA is still up). A CUDA async pool is never destroyed there: its
-    /// last copy buries it (see [`after_native_drop`]).
+    /// teardown, inline, while CUDA is still up). A CUDA async pool is never destroyed: its last
+    /// copy retires it for reuse (see `async_pool_guard` in the shim).
     fn drop(&mut self) {
         if !raft_exit::native_release_allowed() {
             return; // the exit has decided: leaked to the OS, no CUDA call
@@ -888,10 +694,6 @@ impl NativeBuffer {
         let made = check(who, api, unsafe {
             api.raftrs_buffer_create(device as i32, mr_ptr, stream.cu_stream() as *mut c_void, bytes, &mut raw, &mut data, &mut ordered)
         });
-        if made.is_err() {
-            // The failed buffer's copy of the current resource may have been its last.
-            after_native_drop();
-        }
         made?;
         let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no buffer"))?;
         let stream_ordered = ordered != 0;
@@ -1007,14 +809,9 @@ impl NativeBuffer {
                 }
             }
         }
-        if self.stream_ordered && !self.stream.cu_stream().is_null() {
-            note_free_stream(&self.stream);
-        }
         // SAFETY: the buffer is freed exactly once (self is consumed), on the stream it is
         // ordered on (alive: held by self until after the call).
         let status = unsafe { api.raftrs_buffer_destroy(self.ptr.as_ptr(), self.stream.cu_stream() as *mut c_void) };
-        // The buffer's copy of its resource may have been an async pool's last.
-        after_native_drop();
         // The stream's last handle may go here (`into_inner` tells exactly one holder it is the
         // last): cudarc binds the stream's context to destroy it, so a guard puts the caller's
         // context back.
