@@ -300,9 +300,9 @@ fn a_replaced_current_pool_destroyed_by_its_last_array_never_crashes() {
 /// run 42, `raw-pool-streams` in `inline` mode: 4 of 4 runs). Hung 2 of 3 times with pools
 /// destroyed at their last copy (run 44), and 1 of 1 with the burial inside the whole binary
 /// (run 48: releases still pending after 30 s). Now every pool is retired and the next round's
-/// pool is a retired one again: 800 pools asked for, a handful made, and their memory given
-/// back (the device's free memory at the end within 256 MiB of the start; 800 pools kept with
-/// their 32 MiB release threshold would hold 25 GiB).
+/// pool is a retired one again: 800 pools asked for, a handful made, and once the streams are
+/// done the retired pools hold nothing after `trim_retired_pools` (the device's free memory is
+/// no measure here: the binary's other tests run children beside this one, run 49).
 #[test]
 fn an_async_pool_whose_last_copy_is_a_freed_array_never_crashes() {
     require_gpu!();
@@ -314,7 +314,7 @@ fn an_async_pool_whose_last_copy_is_a_freed_array_never_crashes() {
         assert!((800..u64::MAX).contains(&count("pools_retired")), "run {i}: every pool retired: {}", c.stdout);
         assert!(count("pools_made") <= 16, "run {i}: retired pools reused, not made anew: {}", c.stdout);
         assert!(count("pools_reused") >= 800 - 16, "run {i}: {}", c.stdout);
-        assert!(count("taken_mib") <= 256, "run {i}: retired pools give their memory back: {}", c.stdout);
+        assert_eq!(count("still_held"), 0, "run {i}: retired pools give all their memory back: {}", c.stdout);
     }
 }
 

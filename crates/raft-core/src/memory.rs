@@ -322,6 +322,33 @@ pub fn set_current(device: usize, resource: &MemoryResource) -> Result<MemoryRes
     MemoryResource::wrap(WHO, resource.native.set_current(WHO)?)
 }
 
+/// What [`trim_retired_pools`] did: bytes given back to the driver, and bytes the retired pools
+/// still hold (memory whose stream-ordered free has not run yet: it goes back at the next
+/// synchronisation, or the next trim).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetiredPoolsTrim {
+    pub released: usize,
+    pub still_held: usize,
+}
+
+/// Gives the unused memory of every retired CUDA async pool back to the driver now, without
+/// waiting for anything (the closest thing to `torch.cuda.empty_cache()` for pools this library
+/// made and let go).
+///
+/// An async pool whose last copy (handle, array, adaptor, RMM's map entry) has gone is never
+/// destroyed: the driver crashes or hangs when a pool is destroyed while a stream-ordered free
+/// into it is still queued on a stream that goes on working (GPU runs 42, 45, 46, 48). It is
+/// retired instead: its release threshold set to 0 and trimmed, and the next async pool made on
+/// its device is that pool again (see [`crate::Stats::async_pools_reused`]). Allocations that fail
+/// with `OutOfMemory` trim them on their own before their retry.
+///
+/// # Errors
+/// `Cuda` when the driver refuses a trim (every pool is still tried).
+pub fn trim_retired_pools() -> Result<RetiredPoolsTrim> {
+    let (released, held) = result::trim_retired("raft::memory::trim_retired_pools")?;
+    Ok(RetiredPoolsTrim { released: released as usize, still_held: held as usize })
+}
+
 /// The address of RMM's per-device resource map as this library binds it. Every library in the
 /// process that uses RMM (librmm itself, cuVS, a Python extension) should see the same address:
 /// then a resource one of them installs is the one the others allocate from.

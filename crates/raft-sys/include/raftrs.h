@@ -229,9 +229,10 @@ raftrs_status raftrs_mr_destroy(raftrs_mr* mr);
  *  is still queued on a stream that goes on working): its memory goes back to the driver and the
  *  next async pool made on its device is that pool again. */
 raftrs_status raftrs_mr_async_pools(uint64_t* made, uint64_t* retired, uint64_t* reused);
-/** Gives the unused memory of every retired async pool back to the driver now (no wait);
- *  `released` is the bytes they held less (for a retry after an out-of-memory failure). */
-raftrs_status raftrs_mr_trim_retired(uint64_t* released);
+/** Gives the unused memory of every retired async pool back to the driver now (no wait):
+ *  `released` is the bytes they hold less, `held` what they still hold (memory whose
+ *  stream-ordered free has not run yet). Every pool is tried; the first failure is returned. */
+raftrs_status raftrs_mr_trim_retired(uint64_t* released, uint64_t* held);
 /** The RAFTRS_MR_* kind of the resource. */
 raftrs_status raftrs_mr_kind(const raftrs_mr* mr, int32_t* out);
 /** The device the resource was made for. */

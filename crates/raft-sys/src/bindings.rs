@@ -157,7 +157,7 @@ pub struct RaftrsShim {
     pub raftrs_mr_clone: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status,
     pub raftrs_mr_destroy: unsafe extern "C" fn(mr: *mut raftrs_mr) -> raftrs_status,
     pub raftrs_mr_async_pools: unsafe extern "C" fn(made: *mut u64, retired: *mut u64, reused: *mut u64) -> raftrs_status,
-    pub raftrs_mr_trim_retired: unsafe extern "C" fn(released: *mut u64) -> raftrs_status,
+    pub raftrs_mr_trim_retired: unsafe extern "C" fn(released: *mut u64, held: *mut u64) -> raftrs_status,
     pub raftrs_mr_kind: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut i32) -> raftrs_status,
     pub raftrs_mr_device: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut i32) -> raftrs_status,
     pub raftrs_mr_equal: unsafe extern "C" fn(a: *const raftrs_mr, b: *const raftrs_mr, out: *mut i32) -> raftrs_status,
@@ -561,9 +561,9 @@ impl RaftrsShim {
     pub unsafe fn raftrs_mr_async_pools(&self, made: *mut u64, retired: *mut u64, reused: *mut u64) -> raftrs_status {
         (self.raftrs_mr_async_pools)(made, retired, reused)
     }
-    #[doc = " Gives the unused memory of every retired async pool back to the driver now (no wait);\n  `released` is the bytes they held less (for a retry after an out-of-memory failure)."]
-    pub unsafe fn raftrs_mr_trim_retired(&self, released: *mut u64) -> raftrs_status {
-        (self.raftrs_mr_trim_retired)(released)
+    #[doc = " Gives the unused memory of every retired async pool back to the driver now (no wait):\n  `released` is the bytes they hold less, `held` what they still hold (memory whose\n  stream-ordered free has not run yet). Every pool is tried; the first failure is returned."]
+    pub unsafe fn raftrs_mr_trim_retired(&self, released: *mut u64, held: *mut u64) -> raftrs_status {
+        (self.raftrs_mr_trim_retired)(released, held)
     }
     #[doc = " The RAFTRS_MR_* kind of the resource."]
     pub unsafe fn raftrs_mr_kind(&self, mr: *const raftrs_mr, out: *mut i32) -> raftrs_status {

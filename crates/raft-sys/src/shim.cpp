@@ -1291,23 +1291,29 @@ raftrs_status raftrs_mr_async_pools(uint64_t* made, uint64_t* retired, uint64_t*
   });
 }
 
-raftrs_status raftrs_mr_trim_retired(uint64_t* released)
+raftrs_status raftrs_mr_trim_retired(uint64_t* released, uint64_t* held)
 {
   return guard([&] {
     *released = 0;
+    *held     = 0;
     auto& r = the_retired();
     std::lock_guard<std::mutex> lock{r.lock};
+    cudaError_t failed = cudaSuccess;
     for (auto& p : r.pools) {
       cudaMemPool_t handle = p.pool.pool_handle();
       uint64_t before = 0, after = 0;
-      if (cudaMemPoolGetAttribute(handle, cudaMemPoolAttrReservedMemCurrent, &before) != cudaSuccess ||
-          cudaMemPoolTrimTo(handle, 0) != cudaSuccess ||
-          cudaMemPoolGetAttribute(handle, cudaMemPoolAttrReservedMemCurrent, &after) != cudaSuccess) {
+      cudaError_t code = cudaMemPoolGetAttribute(handle, cudaMemPoolAttrReservedMemCurrent, &before);
+      if (code == cudaSuccess) { code = cudaMemPoolTrimTo(handle, 0); }
+      if (code == cudaSuccess) { code = cudaMemPoolGetAttribute(handle, cudaMemPoolAttrReservedMemCurrent, &after); }
+      if (code != cudaSuccess) {
         static_cast<void>(cudaGetLastError());
+        failed = code;
         continue;
       }
       if (before > after) { *released += before - after; }
+      *held += after;
     }
+    check(failed, "giving a retired async pool's unused memory back");
   });
 }
 

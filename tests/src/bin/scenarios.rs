@@ -728,7 +728,8 @@ fn main() -> ExitCode {
         // is an array freed (stream-ordered) on a stream that then goes on working. The pool's
         // Rust handle is dropped first and its release waited for, so the array's copy is the
         // last. Prints how many pools were made, retired and reused once every release has run,
-        // and the device memory taken at the end against the start.
+        // what trimming the retired pools then gave back and left, and the device memory taken
+        // at the end against the start (device-wide: other processes' too).
         "pool-last-copy-in-array" => {
             let threads = env_f64("SCENARIO_THREADS", 8.0) as usize;
             let rounds = env_f64("SCENARIO_ROUNDS", 100.0) as usize;
@@ -768,14 +769,19 @@ fn main() -> ExitCode {
                 }
             });
             settle();
+            // Every stream that freed into the pools has been waited for (each round syncs,
+            // each thread's resources are released): the retired pools hold nothing after a trim.
+            let trim = raft::memory::trim_retired_pools().expect("trim");
             let s = raft::stats();
             let taken = before.saturating_sub(free());
             println!(
-                "RESULT rounds={} pools_made={} pools_retired={} pools_reused={} taken_mib={}",
+                "RESULT rounds={} pools_made={} pools_retired={} pools_reused={} trimmed_mib={} still_held={} taken_mib={}",
                 threads * rounds,
                 s.async_pools_made,
                 s.async_pools_retired,
                 s.async_pools_reused,
+                trim.released >> 20,
+                trim.still_held,
                 taken >> 20
             );
         }

@@ -320,19 +320,24 @@ pub(crate) fn async_pools() -> (u64, u64, u64) {
     }
 }
 
-/// For an allocation or a new async pool that failed with `OutOfMemory`: gives the unused
-/// memory of every retired async pool back to the driver now (a pool retired a moment ago gives
-/// its memory back only at the next synchronisation). Never waits: the caller's thread must not
-/// block behind other threads' work (another rank's collective, say). Returns whether any memory
-/// went back (then a retry may succeed).
+/// Gives the unused memory of every retired async pool back to the driver now: the bytes
+/// released and the bytes still held (memory whose stream-ordered free has not run yet).
+pub(crate) fn trim_retired(who: &'static str) -> Result<(u64, u64)> {
+    let api = api(who)?;
+    let _keep = ContextGuard::save(who)?;
+    let (mut released, mut held) = (0u64, 0u64);
+    // SAFETY: writes two integers; the shim touches only the pools it keeps.
+    check(who, api, unsafe { api.raftrs_mr_trim_retired(&mut released, &mut held) })?;
+    Ok((released, held))
+}
+
+/// For an allocation or a new async pool that failed with `OutOfMemory`: [`trim_retired`] (a
+/// pool retired a moment ago gives its memory back only at the next synchronisation). Never
+/// waits: the caller's thread must not block behind other threads' work (another rank's
+/// collective, say). Returns whether any memory went back (then a retry may succeed).
 pub(crate) fn reclaim_retired_pools() -> bool {
-    const WHO: &str = "raft::memory (retired async pools)";
-    let Ok(api) = api(WHO) else { return false };
-    let _keep = ContextGuard::save(WHO);
-    let mut released = 0u64;
-    // SAFETY: writes one integer; the shim touches only the pools it keeps.
-    match check(WHO, api, unsafe { api.raftrs_mr_trim_retired(&mut released) }) {
-        Ok(()) => released > 0,
+    match trim_retired("raft::memory (retired async pools)") {
+        Ok((released, _)) => released > 0,
         Err(e) => {
             log::debug!(target: "raft", "{e}");
             false
