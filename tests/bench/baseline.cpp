@@ -100,6 +100,14 @@ int32_t bl_create_release()
   }
 }
 
+// The stream alone: cudaStreamCreateWithFlags(NonBlocking) + cudaStreamDestroy.
+int32_t bl_stream_create_destroy()
+{
+  cudaStream_t s{};
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) { return 1; }
+  return cudaStreamDestroy(s) == cudaSuccess ? 0 : 1;
+}
+
 int32_t bl_stream_sync(void* stream) { return cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); }
 
 // 1 MiB (or `bytes`) allocate + free through a C++ cuda_async_memory_resource, stream-ordered.

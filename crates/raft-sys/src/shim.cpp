@@ -588,12 +588,16 @@ std::mutex& mr_lock()
 
 int32_t classify(rmm::device_async_resource_ref ref)
 {
+  // This library's own async pools first: the common case (every allocation from the default
+  // resource asks), and a type of this shim's anonymous namespace, so a pointer comparison
+  // rather than a string comparison of two type names.
+  if (ref.type() == typeid(guarded_async_mr)) { return RAFTRS_MR_CUDA_ASYNC; }
   if (ref == rmm::device_async_resource_ref{rmm::mr::detail::initial_resource()}) {
     return RAFTRS_MR_CUDA;
   }
   auto const& type = ref.type();
   if (type == typeid(rmm::mr::cuda_memory_resource)) { return RAFTRS_MR_CUDA; }
-  if (type == typeid(rmm::mr::cuda_async_memory_resource) || type == typeid(guarded_async_mr)) {
+  if (type == typeid(rmm::mr::cuda_async_memory_resource)) {
     return RAFTRS_MR_CUDA_ASYNC;
   }
   if (type == typeid(rmm::mr::managed_memory_resource)) { return RAFTRS_MR_MANAGED; }

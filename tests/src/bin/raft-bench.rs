@@ -430,6 +430,36 @@ fn main() {
         "<= 1.25x",
         |a, b| a <= 1.25 * b,
     );
+    // Where create + release's time goes: the stream alone on each side, and the shim's RAFT
+    // object made and destroyed directly on a cudarc stream (no Rust bookkeeping, no sync).
+    // SAFETY: plain C function of the baseline.
+    let cpp_stream = measure(200, 2000, 1, || assert_eq!(unsafe { bl_stream_create_destroy() }, 0));
+    let rs_ctx = raft::DeviceResources::new().unwrap().context().clone();
+    let cudarc_stream = measure(200, 2000, 1, || drop(rs_ctx.new_stream().unwrap()));
+    let api = raft_sys::shim().unwrap_or_else(|e| fail(&e.to_string()));
+    let held = rs_ctx.new_stream().unwrap();
+    let shim_object = measure(200, 2000, 1, || {
+        let mut res = std::ptr::null_mut();
+        // SAFETY: the stream is alive (held above); the object is destroyed right after, before
+        // the stream.
+        unsafe {
+            assert_eq!(api.raftrs_resources_create(0, held.cu_stream() as *mut std::ffi::c_void, &mut res), 0);
+            assert_eq!(api.raftrs_resources_destroy(res), 0);
+        }
+    });
+    t.report(
+        "create + release, where the time goes",
+        "the shim's RAFT object create + destroy on a live stream, called directly",
+        shim_object,
+        vec![
+            ("DeviceResources::new + release", ours),
+            ("C++ stream + raft::device_resources + destroy", cpp),
+            ("C++ stream create + destroy alone", cpp_stream),
+            ("cudarc new_stream + drop alone", cudarc_stream),
+        ],
+        "C++ stream + raft::device_resources + destroy",
+        "reported",
+    );
 
     // 2. sync of an empty stream.
     let r = DeviceResources::new().unwrap();
