@@ -310,12 +310,39 @@ fn an_async_pool_whose_last_copy_is_a_freed_array_never_crashes() {
         let c = run_scenario!("pool-last-copy-in-array", &[], std::time::Duration::from_secs(60));
         c.assert_code(0);
         assert_eq!(c.result("rounds").as_deref(), Some("800"), "run {i}: {}", c.stderr);
-        let count = |k: &str| c.result(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(u64::MAX);
-        assert!((800..u64::MAX).contains(&count("pools_retired")), "run {i}: every pool retired: {}", c.stdout);
-        assert!(count("pools_made") <= 16, "run {i}: retired pools reused, not made anew: {}", c.stdout);
-        assert!(count("pools_reused") >= 800 - 16, "run {i}: {}", c.stdout);
+        let count = |k: &str| -> u64 {
+            let v = c.result(k).unwrap_or_else(|| panic!("run {i}: no {k} in {}", c.stdout));
+            v.parse().unwrap_or_else(|_| panic!("run {i}: {k}={v} is no count"))
+        };
+        let (made, retired, reused) = (count("pools_made"), count("pools_retired"), count("pools_reused"));
+        assert!(retired >= 800, "run {i}: every pool retired: {}", c.stdout);
+        assert!(made <= 16, "run {i}: retired pools reused, not made anew: {}", c.stdout);
+        // 800 pools asked for, and the default one the first resources install.
+        assert_eq!(made + reused, 801, "run {i}: every pool asked for was made or reused: {}", c.stdout);
         assert_eq!(count("still_held"), 0, "run {i}: retired pools give all their memory back: {}", c.stdout);
     }
+}
+
+/// A retired pool handed out again behaves as a new one with the settings asked for: made with a
+/// 64 MiB initial size and release threshold 0, used, dropped (retired: threshold 0, trimmed),
+/// then asked for again with the default threshold ("never"): it is the same pool (one made, one
+/// reused) and it holds its 64 MiB primed across a device-wide synchronisation, with nothing in
+/// use. Fails if reuse kept the retired threshold of 0 (the memory would go back at the sync) or
+/// skipped the priming.
+#[test]
+fn a_reused_async_pool_takes_the_settings_asked_for() {
+    require_gpu!();
+    let c = run_scenario!("pool-reuse-settings", &[], std::time::Duration::from_secs(60));
+    c.assert_code(0);
+    let count = |k: &str| -> u64 {
+        let v = c.result(k).unwrap_or_else(|| panic!("no {k} in {}: {}", c.stdout, c.stderr));
+        v.parse().unwrap_or_else(|_| panic!("{k}={v} is no count"))
+    };
+    // Counted from after the first resources (which install the default pool): a is made,
+    // retired, and b is a again.
+    assert_eq!((count("made"), count("retired"), count("reused")), (1, 1, 1), "{}", c.stdout);
+    assert!(count("reserved_mib") >= 64, "the reused pool keeps its primed 64 MiB: {}", c.stdout);
+    assert_eq!(count("used"), 0, "{}", c.stdout);
 }
 
 /// Async pools made and dropped in a loop while the resources whose streams freed into them

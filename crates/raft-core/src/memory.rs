@@ -287,6 +287,16 @@ impl MemoryResource {
         self.native.limits("MemoryResource::limit")
     }
 
+    /// The CUDA async pool behind this resource (itself, or the upstream of its adaptors):
+    /// `(reserved, in_use)` bytes as the driver counts them (`cudaMemPoolAttrReservedMemCurrent`,
+    /// `cudaMemPoolAttrUsedMemCurrent`); `None` when there is no async pool behind it.
+    ///
+    /// # Errors
+    /// `Cuda` when the driver cannot say.
+    pub fn async_pool_bytes(&self) -> Result<Option<(usize, usize)>> {
+        Ok(result::async_pool_bytes("MemoryResource::async_pool_bytes", &self.native)?.map(|(r, u)| (r as usize, u as usize)))
+    }
+
     /// Whether memory from one can be freed by the other (RMM's resource equality).
     pub fn same_as(&self, other: &MemoryResource) -> Result<bool> {
         self.native.same_as("MemoryResource::same_as", &other.native)
@@ -326,6 +336,7 @@ pub fn set_current(device: usize, resource: &MemoryResource) -> Result<MemoryRes
 /// still hold (memory whose stream-ordered free has not run yet: it goes back at the next
 /// synchronisation, or the next trim).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetiredPoolsTrim {
     pub released: usize,
     pub still_held: usize,

@@ -229,6 +229,9 @@ raftrs_status raftrs_mr_destroy(raftrs_mr* mr);
  *  is still queued on a stream that goes on working): its memory goes back to the driver and the
  *  next async pool made on its device is that pool again. */
 raftrs_status raftrs_mr_async_pools(uint64_t* made, uint64_t* retired, uint64_t* reused);
+/** The CUDA async pool behind `mr` (itself, or the upstream of its adaptors): the bytes it has
+ *  reserved from the driver and the bytes in use (`found` 0, and zeros, when there is none). */
+raftrs_status raftrs_mr_async_pool_bytes(const raftrs_mr* mr, int32_t* found, uint64_t* reserved, uint64_t* used);
 /** Gives the unused memory of every retired async pool back to the driver now (no wait):
  *  `released` is the bytes they hold less, `held` what they still hold (memory whose
  *  stream-ordered free has not run yet). Every pool is tried; the first failure is returned. */

@@ -157,6 +157,8 @@ pub struct RaftrsShim {
     pub raftrs_mr_clone: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status,
     pub raftrs_mr_destroy: unsafe extern "C" fn(mr: *mut raftrs_mr) -> raftrs_status,
     pub raftrs_mr_async_pools: unsafe extern "C" fn(made: *mut u64, retired: *mut u64, reused: *mut u64) -> raftrs_status,
+    pub raftrs_mr_async_pool_bytes:
+        unsafe extern "C" fn(mr: *const raftrs_mr, found: *mut i32, reserved: *mut u64, used: *mut u64) -> raftrs_status,
     pub raftrs_mr_trim_retired: unsafe extern "C" fn(released: *mut u64, held: *mut u64) -> raftrs_status,
     pub raftrs_mr_kind: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut i32) -> raftrs_status,
     pub raftrs_mr_device: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut i32) -> raftrs_status,
@@ -262,6 +264,7 @@ impl RaftrsShim {
         let raftrs_mr_clone = __library.get(b"raftrs_mr_clone\0").map(|sym| *sym)?;
         let raftrs_mr_destroy = __library.get(b"raftrs_mr_destroy\0").map(|sym| *sym)?;
         let raftrs_mr_async_pools = __library.get(b"raftrs_mr_async_pools\0").map(|sym| *sym)?;
+        let raftrs_mr_async_pool_bytes = __library.get(b"raftrs_mr_async_pool_bytes\0").map(|sym| *sym)?;
         let raftrs_mr_trim_retired = __library.get(b"raftrs_mr_trim_retired\0").map(|sym| *sym)?;
         let raftrs_mr_kind = __library.get(b"raftrs_mr_kind\0").map(|sym| *sym)?;
         let raftrs_mr_device = __library.get(b"raftrs_mr_device\0").map(|sym| *sym)?;
@@ -317,6 +320,7 @@ impl RaftrsShim {
             raftrs_mr_clone,
             raftrs_mr_destroy,
             raftrs_mr_async_pools,
+            raftrs_mr_async_pool_bytes,
             raftrs_mr_trim_retired,
             raftrs_mr_kind,
             raftrs_mr_device,
@@ -560,6 +564,16 @@ impl RaftrsShim {
     #[doc = " CUDA async pools this shim made: created with cudaMemPoolCreate, retired (their last copy\n  (handle, buffer, adaptor or RMM map entry) gone) and reused, since the process started. A\n  retired pool is never destroyed (the driver must not see a pool destroyed while a free into it\n  is still queued on a stream that goes on working): its memory goes back to the driver and the\n  next async pool made on its device is that pool again."]
     pub unsafe fn raftrs_mr_async_pools(&self, made: *mut u64, retired: *mut u64, reused: *mut u64) -> raftrs_status {
         (self.raftrs_mr_async_pools)(made, retired, reused)
+    }
+    #[doc = " The CUDA async pool behind `mr` (itself, or the upstream of its adaptors): the bytes it has\n  reserved from the driver and the bytes in use (`found` 0, and zeros, when there is none)."]
+    pub unsafe fn raftrs_mr_async_pool_bytes(
+        &self,
+        mr: *const raftrs_mr,
+        found: *mut i32,
+        reserved: *mut u64,
+        used: *mut u64,
+    ) -> raftrs_status {
+        (self.raftrs_mr_async_pool_bytes)(mr, found, reserved, used)
     }
     #[doc = " Gives the unused memory of every retired async pool back to the driver now (no wait):\n  `released` is the bytes they hold less, `held` what they still hold (memory whose\n  stream-ordered free has not run yet). Every pool is tried; the first failure is returned."]
     pub unsafe fn raftrs_mr_trim_retired(&self, released: *mut u64, held: *mut u64) -> raftrs_status {

@@ -439,6 +439,7 @@ static_assert(std::is_nothrow_move_constructible_v<retired_pool>,
 struct retired_pools {
   std::mutex lock;
   std::vector<retired_pool> pools;
+  std::size_t slots{0};              ///< pools ever made or being made: the capacity kept (under `lock`)
   std::atomic<uint64_t> made{0};     ///< pools created with cudaMemPoolCreate
   std::atomic<uint64_t> retired{0};  ///< last copies gone
   std::atomic<uint64_t> reused{0};   ///< retired pools handed to a new resource
@@ -493,28 +494,27 @@ class async_pool_guard {
 
   [[nodiscard]] rmm::mr::cuda_async_memory_resource& pool() noexcept { return pool_; }
 
-  /// Keeps `pool` for reuse; its unused memory goes back to the driver. No CUDA error escapes
-  /// (a destructor calls this, also at exit with the driver gone).
+  /// Keeps `pool` for reuse; its unused memory goes back to the driver. Never allocates: every
+  /// pool took a slot of `retired_pools::pools`' capacity when it was made (see
+  /// `guarded_async`). No CUDA call once the process is exiting (the driver may be gone: a crash
+  /// inside libcuda rather than an error, says `rmm::process_is_exiting`); a pool retired then
+  /// is simply kept.
   static void retire(int device, rmm::mr::cuda_async_memory_resource pool) noexcept
   {
-    cudaMemPool_t handle = pool.pool_handle();
-    uint64_t zero        = 0;
-    if (cudaMemPoolSetAttribute(handle, cudaMemPoolAttrReleaseThreshold, &zero) != cudaSuccess ||
-        cudaMemPoolTrimTo(handle, 0) != cudaSuccess) {
-      static_cast<void>(cudaGetLastError());
+    if (!rmm::process_is_exiting()) {
+      cudaMemPool_t handle = pool.pool_handle();
+      uint64_t zero        = 0;
+      if (cudaMemPoolSetAttribute(handle, cudaMemPoolAttrReleaseThreshold, &zero) != cudaSuccess ||
+          cudaMemPoolTrimTo(handle, 0) != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());
+      }
     }
     auto& r = the_retired();
     std::lock_guard<std::mutex> lock{r.lock};
-    bool room = true;
-    try {
-      r.pools.reserve(r.pools.size() + 1);
-    } catch (...) {
-      room = false;
-    }
-    if (room) {
-      r.pools.push_back(retired_pool{device, std::move(pool)});  // capacity reserved: no throw
+    if (r.pools.size() < r.pools.capacity()) {
+      r.pools.push_back(retired_pool{device, std::move(pool)});  // within capacity: no allocation
     } else {
-      // No room to keep it: left to the OS rather than destroyed with work queued.
+      // Unreachable while every pool took its slot; kept rather than destroyed all the same.
       static_cast<void>(new (std::nothrow) rmm::mr::cuda_async_memory_resource(std::move(pool)));
     }
     r.retired.fetch_add(1, std::memory_order_relaxed);
@@ -527,35 +527,92 @@ class async_pool_guard {
 
 using guarded_async_mr = cuda::mr::shared_resource<async_pool_guard>;
 
+/// Whether a retired pool can be handed out as if new: nothing of it in use (no free of an
+/// earlier owner still queued, which could make the new owner's allocations wait on that
+/// owner's stream), and no other device given access to it (its peer access is then revoked,
+/// which is only safe with nothing allocated). A pool that is not is left retired.
+bool ready_for_reuse(retired_pool const& p, int devices)
+{
+  cudaMemPool_t handle = p.pool.pool_handle();
+  uint64_t used        = 1;
+  if (cudaMemPoolGetAttribute(handle, cudaMemPoolAttrUsedMemCurrent, &used) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return false;
+  }
+  if (used != 0) { return false; }
+  for (int peer = 0; peer < devices; ++peer) {
+    if (peer == p.device) { continue; }
+    cudaMemLocation where{};
+    where.type = cudaMemLocationTypeDevice;
+    where.id   = peer;
+    cudaMemAccessFlags flags{};
+    if (cudaMemPoolGetAccess(&flags, handle, &where) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+      return false;
+    }
+    if (flags == cudaMemAccessFlagsProtNone) { continue; }
+    cudaMemAccessDesc desc{};
+    desc.location = where;
+    desc.flags    = cudaMemAccessFlagsProtNone;
+    if (cudaMemPoolSetAccess(handle, &desc, 1) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+      return false;
+    }
+  }
+  return true;
+}
+
+/// A guard over `pool`; if making it fails (allocation), the pool is retired again, never
+/// destroyed.
+guarded_async_mr guard_pool(int device, rmm::mr::cuda_async_memory_resource&& pool)
+{
+  try {
+    return cuda::mr::make_shared_resource<async_pool_guard>(device, std::move(pool));
+  } catch (...) {
+    async_pool_guard::retire(device, std::move(pool));
+    throw;
+  }
+}
+
 /// An async pool on `device` (which must be current), guarded, with RMM's semantics for the two
 /// sizes (`cuda_async_memory_resource`'s constructor): the release threshold is "never" unless
 /// given, and the pool is primed by allocating and freeing `initial_pool_size` on the null
-/// stream. A retired pool of the device is taken first; a new one is made only when none is.
+/// stream. A retired pool of the device that is ready for reuse is taken first; a new one is
+/// made only when none is.
 any_device_resource guarded_async(int device,
                                   std::optional<std::size_t> initial_pool_size = {},
                                   std::optional<std::size_t> release_threshold = {})
 {
   auto& r = the_retired();
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    devices = 0;
+  }
   std::optional<rmm::mr::cuda_async_memory_resource> taken;
   {
     std::lock_guard<std::mutex> lock{r.lock};
     for (auto it = r.pools.rbegin(); it != r.pools.rend(); ++it) {
-      if (it->device == device) {
+      if (it->device == device && ready_for_reuse(*it, devices)) {
         taken.emplace(std::move(it->pool));  // a nothrow move
         r.pools.erase(std::next(it).base());
         break;
       }
     }
+    if (!taken) {
+      // The slot a new pool will take in the retired list when it retires, taken now so that
+      // retiring never allocates (throws here, before any pool exists, when there is no room).
+      r.slots += 1;
+      r.pools.reserve(r.slots);
+    }
   }
   if (!taken) {
-    auto made = any_device_resource{cuda::mr::make_shared_resource<async_pool_guard>(
-      device, rmm::mr::cuda_async_memory_resource{initial_pool_size, release_threshold})};
+    rmm::mr::cuda_async_memory_resource fresh{initial_pool_size, release_threshold};
     r.made.fetch_add(1, std::memory_order_relaxed);
-    return made;
+    return any_device_resource{guard_pool(device, std::move(fresh))};
   }
-  // The guard owns the pool from here: if anything below throws, the guard retires it again.
-  auto shared = cuda::mr::make_shared_resource<async_pool_guard>(device, std::move(*taken));
-  r.reused.fetch_add(1, std::memory_order_relaxed);
+  // From here the guard owns the pool: if anything below throws, it retires the pool again.
+  auto shared          = guard_pool(device, std::move(*taken));
   cudaMemPool_t handle = shared.get().pool().pool_handle();
   uint64_t threshold   = release_threshold.value_or(std::numeric_limits<std::size_t>::max());
   check(cudaMemPoolSetAttribute(handle, cudaMemPoolAttrReleaseThreshold, &threshold),
@@ -568,7 +625,9 @@ any_device_resource guarded_async(int device,
     void* p    = pool.allocate(cuda::stream_ref{cudaStream_t{nullptr}}, *initial_pool_size, rmm::CUDA_ALLOCATION_ALIGNMENT);
     pool.deallocate(cuda::stream_ref{cudaStream_t{nullptr}}, p, *initial_pool_size, rmm::CUDA_ALLOCATION_ALIGNMENT);
   }
-  return any_device_resource{std::move(shared)};
+  any_device_resource out{std::move(shared)};
+  r.reused.fetch_add(1, std::memory_order_relaxed);
+  return out;
 }
 
 /// The CUDA async pool `ref` is (guarded or not), or null.
@@ -1295,6 +1354,28 @@ raftrs_status raftrs_mr_async_pools(uint64_t* made, uint64_t* retired, uint64_t*
   });
 }
 
+raftrs_status raftrs_mr_async_pool_bytes(const raftrs_mr* mr, int32_t* found, uint64_t* reserved, uint64_t* used)
+{
+  return guard([&] {
+    *found    = 0;
+    *reserved = 0;
+    *used     = 0;
+    auto const& m = unwrap(mr);
+    device_scope scope{m.device};
+    std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)}};
+    for (int depth = 0; at.has_value() && depth < 32; ++depth) {
+      if (auto* async = as_async(*at)) {
+        cudaMemPool_t pool = async->pool_handle();
+        check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, reserved), "reading the async pool's reserved memory");
+        check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, used), "reading the async pool's memory in use");
+        *found = 1;
+        return;
+      }
+      at = upstream_any(*at);
+    }
+  });
+}
+
 raftrs_status raftrs_mr_trim_retired(uint64_t* released, uint64_t* held)
 {
   return guard([&] {
@@ -1304,6 +1385,8 @@ raftrs_status raftrs_mr_trim_retired(uint64_t* released, uint64_t* held)
     std::lock_guard<std::mutex> lock{r.lock};
     cudaError_t failed = cudaSuccess;
     for (auto& p : r.pools) {
+      // On the pool's device: a thread with no context would otherwise get device 0's.
+      device_scope scope{p.device};
       cudaMemPool_t handle = p.pool.pool_handle();
       uint64_t before = 0, after = 0;
       cudaError_t code = cudaMemPoolGetAttribute(handle, cudaMemPoolAttrReservedMemCurrent, &before);

@@ -785,6 +785,47 @@ fn main() -> ExitCode {
                 taken >> 20
             );
         }
+        // A retired pool handed out again must behave as a new one with the settings asked for:
+        // a pool made with a 64 MiB initial size and release threshold 0, used and dropped
+        // (retired: threshold 0, trimmed), then one asked for with the same initial size and the
+        // default threshold ("never"): it must be the retired pool (reused), primed again, and
+        // keep its 64 MiB across a synchronisation.
+        "pool-reuse-settings" => {
+            const MIB: usize = 1 << 20;
+            let res = raft::DeviceResources::new().expect("resources");
+            let settle = || {
+                let until = Instant::now() + Duration::from_secs(30);
+                while raft::stats().releases_pending > 0 {
+                    assert!(Instant::now() < until, "releases still pending after 30 s");
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            };
+            let start = raft::stats();
+            let a = raft::MemoryResource::cuda_async_with(0, Some(64 * MIB), Some(0)).expect("pool a");
+            let mut v = raft::DeviceVec::<u8>::new_in(&res, MIB, &a).expect("array");
+            v.fill_zero().expect("memset");
+            drop(v);
+            res.sync().expect("sync");
+            drop(a);
+            settle();
+            let mid = raft::stats();
+            let b = raft::MemoryResource::cuda_async_with(0, Some(64 * MIB), None).expect("pool b");
+            res.sync().expect("sync");
+            // A device-wide wait: any release a synchronisation triggers has happened.
+            res.context().synchronize().expect("context sync");
+            let end = raft::stats();
+            let (reserved, used) = b.async_pool_bytes().expect("pool bytes").expect("an async pool");
+            println!(
+                "RESULT made={} retired={} reused={} reserved_mib={} used={}",
+                end.async_pools_made - start.async_pools_made,
+                mid.async_pools_retired - start.async_pools_retired,
+                end.async_pools_reused - start.async_pools_reused,
+                reserved / MIB,
+                used
+            );
+            drop(b);
+            res.release().expect("release");
+        }
         // Async pools made and dropped while the resources whose streams freed into them live
         // on and keep working (each thread's resources last the whole run): what a user does
         // who tries pool settings in a loop.

@@ -320,6 +320,16 @@ pub(crate) fn async_pools() -> (u64, u64, u64) {
     }
 }
 
+/// The bytes reserved and in use of the CUDA async pool behind `mr`, if there is one.
+pub(crate) fn async_pool_bytes(who: &'static str, mr: &NativeMr) -> Result<Option<(u64, u64)>> {
+    let api = api(who)?;
+    let _keep = ContextGuard::save(who)?;
+    let (mut found, mut reserved, mut used) = (0i32, 0u64, 0u64);
+    // SAFETY: `mr` is alive for the borrow; writes an int and two integers.
+    check(who, api, unsafe { api.raftrs_mr_async_pool_bytes(mr.ptr.as_ptr(), &mut found, &mut reserved, &mut used) })?;
+    Ok((found != 0).then_some((reserved, used)))
+}
+
 /// Gives the unused memory of every retired async pool back to the driver now: the bytes
 /// released and the bytes still held (memory whose stream-ordered free has not run yet).
 pub(crate) fn trim_retired(who: &'static str) -> Result<(u64, u64)> {
