@@ -478,12 +478,16 @@ fn without_a_driver_every_constructor_is_a_cuda_error() {
         current_device_resources(0).map(|_| ()).unwrap_err(),
         0usize.as_resources().map(|_| ()).unwrap_err(),
         raft::current_memory_resource(0).map(|_| ()).unwrap_err(),
+        raft::memory::trim_retired_pools().map(|_| ()).unwrap_err(),
     ];
     for e in errors {
         assert_eq!(e.kind(), ErrorKind::Cuda, "{e}");
         assert!(e.message().contains("driver"), "the message says the driver is missing: {e}");
     }
     assert_eq!(DeviceResources::new().unwrap_err().who(), "DeviceResources::new");
+    // No async pool can be made without a driver: none counted.
+    let s = raft::stats();
+    assert_eq!((s.async_pools_made, s.async_pools_retired, s.async_pools_reused), (0, 0, 0));
 }
 
 #[test]
