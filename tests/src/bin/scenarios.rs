@@ -290,6 +290,16 @@ unsafe extern "C" fn stream_work(arg: *mut std::ffi::c_void) {
 }
 
 /// Wall-clock milliseconds since the epoch, for exit latencies measured by the parent.
+/// Waits until no release is pending (30 s at most, then panics): a dropped memory resource's
+/// handle is destroyed on a release thread, so its pool's last copy may go a moment later.
+fn settle_releases() {
+    let until = Instant::now() + Duration::from_secs(30);
+    while raft::stats().pending.releases > 0 || raft::stats().releases_pending > 0 {
+        assert!(Instant::now() < until, "releases still pending after 30 s");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 fn now_ms() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
 }
@@ -733,13 +743,7 @@ fn main() -> ExitCode {
         "pool-last-copy-in-array" => {
             let threads = env_f64("SCENARIO_THREADS", 8.0) as usize;
             let rounds = env_f64("SCENARIO_ROUNDS", 100.0) as usize;
-            let settle = || {
-                let until = Instant::now() + Duration::from_secs(30);
-                while raft::stats().pending.releases > 0 || raft::stats().releases_pending > 0 {
-                    assert!(Instant::now() < until, "releases still pending after 30 s");
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            };
+            let settle = settle_releases;
             let first = raft::DeviceResources::new().expect("resources");
             let free = || first.context().mem_get_info().expect("cuMemGetInfo").0;
             let mut w = raft::DeviceVec::<u8>::new(&first, 1 << 20).expect("array");
@@ -793,13 +797,7 @@ fn main() -> ExitCode {
         "pool-reuse-settings" => {
             const MIB: usize = 1 << 20;
             let res = raft::DeviceResources::new().expect("resources");
-            let settle = || {
-                let until = Instant::now() + Duration::from_secs(30);
-                while raft::stats().releases_pending > 0 {
-                    assert!(Instant::now() < until, "releases still pending after 30 s");
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            };
+            let settle = settle_releases;
             let start = raft::stats();
             let a = raft::MemoryResource::cuda_async_with(0, Some(64 * MIB), Some(0)).expect("pool a");
             let mut v = raft::DeviceVec::<u8>::new_in(&res, MIB, &a).expect("array");
