@@ -527,10 +527,11 @@ class async_pool_guard {
 
 using guarded_async_mr = cuda::mr::shared_resource<async_pool_guard>;
 
-/// Whether a retired pool can be handed out as if new: nothing of it in use (no free of an
-/// earlier owner still queued, which could make the new owner's allocations wait on that
-/// owner's stream), and no other device given access to it (its peer access is then revoked,
-/// which is only safe with nothing allocated). A pool that is not is left retired.
+/// Whether a retired pool can be handed out as if new: nothing of it in use as the driver counts
+/// it (`cudaMemPoolAttrUsedMemCurrent` 0: an earlier owner's last frees have at least been
+/// queued; one still queued on its stream could otherwise make the new owner's first allocations
+/// wait on that stream), and no other device given access to it (its peer access is revoked
+/// here, with nothing allocated). A pool that is not ready is left retired.
 bool ready_for_reuse(retired_pool const& p, int devices)
 {
   cudaMemPool_t handle = p.pool.pool_handle();
