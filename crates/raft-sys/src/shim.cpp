@@ -1385,17 +1385,25 @@ raftrs_status raftrs_mr_trim_retired(uint64_t* released, uint64_t* held)
     auto& r = the_retired();
     std::lock_guard<std::mutex> lock{r.lock};
     cudaError_t failed = cudaSuccess;
+    auto note     = [&](cudaError_t code) {
+      static_cast<void>(cudaGetLastError());
+      if (failed == cudaSuccess) { failed = code; }  // the first failure is the one returned
+    };
     for (auto& p : r.pools) {
-      // On the pool's device: a thread with no context would otherwise get device 0's.
-      device_scope scope{p.device};
-      cudaMemPool_t handle = p.pool.pool_handle();
       uint64_t before = 0, after = 0;
-      cudaError_t code = cudaMemPoolGetAttribute(handle, cudaMemPoolAttrReservedMemCurrent, &before);
-      if (code == cudaSuccess) { code = cudaMemPoolTrimTo(handle, 0); }
-      if (code == cudaSuccess) { code = cudaMemPoolGetAttribute(handle, cudaMemPoolAttrReservedMemCurrent, &after); }
+      cudaError_t code = cudaSuccess;
+      try {
+        // On the pool's device: a thread with no context would otherwise get device 0's.
+        device_scope scope{p.device};
+        cudaMemPool_t handle = p.pool.pool_handle();
+        code                 = cudaMemPoolGetAttribute(handle, cudaMemPoolAttrReservedMemCurrent, &before);
+        if (code == cudaSuccess) { code = cudaMemPoolTrimTo(handle, 0); }
+        if (code == cudaSuccess) { code = cudaMemPoolGetAttribute(handle, cudaMemPoolAttrReservedMemCurrent, &after); }
+      } catch (cuda_failure const& e) {
+        code = e.code;  // the device could not be made current: every other pool is still tried
+      }
       if (code != cudaSuccess) {
-        static_cast<void>(cudaGetLastError());
-        failed = code;
+        note(code);
         continue;
       }
       if (before > after) { *released += before - after; }
