@@ -257,7 +257,9 @@ impl DeviceResources {
         // Backpressure: new resources are a stream a release will have to destroy; while the
         // releases pending on this device hold too much, this thread runs some of them first.
         release::make_room(device);
-        let guard = ContextGuard::save(who)?;
+        // One read of the thread's context for the whole creation: every step below leaves the
+        // device's context current (see `ContextGuard::bind`).
+        let guard = ContextGuard::bind(who, &ctx)?;
         memory::ensure_default(who, device)?;
         let make = || NativeResources::create(who, device, result::new_stream(who, &ctx)?, &guard);
         // Memory only waiting for a pending release is not missing: run or wait for them, then

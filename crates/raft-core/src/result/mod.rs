@@ -66,12 +66,26 @@ pub(crate) fn note_runtime_default(ctx: &CudaContext) {
     RUNTIME_DEFAULT.store(ctx.cu_ctx() as usize, Ordering::Release);
 }
 
+/// Tells the shim that `ctx` is `device`'s primary context, retained for the process (the
+/// caller keeps it in a static): the shim's device switches then cost one driver read when the
+/// thread is on it already. Only speed depends on this: a failure is ignored.
+pub(crate) fn note_primary(who: &'static str, device: usize, ctx: &'static CudaContext) {
+    let Ok(api) = api(who) else { return };
+    // SAFETY: stores a handle value, no CUDA call; the context stays retained for the life of
+    // the process (`ctx` is borrowed for 'static from the per-device table that never drops it).
+    let _ = check(who, api, unsafe { api.raftrs_note_primary_context(device as i32, ctx.cu_ctx() as *mut c_void) });
+}
+
 /// Puts the calling thread's current CUDA context back when dropped: a library call must not
 /// switch the user's thread to another device.
 pub(crate) struct ContextGuard {
     previous: Option<cusys::CUcontext>,
     /// Library threads have no caller's context to protect: they keep whichever is bound.
     restore: bool,
+    /// Made by [`bind`](Self::bind), which switched the thread to `bound`: dropping puts
+    /// `previous` back without reading the current context first.
+    switched: bool,
+    bound: usize,
 }
 
 impl ContextGuard {
@@ -82,16 +96,53 @@ impl ContextGuard {
         static INIT: OnceLock<std::result::Result<(), cudarc::driver::DriverError>> = OnceLock::new();
         (*INIT.get_or_init(cu::init)).map_err(|e| Error::driver(who, e))?;
         if raft_exit::on_library_thread() {
-            return Ok(ContextGuard { previous: None, restore: false });
+            return Ok(ContextGuard { previous: None, restore: false, switched: false, bound: 0 });
         }
         let previous = cu::ctx::get_current().map_err(|e| Error::driver(who, e))?;
-        Ok(ContextGuard { previous, restore: true })
+        Ok(ContextGuard { previous, restore: true, switched: false, bound: 0 })
+    }
+}
+
+impl ContextGuard {
+    /// Binds `ctx` on the calling thread for the guard's life, reading the current context once:
+    /// when it is `ctx` already (the common case), nothing is set now or when dropped; otherwise
+    /// `ctx` is set now and the previous context put back when dropped, without reading it
+    /// again. For sequences whose every step leaves `ctx` current (cudarc binds the stream's own
+    /// context, the shim puts back the exact context it found): a step that binds another
+    /// context must bind `ctx` again before the guard drops.
+    pub(crate) fn bind(who: &'static str, ctx: &CudaContext) -> Result<Self> {
+        let mut guard = ContextGuard::save(who)?;
+        if raft_exit::on_library_thread() {
+            bind(who, ctx)?;
+            return Ok(guard);
+        }
+        if guard.previous == Some(ctx.cu_ctx()) {
+            guard.restore = false;
+            return Ok(guard);
+        }
+        // SAFETY: `ctx` is a primary context retained by cudarc for as long as the borrowed
+        // `CudaContext` lives (the caller holds it across the guard's life).
+        unsafe { cu::ctx::set_current(ctx.cu_ctx()) }.map_err(|e| Error::driver(who, e))?;
+        guard.switched = true;
+        guard.bound = ctx.cu_ctx() as usize;
+        Ok(guard)
     }
 }
 
 impl Drop for ContextGuard {
     fn drop(&mut self) {
         if !self.restore {
+            return;
+        }
+        if self.switched {
+            // Made by `bind`: the thread is on the context it set. A thread that had none keeps
+            // device 0's primary context (see below); any other goes back to its own.
+            let keep = self.previous.is_none() && self.bound == RUNTIME_DEFAULT.load(Ordering::Acquire);
+            if !keep {
+                // SAFETY: restores a context that was current on this thread a moment ago (or
+                // none); a failure leaves the thread on the library's context, only less tidy.
+                let _ = unsafe { cu::ctx::set_current(self.previous.unwrap_or(std::ptr::null_mut())) };
+            }
             return;
         }
         let now = cu::ctx::get_current().ok().flatten();
@@ -113,6 +164,18 @@ impl Drop for ContextGuard {
 pub(crate) fn stream_sync(who: &'static str, stream: &CudaStream) -> Result<()> {
     // SAFETY: the stream is alive for the borrow; synchronising needs no current context.
     unsafe { cu::stream::synchronize(stream.cu_stream()) }.map_err(|e| Error::driver(who, e))
+}
+
+/// Drains a stream that is usually idle: asks first (`cuStreamQuery`) and waits
+/// (`cuStreamSynchronize`) only while work is still running. Either way, a failure of the
+/// stream's work is returned. Binds no context.
+pub(crate) fn stream_drain(who: &'static str, stream: &CudaStream) -> Result<()> {
+    // SAFETY: the stream is alive for the borrow; a query needs no current context.
+    match unsafe { cusys::cuStreamQuery(stream.cu_stream()) } {
+        cusys::CUresult::CUDA_SUCCESS => Ok(()),
+        cusys::CUresult::CUDA_ERROR_NOT_READY => stream_sync(who, stream),
+        rc => Err(Error::driver(who, cudarc::driver::DriverError(rc))),
+    }
 }
 
 /// Waits for a stream and takes any failure cudarc recorded in its context (cudarc keeps the
@@ -273,10 +336,11 @@ impl NativeResources {
     /// release, and none is left for the next unrelated call.
     pub(crate) fn destroy(self, who: &'static str) -> Result<()> {
         let api = api(who)?;
-        let _keep = ContextGuard::save(who);
-        // The stream's own context bound while waiting for it (a release thread otherwise keeps
-        // whichever context its last release left, maybe another device's, or none).
-        let drained = bind(who, self.stream.context()).and_then(|()| stream_sync(who, &self.stream));
+        // The stream's own context bound for the whole release (a release thread otherwise
+        // keeps whichever context its last release left, maybe another device's, or none); the
+        // shim and cudarc's stream drop below both leave it current.
+        let keep = ContextGuard::bind(who, self.stream.context());
+        let drained = keep.as_ref().map(|_| ()).map_err(Clone::clone).and_then(|()| stream_drain(who, &self.stream));
         // SAFETY: `ptr` came from raftrs_resources_create and is destroyed exactly once (self is
         // consumed); its stream is still alive (dropped just below, after it).
         let destroyed = check(who, api, unsafe { api.raftrs_resources_destroy(self.ptr.as_ptr()) });
