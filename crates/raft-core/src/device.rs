@@ -83,9 +83,10 @@ pub(crate) fn context(who: &'static str, device: usize) -> Result<Arc<CudaContex
     let _keep = ContextGuard::save(who)?;
     let ctx = result::retain_primary(who, device)?;
     let anchor = result::new_stream(who, &ctx)?;
-    let made = slots[device].get_or_init(|| DeviceContext { ctx, _anchor: anchor }).ctx.clone();
+    let made: &'static DeviceContext = slots[device].get_or_init(|| DeviceContext { ctx, _anchor: anchor });
     if device == 0 {
-        result::note_runtime_default(&made);
+        result::note_runtime_default(&made.ctx);
     }
-    Ok(made)
+    result::note_primary(who, device, &made.ctx);
+    Ok(made.ctx.clone())
 }

@@ -86,6 +86,11 @@ raftrs_status raftrs_driver_version(int32_t* out);
 raftrs_status raftrs_device_count(int32_t* out);
 /** cudaGetDevice: the calling thread's current device. */
 raftrs_status raftrs_current_device(int32_t* out);
+/** Tells the shim that `context` is `device`'s primary context and stays retained for the life
+ *  of the process (the Rust side retains each device's once, for good): a call that must run on
+ *  `device` and finds that context current then switches nothing and asks the runtime nothing
+ *  (one driver read instead of three calls). A device outside [0, 64) is ignored. */
+raftrs_status raftrs_note_primary_context(int32_t device, void* context);
 /** cudaDevAttrMemoryPoolsSupported of a device (0 or 1). */
 raftrs_status raftrs_device_memory_pools_supported(int32_t device, int32_t* out);
 /** cudaMemcpyAsync with cudaMemcpyDefault on a stream of `device`. */

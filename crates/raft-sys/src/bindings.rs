@@ -94,6 +94,7 @@ pub struct RaftrsShim {
     pub raftrs_driver_version: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
     pub raftrs_device_count: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
     pub raftrs_current_device: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
+    pub raftrs_note_primary_context: unsafe extern "C" fn(device: i32, context: *mut ::core::ffi::c_void) -> raftrs_status,
     pub raftrs_device_memory_pools_supported: unsafe extern "C" fn(device: i32, out: *mut i32) -> raftrs_status,
     pub raftrs_memcpy_async: unsafe extern "C" fn(
         device: i32,
@@ -231,6 +232,7 @@ impl RaftrsShim {
         let raftrs_driver_version = __library.get(b"raftrs_driver_version\0").map(|sym| *sym)?;
         let raftrs_device_count = __library.get(b"raftrs_device_count\0").map(|sym| *sym)?;
         let raftrs_current_device = __library.get(b"raftrs_current_device\0").map(|sym| *sym)?;
+        let raftrs_note_primary_context = __library.get(b"raftrs_note_primary_context\0").map(|sym| *sym)?;
         let raftrs_device_memory_pools_supported = __library.get(b"raftrs_device_memory_pools_supported\0").map(|sym| *sym)?;
         let raftrs_memcpy_async = __library.get(b"raftrs_memcpy_async\0").map(|sym| *sym)?;
         let raftrs_memset_async = __library.get(b"raftrs_memset_async\0").map(|sym| *sym)?;
@@ -287,6 +289,7 @@ impl RaftrsShim {
             raftrs_driver_version,
             raftrs_device_count,
             raftrs_current_device,
+            raftrs_note_primary_context,
             raftrs_device_memory_pools_supported,
             raftrs_memcpy_async,
             raftrs_memset_async,
@@ -365,6 +368,10 @@ impl RaftrsShim {
     #[doc = " cudaGetDevice: the calling thread's current device."]
     pub unsafe fn raftrs_current_device(&self, out: *mut i32) -> raftrs_status {
         (self.raftrs_current_device)(out)
+    }
+    #[doc = " Tells the shim that `context` is `device`'s primary context and stays retained for the life\n  of the process (the Rust side retains each device's once, for good): a call that must run on\n  `device` and finds that context current then switches nothing and asks the runtime nothing\n  (one driver read instead of three calls). A device outside [0, 64) is ignored."]
+    pub unsafe fn raftrs_note_primary_context(&self, device: i32, context: *mut ::core::ffi::c_void) -> raftrs_status {
+        (self.raftrs_note_primary_context)(device, context)
     }
     #[doc = " cudaDevAttrMemoryPoolsSupported of a device (0 or 1)."]
     pub unsafe fn raftrs_device_memory_pools_supported(&self, device: i32, out: *mut i32) -> raftrs_status {

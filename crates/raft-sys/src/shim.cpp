@@ -153,6 +153,16 @@ raftrs_status guard(F&& body) noexcept
   }
 }
 
+/// Primary contexts the Rust side retains for the life of the process, by device (see
+/// raftrs_note_primary_context): a handle here stays valid and belongs to its device.
+constexpr int noted_primaries_max = 64;
+std::atomic<void*> noted_primaries[noted_primaries_max]{};
+
+void* noted_primary(int device)
+{
+  return device >= 0 && device < noted_primaries_max ? noted_primaries[device].load(std::memory_order_acquire) : nullptr;
+}
+
 /// Makes `device` current for the calling thread and puts back on exit the exact context that
 /// was current before (or none): RAFT creates handles on whichever device is current at their
 /// first use, and a thread may have switched devices since the resources were made. Putting
@@ -167,6 +177,8 @@ class device_scope {
     if (d != nullptr && d->get(&ctx) == 0) {
       saved_ctx_ = true;
       previous_  = ctx;
+      // Already on the device's primary context (the common case): nothing to switch or ask.
+      if (ctx != nullptr && ctx == noted_primary(device)) { return; }
     }
     // With a context bound, the runtime reports its device; with none, its answer is only its
     // default (0), and the thread must be switched whatever the device.
@@ -946,6 +958,15 @@ raftrs_status raftrs_driver_version(int32_t* out)
     int v = 0;
     check(cudaDriverGetVersion(&v), "reading the CUDA driver version");
     *out = v;
+  });
+}
+
+raftrs_status raftrs_note_primary_context(int32_t device, void* context)
+{
+  return guard([&] {
+    if (device >= 0 && device < noted_primaries_max) {
+      noted_primaries[device].store(context, std::memory_order_release);
+    }
   });
 }
 
