@@ -75,8 +75,15 @@ fn pinned_round_trips_every_size_class_both_ways() {
 fn pageable_staged_round_trips_every_size_class_both_ways() {
     require_gpu!();
     let res = DeviceResources::new().unwrap();
-    let stagings =
-        [Staging::default(), Staging::new(64 << 10, 1).unwrap(), Staging::new(1 << 20, 3).unwrap(), Staging::new(16 << 20, 8).unwrap()];
+    // Among them more threads (64) than the staging pool has: the copy must not wait for a
+    // thread that has not started.
+    let stagings = [
+        Staging::default(),
+        Staging::new(64 << 10, 1).unwrap(),
+        Staging::new(1 << 20, 3).unwrap(),
+        Staging::new(16 << 20, 8).unwrap(),
+        Staging::new(64 << 10, 64).unwrap(),
+    ];
     for n in SIZES {
         let bytes = pattern_u8(n, 3);
         let words = pattern_u32(n, 5);
@@ -145,6 +152,32 @@ fn staged_copies_are_ordered_after_the_work_queued_on_the_array() {
     .unwrap();
     let out = Staging::new(1 << 20, 4).unwrap().to_host(&c).unwrap();
     assert!(out.iter().all(|x| *x == 2.0 * n as f32), "the staged copy ran before the GEMM finished");
+}
+
+/// A staged copy started on a thread of someone else's thread pool (a rayon `par_iter`) runs
+/// on plain threads of its own and finishes, however busy that pool is.
+#[test]
+fn staged_copies_from_inside_a_thread_pool_finish() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let pool = rayon_core::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let want = pattern_u32((8 << 20) + 7, 29);
+    let (tx, rx) = std::sync::mpsc::channel();
+    pool.scope(|s| {
+        for k in 0..4u32 {
+            let (res, want, tx) = (res.clone(), &want, tx.clone());
+            s.spawn(move |_| {
+                let mut d = DeviceVec::<u32>::zeros(&res, want.len()).unwrap();
+                Staging::default().copy_from_host(&mut d, want).unwrap();
+                let mut out = vec![k; want.len()];
+                Staging::default().copy_to_host(&d, &mut out).unwrap();
+                tx.send(out == *want).unwrap();
+            });
+        }
+    });
+    drop(tx);
+    let ok: Vec<bool> = rx.iter().collect();
+    assert_eq!(ok, vec![true; 4]);
 }
 
 #[test]

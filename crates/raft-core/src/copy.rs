@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::host::{default_pinned, sealed::Sealed, PageLocked, PinnedVec};
 use crate::job::JobHandle;
 use crate::resources::DeviceResources;
-use crate::result::copy::{copy_device_ordered, run_scope, CopyScope, DeviceRange, Ends, InFlight, StagingBuffers};
+use crate::result::copy::{copy_device_ordered, run_scope, staged_download, staged_upload, CopyScope, Ends, InFlight, StagedCut, StagingBuffers};
 use crate::result::DeviceScalar;
 use std::sync::Mutex;
 
@@ -391,21 +391,22 @@ impl<T: DeviceScalar> DeviceVec<T> {
 /// Bytes of page-locked staging buffers kept for reuse between staged copies (process-wide),
 /// beyond those of the latest copy.
 const POOL_BYTES: usize = 256 << 20;
-/// Smallest staged piece: below it the per-piece cost (a host copy call, an event) dominates.
+/// Smallest piece (one device copy): below it the device copy's fixed cost dominates.
 const MIN_PIECE: usize = 256 << 10;
-/// A staged copy uses one more thread per this many bytes, up to [`Staging::threads`].
-const BYTES_PER_THREAD: usize = 4 << 20;
+/// Smallest sub-piece (what one host thread copies at a time): below it the threads' hand-off
+/// costs more than the copy.
+const MIN_SUB: usize = 64 << 10;
+/// Page-locked slots of a staged copy: pieces in flight at once (two staging buffers' worth).
+const SLOTS: usize = 4;
 
 /// How copies from and to pageable memory (`Vec`, slices) are staged: in pieces of at most
-/// `chunk_bytes`, each copied by the host into one of two page-locked buffers while the device
-/// copies the other, by up to `threads` host threads at once, each with its own two buffers.
-/// The page-locked buffers are kept for reuse (those of the latest copy, and others up to
-/// 256 MiB in all).
+/// `chunk_bytes`, each one device copy through one of four page-locked slots, filled (or
+/// emptied) by up to `threads` host threads together, so the link starts on the first piece
+/// while the host goes on with the next. The page-locked buffers are kept for reuse (those of
+/// the latest copy, and others up to 256 MiB in all).
 ///
 /// Copies are synchronous (they return once done), check exact lengths, and run on the array's
-/// own stream after the work queued there, as `DeviceVec::from_host` / `to_host` do. (Lanes on
-/// streams of their own were measured in GPU run 40 and were slower at every size: 1 MiB 0.20x
-/// against 0.32x, 1 GiB 0.867x against 0.881–0.900x; they were taken out again.)
+/// own stream after the work queued there, as `DeviceVec::from_host` / `to_host` do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Staging {
     chunk_bytes: usize,
@@ -414,27 +415,25 @@ pub struct Staging {
 
 impl Default for Staging {
     /// Pieces of [`DEFAULT_CHUNK_BYTES`](Self::DEFAULT_CHUNK_BYTES) by as many threads as the
-    /// machine runs at once, at most [`DEFAULT_THREADS`](Self::DEFAULT_THREADS). Bandwidth grows
-    /// with threads (each copies into the page-locked pieces at 3–6 GB/s on the H200 machine):
-    /// `copy-bench`'s sweep in GPU run 28, at 1 GiB, host to device / device to host: 2 MiB × 16
-    /// threads 49.4 / 48.1 GB/s (0.89x / 0.87x the link), 1 MiB × 16 45.5 / 43.9, 2 MiB × 8
-    /// 40.3 / 37.2, 2 MiB × 4 23.5 / 21.4; at 64 MiB every setting from 8 threads on gave 33–38.
+    /// machine runs at once, at most [`DEFAULT_THREADS`](Self::DEFAULT_THREADS): on the H200
+    /// machine one thread copies pageable memory into page-locked memory at 5–9 GB/s and 16
+    /// together at about 60 GB/s (`copy-bench`, GPU run 40), the link's speed.
     fn default() -> Self {
         let parallel = std::thread::available_parallelism().map_or(1, |n| n.get());
         Staging { chunk_bytes: Staging::DEFAULT_CHUNK_BYTES, threads: parallel.clamp(1, Staging::DEFAULT_THREADS) }
     }
 }
 
-/// How a staged copy of `bytes` is cut: pieces of `piece_elems` elements over `threads` lanes.
+/// How a staged copy of `bytes` is cut, and by how many threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Plan {
-    piece_elems: usize,
+    cut: StagedCut,
     threads: usize,
 }
 
 impl Staging {
     /// Default largest piece.
-    pub const DEFAULT_CHUNK_BYTES: usize = 2 << 20;
+    pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
     /// The most host threads of the default (which takes fewer on a machine with fewer).
     pub const DEFAULT_THREADS: usize = 16;
 
@@ -464,14 +463,15 @@ impl Staging {
         self.threads
     }
 
-    fn plan(&self, len: usize, elem: usize) -> Plan {
-        let elem = elem.max(1);
-        let bytes = len.saturating_mul(elem);
-        let threads = bytes.div_ceil(BYTES_PER_THREAD).clamp(1, self.threads);
-        let piece_bytes = bytes.div_ceil(2 * threads).clamp(MIN_PIECE.min(self.chunk_bytes), self.chunk_bytes).max(elem);
-        let piece_elems = (piece_bytes / elem).max(1);
-        let pieces = len.div_ceil(piece_elems);
-        Plan { piece_elems, threads: threads.min(pieces).max(1) }
+    /// Pieces of a quarter of the copy (so that it overlaps host and device work), at least
+    /// [`MIN_PIECE`] and at most the chunk; sub-pieces that give each thread one per piece, at
+    /// least [`MIN_SUB`]; no more threads than sub-pieces in flight.
+    fn plan(&self, bytes: usize) -> Plan {
+        let bytes = bytes.max(1);
+        let piece = bytes.div_ceil(SLOTS).clamp(MIN_PIECE.min(self.chunk_bytes), self.chunk_bytes).min(bytes);
+        let sub = piece.div_ceil(self.threads).max(MIN_SUB).min(piece);
+        let subs_in_flight = SLOTS.min(bytes.div_ceil(piece)) * piece.div_ceil(sub);
+        Plan { cut: StagedCut { piece, sub }, threads: self.threads.min(subs_in_flight).max(1) }
     }
 
     /// A copy of pageable `host` in a new device array.
@@ -497,7 +497,7 @@ impl Staging {
 
     pub(crate) fn new_vec_from<T: DeviceScalar>(&self, who: &'static str, src: &DeviceVec<T>) -> Result<Vec<T>> {
         live(who, src)?;
-        // Zeroed memory of a large Vec comes fresh from the OS, not yet touched: the lanes then
+        // Zeroed memory of a large Vec comes fresh from the OS, not yet touched: the threads then
         // fault it in, on huge pages where the kernel has them.
         let mut host = vec![T::default(); src.len()];
         crate::result::copy::advise_huge_pages(&mut host);
@@ -516,16 +516,10 @@ impl Staging {
         if host.is_empty() {
             return Ok(());
         }
-        let plan = self.plan(host.len(), std::mem::size_of::<T>());
-        let piece_bytes = plan.piece_elems * std::mem::size_of::<T>();
-        let mut buffers = pool_take(who, dst.resources().device(), piece_bytes, plan.threads)?;
-        let pieces = host.chunks(plan.piece_elems).zip(dst.native_mut().ranges_mut(piece_bytes));
-        let lanes = deal(pieces, plan.threads);
-        let outcome = run_lanes(&mut buffers, lanes, |buf, lane| {
-            let queued = lane.iter().enumerate().try_for_each(|(j, (h, r))| buf.upload(who, j % 2, h, r));
-            let finished = buf.finish(who);
-            queued.and(finished)
-        });
+        let plan = self.plan(std::mem::size_of_val(host));
+        let mut buffers = pool_take(who, dst.resources().device(), plan.cut.piece, SLOTS / 2)?;
+        let run = |work: &(dyn Fn() -> Result<()> + Sync)| run_on_threads(plan.threads, work);
+        let outcome = staged_upload(who, &mut buffers, host, dst.native_mut(), plan.cut, &run);
         pool_give_back(buffers);
         outcome
     }
@@ -536,80 +530,43 @@ impl Staging {
         if host.is_empty() {
             return Ok(());
         }
-        let plan = self.plan(host.len(), std::mem::size_of::<T>());
-        let piece_bytes = plan.piece_elems * std::mem::size_of::<T>();
-        let mut buffers = pool_take(who, src.resources().device(), piece_bytes, plan.threads)?;
-        let pieces = host.chunks_mut(plan.piece_elems).zip(src.native().ranges(piece_bytes));
-        let lanes = deal(pieces, plan.threads);
-        let outcome = run_lanes(&mut buffers, lanes, |buf, lane| {
-            let (hosts, ranges): (Vec<&mut [T]>, Vec<DeviceRange<'_>>) = lane.into_iter().unzip();
-            let copied = (|| {
-                // Two pieces in flight per lane: the device fills one buffer while the host
-                // empties the other.
-                for (j, r) in ranges.iter().enumerate().take(2) {
-                    buf.download_queue(who, j % 2, r)?;
-                }
-                for (j, h) in hosts.into_iter().enumerate() {
-                    buf.download_take(who, j % 2, h)?;
-                    if let Some(r) = ranges.get(j + 2) {
-                        buf.download_queue(who, j % 2, r)?;
-                    }
-                }
-                Ok(())
-            })();
-            let finished = buf.finish(who);
-            copied.and(finished)
-        });
+        let plan = self.plan(std::mem::size_of_val(host));
+        let mut buffers = pool_take(who, src.resources().device(), plan.cut.piece, SLOTS / 2)?;
+        let run = |work: &(dyn Fn() -> Result<()> + Sync)| run_on_threads(plan.threads, work);
+        let outcome = staged_download(who, &mut buffers, src.native(), host, plan.cut, &run);
         pool_give_back(buffers);
         outcome
     }
 }
 
-/// Deals pieces round-robin to `lanes` lanes (piece k to lane k mod lanes).
-fn deal<P>(pieces: impl Iterator<Item = P>, lanes: usize) -> Vec<Vec<P>> {
-    let mut out: Vec<Vec<P>> = (0..lanes).map(|_| Vec::new()).collect();
-    for (k, p) in pieces.enumerate() {
-        out[k % lanes].push(p);
-    }
-    out
-}
-
-/// Runs `work` once per lane, each with its own staging buffers: lane 0 on the calling thread,
-/// the others on the staging threads (a pool made once: spawning a thread per lane and copy cost
-/// 10–20 µs each, a fifth of a 64 MiB copy with 16 lanes). The first error wins; a panic in a
-/// lane resumes here. Lanes never wait for each other, so more lanes than pool threads only
-/// queue.
-fn run_lanes<W: Send>(
-    buffers: &mut [StagingBuffers],
-    lanes: Vec<W>,
-    work: impl Fn(&mut StagingBuffers, W) -> Result<()> + Sync,
-) -> Result<()> {
-    let work = &work;
-    let mut pairs = buffers.iter_mut().zip(lanes);
-    let Some((b0, lane0)) = pairs.next() else { return Ok(()) };
-    let others: Vec<_> = pairs.collect();
-    if others.is_empty() {
-        return work(b0, lane0);
+/// Runs `work` on `threads` threads at once: the calling thread and the staging threads (a
+/// pool made once: spawning a thread per copy costs 10–20 µs each, a fifth of a 64 MiB copy
+/// with 16 threads). Returns the first error; a panic on a thread resumes here once all have
+/// returned. The threads of one copy wait only for work that a running thread has already
+/// taken, so a thread that starts late (a busy pool) only slows the copy.
+fn run_on_threads(threads: usize, work: &(dyn Fn() -> Result<()> + Sync)) -> Result<()> {
+    if threads <= 1 {
+        return work();
     }
     // Called from a worker of a rayon pool (the user's `par_iter`, say), waiting for another
     // pool's scope would let this thread run unrelated jobs of its own pool meanwhile, which may
     // wait for the caller: plain scoped threads then, which block without stealing.
     let Some(pool) = staging_threads().filter(|_| rayon_core::current_thread_index().is_none()) else {
         return std::thread::scope(|s| {
-            let handles: Vec<_> = others.into_iter().map(|(b, lane)| s.spawn(move || work(b, lane))).collect();
-            let first = work(b0, lane0);
+            let handles: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+            let first = work();
             handles.into_iter().fold(first, |acc, h| acc.and(h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))))
         });
     };
-    let outcomes: Vec<Mutex<Option<Result<()>>>> = others.iter().map(|_| Mutex::new(None)).collect();
+    let outcomes: Vec<Mutex<Option<Result<()>>>> = (1..threads).map(|_| Mutex::new(None)).collect();
     let outcome0 = pool.in_place_scope(|s| {
-        for ((b, lane), slot) in others.into_iter().zip(&outcomes) {
+        for slot in &outcomes {
             s.spawn(move |_| {
-                let r = work(b, lane);
+                let r = work();
                 *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
             });
         }
-        work(b0, lane0)
+        work()
     });
     outcomes.into_iter().fold(outcome0, |acc, slot| acc.and(slot.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or(Ok(()))))
 }
@@ -720,30 +677,29 @@ mod tests {
     }
 
     #[test]
-    fn plans_cover_every_element_with_pieces_no_larger_than_the_chunk() {
-        let staging = [Staging::default(), Staging::new(1 << 20, 1).unwrap(), Staging::new(64 << 20, 16).unwrap()];
+    fn plans_cut_every_copy_into_pieces_no_larger_than_the_chunk() {
+        let staging = [Staging::default(), Staging::new(1 << 20, 1).unwrap(), Staging::new(64 << 20, 16).unwrap(), Staging::new(64 << 10, 64).unwrap()];
         for s in staging {
-            for elem in [1usize, 4, 8] {
-                for len in [1usize, 3, 4097, (1 << 20) + 1, (64 << 20) + 3, 1 << 28] {
-                    let p = s.plan(len, elem);
-                    assert!(p.piece_elems >= 1 && p.threads >= 1 && p.threads <= s.threads(), "{s:?} {len} {elem}: {p:?}");
-                    assert!(p.piece_elems * elem <= s.chunk_bytes().max(elem), "{s:?} {len} {elem}: {p:?}");
-                    let pieces = len.div_ceil(p.piece_elems);
-                    assert!(p.threads <= pieces, "{s:?} {len} {elem}: {p:?}: idle lanes");
-                }
+            for bytes in [1usize, 3, 4097, (1 << 20) + 1, (64 << 20) + 3, 1 << 30] {
+                let p = s.plan(bytes);
+                let StagedCut { piece, sub } = p.cut;
+                assert!(piece >= 1 && piece <= s.chunk_bytes() && piece <= bytes, "{s:?} {bytes}: {p:?}");
+                assert!(sub >= 1 && sub <= piece, "{s:?} {bytes}: {p:?}");
+                assert!(p.threads >= 1 && p.threads <= s.threads(), "{s:?} {bytes}: {p:?}");
+                // No thread without a sub-piece to take among the pieces in flight.
+                let in_flight = SLOTS.min(bytes.div_ceil(piece)) * piece.div_ceil(sub);
+                assert!(p.threads <= in_flight, "{s:?} {bytes}: {p:?}: idle threads");
             }
         }
-        // Small copies stay on the calling thread, large ones spread.
-        assert_eq!(Staging::new(4 << 20, 8).unwrap().plan(1 << 20, 1).threads, 1);
-        assert_eq!(Staging::new(4 << 20, 8).unwrap().plan(1 << 30, 1).threads, 8);
-        // A large copy is cut into chunk-sized pieces.
-        assert_eq!(Staging::new(4 << 20, 8).unwrap().plan(1 << 30, 4).piece_elems, 1 << 20);
-    }
-
-    #[test]
-    fn pieces_are_dealt_round_robin() {
-        let lanes = deal(0..7, 3);
-        assert_eq!(lanes, vec![vec![0, 3, 6], vec![1, 4], vec![2, 5]]);
-        assert_eq!(deal(0..2, 4).iter().map(Vec::len).collect::<Vec<_>>(), vec![1, 1, 0, 0]);
+        // A large copy: chunk-sized pieces, one sub-piece per thread and piece.
+        let p = Staging::new(4 << 20, 16).unwrap().plan(1 << 30);
+        assert_eq!((p.cut.piece, p.cut.sub, p.threads), (4 << 20, 256 << 10, 16));
+        // 64 MiB: the same cut, 16 pieces.
+        assert_eq!(Staging::new(4 << 20, 16).unwrap().plan(64 << 20).cut, StagedCut { piece: 4 << 20, sub: 256 << 10 });
+        // 1 MiB: quarters, so the device starts on the first while the host copies the next.
+        let p = Staging::new(4 << 20, 16).unwrap().plan(1 << 20);
+        assert_eq!((p.cut.piece, p.cut.sub, p.threads), (256 << 10, 64 << 10, 16));
+        // Tiny copies stay on the calling thread.
+        assert_eq!(Staging::new(4 << 20, 16).unwrap().plan(4097).threads, 1);
     }
 }

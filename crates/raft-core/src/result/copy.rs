@@ -26,7 +26,8 @@ use cudarc::driver::{result as cu, sys as cusys, CudaContext, CudaStream};
 use raft_sys as sys;
 use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 fn driver(who: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| Error::driver(who, e)
@@ -237,9 +238,9 @@ fn check_copy(who: &'static str, stream_device: usize, ends: &Ends<'_>) -> Resul
     if p.src_bytes != p.dst_bytes {
         return Err(Error::logic(who, format!("a copy of {} bytes into {} bytes", p.src_bytes, p.dst_bytes)));
     }
-    let devices: Vec<usize> = [p.src_device, p.dst_device].iter().flatten().map(|b| b.device).collect();
-    if !devices.is_empty() && !devices.contains(&stream_device) {
-        let on = devices.iter().map(usize::to_string).collect::<Vec<_>>().join(" and ");
+    let mut devices = [p.src_device, p.dst_device].into_iter().flatten().map(|b| b.device).peekable();
+    if devices.peek().is_some() && !devices.clone().any(|d| d == stream_device) {
+        let on = devices.map(|d| d.to_string()).collect::<Vec<_>>().join(" and ");
         return Err(Error::logic(
             who,
             format!("a copy between arrays on device {on} cannot run on the stream of resources on device {stream_device}"),
@@ -274,10 +275,16 @@ fn queue(
 ) -> std::result::Result<Option<NativeEvent>, QueueError> {
     check_copy(who, stream.context().ordinal(), ends)?;
     let p = ends.plan();
-    let guard = ContextGuard::save(who)?;
-    let device_ends: Vec<&NativeBuffer> = [p.src_device, p.dst_device].into_iter().flatten().collect();
+    let device_ends = [p.src_device, p.dst_device];
+    let device_ends = device_ends.iter().flatten();
+    // A copy between two devices binds other contexts (joins with the other device's stream,
+    // peer access): its guard reads and puts back the thread's context whatever happens. A copy
+    // within one context binds only that one: one read for the whole queue
+    // (`ContextGuard::bind`).
+    let crosses = device_ends.clone().any(|b| !same_context(b.stream.context(), stream.context()));
+    let guard = if crosses { ContextGuard::save(who)? } else { ContextGuard::bind(who, stream.context())? };
     if p.src_bytes > 0 {
-        for b in &device_ends {
+        for b in device_ends.clone() {
             join(who, stream, &b.stream, &guard)?;
         }
     }
@@ -290,7 +297,9 @@ fn queue(
         if let Some((s, d)) = peer {
             enable_peer_access(who, s, d);
         }
-        bind(who, stream.context())?;
+        if crosses {
+            bind(who, stream.context())?;
+        }
         let queued = match peer {
             // SAFETY: `src` and `dst` are the `bytes` bytes of two live device buffers (borrowed
             // for the call by `ends`, the destination exclusively; equal sizes checked above),
@@ -329,7 +338,7 @@ fn queue(
             e.record(who, stream, &guard)?;
         }
         if join_after && p.src_bytes > 0 {
-            for b in &device_ends {
+            for b in device_ends.clone() {
                 join(who, &b.stream, stream, &guard)?;
             }
         }
@@ -714,53 +723,16 @@ impl<T: DeviceScalar> Drop for NativeRegistration<'_, T> {
 
 // ---- staging pageable memory through page-locked buffers -------------------------------------
 
-/// Consecutive bytes of a device buffer, read by a staged copy.
-pub(crate) struct DeviceRange<'a> {
-    buffer: &'a NativeBuffer,
-    offset: usize,
-    bytes: usize,
-}
-
-/// Consecutive bytes of a device buffer, written by a staged copy: the ranges of one
-/// [`NativeBuffer::ranges_mut`] are disjoint and borrow the buffer exclusively.
-pub(crate) struct DeviceRangeMut<'a> {
-    buffer: &'a NativeBuffer,
-    offset: usize,
-    bytes: usize,
-    _exclusive: PhantomData<&'a mut NativeBuffer>,
-}
-
-/// `(offset, length)` of consecutive pieces of `piece` bytes (the last one shorter).
-fn cuts(bytes: usize, piece: usize) -> impl Iterator<Item = (usize, usize)> {
-    let piece = piece.max(1);
-    (0..bytes.div_ceil(piece)).map(move |k| (k * piece, piece.min(bytes - k * piece)))
-}
-
-impl NativeBuffer {
-    /// The buffer cut into consecutive ranges of `piece` bytes.
-    pub(crate) fn ranges(&self, piece: usize) -> Vec<DeviceRange<'_>> {
-        cuts(self.bytes, piece).map(|(offset, bytes)| DeviceRange { buffer: self, offset, bytes }).collect()
-    }
-
-    /// The buffer cut into consecutive, disjoint ranges of `piece` bytes, for writing.
-    pub(crate) fn ranges_mut(&mut self, piece: usize) -> Vec<DeviceRangeMut<'_>> {
-        let buffer: &NativeBuffer = self;
-        cuts(buffer.bytes, piece).map(|(offset, bytes)| DeviceRangeMut { buffer, offset, bytes, _exclusive: PhantomData }).collect()
-    }
-}
-
 struct Slot {
     host: Option<NativeHostBuffer>,
     event: NativeEvent,
     /// A copy using `host` was queued and not yet waited for.
     pending: bool,
-    /// Bytes the last download queued into `host`.
-    filled: usize,
 }
 
-/// Two page-locked buffers of one device and their events: one side of a double-buffered staged
-/// copy. The host touches a buffer only after the copy that last used it has finished, and the
-/// buffers are freed only then (or leaked).
+/// Two page-locked buffers of one device and their events: slots of a staged copy. The host
+/// touches a buffer only after the copy that last used it has finished, and the buffers are
+/// freed only then (or leaked).
 pub(crate) struct StagingBuffers {
     slots: [Slot; 2],
     ctx: Arc<CudaContext>,
@@ -783,7 +755,7 @@ impl StagingBuffers {
             }
         };
         let [e0, e1] = events;
-        let slot = |host, event| Slot { host: Some(host), event, pending: false, filled: 0 };
+        let slot = |host, event| Slot { host: Some(host), event, pending: false };
         Ok(StagingBuffers { slots: [slot(first, e0), slot(second, e1)], ctx: ctx.clone(), capacity, poisoned: false })
     }
 
@@ -814,120 +786,434 @@ impl StagingBuffers {
         Ok(())
     }
 
-    fn check(&self, who: &'static str, bytes: usize, range_bytes: usize, stream: &CudaStream) -> Result<()> {
-        if bytes != range_bytes {
-            return Err(Error::logic(who, format!("a staged piece of {bytes} bytes for {range_bytes} bytes of the array")));
-        }
-        if bytes > self.capacity {
-            return Err(Error::logic(who, format!("a staged piece of {bytes} bytes exceeds the {}-byte staging buffer", self.capacity)));
-        }
-        if !same_context(stream.context(), &self.ctx) {
-            return Err(Error::logic(who, "staging buffers serve arrays of their own device"));
-        }
-        Ok(())
-    }
-
-    /// Records slot `i`'s event after a copy just queued on `stream`; when that fails, waits for
-    /// the stream instead (or, failing that too, never touches the buffers again).
-    fn after_queue(&mut self, who: &'static str, i: usize, stream: &CudaStream, guard: &ContextGuard) -> Result<()> {
-        match self.slots[i].event.record(who, stream, guard) {
-            Ok(()) => {
-                self.slots[i].pending = true;
-                Ok(())
-            }
-            Err(e) => {
-                if stream_sync(who, stream).is_err() {
-                    self.poisoned = true;
-                }
-                Err(e)
-            }
-        }
-    }
-
-    fn data(&self, i: usize) -> *mut u8 {
-        self.slots[i].host.as_ref().expect("a staging slot holds its buffer until freed").buffer.data as *mut u8
-    }
-
-    /// Copies `host` into slot `i` once the slot's last copy has finished, then queues it into
-    /// `dst` on the array's own stream.
-    pub(crate) fn upload<T: DeviceScalar>(&mut self, who: &'static str, i: usize, host: &[T], dst: &DeviceRangeMut<'_>) -> Result<()> {
-        let bytes = std::mem::size_of_val(host);
-        let stream = &dst.buffer.stream;
-        self.check(who, bytes, dst.bytes, stream)?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.settle(who, i)?;
-        let data = self.data(i);
-        // SAFETY: the slot holds `capacity >= bytes` bytes (checked) of host memory it owns, which
-        // no copy uses (settled above); `host` is `bytes` bytes borrowed for this call only, and
-        // cannot overlap page-locked memory this module allocated.
-        unsafe { std::ptr::copy_nonoverlapping(host.as_ptr() as *const u8, data, bytes) };
-        let guard = ContextGuard::save(who)?;
-        bind(who, stream.context())?;
-        // SAFETY: source: `bytes` bytes of the slot, which the host leaves alone and does not
-        // free until the event recorded next has completed; destination: `bytes` bytes at
-        // `offset` inside the device buffer (made by `ranges_mut`), borrowed exclusively, on the
-        // buffer's own stream, so every later use of the buffer is ordered after the copy.
-        unsafe {
-            cusys::cuMemcpyHtoDAsync_v2(dst.buffer.data as u64 + dst.offset as u64, data as *const c_void, bytes, stream.cu_stream())
-        }
-        .result()
-        .map_err(driver(who))?;
-        self.after_queue(who, i, stream, &guard)
-    }
-
-    /// Queues `src` into slot `i` on the array's own stream, once the slot's last copy has
-    /// finished; [`download_take`](Self::download_take) then copies it out.
-    pub(crate) fn download_queue(&mut self, who: &'static str, i: usize, src: &DeviceRange<'_>) -> Result<()> {
-        let stream = &src.buffer.stream;
-        self.check(who, src.bytes, src.bytes, stream)?;
-        self.settle(who, i)?;
-        self.slots[i].filled = src.bytes;
-        if src.bytes == 0 {
-            return Ok(());
-        }
-        let data = self.data(i);
-        let guard = ContextGuard::save(who)?;
-        bind(who, stream.context())?;
-        // SAFETY: destination: `bytes` bytes of the slot (capacity checked), which the host
-        // neither reads nor frees until the event recorded next has completed; source: `bytes`
-        // bytes at `offset` inside the device buffer (made by `ranges`), on the buffer's own
-        // stream, so later writes and frees of the buffer come after the copy.
-        unsafe {
-            cusys::cuMemcpyDtoHAsync_v2(data as *mut c_void, src.buffer.data as u64 + src.offset as u64, src.bytes, stream.cu_stream())
-        }
-        .result()
-        .map_err(driver(who))?;
-        self.after_queue(who, i, stream, &guard)
-    }
-
-    /// Waits for the download queued into slot `i`, then copies it into `host` (exactly as many
-    /// bytes).
-    pub(crate) fn download_take<T: DeviceScalar>(&mut self, who: &'static str, i: usize, host: &mut [T]) -> Result<()> {
-        let bytes = std::mem::size_of_val(host);
-        if bytes != self.slots[i].filled {
-            return Err(Error::logic(who, format!("a staged piece of {} bytes taken into {bytes} bytes", self.slots[i].filled)));
-        }
-        self.settle(who, i)?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        let data = self.data(i);
-        // SAFETY: the slot's first `bytes` bytes were written by a finished copy (settled above)
-        // or are the zeros it was made with: initialised, and any bit pattern is a `T`
-        // (DeviceScalar); `host` is `bytes` writable bytes borrowed exclusively for this call.
-        unsafe { std::ptr::copy_nonoverlapping(data as *const u8, host.as_mut_ptr() as *mut u8, bytes) };
-        self.slots[i].filled = 0;
-        Ok(())
-    }
-
     /// Waits for both slots' last copies.
     pub(crate) fn finish(&mut self, who: &'static str) -> Result<()> {
         let first = self.settle(who, 0);
         let second = self.settle(who, 1);
         first.and(second)
     }
+
+    fn data(&self, i: usize) -> *mut u8 {
+        self.slots[i].host.as_ref().expect("a staging slot holds its buffer until freed").buffer.data as *mut u8
+    }
+}
+
+/// How a staged copy is cut: pieces of `piece` bytes, each one device copy through one
+/// page-locked slot, filled (or emptied) by the host in sub-pieces of `sub` bytes, each taken by
+/// whichever of the copy's threads is free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StagedCut {
+    pub(crate) piece: usize,
+    pub(crate) sub: usize,
+}
+
+/// Runs the closure it is given on the copy's threads at once (the calling thread among them)
+/// and returns the first error; provided by the safe layer, which owns the threads.
+pub(crate) type RunOnThreads<'r> = &'r dyn Fn(&(dyn Fn() -> Result<()> + Sync)) -> Result<()>;
+
+/// An address that the threads of one staged copy share (a slot's page-locked buffer, the
+/// caller's host slice), kept as a pointer so that offsets keep its provenance.
+#[derive(Clone, Copy)]
+struct Addr(*mut u8);
+
+// SAFETY: only an address: every read or write through it is an `unsafe` block of this module
+// that shows why no two threads touch the same bytes at once and why the memory is alive.
+unsafe impl Send for Addr {}
+// SAFETY: as above.
+unsafe impl Sync for Addr {}
+
+impl Addr {
+    /// `self + offset`, without reading anything.
+    fn at(self, offset: usize) -> *mut u8 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// One slot as the threads of a staged copy share it.
+struct SharedSlot<'a> {
+    /// The page-locked buffer (at least `piece` bytes).
+    data: Addr,
+    event: &'a NativeEvent,
+    /// Sub-pieces of the slot's current piece the host has finished.
+    done: AtomicUsize,
+    /// Pieces whose device copy was queued through this slot so far (and its event recorded).
+    rounds: AtomicUsize,
+}
+
+/// What the threads of one staged copy share: the next sub-piece to take, the first failure.
+struct Shared<'a> {
+    slots: Vec<SharedSlot<'a>>,
+    cut: StagedCut,
+    bytes: usize,
+    next: AtomicUsize,
+    failed: AtomicBool,
+    /// A device copy was queued but neither recorded nor drained: the slots are never reused.
+    poisoned: AtomicBool,
+    error: Mutex<Option<Error>>,
+}
+
+impl Shared<'_> {
+    fn pieces(&self) -> usize {
+        self.bytes.div_ceil(self.cut.piece)
+    }
+
+    fn subs_per_piece(&self) -> usize {
+        self.cut.piece.div_ceil(self.cut.sub)
+    }
+
+    /// The offset and length of piece `p`.
+    fn piece(&self, p: usize) -> (usize, usize) {
+        let start = p * self.cut.piece;
+        (start, self.cut.piece.min(self.bytes - start))
+    }
+
+    /// The next sub-piece to copy, as (piece, byte range inside the piece), or `None` when all
+    /// are taken or the copy failed.
+    fn take(&self) -> Option<(usize, std::ops::Range<usize>)> {
+        if self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        let spp = self.subs_per_piece();
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        if i >= self.pieces() * spp {
+            return None;
+        }
+        let (p, s) = (i / spp, i % spp);
+        let (_, len) = self.piece(p);
+        let from = (s * self.cut.sub).min(len);
+        Some((p, from..((s + 1) * self.cut.sub).min(len)))
+    }
+
+    fn fail(&self, e: Error) {
+        let mut first = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert(e);
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Waits (spinning, then yielding) until `slot` has seen `rounds` device copies queued;
+    /// false when the copy failed meanwhile.
+    fn wait_rounds(&self, slot: &SharedSlot<'_>, rounds: usize) -> bool {
+        let mut spins = 0u32;
+        while slot.rounds.load(Ordering::Acquire) < rounds {
+            if self.failed.load(Ordering::Acquire) {
+                return false;
+            }
+            if spins < 128 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        true
+    }
+
+    /// Counts a finished sub-piece of the slot's current piece; true for the piece's last one
+    /// (the caller then queues the slot's next device copy), which also starts the count again.
+    fn sub_done(&self, slot: &SharedSlot<'_>) -> bool {
+        if slot.done.fetch_add(1, Ordering::AcqRel) + 1 == self.subs_per_piece() {
+            // No thread counts for the slot's next piece before `rounds` grows (after this).
+            slot.done.store(0, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+}
+
+/// Marks the copy failed when a thread unwinds through its work: the other threads stop
+/// waiting for sub-pieces it will never finish.
+struct FailOnUnwind<'s, 'a>(&'s Shared<'a>);
+
+impl Drop for FailOnUnwind<'_, '_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.failed.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// Checks a staged copy's buffers and cut before any of them is touched, and waits for their
+/// last copies.
+fn prepare(who: &'static str, buffers: &mut [StagingBuffers], cut: StagedCut, stream: &CudaStream) -> Result<()> {
+    if cut.piece == 0 || cut.sub == 0 || cut.sub > cut.piece {
+        return Err(Error::logic(who, format!("a staged copy cut into pieces of {} bytes and sub-pieces of {}", cut.piece, cut.sub)));
+    }
+    if buffers.is_empty() {
+        return Err(Error::logic(who, "a staged copy needs staging buffers"));
+    }
+    for b in buffers.iter_mut() {
+        if b.capacity < cut.piece {
+            return Err(Error::logic(who, format!("a staged piece of {} bytes exceeds the {}-byte staging buffer", cut.piece, b.capacity)));
+        }
+        if !same_context(stream.context(), &b.ctx) {
+            return Err(Error::logic(who, "staging buffers serve arrays of their own device"));
+        }
+        b.finish(who)?;
+    }
+    Ok(())
+}
+
+/// The slots of `buffers`, shared.
+fn share(buffers: &[StagingBuffers]) -> Vec<SharedSlot<'_>> {
+    buffers
+        .iter()
+        .flat_map(|b| (0..2).map(move |i| (b, i)))
+        .map(|(b, i)| SharedSlot { data: Addr(b.data(i)), event: &b.slots[i].event, done: AtomicUsize::new(0), rounds: AtomicUsize::new(0) })
+        .collect()
+}
+
+/// What the threads of a staged copy left: which slots recorded an event, whether a copy may
+/// be in flight for good, the first error.
+struct Outcome {
+    recorded: Vec<bool>,
+    poisoned: bool,
+    error: Option<Error>,
+}
+
+/// After the threads: every slot whose event was recorded waits for it (also after a failure,
+/// so that nothing is still copying when the caller's memory goes back to it); the first error.
+fn conclude(who: &'static str, buffers: &mut [StagingBuffers], outcome: Outcome) -> Result<()> {
+    let Outcome { recorded, poisoned, error } = outcome;
+    let mut waited = Ok(());
+    for (k, was) in recorded.into_iter().enumerate() {
+        if was {
+            buffers[k / 2].slots[k % 2].pending = true;
+        }
+    }
+    if poisoned {
+        for b in buffers.iter_mut() {
+            b.poisoned = true;
+        }
+    }
+    for b in buffers.iter_mut() {
+        if let Err(e) = b.finish(who) {
+            b.poisoned = true; // a copy that cannot be waited for may still use them
+            waited = waited.and(Err(e));
+        }
+    }
+    match error {
+        Some(e) => Err(e),
+        None => waited,
+    }
+}
+
+/// Queues the device copy of slot `slot` for `bytes` bytes at `device` (into the device when
+/// `to_device`, out of it otherwise) on `stream`, and records the slot's event after it.
+///
+/// # Safety
+/// `device..device + bytes` lies inside a live device buffer of `stream`'s context that nothing
+/// else uses until the event completes (exclusively borrowed when written); the slot's buffer
+/// holds at least `bytes` bytes and the host leaves it alone until the event completes.
+unsafe fn queue_piece(who: &'static str, shared: &Shared<'_>, slot: &SharedSlot<'_>, device: u64, bytes: usize, to_device: bool, stream: &CudaStream) -> Result<()> {
+    let guard = ContextGuard::bind(who, stream.context())?;
+    // SAFETY: the caller's contract: both ranges are live, sized and untouched by anyone else
+    // until the event recorded just below has completed; the stream's context is bound.
+    let rc = unsafe {
+        if to_device {
+            cusys::cuMemcpyHtoDAsync_v2(device, slot.data.0 as *const c_void, bytes, stream.cu_stream())
+        } else {
+            cusys::cuMemcpyDtoHAsync_v2(slot.data.0 as *mut c_void, device, bytes, stream.cu_stream())
+        }
+    };
+    rc.result().map_err(driver(who))?;
+    let recorded = slot.event.record(who, stream, &guard);
+    if recorded.is_err() && stream_sync(who, stream).is_err() {
+        // Queued, and neither recorded nor drained: the slot may be in use for good.
+        shared.poisoned.store(true, Ordering::Release);
+    }
+    recorded
+}
+
+/// Copies pageable `host` into `dst` through `buffers`' page-locked slots: the host threads that
+/// `run` provides fill a piece's slot together, sub-piece by sub-piece, and the thread finishing
+/// a piece queues its device copy on `dst`'s own stream, so the link starts as soon as the first
+/// piece is in and the host goes on with the next pieces meanwhile. A slot is filled again only
+/// once its last device copy has finished. Returns once everything is copied.
+pub(crate) fn staged_upload<T: DeviceScalar>(
+    who: &'static str,
+    buffers: &mut [StagingBuffers],
+    host: &[T],
+    dst: &mut NativeBuffer,
+    cut: StagedCut,
+    run: RunOnThreads<'_>,
+) -> Result<()> {
+    let bytes = std::mem::size_of_val(host);
+    if bytes != dst.bytes {
+        return Err(Error::logic(who, format!("a copy of {bytes} bytes into an array of {} bytes", dst.bytes)));
+    }
+    if bytes == 0 {
+        return Ok(());
+    }
+    let stream = dst.stream.clone();
+    prepare(who, buffers, cut, &stream)?;
+    let (src, device) = (Addr(host.as_ptr() as *mut u8), dst.data as u64);
+    let outcome = {
+        let shared = Shared { slots: share(buffers), cut, bytes, next: AtomicUsize::new(0), failed: AtomicBool::new(false), poisoned: AtomicBool::new(false), error: Mutex::new(None) };
+        let k = shared.slots.len();
+        let work = || -> Result<()> {
+            let _unwind = FailOnUnwind(&shared);
+            while let Some((p, range)) = shared.take() {
+                let slot = &shared.slots[p % k];
+                let round = p / k;
+                // The slot's previous piece must be queued, then copied, before the host writes.
+                if round > 0 {
+                    if !shared.wait_rounds(slot, round) {
+                        break;
+                    }
+                    if let Err(e) = slot.event.wait(who) {
+                        shared.fail(e);
+                        break;
+                    }
+                }
+                let (start, len) = shared.piece(p);
+                // SAFETY: source: inside `host` (`start + range.end <= bytes`), borrowed for the
+                // whole call, only read; destination: the same bytes of the slot's page-locked
+                // buffer (at least `piece` bytes, checked in `prepare`), which no device copy
+                // uses (its last one finished: waited for above) and no other thread writes
+                // (each sub-piece is taken once).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.at(start + range.start) as *const u8, slot.data.at(range.start), range.len())
+                };
+                if shared.sub_done(slot) {
+                    // SAFETY: `start..start + len` lies inside `dst` (same size as `host`),
+                    // borrowed exclusively for the call, which returns only after every
+                    // recorded event has completed (`conclude`); the slot's `len` bytes were all
+                    // written (every sub-piece of the piece is done) and no thread writes them
+                    // again before this copy's event has completed (`wait_rounds` + wait above).
+                    let queued = unsafe { queue_piece(who, &shared, slot, device + start as u64, len, true, &stream) };
+                    match queued {
+                        Ok(()) => slot.rounds.store(round + 1, Ordering::Release),
+                        Err(e) => {
+                            shared.fail(e);
+                            break;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        };
+        // A panic (resumed by `run` from a thread) is held until every recorded copy has been
+        // waited for below.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&work)));
+        let recorded = shared.slots.iter().map(|s| s.rounds.load(Ordering::Acquire) > 0).collect::<Vec<_>>();
+        let poisoned = shared.poisoned.load(Ordering::Acquire);
+        let (ran, panic) = match ran {
+            Ok(r) => (r, None),
+            Err(payload) => (Ok(()), Some(payload)),
+        };
+        let error = shared.error.into_inner().unwrap_or_else(|p| p.into_inner()).or(ran.err());
+        (Outcome { recorded, poisoned, error }, panic)
+    };
+    let (outcome, panic) = outcome;
+    let concluded = conclude(who, buffers, outcome);
+    if let Some(payload) = panic {
+        std::panic::resume_unwind(payload);
+    }
+    concluded
+}
+
+/// Copies `src` into pageable `host` through `buffers`' page-locked slots: the first pieces'
+/// device copies are queued at once on `src`'s own stream, the host threads empty each slot
+/// sub-piece by sub-piece once its copy has finished, and the thread emptying a slot's last
+/// sub-piece queues the slot's next piece. Returns once everything is copied.
+pub(crate) fn staged_download<T: DeviceScalar>(
+    who: &'static str,
+    buffers: &mut [StagingBuffers],
+    src: &NativeBuffer,
+    host: &mut [T],
+    cut: StagedCut,
+    run: RunOnThreads<'_>,
+) -> Result<()> {
+    let bytes = std::mem::size_of_val(host);
+    if bytes != src.bytes {
+        return Err(Error::logic(who, format!("a copy of an array of {} bytes into {bytes} bytes", src.bytes)));
+    }
+    if bytes == 0 {
+        return Ok(());
+    }
+    let stream = src.stream.clone();
+    prepare(who, buffers, cut, &stream)?;
+    let (dst, device) = (Addr(host.as_mut_ptr() as *mut u8), src.data as u64);
+    let outcome = {
+        let shared = Shared { slots: share(buffers), cut, bytes, next: AtomicUsize::new(0), failed: AtomicBool::new(false), poisoned: AtomicBool::new(false), error: Mutex::new(None) };
+        let k = shared.slots.len();
+        // The first piece of every slot, queued before any thread waits for one.
+        for (p, slot) in shared.slots.iter().enumerate().take(shared.pieces()) {
+            let (start, len) = shared.piece(p);
+            // SAFETY: `start..start + len` lies inside `src` (same size as `host`), whose later
+            // writes and frees are ordered after the copy on its own stream; the slot holds at
+            // least `piece` bytes (`prepare`), untouched by the host until its event completes.
+            match unsafe { queue_piece(who, &shared, slot, device + start as u64, len, false, &stream) } {
+                Ok(()) => slot.rounds.store(1, Ordering::Release),
+                Err(e) => {
+                    shared.fail(e);
+                    break;
+                }
+            }
+        }
+        let work = || -> Result<()> {
+            let _unwind = FailOnUnwind(&shared);
+            while let Some((p, range)) = shared.take() {
+                let slot = &shared.slots[p % k];
+                let round = p / k;
+                // This piece's device copy must be queued, then finished, before the host reads.
+                if !shared.wait_rounds(slot, round + 1) {
+                    break;
+                }
+                if let Err(e) = slot.event.wait(who) {
+                    shared.fail(e);
+                    break;
+                }
+                let (start, _) = shared.piece(p);
+                // SAFETY: source: bytes of the slot written by a device copy that has finished
+                // (waited for above) or the zeros it was made with, not written again before
+                // every sub-piece of this piece is done; destination: inside `host`
+                // (`start + range.end <= bytes`), borrowed exclusively for the whole call, each
+                // sub-piece taken by one thread only, so no two threads write the same byte.
+                // Any bit pattern is a `T` (DeviceScalar).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(slot.data.at(range.start) as *const u8, dst.at(start + range.start), range.len())
+                };
+                if shared.sub_done(slot) {
+                    let next = p + k;
+                    if next >= shared.pieces() {
+                        continue;
+                    }
+                    let (start, len) = shared.piece(next);
+                    // SAFETY: as for the first pieces; the host has finished reading this slot's
+                    // previous piece (all its sub-pieces are done).
+                    match unsafe { queue_piece(who, &shared, slot, device + start as u64, len, false, &stream) } {
+                        Ok(()) => slot.rounds.store(round + 2, Ordering::Release),
+                        Err(e) => {
+                            shared.fail(e);
+                            break;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        };
+        // As for uploads: a panic is held until every recorded copy has been waited for.
+        let ran = if shared.failed.load(Ordering::Acquire) {
+            Ok(Ok(()))
+        } else {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&work)))
+        };
+        let recorded = shared.slots.iter().map(|s| s.rounds.load(Ordering::Acquire) > 0).collect::<Vec<_>>();
+        let poisoned = shared.poisoned.load(Ordering::Acquire);
+        let (ran, panic) = match ran {
+            Ok(r) => (r, None),
+            Err(payload) => (Ok(()), Some(payload)),
+        };
+        let error = shared.error.into_inner().unwrap_or_else(|p| p.into_inner()).or(ran.err());
+        (Outcome { recorded, poisoned, error }, panic)
+    };
+    let (outcome, panic) = outcome;
+    let concluded = conclude(who, buffers, outcome);
+    if let Some(payload) = panic {
+        std::panic::resume_unwind(payload);
+    }
+    concluded
 }
 
 impl Drop for StagingBuffers {
@@ -991,16 +1277,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cuts_cover_the_bytes_once_in_order() {
-        for (bytes, piece) in [(0usize, 4usize), (1, 4), (4, 4), (5, 4), (4097, 1024), (10, 0)] {
-            let v: Vec<_> = cuts(bytes, piece).collect();
+    fn sub_pieces_cover_the_bytes_once_in_order() {
+        for (bytes, piece, sub) in [(1usize, 4usize, 4usize), (4, 4, 1), (5, 4, 3), (4097, 1024, 256), (10, 3, 2), (1 << 20, 256 << 10, 64 << 10)] {
+            let shared = Shared {
+                slots: Vec::new(),
+                cut: StagedCut { piece, sub },
+                bytes,
+                next: AtomicUsize::new(0),
+                failed: AtomicBool::new(false),
+                poisoned: AtomicBool::new(false),
+                error: Mutex::new(None),
+            };
             let mut next = 0;
-            for (off, len) in &v {
-                assert_eq!(*off, next, "{bytes}/{piece}: {v:?}");
-                assert!(*len > 0 && *len <= piece.max(1));
-                next += len;
+            let mut taken = 0;
+            while let Some((p, range)) = shared.take() {
+                taken += 1;
+                let (start, len) = shared.piece(p);
+                assert!(range.end <= len && len <= piece, "{bytes}/{piece}/{sub}: piece {p} {range:?}");
+                if range.is_empty() {
+                    continue; // the last piece's sub-pieces past its end
+                }
+                assert_eq!(start + range.start, next, "{bytes}/{piece}/{sub}: piece {p} {range:?}");
+                next += range.len();
             }
-            assert_eq!(next, bytes, "{bytes}/{piece}: {v:?}");
+            assert_eq!(next, bytes, "{bytes}/{piece}/{sub}");
+            // Every piece counts the same number of sub-pieces, so each one's last is known.
+            assert_eq!(taken, bytes.div_ceil(piece) * piece.div_ceil(sub));
+            // A failed copy hands out nothing more.
+            shared.failed.store(true, Ordering::Release);
+            shared.next.store(0, Ordering::Relaxed);
+            assert!(shared.take().is_none());
         }
     }
 }
