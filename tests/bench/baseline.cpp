@@ -15,6 +15,9 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
 #include <cstdint>
 #include <vector>
 
@@ -215,5 +218,42 @@ int32_t bl_alloc_free_per_device(size_t bytes)
 {
   auto mr = rmm::mr::get_per_device_resource_ref(rmm::cuda_device_id{0});
   return alloc_free(mr, bytes);
+}
+
+// The shim's allocation steps without its device switches, on the same resource: a copy of the
+// current resource taken under RMM's lock and checked to compare equal (what keeps an allocation's
+// resource alive), kept in a heap object when `heap`, allocate and free through that copy.
+int32_t bl_alloc_free_copied(size_t bytes, int32_t heap)
+{
+  using any_device_resource = cuda::mr::any_resource<cuda::mr::device_accessible>;
+  struct held {
+    void* ptr;
+    any_device_resource mr;
+  };
+  try {
+    any_device_resource copy = [] {
+      std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
+      auto& map  = rmm::mr::detail::get_ref_map();
+      auto found = map.find(0);
+      if (found == map.end()) { throw std::logic_error("no resource for device 0"); }
+      any_device_resource c{found->second};
+      if (!(c == found->second)) { throw std::logic_error("a copy that is not equal"); }
+      return c;
+    }();
+    cuda::stream_ref s{bench_stream()};
+    if (heap != 0) {
+      auto h = std::make_unique<held>(held{nullptr, std::move(copy)});
+      rmm::device_async_resource_ref ref{h->mr};
+      h->ptr = ref.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      ref.deallocate(s, h->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    } else {
+      rmm::device_async_resource_ref ref{copy};
+      void* p = ref.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      ref.deallocate(s, p, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    }
+    return 0;
+  } catch (...) {
+    return 1;
+  }
 }
 }

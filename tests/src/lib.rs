@@ -157,6 +157,7 @@ pub mod baseline {
         pub fn bl_stream_sync(stream: *mut c_void) -> i32;
         /// Allocate + free through a C++ cuda_async_memory_resource.
         pub fn bl_alloc_free_async(bytes: usize) -> i32;
+        pub fn bl_alloc_free_copied(bytes: usize, heap: i32) -> i32;
         /// Allocate + free through the device's current RMM resource, looked up on every call.
         pub fn bl_alloc_free_per_device(bytes: usize) -> i32;
         /// Allocate + free through a C++ pool_memory_resource over cudaMalloc (256 MiB initial).

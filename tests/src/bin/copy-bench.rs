@@ -466,8 +466,8 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
     let mut rows = Vec::new();
     let mut best: [(f64, usize, usize); 2] = [(0.0, 0, 0); 2];
     eprintln!("  sweep {}:", size_name(bytes));
-    for chunk in [MIB / 4, MIB / 2, MIB, 2 * MIB, 4 * MIB] {
-        for threads in [4usize, 8, 16] {
+    for chunk in [MIB, 2 * MIB, 4 * MIB, 8 * MIB] {
+        for threads in [8usize, 16] {
             let s = ok("Staging::new", Staging::new(chunk, threads));
             let up = measure(w, r, || ok("staged", s.copy_from_host(&mut d, &data))).gbps(bytes);
             let down = measure(w, r, || ok("staged", s.copy_to_host(&d, &mut out))).gbps(bytes);

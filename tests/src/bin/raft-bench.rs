@@ -447,6 +447,11 @@ fn main() {
             assert_eq!(api.raftrs_resources_destroy(res), 0);
         }
     });
+    // Draining an idle stream, as release does: asking (cuStreamQuery) against waiting.
+    let idle = rs_ctx.new_stream().unwrap();
+    // SAFETY: the stream is alive (held) for the calls.
+    let query_idle = measure(200, 5000, 1, || assert_eq!(unsafe { cudarc::driver::sys::cuStreamQuery(idle.cu_stream()) }, cudarc::driver::sys::CUresult::CUDA_SUCCESS));
+    let sync_idle = measure(200, 5000, 1, || idle.synchronize().unwrap());
     t.report(
         "create + release, where the time goes",
         "the shim's RAFT object create + destroy on a live stream, called directly",
@@ -456,6 +461,8 @@ fn main() {
             ("C++ stream + raft::device_resources + destroy", cpp),
             ("C++ stream create + destroy alone", cpp_stream),
             ("cudarc new_stream + drop alone", cudarc_stream),
+            ("cuStreamQuery of an idle stream (release asks first)", query_idle),
+            ("cuStreamSynchronize of an idle stream", sync_idle),
         ],
         "C++ stream + raft::device_resources + destroy",
         "reported",
@@ -569,11 +576,21 @@ fn main() {
         let c = cudarc::driver::result::ctx::get_current().unwrap();
         black_box(cudarc::driver::result::ctx::get_current().unwrap() == c);
     });
+    // SAFETY: plain C functions of the baseline.
+    let cpp_copied = measure(200, 5000, 1, || assert_eq!(unsafe { bl_alloc_free_copied(mib, 0) }, 0));
+    // SAFETY: as above.
+    let cpp_copied_heap = measure(200, 5000, 1, || assert_eq!(unsafe { bl_alloc_free_copied(mib, 1) }, 0));
     t.report(
         "1 MiB allocate + free, where the time goes",
         "the shim's buffer create + destroy, called directly",
         shim_direct,
-        vec![("C++ through get_per_device_resource_ref", cpp_lookup), ("DeviceVec::new + drop", ours), ("two cuCtxGetCurrent", guard_pair)],
+        vec![
+            ("C++ through get_per_device_resource_ref", cpp_lookup),
+            ("C++, the shim's steps but its device switches: copy + equality check under RMM's lock", cpp_copied),
+            ("C++, the same with the copy in a heap object", cpp_copied_heap),
+            ("DeviceVec::new + drop", ours),
+            ("two cuCtxGetCurrent", guard_pair),
+        ],
         "C++ through get_per_device_resource_ref",
         "reported",
     );
