@@ -518,7 +518,7 @@ impl Staging {
         }
         let plan = self.plan(std::mem::size_of_val(host));
         let mut buffers = pool_take(who, dst.resources().device(), plan.cut.piece, SLOTS / 2)?;
-        let run = |work: &(dyn Fn() -> Result<()> + Sync)| run_on_threads(plan.threads, work);
+        let run = |work: &(dyn Fn() -> Result<()> + Sync), main: &mut dyn FnMut() -> Result<()>| run_on_threads(plan.threads, work, main);
         let outcome = staged_upload(who, &mut buffers, host, dst.native_mut(), plan.cut, &run);
         pool_give_back(buffers);
         outcome
@@ -532,33 +532,31 @@ impl Staging {
         }
         let plan = self.plan(std::mem::size_of_val(host));
         let mut buffers = pool_take(who, src.resources().device(), plan.cut.piece, SLOTS / 2)?;
-        let run = |work: &(dyn Fn() -> Result<()> + Sync)| run_on_threads(plan.threads, work);
+        let run = |work: &(dyn Fn() -> Result<()> + Sync), main: &mut dyn FnMut() -> Result<()>| run_on_threads(plan.threads, work, main);
         let outcome = staged_download(who, &mut buffers, src.native(), host, plan.cut, &run);
         pool_give_back(buffers);
         outcome
     }
 }
 
-/// Runs `work` on `threads` threads at once: the calling thread and the staging threads (a
-/// pool made once: spawning a thread per copy costs 10–20 µs each, a fifth of a 64 MiB copy
-/// with 16 threads). Returns the first error; a panic on a thread resumes here once all have
-/// returned. The threads of one copy wait only for work that a running thread has already
-/// taken, so a thread that starts late (a busy pool) only slows the copy.
-fn run_on_threads(threads: usize, work: &(dyn Fn() -> Result<()> + Sync)) -> Result<()> {
-    if threads <= 1 {
-        return work();
-    }
+/// Runs `work` on `threads` host threads (the staging threads: a pool made once, as spawning a
+/// thread per copy costs 10–20 µs each, a fifth of a 64 MiB copy with 16 threads) and `main` on
+/// the calling thread meanwhile. Returns the first error; a panic on a thread resumes here once
+/// all have returned. The host threads of one copy wait only for the calling thread (which
+/// never waits for them to start), so a thread that starts late (a busy pool) only slows the
+/// copy.
+fn run_on_threads(threads: usize, work: &(dyn Fn() -> Result<()> + Sync), main: &mut dyn FnMut() -> Result<()>) -> Result<()> {
     // Called from a worker of a rayon pool (the user's `par_iter`, say), waiting for another
     // pool's scope would let this thread run unrelated jobs of its own pool meanwhile, which may
     // wait for the caller: plain scoped threads then, which block without stealing.
     let Some(pool) = staging_threads().filter(|_| rayon_core::current_thread_index().is_none()) else {
         return std::thread::scope(|s| {
-            let handles: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
-            let first = work();
+            let handles: Vec<_> = (0..threads).map(|_| s.spawn(work)).collect();
+            let first = main();
             handles.into_iter().fold(first, |acc, h| acc.and(h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))))
         });
     };
-    let outcomes: Vec<Mutex<Option<Result<()>>>> = (1..threads).map(|_| Mutex::new(None)).collect();
+    let outcomes: Vec<Mutex<Option<Result<()>>>> = (0..threads).map(|_| Mutex::new(None)).collect();
     let outcome0 = pool.in_place_scope(|s| {
         for slot in &outcomes {
             s.spawn(move |_| {
@@ -566,7 +564,7 @@ fn run_on_threads(threads: usize, work: &(dyn Fn() -> Result<()> + Sync)) -> Res
                 *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
             });
         }
-        work()
+        main()
     });
     outcomes.into_iter().fold(outcome0, |acc, slot| acc.and(slot.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or(Ok(()))))
 }

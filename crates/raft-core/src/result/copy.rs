@@ -27,7 +27,7 @@ use raft_sys as sys;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 fn driver(who: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| Error::driver(who, e)
@@ -807,9 +807,10 @@ pub(crate) struct StagedCut {
     pub(crate) sub: usize,
 }
 
-/// Runs the closure it is given on the copy's threads at once (the calling thread among them)
-/// and returns the first error; provided by the safe layer, which owns the threads.
-pub(crate) type RunOnThreads<'r> = &'r dyn Fn(&(dyn Fn() -> Result<()> + Sync)) -> Result<()>;
+/// Runs the first closure on the copy's host threads and, meanwhile, the second on the calling
+/// thread; returns once all have returned, with the first error. Provided by the safe layer,
+/// which owns the threads.
+pub(crate) type RunOnThreads<'r> = &'r dyn Fn(&(dyn Fn() -> Result<()> + Sync), &mut dyn FnMut() -> Result<()>) -> Result<()>;
 
 /// An address that the threads of one staged copy share (a slot's page-locked buffer, the
 /// caller's host slice), kept as a pointer so that offsets keep its provenance.
@@ -834,25 +835,32 @@ struct SharedSlot<'a> {
     /// The page-locked buffer (at least `piece` bytes).
     data: Addr,
     event: &'a NativeEvent,
-    /// Sub-pieces of the slot's current piece the host has finished.
+    /// Sub-pieces of the slot's current piece the host threads have finished.
     done: AtomicUsize,
-    /// Pieces whose device copy was queued through this slot so far (and its event recorded).
-    rounds: AtomicUsize,
 }
 
-/// What the threads of one staged copy share: the next sub-piece to take, the first failure.
+/// What the threads of one staged copy share. The calling thread coordinates: it alone makes
+/// CUDA calls (queues each piece's device copy, records and polls the slots' events), and tells
+/// the host threads which pieces they may work on through `open`; the host threads only copy
+/// sub-pieces and count them. (Sixteen threads calling into the driver at once, each waiting
+/// for events and queueing copies, spent ~50 µs per piece contending in it: GPU run 54.)
 struct Shared<'a> {
     slots: Vec<SharedSlot<'a>>,
     cut: StagedCut,
     bytes: usize,
+    /// The next sub-piece to take.
     next: AtomicUsize,
+    /// Pieces below this one may be worked on by the host threads: uploads, their slot is free
+    /// (its last device copy finished); downloads, their device copy into the slot finished.
+    open: AtomicUsize,
     failed: AtomicBool,
-    /// A device copy was queued but neither recorded nor drained: the slots are never reused.
-    poisoned: AtomicBool,
-    error: Mutex<Option<Error>>,
 }
 
 impl Shared<'_> {
+    fn new(slots: Vec<SharedSlot<'_>>, cut: StagedCut, bytes: usize) -> Shared<'_> {
+        Shared { slots, cut, bytes, next: AtomicUsize::new(0), open: AtomicUsize::new(0), failed: AtomicBool::new(false) }
+    }
+
     fn pieces(&self) -> usize {
         self.bytes.div_ceil(self.cut.piece)
     }
@@ -865,6 +873,10 @@ impl Shared<'_> {
     fn piece(&self, p: usize) -> (usize, usize) {
         let start = p * self.cut.piece;
         (start, self.cut.piece.min(self.bytes - start))
+    }
+
+    fn slot(&self, p: usize) -> &SharedSlot<'_> {
+        &self.slots[p % self.slots.len()]
     }
 
     /// The next sub-piece to copy, as (piece, byte range inside the piece), or `None` when all
@@ -884,17 +896,10 @@ impl Shared<'_> {
         Some((p, from..((s + 1) * self.cut.sub).min(len)))
     }
 
-    fn fail(&self, e: Error) {
-        let mut first = self.error.lock().unwrap_or_else(|p| p.into_inner());
-        first.get_or_insert(e);
-        self.failed.store(true, Ordering::Release);
-    }
-
-    /// Waits (spinning, then yielding) until `slot` has seen `rounds` device copies queued;
-    /// false when the copy failed meanwhile.
-    fn wait_rounds(&self, slot: &SharedSlot<'_>, rounds: usize) -> bool {
+    /// Waits (spinning, then yielding) until piece `p` is open; false when the copy failed.
+    fn wait_open(&self, p: usize) -> bool {
         let mut spins = 0u32;
-        while slot.rounds.load(Ordering::Acquire) < rounds {
+        while self.open.load(Ordering::Acquire) <= p {
             if self.failed.load(Ordering::Acquire) {
                 return false;
             }
@@ -908,20 +913,35 @@ impl Shared<'_> {
         true
     }
 
-    /// Counts a finished sub-piece of the slot's current piece; true for the piece's last one
-    /// (the caller then queues the slot's next device copy), which also starts the count again.
-    fn sub_done(&self, slot: &SharedSlot<'_>) -> bool {
-        if slot.done.fetch_add(1, Ordering::AcqRel) + 1 == self.subs_per_piece() {
-            // No thread counts for the slot's next piece before `rounds` grows (after this).
+    /// Whether the host threads finished every sub-piece of the piece in `slot`; if so, starts
+    /// the slot's count again (no thread counts for the slot's next piece before it is opened,
+    /// after this).
+    fn take_filled(&self, slot: &SharedSlot<'_>) -> bool {
+        if slot.done.load(Ordering::Acquire) == self.subs_per_piece() {
             slot.done.store(0, Ordering::Relaxed);
             return true;
         }
         false
     }
+
+    /// The host threads' part: copy sub-pieces of open pieces with `copy(piece offset, slot,
+    /// range in the piece)` until none is left.
+    fn host_work(&self, copy: impl Fn(usize, &SharedSlot<'_>, std::ops::Range<usize>)) -> Result<()> {
+        let _unwind = FailOnUnwind(self);
+        while let Some((p, range)) = self.take() {
+            if !self.wait_open(p) {
+                break;
+            }
+            let slot = self.slot(p);
+            copy(self.piece(p).0, slot, range);
+            slot.done.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(())
+    }
 }
 
-/// Marks the copy failed when a thread unwinds through its work: the other threads stop
-/// waiting for sub-pieces it will never finish.
+/// Marks the copy failed when a thread unwinds through its work: the others stop waiting for
+/// sub-pieces it will never finish.
 struct FailOnUnwind<'s, 'a>(&'s Shared<'a>);
 
 impl Drop for FailOnUnwind<'_, '_> {
@@ -929,6 +949,16 @@ impl Drop for FailOnUnwind<'_, '_> {
         if std::thread::panicking() {
             self.0.failed.store(true, Ordering::Release);
         }
+    }
+}
+
+/// The coordinator's wait between two polls: spin a little, then yield.
+fn pause(idle: &mut u32) {
+    if *idle < 128 {
+        std::hint::spin_loop();
+        *idle += 1;
+    } else {
+        std::thread::yield_now();
     }
 }
 
@@ -958,34 +988,74 @@ fn share(buffers: &[StagingBuffers]) -> Vec<SharedSlot<'_>> {
     buffers
         .iter()
         .flat_map(|b| (0..2).map(move |i| (b, i)))
-        .map(|(b, i)| SharedSlot { data: Addr(b.data(i)), event: &b.slots[i].event, done: AtomicUsize::new(0), rounds: AtomicUsize::new(0) })
+        .map(|(b, i)| SharedSlot { data: Addr(b.data(i)), event: &b.slots[i].event, done: AtomicUsize::new(0) })
         .collect()
 }
 
-/// What the threads of a staged copy left: which slots recorded an event, whether a copy may
-/// be in flight for good, the first error.
-struct Outcome {
+/// The coordinator's account of the device copies it queued.
+#[derive(Default)]
+struct Queued {
+    /// Slots whose event was recorded: waited for before the caller gets its memory back.
     recorded: Vec<bool>,
+    /// A copy was queued but neither recorded nor drained: the slots are never used again.
     poisoned: bool,
-    error: Option<Error>,
 }
 
-/// After the threads: every slot whose event was recorded waits for it (also after a failure,
-/// so that nothing is still copying when the caller's memory goes back to it); the first error.
-fn conclude(who: &'static str, buffers: &mut [StagingBuffers], outcome: Outcome) -> Result<()> {
-    let Outcome { recorded, poisoned, error } = outcome;
-    let mut waited = Ok(());
-    for (k, was) in recorded.into_iter().enumerate() {
+impl Queued {
+    /// Queues the device copy of piece `p` between its slot and the device end, and records the
+    /// slot's event after it.
+    ///
+    /// # Safety
+    /// The piece's bytes at `end.base` lie inside a live device buffer of `end.stream`'s context
+    /// that nothing else uses until the event completes (exclusively borrowed when written); the
+    /// slot's buffer holds at least `piece` bytes and the host leaves it alone until the event
+    /// completes.
+    unsafe fn piece(&mut self, who: &'static str, guard: &ContextGuard, shared: &Shared<'_>, p: usize, end: &DeviceEnd<'_>) -> Result<()> {
+        let (slot, (start, bytes)) = (shared.slot(p), shared.piece(p));
+        let device = end.base + start as u64;
+        // SAFETY: the caller's contract: both ranges are live, sized and untouched by anyone else
+        // until the event recorded just below has completed; the stream's context is bound (the
+        // caller's guard).
+        let rc = unsafe {
+            if end.to_device {
+                cusys::cuMemcpyHtoDAsync_v2(device, slot.data.0 as *const c_void, bytes, end.stream.cu_stream())
+            } else {
+                cusys::cuMemcpyDtoHAsync_v2(slot.data.0 as *mut c_void, device, bytes, end.stream.cu_stream())
+            }
+        };
+        rc.result().map_err(driver(who))?;
+        match slot.event.record(who, end.stream, guard) {
+            Ok(()) => {
+                self.recorded[p % shared.slots.len()] = true;
+                Ok(())
+            }
+            Err(e) => {
+                // Queued, and not recorded: drained here, or else the slot may be in use for good.
+                self.poisoned |= stream_sync(who, end.stream).is_err();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The device end of a staged copy: the array's address, its stream, the direction.
+struct DeviceEnd<'s> {
+    base: u64,
+    stream: &'s CudaStream,
+    to_device: bool,
+}
+
+/// After the threads: every slot whose event was recorded is waited for (also after a failure,
+/// so that nothing is still copying when the caller gets its memory back); the first error.
+fn conclude(who: &'static str, buffers: &mut [StagingBuffers], queued: Queued, error: Option<Error>) -> Result<()> {
+    for (k, was) in queued.recorded.into_iter().enumerate() {
         if was {
             buffers[k / 2].slots[k % 2].pending = true;
         }
     }
-    if poisoned {
-        for b in buffers.iter_mut() {
-            b.poisoned = true;
-        }
-    }
+    let mut waited = Ok(());
     for b in buffers.iter_mut() {
+        b.poisoned |= queued.poisoned;
         if let Err(e) = b.finish(who) {
             b.poisoned = true; // a copy that cannot be waited for may still use them
             waited = waited.and(Err(e));
@@ -997,38 +1067,54 @@ fn conclude(who: &'static str, buffers: &mut [StagingBuffers], outcome: Outcome)
     }
 }
 
-/// Queues the device copy of slot `slot` for `bytes` bytes at `device` (into the device when
-/// `to_device`, out of it otherwise) on `stream`, and records the slot's event after it.
-///
-/// # Safety
-/// `device..device + bytes` lies inside a live device buffer of `stream`'s context that nothing
-/// else uses until the event completes (exclusively borrowed when written); the slot's buffer
-/// holds at least `bytes` bytes and the host leaves it alone until the event completes.
-unsafe fn queue_piece(who: &'static str, shared: &Shared<'_>, slot: &SharedSlot<'_>, device: u64, bytes: usize, to_device: bool, stream: &CudaStream) -> Result<()> {
-    let guard = ContextGuard::bind(who, stream.context())?;
-    // SAFETY: the caller's contract: both ranges are live, sized and untouched by anyone else
-    // until the event recorded just below has completed; the stream's context is bound.
-    let rc = unsafe {
-        if to_device {
-            cusys::cuMemcpyHtoDAsync_v2(device, slot.data.0 as *const c_void, bytes, stream.cu_stream())
-        } else {
-            cusys::cuMemcpyDtoHAsync_v2(slot.data.0 as *mut c_void, device, bytes, stream.cu_stream())
-        }
-    };
-    rc.result().map_err(driver(who))?;
-    let recorded = slot.event.record(who, stream, &guard);
-    if recorded.is_err() && stream_sync(who, stream).is_err() {
-        // Queued, and neither recorded nor drained: the slot may be in use for good.
-        shared.poisoned.store(true, Ordering::Release);
-    }
-    recorded
+/// How a staged copy's threads ended: what was queued, the first error, a panic to resume once
+/// every recorded device copy has been waited for.
+struct Ended {
+    queued: Queued,
+    error: Option<Error>,
+    panic: Option<Box<dyn std::any::Any + Send>>,
 }
 
-/// Copies pageable `host` into `dst` through `buffers`' page-locked slots: the host threads that
-/// `run` provides fill a piece's slot together, sub-piece by sub-piece, and the thread finishing
-/// a piece queues its device copy on `dst`'s own stream, so the link starts as soon as the first
-/// piece is in and the host goes on with the next pieces meanwhile. A slot is filled again only
-/// once its last device copy has finished. Returns once everything is copied.
+/// Runs a staged copy's threads: `host` on the host threads, `coordinate` on the calling thread.
+fn run_staged(
+    shared: Shared<'_>,
+    run: RunOnThreads<'_>,
+    host: &(dyn Fn(&Shared<'_>) -> Result<()> + Sync),
+    coordinate: &mut dyn FnMut(&Shared<'_>, &mut Queued) -> Result<()>,
+) -> Ended {
+    let mut queued = Queued { recorded: vec![false; shared.slots.len()], poisoned: false };
+    let work = || host(&shared);
+    let mut main = || {
+        let r = coordinate(&shared, &mut queued);
+        // However the coordinator ends, the host threads stop waiting for it.
+        if r.is_err() || shared.open.load(Ordering::Acquire) < shared.pieces() {
+            shared.failed.store(true, Ordering::Release);
+        }
+        r
+    };
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&work, &mut main)));
+    let (error, panic) = match ran {
+        Ok(r) => (r.err(), None),
+        Err(payload) => (None, Some(payload)),
+    };
+    Ended { queued, error, panic }
+}
+
+/// Waits for every recorded device copy (`conclude`), then resumes a held panic or returns the
+/// first error.
+fn end(who: &'static str, buffers: &mut [StagingBuffers], ended: Ended) -> Result<()> {
+    let concluded = conclude(who, buffers, ended.queued, ended.error);
+    if let Some(payload) = ended.panic {
+        std::panic::resume_unwind(payload);
+    }
+    concluded
+}
+
+/// Copies pageable `host` into `dst` through `buffers`' page-locked slots: the host threads fill
+/// the open pieces' slots together, sub-piece by sub-piece, while the calling thread queues each
+/// filled piece's device copy on `dst`'s own stream (so the link starts as soon as the first
+/// piece is in) and opens the next piece of a slot once the slot's last device copy has
+/// finished. Returns once everything is copied.
 pub(crate) fn staged_upload<T: DeviceScalar>(
     who: &'static str,
     buffers: &mut [StagingBuffers],
@@ -1047,75 +1133,64 @@ pub(crate) fn staged_upload<T: DeviceScalar>(
     let stream = dst.stream.clone();
     prepare(who, buffers, cut, &stream)?;
     let (src, device) = (Addr(host.as_ptr() as *mut u8), dst.data as u64);
-    let outcome = {
-        let shared = Shared { slots: share(buffers), cut, bytes, next: AtomicUsize::new(0), failed: AtomicBool::new(false), poisoned: AtomicBool::new(false), error: Mutex::new(None) };
-        let k = shared.slots.len();
-        let work = || -> Result<()> {
-            let _unwind = FailOnUnwind(&shared);
-            while let Some((p, range)) = shared.take() {
-                let slot = &shared.slots[p % k];
-                let round = p / k;
-                // The slot's previous piece must be queued, then copied, before the host writes.
-                if round > 0 {
-                    if !shared.wait_rounds(slot, round) {
-                        break;
-                    }
-                    if let Err(e) = slot.event.wait(who) {
-                        shared.fail(e);
-                        break;
-                    }
-                }
-                let (start, len) = shared.piece(p);
-                // SAFETY: source: inside `host` (`start + range.end <= bytes`), borrowed for the
-                // whole call, only read; destination: the same bytes of the slot's page-locked
-                // buffer (at least `piece` bytes, checked in `prepare`), which no device copy
-                // uses (its last one finished: waited for above) and no other thread writes
-                // (each sub-piece is taken once).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src.at(start + range.start) as *const u8, slot.data.at(range.start), range.len())
-                };
-                if shared.sub_done(slot) {
-                    // SAFETY: `start..start + len` lies inside `dst` (same size as `host`),
-                    // borrowed exclusively for the call, which returns only after every
-                    // recorded event has completed (`conclude`); the slot's `len` bytes were all
-                    // written (every sub-piece of the piece is done) and no thread writes them
-                    // again before this copy's event has completed (`wait_rounds` + wait above).
-                    let queued = unsafe { queue_piece(who, &shared, slot, device + start as u64, len, true, &stream) };
-                    match queued {
-                        Ok(()) => slot.rounds.store(round + 1, Ordering::Release),
-                        Err(e) => {
-                            shared.fail(e);
-                            break;
-                        }
-                    }
-                }
-            }
-            Ok(())
-        };
-        // A panic (resumed by `run` from a thread) is held until every recorded copy has been
-        // waited for below.
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&work)));
-        let recorded = shared.slots.iter().map(|s| s.rounds.load(Ordering::Acquire) > 0).collect::<Vec<_>>();
-        let poisoned = shared.poisoned.load(Ordering::Acquire);
-        let (ran, panic) = match ran {
-            Ok(r) => (r, None),
-            Err(payload) => (Ok(()), Some(payload)),
-        };
-        let error = shared.error.into_inner().unwrap_or_else(|p| p.into_inner()).or(ran.err());
-        (Outcome { recorded, poisoned, error }, panic)
+    let slots = share(buffers);
+    let shared = Shared::new(slots, cut, bytes);
+    let k = shared.slots.len();
+    // Every slot is free: the first pieces are open at once.
+    shared.open.store(k.min(shared.pieces()), Ordering::Release);
+    let host_threads = |shared: &Shared<'_>| {
+        shared.host_work(|start, slot, range| {
+            // SAFETY: source: inside `host` (`start + range.end <= bytes`), borrowed for the whole
+            // call, only read; destination: the same bytes of the slot's page-locked buffer (at
+            // least `piece` bytes, checked in `prepare`), which no device copy uses (the piece is
+            // open: the slot's last device copy has finished) and no other thread writes (each
+            // sub-piece is taken once).
+            unsafe { std::ptr::copy_nonoverlapping(src.at(start + range.start) as *const u8, slot.data.at(range.start), range.len()) }
+        })
     };
-    let (outcome, panic) = outcome;
-    let concluded = conclude(who, buffers, outcome);
-    if let Some(payload) = panic {
-        std::panic::resume_unwind(payload);
-    }
-    concluded
+    let mut coordinate = |shared: &Shared<'_>, queued: &mut Queued| -> Result<()> {
+        let guard = ContextGuard::bind(who, stream.context())?;
+        let end = DeviceEnd { base: device, stream: &stream, to_device: true };
+        let pieces = shared.pieces();
+        let (mut next_queue, mut idle) = (0usize, 0u32);
+        while next_queue < pieces {
+            if shared.failed.load(Ordering::Acquire) {
+                return Ok(()); // a host thread panicked: its panic is the outcome
+            }
+            let mut progress = false;
+            let slot = shared.slot(next_queue);
+            if next_queue < shared.open.load(Ordering::Acquire) && shared.take_filled(slot) {
+                // SAFETY: the piece lies inside `dst` (same size as `host`), borrowed exclusively
+                // for the call, which returns only after every recorded event has completed
+                // (`conclude`); all of the piece's sub-pieces are in the slot, and the slot's next
+                // piece opens only once this copy's event has completed (below).
+                unsafe { queued.piece(who, &guard, shared, next_queue, &end)? };
+                next_queue += 1;
+                progress = true;
+            }
+            // The oldest queued piece's slot, free again once its copy has finished.
+            let open = shared.open.load(Ordering::Acquire);
+            if open < pieces && open - k < next_queue && shared.slot(open).event.is_complete(who)? {
+                shared.open.store(open + 1, Ordering::Release);
+                progress = true;
+            }
+            if progress {
+                idle = 0;
+            } else {
+                pause(&mut idle);
+            }
+        }
+        Ok(())
+    };
+    let ended = run_staged(shared, run, &host_threads, &mut coordinate);
+    end(who, buffers, ended)
 }
 
-/// Copies `src` into pageable `host` through `buffers`' page-locked slots: the first pieces'
-/// device copies are queued at once on `src`'s own stream, the host threads empty each slot
-/// sub-piece by sub-piece once its copy has finished, and the thread emptying a slot's last
-/// sub-piece queues the slot's next piece. Returns once everything is copied.
+/// Copies `src` into pageable `host` through `buffers`' page-locked slots: the calling thread
+/// queues the first pieces' device copies at once on `src`'s own stream, opens each piece once
+/// its copy has finished, and queues a slot's next piece once the host threads have emptied
+/// it; the host threads empty the open pieces together, sub-piece by sub-piece. Returns once
+/// everything is copied.
 pub(crate) fn staged_download<T: DeviceScalar>(
     who: &'static str,
     buffers: &mut [StagingBuffers],
@@ -1134,86 +1209,62 @@ pub(crate) fn staged_download<T: DeviceScalar>(
     let stream = src.stream.clone();
     prepare(who, buffers, cut, &stream)?;
     let (dst, device) = (Addr(host.as_mut_ptr() as *mut u8), src.data as u64);
-    let outcome = {
-        let shared = Shared { slots: share(buffers), cut, bytes, next: AtomicUsize::new(0), failed: AtomicBool::new(false), poisoned: AtomicBool::new(false), error: Mutex::new(None) };
-        let k = shared.slots.len();
-        // The first piece of every slot, queued before any thread waits for one.
-        for (p, slot) in shared.slots.iter().enumerate().take(shared.pieces()) {
-            let (start, len) = shared.piece(p);
-            // SAFETY: `start..start + len` lies inside `src` (same size as `host`), whose later
-            // writes and frees are ordered after the copy on its own stream; the slot holds at
-            // least `piece` bytes (`prepare`), untouched by the host until its event completes.
-            match unsafe { queue_piece(who, &shared, slot, device + start as u64, len, false, &stream) } {
-                Ok(()) => slot.rounds.store(1, Ordering::Release),
-                Err(e) => {
-                    shared.fail(e);
-                    break;
+    let slots = share(buffers);
+    let shared = Shared::new(slots, cut, bytes);
+    let k = shared.slots.len();
+    let host_threads = |shared: &Shared<'_>| {
+        shared.host_work(|start, slot, range| {
+            // SAFETY: source: bytes of the slot written by a device copy that has finished (the
+            // piece is open), not written again before every sub-piece of the piece is done;
+            // destination: inside `host` (`start + range.end <= bytes`), borrowed exclusively
+            // for the whole call, each sub-piece taken by one thread only, so no two threads
+            // write the same byte. Any bit pattern is a `T` (DeviceScalar).
+            unsafe { std::ptr::copy_nonoverlapping(slot.data.at(range.start) as *const u8, dst.at(start + range.start), range.len()) }
+        })
+    };
+    let mut coordinate = |shared: &Shared<'_>, queued: &mut Queued| -> Result<()> {
+        let guard = ContextGuard::bind(who, stream.context())?;
+        let end = DeviceEnd { base: device, stream: &stream, to_device: false };
+        let pieces = shared.pieces();
+        // Both queues below: `start..start + len` lies inside `src` (same size as
+        // `host`), whose later writes and frees are ordered after the copy on its own stream;
+        // the slot holds at least `piece` bytes (`prepare`) and the host threads read it only
+        // once the piece is open, after the copy's event has completed, and leave it before
+        // the slot's next piece is queued (its sub-pieces all counted).
+        for p in 0..k.min(pieces) {
+            // SAFETY: as said above, for the slot's first piece (nothing has used it yet).
+            unsafe { queued.piece(who, &guard, shared, p, &end)? };
+        }
+        let (mut next_queue, mut emptied, mut idle) = (k.min(pieces), 0usize, 0u32);
+        while emptied < pieces {
+            if shared.failed.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let mut progress = false;
+            let open = shared.open.load(Ordering::Acquire);
+            if open < next_queue && shared.slot(open).event.is_complete(who)? {
+                shared.open.store(open + 1, Ordering::Release);
+                progress = true;
+            }
+            if emptied < shared.open.load(Ordering::Acquire) && shared.take_filled(shared.slot(emptied)) {
+                if next_queue < pieces {
+                    // SAFETY: as said above: every sub-piece of the slot's last piece is out.
+                    unsafe { queued.piece(who, &guard, shared, next_queue, &end)? };
+                    next_queue += 1;
                 }
+                emptied += 1;
+                progress = true;
+            }
+            if progress {
+                idle = 0;
+            } else {
+                pause(&mut idle);
             }
         }
-        let work = || -> Result<()> {
-            let _unwind = FailOnUnwind(&shared);
-            while let Some((p, range)) = shared.take() {
-                let slot = &shared.slots[p % k];
-                let round = p / k;
-                // This piece's device copy must be queued, then finished, before the host reads.
-                if !shared.wait_rounds(slot, round + 1) {
-                    break;
-                }
-                if let Err(e) = slot.event.wait(who) {
-                    shared.fail(e);
-                    break;
-                }
-                let (start, _) = shared.piece(p);
-                // SAFETY: source: bytes of the slot written by a device copy that has finished
-                // (waited for above) or the zeros it was made with, not written again before
-                // every sub-piece of this piece is done; destination: inside `host`
-                // (`start + range.end <= bytes`), borrowed exclusively for the whole call, each
-                // sub-piece taken by one thread only, so no two threads write the same byte.
-                // Any bit pattern is a `T` (DeviceScalar).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(slot.data.at(range.start) as *const u8, dst.at(start + range.start), range.len())
-                };
-                if shared.sub_done(slot) {
-                    let next = p + k;
-                    if next >= shared.pieces() {
-                        continue;
-                    }
-                    let (start, len) = shared.piece(next);
-                    // SAFETY: as for the first pieces; the host has finished reading this slot's
-                    // previous piece (all its sub-pieces are done).
-                    match unsafe { queue_piece(who, &shared, slot, device + start as u64, len, false, &stream) } {
-                        Ok(()) => slot.rounds.store(round + 2, Ordering::Release),
-                        Err(e) => {
-                            shared.fail(e);
-                            break;
-                        }
-                    }
-                }
-            }
-            Ok(())
-        };
-        // As for uploads: a panic is held until every recorded copy has been waited for.
-        let ran = if shared.failed.load(Ordering::Acquire) {
-            Ok(Ok(()))
-        } else {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&work)))
-        };
-        let recorded = shared.slots.iter().map(|s| s.rounds.load(Ordering::Acquire) > 0).collect::<Vec<_>>();
-        let poisoned = shared.poisoned.load(Ordering::Acquire);
-        let (ran, panic) = match ran {
-            Ok(r) => (r, None),
-            Err(payload) => (Ok(()), Some(payload)),
-        };
-        let error = shared.error.into_inner().unwrap_or_else(|p| p.into_inner()).or(ran.err());
-        (Outcome { recorded, poisoned, error }, panic)
+        Ok(())
     };
-    let (outcome, panic) = outcome;
-    let concluded = conclude(who, buffers, outcome);
-    if let Some(payload) = panic {
-        std::panic::resume_unwind(payload);
-    }
-    concluded
+    let ended = run_staged(shared, run, &host_threads, &mut coordinate);
+    end(who, buffers, ended)
 }
 
 impl Drop for StagingBuffers {
@@ -1279,15 +1330,7 @@ mod tests {
     #[test]
     fn sub_pieces_cover_the_bytes_once_in_order() {
         for (bytes, piece, sub) in [(1usize, 4usize, 4usize), (4, 4, 1), (5, 4, 3), (4097, 1024, 256), (10, 3, 2), (1 << 20, 256 << 10, 64 << 10)] {
-            let shared = Shared {
-                slots: Vec::new(),
-                cut: StagedCut { piece, sub },
-                bytes,
-                next: AtomicUsize::new(0),
-                failed: AtomicBool::new(false),
-                poisoned: AtomicBool::new(false),
-                error: Mutex::new(None),
-            };
+            let shared = Shared::new(Vec::new(), StagedCut { piece, sub }, bytes);
             let mut next = 0;
             let mut taken = 0;
             while let Some((p, range)) = shared.take() {
