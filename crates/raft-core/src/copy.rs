@@ -414,13 +414,15 @@ pub struct Staging {
 }
 
 impl Default for Staging {
-    /// Pieces of [`DEFAULT_CHUNK_BYTES`](Self::DEFAULT_CHUNK_BYTES) by as many threads as the
-    /// machine runs at once, at most [`DEFAULT_THREADS`](Self::DEFAULT_THREADS): on the H200
-    /// machine one thread copies pageable memory into page-locked memory at 5–9 GB/s and 16
-    /// together at about 60 GB/s (`copy-bench`, GPU run 40), the link's speed.
+    /// Pieces of [`DEFAULT_CHUNK_BYTES`](Self::DEFAULT_CHUNK_BYTES) by one thread fewer than the
+    /// machine runs at once (the calling thread coordinates), at most
+    /// [`DEFAULT_THREADS`](Self::DEFAULT_THREADS). Chosen by `copy-bench`'s sweep in GPU run 55
+    /// (16 cores), pageable against the native pinned copy, host to device / device to host:
+    /// 4 MiB × 8 threads 0.84x / 0.90x at 64 MiB and 0.92x / 0.96x at 1 GiB; 16 threads, which
+    /// leave no core free, 0.66x / 0.66x and 0.68x / 0.58x; 1 and 2 MiB pieces at most 0.60x.
     fn default() -> Self {
         let parallel = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Staging { chunk_bytes: Staging::DEFAULT_CHUNK_BYTES, threads: parallel.clamp(1, Staging::DEFAULT_THREADS) }
+        Staging { chunk_bytes: Staging::DEFAULT_CHUNK_BYTES, threads: parallel.saturating_sub(1).clamp(1, Staging::DEFAULT_THREADS) }
     }
 }
 
@@ -434,8 +436,8 @@ struct Plan {
 impl Staging {
     /// Default largest piece.
     pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
-    /// The most host threads of the default (which takes fewer on a machine with fewer).
-    pub const DEFAULT_THREADS: usize = 16;
+    /// The most host threads of the default (which takes fewer on a machine with fewer cores).
+    pub const DEFAULT_THREADS: usize = 8;
 
     /// Pieces of at most `chunk_bytes` (64 KiB to 1 GiB), by up to `threads` host threads (1 to
     /// 64).
@@ -569,13 +571,13 @@ fn run_on_threads(threads: usize, work: &(dyn Fn() -> Result<()> + Sync), main: 
     outcomes.into_iter().fold(outcome0, |acc, slot| acc.and(slot.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or(Ok(()))))
 }
 
-/// The staging threads: as many as the machine runs at once, at most
-/// [`Staging::DEFAULT_THREADS`]; library threads for the exit machinery. `None` when they could
-/// not be started (the lanes then run on scoped threads of their own).
+/// The staging threads: as many as the machine runs at once, at most 16 (a `Staging` asking
+/// for more threads gets these); library threads for the exit machinery. `None` when they could
+/// not be started (the copies then run on scoped threads of their own).
 fn staging_threads() -> Option<&'static rayon_core::ThreadPool> {
     static POOL: std::sync::OnceLock<Option<rayon_core::ThreadPool>> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, Staging::DEFAULT_THREADS);
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 16);
         rayon_core::ThreadPoolBuilder::new()
             .num_threads(n)
             .thread_name(|i| format!("raft-staging-{i}"))
@@ -692,6 +694,8 @@ mod tests {
         // A large copy: chunk-sized pieces, one sub-piece per thread and piece.
         let p = Staging::new(4 << 20, 16).unwrap().plan(1 << 30);
         assert_eq!((p.cut.piece, p.cut.sub, p.threads), (4 << 20, 256 << 10, 16));
+        let p = Staging::new(4 << 20, 8).unwrap().plan(1 << 30);
+        assert_eq!((p.cut.piece, p.cut.sub, p.threads), (4 << 20, 512 << 10, 8));
         // 64 MiB: the same cut, 16 pieces.
         assert_eq!(Staging::new(4 << 20, 16).unwrap().plan(64 << 20).cut, StagedCut { piece: 4 << 20, sub: 256 << 10 });
         // 1 MiB: quarters, so the device starts on the first while the host copies the next.
