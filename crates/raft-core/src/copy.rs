@@ -23,7 +23,9 @@ use crate::error::{Error, Result};
 use crate::host::{default_pinned, sealed::Sealed, PageLocked, PinnedVec};
 use crate::job::JobHandle;
 use crate::resources::DeviceResources;
-use crate::result::copy::{copy_device_ordered, run_scope, staged_download, staged_upload, CopyScope, Ends, InFlight, StagedCut, StagingBuffers};
+use crate::result::copy::{
+    copy_device_ordered, run_scope, staged_download, staged_upload, CopyScope, Ends, InFlight, StagedCut, StagingBuffers,
+};
 use crate::result::DeviceScalar;
 use std::sync::Mutex;
 
@@ -678,7 +680,12 @@ mod tests {
 
     #[test]
     fn plans_cut_every_copy_into_pieces_no_larger_than_the_chunk() {
-        let staging = [Staging::default(), Staging::new(1 << 20, 1).unwrap(), Staging::new(64 << 20, 16).unwrap(), Staging::new(64 << 10, 64).unwrap()];
+        let staging = [
+            Staging::default(),
+            Staging::new(1 << 20, 1).unwrap(),
+            Staging::new(64 << 20, 16).unwrap(),
+            Staging::new(64 << 10, 64).unwrap(),
+        ];
         for s in staging {
             for bytes in [1usize, 3, 4097, (1 << 20) + 1, (64 << 20) + 3, 1 << 30] {
                 let p = s.plan(bytes);

@@ -450,7 +450,9 @@ fn main() {
     // Draining an idle stream, as release does: asking (cuStreamQuery) against waiting.
     let idle = rs_ctx.new_stream().unwrap();
     // SAFETY: the stream is alive (held) for the calls.
-    let query_idle = measure(200, 5000, 1, || assert_eq!(unsafe { cudarc::driver::sys::cuStreamQuery(idle.cu_stream()) }, cudarc::driver::sys::CUresult::CUDA_SUCCESS));
+    let query_idle = measure(200, 5000, 1, || {
+        assert_eq!(unsafe { cudarc::driver::sys::cuStreamQuery(idle.cu_stream()) }, cudarc::driver::sys::CUresult::CUDA_SUCCESS)
+    });
     let sync_idle = measure(200, 5000, 1, || idle.synchronize().unwrap());
     t.report(
         "create + release, where the time goes",

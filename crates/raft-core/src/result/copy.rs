@@ -1329,7 +1329,9 @@ mod tests {
 
     #[test]
     fn sub_pieces_cover_the_bytes_once_in_order() {
-        for (bytes, piece, sub) in [(1usize, 4usize, 4usize), (4, 4, 1), (5, 4, 3), (4097, 1024, 256), (10, 3, 2), (1 << 20, 256 << 10, 64 << 10)] {
+        for (bytes, piece, sub) in
+            [(1usize, 4usize, 4usize), (4, 4, 1), (5, 4, 3), (4097, 1024, 256), (10, 3, 2), (1 << 20, 256 << 10, 64 << 10)]
+        {
             let shared = Shared::new(Vec::new(), StagedCut { piece, sub }, bytes);
             let mut next = 0;
             let mut taken = 0;
