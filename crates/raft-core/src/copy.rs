@@ -555,7 +555,10 @@ fn run_on_threads(threads: usize, work: &(dyn Fn() -> Result<()> + Sync), main: 
     // wait for the caller: plain scoped threads then, which block without stealing.
     let Some(pool) = staging_threads().filter(|_| rayon_core::current_thread_index().is_none()) else {
         return std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads).map(|_| s.spawn(work)).collect();
+            // A thread the OS refuses only slows the copy: the coordinator copies by itself
+            // while no host thread runs.
+            let handles: Vec<_> =
+                (0..threads).map_while(|_| std::thread::Builder::new().name("raft-staging".into()).spawn_scoped(s, work).ok()).collect();
             let first = main();
             handles.into_iter().fold(first, |acc, h| acc.and(h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))))
         });

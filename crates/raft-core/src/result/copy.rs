@@ -854,11 +854,22 @@ struct Shared<'a> {
     /// (its last device copy finished); downloads, their device copy into the slot finished.
     open: AtomicUsize,
     failed: AtomicBool,
+    /// Host threads that have started: while none has, the coordinator copies sub-pieces itself
+    /// (a busy pool, a thread that could not be spawned), so a copy always finishes.
+    hosts: AtomicUsize,
 }
 
 impl Shared<'_> {
     fn new(slots: Vec<SharedSlot<'_>>, cut: StagedCut, bytes: usize) -> Shared<'_> {
-        Shared { slots, cut, bytes, next: AtomicUsize::new(0), open: AtomicUsize::new(0), failed: AtomicBool::new(false) }
+        Shared {
+            slots,
+            cut,
+            bytes,
+            next: AtomicUsize::new(0),
+            open: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            hosts: AtomicUsize::new(0),
+        }
     }
 
     fn pieces(&self) -> usize {
@@ -926,8 +937,9 @@ impl Shared<'_> {
 
     /// The host threads' part: copy sub-pieces of open pieces with `copy(piece offset, slot,
     /// range in the piece)` until none is left.
-    fn host_work(&self, copy: impl Fn(usize, &SharedSlot<'_>, std::ops::Range<usize>)) -> Result<()> {
+    fn host_work(&self, copy: &CopySub<'_>) -> Result<()> {
         let _unwind = FailOnUnwind(self);
+        self.hosts.fetch_add(1, Ordering::AcqRel);
         while let Some((p, range)) = self.take() {
             if !self.wait_open(p) {
                 break;
@@ -937,6 +949,48 @@ impl Shared<'_> {
             slot.done.fetch_add(1, Ordering::AcqRel);
         }
         Ok(())
+    }
+}
+
+/// Copies one sub-piece between the caller's memory and a slot: (piece offset, slot, range in
+/// the piece).
+type CopySub<'c> = dyn Fn(usize, &SharedSlot<'_>, std::ops::Range<usize>) + Sync + 'c;
+
+impl Shared<'_> {
+    /// The coordinator's help while no host thread has started: takes one sub-piece (kept in
+    /// `claim` until its piece is open, since only the coordinator opens pieces) and copies it.
+    /// True when it copied one.
+    fn help(&self, claim: &mut Option<(usize, std::ops::Range<usize>)>, copy: &CopySub<'_>) -> bool {
+        if self.hosts.load(Ordering::Acquire) > 0 && claim.is_none() {
+            return false;
+        }
+        if claim.is_none() {
+            *claim = self.take();
+        }
+        match claim.take() {
+            Some((p, range)) if p < self.open.load(Ordering::Acquire) => {
+                let slot = self.slot(p);
+                copy(self.piece(p).0, slot, range);
+                slot.done.fetch_add(1, Ordering::AcqRel);
+                true
+            }
+            kept => {
+                *claim = kept;
+                false
+            }
+        }
+    }
+}
+
+/// Stops the host threads when the coordinator leaves before every piece was opened (an error,
+/// a panic): they would otherwise wait for it forever.
+struct StopHostsOnExit<'s, 'a>(&'s Shared<'a>);
+
+impl Drop for StopHostsOnExit<'_, '_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() || self.0.open.load(Ordering::Acquire) < self.0.pieces() {
+            self.0.failed.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -978,7 +1032,10 @@ fn prepare(who: &'static str, buffers: &mut [StagingBuffers], cut: StagedCut, st
         if !same_context(stream.context(), &b.ctx) {
             return Err(Error::logic(who, "staging buffers serve arrays of their own device"));
         }
-        b.finish(who)?;
+        if let Err(e) = b.finish(who) {
+            b.poisoned = true; // never pooled again: every later copy would fail on them
+            return Err(e);
+        }
     }
     Ok(())
 }
@@ -1085,9 +1142,10 @@ fn run_staged(
     let mut queued = Queued { recorded: vec![false; shared.slots.len()], poisoned: false };
     let work = || host(&shared);
     let mut main = || {
+        // However the coordinator ends (an error, a panic), the host threads stop waiting for it.
+        let _stop = StopHostsOnExit(&shared);
         let r = coordinate(&shared, &mut queued);
-        // However the coordinator ends, the host threads stop waiting for it.
-        if r.is_err() || shared.open.load(Ordering::Acquire) < shared.pieces() {
+        if r.is_err() {
             shared.failed.store(true, Ordering::Release);
         }
         r
@@ -1138,21 +1196,20 @@ pub(crate) fn staged_upload<T: DeviceScalar>(
     let k = shared.slots.len();
     // Every slot is free: the first pieces are open at once.
     shared.open.store(k.min(shared.pieces()), Ordering::Release);
-    let host_threads = |shared: &Shared<'_>| {
-        shared.host_work(|start, slot, range| {
-            // SAFETY: source: inside `host` (`start + range.end <= bytes`), borrowed for the whole
-            // call, only read; destination: the same bytes of the slot's page-locked buffer (at
-            // least `piece` bytes, checked in `prepare`), which no device copy uses (the piece is
-            // open: the slot's last device copy has finished) and no other thread writes (each
-            // sub-piece is taken once).
-            unsafe { std::ptr::copy_nonoverlapping(src.at(start + range.start) as *const u8, slot.data.at(range.start), range.len()) }
-        })
+    let copy_sub = |start: usize, slot: &SharedSlot<'_>, range: std::ops::Range<usize>| {
+        // SAFETY: called only for a sub-piece taken once (by one thread) of an open piece.
+        // Source: inside `host` (`start + range.end <= bytes`), borrowed for the whole call, only
+        // read; destination: the same bytes of the slot's page-locked buffer (at least `piece`
+        // bytes, checked in `prepare`), which no device copy uses (the piece is open: the slot's
+        // last device copy has finished) and no other thread writes.
+        unsafe { std::ptr::copy_nonoverlapping(src.at(start + range.start) as *const u8, slot.data.at(range.start), range.len()) }
     };
+    let host_threads = |shared: &Shared<'_>| shared.host_work(&copy_sub);
     let mut coordinate = |shared: &Shared<'_>, queued: &mut Queued| -> Result<()> {
         let guard = ContextGuard::bind(who, stream.context())?;
         let end = DeviceEnd { base: device, stream: &stream, to_device: true };
         let pieces = shared.pieces();
-        let (mut next_queue, mut idle) = (0usize, 0u32);
+        let (mut next_queue, mut idle, mut claim) = (0usize, 0u32, None);
         while next_queue < pieces {
             if shared.failed.load(Ordering::Acquire) {
                 return Ok(()); // a host thread panicked: its panic is the outcome
@@ -1174,7 +1231,7 @@ pub(crate) fn staged_upload<T: DeviceScalar>(
                 shared.open.store(open + 1, Ordering::Release);
                 progress = true;
             }
-            if progress {
+            if progress || (idle >= 128 && shared.help(&mut claim, &copy_sub)) {
                 idle = 0;
             } else {
                 pause(&mut idle);
@@ -1212,16 +1269,15 @@ pub(crate) fn staged_download<T: DeviceScalar>(
     let slots = share(buffers);
     let shared = Shared::new(slots, cut, bytes);
     let k = shared.slots.len();
-    let host_threads = |shared: &Shared<'_>| {
-        shared.host_work(|start, slot, range| {
-            // SAFETY: source: bytes of the slot written by a device copy that has finished (the
-            // piece is open), not written again before every sub-piece of the piece is done;
-            // destination: inside `host` (`start + range.end <= bytes`), borrowed exclusively
-            // for the whole call, each sub-piece taken by one thread only, so no two threads
-            // write the same byte. Any bit pattern is a `T` (DeviceScalar).
-            unsafe { std::ptr::copy_nonoverlapping(slot.data.at(range.start) as *const u8, dst.at(start + range.start), range.len()) }
-        })
+    let copy_sub = |start: usize, slot: &SharedSlot<'_>, range: std::ops::Range<usize>| {
+        // SAFETY: called only for a sub-piece taken once (by one thread) of an open piece.
+        // Source: bytes of the slot written by a device copy that has finished (the piece is
+        // open), not written again before every sub-piece of the piece is done; destination:
+        // inside `host` (`start + range.end <= bytes`), borrowed exclusively for the whole call,
+        // so no two threads write the same byte. Any bit pattern is a `T` (DeviceScalar).
+        unsafe { std::ptr::copy_nonoverlapping(slot.data.at(range.start) as *const u8, dst.at(start + range.start), range.len()) }
     };
+    let host_threads = |shared: &Shared<'_>| shared.host_work(&copy_sub);
     let mut coordinate = |shared: &Shared<'_>, queued: &mut Queued| -> Result<()> {
         let guard = ContextGuard::bind(who, stream.context())?;
         let end = DeviceEnd { base: device, stream: &stream, to_device: false };
@@ -1235,7 +1291,7 @@ pub(crate) fn staged_download<T: DeviceScalar>(
             // SAFETY: as said above, for the slot's first piece (nothing has used it yet).
             unsafe { queued.piece(who, &guard, shared, p, &end)? };
         }
-        let (mut next_queue, mut emptied, mut idle) = (k.min(pieces), 0usize, 0u32);
+        let (mut next_queue, mut emptied, mut idle, mut claim) = (k.min(pieces), 0usize, 0u32, None);
         while emptied < pieces {
             if shared.failed.load(Ordering::Acquire) {
                 return Ok(());
@@ -1255,7 +1311,7 @@ pub(crate) fn staged_download<T: DeviceScalar>(
                 emptied += 1;
                 progress = true;
             }
-            if progress {
+            if progress || (idle >= 128 && shared.help(&mut claim, &copy_sub)) {
                 idle = 0;
             } else {
                 pause(&mut idle);

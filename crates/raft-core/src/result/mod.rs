@@ -340,7 +340,9 @@ impl NativeResources {
         // keeps whichever context its last release left, maybe another device's, or none); the
         // shim and cudarc's stream drop below both leave it current.
         let keep = ContextGuard::bind(who, self.stream.context());
-        let drained = keep.as_ref().map(|_| ()).map_err(Clone::clone).and_then(|()| stream_drain(who, &self.stream));
+        // Drained whether or not the context could be bound (draining needs none): RAFT's
+        // handles are destroyed only after the stream's work.
+        let drained = stream_drain(who, &self.stream).and(keep.as_ref().map(|_| ()).map_err(Clone::clone));
         // SAFETY: `ptr` came from raftrs_resources_create and is destroyed exactly once (self is
         // consumed); its stream is still alive (dropped just below, after it).
         let destroyed = check(who, api, unsafe { api.raftrs_resources_destroy(self.ptr.as_ptr()) });
