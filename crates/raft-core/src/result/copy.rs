@@ -982,6 +982,18 @@ impl Shared<'_> {
     }
 }
 
+impl Shared<'_> {
+    /// The end of one coordinator poll: after progress, poll again at once; otherwise help
+    /// (when no host thread runs) or pause.
+    fn after_poll(&self, progress: bool, idle: &mut u32, claim: &mut Option<(usize, std::ops::Range<usize>)>, copy: &CopySub<'_>) {
+        if progress || (*idle >= 128 && self.help(claim, copy)) {
+            *idle = 0;
+        } else {
+            pause(idle);
+        }
+    }
+}
+
 /// Stops the host threads when the coordinator leaves before every piece was opened (an error,
 /// a panic): they would otherwise wait for it forever.
 struct StopHostsOnExit<'s, 'a>(&'s Shared<'a>);
@@ -1038,6 +1050,28 @@ fn prepare(who: &'static str, buffers: &mut [StagingBuffers], cut: StagedCut, st
         }
     }
     Ok(())
+}
+
+/// What both directions do first: the sizes must match (`mismatch` says how they differ), an
+/// empty copy is done (`None`), the buffers are checked and settled, and their slots shared.
+fn begin<'b>(
+    who: &'static str,
+    buffers: &'b mut [StagingBuffers],
+    cut: StagedCut,
+    stream: &CudaStream,
+    bytes: usize,
+    array_bytes: usize,
+    mismatch: &dyn Fn() -> String,
+) -> Result<Option<Shared<'b>>> {
+    if bytes != array_bytes {
+        return Err(Error::logic(who, mismatch()));
+    }
+    if bytes == 0 {
+        return Ok(None);
+    }
+    prepare(who, buffers, cut, stream)?;
+    let buffers: &'b [StagingBuffers] = buffers;
+    Ok(Some(Shared::new(share(buffers), cut, bytes)))
 }
 
 /// The slots of `buffers`, shared.
@@ -1181,18 +1215,10 @@ pub(crate) fn staged_upload<T: DeviceScalar>(
     cut: StagedCut,
     run: RunOnThreads<'_>,
 ) -> Result<()> {
-    let bytes = std::mem::size_of_val(host);
-    if bytes != dst.bytes {
-        return Err(Error::logic(who, format!("a copy of {bytes} bytes into an array of {} bytes", dst.bytes)));
-    }
-    if bytes == 0 {
-        return Ok(());
-    }
-    let stream = dst.stream.clone();
-    prepare(who, buffers, cut, &stream)?;
+    let (bytes, stream) = (std::mem::size_of_val(host), dst.stream.clone());
+    let mismatch = || format!("a copy of {bytes} bytes into an array of {} bytes", dst.bytes);
+    let Some(shared) = begin(who, buffers, cut, &stream, bytes, dst.bytes, &mismatch)? else { return Ok(()) };
     let (src, device) = (Addr(host.as_ptr() as *mut u8), dst.data as u64);
-    let slots = share(buffers);
-    let shared = Shared::new(slots, cut, bytes);
     let k = shared.slots.len();
     // Every slot is free: the first pieces are open at once.
     shared.open.store(k.min(shared.pieces()), Ordering::Release);
@@ -1231,11 +1257,7 @@ pub(crate) fn staged_upload<T: DeviceScalar>(
                 shared.open.store(open + 1, Ordering::Release);
                 progress = true;
             }
-            if progress || (idle >= 128 && shared.help(&mut claim, &copy_sub)) {
-                idle = 0;
-            } else {
-                pause(&mut idle);
-            }
+            shared.after_poll(progress, &mut idle, &mut claim, &copy_sub);
         }
         Ok(())
     };
@@ -1256,18 +1278,10 @@ pub(crate) fn staged_download<T: DeviceScalar>(
     cut: StagedCut,
     run: RunOnThreads<'_>,
 ) -> Result<()> {
-    let bytes = std::mem::size_of_val(host);
-    if bytes != src.bytes {
-        return Err(Error::logic(who, format!("a copy of an array of {} bytes into {bytes} bytes", src.bytes)));
-    }
-    if bytes == 0 {
-        return Ok(());
-    }
-    let stream = src.stream.clone();
-    prepare(who, buffers, cut, &stream)?;
+    let (bytes, stream) = (std::mem::size_of_val(host), src.stream.clone());
+    let mismatch = || format!("a copy of an array of {} bytes into {bytes} bytes", src.bytes);
+    let Some(shared) = begin(who, buffers, cut, &stream, bytes, src.bytes, &mismatch)? else { return Ok(()) };
     let (dst, device) = (Addr(host.as_mut_ptr() as *mut u8), src.data as u64);
-    let slots = share(buffers);
-    let shared = Shared::new(slots, cut, bytes);
     let k = shared.slots.len();
     let copy_sub = |start: usize, slot: &SharedSlot<'_>, range: std::ops::Range<usize>| {
         // SAFETY: called only for a sub-piece taken once (by one thread) of an open piece.
@@ -1311,11 +1325,7 @@ pub(crate) fn staged_download<T: DeviceScalar>(
                 emptied += 1;
                 progress = true;
             }
-            if progress || (idle >= 128 && shared.help(&mut claim, &copy_sub)) {
-                idle = 0;
-            } else {
-                pause(&mut idle);
-            }
+            shared.after_poll(progress, &mut idle, &mut claim, &copy_sub);
         }
         Ok(())
     };
