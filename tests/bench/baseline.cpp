@@ -103,6 +103,26 @@ int32_t bl_create_release()
   }
 }
 
+// The two halves of bl_create_release, timed apart: make (stream + RAFT object) into `out`,
+// then destroy what bl_make made.
+int32_t bl_make(void** out)
+{
+  try {
+    *out = new own(make());
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+int32_t bl_destroy(void* made)
+{
+  auto* o = static_cast<own*>(made);
+  destroy(*o);
+  delete o;
+  return 0;
+}
+
 // The stream alone: cudaStreamCreateWithFlags(NonBlocking) + cudaStreamDestroy.
 int32_t bl_stream_create_destroy()
 {

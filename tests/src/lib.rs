@@ -147,6 +147,8 @@ pub mod baseline {
         /// cudaStreamCreateWithFlags(NonBlocking) + raft::device_resources on it + destroy both.
         pub fn bl_create_release() -> i32;
         pub fn bl_stream_create_destroy() -> i32;
+        pub fn bl_make(out: *mut *mut std::ffi::c_void) -> i32;
+        pub fn bl_destroy(made: *mut std::ffi::c_void) -> i32;
         /// `raft::resource::get_cuda_stream` of a lent `raft::resources*`.
         pub fn bl_lent_stream(res: *mut c_void) -> *mut c_void;
         /// `raft::resource::get_cublas_handle` of a lent `raft::resources*`.

@@ -398,11 +398,12 @@ const MIN_PIECE: usize = 256 << 10;
 /// Smallest sub-piece (what one host thread copies at a time): below it the threads' hand-off
 /// costs more than the copy.
 const MIN_SUB: usize = 64 << 10;
-/// Page-locked slots of a staged copy: pieces in flight at once (two staging buffers' worth).
+/// Page-locked slots of a staged copy by default: pieces in flight at once (two staging
+/// buffers' worth).
 const SLOTS: usize = 4;
 
 /// How copies from and to pageable memory (`Vec`, slices) are staged: in pieces of at most
-/// `chunk_bytes`, each one device copy through one of four page-locked slots, filled (or
+/// `chunk_bytes`, each one device copy through one of four page-locked slots (by default), filled (or
 /// emptied) by up to `threads` host threads together, so the link starts on the first piece
 /// while the host goes on with the next. The page-locked buffers are kept for reuse (those of
 /// the latest copy, and others up to 256 MiB in all).
@@ -413,6 +414,7 @@ const SLOTS: usize = 4;
 pub struct Staging {
     chunk_bytes: usize,
     threads: usize,
+    slots: usize,
 }
 
 impl Default for Staging {
@@ -424,7 +426,11 @@ impl Default for Staging {
     /// leave no core free, 0.66x / 0.66x and 0.68x / 0.58x; 1 and 2 MiB pieces at most 0.60x.
     fn default() -> Self {
         let parallel = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Staging { chunk_bytes: Staging::DEFAULT_CHUNK_BYTES, threads: parallel.saturating_sub(1).clamp(1, Staging::DEFAULT_THREADS) }
+        Staging {
+            chunk_bytes: Staging::DEFAULT_CHUNK_BYTES,
+            threads: parallel.saturating_sub(1).clamp(1, Staging::DEFAULT_THREADS),
+            slots: SLOTS,
+        }
     }
 }
 
@@ -454,7 +460,25 @@ impl Staging {
         if !(1..=64).contains(&threads) {
             return Err(Error::logic(WHO, format!("threads must be 1 to 64, given {threads}")));
         }
-        Ok(Staging { chunk_bytes, threads })
+        Ok(Staging { chunk_bytes, threads, slots: SLOTS })
+    }
+
+    /// The same with `pieces` page-locked slots (pieces in flight at once: 2 to 16, even; 4 by
+    /// default). More smooth out the host's and the link's jitter, at `chunk_bytes` of
+    /// page-locked memory each.
+    ///
+    /// # Errors
+    /// `Logic` for an odd count or one outside 2 to 16.
+    pub fn with_pieces_in_flight(self, pieces: usize) -> Result<Staging> {
+        if !(2..=16).contains(&pieces) || pieces % 2 != 0 {
+            return Err(Error::logic("Staging::with_pieces_in_flight", format!("pieces in flight must be even, 2 to 16, given {pieces}")));
+        }
+        Ok(Staging { slots: pieces, ..self })
+    }
+
+    /// Pieces in flight at once (page-locked slots).
+    pub fn pieces_in_flight(&self) -> usize {
+        self.slots
     }
 
     /// The largest piece.
@@ -467,14 +491,14 @@ impl Staging {
         self.threads
     }
 
-    /// Pieces of a quarter of the copy (so that it overlaps host and device work), at least
+    /// Pieces of one slot's share of the copy (so that it overlaps host and device work), at least
     /// [`MIN_PIECE`] and at most the chunk; sub-pieces that give each thread one per piece, at
     /// least [`MIN_SUB`]; no more threads than sub-pieces in flight.
     fn plan(&self, bytes: usize) -> Plan {
         let bytes = bytes.max(1);
-        let piece = bytes.div_ceil(SLOTS).clamp(MIN_PIECE.min(self.chunk_bytes), self.chunk_bytes).min(bytes);
+        let piece = bytes.div_ceil(self.slots).clamp(MIN_PIECE.min(self.chunk_bytes), self.chunk_bytes).min(bytes);
         let sub = piece.div_ceil(self.threads).max(MIN_SUB).min(piece);
-        let subs_in_flight = SLOTS.min(bytes.div_ceil(piece)) * piece.div_ceil(sub);
+        let subs_in_flight = self.slots.min(bytes.div_ceil(piece)) * piece.div_ceil(sub);
         Plan { cut: StagedCut { piece, sub }, threads: self.threads.min(subs_in_flight).max(1) }
     }
 
@@ -521,7 +545,7 @@ impl Staging {
             return Ok(());
         }
         let plan = self.plan(std::mem::size_of_val(host));
-        let mut buffers = pool_take(who, dst.resources().device(), plan.cut.piece, SLOTS / 2)?;
+        let mut buffers = pool_take(who, dst.resources().device(), plan.cut.piece, self.slots / 2)?;
         let run = |work: &(dyn Fn() -> Result<()> + Sync), main: &mut dyn FnMut() -> Result<()>| run_on_threads(plan.threads, work, main);
         let outcome = staged_upload(who, &mut buffers, host, dst.native_mut(), plan.cut, &run);
         pool_give_back(buffers);
@@ -535,7 +559,7 @@ impl Staging {
             return Ok(());
         }
         let plan = self.plan(std::mem::size_of_val(host));
-        let mut buffers = pool_take(who, src.resources().device(), plan.cut.piece, SLOTS / 2)?;
+        let mut buffers = pool_take(who, src.resources().device(), plan.cut.piece, self.slots / 2)?;
         let run = |work: &(dyn Fn() -> Result<()> + Sync), main: &mut dyn FnMut() -> Result<()>| run_on_threads(plan.threads, work, main);
         let outcome = staged_download(who, &mut buffers, src.native(), host, plan.cut, &run);
         pool_give_back(buffers);
@@ -679,6 +703,14 @@ mod tests {
         let s = Staging::new(16 << 20, 8).unwrap();
         assert_eq!((s.chunk_bytes(), s.threads()), (16 << 20, 8));
         assert_eq!(Staging::default().chunk_bytes(), Staging::DEFAULT_CHUNK_BYTES);
+        assert_eq!(Staging::default().pieces_in_flight(), 4);
+        for pieces in [0, 1, 3, 17, 18] {
+            let e = s.with_pieces_in_flight(pieces).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::Logic, "{pieces}");
+            assert!(e.to_string().starts_with("Staging::with_pieces_in_flight: "), "{e}");
+        }
+        let eight = s.with_pieces_in_flight(8).unwrap();
+        assert_eq!((eight.chunk_bytes(), eight.threads(), eight.pieces_in_flight()), (16 << 20, 8, 8));
     }
 
     #[test]
@@ -688,6 +720,7 @@ mod tests {
             Staging::new(1 << 20, 1).unwrap(),
             Staging::new(64 << 20, 16).unwrap(),
             Staging::new(64 << 10, 64).unwrap(),
+            Staging::new(4 << 20, 8).unwrap().with_pieces_in_flight(16).unwrap(),
         ];
         for s in staging {
             for bytes in [1usize, 3, 4097, (1 << 20) + 1, (64 << 20) + 3, 1 << 30] {
@@ -697,7 +730,7 @@ mod tests {
                 assert!(sub >= 1 && sub <= piece, "{s:?} {bytes}: {p:?}");
                 assert!(p.threads >= 1 && p.threads <= s.threads(), "{s:?} {bytes}: {p:?}");
                 // No thread without a sub-piece to take among the pieces in flight.
-                let in_flight = SLOTS.min(bytes.div_ceil(piece)) * piece.div_ceil(sub);
+                let in_flight = s.pieces_in_flight().min(bytes.div_ceil(piece)) * piece.div_ceil(sub);
                 assert!(p.threads <= in_flight, "{s:?} {bytes}: {p:?}: idle threads");
             }
         }

@@ -470,6 +470,50 @@ fn main() {
         "reported",
     );
 
+    // The two halves apart, ours and C++ alternating in one loop: new() against stream + RAFT
+    // object; release() + drop against destroying both.
+    let (mut ours_new, mut ours_release, mut ours_drop, mut cpp_make, mut cpp_destroy) = (vec![], vec![], vec![], vec![], vec![]);
+    for i in 0..2200 {
+        let t = Instant::now();
+        let res = DeviceResources::new().unwrap();
+        let made = t.elapsed().as_nanos() as f64;
+        let t = Instant::now();
+        res.release().unwrap();
+        let released = t.elapsed().as_nanos() as f64;
+        let t = Instant::now();
+        drop(res);
+        let dropped = t.elapsed().as_nanos() as f64;
+        let mut o = std::ptr::null_mut();
+        let t = Instant::now();
+        // SAFETY: plain C functions of the baseline; `o` is destroyed right after.
+        assert_eq!(unsafe { bl_make(&mut o) }, 0);
+        let cpp_made = t.elapsed().as_nanos() as f64;
+        let t = Instant::now();
+        // SAFETY: `o` came from bl_make, destroyed once.
+        assert_eq!(unsafe { bl_destroy(o) }, 0);
+        let cpp_destroyed = t.elapsed().as_nanos() as f64;
+        if i >= 200 {
+            ours_new.push(made);
+            ours_release.push(released);
+            ours_drop.push(dropped);
+            cpp_make.push(cpp_made);
+            cpp_destroy.push(cpp_destroyed);
+        }
+    }
+    t.report(
+        "create + release, the halves",
+        "DeviceResources::new alone",
+        stat_of(ours_new),
+        vec![
+            ("C++ stream + raft::device_resources made", stat_of(cpp_make)),
+            ("ours: release()", stat_of(ours_release)),
+            ("ours: drop of the released handle", stat_of(ours_drop)),
+            ("C++ both destroyed", stat_of(cpp_destroy)),
+        ],
+        "C++ stream + raft::device_resources made",
+        "reported",
+    );
+
     // 2. sync of an empty stream.
     let r = DeviceResources::new().unwrap();
     let stream = r.stream().unwrap();
