@@ -49,6 +49,30 @@ fn measure(warmup: usize, repeats: usize, mut f: impl FnMut()) -> Stat {
     Stat { median_s: t[t.len() / 2], min_s: t[0], max_s: t[t.len() - 1], repeats }
 }
 
+/// `a` and `b` measured in turns, a sample of each per round, so both see the same host and
+/// device state (a host whose speed drifts between two separate loops moved 1 MiB ratios by
+/// ±10% between runs 54 and 58).
+fn measure_alternating(warmup: usize, repeats: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (Stat, Stat) {
+    for _ in 0..warmup {
+        a();
+        b();
+    }
+    let (mut ta, mut tb) = (Vec::with_capacity(repeats), Vec::with_capacity(repeats));
+    for _ in 0..repeats {
+        let s = Instant::now();
+        a();
+        ta.push(s.elapsed().as_secs_f64());
+        let s = Instant::now();
+        b();
+        tb.push(s.elapsed().as_secs_f64());
+    }
+    let stat = |mut t: Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        Stat { median_s: t[t.len() / 2], min_s: t[0], max_s: t[t.len() - 1], repeats }
+    };
+    (stat(ta), stat(tb))
+}
+
 fn fail(message: &str) -> ! {
     eprintln!("copy-bench: {message}");
     std::process::exit(2)
@@ -125,7 +149,8 @@ fn reps(bytes: usize, quick: bool) -> (usize, usize) {
     } else {
         (1, 7)
     };
-    if quick {
+    // A 1 MiB copy takes microseconds: the quick run keeps all its samples there.
+    if quick && bytes > MIB {
         (1, r.min(5))
     } else {
         (w, r)
@@ -464,29 +489,31 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
     let mut out = vec![0u8; bytes];
     let mut d = ok("DeviceVec", DeviceVec::<u8>::new(res, bytes));
     let mut rows = Vec::new();
-    let mut best: [(f64, usize, usize, usize); 2] = [(0.0, 0, 0, 0); 2];
+    let mut best: [(f64, usize, usize, usize, bool); 2] = [(0.0, 0, 0, 0, false); 2];
     eprintln!("  sweep {}:", size_name(bytes));
-    for chunk in [4 * MIB, 8 * MIB] {
-        for threads in [8usize, 12, 15] {
-            for pieces in [4usize, 8] {
-                let s = ok("Staging::new", Staging::new(chunk, threads).and_then(|s| s.with_pieces_in_flight(pieces)));
-                let up = measure(w, r, || ok("staged", s.copy_from_host(&mut d, &data))).gbps(bytes);
-                let down = measure(w, r, || ok("staged", s.copy_to_host(&d, &mut out))).gbps(bytes);
-                eprintln!(
-                    "    {:>2} MiB x {threads} threads x {pieces} in flight: H2D {up:6.2} GB/s ({:.2}x), D2H {down:6.2} GB/s ({:.2}x)",
-                    chunk >> 20,
-                    up / b.h2d,
-                    down / b.d2h
-                );
-                for (i, v) in [up, down].into_iter().enumerate() {
-                    if v > best[i].0 {
-                        best[i] = (v, chunk, threads, pieces);
-                    }
-                }
-                rows.push(serde_json::json!({"chunk_bytes": chunk, "threads": threads, "pieces_in_flight": pieces,
-                    "h2d_gbps": up, "d2h_gbps": down, "h2d_vs_native_pinned": up / b.h2d, "d2h_vs_native_pinned": down / b.d2h}));
+    for (chunk, threads, pieces, streaming) in [4 * MIB, 8 * MIB]
+        .into_iter()
+        .flat_map(|c| [8usize, 12].into_iter().map(move |t| (c, t)))
+        .flat_map(|(c, t)| [(4usize, false), (8, false), (4, true), (8, true)].into_iter().map(move |(p, st)| (c, t, p, st)))
+    {
+        let s =
+            ok("Staging::new", Staging::new(chunk, threads).and_then(|s| s.with_pieces_in_flight(pieces))).with_streaming_stores(streaming);
+        let up = measure(w, r, || ok("staged", s.copy_from_host(&mut d, &data))).gbps(bytes);
+        let down = measure(w, r, || ok("staged", s.copy_to_host(&d, &mut out))).gbps(bytes);
+        eprintln!(
+            "    {:>2} MiB x {threads} threads x {pieces} in flight{}: H2D {up:6.2} GB/s ({:.2}x), D2H {down:6.2} GB/s ({:.2}x)",
+            chunk >> 20,
+            if streaming { ", streaming stores" } else { "" },
+            up / b.h2d,
+            down / b.d2h
+        );
+        for (i, v) in [up, down].into_iter().enumerate() {
+            if v > best[i].0 {
+                best[i] = (v, chunk, threads, pieces, streaming);
             }
         }
+        rows.push(serde_json::json!({"chunk_bytes": chunk, "threads": threads, "pieces_in_flight": pieces, "streaming_stores": streaming,
+            "h2d_gbps": up, "d2h_gbps": down, "h2d_vs_native_pinned": up / b.h2d, "d2h_vs_native_pinned": down / b.d2h}));
     }
     // What the host alone can feed the staging buffers: `bytes` copied from a pageable Vec into
     // page-locked memory by n threads at once, no device copy (the staged path's supply side).
@@ -509,8 +536,8 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
         "bytes": bytes,
         "host_memcpy_into_pinned": host_rates,
         "rows": rows,
-        "best_h2d": {"gbps": best[0].0, "chunk_bytes": best[0].1, "threads": best[0].2, "pieces_in_flight": best[0].3},
-        "best_d2h": {"gbps": best[1].0, "chunk_bytes": best[1].1, "threads": best[1].2, "pieces_in_flight": best[1].3},
+        "best_h2d": {"gbps": best[0].0, "chunk_bytes": best[0].1, "threads": best[0].2, "pieces_in_flight": best[0].3, "streaming_stores": best[0].4},
+        "best_d2h": {"gbps": best[1].0, "chunk_bytes": best[1].1, "threads": best[1].2, "pieces_in_flight": best[1].3, "streaming_stores": best[1].4},
     })
 }
 
@@ -519,17 +546,39 @@ fn d2d_rows(t: &mut Table, res: &DeviceResources, bytes: usize, b: &Baselines, q
     let name = size_name(bytes);
     let src = ok("DeviceVec", DeviceVec::<u8>::zeros(res, bytes));
     let mut dst = ok("DeviceVec", DeviceVec::<u8>::new(res, bytes));
-    let queued = measure(w, r, || {
-        ok("copy", dst.copy_from_device(&src));
-        ok("sync", res.sync());
-    });
-    t.add(&format!("D2D {name}"), bytes, "DeviceVec::copy_from_device + sync", queued, "native D2D", Some(b.d2d), Some(0.95));
+    // Against the native copy measured in turns with ours (the separate native row above was
+    // measured earlier in the run).
+    let n = Native::new(res.context(), bytes);
+    let (native, queued) = measure_alternating(
+        w,
+        r,
+        || n.d2d(),
+        || {
+            ok("copy", dst.copy_from_device(&src));
+            ok("sync", res.sync());
+        },
+    );
+    let against = format!("native D2D in turns (separate row: {:.2})", b.d2d);
+    t.add(&format!("D2D {name}"), bytes, "DeviceVec::copy_from_device + sync", queued, &against, Some(native.gbps(bytes)), Some(0.95));
     let mut pair = Some((src, dst));
-    let owned = measure(w, r, || {
-        let (s, d) = pair.take().unwrap();
-        pair = Some(ok("copy", ok("copy", res.copy_device_async(s, d)).wait()));
-    });
-    t.add(&format!("D2D {name}, owned"), bytes, "copy_device_async + Transfer::wait", owned, "native D2D", Some(b.d2d), Some(0.95));
+    let (native, owned) = measure_alternating(
+        w,
+        r,
+        || n.d2d(),
+        || {
+            let (s, d) = pair.take().unwrap();
+            pair = Some(ok("copy", ok("copy", res.copy_device_async(s, d)).wait()));
+        },
+    );
+    t.add(
+        &format!("D2D {name}, owned"),
+        bytes,
+        "copy_device_async + Transfer::wait",
+        owned,
+        &against,
+        Some(native.gbps(bytes)),
+        Some(0.95),
+    );
 }
 
 fn peer_rows(t: &mut Table, quick: bool) -> serde_json::Value {
