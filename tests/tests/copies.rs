@@ -84,7 +84,6 @@ fn pageable_staged_round_trips_every_size_class_both_ways() {
         Staging::new(16 << 20, 8).unwrap(),
         Staging::new(64 << 10, 64).unwrap(),
         Staging::new(1 << 20, 4).unwrap().with_pieces_in_flight(8).unwrap(),
-        Staging::new(1 << 20, 3).unwrap().with_streaming_stores(true),
     ];
     for n in SIZES {
         let bytes = pattern_u8(n, 3);

@@ -415,7 +415,6 @@ pub struct Staging {
     chunk_bytes: usize,
     threads: usize,
     slots: usize,
-    streaming: bool,
 }
 
 impl Default for Staging {
@@ -431,7 +430,6 @@ impl Default for Staging {
             chunk_bytes: Staging::DEFAULT_CHUNK_BYTES,
             threads: parallel.saturating_sub(1).clamp(1, Staging::DEFAULT_THREADS),
             slots: SLOTS,
-            streaming: false,
         }
     }
 }
@@ -462,7 +460,7 @@ impl Staging {
         if !(1..=64).contains(&threads) {
             return Err(Error::logic(WHO, format!("threads must be 1 to 64, given {threads}")));
         }
-        Ok(Staging { chunk_bytes, threads, slots: SLOTS, streaming: false })
+        Ok(Staging { chunk_bytes, threads, slots: SLOTS })
     }
 
     /// The same with `pieces` page-locked slots (pieces in flight at once: 2 to 16, even; 4 by
@@ -483,18 +481,6 @@ impl Staging {
         self.slots
     }
 
-    /// The same, writing the page-locked slots of uploads with non-temporal ("streaming")
-    /// stores on x86-64, so the device reads them from memory instead of snooping dirty lines in
-    /// the host's caches (off by default; elsewhere a plain copy).
-    pub fn with_streaming_stores(self, streaming: bool) -> Staging {
-        Staging { streaming, ..self }
-    }
-
-    /// Whether uploads write the slots with non-temporal stores.
-    pub fn streaming_stores(&self) -> bool {
-        self.streaming
-    }
-
     /// The largest piece.
     pub fn chunk_bytes(&self) -> usize {
         self.chunk_bytes
@@ -513,7 +499,7 @@ impl Staging {
         let piece = bytes.div_ceil(self.slots).clamp(MIN_PIECE.min(self.chunk_bytes), self.chunk_bytes).min(bytes);
         let sub = piece.div_ceil(self.threads).max(MIN_SUB).min(piece);
         let subs_in_flight = self.slots.min(bytes.div_ceil(piece)) * piece.div_ceil(sub);
-        Plan { cut: StagedCut { piece, sub, streaming: self.streaming }, threads: self.threads.min(subs_in_flight).max(1) }
+        Plan { cut: StagedCut { piece, sub }, threads: self.threads.min(subs_in_flight).max(1) }
     }
 
     /// A copy of pageable `host` in a new device array.
@@ -739,7 +725,7 @@ mod tests {
         for s in staging {
             for bytes in [1usize, 3, 4097, (1 << 20) + 1, (64 << 20) + 3, 1 << 30] {
                 let p = s.plan(bytes);
-                let StagedCut { piece, sub, .. } = p.cut;
+                let StagedCut { piece, sub } = p.cut;
                 assert!(piece >= 1 && piece <= s.chunk_bytes() && piece <= bytes, "{s:?} {bytes}: {p:?}");
                 assert!(sub >= 1 && sub <= piece, "{s:?} {bytes}: {p:?}");
                 assert!(p.threads >= 1 && p.threads <= s.threads(), "{s:?} {bytes}: {p:?}");
@@ -754,7 +740,7 @@ mod tests {
         let p = Staging::new(4 << 20, 8).unwrap().plan(1 << 30);
         assert_eq!((p.cut.piece, p.cut.sub, p.threads), (4 << 20, 512 << 10, 8));
         // 64 MiB: the same cut, 16 pieces.
-        assert_eq!(Staging::new(4 << 20, 16).unwrap().plan(64 << 20).cut, StagedCut { piece: 4 << 20, sub: 256 << 10, streaming: false });
+        assert_eq!(Staging::new(4 << 20, 16).unwrap().plan(64 << 20).cut, StagedCut { piece: 4 << 20, sub: 256 << 10 });
         // 1 MiB: quarters, so the device starts on the first while the host copies the next.
         let p = Staging::new(4 << 20, 16).unwrap().plan(1 << 20);
         assert_eq!((p.cut.piece, p.cut.sub, p.threads), (256 << 10, 64 << 10, 16));

@@ -489,30 +489,28 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
     let mut out = vec![0u8; bytes];
     let mut d = ok("DeviceVec", DeviceVec::<u8>::new(res, bytes));
     let mut rows = Vec::new();
-    let mut best: [(f64, usize, usize, usize, bool); 2] = [(0.0, 0, 0, 0, false); 2];
+    let mut best: [(f64, usize, usize, usize); 2] = [(0.0, 0, 0, 0); 2];
     eprintln!("  sweep {}:", size_name(bytes));
-    for (chunk, threads, pieces, streaming) in [4 * MIB, 8 * MIB]
+    for (chunk, threads, pieces) in [4 * MIB, 8 * MIB]
         .into_iter()
         .flat_map(|c| [8usize, 12].into_iter().map(move |t| (c, t)))
-        .flat_map(|(c, t)| [(4usize, false), (8, false), (4, true), (8, true)].into_iter().map(move |(p, st)| (c, t, p, st)))
+        .flat_map(|(c, t)| [4usize, 8].into_iter().map(move |p| (c, t, p)))
     {
-        let s =
-            ok("Staging::new", Staging::new(chunk, threads).and_then(|s| s.with_pieces_in_flight(pieces))).with_streaming_stores(streaming);
+        let s = ok("Staging::new", Staging::new(chunk, threads).and_then(|s| s.with_pieces_in_flight(pieces)));
         let up = measure(w, r, || ok("staged", s.copy_from_host(&mut d, &data))).gbps(bytes);
         let down = measure(w, r, || ok("staged", s.copy_to_host(&d, &mut out))).gbps(bytes);
         eprintln!(
-            "    {:>2} MiB x {threads} threads x {pieces} in flight{}: H2D {up:6.2} GB/s ({:.2}x), D2H {down:6.2} GB/s ({:.2}x)",
+            "    {:>2} MiB x {threads} threads x {pieces} in flight: H2D {up:6.2} GB/s ({:.2}x), D2H {down:6.2} GB/s ({:.2}x)",
             chunk >> 20,
-            if streaming { ", streaming stores" } else { "" },
             up / b.h2d,
             down / b.d2h
         );
         for (i, v) in [up, down].into_iter().enumerate() {
             if v > best[i].0 {
-                best[i] = (v, chunk, threads, pieces, streaming);
+                best[i] = (v, chunk, threads, pieces);
             }
         }
-        rows.push(serde_json::json!({"chunk_bytes": chunk, "threads": threads, "pieces_in_flight": pieces, "streaming_stores": streaming,
+        rows.push(serde_json::json!({"chunk_bytes": chunk, "threads": threads, "pieces_in_flight": pieces,
             "h2d_gbps": up, "d2h_gbps": down, "h2d_vs_native_pinned": up / b.h2d, "d2h_vs_native_pinned": down / b.d2h}));
     }
     // What the host alone can feed the staging buffers: `bytes` copied from a pageable Vec into
@@ -536,8 +534,8 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
         "bytes": bytes,
         "host_memcpy_into_pinned": host_rates,
         "rows": rows,
-        "best_h2d": {"gbps": best[0].0, "chunk_bytes": best[0].1, "threads": best[0].2, "pieces_in_flight": best[0].3, "streaming_stores": best[0].4},
-        "best_d2h": {"gbps": best[1].0, "chunk_bytes": best[1].1, "threads": best[1].2, "pieces_in_flight": best[1].3, "streaming_stores": best[1].4},
+        "best_h2d": {"gbps": best[0].0, "chunk_bytes": best[0].1, "threads": best[0].2, "pieces_in_flight": best[0].3},
+        "best_d2h": {"gbps": best[1].0, "chunk_bytes": best[1].1, "threads": best[1].2, "pieces_in_flight": best[1].3},
     })
 }
 

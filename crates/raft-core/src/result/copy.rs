@@ -805,52 +805,6 @@ impl StagingBuffers {
 pub(crate) struct StagedCut {
     pub(crate) piece: usize,
     pub(crate) sub: usize,
-    /// Uploads write the slots with non-temporal stores (see [`copy_streaming`]).
-    pub(crate) streaming: bool,
-}
-
-/// Copies `len` bytes from `src` to `dst` with non-temporal stores on x86-64 (SSE2, which every
-/// x86-64 has): the destination's lines go to memory without staying dirty in the host's caches,
-/// which the device would otherwise have to snoop when it reads the page-locked slot. Ends with
-/// a store fence, so the bytes are visible to every agent before anything this thread does
-/// afterwards (its release of the sub-piece count). Elsewhere a plain copy.
-///
-/// # Safety
-/// As `std::ptr::copy_nonoverlapping`: `src` readable and `dst` writable for `len` bytes, not
-/// overlapping.
-unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-        let head = dst.align_offset(16).min(len);
-        // SAFETY: the caller's ranges; `head <= len`.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
-        let (mut at, blocks) = (head, (len - head) / 64);
-        for _ in 0..blocks {
-            // SAFETY: `at + 64 <= len`; `dst + at` is 16-byte aligned (`head` aligned it and every
-            // step is 64 bytes), as `_mm_stream_si128` needs; the loads are unaligned loads.
-            unsafe {
-                let (s, d) = (src.add(at) as *const __m128i, dst.add(at) as *mut __m128i);
-                let (a, b, c, e) = (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)), _mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
-                _mm_stream_si128(d, a);
-                _mm_stream_si128(d.add(1), b);
-                _mm_stream_si128(d.add(2), c);
-                _mm_stream_si128(d.add(3), e);
-            }
-            at += 64;
-        }
-        // SAFETY: the caller's ranges; `at <= len`. The fence orders the streaming stores before
-        // every later store of this thread.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), len - at);
-            _mm_sfence();
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    // SAFETY: the caller's ranges.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src, dst, len)
-    }
 }
 
 /// Runs the first closure on the copy's host threads and, meanwhile, the second on the calling
@@ -1274,14 +1228,7 @@ pub(crate) fn staged_upload<T: DeviceScalar>(
         // read; destination: the same bytes of the slot's page-locked buffer (at least `piece`
         // bytes, checked in `prepare`), which no device copy uses (the piece is open: the slot's
         // last device copy has finished) and no other thread writes.
-        unsafe {
-            let (from, to) = (src.at(start + range.start) as *const u8, slot.data.at(range.start));
-            if cut.streaming {
-                copy_streaming(to, from, range.len())
-            } else {
-                std::ptr::copy_nonoverlapping(from, to, range.len())
-            }
-        }
+        unsafe { std::ptr::copy_nonoverlapping(src.at(start + range.start) as *const u8, slot.data.at(range.start), range.len()) }
     };
     let host_threads = |shared: &Shared<'_>| shared.host_work(&copy_sub);
     let mut coordinate = |shared: &Shared<'_>, queued: &mut Queued| -> Result<()> {
@@ -1447,23 +1394,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn streaming_copies_copy_every_byte_at_any_alignment() {
-        let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 + i / 13) as u8).collect();
-        for (from, to, len) in [(0, 0, 0), (0, 0, 1), (3, 0, 15), (0, 5, 64), (1, 7, 1000), (0, 0, 4096), (13, 3, 4900), (2, 14, 4097)] {
-            let mut dst = vec![0xeeu8; 5100];
-            // SAFETY: both ranges lie inside their vectors (from + len <= 5000, to + len <= 5100).
-            unsafe { copy_streaming(dst.as_mut_ptr().add(to), src.as_ptr().add(from), len) };
-            assert_eq!(&dst[to..to + len], &src[from..from + len], "{from} {to} {len}");
-            assert!(dst[..to].iter().chain(&dst[to + len..]).all(|b| *b == 0xee), "{from} {to} {len}: wrote outside");
-        }
-    }
-
-    #[test]
     fn sub_pieces_cover_the_bytes_once_in_order() {
         for (bytes, piece, sub) in
             [(1usize, 4usize, 4usize), (4, 4, 1), (5, 4, 3), (4097, 1024, 256), (10, 3, 2), (1 << 20, 256 << 10, 64 << 10)]
         {
-            let shared = Shared::new(Vec::new(), StagedCut { piece, sub, streaming: false }, bytes);
+            let shared = Shared::new(Vec::new(), StagedCut { piece, sub }, bytes);
             let mut next = 0;
             let mut taken = 0;
             while let Some((p, range)) = shared.take() {
