@@ -807,6 +807,41 @@ pub(crate) struct StagedCut {
     pub(crate) sub: usize,
 }
 
+/// Whether a copy of `bytes` in pieces of `piece` starts and ends with smaller pieces: when it
+/// holds at least three pieces and a quarter piece is still [`RAMP_MIN`] (smaller device copies
+/// cost more in their fixed part than the wait they save).
+fn ramps(bytes: usize, piece: usize) -> bool {
+    piece / 4 >= RAMP_MIN && bytes >= 3 * piece
+}
+
+/// The smallest first (and last) piece of a ramped staged copy.
+const RAMP_MIN: usize = 256 << 10;
+
+/// The pieces of a copy of `bytes` with pieces of at most `piece`: a quarter and a half piece
+/// first and last, whole pieces between, when [`ramps`] says so (otherwise
+/// whole pieces, the last one shorter). The link starts after a quarter piece is in rather than
+/// a whole one, and the last device copy, which nothing overlaps, is a quarter piece too.
+fn ramped_pieces(bytes: usize, piece: usize) -> Vec<(usize, usize)> {
+    let piece = piece.max(1);
+    let ramp = [piece / 4, piece / 2];
+    let sizes: Vec<usize> = if ramps(bytes, piece) {
+        let middle = bytes - 2 * (ramp[0] + ramp[1]);
+        let whole = (0..middle.div_ceil(piece)).map(|k| piece.min(middle - k * piece));
+        ramp.into_iter().chain(whole).chain(ramp.into_iter().rev()).collect()
+    } else {
+        (0..bytes.div_ceil(piece)).map(|k| piece.min(bytes - k * piece)).collect()
+    };
+    let mut start = 0;
+    sizes
+        .into_iter()
+        .map(|len| {
+            let at = start;
+            start += len;
+            (at, len)
+        })
+        .collect()
+}
+
 /// Runs the first closure on the copy's host threads and, meanwhile, the second on the calling
 /// thread; returns once all have returned, with the first error. Provided by the safe layer,
 /// which owns the threads.
@@ -847,7 +882,8 @@ struct SharedSlot<'a> {
 struct Shared<'a> {
     slots: Vec<SharedSlot<'a>>,
     cut: StagedCut,
-    bytes: usize,
+    /// Each piece's offset and length (see [`ramped_pieces`]).
+    pieces: Vec<(usize, usize)>,
     /// The next sub-piece to take.
     next: AtomicUsize,
     /// Pieces below this one may be worked on by the host threads: uploads, their slot is free
@@ -864,7 +900,7 @@ impl Shared<'_> {
         Shared {
             slots,
             cut,
-            bytes,
+            pieces: ramped_pieces(bytes, cut.piece),
             next: AtomicUsize::new(0),
             open: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
@@ -873,17 +909,17 @@ impl Shared<'_> {
     }
 
     fn pieces(&self) -> usize {
-        self.bytes.div_ceil(self.cut.piece)
+        self.pieces.len()
     }
 
+    /// Sub-pieces of every piece (a smaller piece has smaller sub-pieces, as many).
     fn subs_per_piece(&self) -> usize {
         self.cut.piece.div_ceil(self.cut.sub)
     }
 
     /// The offset and length of piece `p`.
     fn piece(&self, p: usize) -> (usize, usize) {
-        let start = p * self.cut.piece;
-        (start, self.cut.piece.min(self.bytes - start))
+        self.pieces[p]
     }
 
     fn slot(&self, p: usize) -> &SharedSlot<'_> {
@@ -903,8 +939,9 @@ impl Shared<'_> {
         }
         let (p, s) = (i / spp, i % spp);
         let (_, len) = self.piece(p);
-        let from = (s * self.cut.sub).min(len);
-        Some((p, from..((s + 1) * self.cut.sub).min(len)))
+        let sub = len.div_ceil(spp).max(1);
+        let from = (s * sub).min(len);
+        Some((p, from..((s + 1) * sub).min(len)))
     }
 
     /// Waits (spinning, then yielding) until piece `p` is open; false when the copy failed.
@@ -1395,10 +1432,26 @@ mod tests {
 
     #[test]
     fn sub_pieces_cover_the_bytes_once_in_order() {
-        for (bytes, piece, sub) in
-            [(1usize, 4usize, 4usize), (4, 4, 1), (5, 4, 3), (4097, 1024, 256), (10, 3, 2), (1 << 20, 256 << 10, 64 << 10)]
-        {
+        for (bytes, piece, sub) in [
+            (1usize, 4usize, 4usize),
+            (4, 4, 1),
+            (5, 4, 3),
+            (3 << 20, 1 << 20, 64 << 10),
+            ((3 << 20) + 5, 1 << 20, 3 << 10),
+            (4097, 1024, 256),
+            (10, 3, 2),
+            (1 << 20, 256 << 10, 64 << 10),
+            ((64 << 20) + 3, 4 << 20, 512 << 10),
+        ] {
+            let ramped = ramps(bytes, piece);
             let shared = Shared::new(Vec::new(), StagedCut { piece, sub }, bytes);
+            let lens: Vec<usize> = shared.pieces.iter().map(|(_, len)| *len).collect();
+            assert!(lens.iter().all(|l| *l >= 1 && *l <= piece), "{bytes}/{piece}: {lens:?}");
+            if ramps(bytes, piece) {
+                // Ramped: a quarter and a half piece at both ends.
+                let n = lens.len();
+                assert_eq!((lens[0], lens[1], lens[n - 2], lens[n - 1]), (piece / 4, piece / 2, piece / 2, piece / 4), "{bytes}/{piece}");
+            }
             let mut next = 0;
             let mut taken = 0;
             while let Some((p, range)) = shared.take() {
@@ -1413,7 +1466,8 @@ mod tests {
             }
             assert_eq!(next, bytes, "{bytes}/{piece}/{sub}");
             // Every piece counts the same number of sub-pieces, so each one's last is known.
-            assert_eq!(taken, bytes.div_ceil(piece) * piece.div_ceil(sub));
+            assert_eq!(taken, lens.len() * piece.div_ceil(sub));
+            assert_eq!(ramped, bytes >= 3 << 20, "{bytes}/{piece}: ramped only where a quarter piece is 256 KiB or more");
             // A failed copy hands out nothing more.
             shared.failed.store(true, Ordering::Release);
             shared.next.store(0, Ordering::Relaxed);
