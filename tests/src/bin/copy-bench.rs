@@ -717,6 +717,27 @@ fn main() {
         Err(e) => fail(&format!("needs a GPU: {e}")),
     }
     let res = ok("resources", DeviceResources::on_device(0));
+    // COPY_BENCH_ONLY=trace: the staged copies' timelines (64 MiB each way, the defaults), as
+    // `raft::staging` traces them, and nothing else.
+    if std::env::var("COPY_BENCH_ONLY").as_deref() == Ok("trace") {
+        env_logger::Builder::new().parse_filters("raft::staging=trace").init();
+        let bytes = 64 * MIB;
+        let data = pattern(bytes);
+        let mut out = vec![0u8; bytes];
+        let mut d = ok("DeviceVec", DeviceVec::<u8>::new(&res, bytes));
+        let s = Staging::default();
+        for _ in 0..6 {
+            let t = Instant::now();
+            ok("staged", s.copy_from_host(&mut d, &data));
+            eprintln!("upload 64 MiB: {:.1} µs", t.elapsed().as_secs_f64() * 1e6);
+        }
+        for _ in 0..6 {
+            let t = Instant::now();
+            ok("staged", s.copy_to_host(&d, &mut out));
+            eprintln!("download 64 MiB: {:.1} µs", t.elapsed().as_secs_f64() * 1e6);
+        }
+        return;
+    }
     let other = ok("resources", DeviceResources::on_device(0));
     let ctx = res.context().clone();
     let mut t = Table { rows: Vec::new(), notes: Vec::new() };

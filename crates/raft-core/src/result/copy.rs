@@ -27,7 +27,7 @@ use raft_sys as sys;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 fn driver(who: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| Error::driver(who, e)
@@ -893,7 +893,12 @@ struct Shared<'a> {
     /// Host threads that have started: while none has, the coordinator copies sub-pieces itself
     /// (a busy pool, a thread that could not be spawned), so a copy always finishes.
     hosts: AtomicUsize,
+    /// The copy's timeline, kept only while `raft::staging` traces (see [`Shared::note`]).
+    trace: Option<Timeline>,
 }
+
+/// When a staged copy began, and its events since: (what, piece, microseconds).
+type Timeline = (std::time::Instant, Mutex<Vec<(char, usize, u64)>>);
 
 impl Shared<'_> {
     fn new(slots: Vec<SharedSlot<'_>>, cut: StagedCut, bytes: usize) -> Shared<'_> {
@@ -905,6 +910,18 @@ impl Shared<'_> {
             open: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
             hosts: AtomicUsize::new(0),
+            trace: log::log_enabled!(target: "raft::staging", log::Level::Trace)
+                .then(|| (std::time::Instant::now(), Mutex::new(Vec::new()))),
+        }
+    }
+
+    /// Notes an event of the copy's timeline (`h` a host thread starts, `f` piece filled or
+    /// emptied, `q` piece queued, `o` piece opened, `e` the coordinator ends) with the
+    /// microseconds since the copy began, when `raft::staging` traces; logged once at the end.
+    fn note(&self, what: char, piece: usize) {
+        if let Some((t0, events)) = &self.trace {
+            let at = t0.elapsed().as_micros() as u64;
+            events.lock().unwrap_or_else(|e| e.into_inner()).push((what, piece, at));
         }
     }
 
@@ -961,22 +978,31 @@ impl Shared<'_> {
         true
     }
 
-    /// Whether the host threads finished every sub-piece of the piece in `slot`; if so, starts
+    /// Whether the host threads finished every sub-piece of piece `p` (in its slot); if so, starts
     /// the slot's count again (no thread counts for the slot's next piece before it is opened,
     /// after this).
-    fn take_filled(&self, slot: &SharedSlot<'_>) -> bool {
+    fn take_filled(&self, p: usize) -> bool {
+        let slot = self.slot(p);
         if slot.done.load(Ordering::Acquire) == self.subs_per_piece() {
             slot.done.store(0, Ordering::Relaxed);
+            self.note('f', p);
             return true;
         }
         false
+    }
+
+    /// Opens every piece below `open` to the host threads.
+    fn open_to(&self, open: usize) {
+        self.open.store(open, Ordering::Release);
+        self.note('o', open - 1);
     }
 
     /// The host threads' part: copy sub-pieces of open pieces with `copy(piece offset, slot,
     /// range in the piece)` until none is left.
     fn host_work(&self, copy: &CopySub<'_>) -> Result<()> {
         let _unwind = FailOnUnwind(self);
-        self.hosts.fetch_add(1, Ordering::AcqRel);
+        let before = self.hosts.fetch_add(1, Ordering::AcqRel);
+        self.note('h', before);
         while let Some((p, range)) = self.take() {
             if !self.wait_open(p) {
                 break;
@@ -1155,6 +1181,7 @@ impl Queued {
         match slot.event.record(who, end.stream, guard) {
             Ok(()) => {
                 self.recorded[p % shared.slots.len()] = true;
+                shared.note('q', p);
                 Ok(())
             }
             Err(e) => {
@@ -1222,6 +1249,10 @@ fn run_staged(
         r
     };
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&work, &mut main)));
+    if let Some((t0, events)) = &shared.trace {
+        let events = events.lock().unwrap_or_else(|e| e.into_inner());
+        log::trace!(target: "raft::staging", "{} pieces of {} bytes, {} µs; events (what, piece, µs): {events:?}", shared.pieces(), shared.cut.piece, t0.elapsed().as_micros());
+    }
     let (error, panic) = match ran {
         Ok(r) => (r.err(), None),
         Err(payload) => (None, Some(payload)),
@@ -1278,8 +1309,7 @@ pub(crate) fn staged_upload<T: DeviceScalar>(
                 return Ok(()); // a host thread panicked: its panic is the outcome
             }
             let mut progress = false;
-            let slot = shared.slot(next_queue);
-            if next_queue < shared.open.load(Ordering::Acquire) && shared.take_filled(slot) {
+            if next_queue < shared.open.load(Ordering::Acquire) && shared.take_filled(next_queue) {
                 // SAFETY: the piece lies inside `dst` (same size as `host`), borrowed exclusively
                 // for the call, which returns only after every recorded event has completed
                 // (`conclude`); all of the piece's sub-pieces are in the slot, and the slot's next
@@ -1291,7 +1321,7 @@ pub(crate) fn staged_upload<T: DeviceScalar>(
             // The oldest queued piece's slot, free again once its copy has finished.
             let open = shared.open.load(Ordering::Acquire);
             if open < pieces && open - k < next_queue && shared.slot(open).event.is_complete(who)? {
-                shared.open.store(open + 1, Ordering::Release);
+                shared.open_to(open + 1);
                 progress = true;
             }
             shared.after_poll(progress, &mut idle, &mut claim, &copy_sub);
@@ -1350,10 +1380,10 @@ pub(crate) fn staged_download<T: DeviceScalar>(
             let mut progress = false;
             let open = shared.open.load(Ordering::Acquire);
             if open < next_queue && shared.slot(open).event.is_complete(who)? {
-                shared.open.store(open + 1, Ordering::Release);
+                shared.open_to(open + 1);
                 progress = true;
             }
-            if emptied < shared.open.load(Ordering::Acquire) && shared.take_filled(shared.slot(emptied)) {
+            if emptied < shared.open.load(Ordering::Acquire) && shared.take_filled(emptied) {
                 if next_queue < pieces {
                     // SAFETY: as said above: every sub-piece of the slot's last piece is out.
                     unsafe { queued.piece(who, &guard, shared, next_queue, &end)? };
