@@ -403,10 +403,11 @@ const MIN_SUB: usize = 64 << 10;
 const SLOTS: usize = 4;
 
 /// How copies from and to pageable memory (`Vec`, slices) are staged: in pieces of at most
-/// `chunk_bytes`, each one device copy through one of four page-locked slots (by default), filled (or
-/// emptied) by up to `threads` host threads together, so the link starts on the first piece
-/// while the host goes on with the next. The page-locked buffers are kept for reuse (those of
-/// the latest copy, and others up to 256 MiB in all).
+/// `chunk_bytes`, each one device copy through one of four page-locked slots (by default),
+/// filled (or emptied) by up to `threads` host threads together while the calling thread queues
+/// the device copies, so the link starts on the first piece while the host goes on with the
+/// next. The page-locked buffers are kept for reuse (those of the latest copy, and others up to
+/// 256 MiB in all).
 ///
 /// Copies are synchronous (they return once done), check exact lengths, and run on the array's
 /// own stream after the work queued there, as `DeviceVec::from_host` / `to_host` do.
