@@ -156,7 +156,8 @@ fn staged_copies_are_ordered_after_the_work_queued_on_the_array() {
 }
 
 /// A staged copy started on a thread of someone else's thread pool (a rayon `par_iter`) runs
-/// on plain threads of its own and finishes, however busy that pool is.
+/// on the staging crew, or (while another copy holds the crew) on plain threads of its own, and
+/// finishes, however busy that pool is.
 #[test]
 fn staged_copies_from_inside_a_thread_pool_finish() {
     require_gpu!();
@@ -179,6 +180,35 @@ fn staged_copies_from_inside_a_thread_pool_finish() {
     drop(tx);
     let ok: Vec<bool> = rx.iter().collect();
     assert_eq!(ok, vec![true; 4]);
+}
+
+/// Staged copies on several threads at once: one holds the staging crew, the others run on the
+/// staging pool meanwhile; every copy is right, also with the crew sleeping between rounds.
+#[test]
+fn staged_copies_on_several_threads_at_once_are_right() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    for round in 0..3u32 {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4u32)
+                .map(|k| {
+                    let res = res.clone();
+                    s.spawn(move || {
+                        let want = pattern_u32((6 << 20) + 2 * k as usize + 1, 31 + k + round);
+                        let staging = Staging::new(1 << 20, 3).unwrap();
+                        let d = staging.from_host(&res, &want).unwrap();
+                        let mut out = vec![0u32; want.len()];
+                        staging.copy_to_host(&d, &mut out).unwrap();
+                        out == want
+                    })
+                })
+                .collect();
+            let ok: Vec<bool> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+            assert_eq!(ok, vec![true; 4], "round {round}");
+        });
+        // Longer than the crew's watch: its threads sleep before the next round.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 #[test]

@@ -897,6 +897,9 @@ struct Shared<'a> {
     trace: Option<Timeline>,
 }
 
+/// A finished copy's timeline: when it began, its events, its pieces and their bytes.
+type Traced = (std::time::Instant, Vec<(char, usize, u64)>, usize, usize);
+
 /// When a staged copy began, and its events since: (what, piece, microseconds).
 type Timeline = (std::time::Instant, Mutex<Vec<(char, usize, u64)>>);
 
@@ -916,8 +919,9 @@ impl Shared<'_> {
     }
 
     /// Notes an event of the copy's timeline (`h` a host thread starts, `f` piece filled or
-    /// emptied, `q` piece queued, `o` piece opened, `e` the coordinator ends) with the
-    /// microseconds since the copy began, when `raft::staging` traces; logged once at the end.
+    /// emptied, `q` piece queued, `o` piece opened, `e` the threads are done, `w` every device
+    /// copy waited for) with the microseconds since the copy began, when `raft::staging`
+    /// traces; logged once at the end.
     fn note(&self, what: char, piece: usize) {
         if let Some((t0, events)) = &self.trace {
             let at = t0.elapsed().as_micros() as u64;
@@ -1228,6 +1232,8 @@ struct Ended {
     queued: Queued,
     error: Option<Error>,
     panic: Option<Box<dyn std::any::Any + Send>>,
+    /// The timeline (start, events, pieces, piece bytes), while `raft::staging` traces.
+    trace: Option<Traced>,
 }
 
 /// Runs a staged copy's threads: `host` on the host threads, `coordinate` on the calling thread.
@@ -1249,21 +1255,25 @@ fn run_staged(
         r
     };
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&work, &mut main)));
-    if let Some((t0, events)) = &shared.trace {
-        let events = events.lock().unwrap_or_else(|e| e.into_inner());
-        log::trace!(target: "raft::staging", "{} pieces of {} bytes, {} µs; events (what, piece, µs): {events:?}", shared.pieces(), shared.cut.piece, t0.elapsed().as_micros());
-    }
+    shared.note('e', 0);
+    let trace = shared
+        .trace
+        .map(|(t0, events)| (t0, events.into_inner().unwrap_or_else(|e| e.into_inner()), shared.pieces.len(), shared.cut.piece));
     let (error, panic) = match ran {
         Ok(r) => (r.err(), None),
         Err(payload) => (None, Some(payload)),
     };
-    Ended { queued, error, panic }
+    Ended { queued, error, panic, trace }
 }
 
 /// Waits for every recorded device copy (`conclude`), then resumes a held panic or returns the
 /// first error.
 fn end(who: &'static str, buffers: &mut [StagingBuffers], ended: Ended) -> Result<()> {
     let concluded = conclude(who, buffers, ended.queued, ended.error);
+    if let Some((t0, mut events, pieces, piece)) = ended.trace {
+        events.push(('w', 0, t0.elapsed().as_micros() as u64)); // every device copy waited for
+        log::trace!(target: "raft::staging", "{pieces} pieces of {piece} bytes; events (what, piece, µs): {events:?}");
+    }
     if let Some(payload) = ended.panic {
         std::panic::resume_unwind(payload);
     }

@@ -16,6 +16,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 pub(crate) mod copy;
+pub(crate) mod crew;
 
 // The shim's statuses are the ones `ErrorKind::from_shim_status` knows.
 static_assertions::const_assert_eq!(sys::RAFTRS_STATUS_OUT_OF_MEMORY, 1);
