@@ -78,9 +78,13 @@ unsafe impl Sync for Crew {}
 /// `RAFT_STAGING_SPIN_US` is bad: that error comes from [`watch_time`]).
 pub(crate) fn crew() -> Option<&'static Crew> {
     static CREW: OnceLock<Option<Crew>> = OnceLock::new();
-    CREW.get_or_init(|| {
-        let watch = watch_time("staging").ok()?;
-        Some(Crew {
+    CREW.get_or_init(|| Some(Crew::new(watch_time("staging").ok()?))).as_ref()
+}
+
+impl Crew {
+    /// A crew with no thread yet (they start as jobs ask for them).
+    fn new(watch: Duration) -> Crew {
+        Crew {
             busy: Mutex::new(()),
             started: Mutex::new(0),
             epoch: AtomicU64::new(0),
@@ -90,12 +94,9 @@ pub(crate) fn crew() -> Option<&'static Crew> {
             sleep: Mutex::new(()),
             wake: Condvar::new(),
             watch,
-        })
-    })
-    .as_ref()
-}
+        }
+    }
 
-impl Crew {
     /// Runs `work` on up to `threads` crew threads (each thread that joins calls it once) and
     /// `main` on the calling thread; returns `main`'s outcome once every thread that joined
     /// has left `work`. `None`, without running anything, while another copy holds the crew or
@@ -129,8 +130,11 @@ impl Crew {
     /// Starts threads until `want` run (or the OS refuses); how many run.
     fn grow(&'static self, want: usize) -> usize {
         let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        // The epoch before the job being posted: a new thread that starts only after the post
+        // still joins it.
+        let seen = self.epoch.load(Ordering::Acquire);
         while *started < want {
-            let spawned = std::thread::Builder::new().name(format!("raft-staging-{}", *started)).spawn(move || self.serve());
+            let spawned = std::thread::Builder::new().name(format!("raft-staging-{}", *started)).spawn(move || self.serve(seen));
             match spawned {
                 Ok(_) => *started += 1,
                 Err(e) => {
@@ -142,10 +146,10 @@ impl Crew {
         want.min(*started)
     }
 
-    /// A crew thread: watch for a job, take a seat if one is open, work, again.
-    fn serve(&self) {
+    /// A crew thread (`seen`: the epoch before the job it was started for): watch for a job,
+    /// take a seat if one is open, work, again.
+    fn serve(&self, mut seen: u64) {
         raft_exit::mark_library_thread();
-        let mut seen = self.epoch.load(Ordering::Acquire);
         loop {
             seen = self.wait_for_job(seen);
             self.take_seat();
@@ -284,6 +288,26 @@ mod tests {
         }
     }
 
+    /// Waits until `joined` is non-zero or 5 s have passed.
+    fn until_joined(joined: &AtomicUsize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while joined.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn threads_started_for_a_job_join_it() {
+        // A crew of its own: its threads start for this very job, after it was posted.
+        let crew: &'static Crew = Box::leak(Box::new(Crew::new(Duration::from_millis(1))));
+        let joined = AtomicUsize::new(0);
+        let work = || {
+            joined.fetch_add(1, Ordering::SeqCst);
+        };
+        crew.run(3, &work, || until_joined(&joined)).expect("a new crew is free and its threads start");
+        assert!(joined.load(Ordering::SeqCst) >= 1, "no thread started for the job joined it");
+    }
+
     #[test]
     fn a_sleeping_crew_wakes_for_the_next_job() {
         let crew = crew().expect("threads start on this machine");
@@ -294,12 +318,7 @@ mod tests {
             joined.fetch_add(1, Ordering::SeqCst);
         };
         // The caller waits until some thread joined (or gives up after 5 s: then the test fails).
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let main = || {
-            while joined.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
-                std::thread::yield_now();
-            }
-        };
+        let main = || until_joined(&joined);
         while crew.run(2, &work, main).is_none() {
             std::thread::yield_now(); // another test's copy holds the crew a moment
         }
