@@ -57,26 +57,3 @@ pub fn runtime_version() -> Result<i32> {
 pub fn driver_version() -> Result<i32> {
     result::driver_version("driver_version")
 }
-
-/// TEMPORARY (one GPU run, then reverted): timestamps at the steps of create and release,
-/// recorded on the calling thread while `ON` is set.
-#[doc(hidden)]
-pub mod steps {
-    use std::cell::RefCell;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Instant;
-    pub static ON: AtomicBool = AtomicBool::new(false);
-    thread_local! {
-        static MARKS: RefCell<Vec<(&'static str, Instant)>> = const { RefCell::new(Vec::new()) };
-    }
-    #[inline]
-    pub fn mark(label: &'static str) {
-        if ON.load(Ordering::Relaxed) {
-            let now = Instant::now();
-            MARKS.with(|m| m.borrow_mut().push((label, now)));
-        }
-    }
-    pub fn take() -> Vec<(&'static str, Instant)> {
-        MARKS.with(|m| std::mem::take(&mut *m.borrow_mut()))
-    }
-}

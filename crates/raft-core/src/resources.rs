@@ -48,7 +48,6 @@ impl ResourcesState {
     /// thread releases them), where it returns at once: the release in progress is waiting for
     /// that very job.
     fn release(&self, who: &'static str) -> Result<()> {
-        crate::steps::mark("rel: enter");
         if holding(self.id) {
             // This thread is inside a use of these resources (a lend, an allocation whose
             // failure callback released them): the release would wait for this very thread.
@@ -77,7 +76,6 @@ impl ResourcesState {
                 Releasing::No => *state = Releasing::By(std::thread::current().id()),
             }
         }
-        crate::steps::mark("rel: holding + releasing lock");
         let worker = {
             let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
             self.released.store(true, Ordering::Release);
@@ -86,7 +84,6 @@ impl ResourcesState {
         if let Some(w) = worker {
             w.finish();
         }
-        crate::steps::mark("rel: worker");
         let native = if who == TEARDOWN {
             // At exit, a thread still inside a lend would hold the exit forever: wait a bounded
             // time, then leave the native object to the OS.
@@ -107,7 +104,6 @@ impl ResourcesState {
         } else {
             self.native.write().unwrap_or_else(|e| e.into_inner()).take()
         };
-        crate::steps::mark("rel: native write");
         let outcome = match native {
             Some(n) if raft_exit::native_release_allowed() => n.destroy(who),
             Some(n) => {
@@ -116,10 +112,8 @@ impl ResourcesState {
             }
             None => Ok(()),
         };
-        crate::steps::mark("rel: destroy + Option drop");
         *self.releasing.lock().unwrap_or_else(|e| e.into_inner()) = Releasing::Done;
         self.released_cv.notify_all();
-        crate::steps::mark("rel: done + notify");
         outcome
     }
 }
@@ -245,7 +239,6 @@ impl DeviceResources {
     pub fn new() -> Result<Self> {
         const WHO: &str = "DeviceResources::new";
         let device = current_device_for(WHO)?;
-        crate::steps::mark("new: current_device");
         Self::create(WHO, device)
     }
 
@@ -261,24 +254,14 @@ impl DeviceResources {
     pub(crate) fn create(who: &'static str, device: usize) -> Result<Self> {
         // context() checks that the device exists.
         let ctx = context(who, device)?;
-        crate::steps::mark("new: context");
         // Backpressure: new resources are a stream a release will have to destroy; while the
         // releases pending on this device hold too much, this thread runs some of them first.
         release::make_room(device);
-        crate::steps::mark("new: make_room");
         // One read of the thread's context for the whole creation: every step below leaves the
         // device's context current (see `ContextGuard::bind`).
         let guard = ContextGuard::bind(who, &ctx)?;
-        crate::steps::mark("new: bind");
         memory::ensure_default(who, device)?;
-        crate::steps::mark("new: ensure_default");
-        let make = || {
-            let s = result::new_stream(who, &ctx)?;
-            crate::steps::mark("new: new_stream");
-            let r = NativeResources::create(who, device, s, &guard);
-            crate::steps::mark("new: shim create");
-            r
-        };
+        let make = || NativeResources::create(who, device, result::new_stream(who, &ctx)?, &guard);
         // Memory only waiting for a pending release is not missing: run or wait for them, then
         // try once more.
         let native = match make() {
@@ -286,7 +269,6 @@ impl DeviceResources {
             made => made,
         }?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        crate::steps::mark("new: match");
         let state = Arc::new(ResourcesState {
             id,
             device,
@@ -298,11 +280,8 @@ impl DeviceResources {
             released_cv: Condvar::new(),
             worker_thread: Mutex::new(None),
         });
-        crate::steps::mark("new: Arc state");
         live_registry().lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&state));
-        crate::steps::mark("new: registry insert");
         crate::memory::register_teardown();
-        crate::steps::mark("new: teardown + guard drop?");
         Ok(DeviceResources { state })
     }
 

@@ -52,8 +52,6 @@ pub use raft_core::{
     HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, PendingReleases,
     RaftResourcesPtr, Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
 };
-#[doc(hidden)]
-pub use raft_core::steps as __steps;
 pub use raft_core::{AsDevice, CopyScope, DeviceToDevice, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost, Transfer};
 
 #[cfg(feature = "comms")]

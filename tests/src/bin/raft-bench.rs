@@ -300,62 +300,9 @@ fn fragmentation(t: &mut Table) {
     }
 }
 
-/// TEMPORARY (one GPU run): the median time of each step of new + release + drop, with C++
-/// make / destroy in turns.
-fn steps_only() -> ! {
-    use raft::__steps as steps;
-    let mut deltas: std::collections::BTreeMap<(usize, &'static str), Vec<f64>> = Default::default();
-    let (mut cpp_make, mut cpp_destroy, mut total) = (vec![], vec![], vec![]);
-    for i in 0..3200 {
-        steps::ON.store(true, std::sync::atomic::Ordering::Relaxed);
-        steps::mark("start");
-        let res = DeviceResources::new().unwrap();
-        steps::mark("new returned");
-        res.release().unwrap();
-        steps::mark("release returned");
-        drop(res);
-        steps::mark("drop returned");
-        steps::ON.store(false, std::sync::atomic::Ordering::Relaxed);
-        let marks = steps::take();
-        let mut o = std::ptr::null_mut();
-        let t = Instant::now();
-        // SAFETY: plain C functions of the baseline; `o` is destroyed right after.
-        assert_eq!(unsafe { bl_make(&mut o) }, 0);
-        let made = t.elapsed().as_nanos() as f64;
-        let t = Instant::now();
-        // SAFETY: `o` came from bl_make, destroyed once.
-        assert_eq!(unsafe { bl_destroy(o) }, 0);
-        let destroyed = t.elapsed().as_nanos() as f64;
-        if i >= 200 {
-            for (k, w) in marks.windows(2).enumerate() {
-                deltas.entry((k, w[1].0)).or_default().push((w[1].1 - w[0].1).as_nanos() as f64);
-            }
-            total.push((marks[marks.len() - 1].1 - marks[0].1).as_nanos() as f64);
-            cpp_make.push(made);
-            cpp_destroy.push(destroyed);
-        }
-    }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        v[v.len() / 2]
-    };
-    println!("| step (time since the previous mark) | median ns |");
-    println!("| --- | --- |");
-    for ((_, label), v) in deltas {
-        println!("| {label} | {:.0} |", median(v));
-    }
-    println!("| ours, all (start to drop returned) | {:.0} |", median(total));
-    println!("| C++ make | {:.0} |", median(cpp_make));
-    println!("| C++ destroy | {:.0} |", median(cpp_destroy));
-    std::process::exit(0);
-}
-
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("--shim-load") {
         shim_load_child();
-    }
-    if std::env::var("RAFT_BENCH_ONLY").as_deref() == Ok("steps") {
-        steps_only();
     }
     let out = std::env::args().nth(1).unwrap_or_else(|| "raft-bench.json".into());
     let mut t = Table { rows: Vec::new(), notes: Vec::new() };

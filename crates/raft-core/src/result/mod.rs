@@ -340,22 +340,16 @@ impl NativeResources {
         // The stream's own context bound for the whole release (a release thread otherwise
         // keeps whichever context its last release left, maybe another device's, or none); the
         // shim and cudarc's stream drop below both leave it current.
-        crate::steps::mark("destroy: enter");
         let keep = ContextGuard::bind(who, self.stream.context());
-        crate::steps::mark("destroy: bind");
         // Drained whether or not the context could be bound (draining needs none): RAFT's
         // handles are destroyed only after the stream's work.
         let drained = stream_drain(who, &self.stream).and(keep.as_ref().map(|_| ()).map_err(Clone::clone));
-        crate::steps::mark("destroy: drain (query)");
         // SAFETY: `ptr` came from raftrs_resources_create and is destroyed exactly once (self is
         // consumed); its stream is still alive (dropped just below, after it).
         let destroyed = check(who, api, unsafe { api.raftrs_resources_destroy(self.ptr.as_ptr()) });
-        crate::steps::mark("destroy: shim destroy");
         let ctx = self.stream.context().clone();
         drop(self.stream);
-        crate::steps::mark("destroy: stream drop");
         let recorded = take_recorded(who, &ctx);
-        crate::steps::mark("destroy: take_recorded");
         let tolerate = |r: Result<()>| r.or_else(|e| if already_gone(&e) { Ok(()) } else { Err(e) });
         tolerate(drained).and(tolerate(destroyed)).and(tolerate(recorded))
     }
