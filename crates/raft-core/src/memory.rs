@@ -491,6 +491,9 @@ fn per_device() -> &'static [PerDevice] {
 /// the `RAFT_RMM_*` setup when any of those variables is set, else the async pool. A bad
 /// `RAFT_RMM_*` value is the `Logic` error of every `new()`.
 pub(crate) fn ensure_default(who: &'static str, device: usize) -> Result<()> {
+    if per_device().get(device).is_some_and(|slot| slot.once.is_completed()) {
+        return Ok(()); // applied already (so the variables read well: they are read once)
+    }
     let configured = RmmOptions::from_env().map_err(|e| e.with_who(who))?;
     let Some(slot) = per_device().get(device) else { return Ok(()) };
     slot.once.call_once(|| {

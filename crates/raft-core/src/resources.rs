@@ -9,7 +9,7 @@ use crate::{memory, release};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::thread::ThreadId;
 
@@ -36,6 +36,9 @@ pub(crate) struct ResourcesState {
     /// lock held across the first one's wait for the jobs (see `release`).
     releasing: Mutex<Releasing>,
     released_cv: Condvar,
+    /// Threads waiting on `released_cv` (changed under `releasing`): a release with none
+    /// notifies nobody (a notify is a system call even with no waiter).
+    release_waiters: AtomicUsize,
     /// The worker thread's id, once started: a job on it never waits for a release of its own
     /// resources (that release is waiting for the job).
     worker_thread: Mutex<Option<ThreadId>>,
@@ -68,9 +71,11 @@ impl ResourcesState {
                     if on_worker {
                         return Ok(());
                     }
+                    self.release_waiters.fetch_add(1, Ordering::Relaxed);
                     while !matches!(*state, Releasing::Done) {
                         state = self.released_cv.wait(state).unwrap_or_else(|e| e.into_inner());
                     }
+                    self.release_waiters.fetch_sub(1, Ordering::Relaxed);
                     return Ok(());
                 }
                 Releasing::No => *state = Releasing::By(std::thread::current().id()),
@@ -112,8 +117,13 @@ impl ResourcesState {
             }
             None => Ok(()),
         };
-        *self.releasing.lock().unwrap_or_else(|e| e.into_inner()) = Releasing::Done;
-        self.released_cv.notify_all();
+        let mut state = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+        *state = Releasing::Done;
+        // Read under the lock that every waiter holds while it counts itself in.
+        if self.release_waiters.load(Ordering::Relaxed) > 0 {
+            self.released_cv.notify_all();
+        }
+        drop(state);
         outcome
     }
 }
@@ -278,6 +288,7 @@ impl DeviceResources {
             worker: Mutex::new(None),
             releasing: Mutex::new(Releasing::No),
             released_cv: Condvar::new(),
+            release_waiters: AtomicUsize::new(0),
             worker_thread: Mutex::new(None),
         });
         live_registry().lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&state));

@@ -59,6 +59,15 @@ fn no_driver(who: &'static str) -> Error {
     Error::new(ErrorKind::Cuda, who, "no CUDA driver: libcuda.so could not be loaded")
 }
 
+/// The calling thread's current context as a number (`cuCtxGetCurrent`); `None` when it has
+/// none, without a driver, or when the driver cannot say.
+pub(crate) fn current_context() -> Option<usize> {
+    if !driver_present() {
+        return None;
+    }
+    cu::ctx::get_current().ok().flatten().map(|c| c as usize)
+}
+
 /// Device 0's primary context: what the CUDA runtime binds to a thread that has none on its
 /// first call. Leaving it bound on such a thread changes nothing the runtime would not do.
 static RUNTIME_DEFAULT: AtomicUsize = AtomicUsize::new(0);
