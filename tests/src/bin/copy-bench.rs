@@ -491,10 +491,17 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
     let mut rows = Vec::new();
     let mut best: [(f64, usize, usize, usize); 2] = [(0.0, 0, 0, 0); 2];
     eprintln!("  sweep {}:", size_name(bytes));
-    for (chunk, threads, pieces) in [4 * MIB, 8 * MIB]
-        .into_iter()
-        .flat_map(|c| [8usize, 12].into_iter().map(move |t| (c, t)))
-        .flat_map(|(c, t)| [4usize, 8].into_iter().map(move |p| (c, t, p)))
+    // COPY_SWEEP_CHUNKS_MIB, COPY_SWEEP_THREADS, COPY_SWEEP_PIECES (comma lists) change the grid.
+    let grid = |name: &str, default: &[usize]| -> Vec<usize> {
+        std::env::var(name).ok().map_or_else(|| default.to_vec(), |v| v.split(',').map(|x| x.trim().parse().expect(name)).collect())
+    };
+    let (chunks, threads_grid, pieces_grid) =
+        (grid("COPY_SWEEP_CHUNKS_MIB", &[4, 8]), grid("COPY_SWEEP_THREADS", &[8, 12]), grid("COPY_SWEEP_PIECES", &[4, 8]));
+    for (chunk, threads, pieces) in chunks
+        .iter()
+        .map(|c| c * MIB)
+        .flat_map(|c| threads_grid.iter().map(move |&t| (c, t)))
+        .flat_map(|(c, t)| pieces_grid.iter().map(move |&p| (c, t, p)))
     {
         let s = ok("Staging::new", Staging::new(chunk, threads).and_then(|s| s.with_pieces_in_flight(pieces)));
         let up = measure(w, r, || ok("staged", s.copy_from_host(&mut d, &data))).gbps(bytes);
@@ -738,8 +745,18 @@ fn main() {
         }
         return;
     }
-    let other = ok("resources", DeviceResources::on_device(0));
     let ctx = res.context().clone();
+    // COPY_BENCH_ONLY=sweep: the staged sweep alone at COPY_SWEEP_BYTES_MIB (64 by default),
+    // full repetitions, against the native pinned copies measured in the same run.
+    if std::env::var("COPY_BENCH_ONLY").as_deref() == Ok("sweep") {
+        let bytes = std::env::var("COPY_SWEEP_BYTES_MIB").map_or(64, |v| v.parse().expect("COPY_SWEEP_BYTES_MIB")) * MIB;
+        let mut t = Table { rows: Vec::new(), notes: Vec::new() };
+        let b = native_rows(&mut t, &ctx, bytes, false);
+        eprintln!("native pinned {}: H2D {:.2} GB/s, D2H {:.2} GB/s", size_name(bytes), b.h2d, b.d2h);
+        sweep(&res, bytes, &b, false);
+        return;
+    }
+    let other = ok("resources", DeviceResources::on_device(0));
     let mut t = Table { rows: Vec::new(), notes: Vec::new() };
     // COPY_BENCH_ONLY=peer: the peer rows alone (for a two-GPU machine's short call).
     let peer_only = std::env::var("COPY_BENCH_ONLY").as_deref() == Ok("peer");
