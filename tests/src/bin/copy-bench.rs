@@ -485,32 +485,67 @@ fn pageable_rows(t: &mut Table, ctx: &Arc<CudaContext>, res: &DeviceResources, b
 /// Staged copies over chunk sizes and thread counts: which settings the defaults should be.
 fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> serde_json::Value {
     let (w, r) = reps(bytes, quick);
+    // COPY_SWEEP_REPS: more samples per setting (each sample runs every setting once).
+    let r = std::env::var("COPY_SWEEP_REPS").map_or(r, |v| v.parse().expect("COPY_SWEEP_REPS"));
     let data = pattern(bytes);
     let mut out = vec![0u8; bytes];
     let mut d = ok("DeviceVec", DeviceVec::<u8>::new(res, bytes));
     let mut rows = Vec::new();
     let mut best: [(f64, usize, usize, usize); 2] = [(0.0, 0, 0, 0); 2];
-    eprintln!("  sweep {}:", size_name(bytes));
+    eprintln!("  sweep {} ({r} samples, every setting and the native pinned copies in turns):", size_name(bytes));
     // COPY_SWEEP_CHUNKS_MIB, COPY_SWEEP_THREADS, COPY_SWEEP_PIECES (comma lists) change the grid.
     let grid = |name: &str, default: &[usize]| -> Vec<usize> {
         std::env::var(name).ok().map_or_else(|| default.to_vec(), |v| v.split(',').map(|x| x.trim().parse().expect(name)).collect())
     };
     let (chunks, threads_grid, pieces_grid) =
         (grid("COPY_SWEEP_CHUNKS_MIB", &[4, 8]), grid("COPY_SWEEP_THREADS", &[8, 12]), grid("COPY_SWEEP_PIECES", &[4, 8]));
-    for (chunk, threads, pieces) in chunks
+    let settings: Vec<(usize, usize, usize)> = chunks
         .iter()
         .map(|c| c * MIB)
         .flat_map(|c| threads_grid.iter().map(move |&t| (c, t)))
         .flat_map(|(c, t)| pieces_grid.iter().map(move |&p| (c, t, p)))
-    {
-        let s = ok("Staging::new", Staging::new(chunk, threads).and_then(|s| s.with_pieces_in_flight(pieces)));
-        let up = measure(w, r, || ok("staged", s.copy_from_host(&mut d, &data))).gbps(bytes);
-        let down = measure(w, r, || ok("staged", s.copy_to_host(&d, &mut out))).gbps(bytes);
+        .collect();
+    let stagings: Vec<Staging> =
+        settings.iter().map(|&(c, t, p)| ok("Staging::new", Staging::new(c, t).and_then(|s| s.with_pieces_in_flight(p)))).collect();
+    // The native pinned copies of the same size, measured in the same turns.
+    let native = Native::new(res.context(), bytes);
+    let time = |f: &mut dyn FnMut()| {
+        let s = Instant::now();
+        f();
+        s.elapsed().as_secs_f64()
+    };
+    let (mut native_up, mut native_down) = (Vec::new(), Vec::new());
+    let mut ups: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
+    let mut downs: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
+    for rep in 0..w + r {
+        let keep = rep >= w;
+        let (u, dn) = (time(&mut || native.h2d()), time(&mut || native.d2h()));
+        if keep {
+            native_up.push(u);
+            native_down.push(dn);
+        }
+        for (k, s) in stagings.iter().enumerate() {
+            let u = time(&mut || ok("staged", s.copy_from_host(&mut d, &data)));
+            let dn = time(&mut || ok("staged", s.copy_to_host(&d, &mut out)));
+            if keep {
+                ups[k].push(u);
+                downs[k].push(dn);
+            }
+        }
+    }
+    let median_gbps = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        bytes as f64 / v[v.len() / 2] / 1e9
+    };
+    let (nu, nd) = (median_gbps(native_up), median_gbps(native_down));
+    eprintln!("    native pinned in these turns: H2D {nu:6.2} GB/s, D2H {nd:6.2} GB/s (separate rows: {:.2}, {:.2})", b.h2d, b.d2h);
+    for (k, &(chunk, threads, pieces)) in settings.iter().enumerate() {
+        let (up, down) = (median_gbps(std::mem::take(&mut ups[k])), median_gbps(std::mem::take(&mut downs[k])));
         eprintln!(
             "    {:>2} MiB x {threads} threads x {pieces} in flight: H2D {up:6.2} GB/s ({:.2}x), D2H {down:6.2} GB/s ({:.2}x)",
             chunk >> 20,
-            up / b.h2d,
-            down / b.d2h
+            up / nu,
+            down / nd
         );
         for (i, v) in [up, down].into_iter().enumerate() {
             if v > best[i].0 {
@@ -518,7 +553,7 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
             }
         }
         rows.push(serde_json::json!({"chunk_bytes": chunk, "threads": threads, "pieces_in_flight": pieces,
-            "h2d_gbps": up, "d2h_gbps": down, "h2d_vs_native_pinned": up / b.h2d, "d2h_vs_native_pinned": down / b.d2h}));
+            "h2d_gbps": up, "d2h_gbps": down, "h2d_vs_native_pinned_in_turns": up / nu, "d2h_vs_native_pinned_in_turns": down / nd}));
     }
     // What the host alone can feed the staging buffers: `bytes` copied from a pageable Vec into
     // page-locked memory by n threads at once, no device copy (the staged path's supply side).

@@ -41,6 +41,25 @@ fn measure(warmup: usize, samples: usize, batch: usize, mut f: impl FnMut()) -> 
     Stat { median_ns: per[per.len() / 2], min_ns: per[0], max_ns: per[per.len() - 1], samples }
 }
 
+/// Several functions measured in turns: each sample runs each once, in order, so that drifts
+/// of the machine (clock, other tenants, the allocator's state) reach all of them alike.
+fn measure_turns<const N: usize>(warmup: usize, samples: usize, mut fs: [&mut dyn FnMut(); N]) -> [Stat; N] {
+    for _ in 0..warmup {
+        for f in fs.iter_mut() {
+            f();
+        }
+    }
+    let mut per: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(samples));
+    for _ in 0..samples {
+        for (f, v) in fs.iter_mut().zip(per.iter_mut()) {
+            let t = Instant::now();
+            f();
+            v.push(t.elapsed().as_nanos() as f64);
+        }
+    }
+    per.map(stat_of)
+}
+
 fn stat_of(mut v: Vec<f64>) -> Stat {
     v.sort_by(f64::total_cmp);
     Stat { median_ns: v[v.len() / 2], min_ns: v[0], max_ns: v[v.len() - 1], samples: v.len() }
@@ -418,11 +437,18 @@ fn main() {
     }
 
     // 1. create + release, no handles.
-    let ours = measure(200, 2000, 1, || DeviceResources::new().unwrap().release().unwrap());
-    // SAFETY: plain C function of the baseline.
-    let cpp = measure(200, 2000, 1, || assert_eq!(unsafe { bl_create_release() }, 0));
+    // In turns with the C++ baseline (each sample runs both).
+    let [ours, cpp] = measure_turns(
+        200,
+        2000,
+        [
+            &mut || DeviceResources::new().unwrap().release().unwrap(),
+            // SAFETY: plain C function of the baseline.
+            &mut || assert_eq!(unsafe { bl_create_release() }, 0),
+        ],
+    );
     t.add(
-        "create + release, no handles",
+        "create + release, no handles (in turns)",
         "DeviceResources::new + release",
         ours,
         vec![("C++ stream + raft::device_resources + destroy", cpp)],
@@ -582,15 +608,22 @@ fn main() {
 
     // 5. 1 MiB allocate + free.
     let mib = 1 << 20;
-    let ours = measure(200, 5000, 1, || drop(DeviceVec::<u8>::new(&r, mib).unwrap()));
-    // SAFETY: plain C functions of the baseline.
-    let cpp_async = measure(200, 5000, 1, || assert_eq!(unsafe { bl_alloc_free_async(mib) }, 0));
+    // Ours and the C++ rows in turns (each sample runs each); cudaMalloc's row apart (slow).
+    let [ours, cpp_async, cpp_lookup] = measure_turns(
+        200,
+        5000,
+        [
+            &mut || drop(DeviceVec::<u8>::new(&r, mib).unwrap()),
+            // SAFETY: plain C functions of the baseline.
+            &mut || assert_eq!(unsafe { bl_alloc_free_async(mib) }, 0),
+            // SAFETY: as above.
+            &mut || assert_eq!(unsafe { bl_alloc_free_per_device(mib) }, 0),
+        ],
+    );
     // SAFETY: as above.
     let cpp_cuda = measure(50, 1000, 1, || assert_eq!(unsafe { bl_alloc_free_cuda(mib) }, 0));
-    // SAFETY: as above.
-    let cpp_lookup = measure(200, 5000, 1, || assert_eq!(unsafe { bl_alloc_free_per_device(mib) }, 0));
     t.add(
-        "1 MiB allocate + free",
+        "1 MiB allocate + free (in turns)",
         "DeviceVec::new + drop (default resource)",
         ours,
         vec![
@@ -607,7 +640,7 @@ fn main() {
     // C++ lookup, and the context guard the result layer adds around each call.
     let stream = r.stream().unwrap();
     let api = raft_sys::shim().unwrap_or_else(|e| fail(&e.to_string()));
-    let shim_direct = measure(200, 5000, 1, || {
+    let mut shim_direct = || {
         let (mut buf, mut data, mut ordered) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
         let s = stream.cu_stream() as *mut std::ffi::c_void;
         // SAFETY: the stream is alive (held above); out-pointers are locals; the buffer is freed
@@ -616,19 +649,27 @@ fn main() {
             assert_eq!(api.raftrs_buffer_create(0, std::ptr::null(), s, mib, &mut buf, &mut data, &mut ordered), 0);
             assert_eq!(api.raftrs_buffer_destroy(buf, s), 0);
         }
-    });
+    };
+    // The shim and the C++ steps in turns.
+    let [shim_direct, cpp_copied, cpp_copied_heap] = measure_turns(
+        200,
+        5000,
+        [
+            &mut shim_direct,
+            // SAFETY: plain C functions of the baseline.
+            &mut || assert_eq!(unsafe { bl_alloc_free_copied(mib, 0) }, 0),
+            // SAFETY: as above.
+            &mut || assert_eq!(unsafe { bl_alloc_free_copied(mib, 1) }, 0),
+        ],
+    );
     let guard_pair = measure(200, 5000, 1, || {
         // What ContextGuard::save + drop cost: two cuCtxGetCurrent, twice per allocation.
         let c = cudarc::driver::result::ctx::get_current().unwrap();
         black_box(cudarc::driver::result::ctx::get_current().unwrap() == c);
     });
-    // SAFETY: plain C functions of the baseline.
-    let cpp_copied = measure(200, 5000, 1, || assert_eq!(unsafe { bl_alloc_free_copied(mib, 0) }, 0));
-    // SAFETY: as above.
-    let cpp_copied_heap = measure(200, 5000, 1, || assert_eq!(unsafe { bl_alloc_free_copied(mib, 1) }, 0));
     t.report(
         "1 MiB allocate + free, where the time goes",
-        "the shim's buffer create + destroy, called directly",
+        "the shim's buffer create + destroy, called directly (in turns with the two C++ step rows)",
         shim_direct,
         vec![
             ("C++ through get_per_device_resource_ref", cpp_lookup),
@@ -646,12 +687,18 @@ fn main() {
     let pool = raft::MemoryResource::cuda(0).unwrap().pool(Some(256 << 20), None).unwrap();
     let arena = raft::MemoryResource::cuda(0).unwrap().arena(Some(1 << 30)).unwrap();
     for (label, mr, cpp) in [
-        ("1 MiB allocate + free, pool over cudaMalloc", &pool, bl_alloc_free_pool as unsafe extern "C" fn(usize) -> i32),
-        ("1 MiB allocate + free, arena over cudaMalloc", &arena, bl_alloc_free_arena as unsafe extern "C" fn(usize) -> i32),
+        ("1 MiB allocate + free, pool over cudaMalloc (in turns)", &pool, bl_alloc_free_pool as unsafe extern "C" fn(usize) -> i32),
+        ("1 MiB allocate + free, arena over cudaMalloc (in turns)", &arena, bl_alloc_free_arena as unsafe extern "C" fn(usize) -> i32),
     ] {
-        let ours = measure(200, 5000, 1, || drop(DeviceVec::<u8>::new_in(&r, mib, mr).unwrap()));
-        // SAFETY: plain C functions of the baseline.
-        let base = measure(200, 5000, 1, || assert_eq!(unsafe { cpp(mib) }, 0));
+        let [ours, base] = measure_turns(
+            200,
+            5000,
+            [
+                &mut || drop(DeviceVec::<u8>::new_in(&r, mib, mr).unwrap()),
+                // SAFETY: plain C functions of the baseline.
+                &mut || assert_eq!(unsafe { cpp(mib) }, 0),
+            ],
+        );
         t.add(
             label,
             "DeviceVec::new_in + drop",
