@@ -809,7 +809,8 @@ pub(crate) struct StagedCut {
 
 /// Whether a copy of `bytes` in pieces of `piece` starts and ends with smaller pieces: when it
 /// holds at least three pieces and a quarter piece is still [`RAMP_MIN`] (smaller device copies
-/// cost more in their fixed part than the wait they save).
+/// cost more in their fixed part than the wait they save). The ramps then hold less than two
+/// pieces in all, so whole pieces remain between them.
 fn ramps(bytes: usize, piece: usize) -> bool {
     piece / 4 >= RAMP_MIN && bytes >= 3 * piece
 }
@@ -817,17 +818,24 @@ fn ramps(bytes: usize, piece: usize) -> bool {
 /// The smallest first (and last) piece of a ramped staged copy.
 const RAMP_MIN: usize = 256 << 10;
 
-/// The pieces of a copy of `bytes` with pieces of at most `piece`: a quarter and a half piece
-/// first and last, whole pieces between, when [`ramps`] says so (otherwise
-/// whole pieces, the last one shorter). The link starts after a quarter piece is in rather than
-/// a whole one, and the last device copy, which nothing overlaps, is a quarter piece too.
+/// The pieces at each end of a ramped copy, smallest first: the piece halved, down to a
+/// sixteenth, while still [`RAMP_MIN`] (4 MiB pieces: 256 KiB, 512 KiB, 1 MiB, 2 MiB).
+fn ramp(piece: usize) -> Vec<usize> {
+    (1..=4).rev().map(|k| piece >> k).filter(|&len| len >= RAMP_MIN).collect()
+}
+
+/// The pieces of a copy of `bytes` with pieces of at most `piece`: pieces doubling up to the
+/// whole first ([`ramp`]) and halving down again last, whole pieces between, when [`ramps`] says
+/// so (otherwise whole pieces, the last one shorter). The link starts once the first 256 KiB
+/// are in rather than a whole piece (GPU run 64: a 1 MiB first piece took the host threads
+/// ~30 µs), and the last device copy, which nothing overlaps, is as short.
 fn ramped_pieces(bytes: usize, piece: usize) -> Vec<(usize, usize)> {
     let piece = piece.max(1);
-    let ramp = [piece / 4, piece / 2];
+    let ramp = ramp(piece);
     let sizes: Vec<usize> = if ramps(bytes, piece) {
-        let middle = bytes - 2 * (ramp[0] + ramp[1]);
+        let middle = bytes - 2 * ramp.iter().sum::<usize>();
         let whole = (0..middle.div_ceil(piece)).map(|k| piece.min(middle - k * piece));
-        ramp.into_iter().chain(whole).chain(ramp.into_iter().rev()).collect()
+        ramp.iter().copied().chain(whole).chain(ramp.iter().rev().copied()).collect()
     } else {
         (0..bytes.div_ceil(piece)).map(|k| piece.min(bytes - k * piece)).collect()
     };
@@ -1488,9 +1496,14 @@ mod tests {
             let lens: Vec<usize> = shared.pieces.iter().map(|(_, len)| *len).collect();
             assert!(lens.iter().all(|l| *l >= 1 && *l <= piece), "{bytes}/{piece}: {lens:?}");
             if ramps(bytes, piece) {
-                // Ramped: a quarter and a half piece at both ends.
+                // Ramped: pieces doubling from the smallest of at least 256 KiB (at most a
+                // sixteenth) to a half, at the start, and the same reversed at the end.
+                let want: Vec<usize> = (1..=4).rev().map(|k| piece >> k).filter(|&l| l >= 256 << 10).collect();
                 let n = lens.len();
-                assert_eq!((lens[0], lens[1], lens[n - 2], lens[n - 1]), (piece / 4, piece / 2, piece / 2, piece / 4), "{bytes}/{piece}");
+                assert_eq!(lens[..want.len()], want[..], "{bytes}/{piece}: {lens:?}");
+                let tail: Vec<usize> = want.iter().rev().copied().collect();
+                assert_eq!(lens[n - want.len()..], tail[..], "{bytes}/{piece}: {lens:?}");
+                assert!(want[0] <= piece / 4 && want[want.len() - 1] == piece / 2);
             }
             let mut next = 0;
             let mut taken = 0;
