@@ -383,7 +383,8 @@ fn pageable_rows(t: &mut Table, ctx: &Arc<CudaContext>, res: &DeviceResources, b
     let native = Native::new(ctx, bytes);
     let mut d = ok("DeviceVec", DeviceVec::<u8>::new(res, bytes));
     let staging = Staging::default();
-    let staged_what = format!("{} MiB, {} threads", staging.chunk_bytes() >> 20, staging.threads());
+    let staged_what =
+        format!("{} MiB, {} threads, {} in flight", staging.chunk_bytes() >> 20, staging.threads(), staging.pieces_in_flight());
     let auto = if bytes >= DeviceVec::<u8>::STAGED_FROM_BYTES { "staged" } else { "direct below 4 MiB" };
 
     // Host to device. The native rows: the driver's pageable path, as C++ cudaMemcpyAsync from a
