@@ -582,6 +582,44 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
     })
 }
 
+/// Native pinned H2D / D2H of 64 MiB, 40 samples each, beside 0, 4, 8 and 12 threads that
+/// each copy 16 MiB between two pageable buffers of their own in a loop; with the threads'
+/// own copy rate meanwhile.
+fn contention(ctx: &Arc<CudaContext>) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let bytes = 64 * MIB;
+    let native = Native::new(ctx, bytes);
+    for n in [0usize, 4, 8, 12] {
+        let stop = AtomicBool::new(false);
+        let copied = AtomicU64::new(0);
+        let (up, down, secs) = std::thread::scope(|sc| {
+            for _ in 0..n {
+                sc.spawn(|| {
+                    let src = pattern(16 * MIB);
+                    let mut dst = vec![0u8; 16 * MIB];
+                    while !stop.load(Ordering::Relaxed) {
+                        dst.copy_from_slice(&src);
+                        std::hint::black_box(&mut dst);
+                        copied.fetch_add(16 * MIB as u64, Ordering::Relaxed);
+                    }
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let (c0, t0) = (copied.load(Ordering::Relaxed), Instant::now());
+            let up = measure(3, 40, || native.h2d());
+            let down = measure(3, 40, || native.d2h());
+            let rate = (copied.load(Ordering::Relaxed) - c0) as f64 / t0.elapsed().as_secs_f64() / 1e9;
+            stop.store(true, Ordering::Relaxed);
+            (up, down, rate)
+        });
+        eprintln!(
+            "  native pinned 64 MiB beside {n:>2} host threads copying: H2D {:6.2} GB/s, D2H {:6.2} GB/s; the threads copy {secs:6.2} GB/s",
+            up.gbps(bytes),
+            down.gbps(bytes)
+        );
+    }
+}
+
 fn d2d_rows(t: &mut Table, res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) {
     let (w, r) = reps(bytes, quick);
     let name = size_name(bytes);
@@ -782,6 +820,13 @@ fn main() {
         return;
     }
     let ctx = res.context().clone();
+    // COPY_BENCH_ONLY=contention: the native pinned copies of 64 MiB while n host threads copy
+    // between pageable buffers of their own (the staged path's kind of host traffic): does
+    // host memory traffic slow the link?
+    if std::env::var("COPY_BENCH_ONLY").as_deref() == Ok("contention") {
+        contention(&ctx);
+        return;
+    }
     // COPY_BENCH_ONLY=sweep: the staged sweep alone at COPY_SWEEP_BYTES_MIB (64 by default),
     // full repetitions, against the native pinned copies measured in the same run.
     if std::env::var("COPY_BENCH_ONLY").as_deref() == Ok("sweep") {
