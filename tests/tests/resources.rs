@@ -518,3 +518,24 @@ fn a_long_job_delays_only_its_own_resources_release() {
     assert_eq!(job.join().unwrap(), Ok(()));
     assert!(gone(&slow_stream, Duration::from_secs(10)), "released once the job ended");
 }
+
+/// Work queued with cudarc on the stream `stream()` handed out is drained by `release()` (a
+/// release skips the drain only for resources whose stream nobody was ever handed).
+#[test]
+fn release_drains_work_queued_on_the_stream_it_handed_out() {
+    require_gpu!();
+    let r = DeviceResources::new().unwrap();
+    let s = r.stream().unwrap();
+    // 20 device copies of 256 MiB: milliseconds of work, still running when release begins.
+    let n = 64 << 20;
+    let src = s.alloc_zeros::<f32>(n).unwrap();
+    let mut dst = s.alloc_zeros::<f32>(n).unwrap();
+    s.synchronize().unwrap();
+    for _ in 0..20 {
+        s.memcpy_dtod(&src, &mut dst).unwrap();
+    }
+    let done = s.record_event(None).unwrap();
+    assert!(!done.is_complete(), "the copies should still run when release begins (make them longer)");
+    r.release().unwrap();
+    assert!(done.is_complete(), "release returned before the work queued on its stream had finished");
+}

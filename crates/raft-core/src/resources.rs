@@ -30,6 +30,10 @@ pub(crate) struct ResourcesState {
     /// The native resources and their stream, until release. Calls hold the read lock for
     /// their duration; a release takes the object out under the write lock.
     native: RwLock<Option<NativeResources>>,
+    /// Whether the native resources were ever handed to a use (their stream, a handle, an
+    /// allocation, a copy, a lend: every use goes through `with_native`). Until then nothing
+    /// can have been queued on the stream, and a release has nothing to drain.
+    used: AtomicBool,
     /// The worker, started on the first job. Its lock also orders `spawn` against `release`.
     worker: Mutex<Option<Worker>>,
     /// The release's progress: a second `release()` waits for the first to finish, without any
@@ -110,7 +114,8 @@ impl ResourcesState {
             self.native.write().unwrap_or_else(|e| e.into_inner()).take()
         };
         let outcome = match native {
-            Some(n) if raft_exit::native_release_allowed() => n.destroy(who),
+            // The write lock above ordered every use (under the read lock) before this load.
+            Some(n) if raft_exit::native_release_allowed() => n.destroy(who, self.used.load(Ordering::Relaxed)),
             Some(n) => {
                 n.leak(); // the exit has decided: no CUDA call under the static destructors
                 Ok(())
@@ -150,11 +155,12 @@ impl Drop for ResourcesState {
         let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
         // What the release will free, counted against the device until it has run.
         let held = native.as_ref().map(crate::handles::held_by).unwrap_or_default();
+        let used = *self.used.get_mut();
         let destroy = move || {
             if let Some(n) = native {
                 if !raft_exit::native_release_allowed() {
                     n.leak();
-                } else if let Err(e) = n.destroy("DeviceResources::drop") {
+                } else if let Err(e) = n.destroy("DeviceResources::drop", used) {
                     log::warn!(target: "raft", "{e}");
                 }
             }
@@ -285,6 +291,7 @@ impl DeviceResources {
             ctx,
             released: AtomicBool::new(false),
             native: RwLock::new(Some(native)),
+            used: AtomicBool::new(false),
             worker: Mutex::new(None),
             releasing: Mutex::new(Releasing::No),
             released_cv: Condvar::new(),
@@ -311,7 +318,12 @@ impl DeviceResources {
         let _held = Holding::enter(self.state.id);
         let native = self.state.native.read().unwrap_or_else(|e| e.into_inner());
         match native.as_ref() {
-            Some(n) => f(n),
+            Some(n) => {
+                if !self.state.used.load(Ordering::Relaxed) {
+                    self.state.used.store(true, Ordering::Relaxed);
+                }
+                f(n)
+            }
             None => Err(Error::released(who, self.state.device)),
         }
     }
@@ -327,7 +339,8 @@ impl DeviceResources {
     }
 
     /// Releases now: the queued jobs finish, then the stream is drained and the handles, RAFT's
-    /// object and the stream are destroyed. Idempotent: a second call returns `Ok` once the
+    /// object and the stream are destroyed. (Resources never used, whose stream nobody was
+    /// handed, have nothing queued: their stream is not asked.) Idempotent: a second call returns `Ok` once the
     /// first release has finished (at once when made by a job on these resources' own worker,
     /// which the first release is waiting for).
     ///

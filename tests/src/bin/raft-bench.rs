@@ -452,6 +452,29 @@ fn main() {
             &mut || assert_eq!(unsafe { bl_create_release() }, 0),
         ],
     );
+    // The same with the stream handed out (so release drains it: one cuStreamQuery when idle),
+    // against the same C++ (which never waits), in turns.
+    let [used, cpp_again] = measure_turns(
+        200,
+        2000,
+        [
+            &mut || {
+                let res = DeviceResources::new().unwrap();
+                black_box(res.stream().unwrap());
+                res.release().unwrap()
+            },
+            // SAFETY: plain C function of the baseline.
+            &mut || assert_eq!(unsafe { bl_create_release() }, 0),
+        ],
+    );
+    t.report(
+        "create + stream() + release (release drains a stream handed out)",
+        "DeviceResources::new + stream + release",
+        used,
+        vec![("C++ stream + raft::device_resources + destroy (never waits)", cpp_again)],
+        "C++ stream + raft::device_resources + destroy (never waits)",
+        "reported",
+    );
     t.add(
         "create + release, no handles (in turns)",
         "DeviceResources::new + release",

@@ -344,7 +344,11 @@ impl NativeResources {
     /// Waits for the stream, destroys the handles and RAFT's object, then lets the stream go,
     /// and returns any failure cudarc recorded meanwhile: the caller gets every error of its own
     /// release, and none is left for the next unrelated call.
-    pub(crate) fn destroy(self, who: &'static str) -> Result<()> {
+    ///
+    /// `used`: whether the stream was ever handed out; if not, nothing can be queued on it and
+    /// it is not drained (the one driver call a release of unused resources would add to what
+    /// C++ RAFT's destructor does).
+    pub(crate) fn destroy(self, who: &'static str, used: bool) -> Result<()> {
         let api = api(who)?;
         // The stream's own context bound for the whole release (a release thread otherwise
         // keeps whichever context its last release left, maybe another device's, or none); the
@@ -352,7 +356,8 @@ impl NativeResources {
         let keep = ContextGuard::bind(who, self.stream.context());
         // Drained whether or not the context could be bound (draining needs none): RAFT's
         // handles are destroyed only after the stream's work.
-        let drained = stream_drain(who, &self.stream).and(keep.as_ref().map(|_| ()).map_err(Clone::clone));
+        let drain = if used { stream_drain(who, &self.stream) } else { Ok(()) };
+        let drained = drain.and(keep.as_ref().map(|_| ()).map_err(Clone::clone));
         // SAFETY: `ptr` came from raftrs_resources_create and is destroyed exactly once (self is
         // consumed); its stream is still alive (dropped just below, after it).
         let destroyed = check(who, api, unsafe { api.raftrs_resources_destroy(self.ptr.as_ptr()) });
