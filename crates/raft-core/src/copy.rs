@@ -412,6 +412,12 @@ const SLOTS: usize = 8;
 /// next. The page-locked buffers are kept for reuse (those of the latest copy, and others up to
 /// 256 MiB in all).
 ///
+/// The host threads are a crew shared by the process's staged copies (one copy at a time; a
+/// copy that finds it busy runs on a pool of its own meanwhile). After a copy the crew keeps
+/// watching for the next one for 1 ms, spinning then yielding, before it sleeps, so a run of
+/// copies starts each within a microsecond: `RAFT_STAGING_SPIN_US` (read once, 0 to 1 000 000;
+/// 0 sleeps at once) changes that watch, a bad value is the `Logic` error of every staged copy.
+///
 /// Copies are synchronous (they return once done), check exact lengths, and run on the array's
 /// own stream after the work queued there, as `DeviceVec::from_host` / `to_host` do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
