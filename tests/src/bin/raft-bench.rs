@@ -41,7 +41,7 @@ fn measure(warmup: usize, samples: usize, batch: usize, mut f: impl FnMut()) -> 
     Stat { median_ns: per[per.len() / 2], min_ns: per[0], max_ns: per[per.len() - 1], samples }
 }
 
-/// Several functions measured in turns of [`TURN`] calls each (every call timed), so that
+/// Several functions measured in turns of `TURN` (50) calls each (every call timed), so that
 /// drifts of the machine (clock, other tenants) reach all of them alike, while each runs warm
 /// within its turn as a loop would (run 65 alternated single calls: that cools each one's
 /// caches for the other's and read pool allocations 1.43x where loops read 1.13x).
