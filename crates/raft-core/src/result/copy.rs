@@ -826,9 +826,10 @@ fn ramp(piece: usize) -> Vec<usize> {
 
 /// The pieces of a copy of `bytes` with pieces of at most `piece`: pieces doubling up to the
 /// whole first ([`ramp`]) and halving down again last, whole pieces between, when [`ramps`] says
-/// so (otherwise whole pieces, the last one shorter). The link starts once the first 256 KiB
-/// are in rather than a whole piece (GPU run 64: a 1 MiB first piece took the host threads
-/// ~30 µs), and the last device copy, which nothing overlaps, is as short.
+/// so (otherwise whole pieces, the last one shorter). The link starts once the first piece
+/// (a sixteenth of a whole, at least 256 KiB: 256 KiB for the default 4 MiB) is in rather than a
+/// whole piece (GPU run 64: a 1 MiB first piece took the host threads ~30 µs), and the last
+/// device copy, which nothing overlaps, is as short.
 fn ramped_pieces(bytes: usize, piece: usize) -> Vec<(usize, usize)> {
     let piece = piece.max(1);
     let ramp = ramp(piece);

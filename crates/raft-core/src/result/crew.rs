@@ -17,8 +17,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-/// The most crew threads (as many as the machine runs at once, at most this).
+/// The most crew threads: as many as the machine runs at once, at most this.
 const MAX_THREADS: usize = 16;
+
+fn max_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_THREADS)
+}
 
 /// How long a crew thread keeps watching after its last copy: `RAFT_STAGING_SPIN_US`
 /// (microseconds, 0 to 1 000 000; 0 sleeps at once), 1 ms by default. Read once.
@@ -50,8 +54,9 @@ const INSIDE: u64 = SEAT - 1;
 pub(crate) struct Crew {
     /// One copy at a time posts to the crew.
     busy: Mutex<()>,
-    /// Threads started so far (grown to what copies ask for, at most `MAX_THREADS`).
-    started: Mutex<usize>,
+    /// Threads started so far (grown to what copies ask for, at most [`max_threads`]), and
+    /// whether the OS refused one (then the crew stays as it is: no retry, one warning).
+    started: Mutex<(usize, bool)>,
     /// Bumped when a job is posted: what watching threads look for.
     epoch: AtomicU64,
     /// (seats still open) × `SEAT` + (threads inside the job).
@@ -74,8 +79,8 @@ pub(crate) struct Crew {
 // is `Sync`, so calling it from several threads at once is allowed.
 unsafe impl Sync for Crew {}
 
-/// The crew, made at the first staged copy; `None` when no thread of it could be started (or
-/// `RAFT_STAGING_SPIN_US` is bad: that error comes from [`watch_time`]).
+/// The crew, made at the first staged copy; `None` when `RAFT_STAGING_SPIN_US` is bad (that
+/// error comes from [`watch_time`]). Its threads start as copies ask for them.
 pub(crate) fn crew() -> Option<&'static Crew> {
     static CREW: OnceLock<Option<Crew>> = OnceLock::new();
     CREW.get_or_init(|| Some(Crew::new(watch_time("staging").ok()?))).as_ref()
@@ -86,7 +91,7 @@ impl Crew {
     fn new(watch: Duration) -> Crew {
         Crew {
             busy: Mutex::new(()),
-            started: Mutex::new(0),
+            started: Mutex::new((0, false)),
             epoch: AtomicU64::new(0),
             seats: AtomicU64::new(0),
             job: UnsafeCell::new(None),
@@ -97,17 +102,18 @@ impl Crew {
         }
     }
 
-    /// Runs `work` on up to `threads` crew threads (each thread that joins calls it once) and
-    /// `main` on the calling thread; returns `main`'s outcome once every thread that joined
-    /// has left `work`. `None`, without running anything, while another copy holds the crew or
-    /// when no crew thread could be started. `work` must not panic (the caller catches).
+    /// Runs `work` on crew threads, at most `threads` calls in all (one per seat; a thread may
+    /// take two seats of one job), and `main` on the calling thread; returns `main`'s outcome
+    /// once every thread that joined has left `work`. `None`, without running anything, while
+    /// another copy holds the crew or when no crew thread could be started. `work` must not
+    /// panic (the caller catches).
     pub(crate) fn run<R>(&'static self, threads: usize, work: &(dyn Fn() + Sync), main: impl FnOnce() -> R) -> Option<R> {
         let _busy = match self.busy.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return None,
         };
-        let seats = self.grow(threads.clamp(1, MAX_THREADS));
+        let seats = self.grow(threads.clamp(1, max_threads()));
         if seats == 0 {
             return None;
         }
@@ -127,19 +133,20 @@ impl Crew {
         Some(main())
     }
 
-    /// Starts threads until `want` run (or the OS refuses); how many run.
+    /// Starts threads until `want` run (or the OS refuses one: then never again); how many run.
     fn grow(&'static self, want: usize) -> usize {
-        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        let (started, refused) = &mut *guard;
         // The epoch before the job being posted: a new thread that starts only after the post
         // still joins it.
         let seen = self.epoch.load(Ordering::Acquire);
-        while *started < want {
+        while *started < want && !*refused {
             let spawned = std::thread::Builder::new().name(format!("raft-staging-{}", *started)).spawn(move || self.serve(seen));
             match spawned {
                 Ok(_) => *started += 1,
                 Err(e) => {
-                    log::warn!(target: "raft", "a staging thread could not be started: {e}");
-                    break;
+                    log::warn!(target: "raft", "a staging thread could not be started, staged copies keep the {started} running: {e}");
+                    *refused = true;
                 }
             }
         }
