@@ -615,9 +615,10 @@ fn run_on_threads(threads: usize, work: &(dyn Fn() -> Result<()> + Sync), main: 
             return first.and(error.map_or(Ok(()), Err));
         }
     }
-    // The crew is busy with another copy (or has no thread). Called from a worker of a rayon pool (the user's `par_iter`, say), waiting for another
-    // pool's scope would let this thread run unrelated jobs of its own pool meanwhile, which may
-    // wait for the caller: plain scoped threads then, which block without stealing.
+    // The crew is busy with another copy (or has no thread): the pool. Called from a worker of
+    // a rayon pool (the user's `par_iter`, say), waiting for another pool's scope would let this
+    // thread run unrelated jobs of its own pool meanwhile, which may wait for the caller: plain
+    // scoped threads then, which block without stealing.
     let Some(pool) = staging_threads().filter(|_| rayon_core::current_thread_index().is_none()) else {
         return std::thread::scope(|s| {
             // A thread the OS refuses only slows the copy: the coordinator copies by itself

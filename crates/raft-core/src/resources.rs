@@ -340,9 +340,9 @@ impl DeviceResources {
 
     /// Releases now: the queued jobs finish, then the stream is drained and the handles, RAFT's
     /// object and the stream are destroyed. (Resources never used, whose stream nobody was
-    /// handed, have nothing queued: their stream is not asked.) Idempotent: a second call returns `Ok` once the
-    /// first release has finished (at once when made by a job on these resources' own worker,
-    /// which the first release is waiting for).
+    /// handed, have nothing queued: their stream is not asked.) Idempotent: a second call
+    /// returns `Ok` once the first release has finished (at once when made by a job on these
+    /// resources' own worker, which the first release is waiting for).
     ///
     /// # Errors
     /// `Cuda` when draining the stream or destroying a handle failed (everything is released
