@@ -607,3 +607,48 @@ fn a_copy_in_flight_at_exit_is_waited_for() {
         assert!(start.elapsed() < Duration::from_secs(60), "{how}: {:?}", start.elapsed());
     }
 }
+
+/// What the child of [`the_staging_watch_comes_from_the_environment`] does, under the
+/// `RAFT_STAGING_SPIN_US` its parent set: a staged round trip, then the outcome printed.
+fn spin_child() -> ! {
+    let res = DeviceResources::new().unwrap();
+    let want = pattern_u32((5 << 20) + 3, 53);
+    let staged = Staging::default().from_host(&res, &want).and_then(|d| {
+        let mut out = vec![0u32; want.len()];
+        Staging::default().copy_to_host(&d, &mut out).map(|()| out == want)
+    });
+    match staged {
+        Ok(right) => println!("RESULT ok right={right}"),
+        Err(e) => println!("RESULT err kind={:?} who={} message={}", e.kind(), e.who(), e.message()),
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    std::process::exit(0)
+}
+
+/// `RAFT_STAGING_SPIN_US`: 0 (the crew sleeps at once) still copies right; a value that does not
+/// parse is the `Logic` error of every staged copy, naming the variable and the value.
+#[test]
+fn the_staging_watch_comes_from_the_environment() {
+    if std::env::var("RAFT_COPIES_SPIN_CHILD").is_ok() {
+        spin_child();
+    }
+    require_gpu!();
+    let me = std::env::current_exe().unwrap();
+    let run = |value: &str| {
+        let out = std::process::Command::new(&me)
+            .args(["the_staging_watch_comes_from_the_environment", "--exact", "--nocapture", "--test-threads=1"])
+            .env("RAFT_COPIES_SPIN_CHILD", "1")
+            .env("RAFT_STAGING_SPIN_US", value)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{value}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        stdout
+    };
+    let zero = run("0");
+    assert!(zero.contains("RESULT ok right=true"), "RAFT_STAGING_SPIN_US=0: {zero}");
+    let bad = run("2ms");
+    assert!(bad.contains("RESULT err kind=Logic who=Staging::from_host"), "{bad}");
+    assert!(bad.contains("RAFT_STAGING_SPIN_US") && bad.contains("\"2ms\""), "the error names the variable and the value: {bad}");
+}
