@@ -128,9 +128,12 @@ impl<T: DeviceScalar> DeviceVec<T> {
     }
 
     /// The size from which copies between pageable host memory and an array are staged (see
-    /// [`from_host`](Self::from_host)): below it the driver's direct path is as fast (GPU runs 20
-    /// and 23: 1 MiB staged 10.8 GB/s, direct 11.3 GB/s; 64 MiB staged 34.7, direct 7.3).
-    pub const STAGED_FROM_BYTES: usize = 4 << 20;
+    /// [`from_host`](Self::from_host)): below it the driver's direct path is as fast. GPU run 79,
+    /// in turns with the native pinned copy (host to device / device to host): 256 KiB staged
+    /// 0.48x / 0.49x, direct 0.46x / 0.36x; 512 KiB staged 0.52x / 0.52x, direct 0.37x / 0.28x;
+    /// 4 MiB staged 0.67x / 0.72x, direct 0.27x / 0.22x. (4 MiB until run 79: before the
+    /// staging crew, run 77's cached thread count and run 78's stores, staging lost below it.)
+    pub const STAGED_FROM_BYTES: usize = 512 << 10;
 
     fn staged(host: &[T]) -> bool {
         std::mem::size_of_val(host) >= Self::STAGED_FROM_BYTES && !crate::result::copy::is_page_locked(host)

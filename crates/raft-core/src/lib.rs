@@ -29,7 +29,7 @@ pub mod error {
 }
 
 pub use array::{DeviceVec, HostCopy, Layout, MatrixView, MatrixViewMut};
-pub use copy::{DeviceToDevice, Staging, ToDevice, ToHost, Transfer};
+pub use copy::{DeviceToDevice, HostStores, Staging, ToDevice, ToHost, Transfer};
 pub use current::{current_device_resources, AsResources};
 pub use device::{current_device, device_count, memory_pools_supported};
 pub use error::{Error, ErrorKind, Result};

@@ -52,7 +52,9 @@ pub use raft_core::{
     HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, PendingReleases,
     RaftResourcesPtr, Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
 };
-pub use raft_core::{AsDevice, CopyScope, DeviceToDevice, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost, Transfer};
+pub use raft_core::{
+    AsDevice, CopyScope, DeviceToDevice, HostStores, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost, Transfer,
+};
 
 #[cfg(feature = "comms")]
 pub use raft_comms as comms;

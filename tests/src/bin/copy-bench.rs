@@ -12,7 +12,7 @@
 //! table and writes JSON to the path given as the first argument (default `copy-bench.json`).
 //! `COPY_BENCH_QUICK=1` runs fewer repeats and no 1 GiB rows (a smoke run).
 use cudarc::driver::{result as cu, sys, CudaContext};
-use raft::{gemm, DeviceResources, DeviceVec, Layout, PinnedVec, Staging};
+use raft::{gemm, DeviceResources, DeviceVec, HostStores, Layout, PinnedVec, Staging};
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Instant;
@@ -133,11 +133,25 @@ impl Table {
     }
 }
 
+/// The kind of host store numbered `k` by the bench's variables: 0 plain, 1 streaming, 2 the
+/// default (`Auto`). (Run 78 also tried plain stores with every line demoted to the shared cache,
+/// `cldemote`: 1 MiB host to device 0.53x like streaming, 64 MiB 0.60x, 1 GiB 0.51x; dropped.)
+fn stores_of(k: usize) -> HostStores {
+    match k {
+        0 => HostStores::Plain,
+        1 => HostStores::Streaming,
+        2 => HostStores::Auto,
+        _ => fail(&format!("host stores: 0, 1 or 2, given {k}")),
+    }
+}
+
 fn size_name(bytes: usize) -> String {
     if bytes >= 1 << 30 {
         format!("{} GiB", bytes >> 30)
-    } else {
+    } else if bytes >= MIB {
         format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
     }
 }
 
@@ -194,6 +208,26 @@ impl Native {
         // SAFETY: both ranges hold `bytes` bytes owned by self; synchronised before returning.
         unsafe {
             check("cuMemcpyHtoDAsync", sys::cuMemcpyHtoDAsync_v2(self.dev, self.host, self.bytes, self.s1));
+            check("cuStreamSynchronize", sys::cuStreamSynchronize(self.s1));
+        }
+    }
+
+    /// `h2d` (or `d2h`) as `pieces` copies queued back to back, then one sync: what the device
+    /// side of a staged copy cut that way costs at least.
+    fn split(&self, pieces: usize, to_device: bool) {
+        let each = self.bytes.div_ceil(pieces);
+        // SAFETY: every range lies inside the `bytes` bytes of both buffers (owned by self);
+        // synchronised before returning.
+        unsafe {
+            for k in 0..pieces {
+                let (at, len) = (k * each, each.min(self.bytes - (k * each).min(self.bytes)));
+                let rc = if to_device {
+                    sys::cuMemcpyHtoDAsync_v2(self.dev + at as u64, (self.host as *const u8).add(at) as *const c_void, len, self.s1)
+                } else {
+                    sys::cuMemcpyDtoHAsync_v2((self.host as *mut u8).add(at) as *mut c_void, self.dev + at as u64, len, self.s1)
+                };
+                check("cuMemcpyAsync", rc);
+            }
             check("cuStreamSynchronize", sys::cuStreamSynchronize(self.s1));
         }
     }
@@ -385,7 +419,7 @@ fn pageable_rows(t: &mut Table, ctx: &Arc<CudaContext>, res: &DeviceResources, b
     let staging = Staging::default();
     let staged_what =
         format!("{} MiB, {} threads, {} in flight", staging.chunk_bytes() >> 20, staging.threads(), staging.pieces_in_flight());
-    let auto = if bytes >= DeviceVec::<u8>::STAGED_FROM_BYTES { "staged" } else { "direct below 4 MiB" };
+    let auto = if bytes >= DeviceVec::<u8>::STAGED_FROM_BYTES { "staged" } else { "direct below the staging threshold" };
 
     // Host to device. The native rows: the driver's pageable path, as C++ cudaMemcpyAsync from a
     // std::vector (the figure a user would otherwise get), on a raw stream.
@@ -500,16 +534,26 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
     let grid = |name: &str, default: &[usize]| -> Vec<usize> {
         std::env::var(name).ok().map_or_else(|| default.to_vec(), |v| v.split(',').map(|x| x.trim().parse().expect(name)).collect())
     };
-    let (chunks, threads_grid, pieces_grid) =
-        (grid("COPY_SWEEP_CHUNKS_MIB", &[4, 8]), grid("COPY_SWEEP_THREADS", &[8, 12]), grid("COPY_SWEEP_PIECES", &[4, 8]));
-    let settings: Vec<(usize, usize, usize)> = chunks
+    // COPY_SWEEP_CHUNKS_KIB (in KiB) replaces COPY_SWEEP_CHUNKS_MIB; COPY_SWEEP_STORES (a list
+    // of 0 plain, 1 streaming, 2 the default) tries the host threads' kinds of store.
+    let chunks: Vec<usize> = match std::env::var("COPY_SWEEP_CHUNKS_KIB") {
+        Ok(_) => grid("COPY_SWEEP_CHUNKS_KIB", &[]).into_iter().map(|c| c << 10).collect(),
+        Err(_) => grid("COPY_SWEEP_CHUNKS_MIB", &[4, 8]).into_iter().map(|c| c * MIB).collect(),
+    };
+    let (threads_grid, pieces_grid, streaming_grid) =
+        (grid("COPY_SWEEP_THREADS", &[8, 12]), grid("COPY_SWEEP_PIECES", &[4, 8]), grid("COPY_SWEEP_STORES", &[2]));
+    let settings: Vec<(usize, usize, usize, HostStores)> = chunks
         .iter()
-        .map(|c| c * MIB)
-        .flat_map(|c| threads_grid.iter().map(move |&t| (c, t)))
+        .flat_map(|&c| threads_grid.iter().map(move |&t| (c, t)))
         .flat_map(|(c, t)| pieces_grid.iter().map(move |&p| (c, t, p)))
+        .flat_map(|(c, t, p)| streaming_grid.iter().map(move |&k| (c, t, p, stores_of(k))))
         .collect();
-    let stagings: Vec<Staging> =
-        settings.iter().map(|&(c, t, p)| ok("Staging::new", Staging::new(c, t).and_then(|s| s.with_pieces_in_flight(p)))).collect();
+    let stagings: Vec<Staging> = settings
+        .iter()
+        .map(|&(c, t, p, nt)| {
+            ok("Staging::new", Staging::new(c, t).and_then(|s| s.with_pieces_in_flight(p)).map(|s| s.with_host_stores(nt, nt)))
+        })
+        .collect();
     // The native pinned copies of the same size, measured in the same turns.
     let native = Native::new(res.context(), bytes);
     let time = |f: &mut dyn FnMut()| {
@@ -518,14 +562,19 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
         s.elapsed().as_secs_f64()
     };
     let (mut native_up, mut native_down) = (Vec::new(), Vec::new());
+    // The driver's own pageable path (cuMemcpyAsync from / into the Vec), in the same turns.
+    let (mut direct_up, mut direct_down) = (Vec::new(), Vec::new());
     let mut ups: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
     let mut downs: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
     for rep in 0..w + r {
         let keep = rep >= w;
         let (u, dn) = (time(&mut || native.h2d()), time(&mut || native.d2h()));
+        let (du, dd) = (time(&mut || native.h2d_pageable(&data)), time(&mut || native.d2h_pageable(&mut out)));
         if keep {
             native_up.push(u);
             native_down.push(dn);
+            direct_up.push(du);
+            direct_down.push(dd);
         }
         for (k, s) in stagings.iter().enumerate() {
             let u = time(&mut || ok("staged", s.copy_from_host(&mut d, &data)));
@@ -542,11 +591,18 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
     };
     let (nu, nd) = (median_gbps(native_up), median_gbps(native_down));
     eprintln!("    native pinned in these turns: H2D {nu:6.2} GB/s, D2H {nd:6.2} GB/s (separate rows: {:.2}, {:.2})", b.h2d, b.d2h);
-    for (k, &(chunk, threads, pieces)) in settings.iter().enumerate() {
+    let (pu, pd) = (median_gbps(direct_up), median_gbps(direct_down));
+    eprintln!("    the driver's pageable path in these turns: H2D {pu:6.2} GB/s ({:.3}x), D2H {pd:6.2} GB/s ({:.3}x)", pu / nu, pd / nd);
+    for (k, &(chunk, threads, pieces, nt)) in settings.iter().enumerate() {
         let (up, down) = (median_gbps(std::mem::take(&mut ups[k])), median_gbps(std::mem::take(&mut downs[k])));
         eprintln!(
-            "    {:>2} MiB x {threads} threads x {pieces} in flight: H2D {up:6.2} GB/s ({:.2}x), D2H {down:6.2} GB/s ({:.2}x)",
-            chunk >> 20,
+            "    {:>5} KiB x {threads} threads x {pieces} in flight{}: H2D {up:6.2} GB/s ({:.3}x), D2H {down:6.2} GB/s ({:.3}x)",
+            chunk >> 10,
+            match nt {
+                HostStores::Plain => ", plain stores",
+                HostStores::Streaming => ", streaming stores",
+                _ => "",
+            },
             up / nu,
             down / nd
         );
@@ -555,8 +611,10 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
                 best[i] = (v, chunk, threads, pieces);
             }
         }
-        rows.push(serde_json::json!({"chunk_bytes": chunk, "threads": threads, "pieces_in_flight": pieces,
-            "h2d_gbps": up, "d2h_gbps": down, "h2d_vs_native_pinned_in_turns": up / nu, "d2h_vs_native_pinned_in_turns": down / nd}));
+        rows.push(
+            serde_json::json!({"chunk_bytes": chunk, "threads": threads, "pieces_in_flight": pieces, "host_stores": format!("{nt:?}"),
+            "h2d_gbps": up, "d2h_gbps": down, "h2d_vs_native_pinned_in_turns": up / nu, "d2h_vs_native_pinned_in_turns": down / nd}),
+        );
     }
     // What the host alone can feed the staging buffers: `bytes` copied from a pageable Vec into
     // page-locked memory by n threads at once, no device copy (the staged path's supply side).
@@ -579,6 +637,7 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
         "bytes": bytes,
         "host_memcpy_into_pinned": host_rates,
         "rows": rows,
+        "driver_pageable_in_turns": {"h2d_gbps": pu, "d2h_gbps": pd},
         "best_h2d": {"gbps": best[0].0, "chunk_bytes": best[0].1, "threads": best[0].2, "pieces_in_flight": best[0].3},
         "best_d2h": {"gbps": best[1].0, "chunk_bytes": best[1].1, "threads": best[1].2, "pieces_in_flight": best[1].3},
     })
@@ -800,28 +859,52 @@ fn main() {
         Err(e) => fail(&format!("needs a GPU: {e}")),
     }
     let res = ok("resources", DeviceResources::on_device(0));
+    let ctx = res.context().clone();
     // COPY_BENCH_ONLY=trace: the staged copies' timelines (64 MiB each way, the defaults), as
     // `raft::staging` traces them, and nothing else.
     if std::env::var("COPY_BENCH_ONLY").as_deref() == Ok("trace") {
         env_logger::Builder::new().parse_filters("raft::staging=trace").init();
-        let bytes = 64 * MIB;
+        // COPY_TRACE_KIB: another size; COPY_TRACE_STORES: 0 plain, 1 streaming, 2 the default.
+        let bytes = std::env::var("COPY_TRACE_KIB").map_or(64 * MIB, |v| v.parse::<usize>().expect("COPY_TRACE_KIB") << 10);
+        let stores = stores_of(std::env::var("COPY_TRACE_STORES").map_or(2, |v| v.parse().expect("COPY_TRACE_STORES")));
         let data = pattern(bytes);
         let mut out = vec![0u8; bytes];
         let mut d = ok("DeviceVec", DeviceVec::<u8>::new(&res, bytes));
-        let s = Staging::default();
+        let s = Staging::default().with_host_stores(stores, stores);
+        let native = Native::new(&ctx, bytes);
+        let name = size_name(bytes);
+        // What asking the machine's parallelism costs here (every staged copy asked until run 76).
+        let t = Instant::now();
+        for _ in 0..100 {
+            std::hint::black_box(std::thread::available_parallelism().ok());
+        }
+        eprintln!("std::thread::available_parallelism: {:.1} µs a call", t.elapsed().as_secs_f64() * 1e4);
+        // The device side alone: the native pinned copy cut into 1, 2, 4, 8 pieces queued back to
+        // back (median of 51 each).
+        for to_device in [true, false] {
+            for pieces in [1usize, 2, 4, 8] {
+                let st = measure(5, 51, || native.split(pieces, to_device));
+                eprintln!("native pinned {} {name} in {pieces} pieces: {:.1} µs", if to_device { "H2D" } else { "D2H" }, st.median_s * 1e6);
+            }
+        }
         for _ in 0..6 {
             let t = Instant::now();
             ok("staged", s.copy_from_host(&mut d, &data));
-            eprintln!("upload 64 MiB: {:.1} µs", t.elapsed().as_secs_f64() * 1e6);
+            let ours = t.elapsed().as_secs_f64() * 1e6;
+            let t = Instant::now();
+            native.h2d();
+            eprintln!("upload {name}: {ours:.1} µs (native pinned next: {:.1} µs)", t.elapsed().as_secs_f64() * 1e6);
         }
         for _ in 0..6 {
             let t = Instant::now();
             ok("staged", s.copy_to_host(&d, &mut out));
-            eprintln!("download 64 MiB: {:.1} µs", t.elapsed().as_secs_f64() * 1e6);
+            let ours = t.elapsed().as_secs_f64() * 1e6;
+            let t = Instant::now();
+            native.d2h();
+            eprintln!("download {name}: {ours:.1} µs (native pinned next: {:.1} µs)", t.elapsed().as_secs_f64() * 1e6);
         }
         return;
     }
-    let ctx = res.context().clone();
     // COPY_BENCH_ONLY=contention: the native pinned copies of 64 MiB while n host threads copy
     // between pageable buffers of their own (the staged path's kind of host traffic): does
     // host memory traffic slow the link?
@@ -832,7 +915,11 @@ fn main() {
     // COPY_BENCH_ONLY=sweep: the staged sweep alone at COPY_SWEEP_BYTES_MIB (64 by default),
     // full repetitions, against the native pinned copies measured in the same run.
     if std::env::var("COPY_BENCH_ONLY").as_deref() == Ok("sweep") {
-        let bytes = std::env::var("COPY_SWEEP_BYTES_MIB").map_or(64, |v| v.parse().expect("COPY_SWEEP_BYTES_MIB")) * MIB;
+        // COPY_SWEEP_BYTES_KIB: a size in KiB instead.
+        let bytes = match std::env::var("COPY_SWEEP_BYTES_KIB") {
+            Ok(v) => v.parse::<usize>().expect("COPY_SWEEP_BYTES_KIB") << 10,
+            Err(_) => std::env::var("COPY_SWEEP_BYTES_MIB").map_or(64, |v| v.parse().expect("COPY_SWEEP_BYTES_MIB")) * MIB,
+        };
         let mut t = Table { rows: Vec::new(), notes: Vec::new() };
         let b = native_rows(&mut t, &ctx, bytes, false);
         eprintln!("native pinned {}: H2D {:.2} GB/s, D2H {:.2} GB/s", size_name(bytes), b.h2d, b.d2h);

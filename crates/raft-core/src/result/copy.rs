@@ -21,6 +21,7 @@
 //! (and, for [`copy_device_ordered`], which returns at once, the buffer's stream then waits for
 //! the copy). Stream-ordered frees therefore come after the copy.
 use super::{bind, stream_sync, ContextGuard, DeviceScalar, NativeBuffer, NativeMr};
+use crate::copy::HostStores;
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::{result as cu, sys as cusys, CudaContext, CudaStream};
 use raft_sys as sys;
@@ -800,11 +801,70 @@ impl StagingBuffers {
 
 /// How a staged copy is cut: pieces of `piece` bytes, each one device copy through one
 /// page-locked slot, filled (or emptied) by the host in sub-pieces of `sub` bytes, each taken by
-/// whichever of the copy's threads is free.
+/// whichever of the copy's threads is free; `stores`: how the host threads write
+/// ([`copy_host_bytes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StagedCut {
     pub(crate) piece: usize,
     pub(crate) sub: usize,
+    pub(crate) stores: HostStores,
+}
+
+/// Copies `len` bytes from `src` to `dst`, as `std::ptr::copy_nonoverlapping` does, writing as
+/// `stores` says (see [`HostStores`]; on other CPUs than x86-64 always a plain copy).
+///
+/// # Safety
+/// As `std::ptr::copy_nonoverlapping`: `src` valid for reads and `dst` for writes of `len`
+/// bytes, the two not overlapping, and no other thread touching either range meanwhile.
+pub(crate) unsafe fn copy_host_bytes(dst: *mut u8, src: *const u8, len: usize, stores: HostStores) {
+    // Streaming pays from a few lines on; `Auto` is resolved before (a plain copy here).
+    #[cfg(target_arch = "x86_64")]
+    if stores == HostStores::Streaming && len >= 4096 {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { copy_streaming(dst, src, len) };
+        return;
+    }
+    let _ = stores;
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
+/// The bulk of `len` (at least 64) bytes written with non-temporal stores (`movntdq`), the ends
+/// with plain ones.
+///
+/// # Safety
+/// As [`copy_host_bytes`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    // Up to the destination's next 64-byte boundary with plain stores, so every streaming store
+    // is aligned (movntdq requires 16) and whole cache lines are written.
+    let head = (64 - (dst as usize & 63)) & 63;
+    // SAFETY: head < 64 <= len: inside both ranges (the caller's contract).
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    let lines = (len - head) / 64;
+    for i in 0..lines {
+        // SAFETY: line `i` spans bytes head + 64 i .. head + 64 (i + 1) <= len of both ranges;
+        // `d` is 16-byte aligned (64-aligned by `head`); SSE2 is part of x86-64.
+        unsafe {
+            let s = src.add(head + 64 * i) as *const __m128i;
+            let d = dst.add(head + 64 * i) as *mut __m128i;
+            let (a, b, c, e) = (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)), _mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
+            _mm_stream_si128(d, a);
+            _mm_stream_si128(d.add(1), b);
+            _mm_stream_si128(d.add(2), c);
+            _mm_stream_si128(d.add(3), e);
+        }
+    }
+    let done = head + 64 * lines;
+    // SAFETY: the rest, done..len, inside both ranges. The fence orders the streaming stores
+    // before every later store of this thread (the count that tells the coordinator the
+    // sub-piece is done, after which the device reads it or the caller gets it back), as Intel
+    // requires of them.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), len - done);
+        _mm_sfence();
+    }
 }
 
 /// Whether a copy of `bytes` in pieces of `piece` starts and ends with smaller pieces: when it
@@ -928,8 +988,8 @@ impl Shared<'_> {
     }
 
     /// Notes an event of the copy's timeline (`h` a host thread starts, `f` piece filled or
-    /// emptied, `q` piece queued, `o` piece opened, `e` the threads are done, `w` every device
-    /// copy waited for) with the microseconds since the copy began, when `raft::staging`
+    /// emptied, `q` piece queued, `o` piece opened, `e` the threads are done, `c` a slot's last
+    /// device copy waited for, `w` every device copy waited for) with the microseconds since the copy began, when `raft::staging`
     /// traces; logged once at the end.
     fn note(&self, what: char, piece: usize) {
         if let Some((t0, events)) = &self.trace {
@@ -1277,7 +1337,15 @@ fn run_staged(
 
 /// Waits for every recorded device copy (`conclude`), then resumes a held panic or returns the
 /// first error.
-fn end(who: &'static str, buffers: &mut [StagingBuffers], ended: Ended) -> Result<()> {
+fn end(who: &'static str, buffers: &mut [StagingBuffers], mut ended: Ended) -> Result<()> {
+    if let Some((t0, events, ..)) = &mut ended.trace {
+        // When each slot's last device copy finished ('c', slot), waited for in slot order
+        // (`conclude` below finds them complete).
+        for (k, _) in ended.queued.recorded.iter().enumerate().filter(|(_, was)| **was) {
+            let _ = buffers[k / 2].slots[k % 2].event.wait(who);
+            events.push(('c', k, t0.elapsed().as_micros() as u64));
+        }
+    }
     let concluded = conclude(who, buffers, ended.queued, ended.error);
     if let Some((t0, mut events, pieces, piece)) = ended.trace {
         events.push(('w', 0, t0.elapsed().as_micros() as u64)); // every device copy waited for
@@ -1315,7 +1383,7 @@ pub(crate) fn staged_upload<T: DeviceScalar>(
         // read; destination: the same bytes of the slot's page-locked buffer (at least `piece`
         // bytes, checked in `prepare`), which no device copy uses (the piece is open: the slot's
         // last device copy has finished) and no other thread writes.
-        unsafe { std::ptr::copy_nonoverlapping(src.at(start + range.start) as *const u8, slot.data.at(range.start), range.len()) }
+        unsafe { copy_host_bytes(slot.data.at(range.start), src.at(start + range.start) as *const u8, range.len(), cut.stores) }
     };
     let host_threads = |shared: &Shared<'_>| shared.host_work(&copy_sub);
     let mut coordinate = |shared: &Shared<'_>, queued: &mut Queued| -> Result<()> {
@@ -1375,7 +1443,7 @@ pub(crate) fn staged_download<T: DeviceScalar>(
         // open), not written again before every sub-piece of the piece is done; destination:
         // inside `host` (`start + range.end <= bytes`), borrowed exclusively for the whole call,
         // so no two threads write the same byte. Any bit pattern is a `T` (DeviceScalar).
-        unsafe { std::ptr::copy_nonoverlapping(slot.data.at(range.start) as *const u8, dst.at(start + range.start), range.len()) }
+        unsafe { copy_host_bytes(dst.at(start + range.start), slot.data.at(range.start) as *const u8, range.len(), cut.stores) }
     };
     let host_threads = |shared: &Shared<'_>| shared.host_work(&copy_sub);
     let mut coordinate = |shared: &Shared<'_>, queued: &mut Queued| -> Result<()> {
@@ -1480,6 +1548,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn host_copies_copy_every_byte_and_no_more_with_every_kind_of_store() {
+        let src: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        // Lengths around the 4 KiB threshold and the 64-byte lines, at every alignment of both
+        // ends, with guard bytes after the destination range.
+        for len in [0usize, 1, 63, 64, 65, 4095, 4096, 4097, 4096 + 63, 65_536 + 17, 262_144 + 5] {
+            for (src_off, dst_off) in [(0usize, 0usize), (1, 0), (0, 1), (13, 47), (63, 62), (64, 3)] {
+                for streaming in [HostStores::Plain, HostStores::Streaming, HostStores::Auto] {
+                    let mut dst = vec![0xA5u8; dst_off + len + 64];
+                    // SAFETY: both ranges lie inside their vectors (checked by the sizes above),
+                    // distinct allocations, used by this thread only.
+                    unsafe { copy_host_bytes(dst.as_mut_ptr().add(dst_off), src.as_ptr().add(src_off), len, streaming) };
+                    assert!(dst[..dst_off].iter().all(|&b| b == 0xA5), "{len} {src_off} {dst_off} {streaming:?}: before");
+                    assert_eq!(&dst[dst_off..dst_off + len], &src[src_off..src_off + len], "{len} {src_off} {dst_off} {streaming:?}");
+                    assert!(dst[dst_off + len..].iter().all(|&b| b == 0xA5), "{len} {src_off} {dst_off} {streaming:?}: after");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn sub_pieces_cover_the_bytes_once_in_order() {
         for (bytes, piece, sub) in [
             (1usize, 4usize, 4usize),
@@ -1493,7 +1581,7 @@ mod tests {
             ((64 << 20) + 3, 4 << 20, 512 << 10),
         ] {
             let ramped = ramps(bytes, piece);
-            let shared = Shared::new(Vec::new(), StagedCut { piece, sub }, bytes);
+            let shared = Shared::new(Vec::new(), StagedCut { piece, sub, stores: HostStores::Plain }, bytes);
             let lens: Vec<usize> = shared.pieces.iter().map(|(_, len)| *len).collect();
             assert!(lens.iter().all(|l| *l >= 1 && *l <= piece), "{bytes}/{piece}: {lens:?}");
             if ramps(bytes, piece) {

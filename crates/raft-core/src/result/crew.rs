@@ -21,7 +21,16 @@ use std::time::{Duration, Instant};
 const MAX_THREADS: usize = 16;
 
 fn max_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_THREADS)
+    parallelism().clamp(1, MAX_THREADS)
+}
+
+/// How many threads the machine runs at once (`std::thread::available_parallelism`, 1 when
+/// unknown), asked once: on Linux every call reads the cgroup's CPU quota from the filesystem,
+/// 25 µs on the build machine, paid by every staged copy until GPU run 76 found it (a sixth of
+/// a 1 MiB copy).
+pub(crate) fn parallelism() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// How long a crew thread keeps watching after its last copy: `RAFT_STAGING_SPIN_US`
