@@ -6,7 +6,7 @@
 //! Data is a per-size pattern that differs between the two ends of every copy, so a copy that
 //! did not happen, happened twice, or wrote freed memory that was reused shows as wrong data
 //! (and as a compute-sanitizer report under memcheck).
-use raft::{gemm, DeviceResources, DeviceVec, ErrorKind, Layout, PinnedVec, RegisteredSlice, Staging};
+use raft::{gemm, DeviceResources, DeviceVec, ErrorKind, HostStores, Layout, PinnedVec, RegisteredSlice, Staging};
 use raft_tests::require_gpu;
 use std::time::{Duration, Instant};
 
@@ -132,6 +132,39 @@ fn the_plain_copies_are_right_on_both_sides_of_the_staging_threshold() {
     }
     let words = pattern_f32((16 << 20) + 1, 23);
     same("f32 64 MiB + 4 B", &DeviceVec::from_host(&res, &words).unwrap().to_host().unwrap(), &words);
+}
+
+/// Staged copies with every kind of host store are exact and write nothing outside their
+/// range: lengths around the streaming threshold (4 KiB) and the pieces, host slices at odd
+/// addresses (the streaming stores' unaligned head and tail), sizes on both sides of where
+/// `Auto` changes kind (32 MiB up, 4 MiB down).
+#[test]
+fn staged_copies_are_right_with_every_kind_of_host_store() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    for kind in [HostStores::Plain, HostStores::Streaming, HostStores::Auto] {
+        for staging in [Staging::default(), Staging::new(1 << 20, 4).unwrap()] {
+            let s = staging.with_host_stores(kind, kind);
+            for n in [1usize, 4095, 4096 + 3, (1 << 20) + 7, (5 << 20) + 5, (33 << 20) + 1] {
+                for off in [0usize, 3] {
+                    let what = format!("{kind:?}, {} MiB pieces, {n} bytes at offset {off}", s.chunk_bytes() >> 20);
+                    let backing = pattern_u8(n + off, 29 + off as u32);
+                    let src = &backing[off..];
+                    let mut d = DeviceVec::<u8>::zeros(&res, n).unwrap();
+                    s.copy_from_host(&mut d, src).unwrap();
+                    // Read back into page-locked memory (a direct copy, no staging), then through
+                    // the same staging into a slice with guard bytes on both sides.
+                    let mut direct = PinnedVec::<u8>::new(&res, n).unwrap();
+                    d.copy_to_host(direct.as_mut_slice()).unwrap();
+                    same(&format!("{what}: staged up"), direct.as_slice(), src);
+                    let mut out = vec![0xC3u8; off + n + 64];
+                    s.copy_to_host(&d, &mut out[off..off + n]).unwrap();
+                    same(&format!("{what}: staged down"), &out[off..off + n], src);
+                    assert!(out[..off].iter().chain(&out[off + n..]).all(|&b| b == 0xC3), "{what}: a byte outside the range was written");
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -135,7 +135,9 @@ impl Table {
 
 /// The kind of host store numbered `k` by the bench's variables: 0 plain, 1 streaming, 2 the
 /// default (`Auto`). (Run 78 also tried plain stores with every line demoted to the shared cache,
-/// `cldemote`: 1 MiB host to device 0.53x like streaming, 64 MiB 0.60x, 1 GiB 0.51x; dropped.)
+/// `cldemote`: 1 MiB host to device 0.53x like streaming, 64 MiB 0.60x, 1 GiB 0.51x; run 80
+/// streaming only the first round of pieces of an upload, one per slot: 16 MiB 0.60x against
+/// 0.68x streaming all, 64 MiB 0.79x like plain; both dropped.)
 fn stores_of(k: usize) -> HostStores {
     match k {
         0 => HostStores::Plain,
@@ -601,7 +603,7 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
             match nt {
                 HostStores::Plain => ", plain stores",
                 HostStores::Streaming => ", streaming stores",
-                _ => "",
+                _ => ", auto",
             },
             up / nu,
             down / nd
