@@ -12,11 +12,13 @@
 #include <rmm/mr/pool_memory_resource.hpp>
 #include <rmm/mr/per_device_resource.hpp>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <stdexcept>
 #include <cstdint>
 #include <vector>
@@ -42,6 +44,13 @@ void destroy(own& o)
 }
 
 cudaStream_t bench_stream();
+
+/// The C++ async pool of the allocation rows, made once.
+rmm::mr::cuda_async_memory_resource& async_mr()
+{
+  static rmm::mr::cuda_async_memory_resource mr{};
+  return mr;
+}
 
 /// Allocate + free `bytes` through `mr` on the bench stream; 0 on success.
 template <typename Resource>
@@ -134,10 +143,36 @@ int32_t bl_stream_create_destroy()
 int32_t bl_stream_sync(void* stream) { return cudaStreamSynchronize(static_cast<cudaStream_t>(stream)); }
 
 // 1 MiB (or `bytes`) allocate + free through a C++ cuda_async_memory_resource, stream-ordered.
-int32_t bl_alloc_free_async(size_t bytes)
+int32_t bl_alloc_free_async(size_t bytes) { return alloc_free(async_mr(), bytes); }
+
+// The same pool's memory through the CUDA runtime directly (cudaMallocFromPoolAsync +
+// cudaFreeAsync, what the resource calls), without RMM's layer.
+int32_t bl_alloc_free_async_runtime(size_t bytes)
 {
-  static rmm::mr::cuda_async_memory_resource mr{};
-  return alloc_free(mr, bytes);
+  void* p{};
+  if (cudaMallocFromPoolAsync(&p, bytes, async_mr().pool_handle(), bench_stream()) != cudaSuccess) { return 1; }
+  return cudaFreeAsync(p, bench_stream()) == cudaSuccess ? 0 : 1;
+}
+
+// The same through the driver API (cuMemAllocFromPoolAsync + cuMemFreeAsync, entry points from
+// the runtime), without the runtime's layer either: the floor of a stream-ordered allocation.
+int32_t bl_alloc_free_async_driver(size_t bytes)
+{
+  using alloc_fn = CUresult (*)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+  using free_fn  = CUresult (*)(CUdeviceptr, CUstream);
+  static auto const fns = [] {
+    void* a{};
+    void* f{};
+    cudaDriverEntryPointQueryResult qa{}, qf{};
+    cudaGetDriverEntryPointByVersion("cuMemAllocFromPoolAsync", &a, 12000, cudaEnableDefault, &qa);
+    cudaGetDriverEntryPointByVersion("cuMemFreeAsync", &f, 12000, cudaEnableDefault, &qf);
+    return std::pair{reinterpret_cast<alloc_fn>(a), reinterpret_cast<free_fn>(f)};
+  }();
+  if (fns.first == nullptr || fns.second == nullptr) { return 2; }
+  CUdeviceptr p{};
+  auto pool = reinterpret_cast<CUmemoryPool>(async_mr().pool_handle());
+  if (fns.first(&p, bytes, pool, bench_stream()) != CUDA_SUCCESS) { return 1; }
+  return fns.second(p, bench_stream()) == CUDA_SUCCESS ? 0 : 1;
 }
 
 // The same through cuda_memory_resource (cudaMalloc / cudaFree).

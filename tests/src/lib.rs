@@ -159,6 +159,10 @@ pub mod baseline {
         pub fn bl_stream_sync(stream: *mut c_void) -> i32;
         /// Allocate + free through a C++ cuda_async_memory_resource.
         pub fn bl_alloc_free_async(bytes: usize) -> i32;
+        /// The same pool through cudaMallocFromPoolAsync + cudaFreeAsync (no RMM layer).
+        pub fn bl_alloc_free_async_runtime(bytes: usize) -> i32;
+        /// The same pool through cuMemAllocFromPoolAsync + cuMemFreeAsync (no runtime layer).
+        pub fn bl_alloc_free_async_driver(bytes: usize) -> i32;
         pub fn bl_alloc_free_copied(bytes: usize, heap: i32) -> i32;
         /// Allocate + free through the device's current RMM resource, looked up on every call.
         pub fn bl_alloc_free_per_device(bytes: usize) -> i32;

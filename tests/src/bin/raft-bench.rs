@@ -690,6 +690,30 @@ fn main() {
             &mut || assert_eq!(unsafe { bl_alloc_free_copied(mib, 1) }, 0),
         ],
     );
+    // The C++ pool's own memory pool below RMM: the runtime's calls directly, the driver's.
+    let [cpp_pool_again, cpp_runtime, cpp_driver] = measure_turns(
+        200,
+        5000,
+        [
+            // SAFETY: plain C functions of the baseline.
+            &mut || assert_eq!(unsafe { bl_alloc_free_async(mib) }, 0),
+            // SAFETY: as above.
+            &mut || assert_eq!(unsafe { bl_alloc_free_async_runtime(mib) }, 0),
+            // SAFETY: as above.
+            &mut || assert_eq!(unsafe { bl_alloc_free_async_driver(mib) }, 0),
+        ],
+    );
+    t.report(
+        "1 MiB allocate + free, below RMM (in turns)",
+        "C++ cuda_async_memory_resource (as the goal row's baseline)",
+        cpp_pool_again,
+        vec![
+            ("its pool through cudaMallocFromPoolAsync + cudaFreeAsync", cpp_runtime),
+            ("its pool through cuMemAllocFromPoolAsync + cuMemFreeAsync", cpp_driver),
+        ],
+        "its pool through cuMemAllocFromPoolAsync + cuMemFreeAsync",
+        "reported",
+    );
     let guard_pair = measure(200, 5000, 1, || {
         // What ContextGuard::save + drop cost: two cuCtxGetCurrent, twice per allocation.
         let c = cudarc::driver::result::ctx::get_current().unwrap();
