@@ -444,6 +444,9 @@ impl HostStores {
 /// copies starts each within a microsecond: `RAFT_STAGING_SPIN_US` (read once, 0 to 1 000 000;
 /// 0 sleeps at once) changes that watch, a bad value is the `Logic` error of every staged copy.
 ///
+/// How the host threads write ([`HostStores`]) is chosen by direction and size unless set
+/// ([`with_host_stores`](Self::with_host_stores)).
+///
 /// Copies are synchronous (they return once done), check exact lengths, and run on the array's
 /// own stream after the work queued there, as `DeviceVec::from_host` / `to_host` do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
