@@ -131,8 +131,11 @@ impl<T: DeviceScalar> DeviceVec<T> {
     /// [`from_host`](Self::from_host)): below it the driver's direct path is as fast. GPU run 79,
     /// in turns with the native pinned copy (host to device / device to host): 256 KiB staged
     /// 0.48x / 0.49x, direct 0.46x / 0.36x; 512 KiB staged 0.52x / 0.52x, direct 0.37x / 0.28x;
-    /// 4 MiB staged 0.67x / 0.72x, direct 0.27x / 0.22x. (4 MiB until run 79: before the
-    /// staging crew, run 77's cached thread count and run 78's stores, staging lost below it.)
+    /// 4 MiB staged 0.67x / 0.72x, direct 0.27x / 0.22x. Those are copies in a row (the staging
+    /// crew watching); a lone copy, the crew asleep, also pays its wake-up (GPU run 84, copies
+    /// 5 ms apart: 512 KiB up staged 95 µs against the driver's 83 µs, down 77 against 116;
+    /// 1 MiB 102 / 92 µs against 122 / 155). (4 MiB until run 79: before the staging crew, run
+    /// 77's cached thread count and run 78's stores, staging lost below it.)
     pub const STAGED_FROM_BYTES: usize = 512 << 10;
 
     fn staged(host: &[T]) -> bool {

@@ -460,7 +460,7 @@ pub struct Staging {
 
 /// How the host threads of a staged copy write: into the page-locked buffers (uploads) or into
 /// the caller's memory (downloads). On other CPUs than x86-64, every kind is a plain copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum HostStores {
     /// The kind that measured fastest for the copy's direction and size (the default; GPU runs
@@ -470,11 +470,14 @@ pub enum HostStores {
     /// (64 MiB 0.78x / 0.68x; 1 GiB 0.90x / 0.62x); downloads plain below 4 MiB (1 MiB 0.58x
     /// against 0.55x streaming) and streaming from there (4 MiB 0.72x / 0.69x; 64 MiB 0.92x /
     /// 0.85x; 1 GiB 0.97x / 0.84x).
+    #[default]
     Auto,
-    /// Plain stores (`memcpy`): the written lines stay in the writing core's cache.
+    /// Plain stores (`memcpy`): the written lines stay in the writing core's cache (glibc's
+    /// `memcpy` itself streams copies past its own threshold, several MiB at a time).
     Plain,
-    /// Non-temporal stores (`movntdq`): whole cache lines written straight to memory, neither
-    /// read first nor kept in any cache.
+    /// Non-temporal stores (`movntdq`) for every whole 64-byte line of each host copy of 4 KiB or
+    /// more: written straight to memory, neither read first nor kept in any cache; the ends,
+    /// and smaller copies, with plain stores.
     Streaming,
 }
 
@@ -567,7 +570,7 @@ impl Staging {
 
     /// Pieces of one slot's share of the copy (so that it overlaps host and device work), at least
     /// [`MIN_PIECE`] and at most the chunk; sub-pieces that give each thread one per piece, at
-    /// least [`MIN_SUB`]; no more threads than sub-pieces in flight.; the host threads' stores as
+    /// least [`MIN_SUB`]; no more threads than sub-pieces in flight; the host threads' stores as
     /// `stores` says for an upload (or a download) of `bytes`.
     fn plan(&self, bytes: usize, stores: HostStores, upload: bool) -> Plan {
         let bytes = bytes.max(1);
@@ -823,6 +826,7 @@ mod tests {
     #[test]
     fn automatic_host_stores_stream_small_uploads_and_large_downloads() {
         assert_eq!(Staging::default().host_stores(), (HostStores::Auto, HostStores::Auto));
+        assert_eq!(HostStores::default(), HostStores::Auto);
         let s = Staging::default();
         let up = |bytes| s.plan(bytes, HostStores::Auto, true).cut.stores;
         let down = |bytes| s.plan(bytes, HostStores::Auto, false).cut.stores;

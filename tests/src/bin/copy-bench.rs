@@ -645,6 +645,46 @@ fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) -> ser
     })
 }
 
+/// Lone copies: each sample sleeps 5 ms first, so the staging crew has stopped watching (its
+/// 1 ms watch) and is asleep, as for a program that copies now and then. Staged (the default
+/// `Staging`) against the driver's pageable path, 31 samples each, in turns; medians.
+fn lone(res: &DeviceResources) {
+    for bytes in [512 << 10, MIB, 4 * MIB] {
+        let data = pattern(bytes);
+        let mut out = vec![0u8; bytes];
+        let mut d = ok("DeviceVec", DeviceVec::<u8>::new(res, bytes));
+        let native = Native::new(res.context(), bytes);
+        let s = Staging::default();
+        // Buffers made and pooled once, as after a program's first copy.
+        ok("staged", s.copy_from_host(&mut d, &data));
+        let mut times: [Vec<f64>; 4] = Default::default();
+        for _ in 0..31 {
+            for (k, time) in times.iter_mut().enumerate() {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                let t = Instant::now();
+                match k {
+                    0 => ok("staged", s.copy_from_host(&mut d, &data)),
+                    1 => native.h2d_pageable(&data),
+                    2 => ok("staged", s.copy_to_host(&d, &mut out)),
+                    _ => native.d2h_pageable(&mut out),
+                }
+                time.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let [su, du, sd, dd] = times.each_mut().map(med);
+        eprintln!(
+            "lone {}: up staged {su:.1} µs, driver {du:.1} µs ({:.2}x faster); down staged {sd:.1} µs, driver {dd:.1} µs ({:.2}x faster)",
+            size_name(bytes),
+            du / su,
+            dd / sd
+        );
+    }
+}
+
 /// Native pinned H2D / D2H of 64 MiB, 40 samples each, beside 0, 4, 8 and 12 threads that
 /// each copy 16 MiB between two pageable buffers of their own in a loop; with the threads'
 /// own copy rate meanwhile.
@@ -905,6 +945,12 @@ fn main() {
             native.d2h();
             eprintln!("download {name}: {ours:.1} µs (native pinned next: {:.1} µs)", t.elapsed().as_secs_f64() * 1e6);
         }
+        return;
+    }
+    // COPY_BENCH_ONLY=lone: copies with the staging crew asleep (5 ms apart, past its 1 ms
+    // watch), staged against the driver's pageable path, at the sizes near the staging threshold.
+    if std::env::var("COPY_BENCH_ONLY").as_deref() == Ok("lone") {
+        lone(&res);
         return;
     }
     // COPY_BENCH_ONLY=contention: the native pinned copies of 64 MiB while n host threads copy

@@ -820,7 +820,7 @@ pub(crate) unsafe fn copy_host_bytes(dst: *mut u8, src: *const u8, len: usize, s
     // Streaming pays from a few lines on; `Auto` is resolved before (a plain copy here).
     #[cfg(target_arch = "x86_64")]
     if stores == HostStores::Streaming && len >= 4096 {
-        // SAFETY: the caller's contract, passed on.
+        // SAFETY: the caller's contract, passed on; len >= 4096 >= 64.
         unsafe { copy_streaming(dst, src, len) };
         return;
     }
@@ -829,18 +829,19 @@ pub(crate) unsafe fn copy_host_bytes(dst: *mut u8, src: *const u8, len: usize, s
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
-/// The bulk of `len` (at least 64) bytes written with non-temporal stores (`movntdq`), the ends
-/// with plain ones.
+/// The bulk of `len` bytes written with non-temporal stores (`movntdq`), the ends with plain
+/// ones.
 ///
 /// # Safety
-/// As [`copy_host_bytes`].
+/// As [`copy_host_bytes`], and `len` at least 64 (the plain head, up to 63 bytes, must fit).
 #[cfg(target_arch = "x86_64")]
 unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
+    debug_assert!(len >= 64, "copy_streaming needs at least 64 bytes, given {len}");
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
     // Up to the destination's next 64-byte boundary with plain stores, so every streaming store
     // is aligned (movntdq requires 16) and whole cache lines are written.
     let head = (64 - (dst as usize & 63)) & 63;
-    // SAFETY: head < 64 <= len: inside both ranges (the caller's contract).
+    // SAFETY: head < 64 <= len (this function's contract): inside both ranges.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
     let lines = (len - head) / 64;
     for i in 0..lines {

@@ -25,9 +25,10 @@ fn max_threads() -> usize {
 }
 
 /// How many threads the machine runs at once (`std::thread::available_parallelism`, 1 when
-/// unknown), asked once: on Linux every call reads the cgroup's CPU quota from the filesystem,
-/// 25 µs on the build machine, paid by every staged copy until GPU run 76 found it (a sixth of
-/// a 1 MiB copy).
+/// unknown), asked once per process: on Linux every call reads the cgroup's CPU quota from the
+/// filesystem (15.8 µs on the H200 host, GPU run 77; 25 µs on the build machine), which every
+/// staged copy paid until then. A CPU affinity or quota changed after the first staged copy
+/// does not change the crew's size or the default thread count.
 pub(crate) fn parallelism() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
     *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
