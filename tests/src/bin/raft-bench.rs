@@ -704,7 +704,7 @@ fn main() {
         ],
     );
     t.report(
-        "1 MiB allocate + free, below RMM (in turns)",
+        "1 MiB allocate + free, below RMM (in turns; every column C++)",
         "C++ cuda_async_memory_resource (as the goal row's baseline)",
         cpp_pool_again,
         vec![
