@@ -38,6 +38,11 @@ pub(crate) struct State {
     pub(crate) last_enqueue: Instant,
     /// Set once the communicator was aborted or released: every later call returns it.
     pub(crate) ended: Option<Error>,
+    /// The thread whose open NCCL group holds calls on this communicator, until that group
+    /// ends. NCCL keeps a group per thread: a call from another thread meanwhile would join
+    /// that group's pending work on the communicator and be launched only when it ends, after
+    /// the caller's arrays may be gone; such calls are refused.
+    pub(crate) group_thread: Option<std::thread::ThreadId>,
     /// Whether the watchdog holds it.
     pub(crate) watched: bool,
     pub(crate) closing: Closing,
@@ -128,6 +133,22 @@ impl Shared {
         st.ended.as_ref().map(|e| e.clone().with_who(who))
     }
 
+    /// The error of a call on an ended communicator, or of one made while another thread's open
+    /// group holds calls on it (see [`State::group_thread`]).
+    fn unusable(st: &State, who: &'static str) -> Option<Error> {
+        if let Some(e) = Self::ended_error(st, who) {
+            return Some(e);
+        }
+        match st.group_thread {
+            Some(owner) if owner != std::thread::current().id() => Some(Error::logic(
+                who,
+                "the communicator has calls in an open NCCL group on another thread (NCCL keeps a group per thread and \
+                 launches its calls when it ends): call it from that thread, or after that group has ended",
+            )),
+            _ => None,
+        }
+    }
+
     /// Enqueues one call on the resources' stream (see `collectives.rs`): refuses on an ended
     /// communicator or once the exit has decided, keeps the exit-wait job and the watchdog up to
     /// date, and ends the communicator when the failure leaves it unusable.
@@ -140,7 +161,7 @@ impl Shared {
         let stream = self.resources.stream().map_err(|e| e.with_who(who))?;
         let in_group = group::active();
         let mut st = self.lock();
-        if let Some(e) = Self::ended_error(&st, who) {
+        if let Some(e) = Self::unusable(&st, who) {
             return Err(e);
         }
         let fresh = if st.token.is_none() {
@@ -157,6 +178,8 @@ impl Shared {
         }
         st.last_enqueue = Instant::now();
         if in_group {
+            // Under the same lock as the check above: no other thread's call slips in between.
+            st.group_thread = Some(std::thread::current().id());
             group::used(self, stream);
         }
         let start_watching = !st.watched;
@@ -173,6 +196,7 @@ impl Shared {
     pub(crate) fn after_group(self: &Arc<Self>, failed: Option<&Error>) {
         self.groups.fetch_sub(1, Ordering::AcqRel);
         let mut st = self.lock();
+        st.group_thread = None;
         if let Some(e) = failed {
             st.ended.get_or_insert_with(|| e.clone());
             st.token = None;
@@ -327,8 +351,10 @@ impl Shared {
 ///
 /// # Thread safety
 /// `Send + Sync`: calls from several threads are serialised on the communicator (NCCL forbids
-/// concurrent calls on one). For a clique driven from one thread, put the calls of all its GPUs
-/// inside one [`group`](crate::group); from one thread per GPU, no group is needed.
+/// concurrent calls on one). While a thread's open group holds calls on it, calls from other
+/// threads are refused (`Logic`) until that group ends: NCCL would otherwise fold them into that
+/// thread's group. For a clique driven from one thread, put the calls of all its GPUs inside one
+/// [`group`](crate::group); from one thread per GPU, no group is needed.
 pub struct Communicator {
     shared: Arc<Shared>,
 }
@@ -353,7 +379,14 @@ impl Communicator {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             timeout_ns: AtomicU64::new(nanos(timeout)),
             groups: AtomicUsize::new(0),
-            state: Mutex::new(State { token: None, last_enqueue: Instant::now(), ended: None, watched: false, closing: Closing::No }),
+            state: Mutex::new(State {
+                token: None,
+                last_enqueue: Instant::now(),
+                ended: None,
+                group_thread: None,
+                watched: false,
+                closing: Closing::No,
+            }),
         });
         register_live(&shared);
         Ok(Communicator { shared })
@@ -622,7 +655,7 @@ impl Communicator {
         group::refuse_inside(WHO)?;
         let sh = &self.shared;
         let mut st = sh.lock();
-        if let Some(e) = Shared::ended_error(&st, WHO) {
+        if let Some(e) = Shared::unusable(&st, WHO) {
             return Err(e);
         }
         let child = sh.native.split(WHO, color, key).map_err(|e| sh.fail_unless_refused(&mut st, WHO, e))?;
@@ -645,7 +678,7 @@ impl Communicator {
         const WHO: &str = "Communicator::split_all";
         group::refuse_inside(WHO)?;
         for (c, _, _) in parts {
-            if let Some(e) = Shared::ended_error(&c.shared.lock(), WHO) {
+            if let Some(e) = Shared::unusable(&c.shared.lock(), WHO) {
                 return Err(e);
             }
         }

@@ -445,3 +445,53 @@ fn a_clique_refuses_two_ranks_on_one_gpu() {
     assert!(e.message().contains("two resources on device 0"), "{e}");
     assert_eq!(Communicator::clique(&[]).unwrap_err().kind(), ErrorKind::Logic);
 }
+
+/// While one thread's open group holds calls on a communicator, a call from another thread is
+/// refused (`Logic`) before NCCL: NCCL keeps a group per thread and would fold the call into
+/// that group, launched only when it ends, after the caller's array is gone. Once the group has
+/// ended, the other thread's calls run. One GPU: a clique of one. (Before the fix the other
+/// thread's call returned `Ok` and its array was freed under the pending collective.)
+#[test]
+fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
+    if !common::have(1, "a_group_on_one_thread_refuses_calls_from_another_until_it_ends") {
+        return;
+    }
+    let _gpus = serial();
+    let res = DeviceResources::on_device(0).unwrap();
+    let comms = Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap();
+    let c = &comms[0];
+    let n = 8;
+    let mut mine = up::<f32>(&res, &data(0, n));
+    let (inside, done) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    std::thread::scope(|s| {
+        let other = s.spawn(|| {
+            inside.wait();
+            let mut theirs = up::<f32>(&res, &data(0, n));
+            let refused = c.allreduce_in_place(&mut theirs, ReduceOp::Sum);
+            done.wait();
+            refused
+        });
+        group_scope(|g| {
+            g.allreduce_in_place(c, &mut mine, ReduceOp::Sum)?;
+            inside.wait();
+            done.wait();
+            Ok(())
+        })
+        .unwrap();
+        let e = other.join().unwrap().expect_err("a call from another thread joined this thread's open group");
+        assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+        assert!(e.to_string().contains("another thread"), "{e}");
+    });
+    c.sync().unwrap();
+    assert_eq!(mine.to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, 1)));
+    // The group has ended: another thread's call runs.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut theirs = up::<f32>(&res, &data(0, n));
+            c.allreduce_in_place(&mut theirs, ReduceOp::Sum).unwrap();
+            c.sync().unwrap();
+            assert_eq!(theirs.to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, 1)));
+        });
+    });
+    Communicator::release_all(comms).unwrap();
+}
