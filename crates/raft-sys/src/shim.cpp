@@ -893,6 +893,9 @@ raftrs_status gemm(raftrs_resources* res,
     auto handle = raft::resource::get_cublas_handle(r);
     check_cublas(cublasSetStream(handle, raft::resource::get_cuda_stream(r).value()),
                  "binding the cuBLAS handle to the resources' stream");
+    // alpha and beta are host values: RAFT code given these resources (cuVS, a lend) may have
+    // left the shared handle in device pointer mode, where cuBLAS would read them as addresses.
+    check_cublas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "setting cuBLAS's host pointer mode");
     auto op = [](int32_t t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
     check_cublas(call(handle,
                       op(trans_a),
