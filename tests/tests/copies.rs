@@ -167,6 +167,61 @@ fn staged_copies_are_right_with_every_kind_of_host_store() {
     }
 }
 
+/// A copy with host memory is refused (`Logic`) while a stream it would run on or join is being
+/// captured into a CUDA graph (cudarc's `begin_capture` on the array's stream): captured, it
+/// would run at each launch of the graph, after the host memory's borrow has ended, and the
+/// waits of the copy would wait for nothing. Scoped (the path of owned copies too), blocking and
+/// staged copies, both directions; after the capture has ended they all run. (Before the fix the scoped copy was
+/// captured, the scope returned `Ok`, and the graph wrote into the `PinnedVec` after it was
+/// dropped.)
+#[test]
+fn copies_with_host_memory_are_refused_while_the_stream_is_captured() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let n = (1 << 20) + 3;
+    let want = pattern_f32(n, 41);
+    let mut dev = DeviceVec::from_host(&res, &want).unwrap();
+    let stream = dev.stream().clone();
+    let mut pinned = PinnedVec::<f32>::new(&res, n).unwrap();
+    let mut pageable = vec![0f32; n];
+    stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let refused = [
+        ("scoped down", res.copy_scope(|s| s.to_host(&dev, &mut pinned)).and_then(|r| r)),
+        ("blocking down", dev.copy_to_host(&mut pageable)),
+        ("staged down", Staging::default().copy_to_host(&dev, &mut pageable)),
+        ("blocking up", dev.copy_from_host(&want)),
+        ("staged up", Staging::default().copy_from_host(&mut dev, &want)),
+    ];
+    let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    for (what, r) in refused {
+        let e = r.expect_err(what);
+        assert_eq!(e.kind(), ErrorKind::Logic, "{what}: {e}");
+        assert!(e.to_string().contains("captured into a CUDA graph"), "{what}: {e}");
+    }
+    // Nothing was queued during the capture: an empty graph, or none.
+    drop(graph.unwrap());
+    // A capture begun inside a scope after its copy was queued: the scope's end still waits for
+    // that copy (an event recorded before the capture; the stream itself cannot be synchronised
+    // while it is captured, which made the scope fail and return with the copy in flight).
+    let mut early = PinnedVec::<f32>::new(&res, n).unwrap();
+    let relaxed = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    let scoped = res.copy_scope(|s| {
+        s.to_host(&dev, &mut early)?;
+        stream.begin_capture(relaxed).map_err(|e| raft::Error::new(ErrorKind::Cuda, "begin_capture", e.to_string()))
+    });
+    let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    scoped.unwrap().unwrap();
+    drop(graph.unwrap());
+    same("a scope whose body began a capture", &early, &want);
+    // After the capture: every kind runs.
+    res.copy_scope(|s| s.to_host(&dev, &mut pinned)).unwrap().unwrap();
+    same("scoped down after the capture", &pinned, &want);
+    Staging::default().copy_to_host(&dev, &mut pageable).unwrap();
+    same("staged down after the capture", &pageable, &want);
+    dev.copy_from_host(&pattern_f32(n, 43)).unwrap();
+    same("blocking up after the capture", &dev.to_host().unwrap(), &pattern_f32(n, 43));
+}
+
 #[test]
 fn staged_copies_are_ordered_after_the_work_queued_on_the_array() {
     require_gpu!();

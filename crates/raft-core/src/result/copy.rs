@@ -278,6 +278,11 @@ fn queue(
     let p = ends.plan();
     let device_ends = [p.src_device, p.dst_device];
     let device_ends = device_ends.iter().flatten();
+    if !matches!(ends, Ends::Device(..)) {
+        // Host memory: never into a graph being captured (on the copy's stream, or on a stream
+        // it joins, whose captured event would pull the copy into the capture).
+        super::refuse_capture(who, std::iter::once(&**stream).chain(device_ends.clone().map(|b| &*b.stream)))?;
+    }
     // A copy between two devices binds other contexts (joins with the other device's stream,
     // peer access): its guard reads and puts back the thread's context whatever happens. A copy
     // within one context binds only that one: one read for the whole queue
@@ -449,6 +454,9 @@ impl<B: Send + 'static> Drop for InFlight<B> {
 pub struct CopyScope<'scope, 'env: 'scope> {
     stream: Arc<CudaStream>,
     live: Box<dyn Fn() -> bool + Send + Sync + 'env>,
+    /// The event recorded after the scope's latest copy (queued and recorded under this lock,
+    /// so the latest recorded is the latest on the stream): what the scope's end waits for.
+    last: Mutex<Option<NativeEvent>>,
     scope: PhantomData<&'scope mut &'scope ()>,
     env: PhantomData<&'env mut &'env ()>,
 }
@@ -464,12 +472,15 @@ pub(crate) fn run_scope<'env, R>(
     live: Box<dyn Fn() -> bool + Send + Sync + 'env>,
     body: impl for<'scope> FnOnce(&'scope CopyScope<'scope, 'env>) -> R,
 ) -> Result<R> {
-    let scope = CopyScope { stream, live, scope: PhantomData, env: PhantomData };
+    let scope = CopyScope { stream, live, last: Mutex::new(None), scope: PhantomData, env: PhantomData };
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&scope)));
-    // Every copy of the scope is on this stream: once it has drained, the GPU no longer touches
-    // anything the body lent. (A failed synchronisation is a fault of the stream's context,
-    // which stops all its work.)
-    let waited = stream_sync(who, &scope.stream);
+    // Every copy of the scope is on this stream, in order: once the event after the latest has
+    // completed, the GPU no longer touches anything the body lent. An event rather than the
+    // stream: a stream the body began capturing into a CUDA graph cannot be synchronised, while
+    // an event recorded before the capture can be waited for. (A failed wait is a fault of the
+    // stream's context, which stops all its work.)
+    let last = scope.last.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let waited = last.map_or(Ok(()), |event| event.wait(who));
     match outcome {
         Ok(r) => waited.map(|()| r),
         Err(panic) => std::panic::resume_unwind(panic),
@@ -479,7 +490,16 @@ pub(crate) fn run_scope<'env, R>(
 impl<'scope, 'env> CopyScope<'scope, 'env> {
     /// Queues a copy between ends borrowed for the rest of the scope.
     pub(crate) fn queue(&'scope self, who: &'static str, ends: Ends<'scope>) -> Result<()> {
-        queue(who, &self.stream, &ends, false, false).map(drop).map_err(|q| q.error)
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        match queue(who, &self.stream, &ends, true, false) {
+            Ok(event) => {
+                if event.is_some() {
+                    *last = event;
+                }
+                Ok(())
+            }
+            Err(q) => Err(q.error),
+        }
     }
 
     /// Whether the scope's resources are unreleased.
@@ -1174,6 +1194,9 @@ fn prepare(who: &'static str, buffers: &mut [StagingBuffers], cut: StagedCut, st
     if buffers.is_empty() {
         return Err(Error::logic(who, "a staged copy needs staging buffers"));
     }
+    // The device copies go to and from the library's own page-locked slots, which a graph
+    // captured meanwhile would use after they are reused or freed.
+    super::refuse_capture(who, [stream])?;
     for b in buffers.iter_mut() {
         if b.capacity < cut.piece {
             return Err(Error::logic(who, format!("a staged piece of {} bytes exceeds the {}-byte staging buffer", cut.piece, b.capacity)));

@@ -176,6 +176,31 @@ pub(crate) fn stream_sync(who: &'static str, stream: &CudaStream) -> Result<()> 
     unsafe { cu::stream::synchronize(stream.cu_stream()) }.map_err(|e| Error::driver(who, e))
 }
 
+/// Refuses a copy that involves host memory on a stream being captured into a CUDA graph
+/// (`cuStreamBeginCapture`, e.g. cudarc's `begin_capture` on the resources' stream): the copy
+/// would be recorded into the graph rather than run, and run at each launch of the graph, after
+/// the host memory's borrow has ended (a wait on the stream or on an event recorded during the
+/// capture waits for nothing). Each stream whose work the copy joins is asked.
+pub(crate) fn refuse_capture<'s>(who: &'static str, streams: impl IntoIterator<Item = &'s CudaStream>) -> Result<()> {
+    for stream in streams {
+        let mut status = cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the stream is alive for the borrow; the call writes one status and needs no
+        // current context.
+        let rc = unsafe { cusys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
+        if rc != cusys::CUresult::CUDA_SUCCESS {
+            return Err(Error::driver(who, cudarc::driver::DriverError(rc)));
+        }
+        if status != cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(Error::logic(
+                who,
+                "the stream is being captured into a CUDA graph: a copy with host memory would run at the graph's \
+                 launch, after the host memory may be gone; copy before the capture begins or after it ends",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Drains a stream that is usually idle: asks first (`cuStreamQuery`) and waits
 /// (`cuStreamSynchronize`) only while work is still running. Either way, a failure of the
 /// stream's work is returned. Binds no context.
@@ -831,9 +856,11 @@ impl NativeBuffer {
             return Err(Error::logic(who, format!("a copy of {bytes} bytes into an array of {} bytes", self.bytes)));
         }
         let api = api(who)?;
+        refuse_capture(who, [&*self.stream])?;
         let _keep = ContextGuard::save(who)?;
         // SAFETY: both ranges hold `bytes` bytes (checked above); the host slice is borrowed until
-        // the copy has finished (waited for below); the stream is the buffer's own.
+        // the copy has finished (waited for below; the stream is not being captured, checked
+        // above); the stream is the buffer's own.
         let queued = check(who, api, unsafe {
             api.raftrs_memcpy_async(
                 self.device as i32,
@@ -856,10 +883,11 @@ impl NativeBuffer {
             return Err(Error::logic(who, format!("a copy of an array of {} bytes into {bytes} bytes", self.bytes)));
         }
         let api = api(who)?;
+        refuse_capture(who, [&*self.stream])?;
         let _keep = ContextGuard::save(who)?;
         // SAFETY: both ranges hold `bytes` bytes (checked above); the host slice is borrowed
-        // mutably until the copy has finished (waited for below); any bit pattern is a valid T
-        // (DeviceScalar).
+        // mutably until the copy has finished (waited for below; the stream is not being
+        // captured, checked above); any bit pattern is a valid T (DeviceScalar).
         let queued = check(who, api, unsafe {
             api.raftrs_memcpy_async(
                 self.device as i32,
