@@ -43,20 +43,20 @@ fn pinned_round_trips_every_size_class_both_ways() {
         // Owning transfers: host -> device -> host.
         let host = PinnedVec::from_slice(&res, &want).unwrap();
         assert_eq!(host.len(), n);
-        same("PinnedVec::from_slice", &host, &want);
+        same("PinnedVec::from_slice", &host.to_vec(), &want);
         let dev = DeviceVec::from_host(&res, &pattern_f32(n, 7)).unwrap();
         let (host, dev) = res.copy_to_device_async(host, dev).unwrap().wait().unwrap();
         same(&format!("{n}: pinned -> device"), &dev.to_host().unwrap(), &want);
         let back = PinnedVec::from_slice(&res, &pattern_f32(n, 9)).unwrap();
         let (dev, back) = res.copy_to_host_async(dev, back).unwrap().wait().unwrap();
-        same(&format!("{n}: device -> pinned"), &back, &want);
+        same(&format!("{n}: device -> pinned"), &back.to_vec(), &want);
         // The blocking copies take a PinnedVec as a slice.
         let mut dev2 = DeviceVec::<f32>::zeros(&res, n).unwrap();
-        dev2.copy_from_host(&host).unwrap();
+        dev2.copy_from_pinned(&host).unwrap();
         let mut back2 = PinnedVec::<f32>::new(&res, n).unwrap();
-        assert!(back2.iter().all(|x| *x == 0.0), "{n}: PinnedVec::new is zeroed");
-        dev2.copy_to_host(&mut back2).unwrap();
-        same(&format!("{n}: blocking copies through a PinnedVec"), &back2, &want);
+        assert!(back2.iter().all(|x| x == 0.0), "{n}: PinnedVec::new is zeroed");
+        dev2.copy_to_pinned(&mut back2).unwrap();
+        same(&format!("{n}: blocking copies through a PinnedVec"), &back2.to_vec(), &want);
         // Scoped copies, both ways in one scope.
         let mut dev3 = DeviceVec::<f32>::zeros(&res, n).unwrap();
         let mut back3 = PinnedVec::<f32>::new(0, n).unwrap();
@@ -67,7 +67,7 @@ fn pinned_round_trips_every_size_class_both_ways() {
         .unwrap()
         .unwrap();
         same(&format!("{n}: scoped pinned -> device"), &dev3.to_host().unwrap(), &want);
-        same(&format!("{n}: scoped device -> pinned"), &back3, &want);
+        same(&format!("{n}: scoped device -> pinned"), &back3.to_vec(), &want);
     }
 }
 
@@ -124,11 +124,11 @@ fn the_plain_copies_are_right_on_both_sides_of_the_staging_threshold() {
         same(&format!("{n} u8: copy_from_host, copy_to_host"), &out, &other);
         // Page-locked host memory goes the direct way, both directions.
         let mut pinned = PinnedVec::<u8>::from_slice(&res, &want).unwrap();
-        d.copy_from_host(pinned.as_slice()).unwrap();
+        d.copy_from_pinned(&pinned).unwrap();
         same(&format!("{n} u8: to_host after a pinned copy in"), &d.to_host().unwrap(), &want);
         d.copy_from_host(&other).unwrap();
-        d.copy_to_host(pinned.as_mut_slice()).unwrap();
-        same(&format!("{n} u8: a pinned copy out"), pinned.as_slice(), &other);
+        d.copy_to_pinned(&mut pinned).unwrap();
+        same(&format!("{n} u8: a pinned copy out"), &pinned.to_vec(), &other);
     }
     let words = pattern_f32((16 << 20) + 1, 23);
     same("f32 64 MiB + 4 B", &DeviceVec::from_host(&res, &words).unwrap().to_host().unwrap(), &words);
@@ -155,8 +155,8 @@ fn staged_copies_are_right_with_every_kind_of_host_store() {
                     // Read back into page-locked memory (a direct copy, no staging), then through
                     // the same staging into a slice with guard bytes on both sides.
                     let mut direct = PinnedVec::<u8>::new(&res, n).unwrap();
-                    d.copy_to_host(direct.as_mut_slice()).unwrap();
-                    same(&format!("{what}: staged up"), direct.as_slice(), src);
+                    d.copy_to_pinned(&mut direct).unwrap();
+                    same(&format!("{what}: staged up"), &direct.to_vec(), src);
                     let mut out = vec![0xC3u8; off + n + 64];
                     s.copy_to_host(&d, &mut out[off..off + n]).unwrap();
                     same(&format!("{what}: staged down"), &out[off..off + n], src);
@@ -212,10 +212,10 @@ fn copies_with_host_memory_are_refused_while_the_stream_is_captured() {
     let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
     scoped.unwrap().unwrap();
     drop(graph.unwrap());
-    same("a scope whose body began a capture", &early, &want);
+    same("a scope whose body began a capture", &early.to_vec(), &want);
     // After the capture: every kind runs.
     res.copy_scope(|s| s.to_host(&dev, &mut pinned)).unwrap().unwrap();
-    same("scoped down after the capture", &pinned, &want);
+    same("scoped down after the capture", &pinned.to_vec(), &want);
     Staging::default().copy_to_host(&dev, &mut pageable).unwrap();
     same("staged down after the capture", &pageable, &want);
     dev.copy_from_host(&pattern_f32(n, 43)).unwrap();
@@ -317,7 +317,7 @@ fn registered_slices_round_trip_and_unregister() {
         {
             let mut out = RegisteredSlice::new(0, &mut dst).unwrap();
             res.copy_scope(|s| s.to_host(&dev, &mut out)).unwrap().unwrap();
-            same(&format!("{n}: through registered slices"), &out, &want);
+            same(&format!("{n}: through registered slices"), &out.to_vec(), &want);
         } // `out` unregisters here
         same(&format!("{n}: the slice after unregistering"), &dst, &want);
         // Registered again: the earlier registration is gone.
@@ -325,7 +325,9 @@ fn registered_slices_round_trip_and_unregister() {
     }
     // Memory that is already page-locked cannot be registered twice.
     let mut pinned = PinnedVec::<u32>::new(&res, 4096).unwrap();
-    let e = RegisteredSlice::new(0, &mut pinned[..]).unwrap_err();
+    // SAFETY: no copy uses `pinned` while the slice lives (registering it is refused before any
+    // copy could).
+    let e = RegisteredSlice::new(0, unsafe { pinned.as_mut_slice() }).unwrap_err();
     assert!(e.to_string().starts_with("RegisteredSlice::new: "), "{e}");
     eprintln!("registering page-locked memory again: {:?} {e}", e.kind());
 }
@@ -525,7 +527,11 @@ fn a_dropped_or_forgotten_transfer_never_frees_what_its_copy_uses() {
             res.sync().unwrap();
             settle_releases();
             for f in &fresh {
-                same(&format!("a fresh page-locked buffer after a {} transfer", if forget { "forgotten" } else { "dropped" }), f, &mine);
+                same(
+                    &format!("a fresh page-locked buffer after a {} transfer", if forget { "forgotten" } else { "dropped" }),
+                    &f.to_vec(),
+                    &mine,
+                );
             }
         }
         // The same from the other side: a dropped host -> device transfer reads its source to
@@ -580,7 +586,7 @@ fn a_transfer_waits_as_a_job_and_as_a_future() {
     same("through a job", &dev.to_host().unwrap(), &want);
     let copy = res.copy_to_host_async(dev, PinnedVec::new(&res, want.len()).unwrap()).unwrap();
     let (_, back) = pollster::block_on(copy.into_job().unwrap()).unwrap().unwrap();
-    same("awaited", &back, &want);
+    same("awaited", &back.to_vec(), &want);
     drop(host);
 }
 
@@ -613,7 +619,7 @@ fn scoped_copies_overlap_compute_on_other_resources() {
         .unwrap();
     same("scoped host -> device beside a GEMM", &dev.to_host().unwrap(), &want);
     same("scoped device -> device beside a GEMM", &other.to_host().unwrap(), &earlier.to_host().unwrap());
-    same("scoped device -> host beside a GEMM", &back, &earlier.to_host().unwrap());
+    same("scoped device -> host beside a GEMM", &back.to_vec(), &earlier.to_host().unwrap());
     assert!(c.to_host().unwrap().iter().all(|x| *x == 0.5 * n as f32));
 }
 

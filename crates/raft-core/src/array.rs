@@ -117,8 +117,9 @@ impl<T: DeviceScalar> DeviceVec<T> {
     ///
     /// From pageable memory, copies of [`STAGED_FROM_BYTES`](Self::STAGED_FROM_BYTES) or more go
     /// through page-locked buffers by several threads ([`Staging::default`](crate::Staging)):
-    /// several times faster than the driver's own pageable path. Page-locked memory (a
-    /// [`PinnedVec`](crate::PinnedVec), a registered slice) is copied directly.
+    /// several times faster than the driver's own pageable path. Page-locked memory given as a
+    /// slice (the `unsafe` [`PinnedVec::as_slice`](crate::PinnedVec::as_slice)) is copied
+    /// directly; a `PinnedVec` itself goes through [`copy_from_pinned`](Self::copy_from_pinned).
     pub fn from_host(resources: &DeviceResources, host: &[T]) -> Result<Self> {
         const WHO: &str = "DeviceVec::from_host";
         let mut v = Self::alloc(WHO, resources, None, host.len())?;
@@ -224,6 +225,32 @@ impl<T: DeviceScalar> DeviceVec<T> {
     /// `Logic` when the lengths differ or the resources were released.
     pub fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
         self.copy_to_host_for("DeviceVec::copy_to_host", host)
+    }
+
+    /// Copies page-locked `src` (a [`PinnedVec`](crate::PinnedVec), a
+    /// [`RegisteredSlice`](crate::RegisteredSlice)) into the array at the link's speed
+    /// (stream-ordered; returns once done).
+    ///
+    /// # Errors
+    /// `Logic` when the lengths differ, the resources were released, or the array's stream is
+    /// being captured into a CUDA graph.
+    pub fn copy_from_pinned<H: crate::PageLocked<T>>(&mut self, src: &H) -> Result<()> {
+        const WHO: &str = "DeviceVec::copy_from_pinned";
+        self.live(WHO)?;
+        self.same_len(WHO, src.elements())?;
+        crate::result::copy::copy_page_locked(WHO, crate::result::copy::Ends::ToDevice(src.host_ref(), self.buf_mut()))
+    }
+
+    /// Copies the array into page-locked `dst` at the link's speed (stream-ordered; returns once
+    /// done).
+    ///
+    /// # Errors
+    /// As [`copy_from_pinned`](Self::copy_from_pinned).
+    pub fn copy_to_pinned<H: crate::PageLocked<T>>(&self, dst: &mut H) -> Result<()> {
+        const WHO: &str = "DeviceVec::copy_to_pinned";
+        self.live(WHO)?;
+        self.same_len(WHO, dst.elements())?;
+        crate::result::copy::copy_page_locked(WHO, crate::result::copy::Ends::ToHost(self.buf(), dst.host_mut()))
     }
 
     fn copy_to_host_for(&self, who: &'static str, host: &mut [T]) -> Result<()> {

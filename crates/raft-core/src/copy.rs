@@ -200,7 +200,7 @@ impl DeviceResources {
     /// let copy = res.copy_to_device_async(host, dev)?;
     /// // ... other work while the copy runs ...
     /// let (host, dev) = copy.wait()?;
-    /// assert_eq!(dev.to_host()?, *host);
+    /// assert_eq!(dev.to_host()?, host.to_vec());
     /// # Ok(()) }
     /// ```
     ///
@@ -324,14 +324,14 @@ impl<'scope, 'env> CopyScope<'scope, 'env> {
     /// the scope's resources, or resources were released; `Cuda` when queueing fails.
     pub fn to_device<T: DeviceScalar, H: PageLocked<T>>(&'scope self, src: &'scope H, dst: &'scope mut DeviceVec<T>) -> Result<()> {
         const WHO: &str = "CopyScope::to_device";
-        self.check(WHO, &[&*dst], src.len(), dst.len())?;
+        self.check(WHO, &[&*dst], src.elements(), dst.len())?;
         self.queue(WHO, Ends::ToDevice(src.host_ref(), dst.native_mut()))
     }
 
     /// Queues a copy of `src` into page-locked `dst` (see [`to_device`](Self::to_device)).
     pub fn to_host<T: DeviceScalar, H: PageLocked<T>>(&'scope self, src: &'scope DeviceVec<T>, dst: &'scope mut H) -> Result<()> {
         const WHO: &str = "CopyScope::to_host";
-        self.check(WHO, &[src], src.len(), dst.len())?;
+        self.check(WHO, &[src], src.len(), dst.elements())?;
         self.queue(WHO, Ends::ToHost(src.native(), dst.host_mut()))
     }
 

@@ -8,7 +8,6 @@ use crate::resources::DeviceResources;
 use crate::result::copy::{HostMut, HostRef, NativeHostBuffer, NativeRegistration};
 use crate::result::DeviceScalar;
 use std::marker::PhantomData;
-use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
 
 /// "A device number, or something on a device": the page-locked memory constructors take
@@ -42,6 +41,14 @@ impl<A: AsDevice + ?Sized> AsDevice for &A {
     }
 }
 
+/// The `Logic` error of two lengths that differ.
+fn same_len(who: &'static str, from: usize, into: usize) -> Result<()> {
+    if from != into {
+        return Err(Error::logic(who, format!("a copy of {from} elements into {into} elements")));
+    }
+    Ok(())
+}
+
 /// `len` elements of `T` in bytes, or the `OutOfMemory` error of a size no memory holds (as
 /// `DeviceVec` reports it): refused before any CUDA call.
 pub(crate) fn bytes_for<T>(who: &'static str, len: usize) -> Result<usize> {
@@ -66,14 +73,30 @@ pub(crate) fn default_pinned(who: &'static str, device: usize) -> Result<MemoryR
 /// `len` elements of `T` in page-locked host memory (RMM's `pinned_host_memory_resource`,
 /// `cudaHostAlloc`): the host end of copies that run at the speed of the link, asynchronously.
 ///
-/// A `PinnedVec` derefs to `[T]`. It holds the memory resource that made it, so what frees the
-/// memory lives as long as the memory. Dropping it frees the memory on a library release thread
-/// (`cudaFreeHost` may wait for the device): `Drop` never blocks.
+/// It holds the memory resource that made it, so what frees the memory lives as long as the
+/// memory. Dropping it frees the memory on a library release thread (`cudaFreeHost` may wait for
+/// the device): `Drop` never blocks.
 ///
-/// Copies: any copy API takes it as a slice (`DeviceVec::copy_from_host(&pinned)` runs at the
-/// pinned speed and returns once done); [`DeviceResources::copy_to_device_async`] and
+/// Copies: [`DeviceVec::copy_from_pinned`] / [`DeviceVec::copy_to_pinned`] run at the pinned
+/// speed and return once done; [`DeviceResources::copy_to_device_async`] and
 /// [`DeviceResources::copy_to_host_async`] take it by value and give it back when the copy has
 /// finished; [`DeviceResources::copy_scope`] borrows it for a scope that waits.
+///
+/// The host reads and writes it by value ([`get`](Self::get), [`iter`](Self::iter),
+/// [`to_vec`](Self::to_vec), [`copy_from_slice`](Self::copy_from_slice), …), not as a `&[T]`:
+/// a copy from or into a plain slice of page-locked memory runs asynchronously, and cudarc's
+/// safe copies (`memcpy_htod`, `memcpy_dtoh`) take any `&[T]` as pageable memory, whose copies
+/// are synchronous, and do not wait for them. Such a slice in safe code could be read while
+/// the device writes it, or freed under the copy. [`as_slice`](Self::as_slice) gives it, with
+/// that contract, as `unsafe`:
+///
+/// ```compile_fail,E0308
+/// # use raft_core::PinnedVec;
+/// # fn f() -> raft_core::Result<()> {
+/// let pinned = PinnedVec::<f32>::new(0, 4)?;
+/// let slice: &[f32] = &pinned; // error: no safe `&[T]` of page-locked memory
+/// # Ok(()) }
+/// ```
 ///
 /// # Thread safety
 /// `Send + Sync`; writes need `&mut self`.
@@ -157,13 +180,80 @@ impl<T: DeviceScalar> PinnedVec<T> {
         &self.mr
     }
 
-    /// The elements.
-    pub fn as_slice(&self) -> &[T] {
+    /// Element `i`, or `None` past the end.
+    pub fn get(&self, i: usize) -> Option<T> {
+        self.native().as_slice(self.len).get(i).copied()
+    }
+
+    /// Writes element `i`.
+    ///
+    /// # Errors
+    /// `Logic` past the end.
+    pub fn set(&mut self, i: usize, value: T) -> Result<()> {
+        let len = self.len;
+        match self.native_mut().as_mut_slice(len).get_mut(i) {
+            Some(at) => {
+                *at = value;
+                Ok(())
+            }
+            None => Err(Error::logic("PinnedVec::set", format!("element {i} of {len}"))),
+        }
+    }
+
+    /// The elements, by value.
+    pub fn iter(&self) -> impl Iterator<Item = T> + '_ {
+        self.native().as_slice(self.len).iter().copied()
+    }
+
+    /// The elements in a new `Vec`.
+    pub fn to_vec(&self) -> Vec<T> {
+        self.native().as_slice(self.len).to_vec()
+    }
+
+    /// Overwrites every element with `src`'s.
+    ///
+    /// # Errors
+    /// `Logic` when the lengths differ.
+    pub fn copy_from_slice(&mut self, src: &[T]) -> Result<()> {
+        let len = self.len;
+        same_len("PinnedVec::copy_from_slice", src.len(), len)?;
+        self.native_mut().as_mut_slice(len).copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Copies every element into `dst`.
+    ///
+    /// # Errors
+    /// `Logic` when the lengths differ.
+    pub fn copy_to_slice(&self, dst: &mut [T]) -> Result<()> {
+        same_len("PinnedVec::copy_to_slice", self.len, dst.len())?;
+        dst.copy_from_slice(self.native().as_slice(self.len));
+        Ok(())
+    }
+
+    /// Sets every element to `value`.
+    pub fn fill(&mut self, value: T) {
+        let len = self.len;
+        self.native_mut().as_mut_slice(len).fill(value);
+    }
+
+    /// The elements as a slice.
+    ///
+    /// # Safety
+    /// No copy that this library did not queue may read or write the memory while the slice is
+    /// used, or still run once the `PinnedVec` is dropped: in particular not cudarc's
+    /// `memcpy_htod` / `memcpy_dtoh` given this slice, which return before their copy from
+    /// page-locked memory has run and never wait for it (they take every `&[T]` for pageable
+    /// memory). Copies through this library's APIs always wait, or hold the `PinnedVec`.
+    pub unsafe fn as_slice(&self) -> &[T] {
         self.native().as_slice(self.len)
     }
 
-    /// The elements, to write.
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
+    /// The elements as a slice, to write.
+    ///
+    /// # Safety
+    /// As [`as_slice`](Self::as_slice).
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [T] {
         let len = self.len;
         self.native_mut().as_mut_slice(len)
     }
@@ -174,31 +264,6 @@ impl<T: DeviceScalar> PinnedVec<T> {
 
     pub(crate) fn native_mut(&mut self) -> &mut NativeHostBuffer {
         self.host.as_mut().expect("a PinnedVec holds its memory until dropped")
-    }
-}
-
-impl<T: DeviceScalar> Deref for PinnedVec<T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        self.as_slice()
-    }
-}
-
-impl<T: DeviceScalar> DerefMut for PinnedVec<T> {
-    fn deref_mut(&mut self) -> &mut [T] {
-        self.as_mut_slice()
-    }
-}
-
-impl<T: DeviceScalar> AsRef<[T]> for PinnedVec<T> {
-    fn as_ref(&self) -> &[T] {
-        self.as_slice()
-    }
-}
-
-impl<T: DeviceScalar> AsMut<[T]> for PinnedVec<T> {
-    fn as_mut(&mut self) -> &mut [T] {
-        self.as_mut_slice()
     }
 }
 
@@ -242,7 +307,8 @@ impl<T: DeviceScalar> Drop for PinnedVec<T> {
 /// lives: copies from and to it run at the pinned speed without a copy into a [`PinnedVec`].
 ///
 /// It holds the slice's exclusive borrow, so while it lives the slice is reached only through
-/// it (it derefs to `[T]`); dropping it makes the memory pageable again
+/// it (by value, as a [`PinnedVec`] is, and for the same reason); dropping it makes the memory
+/// pageable again
 /// (`cuMemHostUnregister`), inline: unlike other drops here it may wait briefly in the driver,
 /// and [`unregister`](Self::unregister) gives its error. Page-locking costs about as much as
 /// copying the memory once: register data that is copied several times.
@@ -303,17 +369,42 @@ impl<'a, T: DeviceScalar> RegisteredSlice<'a, T> {
     pub fn unregister(mut self) -> Result<()> {
         self.native.unregister("RegisteredSlice::unregister")
     }
-}
 
-impl<T: DeviceScalar> Deref for RegisteredSlice<'_, T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
+    /// Element `i`, or `None` past the end.
+    pub fn get(&self, i: usize) -> Option<T> {
+        self.native.as_slice().get(i).copied()
+    }
+
+    /// The elements in a new `Vec`.
+    pub fn to_vec(&self) -> Vec<T> {
+        self.native.as_slice().to_vec()
+    }
+
+    /// Overwrites every element with `src`'s.
+    ///
+    /// # Errors
+    /// `Logic` when the lengths differ.
+    pub fn copy_from_slice(&mut self, src: &[T]) -> Result<()> {
+        same_len("RegisteredSlice::copy_from_slice", src.len(), self.len())?;
+        self.native.as_mut_slice().copy_from_slice(src);
+        Ok(())
+    }
+
+    /// The elements as a slice.
+    ///
+    /// # Safety
+    /// As [`PinnedVec::as_slice`]: no copy this library did not queue (cudarc's `memcpy_htod` /
+    /// `memcpy_dtoh` given this slice) may use the memory while the slice is used or after the
+    /// registration ends.
+    pub unsafe fn as_slice(&self) -> &[T] {
         self.native.as_slice()
     }
-}
 
-impl<T: DeviceScalar> DerefMut for RegisteredSlice<'_, T> {
-    fn deref_mut(&mut self) -> &mut [T] {
+    /// The elements as a slice, to write.
+    ///
+    /// # Safety
+    /// As [`as_slice`](Self::as_slice).
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [T] {
         self.native.as_mut_slice()
     }
 }
@@ -326,10 +417,21 @@ impl<T: DeviceScalar> std::fmt::Debug for RegisteredSlice<'_, T> {
 
 /// Page-locked host memory a copy reaches directly (DMA): [`PinnedVec`] and
 /// [`RegisteredSlice`]. Sealed: only memory this library page-locked qualifies.
-pub trait PageLocked<T: DeviceScalar>: Deref<Target = [T]> + sealed::Sealed {}
+pub trait PageLocked<T: DeviceScalar>: sealed::Sealed {
+    /// The number of elements.
+    fn elements(&self) -> usize;
+}
 
-impl<T: DeviceScalar> PageLocked<T> for PinnedVec<T> {}
-impl<T: DeviceScalar> PageLocked<T> for RegisteredSlice<'_, T> {}
+impl<T: DeviceScalar> PageLocked<T> for PinnedVec<T> {
+    fn elements(&self) -> usize {
+        self.len
+    }
+}
+impl<T: DeviceScalar> PageLocked<T> for RegisteredSlice<'_, T> {
+    fn elements(&self) -> usize {
+        self.len()
+    }
+}
 
 pub(crate) mod sealed {
     use crate::result::copy::{HostMut, HostRef};
