@@ -421,8 +421,10 @@ impl<B: Send + 'static> InFlight<B> {
             match event.map_or(Ok(()), |e| e.wait(who)) {
                 Ok(()) => drop(buffers),
                 Err(e) => {
-                    log::warn!(target: "raft", "{e} (the copy's buffers are leaked)");
+                    // Forgotten before anything else runs: a logger that panics must not drop
+                    // them while the copy may still use them.
                     std::mem::forget(buffers);
+                    log::warn!(target: "raft", "{e} (the copy's buffers are leaked)");
                 }
             }
         }

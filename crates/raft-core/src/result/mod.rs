@@ -770,10 +770,12 @@ fn signed(who: &'static str, v: Option<usize>) -> Result<i64> {
 }
 
 /// Element types that may live in device memory: `Copy`, nothing to drop, every bit pattern a
-/// value (so bytes copied from the device are always a valid `T`).
+/// value (so bytes copied from the device are always a valid `T`), no padding (so every byte a
+/// copy reads is initialised).
 ///
 /// # Safety
-/// Implement only for types where any bit pattern is a valid value and which own no resources.
+/// Implement only for types where any bit pattern is a valid value, which have no padding
+/// bytes (as bytemuck's `Pod` requires), and which own no resources.
 pub unsafe trait DeviceScalar: Copy + Default + Send + Sync + 'static {}
 
 macro_rules! scalars {
