@@ -17,7 +17,8 @@ pub(crate) static LIVE_ARRAYS: AtomicUsize = AtomicUsize::new(0);
 /// Allocated through the device's current RMM resource (the async pool by default), or a given
 /// [`MemoryResource`] ([`new_in`](Self::new_in)), and freed, stream-ordered, when dropped. The
 /// array holds the resource that made it and its resources' stream: replacing the device's
-/// resource or releasing the resources never leaves it dangling. Once the resources are
+/// resource or releasing the resources never leaves it dangling (a resource another library
+/// installed by reference excepted: see [`memory`](crate::memory)). Once the resources are
 /// released, its operations give the `Logic` error of released resources.
 ///
 /// For cudarc: `DeviceVec` implements [`DevicePtr`] and [`DevicePtrMut`], so cudarc's kernels

@@ -10,7 +10,11 @@
 //!
 //! Every allocation holds (a shared copy of) the resource that made it: replacing a device's
 //! resource, from Rust or from any other library in the process, never invalidates a live
-//! [`DeviceVec`](crate::DeviceVec).
+//! [`DeviceVec`](crate::DeviceVec). One limit: a resource another library installs *by
+//! reference* (C++ `rmm::mr::set_current_device_resource_ref` with an object it owns, Python
+//! `rmm.mr.set_current_device_resource`) is copied as that reference, and the object behind it
+//! lives only as long as that library keeps it: it must outlive the arrays allocated from it,
+//! as RMM requires of every user of that object.
 use crate::device::check_device;
 use crate::error::{Error, ErrorKind, Result};
 use crate::result::{self, NativeMr};
