@@ -24,7 +24,11 @@ pub(crate) static LIVE_ARRAYS: AtomicUsize = AtomicUsize::new(0);
 /// For cudarc: `DeviceVec` implements [`DevicePtr`] and [`DevicePtrMut`], so cudarc's kernels
 /// launches and cuBLAS wrappers take it directly. Used on another stream than its own, that
 /// stream first waits for the array's stream, and is synchronised when the pointer's guard
-/// drops: the array can never be freed under work queued elsewhere.
+/// drops: the array can never be freed under work queued elsewhere. One exception, in cudarc:
+/// its `memcpy_dtod` between two devices queues the copy on the destination's stream but asks
+/// the source for its pointer on the source's own stream (cudarc 0.19), so the source's drop is
+/// not ordered after the copy (cudarc's own slices have the same gap). Between devices, copy
+/// with [`copy_from_device`](Self::copy_from_device) or the resources' copies instead.
 ///
 /// # Thread safety
 /// `Send + Sync`; writes need `&mut self`.
