@@ -119,9 +119,8 @@ pub(crate) fn used(shared: &Arc<Shared>, stream: Arc<CudaStream>) {
 /// therefore stay alive (not dropped, not moved into something that frees it) and must not be
 /// written by other work until the outermost group has ended (`group` returned, when it is not
 /// nested in another): an array freed inside the closure would be given back to its
-/// pool before NCCL's kernel writes into it. (A scoped form whose closure can only borrow arrays
-/// for the whole group, as `copy_scope` does for copies, would make this safe; it does not
-/// exist yet.)
+/// pool before NCCL's kernel writes into it. Likewise every communicator used inside must not be
+/// aborted or released (from any thread) before then. [`group_scope`] is the safe form.
 pub unsafe fn group<R>(calls: impl FnOnce() -> Result<R>) -> Result<R> {
     const WHO: &str = "raft_comms::group";
     if FRAME.try_with(|f| f.borrow().scoped).unwrap_or(false) {
@@ -270,8 +269,21 @@ where
     }
 }
 
-/// The collectives of a [`group_scope`]: each borrows its arrays for `'env`, which outlives the
-/// group, and is queued when the group ends.
+/// The collectives of a [`group_scope`]: each borrows its arrays and its communicator for
+/// `'env`, which outlives the group, and is queued when the group ends. A communicator used in
+/// the group can therefore not be moved away (to another thread that aborts or releases it,
+/// say) before the group has ended:
+///
+/// ```compile_fail,E0597
+/// # use raft_comms::{Communicator, ReduceOp};
+/// # use raft_core::DeviceVec;
+/// # fn f(c: Communicator, buf: &mut DeviceVec<f32>) -> raft_core::Result<()> {
+/// raft_comms::group_scope(|g| {
+///     g.allreduce_in_place(&c, buf, ReduceOp::Sum)?;
+///     std::thread::spawn(move || c.abort()).join().unwrap() // error: `c` is borrowed until the group ends
+/// })?;
+/// # Ok(()) }
+/// ```
 pub struct GroupScope<'scope, 'env: 'scope> {
     _scope: std::marker::PhantomData<&'scope mut &'scope ()>,
     _env: std::marker::PhantomData<&'env mut &'env ()>,
@@ -298,7 +310,7 @@ impl<'scope, 'env> GroupScope<'scope, 'env> {
     /// [`Communicator::allreduce`] in the group.
     pub fn allreduce<T: NcclType>(
         &self,
-        c: &Communicator,
+        c: &'env Communicator,
         send: &'env DeviceVec<T>,
         recv: &'env mut DeviceVec<T>,
         op: ReduceOp,
@@ -306,13 +318,13 @@ impl<'scope, 'env> GroupScope<'scope, 'env> {
         via_scope(|| c.allreduce(send, recv, op))
     }
     /// [`Communicator::allreduce_in_place`] in the group.
-    pub fn allreduce_in_place<T: NcclType>(&self, c: &Communicator, buf: &'env mut DeviceVec<T>, op: ReduceOp) -> Result<()> {
+    pub fn allreduce_in_place<T: NcclType>(&self, c: &'env Communicator, buf: &'env mut DeviceVec<T>, op: ReduceOp) -> Result<()> {
         via_scope(|| c.allreduce_in_place(buf, op))
     }
     /// [`Communicator::broadcast`] in the group.
     pub fn broadcast<T: NcclType>(
         &self,
-        c: &Communicator,
+        c: &'env Communicator,
         send: &'env DeviceVec<T>,
         recv: &'env mut DeviceVec<T>,
         root: usize,
@@ -320,13 +332,13 @@ impl<'scope, 'env> GroupScope<'scope, 'env> {
         via_scope(|| c.broadcast(send, recv, root))
     }
     /// [`Communicator::broadcast_in_place`] in the group.
-    pub fn broadcast_in_place<T: NcclType>(&self, c: &Communicator, buf: &'env mut DeviceVec<T>, root: usize) -> Result<()> {
+    pub fn broadcast_in_place<T: NcclType>(&self, c: &'env Communicator, buf: &'env mut DeviceVec<T>, root: usize) -> Result<()> {
         via_scope(|| c.broadcast_in_place(buf, root))
     }
     /// [`Communicator::reduce`] in the group.
     pub fn reduce<T: NcclType>(
         &self,
-        c: &Communicator,
+        c: &'env Communicator,
         send: &'env DeviceVec<T>,
         recv: Option<&'env mut DeviceVec<T>>,
         op: ReduceOp,
@@ -335,13 +347,13 @@ impl<'scope, 'env> GroupScope<'scope, 'env> {
         via_scope(|| c.reduce(send, recv, op, root))
     }
     /// [`Communicator::allgather`] in the group.
-    pub fn allgather<T: NcclType>(&self, c: &Communicator, send: &'env DeviceVec<T>, recv: &'env mut DeviceVec<T>) -> Result<()> {
+    pub fn allgather<T: NcclType>(&self, c: &'env Communicator, send: &'env DeviceVec<T>, recv: &'env mut DeviceVec<T>) -> Result<()> {
         via_scope(|| c.allgather(send, recv))
     }
     /// [`Communicator::allgatherv`] in the group.
     pub fn allgatherv<T: NcclType>(
         &self,
-        c: &Communicator,
+        c: &'env Communicator,
         send: &'env DeviceVec<T>,
         recv: &'env mut DeviceVec<T>,
         counts: &[usize],
@@ -351,7 +363,7 @@ impl<'scope, 'env> GroupScope<'scope, 'env> {
     /// [`Communicator::gather`] in the group.
     pub fn gather<T: NcclType>(
         &self,
-        c: &Communicator,
+        c: &'env Communicator,
         send: &'env DeviceVec<T>,
         recv: Option<&'env mut DeviceVec<T>>,
         root: usize,
@@ -361,7 +373,7 @@ impl<'scope, 'env> GroupScope<'scope, 'env> {
     /// [`Communicator::reduce_scatter`] in the group.
     pub fn reduce_scatter<T: NcclType>(
         &self,
-        c: &Communicator,
+        c: &'env Communicator,
         send: &'env DeviceVec<T>,
         recv: &'env mut DeviceVec<T>,
         op: ReduceOp,
@@ -369,17 +381,17 @@ impl<'scope, 'env> GroupScope<'scope, 'env> {
         via_scope(|| c.reduce_scatter(send, recv, op))
     }
     /// [`Communicator::send`] in the group.
-    pub fn send<T: NcclType>(&self, c: &Communicator, buf: &'env DeviceVec<T>, peer: usize) -> Result<()> {
+    pub fn send<T: NcclType>(&self, c: &'env Communicator, buf: &'env DeviceVec<T>, peer: usize) -> Result<()> {
         via_scope(|| c.send(buf, peer))
     }
     /// [`Communicator::recv`] in the group.
-    pub fn recv<T: NcclType>(&self, c: &Communicator, buf: &'env mut DeviceVec<T>, peer: usize) -> Result<()> {
+    pub fn recv<T: NcclType>(&self, c: &'env Communicator, buf: &'env mut DeviceVec<T>, peer: usize) -> Result<()> {
         via_scope(|| c.recv(buf, peer))
     }
     /// [`Communicator::sendrecv`] in the group.
     pub fn sendrecv<T: NcclType>(
         &self,
-        c: &Communicator,
+        c: &'env Communicator,
         send: &'env DeviceVec<T>,
         dest: usize,
         recv: &'env mut DeviceVec<T>,
