@@ -200,19 +200,23 @@ fn copies_with_host_memory_are_refused_while_the_stream_is_captured() {
     }
     // Nothing was queued during the capture: an empty graph, or none.
     drop(graph.unwrap());
-    // A capture begun inside a scope after its copy was queued: the scope's end still waits for
-    // that copy (an event recorded before the capture; the stream itself cannot be synchronised
-    // while it is captured, which made the scope fail and return with the copy in flight).
-    let mut early = PinnedVec::<f32>::new(&res, n).unwrap();
-    let relaxed = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    let scoped = res.copy_scope(|s| {
-        s.to_host(&dev, &mut early)?;
-        stream.begin_capture(relaxed).map_err(|e| raft::Error::new(ErrorKind::Cuda, "begin_capture", e.to_string()))
-    });
-    let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
-    scoped.unwrap().unwrap();
-    drop(graph.unwrap());
-    same("a scope whose body began a capture", &early.to_vec(), &want);
+    // A capture begun inside a scope after its copy was queued, in each capture mode: the
+    // scope's end still waits for that copy (an event recorded before the capture, waited for
+    // with the thread's capture mode relaxed; the stream itself cannot be synchronised while it
+    // is captured, and in global or thread-local mode the driver refused the event wait too:
+    // both made the scope fail and return with the copy in flight).
+    use cudarc::driver::sys::CUstreamCaptureMode as Mode;
+    for mode in [Mode::CU_STREAM_CAPTURE_MODE_RELAXED, Mode::CU_STREAM_CAPTURE_MODE_GLOBAL, Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL] {
+        let mut early = PinnedVec::<f32>::new(&res, n).unwrap();
+        let scoped = res.copy_scope(|s| {
+            s.to_host(&dev, &mut early)?;
+            stream.begin_capture(mode).map_err(|e| raft::Error::new(ErrorKind::Cuda, "begin_capture", e.to_string()))
+        });
+        let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        scoped.unwrap_or_else(|e| panic!("{mode:?}: {e}")).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        drop(graph.unwrap_or_else(|e| panic!("{mode:?}: the capture was invalidated: {e}")));
+        same(&format!("a scope whose body began a capture ({mode:?})"), &early.to_vec(), &want);
+    }
     // After the capture: every kind runs.
     res.copy_scope(|s| s.to_host(&dev, &mut pinned)).unwrap().unwrap();
     same("scoped down after the capture", &pinned.to_vec(), &want);

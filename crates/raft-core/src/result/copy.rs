@@ -82,8 +82,8 @@ impl NativeEvent {
     /// Blocks until the recorded work has finished.
     pub(crate) fn wait(&self, who: &'static str) -> Result<()> {
         // SAFETY: the event is alive (owned by self); waiting binds no context (as for a
-        // stream, see `stream_sync`).
-        unsafe { cu::event::synchronize(self.event) }.map_err(driver(who))
+        // stream, see `stream_sync`), and is not refused under a capture (`relaxed`).
+        super::relaxed(|| unsafe { cu::event::synchronize(self.event) }).map_err(driver(who))
     }
 
     /// Whether the recorded work has finished (an error: it failed).

@@ -170,10 +170,31 @@ impl Drop for ContextGuard {
     }
 }
 
-/// Waits for a stream (`cuStreamSynchronize`) without binding any context to the thread.
+/// Waits for a stream (`cuStreamSynchronize`) without binding any context to the thread, with
+/// the thread's capture mode relaxed (see [`relaxed`]).
 pub(crate) fn stream_sync(who: &'static str, stream: &CudaStream) -> Result<()> {
     // SAFETY: the stream is alive for the borrow; synchronising needs no current context.
-    unsafe { cu::stream::synchronize(stream.cu_stream()) }.map_err(|e| Error::driver(who, e))
+    relaxed(|| unsafe { cu::stream::synchronize(stream.cu_stream()) }).map_err(|e| Error::driver(who, e))
+}
+
+/// Runs `wait` with the calling thread's stream-capture mode set to relaxed
+/// (`cuThreadExchangeStreamCaptureMode`), then puts the thread's own mode back. The waits that
+/// end a borrow of memory a copy uses must not be refused: while this thread captures a stream
+/// in global or thread-local mode, or another thread captures one in global mode, the driver
+/// otherwise refuses them at once (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) with the copy still
+/// running, and also invalidates this thread's capture (measured on the H200 by this session's
+/// second review). Relaxed, the wait runs and the capture stays valid.
+pub(crate) fn relaxed<R>(wait: impl FnOnce() -> R) -> R {
+    let mut mode = cusys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: exchanges the calling thread's capture mode through a pointer to a local; needs
+    // no context.
+    let swapped = unsafe { cusys::cuThreadExchangeStreamCaptureMode(&mut mode) } == cusys::CUresult::CUDA_SUCCESS;
+    let out = wait();
+    if swapped {
+        // SAFETY: as above; puts back the mode the first exchange returned.
+        unsafe { cusys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+    out
 }
 
 /// Refuses a copy that involves host memory on a stream being captured into a CUDA graph
