@@ -200,13 +200,16 @@ fn copies_with_host_memory_are_refused_while_the_stream_is_captured() {
     }
     // Nothing was queued during the capture: an empty graph, or none.
     drop(graph.unwrap());
-    // A capture begun inside a scope after its copy was queued, in each capture mode: the
+    // A capture begun inside a scope after its copy was queued, relaxed and thread-local: the
     // scope's end still waits for that copy (an event recorded before the capture, waited for
     // with the thread's capture mode relaxed; the stream itself cannot be synchronised while it
     // is captured, and in global or thread-local mode the driver refused the event wait too:
     // both made the scope fail and return with the copy in flight).
+    // (Global mode also forbids the other threads' calls, here the other tests of this process,
+    // and their refused calls invalidate the capture: it is left out. It differs from
+    // thread-local mode only there; the relaxed wait serves both.)
     use cudarc::driver::sys::CUstreamCaptureMode as Mode;
-    for mode in [Mode::CU_STREAM_CAPTURE_MODE_RELAXED, Mode::CU_STREAM_CAPTURE_MODE_GLOBAL, Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL] {
+    for mode in [Mode::CU_STREAM_CAPTURE_MODE_RELAXED, Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL] {
         let mut early = PinnedVec::<f32>::new(&res, n).unwrap();
         let scoped = res.copy_scope(|s| {
             s.to_host(&dev, &mut early)?;
