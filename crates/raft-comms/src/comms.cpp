@@ -344,6 +344,12 @@ struct comm_cell {
   ncclComm_t* split_slot{nullptr};
   /// Whether this rank gave a color to the split (then a communicator comes, or an error).
   bool split_colored{false};
+  /// The thread whose open NCCL group holds calls on this communicator, until its outermost
+  /// group ends (none: the default id). NCCL keeps a group per thread: a call from another thread
+  /// meanwhile would join that group and be launched when it ends, after the caller's buffers may
+  /// be gone (RAFT's C++ code reaches the communicator through get_comms, past the Rust side's
+  /// own check).
+  std::thread::id group_owner{};
 };
 
 using cell_ptr = std::shared_ptr<comm_cell>;
@@ -568,6 +574,34 @@ ncclRedOp_t nccl_op(int32_t op)
   }
 }
 
+/// Ends the calling thread's hold on `c` once its outermost group has ended (ncclGroupEnd
+/// returned, or failed and aborted it): until then another thread's call is refused, never
+/// folded into this thread's group.
+void release_group_owner(comm_cell& c)
+{
+  std::lock_guard<std::mutex> hold(c.lock);
+  if (c.group_owner == std::this_thread::get_id()) { c.group_owner = std::thread::id{}; }
+}
+
+/// Releases the calling thread's hold on `n` communicators when it goes out of scope: after
+/// the group's end, on every path out of it.
+struct owners_release {
+  int32_t n;
+  cell_ptr const* const* cells;
+  owners_release(int32_t count, cell_ptr const* const* list) : n{count}, cells{list} {}
+  owners_release(int32_t count, cell_ptr const* one) : n{count}, cells{nullptr}, single{one} {}
+  ~owners_release()
+  {
+    if (single != nullptr && n > 0) { release_group_owner(**single); }
+    for (int32_t i = 0; cells != nullptr && i < n; ++i) { release_group_owner(**cells[i]); }
+  }
+  owners_release(owners_release const&)            = delete;
+  owners_release& operator=(owners_release const&) = delete;
+
+ private:
+  cell_ptr const* single{nullptr};
+};
+
 /// Runs one enqueueing NCCL call (or a group of them: `call` may start and end its own group)
 /// on the communicator: under its lock, on its device; waits out ncclInProgress outside a
 /// group; aborts the communicator when the failure leaves it unusable; records the event when
@@ -579,6 +613,11 @@ void run_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, F&&
   {
     std::lock_guard<std::mutex> hold(c.lock);
     live(c, doing);
+    if (c.group_owner != std::thread::id{} && c.group_owner != std::this_thread::get_id()) {
+      throw std::logic_error(std::string(doing) +
+                             ": the communicator has calls in an open NCCL group on another thread; call it from that "
+                             "thread, or after that group has ended");
+    }
     device_scope scope{c.device};
     r = call(c.comm);
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -586,7 +625,10 @@ void run_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, F&&
       if (!leaves_comm_usable(r)) { abort_locked(c, what); }
       throw nccl_failure(r, what);
     }
-    if (group_depth > 0) { return; }  // deferred to the group's end
+    if (group_depth > 0) {
+      c.group_owner = std::this_thread::get_id();
+      return;  // deferred to the group's end
+    }
     if (r == ncclSuccess) {
       // Launched: the common case records the event under the same lock and device.
       if (mark) { check_cuda(cudaEventRecord(c.event, stream), "recording the communicator's event"); }
@@ -918,6 +960,7 @@ class nccl_comms final : public raft::comms::comms_iface {
   void group_end() const override
   {
     --group_depth;
+    owners_release release{group_depth == 0 ? 1 : 0, &cell_};
     ncclResult_t r = check_nccl(nccl().GroupEnd(), "group_end");
     if (r == ncclInProgress && group_depth == 0) { wait_ready(*cell_, cell_->timeout_s, "group_end"); }
   }
@@ -1266,6 +1309,11 @@ raftcomms_status raftcomms_group_end(int32_t n, raftcomms_comm* const* comms, vo
 {
   return guard([&] {
     --group_depth;
+    std::vector<cell_ptr const*> cells;
+    if (group_depth == 0) {
+      for (int32_t i = 0; i < n; ++i) { cells.push_back(&comms[i]->cell); }
+    }
+    owners_release release{static_cast<int32_t>(cells.size()), cells.data()};
     ncclResult_t r = nccl().GroupEnd();
     if (r != ncclSuccess && r != ncclInProgress) {
       // The group's calls may have been launched on some communicators and not others: none of

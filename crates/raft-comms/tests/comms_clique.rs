@@ -460,6 +460,10 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
     let res = DeviceResources::on_device(0).unwrap();
     let comms = Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap();
     let c = &comms[0];
+    // Installed into other resources of the device too: RAFT's C++ path (get_comms) is checked
+    // on the C++ side, past the Rust side's own check.
+    let other_res = DeviceResources::on_device(0).unwrap();
+    c.install(&other_res).unwrap();
     let n = 8;
     let mut mine = up::<f32>(&res, &data(0, n));
     let (inside, done) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
@@ -467,20 +471,28 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
         let other = s.spawn(|| {
             inside.wait();
             let mut theirs = up::<f32>(&res, &data(0, n));
-            let refused = c.allreduce_in_place(&mut theirs, ReduceOp::Sum);
+            let direct = c.allreduce_in_place(&mut theirs, ReduceOp::Sum);
+            let send = up::<f32>(&other_res, &data(0, n));
+            let mut recv = zeros::<f32>(&other_res, n);
+            let through_raft = raft_comms::through_raft::allreduce(&other_res, &send, &mut recv, ReduceOp::Sum);
             done.wait();
-            refused
+            (direct, through_raft)
         });
-        group_scope(|g| {
-            g.allreduce_in_place(c, &mut mine, ReduceOp::Sum)?;
+        // The barriers are reached whatever the group's call returns (a failure would otherwise
+        // leave the other thread waiting).
+        let grouped = group_scope(|g| {
+            let r = g.allreduce_in_place(c, &mut mine, ReduceOp::Sum);
             inside.wait();
             done.wait();
-            Ok(())
-        })
-        .unwrap();
-        let e = other.join().unwrap().expect_err("a call from another thread joined this thread's open group");
-        assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
-        assert!(e.to_string().contains("another thread"), "{e}");
+            r
+        });
+        let (direct, through_raft) = other.join().unwrap();
+        grouped.unwrap();
+        for (what, r) in [("direct", direct), ("through RAFT's get_comms", through_raft)] {
+            let e = r.expect_err(&format!("{what}: a call from another thread joined this thread's open group"));
+            assert_eq!(e.kind(), ErrorKind::Logic, "{what}: {e}");
+            assert!(e.to_string().contains("another thread"), "{what}: {e}");
+        }
     });
     c.sync().unwrap();
     assert_eq!(mine.to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, 1)));
