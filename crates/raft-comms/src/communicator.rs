@@ -597,7 +597,9 @@ impl Communicator {
         loop {
             {
                 let mut st = sh.lock();
-                if let Some(e) = Shared::ended_error(&st, who) {
+                // Refused while another thread's open group holds calls on it: a timeout here
+                // would abort a communicator NCCL still has in that group.
+                if let Some(e) = Shared::unusable(&st, who) {
                     return Err(e);
                 }
                 match sh.native.query(who, Some(&stream)) {

@@ -475,8 +475,10 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
             let send = up::<f32>(&other_res, &data(0, n));
             let mut recv = zeros::<f32>(&other_res, n);
             let through_raft = raft_comms::through_raft::allreduce(&other_res, &send, &mut recv, ReduceOp::Sum);
+            // A wait whose timeout would abort the communicator NCCL holds in the group.
+            let sync = c.sync();
             done.wait();
-            (direct, through_raft)
+            (direct, through_raft, sync)
         });
         // The barriers are reached whatever the group's call returns (a failure would otherwise
         // leave the other thread waiting).
@@ -486,9 +488,9 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
             done.wait();
             r
         });
-        let (direct, through_raft) = other.join().unwrap();
+        let (direct, through_raft, sync) = other.join().unwrap();
         grouped.unwrap();
-        for (what, r) in [("direct", direct), ("through RAFT's get_comms", through_raft)] {
+        for (what, r) in [("direct", direct), ("through RAFT's get_comms", through_raft), ("sync", sync)] {
             let e = r.expect_err(&format!("{what}: a call from another thread joined this thread's open group"));
             assert_eq!(e.kind(), ErrorKind::Logic, "{what}: {e}");
             assert!(e.to_string().contains("another thread"), "{what}: {e}");
