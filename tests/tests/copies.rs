@@ -317,25 +317,34 @@ fn registered_slices_round_trip_and_unregister() {
         let mut dev = DeviceVec::<u32>::zeros(&res, n).unwrap();
         // One registration at a time: two small vectors may share a page, which the driver
         // locks as a whole.
-        let registered = RegisteredSlice::new(&res, &mut src).unwrap();
-        assert_eq!(registered.len(), n);
-        res.copy_scope(|s| s.to_device(&registered, &mut dev)).unwrap().unwrap();
-        registered.unregister().unwrap();
-        {
-            let mut out = RegisteredSlice::new(0, &mut dst).unwrap();
-            res.copy_scope(|s| s.to_host(&dev, &mut out)).unwrap().unwrap();
+        RegisteredSlice::scope(&res, &mut src, |registered| {
+            assert_eq!(registered.len(), n);
+            res.copy_scope(|s| s.to_device(&*registered, &mut dev)).unwrap().unwrap();
+        })
+        .unwrap();
+        RegisteredSlice::scope(0, &mut dst, |out| {
+            res.copy_scope(|s| s.to_host(&dev, out)).unwrap().unwrap();
             same(&format!("{n}: through registered slices"), &out.to_vec(), &want);
-        } // `out` unregisters here
+        })
+        .unwrap();
         same(&format!("{n}: the slice after unregistering"), &dst, &want);
-        // Registered again: the earlier registration is gone.
-        RegisteredSlice::new(0, &mut dst).unwrap().unregister().unwrap();
+        // Registered again: the earlier registration is gone. The unsafe form, ended in time.
+        // SAFETY: unregistered right here, before `dst` is used again.
+        unsafe { RegisteredSlice::new(0, &mut dst) }.unwrap().unregister().unwrap();
     }
+    // A panicking body still ends its registration: the slice registers again afterwards.
+    let mut data = pattern_u32(4096, 23);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        RegisteredSlice::scope(0, &mut data, |_| panic!("a body that panics")).unwrap()
+    }));
+    assert!(panicked.is_err());
+    RegisteredSlice::scope(0, &mut data, |r| assert_eq!(r.len(), 4096)).unwrap();
     // Memory that is already page-locked cannot be registered twice.
     let mut pinned = PinnedVec::<u32>::new(&res, 4096).unwrap();
     // SAFETY: no copy uses `pinned` while the slice lives (registering it is refused before any
     // copy could).
-    let e = RegisteredSlice::new(0, unsafe { pinned.as_mut_slice() }).unwrap_err();
-    assert!(e.to_string().starts_with("RegisteredSlice::new: "), "{e}");
+    let e = RegisteredSlice::scope(0, unsafe { pinned.as_mut_slice() }, |_| ()).unwrap_err();
+    assert!(e.to_string().starts_with("RegisteredSlice::scope: "), "{e}");
     eprintln!("registering page-locked memory again: {:?} {e}", e.kind());
 }
 

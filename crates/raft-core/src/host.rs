@@ -314,16 +314,31 @@ impl<T: DeviceScalar> Drop for PinnedVec<T> {
 /// copying the memory once: register data that is copied several times.
 ///
 /// Asynchronous copies borrow it only inside [`DeviceResources::copy_scope`], which waits: a
-/// registration cannot be released while a copy may use it. Forgetting one (`mem::forget`)
-/// leaves the memory page-locked until the process ends, nothing worse.
+/// registration cannot be released while a copy may use it.
+///
+/// Made by [`scope`](Self::scope), which ends the registration before the slice's borrow
+/// ends, however the body leaves. (A registration that outlived the borrow, forgotten with
+/// `mem::forget`, would leave page-locked memory that safe code reaches as a plain slice, which
+/// cudarc's copies would take for pageable memory and not wait for: [`new`](Self::new), which
+/// makes one that can be forgotten, is `unsafe`.)
+///
+/// ```compile_fail,E0133
+/// # use raft_core::RegisteredSlice;
+/// # fn f() -> raft_core::Result<()> {
+/// let mut data = vec![0f32; 1024];
+/// std::mem::forget(RegisteredSlice::new(0, &mut data)?); // error: `new` is unsafe
+/// data[0] = 1.0; // (page-locked memory, reached as a plain slice)
+/// # Ok(()) }
+/// ```
 ///
 /// ```compile_fail,E0499
 /// # use raft_core::RegisteredSlice;
 /// # fn f() -> raft_core::Result<()> {
 /// let mut data = vec![0f32; 1024];
-/// let pinned = RegisteredSlice::new(0, &mut data)?;
-/// data[0] = 1.0; // error: `data` is reached only through `pinned` while it lives
-/// drop(pinned);
+/// RegisteredSlice::scope(0, &mut data, |registered| {
+///     data[0] = 1.0; // error: `data` is reached only through `registered` meanwhile
+///     registered.len()
+/// })?;
 /// # Ok(()) }
 /// ```
 ///
@@ -337,17 +352,41 @@ pub struct RegisteredSlice<'a, T: DeviceScalar> {
 static_assertions::assert_impl_all!(RegisteredSlice<'static, f32>: Send, Sync);
 
 impl<'a, T: DeviceScalar> RegisteredSlice<'a, T> {
-    /// Page-locks `slice` for `device` (every device reaches it: the registration is portable).
+    /// Page-locks `slice` for `device` (every device reaches it: the registration is portable)
+    /// while `body` runs with the registration, then makes it pageable again, also when `body`
+    /// panics.
     ///
     /// # Errors
     /// `Logic` for a device that does not exist or memory the driver reports as already
     /// page-locked (part of a [`PinnedVec`], registered elsewhere, or, as the driver locks whole
-    /// pages, on a page of another registered slice); `Cuda` when the driver refuses otherwise.
-    pub fn new(device: impl AsDevice, slice: &'a mut [T]) -> Result<Self> {
-        const WHO: &str = "RegisteredSlice::new";
-        let device = device.as_device();
-        let ctx = crate::device::context(WHO, device)?;
-        Ok(RegisteredSlice { native: NativeRegistration::register(WHO, &ctx, slice)?, device })
+    /// pages, on a page of another registered slice); `Cuda` when the driver refuses otherwise,
+    /// or refuses to make the memory pageable again (then it may stay page-locked).
+    pub fn scope<R>(device: impl AsDevice, slice: &'a mut [T], body: impl FnOnce(&mut RegisteredSlice<'a, T>) -> R) -> Result<R> {
+        const WHO: &str = "RegisteredSlice::scope";
+        let mut registered = Self::register(WHO, device.as_device(), slice)?;
+        let out = body(&mut registered);
+        registered.unregister().map_err(|e| e.with_who(WHO))?;
+        Ok(out)
+    }
+
+    /// Page-locks `slice` for `device` until the registration is dropped or
+    /// [`unregister`](Self::unregister)ed.
+    ///
+    /// # Errors
+    /// As [`scope`](Self::scope).
+    ///
+    /// # Safety
+    /// The registration must end before `slice` is used again: it must not be forgotten
+    /// (`mem::forget`, a reference cycle), or the memory stays page-locked under a slice that
+    /// safe code may hand to copies that do not wait for page-locked memory (cudarc's
+    /// `memcpy_htod` / `memcpy_dtoh` take every `&[T]` for pageable memory).
+    pub unsafe fn new(device: impl AsDevice, slice: &'a mut [T]) -> Result<Self> {
+        Self::register("RegisteredSlice::new", device.as_device(), slice)
+    }
+
+    fn register(who: &'static str, device: usize, slice: &'a mut [T]) -> Result<Self> {
+        let ctx = crate::device::context(who, device)?;
+        Ok(RegisteredSlice { native: NativeRegistration::register(who, &ctx, slice)?, device })
     }
 
     /// The number of elements.
