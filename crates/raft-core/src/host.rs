@@ -240,8 +240,8 @@ impl<T: DeviceScalar> PinnedVec<T> {
     /// The elements as a slice.
     ///
     /// # Safety
-    /// No copy that this library did not queue may read or write the memory while the slice is
-    /// used, or still run once the `PinnedVec` is dropped: in particular not cudarc's
+    /// No copy or kernel that this library did not queue may read or write the memory while the
+    /// slice is used, or still run once the `PinnedVec` is dropped: in particular not cudarc's
     /// `memcpy_htod` / `memcpy_dtoh` given this slice, which return before their copy from
     /// page-locked memory has run and never wait for it (they take every `&[T]` for pageable
     /// memory). Copies through this library's APIs always wait, or hold the `PinnedVec`.
