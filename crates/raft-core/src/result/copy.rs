@@ -1555,15 +1555,13 @@ pub(crate) fn is_page_locked<T>(host: &[T]) -> bool {
         return false;
     }
     let mut kind: u32 = 0;
-    // SAFETY: writes one unsigned int for an address; the driver only looks the address up in
-    // its tables (an address it does not know is CUDA_ERROR_INVALID_VALUE, nothing is read).
-    let rc = unsafe {
-        cusys::cuPointerGetAttribute(
-            &mut kind as *mut u32 as *mut c_void,
-            cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            host.as_ptr() as cusys::CUdeviceptr,
-        )
-    };
+    let mut attribute = cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+    let mut out = &mut kind as *mut u32 as *mut c_void;
+    // SAFETY: writes one unsigned int (the one attribute asked) for an address; the driver only
+    // looks the address up in its tables. The plural call answers an address it does not know
+    // (pageable memory, the common case) with success and a zero type, where the singular one
+    // returns CUDA_ERROR_INVALID_VALUE, an API error every sanitizer reports.
+    let rc = unsafe { cusys::cuPointerGetAttributes(1, &mut attribute, &mut out, host.as_ptr() as cusys::CUdeviceptr) };
     rc == cusys::CUresult::CUDA_SUCCESS && kind == cusys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
 }
 
