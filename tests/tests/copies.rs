@@ -134,6 +134,32 @@ fn the_plain_copies_are_right_on_both_sides_of_the_staging_threshold() {
     same("f32 64 MiB + 4 B", &DeviceVec::from_host(&res, &words).unwrap().to_host().unwrap(), &words);
 }
 
+/// A `PinnedVec` read and written by value on the host (it gives no safe slice): `get`, `set`,
+/// `fill`, `iter`, `to_vec`, `copy_from_slice`, `copy_to_slice`, with `Logic` errors for an
+/// index past the end and lengths that differ.
+#[test]
+fn pinned_vecs_are_read_and_written_by_value() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let mut p = PinnedVec::<u32>::new(&res, 5).unwrap();
+    assert_eq!((p.len(), p.get(0), p.get(5)), (5, Some(0), None));
+    p.set(4, 9).unwrap();
+    let e = p.set(5, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert_eq!(p.to_vec(), [0, 0, 0, 0, 9]);
+    p.fill(7);
+    assert!(p.iter().all(|x| x == 7));
+    p.copy_from_slice(&[1, 2, 3, 4, 5]).unwrap();
+    let mut out = [0u32; 5];
+    p.copy_to_slice(&mut out).unwrap();
+    assert_eq!(out, [1, 2, 3, 4, 5]);
+    for e in [p.copy_from_slice(&[1, 2]).unwrap_err(), p.copy_to_slice(&mut [0; 6]).unwrap_err()] {
+        assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+        assert!(e.to_string().starts_with("PinnedVec::copy_"), "{e}");
+    }
+    assert_eq!(p.iter().collect::<Vec<_>>(), [1, 2, 3, 4, 5], "a refused copy changed nothing");
+}
+
 /// Staged copies with every kind of host store are exact and write nothing outside their
 /// range: lengths around the streaming threshold (4 KiB) and the pieces, host slices at odd
 /// addresses (the streaming stores' unaligned head and tail), sizes on both sides of where
