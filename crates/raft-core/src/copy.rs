@@ -404,10 +404,6 @@ const MIN_SUB: usize = 64 << 10;
 /// 0.95x against 0.93x / 0.93x (host to device / device to host), for 16 MiB more page-locked
 /// memory.
 const SLOTS: usize = 8;
-/// How the host threads of staged uploads / downloads write by default.
-const UPLOAD_STORES: HostStores = HostStores::Auto;
-const DOWNLOAD_STORES: HostStores = HostStores::Auto;
-
 impl HostStores {
     /// What this kind means for an upload (or a download) of `bytes`: never `Auto`.
     fn resolve(self, bytes: usize, upload: bool) -> HostStores {
@@ -494,8 +490,8 @@ impl Default for Staging {
             chunk_bytes: Staging::DEFAULT_CHUNK_BYTES,
             threads: parallel.saturating_sub(1).clamp(1, Staging::DEFAULT_THREADS),
             slots: SLOTS,
-            upload_stores: UPLOAD_STORES,
-            download_stores: DOWNLOAD_STORES,
+            upload_stores: HostStores::Auto,
+            download_stores: HostStores::Auto,
         }
     }
 }
@@ -526,7 +522,7 @@ impl Staging {
         if !(1..=64).contains(&threads) {
             return Err(Error::logic(WHO, format!("threads must be 1 to 64, given {threads}")));
         }
-        Ok(Staging { chunk_bytes, threads, slots: SLOTS, upload_stores: UPLOAD_STORES, download_stores: DOWNLOAD_STORES })
+        Ok(Staging { chunk_bytes, threads, slots: SLOTS, upload_stores: HostStores::Auto, download_stores: HostStores::Auto })
     }
 
     /// The same with `pieces` page-locked slots (pieces in flight at once: 2 to 16, even; 8 by
@@ -572,7 +568,8 @@ impl Staging {
     /// [`MIN_PIECE`] and at most the chunk; sub-pieces that give each thread one per piece, at
     /// least [`MIN_SUB`]; no more threads than sub-pieces in flight; the host threads' stores as
     /// `stores` says for an upload (or a download) of `bytes`.
-    fn plan(&self, bytes: usize, stores: HostStores, upload: bool) -> Plan {
+    fn plan(&self, bytes: usize, upload: bool) -> Plan {
+        let stores = if upload { self.upload_stores } else { self.download_stores };
         let bytes = bytes.max(1);
         let piece = bytes.div_ceil(self.slots).clamp(MIN_PIECE.min(self.chunk_bytes), self.chunk_bytes).min(bytes);
         let sub = piece.div_ceil(self.threads).max(MIN_SUB).min(piece);
@@ -623,7 +620,7 @@ impl Staging {
             return Ok(());
         }
         crate::result::crew::watch_time(who)?; // a bad RAFT_STAGING_SPIN_US, said here
-        let plan = self.plan(std::mem::size_of_val(host), self.upload_stores, true);
+        let plan = self.plan(std::mem::size_of_val(host), true);
         let mut buffers = pool_take(who, dst.resources().device(), plan.cut.piece, self.slots / 2)?;
         let run = |work: &(dyn Fn() -> Result<()> + Sync), main: &mut dyn FnMut() -> Result<()>| run_on_threads(plan.threads, work, main);
         let outcome = staged_upload(who, &mut buffers, host, dst.native_mut(), plan.cut, &run);
@@ -638,7 +635,7 @@ impl Staging {
             return Ok(());
         }
         crate::result::crew::watch_time(who)?; // a bad RAFT_STAGING_SPIN_US, said here
-        let plan = self.plan(std::mem::size_of_val(host), self.download_stores, false);
+        let plan = self.plan(std::mem::size_of_val(host), false);
         let mut buffers = pool_take(who, src.resources().device(), plan.cut.piece, self.slots / 2)?;
         let run = |work: &(dyn Fn() -> Result<()> + Sync), main: &mut dyn FnMut() -> Result<()>| run_on_threads(plan.threads, work, main);
         let outcome = staged_download(who, &mut buffers, src.native(), host, plan.cut, &run);
@@ -828,8 +825,8 @@ mod tests {
         assert_eq!(Staging::default().host_stores(), (HostStores::Auto, HostStores::Auto));
         assert_eq!(HostStores::default(), HostStores::Auto);
         let s = Staging::default();
-        let up = |bytes| s.plan(bytes, HostStores::Auto, true).cut.stores;
-        let down = |bytes| s.plan(bytes, HostStores::Auto, false).cut.stores;
+        let up = |bytes| s.plan(bytes, true).cut.stores;
+        let down = |bytes| s.plan(bytes, false).cut.stores;
         assert_eq!(
             (up(1 << 20), up((32 << 20) - 1), up(32 << 20), up(1 << 30)),
             (HostStores::Streaming, HostStores::Streaming, HostStores::Plain, HostStores::Plain)
@@ -842,8 +839,8 @@ mod tests {
         let forced = Staging::default().with_host_stores(HostStores::Plain, HostStores::Streaming);
         assert_eq!(forced.host_stores(), (HostStores::Plain, HostStores::Streaming));
         for bytes in [1usize, 1 << 20, 1 << 30] {
-            assert_eq!(forced.plan(bytes, forced.host_stores().0, true).cut.stores, HostStores::Plain);
-            assert_eq!(forced.plan(bytes, forced.host_stores().1, false).cut.stores, HostStores::Streaming);
+            assert_eq!(forced.plan(bytes, true).cut.stores, HostStores::Plain);
+            assert_eq!(forced.plan(bytes, false).cut.stores, HostStores::Streaming);
         }
     }
 
@@ -858,7 +855,7 @@ mod tests {
         ];
         for s in staging {
             for bytes in [1usize, 3, 4097, (1 << 20) + 1, (64 << 20) + 3, 1 << 30] {
-                let p = s.plan(bytes, HostStores::Plain, true);
+                let p = s.plan(bytes, true);
                 let StagedCut { piece, sub, .. } = p.cut;
                 assert!(piece >= 1 && piece <= s.chunk_bytes() && piece <= bytes, "{s:?} {bytes}: {p:?}");
                 assert!(sub >= 1 && sub <= piece, "{s:?} {bytes}: {p:?}");
@@ -869,19 +866,19 @@ mod tests {
             }
         }
         // A large copy: chunk-sized pieces, one sub-piece per thread and piece.
-        let p = Staging::new(4 << 20, 16).unwrap().plan(1 << 30, HostStores::Plain, true);
+        let p = Staging::new(4 << 20, 16).unwrap().plan(1 << 30, true);
         assert_eq!((p.cut.piece, p.cut.sub, p.threads), (4 << 20, 256 << 10, 16));
-        let p = Staging::new(4 << 20, 8).unwrap().plan(1 << 30, HostStores::Plain, true);
+        let p = Staging::new(4 << 20, 8).unwrap().plan(1 << 30, true);
         assert_eq!((p.cut.piece, p.cut.sub, p.threads), (4 << 20, 512 << 10, 8));
         // 64 MiB: the same cut, 16 pieces.
         assert_eq!(
-            Staging::new(4 << 20, 16).unwrap().plan(64 << 20, HostStores::Plain, true).cut,
+            Staging::new(4 << 20, 16).unwrap().plan(64 << 20, true).cut,
             StagedCut { piece: 4 << 20, sub: 256 << 10, stores: HostStores::Plain }
         );
         // 1 MiB: quarters, so the device starts on the first while the host copies the next.
-        let p = Staging::new(4 << 20, 16).unwrap().plan(1 << 20, HostStores::Plain, true);
+        let p = Staging::new(4 << 20, 16).unwrap().plan(1 << 20, true);
         assert_eq!((p.cut.piece, p.cut.sub, p.threads), (256 << 10, 64 << 10, 16));
         // Tiny copies stay on the calling thread.
-        assert_eq!(Staging::new(4 << 20, 16).unwrap().plan(4097, HostStores::Plain, true).threads, 1);
+        assert_eq!(Staging::new(4 << 20, 16).unwrap().plan(4097, true).threads, 1);
     }
 }

@@ -1026,8 +1026,8 @@ impl Shared<'_> {
 
     /// Notes an event of the copy's timeline (`h` a host thread starts, `f` piece filled or
     /// emptied, `q` piece queued, `o` piece opened, `e` the threads are done, `c` a slot's last
-    /// device copy waited for, `w` every device copy waited for) with the microseconds since the copy began, when `raft::staging`
-    /// traces; logged once at the end.
+    /// device copy waited for, `w` every device copy waited for) with the microseconds since the
+    /// copy began, when `raft::staging` traces; logged once at the end.
     fn note(&self, what: char, piece: usize) {
         if let Some((t0, events)) = &self.trace {
             let at = t0.elapsed().as_micros() as u64;
