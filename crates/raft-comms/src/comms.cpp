@@ -577,10 +577,15 @@ ncclRedOp_t nccl_op(int32_t op)
 /// Ends the calling thread's hold on `c` once its outermost group has ended (ncclGroupEnd
 /// returned, or failed and aborted it): until then another thread's call is refused, never
 /// folded into this thread's group.
-void release_group_owner(comm_cell& c)
+void release_group_owner(comm_cell& c) noexcept
 {
-  std::lock_guard<std::mutex> hold(c.lock);
-  if (c.group_owner == std::this_thread::get_id()) { c.group_owner = std::thread::id{}; }
+  try {
+    std::lock_guard<std::mutex> hold(c.lock);
+    if (c.group_owner == std::this_thread::get_id()) { c.group_owner = std::thread::id{}; }
+  } catch (...) {
+    // Locking failed (std::system_error, never seen): the hold stays, and other threads' calls
+    // keep being refused, the safe side. Called from a destructor: nothing may escape.
+  }
 }
 
 /// Releases the calling thread's hold on `n` communicators when it goes out of scope: after
