@@ -8,11 +8,13 @@
 //! | `bindings [--check]` | regenerates (or checks) `crates/raft-sys/src/bindings.rs` |
 //! | `abi-check [--bless]` | compares the ABI tag of this build with the committed one |
 //! | `gpu-bundle [--out DIR]` | packs test and bench binaries, the shim and the downstream binary with the RAPIDS `.so` files for a GPU machine |
+//! | `layers [-v]` | each crate's file graph: fails on a circle of files or a source file over 900 lines not listed in `xtask/layers-known.txt` |
 //! | `package [--no-verify]` | `cargo package` of every library crate in dependency order (built from the tarballs), and their docs.rs metadata |
 mod abi_check;
 mod bindings;
 mod bundle;
 mod deps;
+mod layers;
 mod package;
 /// Where the native stack is and what it holds: the same file raft-sys's build script includes,
 /// so `cargo xtask deps` and the build never disagree.
@@ -46,7 +48,7 @@ pub fn cargo() -> Command {
 }
 
 const USAGE: &str =
-    "usage: cargo xtask <deps [--nccl]|test|doctor|bindings [--check]|abi-check [--bless]|gpu-bundle [--out DIR]|package [--no-verify]>";
+    "usage: cargo xtask <deps [--nccl]|test|doctor|bindings [--check]|abi-check [--bless]|gpu-bundle [--out DIR]|package [--no-verify]|layers [-v]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
             let out = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).map(PathBuf::from);
             deps::run().and_then(|_| bundle::run(out))
         }
+        Some("layers") => layers::run(flag("-v")),
         Some("package") if flag("--no-verify") => package::run(false),
         Some("package") => deps::run().and_then(|_| package::run(true)),
         _ => Err(USAGE.to_string()),
