@@ -175,7 +175,11 @@ impl Graph {
                 } else {
                     continue;
                 };
-                let abs = if abs.len() == 1 { root_exports.get(&abs[0]).cloned().unwrap_or(abs) } else { abs };
+                // `crate::Staging::default()`: an item the facade re-exports, followed to its module.
+                let abs = match (abs.first(), abs.first().and_then(|first| root_exports.get(first))) {
+                    (Some(first), Some(origin)) if !files.contains_key(first) => origin.iter().chain(&abs[1..]).cloned().collect(),
+                    _ => abs,
+                };
                 if let Some(target) = longest_module(&files, &abs) {
                     let to = &files[&target];
                     if to != from && !target.is_empty() {
@@ -552,6 +556,26 @@ mod tests {
         assert_eq!(absolute("result::copy", &["super".into(), "X".into()]), Some(vec!["result".to_string(), "X".to_string()]));
         assert_eq!(absolute("a", &["super".into(), "super".into()]), None);
         assert_eq!(absolute("a", &["crate".into(), "b".into()]), Some(vec!["b".to_string()]));
+    }
+
+    #[test]
+    fn paths_through_the_facade_and_to_children_are_edges() {
+        let dir = std::env::temp_dir().join(format!("layers-test-{}", std::process::id()));
+        let src = dir.join("src");
+        fs::create_dir_all(src.join("r")).unwrap();
+        fs::write(src.join("lib.rs"), "mod a; mod b; mod r;\npub use b::Staging;\npub use r::X;").unwrap();
+        fs::write(src.join("a.rs"), "fn f() { crate::Staging::default(); }").unwrap();
+        fs::write(src.join("b.rs"), "// crate::a::f\npub struct Staging;").unwrap();
+        fs::write(src.join("r/mod.rs"), "mod c;\npub use c::X;\nfn g() { c::h(); }").unwrap();
+        fs::write(src.join("r/c.rs"), "pub struct X; pub fn h() { super::super::b::Staging; }").unwrap();
+        let g = Graph::read(&dir).unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        let names = |f: &str| g.edges[f].iter().cloned().collect::<Vec<_>>();
+        assert_eq!(names("a.rs"), vec!["b.rs"]);
+        assert!(names("b.rs").is_empty());
+        assert_eq!(names("r/mod.rs"), vec!["r/c.rs"]);
+        assert_eq!(names("r/c.rs"), vec!["b.rs"]);
+        assert!(g.cycles().is_empty());
     }
 
     #[test]
