@@ -66,7 +66,7 @@ impl CagraIndexParams {
             return Err(Error::logic(who, "graph degrees must be at least 1"));
         }
         // One row has no neighbour: cuVS would build a graph of degree 0.
-        if n_rows < 2 || n_rows > MAX_ROWS {
+        if !(2..=MAX_ROWS).contains(&n_rows) {
             return Err(Error::logic(who, format!("CAGRA indexes 2 to {MAX_ROWS} rows (32-bit node ids), not {n_rows}")));
         }
         if dim > MAX_DIM {
