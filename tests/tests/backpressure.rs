@@ -1,7 +1,9 @@
 //! Releases that keep up (issue 19): resources holding cuBLAS handles dropped in a tight loop on
 //! several threads, far more handles made than fit on the card, never run out of memory, and
-//! the releases pending stay bounded throughout; with backpressure switched off (a child
-//! process), memory held only by pending releases is reclaimed before any `OutOfMemory`.
+//! the releases pending stay bounded throughout; with backpressure switched off and the one
+//! release thread held (a child process), memory held only by pending releases is reclaimed
+//! before any `OutOfMemory`, for an array and for a cuBLAS handle (the retry of issue 33, item
+//! 12: without it both tests get `OutOfMemory`).
 use raft::{DeviceResources, DeviceVec, ErrorKind};
 use raft_tests::require_gpu;
 use std::io::Read;
@@ -189,107 +191,159 @@ fn child(test: &str) -> String {
     err
 }
 
-/// While set, the release thread is held in a release (see `stall_the_release_thread`).
-static STALLED: AtomicBool = AtomicBool::new(false);
+/// The one release thread held in a release without any work on the device (GPU run 20 showed
+/// why: cudaFree and cublasDestroy, run by the thread that helps, synchronise the whole device,
+/// so a stall queued on a stream deadlocks them). An array of a logging memory resource whose log
+/// is a FIFO nobody reads is dropped: its release blocks in `write(2)` on the full pipe, on the
+/// host. Dropping the guard reads the pipe, and the release thread goes on.
+struct StalledReleaseThread {
+    reader: std::fs::File,
+    _dir: std::path::PathBuf,
+}
 
-extern "C" fn stall(_: *mut std::ffi::c_void) {
-    while STALLED.load(Ordering::Acquire) {
-        std::thread::sleep(Duration::from_millis(1));
+impl StalledReleaseThread {
+    fn new(res: &DeviceResources) -> StalledReleaseThread {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = std::env::temp_dir().join(format!("raft-backpressure-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("log");
+        let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path, a plain mode.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo {}", fifo.display());
+        // A reader first (non-blocking), so that opening the log for writing does not block.
+        let reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+        let logging = raft::MemoryResource::cuda(0).unwrap().with_logging(&fifo, true).unwrap();
+        let stall = DeviceVec::<u8>::new_in(res, 256, &logging).unwrap();
+        // Fill the pipe from a writer of our own: the log's next line blocks its writer.
+        let mut filler = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+        // Pages first, then byte by byte: a write of up to a page is all or nothing, so pages
+        // alone may leave room for a line.
+        for chunk in [&[b'#'; 4096][..], &[b'#'][..]] {
+            loop {
+                match filler.write(chunk) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("filling the pipe: {e}"),
+                }
+            }
+        }
+        drop(stall); // its release logs the free: the release thread blocks in write(2)
+        drop(logging);
+        let t = Instant::now();
+        while raft::stats().pending.queued > 0 {
+            assert!(t.elapsed() < Duration::from_secs(5), "the release thread took the stalled release");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        // Taken and not finished: blocked in the write.
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(raft::stats().pending.releases >= 1, "the stalled release is still pending: {:?}", raft::stats().pending);
+        StalledReleaseThread { reader, _dir: dir }
     }
 }
 
-/// Holds the one release thread in a release until `STALLED` is cleared: resources whose
-/// stream runs a host function waiting for it are dropped, and their release waits for their
-/// stream. Every later release then runs only if a making thread runs it. Returns once the
-/// release thread has taken the stalled one.
-fn stall_the_release_thread() {
-    STALLED.store(true, Ordering::Release);
-    let r = DeviceResources::new().unwrap();
-    let stream = r.stream().unwrap();
-    // SAFETY: `stall` touches no CUDA state; the stream is alive (held by `stream`).
-    let rc = unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(stall), std::ptr::null_mut()) };
-    assert_eq!(rc, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
-    drop(stream);
-    drop(r);
-    let t = Instant::now();
-    while raft::stats().pending.queued > 0 {
-        assert!(t.elapsed() < Duration::from_secs(5), "the release thread took the stalled release");
-        std::thread::sleep(Duration::from_micros(100));
+impl Drop for StalledReleaseThread {
+    fn drop(&mut self) {
+        // Read until the release thread has written its line and the queue is empty.
+        let mut buf = vec![0u8; 1 << 16];
+        let t = Instant::now();
+        loop {
+            let _ = self.reader.read(&mut buf);
+            let s = raft::stats();
+            if s.pending.releases == 0 || t.elapsed() > Duration::from_secs(30) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = std::fs::remove_dir_all(&self._dir);
     }
+}
+
+/// Fills device 0 with arrays of `mr` (1 GiB each, then the rest) until `leave` bytes are free,
+/// and drops them: their frees wait behind the stalled release thread. Returns the bytes
+/// pending and free.
+fn fill_and_drop(res: &DeviceResources, mr: &raft::MemoryResource, leave: usize) -> (u64, usize) {
+    let ctx = res.context().clone();
+    let mut held = Vec::new();
+    for _ in 0..100_000 {
+        let (free, _) = ctx.mem_get_info().unwrap();
+        if free <= leave + (2 << 20) {
+            break;
+        }
+        let n = (free - leave).min(1 << 30);
+        held.push(DeviceVec::<u8>::new_in(res, n, mr).unwrap());
+    }
+    drop(held);
+    let pending = raft::stats().pending;
+    assert!(pending.queued > 0, "the arrays' frees are queued behind the stalled release: {pending:?}");
+    (pending.bytes, ctx.mem_get_info().unwrap().0)
 }
 
 #[test]
-#[ignore = "deadlocks by construction (GPU run 20): the stall is a host function spinning on a stream, and cublasDestroy, run by the making thread, synchronises the whole device, so it waits for that stall; needs a stall that does not occupy the device"]
-fn without_backpressure_handle_creation_waits_for_the_pending_releases_before_any_out_of_memory() {
+fn an_allocation_runs_the_pending_releases_before_any_out_of_memory() {
     require_gpu!();
     if std::env::var_os(CHILD).is_none() {
         let _serial = serial();
-        let err = child("without_backpressure_handle_creation_waits_for_the_pending_releases_before_any_out_of_memory");
-        assert!(err.contains("OOM-CHILD handles"), "{err}");
-        return;
-    }
-    // The child: one release thread, held in a release throughout, and no backpressure: the
-    // card fills with handles only waiting to be released, which only the making threads can
-    // release, when their handle creation runs out of memory.
-    let fit = handles_that_fit();
-    stall_the_release_thread();
-    let before = raft::stats();
-    let t = Instant::now();
-    let (made, errors) = churn(fit * 3 / 2, Duration::from_secs(45));
-    let after = raft::stats();
-    STALLED.store(false, Ordering::Release);
-    say(format!(
-        "OOM-CHILD handles: {made} made in {:.2?} ({fit} fit); {} releases run by the making threads; errors: {errors:?}",
-        t.elapsed(),
-        after.releases_helped - before.releases_helped
-    ));
-    assert!(errors.is_empty(), "no error, OutOfMemory least of all, while memory was only pending release: {errors:?}");
-    assert!(made > fit, "more handles made than fit on the card: {made} of {fit}");
-    assert!(after.releases_helped > before.releases_helped, "the making threads ran pending releases when memory ran out");
-    settle(Duration::from_secs(30));
-}
-
-#[test]
-#[ignore = "deadlocks by construction (GPU run 20): the stall is a host function spinning on a stream, and cublasDestroy, run by the making thread, synchronises the whole device, so it waits for that stall; needs a stall that does not occupy the device"]
-fn without_backpressure_an_allocation_waits_for_the_pending_releases_before_any_out_of_memory() {
-    require_gpu!();
-    if std::env::var_os(CHILD).is_none() {
-        let _serial = serial();
-        let err = child("without_backpressure_an_allocation_waits_for_the_pending_releases_before_any_out_of_memory");
+        let err = child("an_allocation_runs_the_pending_releases_before_any_out_of_memory");
         assert!(err.contains("OOM-CHILD array"), "{err}");
         return;
     }
-    // The child: the release thread stalled, then handles filling about 60% of the free memory
-    // dropped (pending), then an allocation that fits only once a third of them are freed.
+    // The child (one release thread, no backpressure): that thread is held in a release, the
+    // card is filled with arrays whose frees are then queued behind it, and an array is asked
+    // for that fits only once half of them ran. `DeviceVec::alloc` runs them itself on its
+    // OutOfMemory (`release::drain_device`) and tries again; without that retry, nothing frees
+    // them (the one release thread is blocked, no other may start) and this is OutOfMemory.
     let r = DeviceResources::new().unwrap();
-    let ctx = r.context().clone();
-    let (free, _) = ctx.mem_get_info().unwrap();
-    let n = (free as u64 * 6 / 10 / HANDLE_BYTES) as usize;
-    stall_the_release_thread();
-    let held: Vec<_> = (0..n)
-        .map(|_| {
-            let h = DeviceResources::new().unwrap();
-            h.cublas_handle().unwrap();
-            h
-        })
-        .collect();
-    drop(held);
-    let pending = raft::stats().pending;
-    let (free_now, _) = ctx.mem_get_info().unwrap();
-    let want = free_now + (pending.bytes / 3) as usize;
+    let cuda = raft::MemoryResource::cuda(0).unwrap();
+    let stalled = StalledReleaseThread::new(&r);
+    let (pending, free_now) = fill_and_drop(&r, &cuda, 1 << 30);
+    let want = free_now + (pending / 2) as usize;
     let t = Instant::now();
-    let got = DeviceVec::<u8>::new(&r, want);
-    STALLED.store(false, Ordering::Release);
+    let got = DeviceVec::<u8>::new_in(&r, want, &cuda);
     say(format!(
-        "OOM-CHILD array: {n} handles pending ({} MiB), {} MiB free, {} MiB asked: {:?} after {:.2?}",
-        pending.bytes >> 20,
+        "OOM-CHILD array: {} MiB pending behind the stalled release thread, {} MiB free, {} MiB asked: {:?} after {:.2?}",
+        pending >> 20,
         free_now >> 20,
         want >> 20,
         got.as_ref().map(|_| "allocated"),
         t.elapsed()
     ));
-    assert!(pending.handles * 2 > n, "most handles were still pending when the allocation ran: {pending:?}");
     let v = got.expect("allocated once the pending releases had run, not OutOfMemory");
     drop(v);
+    drop(stalled);
+    settle(Duration::from_secs(30));
+}
+
+#[test]
+fn a_cublas_handle_runs_the_pending_releases_before_any_out_of_memory() {
+    require_gpu!();
+    if std::env::var_os(CHILD).is_none() {
+        let _serial = serial();
+        let err = child("a_cublas_handle_runs_the_pending_releases_before_any_out_of_memory");
+        assert!(err.contains("OOM-CHILD handle"), "{err}");
+        return;
+    }
+    // As above, for a handle (`handles.rs` drains on the handle's OutOfMemory and tries again):
+    // the card is filled to 16 MiB free, less than a cuBLAS handle takes, with arrays whose
+    // frees are pending behind the stalled release thread.
+    let r = DeviceResources::new().unwrap();
+    // cuBLAS loaded (and its first handle made) before the card is full: only the new handle's
+    // own memory is missing below.
+    r.cublas_handle().unwrap();
+    let fresh = DeviceResources::new().unwrap();
+    let cuda = raft::MemoryResource::cuda(0).unwrap();
+    let stalled = StalledReleaseThread::new(&r);
+    let (pending, free_now) = fill_and_drop(&r, &cuda, 16 << 20);
+    let t = Instant::now();
+    let got = fresh.cublas_handle();
+    say(format!(
+        "OOM-CHILD handle: {} MiB pending behind the stalled release thread, {} MiB free: {:?} after {:.2?}",
+        pending >> 20,
+        free_now >> 20,
+        got.as_ref().map(|_| "made"),
+        t.elapsed()
+    ));
+    got.expect("made once the pending releases had run, not OutOfMemory");
+    drop(stalled);
     settle(Duration::from_secs(30));
 }

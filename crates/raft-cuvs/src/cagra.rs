@@ -28,18 +28,35 @@ pub enum CagraBuildAlgo {
 pub struct CagraIndexParams {
     /// [`Metric::L2Expanded`], [`Metric::InnerProduct`] or [`Metric::CosineExpanded`] (L2).
     pub metric: Option<Metric>,
-    /// Degree of the k-NN graph before pruning (128).
+    /// Degree of the k-NN graph before pruning, below `n_rows` and at most 1024 (128; cuVS
+    /// lowers the defaults to `n_rows − 1` on smaller datasets).
     pub intermediate_graph_degree: Option<usize>,
-    /// Degree of the final graph (64).
+    /// Degree of the final graph, at most `intermediate_graph_degree` (64).
     pub graph_degree: Option<usize>,
     /// How the k-NN graph is built (IVF-PQ).
     pub build_algo: Option<CagraBuildAlgo>,
-    /// NN-Descent's iterations (20).
+    /// NN-Descent's iterations, 1 to 1024 (20).
     pub nn_descent_niter: Option<usize>,
 }
 
+/// cuVS's defaults for what [`CagraIndexParams`] leaves `None`.
+const DEFAULT_INTERMEDIATE_DEGREE: usize = 128;
+const DEFAULT_GRAPH_DEGREE: usize = 64;
+/// cuVS's graph optimisation sorts each node's intermediate neighbours in one thread block and
+/// refuses more than 1024 of them, after the whole intermediate graph was built.
+const MAX_INTERMEDIATE_DEGREE: usize = 1024;
+/// CAGRA's node ids are 32-bit with the top bit marking a visited node: 2^31 − 1 rows at most.
+const MAX_ROWS: usize = i32::MAX as usize;
+/// A search keeps each query in shared memory (and cuVS packs its size in 24 bits): 65536
+/// floats (256 KiB) are more than any GPU's thread block holds.
+const MAX_DIM: usize = 1 << 16;
+/// NN-Descent converges in tens of iterations; each is a pass over the whole graph.
+const MAX_NN_DESCENT_NITER: usize = 1024;
+
 impl CagraIndexParams {
-    fn check(&self, who: &'static str) -> Result<()> {
+    /// Every refusal before cuVS sees the parameters: cuVS clamps some silently, and loops or
+    /// overflows 32-bit arithmetic on others.
+    fn check(&self, who: &'static str, n_rows: usize, dim: usize) -> Result<()> {
         if let Some(m) = self.metric {
             if !matches!(m, Metric::L2Expanded | Metric::InnerProduct | Metric::CosineExpanded) {
                 return Err(Error::logic(who, format!("CAGRA does not measure {m:?}: use L2Expanded, InnerProduct or CosineExpanded")));
@@ -47,6 +64,40 @@ impl CagraIndexParams {
         }
         if self.graph_degree == Some(0) || self.intermediate_graph_degree == Some(0) {
             return Err(Error::logic(who, "graph degrees must be at least 1"));
+        }
+        // One row has no neighbour: cuVS would build a graph of degree 0.
+        if !(2..=MAX_ROWS).contains(&n_rows) {
+            return Err(Error::logic(who, format!("CAGRA indexes 2 to {MAX_ROWS} rows (32-bit node ids), not {n_rows}")));
+        }
+        if dim > MAX_DIM {
+            return Err(Error::logic(
+                who,
+                format!("CAGRA searches rows of at most {MAX_DIM} columns (a query lives in shared memory), not {dim}"),
+            ));
+        }
+        // A node has at most n_rows − 1 neighbours; cuVS would quietly lower an explicit degree.
+        for (name, degree) in [("intermediate_graph_degree", self.intermediate_graph_degree), ("graph_degree", self.graph_degree)] {
+            if let Some(d) = degree.filter(|d| *d >= n_rows) {
+                return Err(Error::logic(who, format!("{name} = {d} needs more than the {n_rows} rows (at most {})", n_rows - 1)));
+            }
+        }
+        let intermediate = self.intermediate_graph_degree.unwrap_or(DEFAULT_INTERMEDIATE_DEGREE);
+        let graph = self.graph_degree.unwrap_or(DEFAULT_GRAPH_DEGREE);
+        if intermediate > MAX_INTERMEDIATE_DEGREE {
+            return Err(Error::logic(who, format!("intermediate_graph_degree = {intermediate} is above cuVS's {MAX_INTERMEDIATE_DEGREE}")));
+        }
+        // With neither degree given, cuVS lowers both to n_rows − 1 on small datasets (its
+        // documented behaviour); an explicit graph_degree above the intermediate one is a mistake.
+        if graph > intermediate && (self.graph_degree.is_some() || self.intermediate_graph_degree.is_some()) {
+            return Err(Error::logic(
+                who,
+                format!("graph_degree = {graph} is more than intermediate_graph_degree = {intermediate}: the graph is pruned from the intermediate one"),
+            ));
+        }
+        if let Some(n) = self.nn_descent_niter {
+            if n == 0 || n > MAX_NN_DESCENT_NITER {
+                return Err(Error::logic(who, format!("nn_descent_niter = {n}: from 1 to {MAX_NN_DESCENT_NITER}")));
+            }
         }
         Ok(())
     }
@@ -93,31 +144,101 @@ pub enum CagraSearchAlgo {
 
 /// CAGRA's search parameters: `None` keeps cuVS's default (in brackets). cuVS's persistent
 /// search is not offered.
+///
+/// [`CagraIndex::search`] refuses (`Logic`), before cuVS sees them, values cuVS would crash,
+/// hang or overflow 32-bit arithmetic on: `search_width` or `itopk_size` 0, `itopk_size` above
+/// 512 with [`CagraSearchAlgo::SingleCta`], `itopk_size + search_width × graph degree` above
+/// 2^24, `max_queries` above 65535, iterations above 65536 or `min_iterations` above a non-zero
+/// `max_iterations`, a `team_size` or `thread_block_size` not listed below, and
+/// `num_random_samplings` outside 1..=1024.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CagraSearchParams {
-    /// Queries searched at once (0: automatic).
+    /// Queries searched at once, at most 65535 (0: automatic).
     pub max_queries: Option<usize>,
     /// Intermediate results kept per query, at least `k`: the main accuracy knob (64).
     pub itopk_size: Option<usize>,
-    /// Most iterations (0: automatic).
+    /// Most iterations, at most 65536 (0: automatic).
     pub max_iterations: Option<usize>,
     /// The kernel (automatic).
     pub algo: Option<CagraSearchAlgo>,
     /// Threads per distance: 4, 8, 16 or 32 (0: automatic).
     pub team_size: Option<usize>,
-    /// Graph nodes taken as starting points per iteration (1).
+    /// Graph nodes taken as starting points per iteration, at least 1 (1).
     pub search_width: Option<usize>,
-    /// Fewest iterations (0).
+    /// Fewest iterations, at most 65536 and `max_iterations` (0).
     pub min_iterations: Option<usize>,
     /// Thread block size: 0 (automatic), 64, 128, 256, 512 or 1024.
     pub thread_block_size: Option<usize>,
-    /// Random samplings of the initial nodes (1).
+    /// Random samplings of the initial nodes, 1 to 1024 (1).
     pub num_random_samplings: Option<u32>,
     /// Bit mask of the initial random seed node selection (0x128394).
     pub rand_xor_mask: Option<u64>,
 }
 
+/// CUDA's grid y-dimension: cuVS launches one row of blocks per query of a batch, and picks
+/// at most this many itself.
+const MAX_QUERIES: usize = 65535;
+/// The single-CTA kernel's largest internal top-k (cuVS refuses more, and so does `Auto` when it
+/// picks that kernel for a large batch).
+const MAX_ITOPK_SINGLE_CTA: usize = 512;
+/// `itopk_size + search_width × graph_degree` candidates per query: cuVS sizes shared memory
+/// and buffers from it in 32-bit arithmetic, 8 bytes per candidate.
+const MAX_CANDIDATES: u64 = 1 << 24;
+/// A search expands at least one new node per iteration, stops when none is left, and needs
+/// far fewer than this; `min_iterations` past it holds the stream (u32::MAX did for hours).
+const MAX_ITERATIONS: usize = 1 << 16;
+/// Each sampling is one more distance per initial node, for every query.
+const MAX_RANDOM_SAMPLINGS: u32 = 1024;
+
 impl CagraSearchParams {
+    /// Every refusal before cuVS sees the parameters, for an index of `graph_degree`: cuVS
+    /// divides by `search_width` before checking it (SIGFPE at 0), truncates several values to
+    /// 32 bits (`max_queries` of 2^32 loops forever), and runs `min_iterations` whatever they are.
+    fn check(&self, who: &'static str, graph_degree: usize) -> Result<()> {
+        let refuse = |what: String| Err(Error::logic(who, what));
+        let search_width = self.search_width.unwrap_or(1);
+        if search_width == 0 {
+            return refuse("search_width must be at least 1".into());
+        }
+        let itopk = self.itopk_size.unwrap_or(64);
+        if itopk == 0 {
+            return refuse("itopk_size must be at least 1 (and at least k)".into());
+        }
+        if self.algo == Some(CagraSearchAlgo::SingleCta) && itopk > MAX_ITOPK_SINGLE_CTA {
+            return refuse(format!("itopk_size = {itopk} is above the single-CTA kernel's {MAX_ITOPK_SINGLE_CTA}"));
+        }
+        // In u128: neither product can wrap.
+        let candidates = (itopk as u128).next_multiple_of(32) + search_width as u128 * graph_degree.max(1) as u128;
+        if candidates > MAX_CANDIDATES as u128 {
+            return refuse(format!(
+                "itopk_size = {itopk} + search_width = {search_width} × graph degree {graph_degree} is {candidates} candidates per query, above {MAX_CANDIDATES}"
+            ));
+        }
+        if let Some(q) = self.max_queries.filter(|q| *q > MAX_QUERIES) {
+            return refuse(format!("max_queries = {q} is above CUDA's {MAX_QUERIES} blocks of a grid's second dimension"));
+        }
+        for (name, n) in [("max_iterations", self.max_iterations), ("min_iterations", self.min_iterations)] {
+            if let Some(n) = n.filter(|n| *n > MAX_ITERATIONS) {
+                return refuse(format!("{name} = {n} is above {MAX_ITERATIONS}"));
+            }
+        }
+        if let (Some(min), Some(max)) = (self.min_iterations, self.max_iterations.filter(|m| *m > 0)) {
+            if min > max {
+                return refuse(format!("min_iterations = {min} is more than max_iterations = {max}"));
+            }
+        }
+        if let Some(t) = self.team_size.filter(|t| ![0, 4, 8, 16, 32].contains(t)) {
+            return refuse(format!("team_size = {t}: 0 (automatic), 4, 8, 16 or 32"));
+        }
+        if let Some(b) = self.thread_block_size.filter(|b| ![0, 64, 128, 256, 512, 1024].contains(b)) {
+            return refuse(format!("thread_block_size = {b}: 0 (automatic), 64, 128, 256, 512 or 1024"));
+        }
+        if let Some(n) = self.num_random_samplings.filter(|n| *n == 0 || *n > MAX_RANDOM_SAMPLINGS) {
+            return refuse(format!("num_random_samplings = {n}: from 1 to {MAX_RANDOM_SAMPLINGS}"));
+        }
+        Ok(())
+    }
+
     fn apply(&self, raw: &mut sys::cuvsCagraSearchParams) {
         let set = |field: &mut usize, value: Option<usize>| {
             if let Some(v) = value {
@@ -181,12 +302,15 @@ impl CagraIndex {
     /// CAGRA's padded layout first.
     ///
     /// # Errors
-    /// `Logic` when `n_rows × dim` is not `dataset.len()`, for a metric CAGRA does not take, or
-    /// on released resources; `Cuda` when cuVS cannot be loaded or fails; `OutOfMemory`.
+    /// `Logic` when `n_rows × dim` is not `dataset.len()`, for a metric CAGRA does not take,
+    /// parameters outside cuVS's limits (fewer than 2 or more than 2^31 − 1 rows, more than 65536
+    /// columns, an explicit degree of `n_rows` or more, `graph_degree` above
+    /// `intermediate_graph_degree`, an intermediate degree above 1024, `nn_descent_niter` outside
+    /// 1..=1024), or on released resources; `Cuda` when cuVS cannot be loaded or fails; `OutOfMemory`.
     pub fn build(dataset: DeviceVec<f32>, n_rows: usize, dim: usize, params: &CagraIndexParams) -> Result<Self> {
         const WHO: &str = "CagraIndex::build";
         check::matrix(WHO, "dataset", dataset.len(), n_rows, dim)?;
-        params.check(WHO)?;
+        params.check(WHO, n_rows, dim)?;
         result::api(WHO)?;
         let res = dataset.resources().clone();
         let stream = res.stream().map_err(|e| e.with_who(WHO))?;
@@ -245,12 +369,16 @@ impl CagraIndex {
     ///
     /// # Errors
     /// `Logic` for queries that do not match (`n_queries × dim` elements, the index's device), a
-    /// bad `k`, or released resources; `Cuda` / `OutOfMemory` from cuVS.
+    /// bad `k`, parameters outside cuVS's limits (see [`CagraSearchParams`]), more queries than
+    /// cuVS's 32-bit batch offsets reach (`n_queries × max(k, dim)` above 2^32), or released
+    /// resources; `Cuda` / `OutOfMemory` from cuVS.
     pub fn search(&self, queries: &DeviceVec<f32>, n_queries: usize, k: usize, params: &CagraSearchParams) -> Result<Neighbors> {
         const WHO: &str = "CagraIndex::search";
         check::matrix(WHO, "queries", queries.len(), n_queries, self.dim)?;
         let results = check::k_of(WHO, k, self.n_rows, n_queries)?;
         check::same_device(WHO, "the queries", queries.resources().device(), self.resources.device())?;
+        params.check(WHO, self.graph_degree)?;
+        check::cagra_batches(WHO, n_queries, k, self.dim)?;
         let raw = self.raw.as_ref().expect("an index holds its cuVS index until dropped");
         let stream = self.resources.stream().map_err(|e| e.with_who(WHO))?;
         let mut neighbors = DeviceVec::<i64>::new(&self.resources, results).map_err(|e| e.with_who(WHO))?;
@@ -341,13 +469,137 @@ impl std::fmt::Debug for CagraIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use raft_core::ErrorKind;
+
+    fn refused(r: Result<()>) -> String {
+        let e = r.expect_err("refused");
+        assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "t"), "{e}");
+        e.message().to_string()
+    }
+
+    fn build(p: CagraIndexParams) -> Result<()> {
+        p.check("t", 1000, 128)
+    }
+
+    fn search(p: CagraSearchParams) -> Result<()> {
+        p.check("t", 64)
+    }
 
     #[test]
     fn cagra_takes_three_metrics() {
         let ok = CagraIndexParams { metric: Some(Metric::InnerProduct), ..Default::default() };
-        assert!(ok.check("t").is_ok());
-        let e = CagraIndexParams { metric: Some(Metric::L1), ..Default::default() }.check("t").unwrap_err();
-        assert_eq!(e.kind(), raft_core::ErrorKind::Logic);
-        assert!(CagraIndexParams { graph_degree: Some(0), ..Default::default() }.check("t").is_err());
+        assert!(build(ok).is_ok());
+        refused(build(CagraIndexParams { metric: Some(Metric::L1), ..Default::default() }));
+        refused(build(CagraIndexParams { graph_degree: Some(0), ..Default::default() }));
+    }
+
+    #[test]
+    fn build_parameters_within_cuvs_limits_pass() {
+        assert!(build(CagraIndexParams::default()).is_ok());
+        let p = CagraIndexParams {
+            graph_degree: Some(32),
+            intermediate_graph_degree: Some(64),
+            nn_descent_niter: Some(20),
+            ..Default::default()
+        };
+        assert!(build(p).is_ok());
+        // Defaults on a small dataset: cuVS lowers both degrees to n_rows − 1 itself.
+        assert!(CagraIndexParams::default().check("t", 10, 4).is_ok());
+        assert!(CagraIndexParams { intermediate_graph_degree: Some(1024), graph_degree: Some(1024), ..Default::default() }
+            .check("t", 2000, 4)
+            .is_ok());
+    }
+
+    #[test]
+    fn build_parameters_cuvs_would_clamp_or_loop_on_are_refused() {
+        let p = |f: fn(&mut CagraIndexParams)| {
+            let mut p = CagraIndexParams::default();
+            f(&mut p);
+            p
+        };
+        // cuVS quietly cuts the graph to the intermediate degree.
+        assert_eq!(
+            refused(build(p(|p| p.graph_degree = Some(200)))),
+            "graph_degree = 200 is more than intermediate_graph_degree = 128: the graph is pruned from the intermediate one"
+        );
+        refused(build(p(|p| (p.graph_degree, p.intermediate_graph_degree) = (Some(64), Some(32)))));
+        // A node has at most n_rows − 1 neighbours.
+        assert_eq!(
+            refused(p(|p| p.intermediate_graph_degree = Some(100)).check("t", 100, 8)),
+            "intermediate_graph_degree = 100 needs more than the 100 rows (at most 99)"
+        );
+        refused(p(|p| p.graph_degree = Some(50)).check("t", 50, 8));
+        refused(build(p(|p| p.intermediate_graph_degree = Some(2048))));
+        refused(build(p(|p| p.nn_descent_niter = Some(0))));
+        refused(build(p(|p| p.nn_descent_niter = Some(usize::MAX))));
+        // One row has no neighbour; 2^31 rows overflow CAGRA's node ids.
+        refused(CagraIndexParams::default().check("t", 1, 8));
+        refused(CagraIndexParams::default().check("t", 1 << 31, 1));
+        refused(CagraIndexParams::default().check("t", 1000, (1 << 16) + 1));
+    }
+
+    #[test]
+    fn search_parameters_within_cuvs_limits_pass() {
+        assert!(search(CagraSearchParams::default()).is_ok());
+        let p = CagraSearchParams {
+            max_queries: Some(65535),
+            itopk_size: Some(512),
+            max_iterations: Some(100),
+            algo: Some(CagraSearchAlgo::SingleCta),
+            team_size: Some(8),
+            search_width: Some(4),
+            min_iterations: Some(100),
+            thread_block_size: Some(256),
+            num_random_samplings: Some(2),
+            rand_xor_mask: Some(u64::MAX),
+        };
+        assert!(search(p).is_ok());
+        // Multi-CTA and multi-kernel searches take larger itopk sizes.
+        assert!(
+            search(CagraSearchParams { itopk_size: Some(4096), algo: Some(CagraSearchAlgo::MultiKernel), ..Default::default() }).is_ok()
+        );
+        // max_iterations 0 is "automatic", under any min_iterations.
+        assert!(search(CagraSearchParams { max_iterations: Some(0), min_iterations: Some(10), ..Default::default() }).is_ok());
+    }
+
+    #[test]
+    fn search_width_zero_is_refused_before_cuvs_divides_by_it() {
+        assert_eq!(refused(search(CagraSearchParams { search_width: Some(0), ..Default::default() })), "search_width must be at least 1");
+    }
+
+    #[test]
+    fn search_parameters_cuvs_would_crash_hang_or_truncate_on_are_refused() {
+        let p = |f: fn(&mut CagraSearchParams)| {
+            let mut p = CagraSearchParams::default();
+            f(&mut p);
+            search(p)
+        };
+        refused(p(|p| p.itopk_size = Some(0)));
+        refused(p(|p| (p.itopk_size, p.algo) = (Some(1024), Some(CagraSearchAlgo::SingleCta))));
+        // Widths whose products pass 32 bits in cuVS's buffer sizes.
+        refused(p(|p| p.search_width = Some(usize::MAX)));
+        refused(p(|p| p.search_width = Some(1 << 32)));
+        refused(p(|p| (p.itopk_size, p.algo) = (Some(usize::MAX), Some(CagraSearchAlgo::MultiKernel))));
+        refused(p(|p| p.itopk_size = Some((1 << 32) + 64)));
+        // 2^32 is 0 in cuVS's 32-bit batch size: its batch loop never advances.
+        refused(p(|p| p.max_queries = Some(1 << 32)));
+        refused(p(|p| p.max_queries = Some(65536)));
+        // u32::MAX iterations held the stream for hours.
+        assert_eq!(refused(p(|p| p.min_iterations = Some(u32::MAX as usize))), "min_iterations = 4294967295 is above 65536");
+        refused(p(|p| p.max_iterations = Some(usize::MAX)));
+        assert_eq!(
+            refused(p(|p| (p.min_iterations, p.max_iterations) = (Some(20), Some(10)))),
+            "min_iterations = 20 is more than max_iterations = 10"
+        );
+        for t in [1, 2, 3, 5, 64, (1 << 32) + 8] {
+            let s = CagraSearchParams { team_size: Some(t), ..Default::default() };
+            refused(search(s));
+        }
+        for b in [1, 32, 100, 2048, (1 << 32) + 64] {
+            let s = CagraSearchParams { thread_block_size: Some(b), ..Default::default() };
+            refused(search(s));
+        }
+        refused(p(|p| p.num_random_samplings = Some(0)));
+        refused(p(|p| p.num_random_samplings = Some(u32::MAX)));
     }
 }

@@ -30,10 +30,29 @@ pub(crate) fn k_of(who: &'static str, k: usize, n_rows: usize, n_queries: usize)
     if k > n_rows {
         return Err(Error::logic(who, format!("k = {k} is more than the {n_rows} rows searched")));
     }
+    // cuVS's select_k takes k as a C int.
+    if k > i32::MAX as usize {
+        return Err(Error::logic(who, format!("k = {k} is above cuVS's {}", i32::MAX)));
+    }
     n_queries
         .checked_mul(k)
         .filter(|n| i64::try_from(*n).is_ok())
         .ok_or_else(|| Error::logic(who, format!("{n_queries} queries × k = {k} results do not fit in memory")))
+}
+
+/// CAGRA's search walks `n_queries` in batches of at most 65535 with a 32-bit query offset, and
+/// finds each batch's queries and results at `offset × dim` and `offset × k` in 32-bit
+/// arithmetic: past 2^32 it would search the wrong queries and write the wrong rows.
+pub(crate) fn cagra_batches(who: &'static str, n_queries: usize, k: usize, dim: usize) -> Result<()> {
+    const LIMIT: u128 = u32::MAX as u128;
+    let widest = k.max(dim) as u128;
+    if n_queries as u128 * widest > LIMIT || n_queries as u128 + 65535 > LIMIT {
+        return Err(Error::logic(
+            who,
+            format!("{n_queries} queries × {} (k or dim) pass cuVS's 32-bit offsets of CAGRA search: search them in parts", k.max(dim)),
+        ));
+    }
+    Ok(())
 }
 
 /// An array of device `array` used with resources of device `res`.
@@ -100,6 +119,18 @@ mod tests {
         assert_eq!(refused(knn("w", 64, 2, 32, 32, 1, 0)), "w: k must be at least 1");
         assert_eq!(refused(knn("w", 64, 2, 32, 32, 1, 3)), "w: k = 3 is more than the 2 rows searched");
         refused(k_of("w", 2, 4, usize::MAX));
+        assert_eq!(refused(k_of("w", 1 << 31, usize::MAX, 1)), "w: k = 2147483648 is above cuVS's 2147483647");
+        assert!(k_of("w", i32::MAX as usize, usize::MAX, 1).is_ok());
+    }
+
+    #[test]
+    fn cagra_batches_stay_within_cuvs_32_bit_offsets() {
+        assert!(cagra_batches("w", 1_000_000, 10, 128).is_ok());
+        assert!(cagra_batches("w", (u32::MAX as usize) / 128, 10, 128).is_ok());
+        let e = cagra_batches("w", (u32::MAX as usize) / 128 + 1, 10, 128).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Logic);
+        assert!(cagra_batches("w", 1 << 26, 100, 4).is_err(), "n_queries × k past 2^32");
+        assert!(cagra_batches("w", u32::MAX as usize - 10, 1, 1).is_err(), "the batch offset itself wraps");
     }
 
     #[test]

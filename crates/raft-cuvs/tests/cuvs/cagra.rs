@@ -1,6 +1,6 @@
 //! CAGRA build and search through cuVS on lent raft-rs resources (GPU; skips without one or
 //! without cuVS, fails under `RAFT_REQUIRE_GPU=1`): recall@10 against the exact CPU answer.
-use crate::common::{exact_knn, Rng};
+use crate::common::{child_scenario, exact_knn, report, rerun, Rng};
 use raft_core::{DeviceResources, DeviceVec, ErrorKind};
 use raft_cuvs::{CagraIndex, CagraIndexParams, CagraSearchParams};
 
@@ -108,4 +108,48 @@ fn cagra_refuses_what_does_not_match_before_any_native_call() {
     let e = index.search(&q, 1, 100, &CagraSearchParams { itopk_size: Some(32), ..Default::default() }).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
     assert!(e.message().starts_with("cuVS: "), "{e}");
+}
+
+const SEARCH_WIDTH_ZERO: &str = concat!(module_path!(), "::search_width_zero_is_a_logic_error_not_a_sigfpe");
+
+/// The child: a built index searched with `search_width: Some(0)`, then with other values cuVS
+/// would crash or hang on, each outcome printed (cuVS 26.08 divides `itopk_size` by the width
+/// before checking it: SIGFPE, exit status 136, before this fix).
+fn search_with_bad_params() {
+    crate::common::load_cuvs().as_ref().expect("cuVS");
+    let res = DeviceResources::new().unwrap();
+    let mut rng = Rng::new(0x5eed_0006);
+    let index = CagraIndex::build(DeviceVec::from_host(&res, &rng.uniform_vec(1000 * 16)).unwrap(), 1000, 16, &Default::default()).unwrap();
+    let q = DeviceVec::from_host(&res, &rng.uniform_vec(4 * 16)).unwrap();
+    let zero = CagraSearchParams { search_width: Some(0), ..Default::default() };
+    report("zero", &index.search(&q, 4, 10, &zero));
+    // Single-CTA forced: the kernel whose plan divides by the width.
+    let single = CagraSearchParams { search_width: Some(0), algo: Some(raft_cuvs::CagraSearchAlgo::SingleCta), ..Default::default() };
+    report("single", &index.search(&q, 4, 10, &single));
+    let wedge = CagraSearchParams { min_iterations: Some(u32::MAX as usize), ..Default::default() };
+    report("wedge", &index.search(&q, 4, 10, &wedge));
+    let batch = CagraSearchParams { max_queries: Some(1 << 32), ..Default::default() };
+    report("batch", &index.search(&q, 4, 10, &batch));
+    // The index still searches afterwards.
+    report("after", &index.search(&q, 4, 10, &CagraSearchParams::default()).and_then(|(ids, _)| ids.to_host()));
+}
+
+#[test]
+fn search_width_zero_is_a_logic_error_not_a_sigfpe() {
+    if let Some(s) = child_scenario() {
+        assert_eq!(s, "bad-params");
+        return search_with_bad_params();
+    }
+    require_gpu!();
+    // In a child: before the fix the process died of SIGFPE (or held the stream for hours on
+    // u32::MAX iterations), which would take this whole test binary with it.
+    let c = rerun(SEARCH_WIDTH_ZERO, "bad-params", &[], std::time::Duration::from_secs(120));
+    assert_eq!(c.signal, None, "the child died of signal {:?}\nstdout:\n{}\nstderr:\n{}", c.signal, c.stdout, c.stderr);
+    c.assert_code(0);
+    for key in ["zero", "single", "wedge", "batch"] {
+        assert_eq!(c.result(key).as_deref(), Some("Logic"), "{key}: {}\n{}", c.stdout, c.stderr);
+        assert_eq!(c.result(&format!("{key}_who")).as_deref(), Some("CagraIndex::search"), "{key}");
+    }
+    assert_eq!(c.message("zero").as_deref(), Some("CagraIndex::search: search_width must be at least 1"));
+    assert_eq!(c.result("after").as_deref(), Some("ok"), "{}", c.stdout);
 }
