@@ -255,6 +255,172 @@ fn copies_with_host_memory_are_refused_while_the_stream_is_captured() {
     same("blocking up after the capture", &dev.to_host().unwrap(), &pattern_f32(n, 43));
 }
 
+/// A scope whose body begins a capture on the scope's stream and then asks for a device copy:
+/// the copy is refused (`Logic`), and the scope's end still waits for the host copy queued
+/// before the capture (issue 33, item 5: the device copy was captured, its event became the
+/// scope's last, waiting for it failed at once, and the scope returned `Err` with the 1 GiB
+/// device-to-host copy still writing the borrowed `PinnedVec`).
+#[test]
+fn a_scope_waits_for_its_host_copies_when_its_body_begins_a_capture_and_copies_on() {
+    require_gpu!();
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    let res = DeviceResources::new().unwrap();
+    let n = 256 << 20; // 1 GiB of f32: tens of milliseconds to the host
+    let want = pattern_f32(n, 71);
+    let dev = DeviceVec::from_host(&res, &want).unwrap();
+    let src = DeviceVec::from_host(&res, &pattern_f32(1024, 72)).unwrap();
+    let mut dst = DeviceVec::<f32>::zeros(&res, 1024).unwrap();
+    let stream = dev.stream().clone();
+    for mode in [Mode::CU_STREAM_CAPTURE_MODE_RELAXED, Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL] {
+        let mut host = PinnedVec::<f32>::new(&res, n).unwrap();
+        let scoped = res.copy_scope(|s| -> raft::Result<Option<raft::Error>> {
+            s.to_host(&dev, &mut host)?;
+            stream.begin_capture(mode).map_err(|e| raft::Error::new(ErrorKind::Cuda, "begin_capture", e.to_string()))?;
+            Ok(s.device_to_device(&src, &mut dst).err())
+        });
+        // Read as the scope returns, before anything else waits: the last element is written last.
+        let last_at_return = host.get(n - 1);
+        let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        let refused = scoped.unwrap_or_else(|e| panic!("{mode:?}: the scope's end failed (its copy may still run): {e}")).unwrap();
+        let e = refused.unwrap_or_else(|| panic!("{mode:?}: a device copy on a capturing stream was accepted"));
+        assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "CopyScope::device_to_device"), "{mode:?}: {e}");
+        assert!(e.to_string().contains("captured into a CUDA graph"), "{e}");
+        assert_eq!(last_at_return, Some(want[n - 1]), "{mode:?}: the scope returned before its copy had finished");
+        drop(graph.unwrap_or_else(|e| panic!("{mode:?}: the capture was invalidated: {e}")));
+        same(&format!("{mode:?}: the scope's host copy"), &host.to_vec(), &want);
+    }
+}
+
+/// Device-only copies and cudarc pointers are refused while a stream they use is being captured
+/// (issue 33, item 7): captured, the copy would run at each launch of the graph, after the arrays
+/// may be freed. `copy_device_async` and `copy_from_device` return `Logic` (capture on the
+/// destination's stream, then on the source's), `DeviceVec::device_ptr` panics; nothing enters
+/// the graph, and after the capture all of them run. (Before: each was accepted and captured.)
+#[test]
+fn device_copies_and_pointers_are_refused_while_a_stream_they_use_is_captured() {
+    require_gpu!();
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    use cudarc::driver::DevicePtr;
+    let (a, b, c) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
+    let n = 4097;
+    let want = pattern_u32(n, 75);
+    let src = DeviceVec::from_host(&a, &want).unwrap();
+    let mut dst = DeviceVec::<u32>::zeros(&b, n).unwrap();
+    for res in [&b, &a] {
+        let captured = res.stream().unwrap();
+        // The owned copy's arrays live on `c`, whose stream is not captured (they are dropped
+        // with the refusal).
+        let (from, into) = (DeviceVec::from_host(&c, &want).unwrap(), DeviceVec::<u32>::zeros(&c, n).unwrap());
+        captured.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+        let ordered = dst.copy_from_device(&src);
+        let owned = res.copy_device_async(from, into).map(drop);
+        let pointer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let (ptr, _guard) = src.device_ptr(&captured);
+            ptr
+        }));
+        let graph = captured.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        for (who, r) in [("DeviceVec::copy_from_device", ordered), ("DeviceResources::copy_device_async", owned)] {
+            let e = r.expect_err(who);
+            assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, who), "{e}");
+            assert!(e.to_string().contains("captured into a CUDA graph"), "{e}");
+        }
+        assert!(pointer.is_err(), "device_ptr on a capturing stream handed out a pointer");
+        drop(graph.unwrap());
+    }
+    dst.copy_from_device(&src).unwrap();
+    same("copy_from_device after the captures", &dst.to_host().unwrap(), &want);
+}
+
+/// A `DeviceVec` written by cudarc's `memcpy_dtod` on another stream, while this thread
+/// captures an unrelated stream in thread-local mode, is freed only after that copy (issue 33,
+/// item 6: the pointer guard's wait was refused under the capture and swallowed by cudarc; the
+/// array's memory, freed at once, was reissued to the next array, which the copy, still queued
+/// behind a backlog, then overwrote).
+#[test]
+fn an_array_used_on_another_stream_under_a_capture_is_freed_after_that_use() {
+    require_gpu!();
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.stream().unwrap().context().clone();
+    let (other, unrelated) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let n = 256 << 20; // 1 GiB of f32
+    let src = DeviceVec::from_host(&res, &pattern_f32(n, 73)).unwrap();
+    // A backlog on `other` (tens of milliseconds of copies between cudarc's own slices), so the
+    // copy into the array runs long after the host has moved on.
+    let mut x = other.alloc_zeros::<f32>(n).unwrap();
+    let mut y = other.alloc_zeros::<f32>(n).unwrap();
+    for _ in 0..16 {
+        other.memcpy_dtod(&x, &mut y).unwrap();
+        other.memcpy_dtod(&y, &mut x).unwrap();
+    }
+    let mut dst = DeviceVec::<f32>::zeros(&res, n).unwrap();
+    // SAFETY: only the address is compared, never used.
+    let freed_at = unsafe { dst.as_raw() } as usize;
+    unrelated.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    other.memcpy_dtod(&src, &mut dst).unwrap();
+    let graph = unrelated.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    drop(dst);
+    let mut fresh = DeviceVec::<f32>::new(&res, n).unwrap();
+    // SAFETY: as above.
+    let reissued_at = unsafe { fresh.as_raw() } as usize;
+    fresh.fill_zero().unwrap();
+    let _ = other.synchronize();
+    let _ = res.sync();
+    let got = fresh.to_host().unwrap();
+    assert_eq!(reissued_at, freed_at, "the pool did not reissue the freed block: the test proves nothing");
+    if let Some(i) = got.iter().position(|v| *v != 0.0) {
+        panic!("element {i} of an array zeroed after it was allocated holds {}: a copy into a freed array wrote it", got[i]);
+    }
+    drop(graph.unwrap_or_else(|e| panic!("the unrelated capture was invalidated: {e}")));
+    drop((x, y));
+}
+
+/// Whether the driver takes `addr` for page-locked host memory.
+fn page_locked(addr: usize) -> bool {
+    use cudarc::driver::sys::{cuPointerGetAttributes, CUmemorytype, CUpointer_attribute, CUresult};
+    let mut kind: u32 = 0;
+    let mut attribute = CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+    let mut out = &mut kind as *mut u32 as *mut std::ffi::c_void;
+    // SAFETY: writes one unsigned int for an address the driver only looks up.
+    let rc = unsafe { cuPointerGetAttributes(1, &mut attribute, &mut out, addr as u64) };
+    rc == CUresult::CUDA_SUCCESS && kind == CUmemorytype::CU_MEMORYTYPE_HOST as u32
+}
+
+/// Registering a slice that starts and ends inside pages page-locks only its whole pages: the
+/// bytes before and after it on those pages stay pageable (issue 33, item 8: the driver locked
+/// the whole first and last page, neighbours included, which safe code still reached as plain
+/// slices). Copies of such a slice, its ragged ends pageable, are right both ways.
+#[test]
+fn registering_a_slice_page_locks_none_of_its_neighbours() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    // SAFETY: sysconf reads a constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let mut backing = vec![0u8; 6 * page];
+    let first = (backing.as_ptr() as usize).next_multiple_of(page) - backing.as_ptr() as usize;
+    let (before, rest) = backing[first..].split_at_mut(100);
+    let (slice, after) = rest.split_at_mut(3 * page);
+    let inside = slice.as_ptr() as usize + page - 100; // a whole page of the slice
+    let want = pattern_u8(slice.len(), 79);
+    slice.copy_from_slice(&want);
+    let (before_at, after_at) = (before.as_ptr() as usize + 99, after.as_ptr() as usize);
+    let mut dev = DeviceVec::<u8>::zeros(&res, want.len()).unwrap();
+    let other = pattern_u8(want.len(), 83);
+    RegisteredSlice::scope(&res, slice, |r| {
+        assert!(page_locked(inside), "the slice's whole pages are page-locked");
+        assert!(!page_locked(before_at), "the byte before the slice, on its first page, was page-locked");
+        assert!(!page_locked(after_at), "the byte after the slice, on its last page, was page-locked");
+        res.copy_scope(|s| s.to_device(&*r, &mut dev)).unwrap().unwrap();
+        same("a slice with ragged ends, to the device", &dev.to_host().unwrap(), &want);
+        dev.copy_from_host(&other).unwrap();
+        res.copy_scope(|s| s.to_host(&dev, r)).unwrap().unwrap();
+        same("a slice with ragged ends, to the host", &r.to_vec(), &other);
+    })
+    .unwrap();
+    assert!(!page_locked(inside), "unregistered");
+    assert!(before.iter().chain(after.iter()).all(|&b| b == 0), "a byte outside the slice was written");
+}
+
 #[test]
 fn staged_copies_are_ordered_after_the_work_queued_on_the_array() {
     require_gpu!();
@@ -545,49 +711,54 @@ fn settle_releases() {
     }
 }
 
-/// A transfer dropped (or forgotten) while its copy runs: its page-locked destination must not
-/// be freed and reused under the copy. Fresh page-locked buffers made right after hold their own
-/// pattern; a copy writing freed, reused memory would overwrite it.
+/// A transfer dropped (or forgotten) while its copy runs never frees what the copy uses: the
+/// device end comes from a resource that counts its live bytes, which must still hold it while
+/// the copy runs (checked: an event after the copy has not completed), and after the copy no
+/// longer (dropped) or still (forgotten: leaked). Both directions. Fresh page-locked buffers
+/// made right after keep their own pattern (a copy writing freed, reused memory would not).
 #[test]
 fn a_dropped_or_forgotten_transfer_never_frees_what_its_copy_uses() {
     require_gpu!();
     let res = DeviceResources::new().unwrap();
-    let n = 64 << 20; // 256 MiB of f32: long enough to outlast the drop by far
+    let stream = res.stream().unwrap();
+    let n = 256 << 20; // 1 GiB of f32: a copy of tens of milliseconds, far longer than a drop
+    let bytes = (n * 4) as i64;
     let incoming = pattern_f32(n, 41);
-    let mine = pattern_f32(n, 43);
+    let mine = pattern_f32(1 << 20, 43);
     for forget in [false, true] {
-        for _ in 0..3 {
-            let src = DeviceVec::from_host(&res, &incoming).unwrap();
-            let dst = PinnedVec::<f32>::new(&res, n).unwrap();
-            let copy = res.copy_to_host_async(src, dst).unwrap();
+        let how = if forget { "forgotten" } else { "dropped" };
+        for to_host in [true, false] {
+            let mr = raft::MemoryResource::cuda_async(0).unwrap().with_statistics().unwrap();
+            let mut dev = DeviceVec::<f32>::new_in(&res, n, &mr).unwrap();
+            if to_host {
+                dev.copy_from_host(&incoming).unwrap();
+            }
+            let host = PinnedVec::<f32>::from_slice(&res, &incoming).unwrap();
+            let copy: Box<dyn std::any::Any> = if to_host {
+                Box::new(res.copy_to_host_async(dev, host).unwrap())
+            } else {
+                Box::new(res.copy_to_device_async(host, dev).unwrap())
+            };
+            let after_copy = stream.record_event(None).unwrap();
             if forget {
                 std::mem::forget(copy);
             } else {
                 drop(copy);
             }
             let fresh: Vec<PinnedVec<f32>> = (0..2).map(|_| PinnedVec::from_slice(&res, &mine).unwrap()).collect();
+            let live_during = mr.statistics().unwrap().current_bytes;
+            let running = !after_copy.is_complete();
             res.sync().unwrap();
             settle_releases();
+            let live_after = mr.statistics().unwrap().current_bytes;
+            let what = format!("a {how} {} transfer", if to_host { "device -> host" } else { "host -> device" });
+            assert!(running, "{what}: the copy ended before the check; the test proves nothing");
+            assert_eq!(live_during, bytes, "{what}: the device end was freed while the copy ran");
+            assert_eq!(live_after, if forget { bytes } else { 0 }, "{what}: after the copy (leaked when forgotten, freed when dropped)");
             for f in &fresh {
-                same(
-                    &format!("a fresh page-locked buffer after a {} transfer", if forget { "forgotten" } else { "dropped" }),
-                    &f.to_vec(),
-                    &mine,
-                );
+                same(&format!("a fresh page-locked buffer after {what}"), &f.to_vec(), &mine);
             }
         }
-        // The same from the other side: a dropped host -> device transfer reads its source to
-        // the end (a freed source would be a sanitizer report).
-        let src = PinnedVec::from_slice(&res, &incoming).unwrap();
-        let dst = DeviceVec::<f32>::zeros(&res, n).unwrap();
-        let copy = res.copy_to_device_async(src, dst).unwrap();
-        if forget {
-            std::mem::forget(copy);
-        } else {
-            drop(copy);
-        }
-        res.sync().unwrap();
-        settle_releases();
     }
 }
 

@@ -4,6 +4,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::MemoryResource;
 use crate::resources::DeviceResources;
+use crate::result::foreign::ForeignUses;
 use crate::result::{DeviceScalar, NativeBuffer};
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use std::marker::PhantomData;
@@ -23,8 +24,12 @@ pub(crate) static LIVE_ARRAYS: AtomicUsize = AtomicUsize::new(0);
 ///
 /// For cudarc: `DeviceVec` implements [`DevicePtr`] and [`DevicePtrMut`], so cudarc's kernels
 /// launches and cuBLAS wrappers take it directly. Used on another stream than its own, that
-/// stream first waits for the array's stream, and is synchronised when the pointer's guard
-/// drops: the array can never be freed under work queued elsewhere. One exception, in cudarc:
+/// stream first waits for the array's stream, and the pointer's guard records an event there
+/// once the use is queued: the array's own stream waits for it (on the device, never refused
+/// by a graph capture) before its next use of the array and before the array is freed, so the
+/// array is never freed under work queued elsewhere. A pointer asked for on a stream being
+/// captured into a CUDA graph (or while the array's own stream is) panics: the graph would use
+/// the memory at each launch, after the array may be gone. One exception, in cudarc:
 /// its `memcpy_dtod` between two devices queues the copy on the destination's stream but asks
 /// the source for its pointer on the source's own stream (cudarc 0.19), so the source's drop is
 /// not ordered after the copy (cudarc's own slices have the same gap). Between devices, copy
@@ -40,6 +45,8 @@ pub struct DeviceVec<T: DeviceScalar> {
     /// C++ copy that frees it.
     _mr: Option<MemoryResource>,
     resources: DeviceResources,
+    /// Uses on other streams (cudarc's `DevicePtr`), which the array's own stream waits for.
+    foreign: ForeignUses,
     _t: PhantomData<T>,
 }
 
@@ -106,7 +113,14 @@ impl<T: DeviceScalar> DeviceVec<T> {
             }
         })?;
         LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
-        Ok(DeviceVec { buffer: Some(buffer), len, _mr: mr.cloned(), resources: resources.clone(), _t: PhantomData })
+        Ok(DeviceVec {
+            buffer: Some(buffer),
+            len,
+            _mr: mr.cloned(),
+            resources: resources.clone(),
+            foreign: ForeignUses::default(),
+            _t: PhantomData,
+        })
     }
 
     /// `len` zeros.
@@ -160,12 +174,22 @@ impl<T: DeviceScalar> DeviceVec<T> {
         self.buf_mut().copy_from_host(who, host)
     }
 
+    /// The buffer, for a shared use on its own stream: ordered after the writes of other
+    /// streams (`DevicePtrMut`).
     fn buf(&self) -> &NativeBuffer {
-        self.buffer.as_ref().expect("a DeviceVec holds its buffer until dropped")
+        let buffer = self.buffer.as_ref().expect("a DeviceVec holds its buffer until dropped");
+        self.foreign.before_read(buffer.stream());
+        buffer
     }
 
+    /// The buffer, for an exclusive use on its own stream: ordered after every use of other
+    /// streams (a failure only lets the use race them: values, never memory).
     fn buf_mut(&mut self) -> &mut NativeBuffer {
-        self.buffer.as_mut().expect("a DeviceVec holds its buffer until dropped")
+        let buffer = self.buffer.as_mut().expect("a DeviceVec holds its buffer until dropped");
+        if let Err(e) = self.foreign.settle_all("DeviceVec", buffer.stream()) {
+            log::warn!(target: "raft", "{e}");
+        }
+        buffer
     }
 
     /// The number of elements.
@@ -338,6 +362,12 @@ impl<T: DeviceScalar> Drop for DeviceVec<T> {
             buffer.leak(); // no CUDA call once the exit has decided: leaked to the OS
             return;
         }
+        // Freed in the order of its own stream, after what other streams queued on it.
+        if let Err(e) = self.foreign.settle_all("DeviceVec::drop", buffer.stream()) {
+            log::warn!(target: "raft", "{e} (the array is leaked: a use on another stream may still run)");
+            buffer.leak();
+            return;
+        }
         if buffer.frees_stream_ordered() {
             // The async pool frees in stream order without blocking: do it here.
             if let Err(e) = buffer.free("DeviceVec::drop") {
@@ -381,31 +411,24 @@ impl<T: DeviceScalar> DeviceSlice<T> for DeviceVec<T> {
     }
 }
 
-/// Orders `stream` after the array's own stream; the guard synchronises `stream` when dropped
-/// (nothing when it is the array's own stream, where order alone suffices).
-fn ordered_on<'a>(own: &'a Arc<CudaStream>, stream: &'a CudaStream) -> SyncOnDrop<'a> {
-    if own.cu_stream() == stream.cu_stream() {
-        return SyncOnDrop::Sync(None);
-    }
-    if let Err(e) = stream.join(own) {
-        // Not ordered after the array's own work: wait for that work instead, so the pointer
-        // is never used before the array's pending writes are done.
-        stream.context().record_err::<()>(Err(e));
-        stream.context().record_err(own.synchronize());
-    }
-    SyncOnDrop::sync_stream(stream)
-}
-
+/// On another stream than the array's own, `stream` first waits for the array's stream, and the
+/// guard records an event on `stream` once the use is queued, which the array's own stream waits
+/// for (on the device) before its next use of the array and before the array is freed (see
+/// `result/foreign.rs`). Panics when either stream is being captured into a CUDA graph.
 impl<T: DeviceScalar> DevicePtr<T> for DeviceVec<T> {
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
-        (self.buf().address(), ordered_on(self.buf().stream(), stream))
+        let buffer = self.buf();
+        (buffer.address(), self.foreign.guard("DeviceVec::device_ptr", buffer.stream(), stream, false))
     }
 }
 
 impl<T: DeviceScalar> DevicePtrMut<T> for DeviceVec<T> {
     fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
-        let buf = self.buffer.as_ref().expect("a DeviceVec holds its buffer until dropped");
-        (buf.address(), ordered_on(buf.stream(), stream))
+        // Ordered after every earlier use elsewhere (a write must not overtake their reads).
+        self.buf_mut();
+        let this: &'a Self = self;
+        let buffer = this.buffer.as_ref().expect("a DeviceVec holds its buffer until dropped");
+        (buffer.address(), this.foreign.guard("DeviceVec::device_ptr_mut", buffer.stream(), stream, true))
     }
 }
 

@@ -5,7 +5,8 @@ use crate::array::DeviceVec;
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::{MemoryResource, MemoryResourceKind};
 use crate::resources::DeviceResources;
-use crate::result::copy::{HostMut, HostRef, NativeHostBuffer, NativeRegistration};
+use crate::result::copy::{HostMut, HostRef, NativeHostBuffer};
+use crate::result::registration::NativeRegistration;
 use crate::result::DeviceScalar;
 use std::marker::PhantomData;
 use std::sync::Mutex;
@@ -356,16 +357,26 @@ impl<'a, T: DeviceScalar> RegisteredSlice<'a, T> {
     /// while `body` runs with the registration, then makes it pageable again, also when `body`
     /// panics.
     ///
+    /// The driver page-locks whole pages, so only the whole pages inside the slice are
+    /// registered: the bytes that share its first and last page with other memory stay
+    /// pageable (other memory on those pages is never page-locked behind its owner's back) and
+    /// are copied as pageable memory. A slice holding no whole page registers nothing; its
+    /// copies run as a plain slice's would. Page-aligned slices are copied wholly at the pinned
+    /// speed.
+    ///
+    /// Should the driver refuse to make the memory pageable again (anything but its own
+    /// teardown), the process aborts: handing the slice back page-locked would let safe code
+    /// give page-locked memory to copies that take it for pageable and do not wait for it.
+    ///
     /// # Errors
     /// `Logic` for a device that does not exist or memory the driver reports as already
-    /// page-locked (part of a [`PinnedVec`], registered elsewhere, or, as the driver locks whole
-    /// pages, on a page of another registered slice); `Cuda` when the driver refuses otherwise,
-    /// or refuses to make the memory pageable again (then it may stay page-locked).
+    /// page-locked (part of a [`PinnedVec`], or registered elsewhere); `Cuda` when the driver
+    /// refuses otherwise.
     pub fn scope<R>(device: impl AsDevice, slice: &'a mut [T], body: impl FnOnce(&mut RegisteredSlice<'a, T>) -> R) -> Result<R> {
         const WHO: &str = "RegisteredSlice::scope";
         let mut registered = Self::register(WHO, device.as_device(), slice)?;
         let out = body(&mut registered);
-        registered.unregister().map_err(|e| e.with_who(WHO))?;
+        registered.native.unregister(WHO);
         Ok(out)
     }
 
@@ -404,9 +415,14 @@ impl<'a, T: DeviceScalar> RegisteredSlice<'a, T> {
         self.device
     }
 
-    /// Makes the memory pageable again now, with the driver's error if any.
+    /// Makes the memory pageable again now (as dropping it does: the process aborts where the
+    /// driver refuses, see [`scope`](Self::scope)).
+    ///
+    /// # Errors
+    /// None today: kept for callers that check.
     pub fn unregister(mut self) -> Result<()> {
-        self.native.unregister("RegisteredSlice::unregister")
+        self.native.unregister("RegisteredSlice::unregister");
+        Ok(())
     }
 
     /// Element `i`, or `None` past the end.

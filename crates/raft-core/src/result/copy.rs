@@ -165,19 +165,39 @@ fn join(who: &'static str, waiter: &CudaStream, on: &CudaStream, guard: &Context
 
 // ---- the ends of a copy ----------------------------------------------------------------------
 
-/// Page-locked host bytes borrowed for `'a`, shared: made only from a [`NativeHostBuffer`] or a
-/// [`NativeRegistration`], so the address is page-locked memory that the borrow keeps alive.
+/// Host bytes borrowed for `'a`, shared, of which `locked` (relative to `addr`) is page-locked
+/// memory that the borrow keeps page-locked: made only from a [`NativeHostBuffer`] (all of it)
+/// or a registration (its whole pages). The rest is pageable, copied as such.
 pub struct HostRef<'a> {
     addr: usize,
     bytes: usize,
+    locked: std::ops::Range<usize>,
     _borrow: PhantomData<&'a [u8]>,
 }
 
-/// Page-locked host bytes borrowed exclusively for `'a` (see [`HostRef`]).
+/// Host bytes borrowed exclusively for `'a` (see [`HostRef`]).
 pub struct HostMut<'a> {
     addr: usize,
     bytes: usize,
+    locked: std::ops::Range<usize>,
     _borrow: PhantomData<&'a mut [u8]>,
+}
+
+impl HostRef<'_> {
+    /// # Safety
+    /// `addr..addr + bytes` is host memory borrowed (shared) for the result's life, and its part
+    /// `locked` stays page-locked meanwhile.
+    pub(crate) unsafe fn new(addr: usize, bytes: usize, locked: std::ops::Range<usize>) -> Self {
+        HostRef { addr, bytes, locked, _borrow: PhantomData }
+    }
+}
+
+impl HostMut<'_> {
+    /// # Safety
+    /// As [`HostRef::new`], borrowed exclusively.
+    pub(crate) unsafe fn new(addr: usize, bytes: usize, locked: std::ops::Range<usize>) -> Self {
+        HostMut { addr, bytes, locked, _borrow: PhantomData }
+    }
 }
 
 /// The two ends of one copy, each borrowed for `'a`.
@@ -198,6 +218,8 @@ struct Plan<'e> {
     src_bytes: usize,
     src_device: Option<&'e NativeBuffer>,
     dst_device: Option<&'e NativeBuffer>,
+    /// The page-locked bytes of the host end (the rest is pageable).
+    locked: std::ops::Range<usize>,
 }
 
 impl Ends<'_> {
@@ -210,6 +232,7 @@ impl Ends<'_> {
                 src_bytes: h.bytes,
                 src_device: None,
                 dst_device: Some(d),
+                locked: h.locked.clone(),
             },
             Ends::ToHost(d, h) => Plan {
                 dst: h.addr as u64,
@@ -218,6 +241,7 @@ impl Ends<'_> {
                 src_bytes: d.bytes,
                 src_device: Some(d),
                 dst_device: None,
+                locked: h.locked.clone(),
             },
             Ends::Device(s, d) => Plan {
                 dst: d.data as u64,
@@ -226,9 +250,17 @@ impl Ends<'_> {
                 src_bytes: s.bytes,
                 src_device: Some(s),
                 dst_device: Some(d),
+                locked: 0..0,
             },
         }
     }
+}
+
+/// A host copy of `bytes` as `(offset, length)` pieces: the pageable head, the page-locked
+/// `locked` bytes, the pageable tail (empty ones left out; all of it when nothing is locked).
+fn host_pieces(bytes: usize, locked: &std::ops::Range<usize>) -> impl Iterator<Item = (usize, usize)> {
+    let (lo, hi) = if locked.is_empty() { (0, bytes) } else { (locked.start.min(bytes), locked.end.min(bytes)) };
+    [(0, lo), (lo, hi - lo), (hi, bytes - hi)].into_iter().filter(|(_, len)| *len > 0)
 }
 
 /// Checks a copy before any CUDA call: equal sizes, and a stream that can reach both ends (a
@@ -278,11 +310,11 @@ fn queue(
     let p = ends.plan();
     let device_ends = [p.src_device, p.dst_device];
     let device_ends = device_ends.iter().flatten();
-    if !matches!(ends, Ends::Device(..)) {
-        // Host memory: never into a graph being captured (on the copy's stream, or on a stream
-        // it joins, whose captured event would pull the copy into the capture).
-        super::refuse_capture(who, std::iter::once(&**stream).chain(device_ends.clone().map(|b| &*b.stream)))?;
-    }
+    // Never into a graph being captured (on the copy's stream, or on a stream it joins, whose
+    // captured event would pull the copy into the capture): the graph would copy at each launch,
+    // after the memory's borrow (or the arrays themselves) may be gone.
+    let streams = || std::iter::once(&**stream).chain(device_ends.clone().map(|b| &*b.stream));
+    super::refuse_capture(who, streams())?;
     // A copy between two devices binds other contexts (joins with the other device's stream,
     // peer access): its guard reads and puts back the thread's context whatever happens. A copy
     // within one context binds only that one: one read for the whole queue
@@ -322,22 +354,34 @@ fn queue(
                     stream.cu_stream(),
                 )
             },
-            // SAFETY: as above, for two addresses of one device, or one device buffer and
-            // page-locked host memory (a `HostRef`/`HostMut`, made only from memory this module
-            // allocated or registered). The typed calls name each end's kind (the plan knows
-            // which end is device memory), sparing the driver the address lookup that
-            // cuMemcpyAsync's unified addressing makes on every call (about a microsecond, a
-            // tenth of a 1 MiB device copy).
+            // SAFETY: as above, for two addresses of one device, or one device buffer and host
+            // memory (a `HostRef`/`HostMut`, made only from memory this module allocated or
+            // registered), its page-locked part `p.locked` copied as such and the rest as
+            // pageable memory, whose copies return once the host bytes are read (to the device)
+            // or written (to the host). The typed calls name each end's kind, sparing the
+            // driver the address lookup that cuMemcpyAsync makes on every call (about a
+            // microsecond, a tenth of a 1 MiB device copy).
             None => unsafe {
                 match (p.src_device.is_some(), p.dst_device.is_some()) {
                     (true, true) => cusys::cuMemcpyDtoDAsync_v2(p.dst, p.src, p.src_bytes, stream.cu_stream()),
-                    (false, true) => cusys::cuMemcpyHtoDAsync_v2(p.dst, p.src as *const c_void, p.src_bytes, stream.cu_stream()),
-                    (true, false) => cusys::cuMemcpyDtoHAsync_v2(p.dst as *mut c_void, p.src, p.src_bytes, stream.cu_stream()),
-                    (false, false) => cusys::cuMemcpyAsync(p.dst, p.src, p.src_bytes, stream.cu_stream()),
+                    (to_device, _) => host_pieces(p.src_bytes, &p.locked)
+                        .map(|(at, len)| {
+                            let (dst, src) = (p.dst + at as u64, p.src + at as u64);
+                            match to_device {
+                                true => cusys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, stream.cu_stream()),
+                                false => cusys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, stream.cu_stream()),
+                            }
+                        })
+                        .find(|rc| *rc != cusys::CUresult::CUDA_SUCCESS)
+                        .unwrap_or(cusys::CUresult::CUDA_SUCCESS),
                 }
             },
         };
-        queued.result().map_err(driver(who))?;
+        if let Err(e) = queued.result() {
+            // A host copy in pieces may have queued some: drained before the ends go back.
+            let maybe_in_flight = stream_sync(who, stream).is_err();
+            return Err(QueueError { error: Error::driver(who, e), maybe_in_flight });
+        }
     }
     let after = (|| -> Result<()> {
         if let Some(e) = &event {
@@ -350,6 +394,13 @@ fn queue(
         }
         Ok(())
     })();
+    // A capture begun meanwhile on another thread may have taken the copy, or the event after
+    // it, into its graph: then whether the copy ran, and when it ends, cannot be known, and the
+    // borrow of its ends must not end. Such a race is the caller's; the process stops.
+    if super::refuse_capture(who, streams()).is_err() {
+        eprintln!("{who}: a CUDA graph capture began on a stream while a copy was queued on it; aborting");
+        std::process::abort();
+    }
     if let Err(error) = after {
         // The copy is queued but cannot be waited for as planned: wait for it here.
         let maybe_in_flight = stream_sync(who, stream).is_err();
@@ -478,11 +529,19 @@ pub(crate) fn run_scope<'env, R>(
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&scope)));
     // Every copy of the scope is on this stream, in order: once the event after the latest has
     // completed, the GPU no longer touches anything the body lent. An event rather than the
-    // stream: a stream the body began capturing into a CUDA graph cannot be synchronised, while
-    // an event recorded before the capture can be waited for. (A failed wait is a fault of the
-    // stream's context, which stops all its work.)
+    // stream: a stream the body began capturing into a CUDA graph cannot be synchronised. Every
+    // event was recorded outside any capture (`queue` refuses a capturing stream, and stops the
+    // process when a capture began under it), so the relaxed wait can happen whatever the
+    // stream's capture state now. A failed wait is then a fault of the stream's context, which
+    // stops all its work; one the driver refused instead must not end the borrows.
     let last = scope.last.lock().unwrap_or_else(|e| e.into_inner()).take();
     let waited = last.map_or(Ok(()), |event| event.wait(who));
+    if let Err(e) = &waited {
+        if e.message().contains("CAPTURE") {
+            eprintln!("{e}: a copy scope could not wait for its copies; aborting rather than end their borrows");
+            std::process::abort();
+        }
+    }
     match outcome {
         Ok(r) => waited.map(|()| r),
         Err(panic) => std::panic::resume_unwind(panic),
@@ -668,11 +727,11 @@ impl NativeHostBuffer {
     }
 
     pub(crate) fn host_ref(&self) -> HostRef<'_> {
-        HostRef { addr: self.buffer.data as usize, bytes: self.buffer.bytes, _borrow: PhantomData }
+        HostRef { addr: self.buffer.data as usize, bytes: self.buffer.bytes, locked: 0..self.buffer.bytes, _borrow: PhantomData }
     }
 
     pub(crate) fn host_mut(&mut self) -> HostMut<'_> {
-        HostMut { addr: self.buffer.data as usize, bytes: self.buffer.bytes, _borrow: PhantomData }
+        HostMut { addr: self.buffer.data as usize, bytes: self.buffer.bytes, locked: 0..self.buffer.bytes, _borrow: PhantomData }
     }
 
     /// Frees the memory (`cudaFreeHost`, which may wait for the device).
@@ -683,78 +742,6 @@ impl NativeHostBuffer {
     /// Leaks the memory to the OS (at exit, once the exit has decided).
     pub(crate) fn leak(self) {
         self.buffer.leak()
-    }
-}
-
-/// A caller's slice page-locked with `cuMemHostRegister` (portable: every context sees it
-/// page-locked) for as long as this lives; the slice is reached only through it meanwhile. An
-/// empty slice registers nothing.
-pub(crate) struct NativeRegistration<'a, T: DeviceScalar> {
-    slice: &'a mut [T],
-    /// The context that registered the range; `None` once unregistered (or never registered).
-    ctx: Option<Arc<CudaContext>>,
-}
-
-impl<'a, T: DeviceScalar> NativeRegistration<'a, T> {
-    pub(crate) fn register(who: &'static str, ctx: &Arc<CudaContext>, slice: &'a mut [T]) -> Result<Self> {
-        let bytes = std::mem::size_of_val(slice);
-        if bytes == 0 {
-            return Ok(NativeRegistration { slice, ctx: None });
-        }
-        let _keep = ContextGuard::save(who)?;
-        bind(who, ctx)?;
-        let (start, flags) = (slice.as_mut_ptr() as *mut c_void, cusys::CU_MEMHOSTREGISTER_PORTABLE);
-        // SAFETY: the range is the `bytes` bytes of the exclusively borrowed `slice`, alive and
-        // unmoved for 'a; it is unregistered before the borrow ends (Drop), or, forgotten, stays
-        // registered memory that the process owns: no DMA uses it past its copy's wait.
-        let registered = unsafe { cusys::cuMemHostRegister_v2(start, bytes, flags) };
-        match registered.result() {
-            Ok(()) => Ok(NativeRegistration { slice, ctx: Some(ctx.clone()) }),
-            Err(e) if e.0 == cusys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => Err(Error::logic(
-                who,
-                "the slice is already page-locked (part of a PinnedVec, or registered elsewhere): CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
-            )),
-            Err(e) => Err(Error::driver(who, e)),
-        }
-    }
-
-    pub(crate) fn as_slice(&self) -> &[T] {
-        self.slice
-    }
-
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
-        self.slice
-    }
-
-    pub(crate) fn host_ref(&self) -> HostRef<'_> {
-        HostRef { addr: self.slice.as_ptr() as usize, bytes: std::mem::size_of_val(self.slice), _borrow: PhantomData }
-    }
-
-    pub(crate) fn host_mut(&mut self) -> HostMut<'_> {
-        HostMut { addr: self.slice.as_mut_ptr() as usize, bytes: std::mem::size_of_val(self.slice), _borrow: PhantomData }
-    }
-
-    /// Makes the slice pageable again (`cuMemHostUnregister`); once.
-    pub(crate) fn unregister(&mut self, who: &'static str) -> Result<()> {
-        let Some(ctx) = self.ctx.take() else { return Ok(()) };
-        if !raft_exit::native_release_allowed() {
-            return Ok(()); // the exit has decided: no CUDA call
-        }
-        let _keep = ContextGuard::save(who)?;
-        bind(who, &ctx)?;
-        // SAFETY: unregisters the range `register` registered (same base address), exactly once
-        // (`ctx` was taken above); no copy uses it any more (see the module documentation).
-        unsafe { cusys::cuMemHostUnregister(self.slice.as_mut_ptr() as *mut c_void) }.result().map_err(driver(who))
-    }
-}
-
-impl<T: DeviceScalar> Drop for NativeRegistration<'_, T> {
-    fn drop(&mut self) {
-        if let Err(e) = self.unregister("RegisteredSlice::drop") {
-            if !super::already_gone(&e) {
-                log::warn!(target: "raft", "{e}");
-            }
-        }
     }
 }
 
@@ -1211,7 +1198,8 @@ fn prepare(who: &'static str, buffers: &mut [StagingBuffers], cut: StagedCut, st
         return Err(Error::logic(who, "a staged copy needs staging buffers"));
     }
     // The device copies go to and from the library's own page-locked slots, which a graph
-    // captured meanwhile would use after they are reused or freed.
+    // captured meanwhile would use after they are reused or freed (asked again before each
+    // piece: `Queued::piece`).
     super::refuse_capture(who, [stream])?;
     for b in buffers.iter_mut() {
         if b.capacity < cut.piece {
@@ -1280,6 +1268,9 @@ impl Queued {
     unsafe fn piece(&mut self, who: &'static str, guard: &ContextGuard, shared: &Shared<'_>, p: usize, end: &DeviceEnd<'_>) -> Result<()> {
         let (slot, (start, bytes)) = (shared.slot(p), shared.piece(p));
         let device = end.base + start as u64;
+        // Asked before every piece, not once: a capture begun during the copy would take the
+        // rest of its pieces into a graph that copies at each launch, after the arrays are gone.
+        super::refuse_capture(who, [end.stream])?;
         // SAFETY: the caller's contract: both ranges are live, sized and untouched by anyone else
         // until the event recorded just below has completed; the stream's context is bound (the
         // caller's guard).
@@ -1291,7 +1282,12 @@ impl Queued {
             }
         };
         rc.result().map_err(driver(who))?;
-        match slot.event.record(who, end.stream, guard) {
+        let recorded = slot.event.record(who, end.stream, guard);
+        if super::refuse_capture(who, [end.stream]).is_err() {
+            eprintln!("{who}: a CUDA graph capture began on the stream during a staged copy; aborting");
+            std::process::abort(); // the piece may be in the graph: its end cannot be known
+        }
+        match recorded {
             Ok(()) => {
                 self.recorded[p % shared.slots.len()] = true;
                 shared.note('q', p);

@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 pub(crate) mod copy;
 pub(crate) mod crew;
+pub(crate) mod foreign;
+pub(crate) mod registration;
 
 // The shim's statuses are the ones `ErrorKind::from_shim_status` knows.
 static_assertions::const_assert_eq!(sys::RAFTRS_STATUS_OUT_OF_MEMORY, 1);
@@ -197,11 +199,12 @@ pub(crate) fn relaxed<R>(wait: impl FnOnce() -> R) -> R {
     out
 }
 
-/// Refuses a copy that involves host memory on a stream being captured into a CUDA graph
-/// (`cuStreamBeginCapture`, e.g. cudarc's `begin_capture` on the resources' stream): the copy
-/// would be recorded into the graph rather than run, and run at each launch of the graph, after
-/// the host memory's borrow has ended (a wait on the stream or on an event recorded during the
-/// capture waits for nothing). Each stream whose work the copy joins is asked.
+/// Refuses a copy (with host memory, or between device arrays) on a stream being captured into a
+/// CUDA graph (`cuStreamBeginCapture`, e.g. cudarc's `begin_capture` on the resources' stream):
+/// the copy would be recorded into the graph rather than run, and run at each launch of the
+/// graph, after the memory's borrow (or the array) has ended (a wait on the stream or on an
+/// event recorded during the capture waits for nothing). Each stream whose work the copy joins
+/// is asked.
 pub(crate) fn refuse_capture<'s>(who: &'static str, streams: impl IntoIterator<Item = &'s CudaStream>) -> Result<()> {
     for stream in streams {
         let mut status = cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
@@ -214,8 +217,8 @@ pub(crate) fn refuse_capture<'s>(who: &'static str, streams: impl IntoIterator<I
         if status != cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
             return Err(Error::logic(
                 who,
-                "the stream is being captured into a CUDA graph: a copy with host memory would run at the graph's \
-                 launch, after the host memory may be gone; copy before the capture begins or after it ends",
+                "the stream is being captured into a CUDA graph: the copy would run at each launch of the graph, after \
+                 the memory it uses may be gone; copy before the capture begins or after it ends",
             ));
         }
     }

@@ -1,0 +1,168 @@
+//! A device array used on streams other than its own, through cudarc's `DevicePtr` /
+//! `DevicePtrMut`: the order of the array's own stream after those uses.
+//!
+//! cudarc drops the pointer's guard once the use is queued. A guard that synchronised the other
+//! stream (`SyncOnDrop::Sync`) would make the host wait, but cudarc swallows a refused wait: while
+//! any thread captures a stream in global mode, or this thread in thread-local mode, the driver
+//! refuses it, and the array could then be freed and its memory reissued under the use. So the
+//! guard records an event instead (`SyncOnDrop::Record`, one event per other stream: a later
+//! record on a stream covers all earlier work on it), and the array's own stream waits on the
+//! device for those events before its next use of the array and before the array is freed. No
+//! host wait is needed, so no capture can refuse one.
+use super::stream_sync;
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaEvent, CudaStream, SyncOnDrop};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// One other stream that used the array.
+struct Use {
+    /// `(context, stream)` handles, as the key.
+    key: (usize, usize),
+    /// Boxed: handed to guards by reference while the list may grow.
+    event: Box<CudaEvent>,
+    /// A read (a `DevicePtr`) / a write (a `DevicePtrMut`) was handed to a guard since the
+    /// array's own stream last waited for the event.
+    read: bool,
+    write: bool,
+}
+
+/// The other streams that used an array, and whether its own stream still has to wait for them.
+#[derive(Default)]
+pub(crate) struct ForeignUses {
+    /// Some use is pending: the fast path of `settle` is this load.
+    any: AtomicBool,
+    /// Some write is pending (what a shared use of the array must wait for).
+    writes: AtomicBool,
+    uses: Mutex<Vec<Use>>,
+}
+
+impl ForeignUses {
+    /// Makes `stream` wait for the work queued on the array's stream `own` (and, through it, for
+    /// the uses it waited for), refusing a stream being captured; returns the guard that records
+    /// after the use. `write`: the use writes (the caller holds the array exclusively).
+    ///
+    /// # Panics
+    /// When `stream` or `own` is being captured into a CUDA graph: the graph would use the
+    /// array's memory at each launch, after the array may be gone (the trait leaves no error to
+    /// return).
+    pub(crate) fn guard<'a>(&'a self, who: &'static str, own: &'a CudaStream, stream: &'a CudaStream, write: bool) -> SyncOnDrop<'a> {
+        if let Err(e) = super::refuse_capture(who, [stream, own]) {
+            panic!("{e}");
+        }
+        if own.cu_stream() == stream.cu_stream() && own.context().cu_ctx() == stream.context().cu_ctx() {
+            return SyncOnDrop::Sync(None); // the array's own order suffices
+        }
+        if let Err(e) = stream.join(own) {
+            // Not ordered after the array's own work: wait for that work instead (relaxed), so
+            // the pointer is never used before the array's pending writes are done.
+            stream.context().record_err::<()>(Err(e));
+            if let Err(e) = stream_sync(who, own) {
+                log::warn!(target: "raft", "{e}");
+            }
+        }
+        if !stream.context().is_managing_stream_synchronization() {
+            // cudarc records no event on drop without it (turned off by the caller's `unsafe`):
+            // the host waits then.
+            return SyncOnDrop::sync_stream(stream);
+        }
+        let key = (stream.context().cu_ctx() as usize, stream.cu_stream() as usize);
+        let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
+        let at = match uses.iter().position(|u| u.key == key) {
+            Some(at) => at,
+            None => match stream.context().new_event(None) {
+                Ok(event) => {
+                    uses.push(Use { key, event: Box::new(event), read: false, write: false });
+                    uses.len() - 1
+                }
+                Err(e) => {
+                    stream.context().record_err::<()>(Err(e));
+                    return SyncOnDrop::sync_stream(stream);
+                }
+            },
+        };
+        let u = &mut uses[at];
+        if write {
+            u.write = true;
+        } else {
+            u.read = true;
+        }
+        self.any.store(true, Ordering::Release);
+        if write {
+            self.writes.store(true, Ordering::Release);
+        }
+        let event: *const CudaEvent = &*u.event;
+        drop(uses);
+        // SAFETY: the event is boxed, so it does not move when the list grows, and a box leaves
+        // the list only through `&mut self` (`settle_all`, `Drop`), which cannot run while this
+        // borrow of `self` for 'a lives.
+        SyncOnDrop::Record(Some((unsafe { &*event }, stream)))
+    }
+
+    /// Makes `own` wait for the pending uses on other streams: the writes only (`writes_only`,
+    /// before a shared use of the array: reads need no order among themselves), or all of them.
+    fn settle(&self, who: &'static str, own: &CudaStream, writes_only: bool) -> Result<()> {
+        let flag = if writes_only { &self.writes } else { &self.any };
+        if !flag.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _keep = super::ContextGuard::save(who)?; // cudarc's wait binds `own`'s context
+        let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
+        let mut first = Ok(());
+        // The event's latest record covers every use handed out on its stream so far. Under a
+        // shared borrow a read guard may still record later: only writes (no guard of which can
+        // be alive then) are marked done.
+        for u in uses.iter_mut().filter(|u| u.write || (u.read && !writes_only)) {
+            // On the device when it can; else the host waits (relaxed: never refused by a
+            // capture). A failure of both is a fault of the context, which stops its work.
+            let waited = own.wait(&u.event).or_else(|_| super::relaxed(|| unsafe_event_sync(&u.event))).map_err(|e| Error::driver(who, e));
+            match waited {
+                Ok(()) => {
+                    u.write = false;
+                    u.read &= writes_only;
+                }
+                Err(e) => first = first.and(Err(e)),
+            }
+        }
+        self.writes.store(uses.iter().any(|u| u.write), Ordering::Release);
+        self.any.store(uses.iter().any(|u| u.read || u.write), Ordering::Release);
+        first
+    }
+
+    /// Before a shared use on the array's own stream: ordered after the other streams' writes.
+    /// A failure is logged: the use may then race a write, which changes values, never memory.
+    pub(crate) fn before_read(&self, own: &CudaStream) {
+        if let Err(e) = self.settle("DeviceVec", own, true) {
+            log::warn!(target: "raft", "{e}");
+        }
+    }
+
+    /// Before an exclusive use, or the free: ordered after every use on other streams (no guard
+    /// is alive: the caller holds the array exclusively). An error: `own` could not be ordered,
+    /// and the array's memory must not be freed.
+    pub(crate) fn settle_all(&mut self, who: &'static str, own: &CudaStream) -> Result<()> {
+        self.settle(who, own, false)
+    }
+}
+
+/// `cuEventSynchronize` on `event`, binding nothing (see `stream_sync`).
+fn unsafe_event_sync(event: &CudaEvent) -> std::result::Result<(), cudarc::driver::DriverError> {
+    // SAFETY: the event is alive for the borrow; waiting for it needs no current context.
+    unsafe { cudarc::driver::result::event::synchronize(event.cu_event()) }
+}
+
+impl Drop for ForeignUses {
+    fn drop(&mut self) {
+        let uses = std::mem::take(self.uses.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if uses.is_empty() {
+            return;
+        }
+        if !raft_exit::native_release_allowed() {
+            std::mem::forget(uses); // no CUDA call once the exit has decided
+            return;
+        }
+        // cudarc binds the event's context to destroy it: the caller's context is put back.
+        let _keep = super::ContextGuard::save("DeviceVec::drop").ok();
+        drop(uses);
+    }
+}
