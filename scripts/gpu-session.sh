@@ -29,7 +29,7 @@ for step in "$@"; do
     sanitizer) rc=0; : > "$out/sanitizer.txt"
       # memcheck: memory (arrays outliving their resource, freed from other threads; the exit
       # teardown's children) and soundness (issue 13's defects) with the earlier binaries.
-      for t in resources arrays errors memory soundness rmm copies lend; do
+      for t in resources arrays errors memory soundness rmm copies capture lend; do
         echo "== memcheck $t" >> "$out/sanitizer.txt"
         if [ ! -x "$b/tests/$t" ]; then echo "MISSING $b/tests/$t" >> "$out/sanitizer.txt"; rc=1; continue; fi
         # errors provokes out-of-memory on purpose: its API errors are the point of the test.
@@ -37,6 +37,8 @@ for step in "$@"; do
         # copies registers page-locked memory a second time on purpose (the driver refuses it with
         # CUDA_ERROR_INVALID_VALUE, the test checks the refusal): memory errors only.
         [ "$t" = copies ] && api=no
+        # capture provokes refused waits and captures on purpose: memory errors only.
+        [ "$t" = capture ] && api=no
         # soundness faults a kernel and fills the card on purpose (two child processes): memcheck
         # reports exactly those; they run, unsanitized, in the tests step.
         skip=""; [ "$t" = soundness ] && skip="--skip a_kernel_fault --skip exhausting_device_memory"

@@ -1,4 +1,6 @@
 //! Helpers of the integration tests: GPU gating and child-process scenarios.
+pub mod patterns;
+
 use std::io::Write;
 
 /// Whether a GPU is there. Without one, prints a visible skip line (straight to stderr, past
