@@ -3,6 +3,7 @@
 // and a thread-local message: nothing unwinds into Rust.
 
 #include "raftrs.h"
+#include "fence.hpp"
 
 #include <raft/core/device_resources.hpp>
 #include <raft/core/resource/cublas_handle.hpp>
@@ -435,6 +436,11 @@ using statistics_mr       = rmm::mr::statistics_resource_adaptor;
 using tracking_mr         = rmm::mr::tracking_resource_adaptor;
 using limiting_mr         = rmm::mr::limiting_resource_adaptor;
 using failure_mr          = rmm::mr::failure_callback_resource_adaptor<rmm::out_of_memory>;
+// The pool-like resources this shim makes: destroyed only once the streams that freed into them
+// are done (fence.hpp).
+using fenced_pool    = raftrs_fence::fenced_mr<rmm::mr::pool_memory_resource>;
+using fenced_arena   = raftrs_fence::fenced_mr<rmm::mr::arena_memory_resource>;
+using fenced_binning = raftrs_fence::fenced_mr<rmm::mr::binning_memory_resource>;
 
 /// One retired async pool: its device, the pool (alive, never destroyed).
 struct retired_pool {
@@ -674,9 +680,11 @@ int32_t classify(rmm::device_async_resource_ref ref)
   }
   if (type == typeid(rmm::mr::managed_memory_resource)) { return RAFTRS_MR_MANAGED; }
   if (type == typeid(statistics_mr)) { return RAFTRS_MR_STATISTICS; }
-  if (type == typeid(rmm::mr::pool_memory_resource)) { return RAFTRS_MR_POOL; }
-  if (type == typeid(rmm::mr::arena_memory_resource)) { return RAFTRS_MR_ARENA; }
-  if (type == typeid(rmm::mr::binning_memory_resource)) { return RAFTRS_MR_BINNING; }
+  if (type == typeid(fenced_pool) || type == typeid(rmm::mr::pool_memory_resource)) { return RAFTRS_MR_POOL; }
+  if (type == typeid(fenced_arena) || type == typeid(rmm::mr::arena_memory_resource)) { return RAFTRS_MR_ARENA; }
+  if (type == typeid(fenced_binning) || type == typeid(rmm::mr::binning_memory_resource)) {
+    return RAFTRS_MR_BINNING;
+  }
   if (type == typeid(limiting_mr)) { return RAFTRS_MR_LIMITING; }
   if (type == typeid(tracking_mr)) { return RAFTRS_MR_TRACKING; }
   if (type == typeid(rmm::mr::logging_resource_adaptor)) { return RAFTRS_MR_LOGGING; }
@@ -763,6 +771,18 @@ raftrs_mr* adapt(raftrs_mr const* upstream, Args&&... args)
   return wrap(new shim_mr{u.device, any_device_resource{Adaptor{any_device_resource{u.resource}, std::forward<Args>(args)...}}});
 }
 
+/// A pool-like `R` over (a shared copy of) `upstream`, fenced (fence.hpp), made on the upstream's
+/// device.
+template <typename R, typename... Args>
+raftrs_mr* adapt_fenced(raftrs_mr const* upstream, Args&&... args)
+{
+  auto const& u = unwrap(upstream);
+  device_scope scope{u.device};
+  auto made = cuda::mr::make_shared_resource<raftrs_fence::fenced<R>>(
+    u.device, any_device_resource{u.resource}, std::forward<Args>(args)...);
+  return wrap(new shim_mr{u.device, any_device_resource{std::move(made)}});
+}
+
 /// `optional` from the C side's "negative means none".
 std::optional<std::size_t> size_or_none(int64_t v)
 {
@@ -798,6 +818,16 @@ std::optional<rmm::device_async_resource_ref> upstream_of(rmm::device_async_reso
   return a->get_upstream_resource();
 }
 
+/// The upstream of a pool-like `R` behind `mr`, fenced (made here) or not (made elsewhere).
+template <typename R>
+std::optional<rmm::device_async_resource_ref> upstream_of_pooled(rmm::device_async_resource_ref mr)
+{
+  if (auto* f = cuda::mr::resource_cast<raftrs_fence::fenced_mr<R>>(&mr)) {
+    return f->get().inner().get_upstream_resource();
+  }
+  return upstream_of<R>(mr);
+}
+
 /// The upstream of an adaptor or pool behind `mr`, when it has one this shim knows.
 std::optional<rmm::device_async_resource_ref> upstream_any(rmm::device_async_resource_ref mr)
 {
@@ -808,8 +838,8 @@ std::optional<rmm::device_async_resource_ref> upstream_any(rmm::device_async_res
     case RAFTRS_MR_LOGGING: return upstream_of<rmm::mr::logging_resource_adaptor>(mr);
     case RAFTRS_MR_FAILURE_CALLBACK: return upstream_of<failure_mr>(mr);
     case RAFTRS_MR_THREAD_SAFE: return upstream_of<rmm::mr::thread_safe_resource_adaptor>(mr);
-    case RAFTRS_MR_BINNING: return upstream_of<rmm::mr::binning_memory_resource>(mr);
-    case RAFTRS_MR_POOL: return upstream_of<rmm::mr::pool_memory_resource>(mr);
+    case RAFTRS_MR_BINNING: return upstream_of_pooled<rmm::mr::binning_memory_resource>(mr);
+    case RAFTRS_MR_POOL: return upstream_of_pooled<rmm::mr::pool_memory_resource>(mr);
     default: return std::nullopt;
   }
 }
@@ -857,7 +887,7 @@ bool frees_stream_ordered(rmm::device_async_resource_ref mr, std::size_t bytes, 
     case RAFTRS_MR_FAILURE_CALLBACK: up = upstream_of<failure_mr>(mr); break;
     case RAFTRS_MR_THREAD_SAFE: up = upstream_of<rmm::mr::thread_safe_resource_adaptor>(mr); break;
     // Sizes past the largest bin go to the upstream.
-    case RAFTRS_MR_BINNING: up = upstream_of<rmm::mr::binning_memory_resource>(mr); break;
+    case RAFTRS_MR_BINNING: up = upstream_of_pooled<rmm::mr::binning_memory_resource>(mr); break;
     default: return false;
   }
   return up.has_value() && frees_stream_ordered(*up, bytes, on_own_stream, depth + 1);
@@ -1205,7 +1235,7 @@ raftrs_status raftrs_mr_new_pool(const raftrs_mr* upstream, int64_t initial, int
     refuse_over_failure_callback(upstream, "pool");
     std::size_t first = initial >= 0 ? static_cast<std::size_t>(initial)
                                      : rmm::percent_of_free_device_memory(50);
-    *out = adapt<rmm::mr::pool_memory_resource>(upstream, first, size_or_none(maximum));
+    *out = adapt_fenced<rmm::mr::pool_memory_resource>(upstream, first, size_or_none(maximum));
   });
 }
 
@@ -1214,7 +1244,7 @@ raftrs_status raftrs_mr_new_arena(const raftrs_mr* upstream, int64_t arena_size,
   return guard([&] {
     *out = nullptr;
     refuse_over_failure_callback(upstream, "arena");
-    *out = adapt<rmm::mr::arena_memory_resource>(upstream, size_or_none(arena_size));
+    *out = adapt_fenced<rmm::mr::arena_memory_resource>(upstream, size_or_none(arena_size));
   });
 }
 
@@ -1227,7 +1257,7 @@ raftrs_status raftrs_mr_new_binning(const raftrs_mr* upstream, int32_t min_expon
       throw std::invalid_argument("bin exponents must satisfy 0 <= min <= max <= 62, given " +
                                   std::to_string(min_exponent) + " and " + std::to_string(max_exponent));
     }
-    *out = adapt<rmm::mr::binning_memory_resource>(
+    *out = adapt_fenced<rmm::mr::binning_memory_resource>(
       upstream, static_cast<int8_t>(min_exponent), static_cast<int8_t>(max_exponent));
   });
 }
@@ -1363,9 +1393,46 @@ raftrs_status raftrs_mr_destroy(raftrs_mr* mr)
   return guard([&] {
     if (mr == nullptr) { return; }
     auto* m = reinterpret_cast<shim_mr*>(mr);
-    // The last handle of a pool destroys it: on its own device.
+    // The last handle of a pool destroys it: on its own device, on the release thread that
+    // called this, so it may wait for the streams that freed into it (fence.hpp).
     device_scope scope{m->device};
+    raftrs_fence::may_wait here;
     delete m;
+  });
+}
+
+raftrs_status raftrs_mr_on_deferred(void (*hook)(int32_t device))
+{
+  return guard([&] { raftrs_fence::the_deferred().hook.store(hook, std::memory_order_release); });
+}
+
+raftrs_status raftrs_mr_drain_deferred(uint64_t* drained)
+{
+  return guard([&] {
+    *drained = 0;
+    auto& d = raftrs_fence::the_deferred();
+    std::vector<raftrs_fence::deferred> taken;
+    {
+      std::lock_guard<std::mutex> lock{d.lock};
+      taken.swap(d.items);
+    }
+    for (auto& item : taken) {
+      if (rmm::process_is_exiting()) {
+        // Too late for CUDA: leave the rest to the OS (never destroyed).
+        static_cast<void>(item.fence.release());
+        static_cast<void>(new (std::nothrow) any_device_resource(std::move(item.resource)));
+        continue;
+      }
+      std::optional<device_scope> scope;
+      try {
+        scope.emplace(item.device);
+      } catch (...) {
+        static_cast<void>(cudaGetLastError());  // waited for and destroyed all the same: never skipped
+      }
+      item.fence->wait();
+      item.resource = any_device_resource{};  // the last copy: RMM's destructor runs now, on its device
+      ++*drained;
+    }
   });
 }
 
