@@ -39,6 +39,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <iterator>
 #include <atomic>
 #include <cstring>
@@ -46,6 +47,7 @@
 #include <optional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -731,23 +733,62 @@ shim_mr const& unwrap(raftrs_mr const* mr)
 
 raftrs_mr* wrap(shim_mr* mr) { return reinterpret_cast<raftrs_mr*>(mr); }
 
-/// Refuses to touch RMM's per-device map once RMM's own exit hook has run. RMM registers that
-/// hook right after it constructs the map, so at exit it runs before the map's destructor; when
-/// it has already run, the map may be destroyed (a process whose map was made after this
-/// library's exit hook was registered: exit handlers run in reverse order).
-void require_rmm_alive()
+/// Every touch of RMM's per-device map holds this shared; the exit handler below takes it
+/// exclusively and marks the map gone. Checking `rmm::process_is_exiting()` and then touching
+/// the map was not atomic: another thread could pass the check while `exit` ran the handlers
+/// and the map's destructor. Now a touch either ends before the map starts dying or is refused.
+struct rmm_map_state {
+  std::shared_mutex lock;
+  bool gone{false};
+};
+
+rmm_map_state& map_state()
 {
-  if (rmm::process_is_exiting()) {
-    throw std::logic_error("RMM's per-device memory resources are gone: the process is exiting");
-  }
+  static auto* s = new rmm_map_state{};  // never destroyed: used until the very end
+  return *s;
 }
+
+void mark_map_gone() noexcept
+{
+  auto& s = map_state();
+  std::unique_lock<std::shared_mutex> lock{s.lock};
+  s.gone = true;
+}
+
+/// Registers `mark_map_gone` right after RMM's map (and RMM's own exit hook) exist: exit
+/// handlers run in reverse order, so it runs before the map is destroyed. (A handler of this
+/// library registered before it, the raft-exit hook in a process that made no map first, then
+/// finds the map refused: its teardown is skipped, never run against a dying map.)
+void register_map_exit()
+{
+  static bool const registered = [] {
+    static_cast<void>(rmm::mr::detail::get_ref_map());
+    return std::atexit(mark_map_gone) == 0;
+  }();
+  static_cast<void>(registered);
+}
+
+/// A touch of RMM's per-device map: refused (`std::logic_error`) once the process is exiting.
+/// Not reentrant: take one per entry point.
+class rmm_map_use {
+ public:
+  rmm_map_use() : lock_{(register_map_exit(), map_state().lock)}
+  {
+    if (map_state().gone || rmm::process_is_exiting()) {
+      throw std::logic_error("RMM's per-device memory resources are gone: the process is exiting");
+    }
+  }
+
+ private:
+  std::shared_lock<std::shared_mutex> lock_;
+};
 
 /// A copy of `device`'s entry in RMM's per-device map, taken under RMM's own lock, so no other
 /// thread can replace (and destroy) the entry while it is copied. A missing entry is RMM's
-/// initial cuda_memory_resource, stateless, so a copy of it is as good as it.
-any_device_resource copy_current(int device)
+/// initial cuda_memory_resource, stateless, so a copy of it is as good as it. The caller holds
+/// an `rmm_map_use`.
+any_device_resource copy_current_held(int device)
 {
-  require_rmm_alive();
   std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
   auto& map = rmm::mr::detail::get_ref_map();
   auto found = map.find(device);
@@ -760,6 +801,13 @@ any_device_resource copy_current(int device)
                            " cannot be shared: a copy of it does not compare equal to it");
   }
   return copy;
+}
+
+/// [`copy_current_held`] with its own map use.
+any_device_resource copy_current(int device)
+{
+  rmm_map_use alive;
+  return copy_current_held(device);
 }
 
 /// An adaptor of type `Adaptor` over (a shared copy of) `upstream`, made on the upstream's device.
@@ -1127,8 +1175,8 @@ raftrs_status raftrs_mr_set_current(const raftrs_mr* mr, raftrs_mr** previous)
     if (previous != nullptr) { *previous = nullptr; }
     auto const& m = unwrap(mr);
     check_device(m.device);
-    require_rmm_alive();
     auto fresh = std::make_unique<shim_mr>(shim_mr{m.device, any_device_resource{}});
+    rmm_map_use alive;
     std::lock_guard<std::mutex> lock{mr_lock()};
     any_device_resource old =
       rmm::mr::set_per_device_resource(rmm::cuda_device_id{m.device}, any_device_resource{m.resource});
@@ -1144,10 +1192,10 @@ raftrs_status raftrs_mr_reset_current(int32_t device, raftrs_mr** previous)
   return guard([&] {
     if (previous != nullptr) { *previous = nullptr; }
     check_device(device);
-    require_rmm_alive();
     device_scope scope{device};
+    rmm_map_use alive;
     std::lock_guard<std::mutex> lock{mr_lock()};
-    auto fresh = std::make_unique<shim_mr>(shim_mr{device, copy_current(device)});
+    auto fresh = std::make_unique<shim_mr>(shim_mr{device, copy_current_held(device)});
     rmm::mr::reset_per_device_resource(rmm::cuda_device_id{device});
     if (previous != nullptr) { *previous = wrap(fresh.release()); }
   });
@@ -1162,8 +1210,8 @@ raftrs_status raftrs_mr_install_default(int32_t device, int32_t* installed)
     check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device),
           "asking whether the device supports memory pools");
     if (pools == 0) { return; }
-    require_rmm_alive();
     device_scope scope{device};
+    rmm_map_use alive;
     std::lock_guard<std::mutex> lock{mr_lock()};
     rmm::cuda_device_id id{device};
     if (rmm::mr::get_per_device_resource_ref(id) !=
