@@ -586,3 +586,23 @@ fn a_failure_callback_syncing_its_resources_during_a_release_returns() {
     releaser.join().unwrap().unwrap();
     assert!(res.is_released());
 }
+
+/// Issue 33 item 4: a job joining a later job of its own resources waited for a job queued
+/// behind itself: a hang. It is refused with `Logic`, and both jobs still run.
+#[test]
+fn a_job_joining_a_later_job_of_its_own_resources_is_refused() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let inner = res.clone();
+    let outer = res.spawn(move || {
+        let later = inner.spawn(|| 7).unwrap();
+        later.join()
+    });
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(outer.unwrap().join()));
+    let joined = rx.recv_timeout(Duration::from_secs(20)).expect("a job joining a later job of its own resources hung");
+    let e = joined.unwrap().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.to_string().starts_with("JobHandle::join: "), "{e}");
+    res.release().unwrap();
+}

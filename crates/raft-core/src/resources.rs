@@ -425,10 +425,12 @@ impl DeviceResources {
             done.complete(result);
             drop(token); // the job ends once its result can be seen
         });
-        if worker.as_ref().map(|w| w.send(task)).is_some_and(|r| r.is_err()) {
+        let Some(w) = worker.as_ref() else { return Err(Error::new(ErrorKind::Generic, WHO, "the worker thread has stopped")) };
+        let on = w.thread_id();
+        if w.send(task).is_err() {
             return Err(Error::new(ErrorKind::Generic, WHO, "the worker thread has stopped"));
         }
-        Ok(JobHandle { shared, device })
+        Ok(JobHandle { shared, device, worker: on })
     }
 
     /// A weak handle: it does not keep the resources from being dropped (and so released).
