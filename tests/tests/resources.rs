@@ -539,3 +539,70 @@ fn release_drains_work_queued_on_the_stream_it_handed_out() {
     r.release().unwrap();
     assert!(done.is_complete(), "release returned before the work queued on its stream had finished");
 }
+
+/// Issue 33 item 3: a memory failure callback runs inside the allocation's use of the resources;
+/// one that calls `sync` on them while another thread releases them deadlocked (the release
+/// waited for the write lock behind the allocation, and the callback's second read lock waited
+/// behind the release). Now the callback's call runs inside the outer use and returns.
+#[test]
+fn a_failure_callback_syncing_its_resources_during_a_release_returns() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let (entered_tx, entered_rx) = mpsc::channel::<()>();
+    let (synced_tx, synced_rx) = mpsc::channel::<raft::Result<()>>();
+    let inside = res.clone();
+    let once = Arc::new(AtomicUsize::new(0));
+    let (entered_tx, synced_tx) = (std::sync::Mutex::new(entered_tx), std::sync::Mutex::new(synced_tx));
+    let mr = raft::memory::current(0)
+        .unwrap()
+        .with_limit(1 << 20)
+        .unwrap()
+        .with_failure_callback(move |_| {
+            if once.fetch_add(1, Ordering::SeqCst) == 0 {
+                let _ = entered_tx.lock().unwrap().send(());
+                // Let the releasing thread reach its wait for the write lock.
+                std::thread::sleep(Duration::from_millis(300));
+                let _ = synced_tx.lock().unwrap().send(inside.sync());
+            }
+            false
+        })
+        .unwrap();
+    let releaser = {
+        let res = res.clone();
+        std::thread::spawn(move || {
+            entered_rx.recv().unwrap();
+            res.release()
+        })
+    };
+    let allocating = {
+        let res = res.clone();
+        std::thread::spawn(move || raft::DeviceVec::<u8>::new_in(&res, 2 << 20, &mr).map(drop))
+    };
+    let synced = synced_rx.recv_timeout(Duration::from_secs(20)).expect("the callback's sync deadlocked against the release");
+    synced.unwrap();
+    // Out of memory, or (its retry made after the release) released resources.
+    let kind = allocating.join().unwrap().unwrap_err().kind();
+    assert!(matches!(kind, ErrorKind::OutOfMemory | ErrorKind::Logic), "{kind:?}");
+    releaser.join().unwrap().unwrap();
+    assert!(res.is_released());
+}
+
+/// Issue 33 item 4: a job joining a later job of its own resources waited for a job queued
+/// behind itself: a hang. It is refused with `Logic`, and both jobs still run.
+#[test]
+fn a_job_joining_a_later_job_of_its_own_resources_is_refused() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let inner = res.clone();
+    let outer = res.spawn(move || {
+        let later = inner.spawn(|| 7).unwrap();
+        later.join()
+    });
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(outer.unwrap().join()));
+    let joined = rx.recv_timeout(Duration::from_secs(20)).expect("a job joining a later job of its own resources hung");
+    let e = joined.unwrap().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.to_string().starts_with("JobHandle::join: "), "{e}");
+    res.release().unwrap();
+}

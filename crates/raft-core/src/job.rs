@@ -121,6 +121,9 @@ impl<T> Shared<T> {
 pub struct JobHandle<T> {
     pub(crate) shared: Arc<Shared<T>>,
     pub(crate) device: usize,
+    /// The worker thread it runs on: a join there would wait for a job queued behind the one
+    /// joining, forever.
+    pub(crate) worker: ThreadId,
 }
 
 fn panic_message(p: &(dyn Any + Send)) -> String {
@@ -149,8 +152,16 @@ impl<T> JobHandle<T> {
     /// Blocks until the job ends and returns its value.
     ///
     /// # Errors
-    /// `Generic` when the job panicked (the panic is caught on the worker, which keeps running).
+    /// `Generic` when the job panicked (the panic is caught on the worker, which keeps running);
+    /// `Logic` when called by a job of the same resources on an unfinished job (it would wait
+    /// for a job queued behind itself, forever).
     pub fn join(self) -> Result<T> {
+        if !self.is_finished() && std::thread::current().id() == self.worker {
+            return Err(Error::logic(
+                "JobHandle::join",
+                format!("a job on device {} cannot join a later job of the same resources: it runs only after this one", self.device),
+            ));
+        }
         // A short spin first: most jobs this waits for are short, and parking costs a few µs.
         for _ in 0..2000 {
             if self.is_finished() {

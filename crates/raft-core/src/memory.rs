@@ -210,7 +210,7 @@ impl MemoryResource {
     pub fn with_tracking(&self) -> Result<Self> {
         const WHO: &str = "MemoryResource::with_tracking";
         let made = Self::wrap(WHO, self.native.tracking(WHO)?)?;
-        TRACKED.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&made.native));
+        push_pruned(&mut TRACKED.lock().unwrap_or_else(|e| e.into_inner()), Arc::downgrade(&made.native));
         // The report runs in the exit teardown: make sure there is one, also in a process that
         // never makes a job or a release. RMM's per-device map is made first, so that at exit
         // it is destroyed after the hook has run (exit handlers run in reverse order).
@@ -449,6 +449,13 @@ pub struct TrackedAllocations {
 
 /// Tracking adaptors made from Rust, for the leak report at exit.
 static TRACKED: Mutex<Vec<std::sync::Weak<NativeMr>>> = Mutex::new(Vec::new());
+
+/// Adds `new`, first forgetting the adaptors already gone: a process that makes tracking
+/// adaptors in a loop keeps only the live ones.
+fn push_pruned<T>(list: &mut Vec<std::sync::Weak<T>>, new: std::sync::Weak<T>) {
+    list.retain(|w| w.strong_count() > 0);
+    list.push(new);
+}
 
 /// Logs (warn, target `raft`) the allocations still live in every tracking adaptor.
 fn report_leaks() {
@@ -725,6 +732,19 @@ mod tests {
         assert_eq!(parse_bytes("12 parsecs"), None);
         assert_eq!(parse_bytes("-1GB"), None);
         assert_eq!(parse_bytes(""), None);
+    }
+
+    #[test]
+    fn the_tracking_registry_keeps_only_live_adaptors() {
+        let mut list = Vec::new();
+        let kept = Arc::new(0);
+        push_pruned(&mut list, Arc::downgrade(&kept));
+        for i in 0..100 {
+            let gone = Arc::new(i);
+            push_pruned(&mut list, Arc::downgrade(&gone));
+        }
+        assert_eq!(list.len(), 2, "the registry grew with adaptors long gone");
+        assert!(list[0].upgrade().is_some());
     }
 
     #[test]

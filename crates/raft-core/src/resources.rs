@@ -179,22 +179,28 @@ const TEARDOWN_LEND_WAIT: std::time::Duration = std::time::Duration::from_secs(1
 
 thread_local! {
     /// The resources this thread is using now (inside `with_native`: a call, a lend, an
-    /// allocation), innermost last. A release of one of them from this thread would wait for
-    /// itself. Read and written with `try_with` only: gone (and so empty) once the thread's
-    /// destructors ran.
-    static HOLDING: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// allocation), innermost last, with the native object the outer use holds the read lock
+    /// of. A release of one of them from this thread would wait for itself. Read and written
+    /// with `try_with` only: gone (and so empty) once the thread's destructors ran.
+    static HOLDING: std::cell::RefCell<Vec<(u64, *const NativeResources)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn holding(id: u64) -> bool {
-    HOLDING.try_with(|h| h.borrow().contains(&id)).unwrap_or(false)
+    held_native(id).is_some()
+}
+
+/// The native object of resources this thread is already inside a use of (read-locked further
+/// up this thread's stack).
+fn held_native(id: u64) -> Option<*const NativeResources> {
+    HOLDING.try_with(|h| h.borrow().iter().rev().find(|(held, _)| *held == id).map(|(_, n)| *n)).ok().flatten()
 }
 
 /// Marks resources in use on this thread for the guard's life.
 struct Holding;
 
 impl Holding {
-    fn enter(id: u64) -> Holding {
-        let _ = HOLDING.try_with(|h| h.borrow_mut().push(id));
+    fn enter(id: u64, native: *const NativeResources) -> Holding {
+        let _ = HOLDING.try_with(|h| h.borrow_mut().push((id, native)));
         Holding
     }
 }
@@ -315,10 +321,23 @@ impl DeviceResources {
 
     /// Runs `f` on the live native resources, or gives the `Logic` error of released resources.
     pub(crate) fn with_native<R>(&self, who: &'static str, f: impl FnOnce(&NativeResources) -> Result<R>) -> Result<R> {
-        let _held = Holding::enter(self.state.id);
+        let id = self.state.id;
+        if let Some(native) = held_native(id) {
+            // A use inside a use on the same thread (a memory failure callback calling `sync`, a
+            // call inside a lend): taking the read lock again would wait behind a release
+            // waiting for the write lock (std's RwLock queues new readers behind a waiting
+            // writer), which waits for the outer use: a deadlock. The outer read lock is held.
+            let _held = Holding::enter(id, native);
+            // SAFETY: `native` points into `self.state.native`, read-locked by the outer
+            // `with_native` further up this thread's stack; that guard outlives this call (its
+            // `Holding` entry is removed before it is dropped), so no release can take it out.
+            return f(unsafe { &*native });
+        }
         let native = self.state.native.read().unwrap_or_else(|e| e.into_inner());
         match native.as_ref() {
             Some(n) => {
+                // Declared after the guard: dropped before it, so the entry never outlives it.
+                let _held = Holding::enter(id, n as *const NativeResources);
                 if !self.state.used.load(Ordering::Relaxed) {
                     self.state.used.store(true, Ordering::Relaxed);
                 }
@@ -406,10 +425,12 @@ impl DeviceResources {
             done.complete(result);
             drop(token); // the job ends once its result can be seen
         });
-        if worker.as_ref().map(|w| w.send(task)).is_some_and(|r| r.is_err()) {
+        let Some(w) = worker.as_ref() else { return Err(Error::new(ErrorKind::Generic, WHO, "the worker thread has stopped")) };
+        let on = w.thread_id();
+        if w.send(task).is_err() {
             return Err(Error::new(ErrorKind::Generic, WHO, "the worker thread has stopped"));
         }
-        Ok(JobHandle { shared, device })
+        Ok(JobHandle { shared, device, worker: on })
     }
 
     /// A weak handle: it does not keep the resources from being dropped (and so released).

@@ -228,6 +228,14 @@ raftrs_status raftrs_mr_statistics_total_bytes(const raftrs_mr* mr, int64_t* tot
 raftrs_status raftrs_mr_clone(const raftrs_mr* mr, raftrs_mr** out);
 /** Drops this handle; the resource goes when its last handle and buffer have. */
 raftrs_status raftrs_mr_destroy(raftrs_mr* mr);
+/** Registers the function called when the last copy of a pool, arena or binning resource goes
+ *  on a thread that must not wait while frees into it are still queued on some stream: the
+ *  resource is kept, and `hook` (given its device) should get raftrs_mr_drain_deferred called on a thread that
+ *  may wait. Without a hook the last copy waits where it goes. */
+raftrs_status raftrs_mr_on_deferred(void (*hook)(int32_t device));
+/** Waits for the streams that freed into each deferred resource, then destroys it (on its
+ *  device). `drained` is how many went. */
+raftrs_status raftrs_mr_drain_deferred(uint64_t* drained);
 /** CUDA async pools this shim made: created with cudaMemPoolCreate, retired (their last copy
  *  (handle, buffer, adaptor or RMM map entry) gone) and reused, since the process started. A
  *  retired pool is never destroyed (the driver must not see a pool destroyed while a free into it

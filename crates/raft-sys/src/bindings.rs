@@ -157,6 +157,8 @@ pub struct RaftrsShim {
     pub raftrs_mr_statistics_total_bytes: unsafe extern "C" fn(mr: *const raftrs_mr, total: *mut i64) -> raftrs_status,
     pub raftrs_mr_clone: unsafe extern "C" fn(mr: *const raftrs_mr, out: *mut *mut raftrs_mr) -> raftrs_status,
     pub raftrs_mr_destroy: unsafe extern "C" fn(mr: *mut raftrs_mr) -> raftrs_status,
+    pub raftrs_mr_on_deferred: unsafe extern "C" fn(hook: ::core::option::Option<unsafe extern "C" fn(device: i32)>) -> raftrs_status,
+    pub raftrs_mr_drain_deferred: unsafe extern "C" fn(drained: *mut u64) -> raftrs_status,
     pub raftrs_mr_async_pools: unsafe extern "C" fn(made: *mut u64, retired: *mut u64, reused: *mut u64) -> raftrs_status,
     pub raftrs_mr_async_pool_bytes:
         unsafe extern "C" fn(mr: *const raftrs_mr, found: *mut i32, reserved: *mut u64, used: *mut u64) -> raftrs_status,
@@ -265,6 +267,8 @@ impl RaftrsShim {
         let raftrs_mr_statistics_total_bytes = __library.get(b"raftrs_mr_statistics_total_bytes\0").map(|sym| *sym)?;
         let raftrs_mr_clone = __library.get(b"raftrs_mr_clone\0").map(|sym| *sym)?;
         let raftrs_mr_destroy = __library.get(b"raftrs_mr_destroy\0").map(|sym| *sym)?;
+        let raftrs_mr_on_deferred = __library.get(b"raftrs_mr_on_deferred\0").map(|sym| *sym)?;
+        let raftrs_mr_drain_deferred = __library.get(b"raftrs_mr_drain_deferred\0").map(|sym| *sym)?;
         let raftrs_mr_async_pools = __library.get(b"raftrs_mr_async_pools\0").map(|sym| *sym)?;
         let raftrs_mr_async_pool_bytes = __library.get(b"raftrs_mr_async_pool_bytes\0").map(|sym| *sym)?;
         let raftrs_mr_trim_retired = __library.get(b"raftrs_mr_trim_retired\0").map(|sym| *sym)?;
@@ -322,6 +326,8 @@ impl RaftrsShim {
             raftrs_mr_statistics_total_bytes,
             raftrs_mr_clone,
             raftrs_mr_destroy,
+            raftrs_mr_on_deferred,
+            raftrs_mr_drain_deferred,
             raftrs_mr_async_pools,
             raftrs_mr_async_pool_bytes,
             raftrs_mr_trim_retired,
@@ -567,6 +573,12 @@ impl RaftrsShim {
     #[doc = " Drops this handle; the resource goes when its last handle and buffer have."]
     pub unsafe fn raftrs_mr_destroy(&self, mr: *mut raftrs_mr) -> raftrs_status {
         (self.raftrs_mr_destroy)(mr)
+    }
+    pub unsafe fn raftrs_mr_on_deferred(&self, hook: ::core::option::Option<unsafe extern "C" fn(device: i32)>) -> raftrs_status {
+        (self.raftrs_mr_on_deferred)(hook)
+    }
+    pub unsafe fn raftrs_mr_drain_deferred(&self, drained: *mut u64) -> raftrs_status {
+        (self.raftrs_mr_drain_deferred)(drained)
     }
     #[doc = " CUDA async pools this shim made: created with cudaMemPoolCreate, retired (their last copy\n  (handle, buffer, adaptor or RMM map entry) gone) and reused, since the process started. A\n  retired pool is never destroyed (the driver must not see a pool destroyed while a free into it\n  is still queued on a stream that goes on working): its memory goes back to the driver and the\n  next async pool made on its device is that pool again."]
     pub unsafe fn raftrs_mr_async_pools(&self, made: *mut u64, retired: *mut u64, reused: *mut u64) -> raftrs_status {

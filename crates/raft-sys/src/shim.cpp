@@ -3,6 +3,7 @@
 // and a thread-local message: nothing unwinds into Rust.
 
 #include "raftrs.h"
+#include "fence.hpp"
 
 #include <raft/core/device_resources.hpp>
 #include <raft/core/resource/cublas_handle.hpp>
@@ -38,6 +39,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <iterator>
 #include <atomic>
 #include <cstring>
@@ -45,6 +47,7 @@
 #include <optional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -435,6 +438,11 @@ using statistics_mr       = rmm::mr::statistics_resource_adaptor;
 using tracking_mr         = rmm::mr::tracking_resource_adaptor;
 using limiting_mr         = rmm::mr::limiting_resource_adaptor;
 using failure_mr          = rmm::mr::failure_callback_resource_adaptor<rmm::out_of_memory>;
+// The pool-like resources this shim makes: destroyed only once the streams that freed into them
+// are done (fence.hpp).
+using fenced_pool    = raftrs_fence::fenced_mr<rmm::mr::pool_memory_resource>;
+using fenced_arena   = raftrs_fence::fenced_mr<rmm::mr::arena_memory_resource>;
+using fenced_binning = raftrs_fence::fenced_mr<rmm::mr::binning_memory_resource>;
 
 /// One retired async pool: its device, the pool (alive, never destroyed).
 struct retired_pool {
@@ -674,9 +682,11 @@ int32_t classify(rmm::device_async_resource_ref ref)
   }
   if (type == typeid(rmm::mr::managed_memory_resource)) { return RAFTRS_MR_MANAGED; }
   if (type == typeid(statistics_mr)) { return RAFTRS_MR_STATISTICS; }
-  if (type == typeid(rmm::mr::pool_memory_resource)) { return RAFTRS_MR_POOL; }
-  if (type == typeid(rmm::mr::arena_memory_resource)) { return RAFTRS_MR_ARENA; }
-  if (type == typeid(rmm::mr::binning_memory_resource)) { return RAFTRS_MR_BINNING; }
+  if (type == typeid(fenced_pool) || type == typeid(rmm::mr::pool_memory_resource)) { return RAFTRS_MR_POOL; }
+  if (type == typeid(fenced_arena) || type == typeid(rmm::mr::arena_memory_resource)) { return RAFTRS_MR_ARENA; }
+  if (type == typeid(fenced_binning) || type == typeid(rmm::mr::binning_memory_resource)) {
+    return RAFTRS_MR_BINNING;
+  }
   if (type == typeid(limiting_mr)) { return RAFTRS_MR_LIMITING; }
   if (type == typeid(tracking_mr)) { return RAFTRS_MR_TRACKING; }
   if (type == typeid(rmm::mr::logging_resource_adaptor)) { return RAFTRS_MR_LOGGING; }
@@ -723,23 +733,62 @@ shim_mr const& unwrap(raftrs_mr const* mr)
 
 raftrs_mr* wrap(shim_mr* mr) { return reinterpret_cast<raftrs_mr*>(mr); }
 
-/// Refuses to touch RMM's per-device map once RMM's own exit hook has run. RMM registers that
-/// hook right after it constructs the map, so at exit it runs before the map's destructor; when
-/// it has already run, the map may be destroyed (a process whose map was made after this
-/// library's exit hook was registered: exit handlers run in reverse order).
-void require_rmm_alive()
+/// Every touch of RMM's per-device map holds this shared; the exit handler below takes it
+/// exclusively and marks the map gone. Checking `rmm::process_is_exiting()` and then touching
+/// the map was not atomic: another thread could pass the check while `exit` ran the handlers
+/// and the map's destructor. Now a touch either ends before the map starts dying or is refused.
+struct rmm_map_state {
+  std::shared_mutex lock;
+  bool gone{false};
+};
+
+rmm_map_state& map_state()
 {
-  if (rmm::process_is_exiting()) {
-    throw std::logic_error("RMM's per-device memory resources are gone: the process is exiting");
-  }
+  static auto* s = new rmm_map_state{};  // never destroyed: used until the very end
+  return *s;
 }
+
+void mark_map_gone() noexcept
+{
+  auto& s = map_state();
+  std::unique_lock<std::shared_mutex> lock{s.lock};
+  s.gone = true;
+}
+
+/// Registers `mark_map_gone` right after RMM's map (and RMM's own exit hook) exist: exit
+/// handlers run in reverse order, so it runs before the map is destroyed. (A handler of this
+/// library registered before it, the raft-exit hook in a process that made no map first, then
+/// finds the map refused: its teardown is skipped, never run against a dying map.)
+void register_map_exit()
+{
+  static bool const registered = [] {
+    static_cast<void>(rmm::mr::detail::get_ref_map());
+    return std::atexit(mark_map_gone) == 0;
+  }();
+  static_cast<void>(registered);
+}
+
+/// A touch of RMM's per-device map: refused (`std::logic_error`) once the process is exiting.
+/// Not reentrant: take one per entry point.
+class rmm_map_use {
+ public:
+  rmm_map_use() : lock_{(register_map_exit(), map_state().lock)}
+  {
+    if (map_state().gone || rmm::process_is_exiting()) {
+      throw std::logic_error("RMM's per-device memory resources are gone: the process is exiting");
+    }
+  }
+
+ private:
+  std::shared_lock<std::shared_mutex> lock_;
+};
 
 /// A copy of `device`'s entry in RMM's per-device map, taken under RMM's own lock, so no other
 /// thread can replace (and destroy) the entry while it is copied. A missing entry is RMM's
-/// initial cuda_memory_resource, stateless, so a copy of it is as good as it.
-any_device_resource copy_current(int device)
+/// initial cuda_memory_resource, stateless, so a copy of it is as good as it. The caller holds
+/// an `rmm_map_use`.
+any_device_resource copy_current_held(int device)
 {
-  require_rmm_alive();
   std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
   auto& map = rmm::mr::detail::get_ref_map();
   auto found = map.find(device);
@@ -754,6 +803,13 @@ any_device_resource copy_current(int device)
   return copy;
 }
 
+/// [`copy_current_held`] with its own map use.
+any_device_resource copy_current(int device)
+{
+  rmm_map_use alive;
+  return copy_current_held(device);
+}
+
 /// An adaptor of type `Adaptor` over (a shared copy of) `upstream`, made on the upstream's device.
 template <typename Adaptor, typename... Args>
 raftrs_mr* adapt(raftrs_mr const* upstream, Args&&... args)
@@ -761,6 +817,18 @@ raftrs_mr* adapt(raftrs_mr const* upstream, Args&&... args)
   auto const& u = unwrap(upstream);
   device_scope scope{u.device};
   return wrap(new shim_mr{u.device, any_device_resource{Adaptor{any_device_resource{u.resource}, std::forward<Args>(args)...}}});
+}
+
+/// A pool-like `R` over (a shared copy of) `upstream`, fenced (fence.hpp), made on the upstream's
+/// device.
+template <typename R, typename... Args>
+raftrs_mr* adapt_fenced(raftrs_mr const* upstream, Args&&... args)
+{
+  auto const& u = unwrap(upstream);
+  device_scope scope{u.device};
+  auto made = cuda::mr::make_shared_resource<raftrs_fence::fenced<R>>(
+    u.device, any_device_resource{u.resource}, std::forward<Args>(args)...);
+  return wrap(new shim_mr{u.device, any_device_resource{std::move(made)}});
 }
 
 /// `optional` from the C side's "negative means none".
@@ -798,6 +866,16 @@ std::optional<rmm::device_async_resource_ref> upstream_of(rmm::device_async_reso
   return a->get_upstream_resource();
 }
 
+/// The upstream of a pool-like `R` behind `mr`, fenced (made here) or not (made elsewhere).
+template <typename R>
+std::optional<rmm::device_async_resource_ref> upstream_of_pooled(rmm::device_async_resource_ref mr)
+{
+  if (auto* f = cuda::mr::resource_cast<raftrs_fence::fenced_mr<R>>(&mr)) {
+    return f->get().inner().get_upstream_resource();
+  }
+  return upstream_of<R>(mr);
+}
+
 /// The upstream of an adaptor or pool behind `mr`, when it has one this shim knows.
 std::optional<rmm::device_async_resource_ref> upstream_any(rmm::device_async_resource_ref mr)
 {
@@ -808,8 +886,8 @@ std::optional<rmm::device_async_resource_ref> upstream_any(rmm::device_async_res
     case RAFTRS_MR_LOGGING: return upstream_of<rmm::mr::logging_resource_adaptor>(mr);
     case RAFTRS_MR_FAILURE_CALLBACK: return upstream_of<failure_mr>(mr);
     case RAFTRS_MR_THREAD_SAFE: return upstream_of<rmm::mr::thread_safe_resource_adaptor>(mr);
-    case RAFTRS_MR_BINNING: return upstream_of<rmm::mr::binning_memory_resource>(mr);
-    case RAFTRS_MR_POOL: return upstream_of<rmm::mr::pool_memory_resource>(mr);
+    case RAFTRS_MR_BINNING: return upstream_of_pooled<rmm::mr::binning_memory_resource>(mr);
+    case RAFTRS_MR_POOL: return upstream_of_pooled<rmm::mr::pool_memory_resource>(mr);
     default: return std::nullopt;
   }
 }
@@ -857,7 +935,7 @@ bool frees_stream_ordered(rmm::device_async_resource_ref mr, std::size_t bytes, 
     case RAFTRS_MR_FAILURE_CALLBACK: up = upstream_of<failure_mr>(mr); break;
     case RAFTRS_MR_THREAD_SAFE: up = upstream_of<rmm::mr::thread_safe_resource_adaptor>(mr); break;
     // Sizes past the largest bin go to the upstream.
-    case RAFTRS_MR_BINNING: up = upstream_of<rmm::mr::binning_memory_resource>(mr); break;
+    case RAFTRS_MR_BINNING: up = upstream_of_pooled<rmm::mr::binning_memory_resource>(mr); break;
     default: return false;
   }
   return up.has_value() && frees_stream_ordered(*up, bytes, on_own_stream, depth + 1);
@@ -1097,8 +1175,8 @@ raftrs_status raftrs_mr_set_current(const raftrs_mr* mr, raftrs_mr** previous)
     if (previous != nullptr) { *previous = nullptr; }
     auto const& m = unwrap(mr);
     check_device(m.device);
-    require_rmm_alive();
     auto fresh = std::make_unique<shim_mr>(shim_mr{m.device, any_device_resource{}});
+    rmm_map_use alive;
     std::lock_guard<std::mutex> lock{mr_lock()};
     any_device_resource old =
       rmm::mr::set_per_device_resource(rmm::cuda_device_id{m.device}, any_device_resource{m.resource});
@@ -1114,10 +1192,10 @@ raftrs_status raftrs_mr_reset_current(int32_t device, raftrs_mr** previous)
   return guard([&] {
     if (previous != nullptr) { *previous = nullptr; }
     check_device(device);
-    require_rmm_alive();
     device_scope scope{device};
+    rmm_map_use alive;
     std::lock_guard<std::mutex> lock{mr_lock()};
-    auto fresh = std::make_unique<shim_mr>(shim_mr{device, copy_current(device)});
+    auto fresh = std::make_unique<shim_mr>(shim_mr{device, copy_current_held(device)});
     rmm::mr::reset_per_device_resource(rmm::cuda_device_id{device});
     if (previous != nullptr) { *previous = wrap(fresh.release()); }
   });
@@ -1132,8 +1210,8 @@ raftrs_status raftrs_mr_install_default(int32_t device, int32_t* installed)
     check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device),
           "asking whether the device supports memory pools");
     if (pools == 0) { return; }
-    require_rmm_alive();
     device_scope scope{device};
+    rmm_map_use alive;
     std::lock_guard<std::mutex> lock{mr_lock()};
     rmm::cuda_device_id id{device};
     if (rmm::mr::get_per_device_resource_ref(id) !=
@@ -1205,7 +1283,7 @@ raftrs_status raftrs_mr_new_pool(const raftrs_mr* upstream, int64_t initial, int
     refuse_over_failure_callback(upstream, "pool");
     std::size_t first = initial >= 0 ? static_cast<std::size_t>(initial)
                                      : rmm::percent_of_free_device_memory(50);
-    *out = adapt<rmm::mr::pool_memory_resource>(upstream, first, size_or_none(maximum));
+    *out = adapt_fenced<rmm::mr::pool_memory_resource>(upstream, first, size_or_none(maximum));
   });
 }
 
@@ -1214,7 +1292,7 @@ raftrs_status raftrs_mr_new_arena(const raftrs_mr* upstream, int64_t arena_size,
   return guard([&] {
     *out = nullptr;
     refuse_over_failure_callback(upstream, "arena");
-    *out = adapt<rmm::mr::arena_memory_resource>(upstream, size_or_none(arena_size));
+    *out = adapt_fenced<rmm::mr::arena_memory_resource>(upstream, size_or_none(arena_size));
   });
 }
 
@@ -1227,7 +1305,7 @@ raftrs_status raftrs_mr_new_binning(const raftrs_mr* upstream, int32_t min_expon
       throw std::invalid_argument("bin exponents must satisfy 0 <= min <= max <= 62, given " +
                                   std::to_string(min_exponent) + " and " + std::to_string(max_exponent));
     }
-    *out = adapt<rmm::mr::binning_memory_resource>(
+    *out = adapt_fenced<rmm::mr::binning_memory_resource>(
       upstream, static_cast<int8_t>(min_exponent), static_cast<int8_t>(max_exponent));
   });
 }
@@ -1363,9 +1441,46 @@ raftrs_status raftrs_mr_destroy(raftrs_mr* mr)
   return guard([&] {
     if (mr == nullptr) { return; }
     auto* m = reinterpret_cast<shim_mr*>(mr);
-    // The last handle of a pool destroys it: on its own device.
+    // The last handle of a pool destroys it: on its own device, on the release thread that
+    // called this, so it may wait for the streams that freed into it (fence.hpp).
     device_scope scope{m->device};
+    raftrs_fence::may_wait here;
     delete m;
+  });
+}
+
+raftrs_status raftrs_mr_on_deferred(void (*hook)(int32_t device))
+{
+  return guard([&] { raftrs_fence::the_deferred().hook.store(hook, std::memory_order_release); });
+}
+
+raftrs_status raftrs_mr_drain_deferred(uint64_t* drained)
+{
+  return guard([&] {
+    *drained = 0;
+    auto& d = raftrs_fence::the_deferred();
+    std::vector<raftrs_fence::deferred> taken;
+    {
+      std::lock_guard<std::mutex> lock{d.lock};
+      taken.swap(d.items);
+    }
+    for (auto& item : taken) {
+      if (rmm::process_is_exiting()) {
+        // Too late for CUDA: leave the rest to the OS (never destroyed).
+        static_cast<void>(item.fence.release());
+        static_cast<void>(new (std::nothrow) any_device_resource(std::move(item.resource)));
+        continue;
+      }
+      std::optional<device_scope> scope;
+      try {
+        scope.emplace(item.device);
+      } catch (...) {
+        static_cast<void>(cudaGetLastError());  // waited for and destroyed all the same: never skipped
+      }
+      item.fence->wait();
+      item.resource = any_device_resource{};  // the last copy: RMM's destructor runs now, on its device
+      ++*drained;
+    }
   });
 }
 

@@ -570,6 +570,7 @@ impl NativeMr {
         make: impl FnOnce(&sys::RaftrsShim, *const sys::raftrs_mr, *mut *mut sys::raftrs_mr) -> sys::raftrs_status,
     ) -> Result<NativeMr> {
         let api = api(who)?;
+        register_deferred_hook(api); // before any pool-like resource exists
         let _keep = ContextGuard::save(who)?;
         let mut raw = std::ptr::null_mut();
         check(who, api, make(api, self.ptr.as_ptr(), &mut raw))?;
@@ -760,6 +761,48 @@ impl DoomedMr {
         if let Err(e) = check(WHO, api, status) {
             log::warn!(target: "raft", "{e}");
         }
+    }
+}
+
+/// Tells the shim where a pool, arena or binning resource goes when its last copy is let go on
+/// a thread that must not wait (an array's `Drop`) while frees into it are still queued: onto a
+/// release thread, which waits for those streams and then destroys it (the shim's fence.hpp).
+fn register_deferred_hook(api: &sys::RaftrsShim) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `deferred_hook` is an `extern "C"` function that never unwinds (it catches every
+        // panic) and lives as long as the process.
+        if let Err(e) = check("MemoryResource::pool", api, unsafe { api.raftrs_mr_on_deferred(Some(deferred_hook)) }) {
+            log::warn!(target: "raft", "{e}: pools will be waited for where their last copy goes");
+        }
+    });
+}
+
+/// Called by the shim, inside the destructor of a resource's last copy, when its wait is deferred.
+extern "C" fn deferred_hook(device: i32) {
+    let _ = std::panic::catch_unwind(|| {
+        if !raft_exit::native_release_allowed() {
+            return; // the exit has decided: the deferred resources are left to the OS
+        }
+        if raft_exit::phase() == raft_exit::Phase::TearingDown {
+            drain_deferred();
+            return;
+        }
+        let device = usize::try_from(device).ok();
+        let label = raft_exit::Label { what: "release of memory resource", id: raft_exit::next_id(), device };
+        crate::release::enqueue(label, Box::new(drain_deferred));
+    });
+}
+
+/// Waits for the deferred resources' streams and destroys them (on a release thread).
+fn drain_deferred() {
+    const WHO: &str = "MemoryResource::drop";
+    let Ok(api) = api(WHO) else { return };
+    let _keep = ContextGuard::save(WHO);
+    let mut drained = 0u64;
+    // SAFETY: writes one integer; the shim owns the deferred resources.
+    if let Err(e) = check(WHO, api, unsafe { api.raftrs_mr_drain_deferred(&mut drained) }) {
+        log::warn!(target: "raft", "{e}");
     }
 }
 
