@@ -574,9 +574,11 @@ impl RaftrsShim {
     pub unsafe fn raftrs_mr_destroy(&self, mr: *mut raftrs_mr) -> raftrs_status {
         (self.raftrs_mr_destroy)(mr)
     }
+    #[doc = " Registers the function called when the last copy of a pool, arena or binning resource goes\n  on a thread that must not wait while frees into it are still queued on some stream: the\n  resource is kept, and `hook` (given its device) should get raftrs_mr_drain_deferred called on a thread that\n  may wait. Without a hook the last copy waits where it goes."]
     pub unsafe fn raftrs_mr_on_deferred(&self, hook: ::core::option::Option<unsafe extern "C" fn(device: i32)>) -> raftrs_status {
         (self.raftrs_mr_on_deferred)(hook)
     }
+    #[doc = " Waits for the streams that freed into each deferred resource, then destroys it (on its\n  device). `drained` is how many went."]
     pub unsafe fn raftrs_mr_drain_deferred(&self, drained: *mut u64) -> raftrs_status {
         (self.raftrs_mr_drain_deferred)(drained)
     }
