@@ -4,8 +4,10 @@
 //! waited for, and ended. The collectives themselves are in `collectives.rs`.
 use crate::group;
 use crate::launch::{timeout_from_env, Launch};
+use crate::rendezvous;
 use crate::result::{self, NativeComm};
-use crate::unique_id::{self, UniqueId};
+use crate::secret::Secret;
+use crate::unique_id::UniqueId;
 use crate::watchdog;
 use cudarc::driver::CudaStream;
 use raft_core::DeviceResources;
@@ -461,31 +463,37 @@ impl Communicator {
     }
 
     /// Rank `rank` of `world` on `resources`' device: rank 0 makes the unique id and serves it at
-    /// `addr` (`host:port`) over TCP; the others fetch it from there; then a non-blocking
+    /// `addr` (`host:port`) over TCP; the others fetch it from there, each side proving to the
+    /// other that it holds the job's secret (`RAFT_COMMS_SECRET`, see [`Secret`]; without one,
+    /// `addr` must be a loopback address); then a non-blocking
     /// `ncclCommInitRankConfig`, polled. The whole is bounded by `timeout`: a rank that never
     /// arrives gives the others an error naming it, and an initialisation that does not complete
     /// is aborted (`ncclCommAbort`).
     ///
     /// # Errors
     /// `Logic` for a rank not below `world`, released resources, another rank's mismatching
-    /// world size, or a call inside a group; `Generic` when the rendezvous or NCCL fails or runs
-    /// out of time.
+    /// world size, a call inside a group, a peer without the job's secret, or no secret for an
+    /// address that is not loopback; `Generic` when the rendezvous or NCCL fails or runs out of
+    /// time.
     pub fn init(resources: &DeviceResources, rank: usize, world: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
         const WHO: &str = "Communicator::init";
         group::refuse_inside(WHO)?;
         if world == 0 || rank >= world {
             return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a world of {world}")));
         }
-        let deadline = Instant::now() + timeout;
+        let secret = Secret::from_env().map_err(|e| e.with_who(WHO))?;
+        let deadline = rendezvous::deadline_after(timeout);
         let id = if rank == 0 {
+            // Bound before the id is made: an address of another host, or one without a secret
+            // that is not loopback, fails before NCCL starts its bootstrap root.
+            let listener = if world > 1 { Some(rendezvous::bind(WHO, addr, secret.as_ref())?) } else { None };
             let id = UniqueId::new().map_err(|e| e.with_who(WHO))?;
-            if world > 1 {
-                let listener = unique_id::bind(WHO, addr)?;
-                unique_id::serve_on(WHO, &listener, &id, world, deadline, timeout)?;
+            if let Some(listener) = listener {
+                rendezvous::serve_on(WHO, &listener, &id, world, secret.as_ref(), deadline, timeout)?;
             }
             id
         } else {
-            unique_id::fetch_until(WHO, addr, rank, world, deadline, timeout)?
+            rendezvous::fetch_until(WHO, addr, rank, world, secret.as_ref(), deadline, timeout)?
         };
         let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         Self::init_until(WHO, resources, &id, rank, world, left, timeout)
