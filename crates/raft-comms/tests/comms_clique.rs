@@ -465,7 +465,10 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
     let other_res = DeviceResources::on_device(0).unwrap();
     c.install(&other_res).unwrap();
     let n = 8;
-    let mut mine = up::<f32>(&res, &data(0, n));
+    // Out of place into zeros: with one rank an in-place allreduce leaves its input as it was
+    // whether or not it ran; the zeros change only if it ran.
+    let input = up::<f32>(&res, &data(0, n));
+    let mut mine = zeros::<f32>(&res, n);
     let (inside, done) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
     std::thread::scope(|s| {
         let other = s.spawn(|| {
@@ -483,7 +486,7 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
         // The barriers are reached whatever the group's call returns (a failure would otherwise
         // leave the other thread waiting).
         let grouped = group_scope(|g| {
-            let r = g.allreduce_in_place(c, &mut mine, ReduceOp::Sum);
+            let r = g.allreduce(c, &input, &mut mine, ReduceOp::Sum);
             inside.wait();
             done.wait();
             r
@@ -501,8 +504,9 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
     // The group has ended: another thread's call runs.
     std::thread::scope(|s| {
         s.spawn(|| {
-            let mut theirs = up::<f32>(&res, &data(0, n));
-            c.allreduce_in_place(&mut theirs, ReduceOp::Sum).unwrap();
+            let send = up::<f32>(&res, &data(0, n));
+            let mut theirs = zeros::<f32>(&res, n);
+            c.allreduce(&send, &mut theirs, ReduceOp::Sum).unwrap();
             c.sync().unwrap();
             assert_eq!(theirs.to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, 1)));
         });
