@@ -62,6 +62,11 @@ pub(crate) struct Shared {
     /// leaves it alone meanwhile (its calls are not launched yet).
     pub(crate) groups: AtomicUsize,
     pub(crate) state: Mutex<State>,
+    /// The other ranks of its clique (made together in this process), once set. Within a process
+    /// NCCL's kernels reach the peers' arrays directly: aborting one rank while the others'
+    /// kernels run would leave its arrays, freed or reused, under their reads and writes; so an
+    /// abort of one aborts them all.
+    peers: std::sync::OnceLock<Vec<Weak<Shared>>>,
 }
 
 /// Every communicator made, for the exit teardown: one still alive then (leaked, or kept in a
@@ -115,9 +120,22 @@ impl Shared {
                 log::debug!(target: "raft", "{e}");
             }
             st.ended = Some(error.clone());
+            self.abort_peers(who, &error);
         }
         st.token = None;
         error
+    }
+
+    /// Aborts the clique's other ranks (see [`Shared::peers`]) in the shim only: their Rust state
+    /// learns it at its next look (every call on them then fails, saying why). No peer's state
+    /// lock is taken here, so two ranks ending at once cannot deadlock.
+    fn abort_peers(&self, who: &'static str, error: &Error) {
+        for peer in self.peers.get().into_iter().flatten().filter_map(Weak::upgrade) {
+            let why = format!("rank {} of its clique was aborted ({})", self.rank, error.message());
+            if let Err(e) = peer.native.abort(who, &why) {
+                log::debug!(target: "raft", "{e}");
+            }
+        }
     }
 
     /// A failure of a call on the communicator: refused arguments (`Logic`) leave it as it was;
@@ -381,6 +399,7 @@ impl Communicator {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             timeout_ns: AtomicU64::new(nanos(timeout)),
             groups: AtomicUsize::new(0),
+            peers: std::sync::OnceLock::new(),
             state: Mutex::new(State {
                 token: None,
                 last_enqueue: Instant::now(),
@@ -440,7 +459,9 @@ impl Communicator {
             }
             return Err(e);
         }
-        natives.into_iter().zip(resources).map(|(n, r)| Self::new(n, r.clone(), timeout)).collect()
+        let comms = natives.into_iter().zip(resources).map(|(n, r)| Self::new(n, r.clone(), timeout)).collect::<Result<Vec<_>>>()?;
+        link_clique(&comms);
+        Ok(comms)
     }
 
     /// This process's rank among several, from the launcher's environment (`RANK`,
@@ -575,9 +596,25 @@ impl Communicator {
         Ok(())
     }
 
-    /// The error that ended this communicator (aborted, released), if it has ended.
+    /// The error that ended this communicator (aborted, released), if it has ended: also an
+    /// abort made where the Rust side does not see it (RAFT's `sync_stream` through
+    /// [`install`](Self::install), or an abort of another rank of its clique).
     pub fn ended(&self) -> Option<Error> {
-        self.shared.lock().ended.clone()
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        // Not while an open group holds calls on it (NCCL owns it until the group ends), nor
+        // once the exit has decided (no native call any more).
+        if st.ended.is_none() && sh.groups.load(Ordering::Acquire) == 0 && raft_exit::native_release_allowed() {
+            // The shim refuses (`Logic`) a communicator it ended; other errors are the
+            // watchdog's and `sync`'s to act on.
+            if let Err(e) = sh.native.query("Communicator::ended", None) {
+                if e.kind() == ErrorKind::Logic {
+                    st.ended = Some(e);
+                    st.token = None;
+                }
+            }
+        }
+        st.ended.clone()
     }
 
     /// Waits for the work on the resources' stream (the collectives enqueued so far), at most
@@ -724,10 +761,25 @@ impl Communicator {
         for child in made.iter().flatten() {
             child.wait(WHO, parts[0].0.timeout())?;
         }
-        made.into_iter()
+        let made: Vec<Option<Communicator>> = made
+            .into_iter()
             .zip(parts)
             .map(|(child, (c, _, _))| child.map(|n| Self::new(n, c.shared.resources.clone(), c.timeout())).transpose())
-            .collect()
+            .collect::<Result<_>>()?;
+        // Children of one color, split in this process, are a clique of their own.
+        let mut by_color: Vec<(u64, Vec<&Communicator>)> = Vec::new();
+        for (child, (_, color, _)) in made.iter().zip(parts) {
+            if let (Some(child), Some(color)) = (child, color) {
+                match by_color.iter_mut().find(|(c, _)| *c == u64::from(*color)) {
+                    Some((_, v)) => v.push(child),
+                    None => by_color.push((u64::from(*color), vec![child])),
+                }
+            }
+        }
+        for (_, members) in by_color {
+            link_clique_refs(&members);
+        }
+        Ok(made)
     }
 
     /// Installs this communicator into `resources` (`raft::resource::set_comms`, replacing any
@@ -769,7 +821,9 @@ impl Communicator {
             return Ok(());
         }
         let outcome = sh.native.abort(WHO, "it was aborted by Communicator::abort");
-        st.ended = Some(Error::logic(WHO, "the communicator was aborted by Communicator::abort"));
+        let error = Error::logic(WHO, "the communicator was aborted by Communicator::abort");
+        sh.abort_peers(WHO, &error);
+        st.ended = Some(error);
         outcome
     }
 
@@ -833,6 +887,18 @@ impl Communicator {
         }
         drop(comms);
         first.map_or(Ok(()), Err)
+    }
+}
+
+/// Makes the communicators one clique: an abort of one aborts the others (see [`Shared::peers`]).
+fn link_clique(comms: &[Communicator]) {
+    link_clique_refs(&comms.iter().collect::<Vec<_>>());
+}
+
+fn link_clique_refs(comms: &[&Communicator]) {
+    for c in comms {
+        let others = comms.iter().filter(|o| !Arc::ptr_eq(&o.shared, &c.shared)).map(|o| Arc::downgrade(&o.shared)).collect();
+        let _ = c.shared.peers.set(others);
     }
 }
 

@@ -98,9 +98,8 @@ pub(crate) fn timeout_from(text: Option<String>) -> Result<Duration> {
     match text.filter(|t| !t.trim().is_empty()) {
         None => Ok(DEFAULT_TIMEOUT),
         Some(t) => match t.trim().parse::<f64>() {
-            Ok(s) if s > 0.0 => Duration::try_from_secs_f64(s).map_err(|_| {
-                Error::logic("RAFT_COMMS_TIMEOUT", format!("{t} seconds is beyond any wait (the most is about 1.8e19)"))
-            }),
+            Ok(s) if s > 0.0 => Duration::try_from_secs_f64(s)
+                .map_err(|_| Error::logic("RAFT_COMMS_TIMEOUT", format!("{t} seconds is beyond any wait (the most is about 1.8e19)"))),
             _ => Err(Error::logic("RAFT_COMMS_TIMEOUT", format!("expected a positive number of seconds, given {t}"))),
         },
     }

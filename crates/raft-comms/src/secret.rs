@@ -92,24 +92,14 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Fills `buf` from the OS's random source (`getrandom(2)`).
+/// Fills `buf` from the OS's random source (the kernel's CSPRNG, through `/dev/urandom`: no
+/// `unsafe` needed, and it does not block once the pool is initialised, which it is long before a
+/// program can run).
 pub(crate) fn random_bytes(who: &'static str, buf: &mut [u8]) -> Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let rest = &mut buf[filled..];
-        // SAFETY: the pointer and length describe `rest`, a live exclusive slice the call writes
-        // at most `rest.len()` bytes into; flags 0 (block until the pool is initialised).
-        let got = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if got < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(Error::new(raft_error::ErrorKind::Generic, who, format!("no random bytes from the OS: {e}")));
-        }
-        filled += got as usize;
-    }
-    Ok(())
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .map_err(|e| Error::new(raft_error::ErrorKind::Generic, who, format!("no random bytes from the OS (/dev/urandom): {e}")))
 }
 
 /// HMAC-SHA256 under `key` of the parts, each prefixed by its length (so that no two lists of
