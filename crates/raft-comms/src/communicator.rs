@@ -4,8 +4,10 @@
 //! waited for, and ended. The collectives themselves are in `collectives.rs`.
 use crate::group;
 use crate::launch::{timeout_from_env, Launch};
+use crate::rendezvous;
 use crate::result::{self, NativeComm};
-use crate::unique_id::{self, UniqueId};
+use crate::secret::Secret;
+use crate::unique_id::UniqueId;
 use crate::watchdog;
 use cudarc::driver::CudaStream;
 use raft_core::DeviceResources;
@@ -60,6 +62,11 @@ pub(crate) struct Shared {
     /// leaves it alone meanwhile (its calls are not launched yet).
     pub(crate) groups: AtomicUsize,
     pub(crate) state: Mutex<State>,
+    /// The other ranks of its clique (made together in this process), once set. Within a process
+    /// NCCL's kernels reach the peers' arrays directly: aborting one rank while the others'
+    /// kernels run would leave its arrays, freed or reused, under their reads and writes; so an
+    /// abort of one aborts them all.
+    peers: std::sync::OnceLock<Vec<Weak<Shared>>>,
 }
 
 /// Every communicator made, for the exit teardown: one still alive then (leaked, or kept in a
@@ -113,9 +120,22 @@ impl Shared {
                 log::debug!(target: "raft", "{e}");
             }
             st.ended = Some(error.clone());
+            self.abort_peers(who, &error);
         }
         st.token = None;
         error
+    }
+
+    /// Aborts the clique's other ranks (see [`Shared::peers`]) in the shim only: their Rust state
+    /// learns it at its next look (every call on them then fails, saying why). No peer's state
+    /// lock is taken here, so two ranks ending at once cannot deadlock.
+    fn abort_peers(&self, who: &'static str, error: &Error) {
+        for peer in self.peers.get().into_iter().flatten().filter_map(Weak::upgrade) {
+            let why = format!("rank {} of its clique was aborted ({})", self.rank, error.message());
+            if let Err(e) = peer.native.abort(who, &why) {
+                log::debug!(target: "raft", "{e}");
+            }
+        }
     }
 
     /// A failure of a call on the communicator: refused arguments (`Logic`) leave it as it was;
@@ -221,99 +241,6 @@ impl Shared {
             watchdog::watch(self.clone());
         }
     }
-
-    /// One look by the watchdog; returns whether to keep watching.
-    pub(crate) fn watch_step(&self) -> bool {
-        const WHO: &str = "raft-comms watchdog";
-        if !raft_exit::native_release_allowed() {
-            return false; // the exit has decided: no native call any more
-        }
-        // An open group has queued calls on it, not launched yet: look after the group.
-        if self.groups.load(Ordering::Acquire) > 0 {
-            return true;
-        }
-        // A caller in `sync` or `release` holds the lock: look next time.
-        let Ok(mut st) = self.state.try_lock() else { return true };
-        if st.token.is_some() && st.ended.is_none() {
-            match self.native.query(WHO, None) {
-                Ok(true) => st.token = None,
-                Ok(false) => {
-                    let timeout = self.timeout();
-                    if st.last_enqueue.elapsed() > timeout {
-                        let e = Error::new(
-                            ErrorKind::Generic,
-                            WHO,
-                            format!(
-                                "a collective did not finish within {:.1} s of being enqueued (a rank died, or never made the \
-                                 matching call); the communicator was aborted",
-                                timeout.as_secs_f64()
-                            ),
-                        );
-                        self.end_with(&mut st, WHO, e);
-                    }
-                }
-                Err(e) => {
-                    let e = Error::new(e.kind(), WHO, format!("NCCL reported an error, and the communicator was aborted: {}", e.message()));
-                    self.end_with(&mut st, WHO, e);
-                }
-            }
-        }
-        if st.token.is_some() && st.ended.is_none() {
-            return true;
-        }
-        st.token = None;
-        let keep = match std::mem::replace(&mut st.closing, Closing::No) {
-            Closing::No => false,
-            Closing::Requested(release) => {
-                if st.ended.is_some() {
-                    false
-                } else {
-                    match self.native.finalize(WHO) {
-                        Ok(()) => {
-                            st.closing = Closing::Finalizing { since: Instant::now(), _release: release };
-                            true
-                        }
-                        Err(e) => {
-                            self.end_with(&mut st, WHO, e);
-                            false
-                        }
-                    }
-                }
-            }
-            Closing::Finalizing { since, _release } => {
-                if st.ended.is_some() {
-                    false
-                } else {
-                    match self.native.query(WHO, None) {
-                        Ok(true) => {
-                            if let Err(e) = self.native.destroy(WHO) {
-                                log::warn!(target: "raft", "{e}");
-                            }
-                            st.ended = Some(Error::logic(WHO, "the communicator was released"));
-                            false
-                        }
-                        Ok(false) if since.elapsed() <= self.timeout() => {
-                            st.closing = Closing::Finalizing { since, _release };
-                            true
-                        }
-                        Ok(false) => {
-                            let e = Error::new(ErrorKind::Generic, WHO, "finalizing a dropped communicator timed out (other ranks gone?)");
-                            self.end_with(&mut st, WHO, e);
-                            false
-                        }
-                        Err(e) => {
-                            self.end_with(&mut st, WHO, e);
-                            false
-                        }
-                    }
-                }
-            }
-        };
-        if !keep {
-            st.watched = false;
-        }
-        keep
-    }
 }
 
 /// One rank's NCCL communicator (`ncclComm_t`), bound to a [`DeviceResources`]: its collectives
@@ -355,6 +282,14 @@ impl Shared {
 /// threads are refused (`Logic`) until that group ends: NCCL would otherwise fold them into that
 /// thread's group. For a clique driven from one thread, put the calls of all its GPUs inside one
 /// [`group`](crate::group); from one thread per GPU, no group is needed.
+///
+/// The order in which collectives are issued is the program's, as with NCCL itself: NCCL
+/// matches the n-th call of every rank, so two threads issuing collectives on one communicator
+/// must make the same order on every rank (one issuing thread per communicator, or a lock of the
+/// program's around each issue). Calls issued in different orders on different ranks are a
+/// mismatch like any other (see the crate docs): the ranks wait until the timeout aborts the
+/// communicator. Aborting one rank of a clique ([`clique`](Self::clique),
+/// [`split_all`](Self::split_all)) aborts the clique's other ranks too.
 pub struct Communicator {
     shared: Arc<Shared>,
 }
@@ -379,6 +314,7 @@ impl Communicator {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             timeout_ns: AtomicU64::new(nanos(timeout)),
             groups: AtomicUsize::new(0),
+            peers: std::sync::OnceLock::new(),
             state: Mutex::new(State {
                 token: None,
                 last_enqueue: Instant::now(),
@@ -438,7 +374,9 @@ impl Communicator {
             }
             return Err(e);
         }
-        natives.into_iter().zip(resources).map(|(n, r)| Self::new(n, r.clone(), timeout)).collect()
+        let comms = natives.into_iter().zip(resources).map(|(n, r)| Self::new(n, r.clone(), timeout)).collect::<Result<Vec<_>>>()?;
+        link_clique(&comms);
+        Ok(comms)
     }
 
     /// This process's rank among several, from the launcher's environment (`RANK`,
@@ -461,31 +399,37 @@ impl Communicator {
     }
 
     /// Rank `rank` of `world` on `resources`' device: rank 0 makes the unique id and serves it at
-    /// `addr` (`host:port`) over TCP; the others fetch it from there; then a non-blocking
+    /// `addr` (`host:port`) over TCP; the others fetch it from there, each side proving to the
+    /// other that it holds the job's secret (`RAFT_COMMS_SECRET`, see [`Secret`]; without one,
+    /// `addr` must be a loopback address); then a non-blocking
     /// `ncclCommInitRankConfig`, polled. The whole is bounded by `timeout`: a rank that never
     /// arrives gives the others an error naming it, and an initialisation that does not complete
     /// is aborted (`ncclCommAbort`).
     ///
     /// # Errors
     /// `Logic` for a rank not below `world`, released resources, another rank's mismatching
-    /// world size, or a call inside a group; `Generic` when the rendezvous or NCCL fails or runs
-    /// out of time.
+    /// world size, a call inside a group, a peer without the job's secret, or no secret for an
+    /// address that is not loopback; `Generic` when the rendezvous or NCCL fails or runs out of
+    /// time.
     pub fn init(resources: &DeviceResources, rank: usize, world: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
         const WHO: &str = "Communicator::init";
         group::refuse_inside(WHO)?;
         if world == 0 || rank >= world {
             return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a world of {world}")));
         }
-        let deadline = Instant::now() + timeout;
+        let secret = Secret::from_env().map_err(|e| e.with_who(WHO))?;
+        let deadline = rendezvous::deadline_after(timeout);
         let id = if rank == 0 {
+            // Bound before the id is made: an address of another host, or one without a secret
+            // that is not loopback, fails before NCCL starts its bootstrap root.
+            let listener = if world > 1 { Some(rendezvous::bind(WHO, addr, secret.as_ref())?) } else { None };
             let id = UniqueId::new().map_err(|e| e.with_who(WHO))?;
-            if world > 1 {
-                let listener = unique_id::bind(WHO, addr)?;
-                unique_id::serve_on(WHO, &listener, &id, world, deadline, timeout)?;
+            if let Some(listener) = listener {
+                rendezvous::serve_on(WHO, &listener, &id, world, secret.as_ref(), deadline, timeout)?;
             }
             id
         } else {
-            unique_id::fetch_until(WHO, addr, rank, world, deadline, timeout)?
+            rendezvous::fetch_until(WHO, addr, rank, world, secret.as_ref(), deadline, timeout)?
         };
         let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         Self::init_until(WHO, resources, &id, rank, world, left, timeout)
@@ -567,9 +511,25 @@ impl Communicator {
         Ok(())
     }
 
-    /// The error that ended this communicator (aborted, released), if it has ended.
+    /// The error that ended this communicator (aborted, released), if it has ended: also an
+    /// abort made where the Rust side does not see it (RAFT's `sync_stream` through
+    /// [`install`](Self::install), or an abort of another rank of its clique).
     pub fn ended(&self) -> Option<Error> {
-        self.shared.lock().ended.clone()
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        // Not while an open group holds calls on it (NCCL owns it until the group ends), nor
+        // once the exit has decided (no native call any more).
+        if st.ended.is_none() && sh.groups.load(Ordering::Acquire) == 0 && raft_exit::native_release_allowed() {
+            // The shim refuses (`Logic`) a communicator it ended; other errors are the
+            // watchdog's and `sync`'s to act on.
+            if let Err(e) = sh.native.query("Communicator::ended", None) {
+                if e.kind() == ErrorKind::Logic {
+                    st.ended = Some(e);
+                    st.token = None;
+                }
+            }
+        }
+        st.ended.clone()
     }
 
     /// Waits for the work on the resources' stream (the collectives enqueued so far), at most
@@ -716,10 +676,25 @@ impl Communicator {
         for child in made.iter().flatten() {
             child.wait(WHO, parts[0].0.timeout())?;
         }
-        made.into_iter()
+        let made: Vec<Option<Communicator>> = made
+            .into_iter()
             .zip(parts)
             .map(|(child, (c, _, _))| child.map(|n| Self::new(n, c.shared.resources.clone(), c.timeout())).transpose())
-            .collect()
+            .collect::<Result<_>>()?;
+        // Children of one color, split in this process, are a clique of their own.
+        let mut by_color: Vec<(u64, Vec<&Communicator>)> = Vec::new();
+        for (child, (_, color, _)) in made.iter().zip(parts) {
+            if let (Some(child), Some(color)) = (child, color) {
+                match by_color.iter_mut().find(|(c, _)| *c == u64::from(*color)) {
+                    Some((_, v)) => v.push(child),
+                    None => by_color.push((u64::from(*color), vec![child])),
+                }
+            }
+        }
+        for (_, members) in by_color {
+            link_clique_refs(&members);
+        }
+        Ok(made)
     }
 
     /// Installs this communicator into `resources` (`raft::resource::set_comms`, replacing any
@@ -761,7 +736,9 @@ impl Communicator {
             return Ok(());
         }
         let outcome = sh.native.abort(WHO, "it was aborted by Communicator::abort");
-        st.ended = Some(Error::logic(WHO, "the communicator was aborted by Communicator::abort"));
+        let error = Error::logic(WHO, "the communicator was aborted by Communicator::abort");
+        sh.abort_peers(WHO, &error);
+        st.ended = Some(error);
         outcome
     }
 
@@ -825,6 +802,18 @@ impl Communicator {
         }
         drop(comms);
         first.map_or(Ok(()), Err)
+    }
+}
+
+/// Makes the communicators one clique: an abort of one aborts the others (see [`Shared::peers`]).
+fn link_clique(comms: &[Communicator]) {
+    link_clique_refs(&comms.iter().collect::<Vec<_>>());
+}
+
+fn link_clique_refs(comms: &[&Communicator]) {
+    for c in comms {
+        let others = comms.iter().filter(|o| !Arc::ptr_eq(&o.shared, &c.shared)).map(|o| Arc::downgrade(&o.shared)).collect();
+        let _ = c.shared.peers.set(others);
     }
 }
 

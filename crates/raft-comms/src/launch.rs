@@ -98,7 +98,8 @@ pub(crate) fn timeout_from(text: Option<String>) -> Result<Duration> {
     match text.filter(|t| !t.trim().is_empty()) {
         None => Ok(DEFAULT_TIMEOUT),
         Some(t) => match t.trim().parse::<f64>() {
-            Ok(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
+            Ok(s) if s > 0.0 => Duration::try_from_secs_f64(s)
+                .map_err(|_| Error::logic("RAFT_COMMS_TIMEOUT", format!("{t} seconds is beyond any wait (the most is about 1.8e19)"))),
             _ => Err(Error::logic("RAFT_COMMS_TIMEOUT", format!("expected a positive number of seconds, given {t}"))),
         },
     }
@@ -176,5 +177,10 @@ mod tests {
         assert!(timeout_from(Some("0".into())).is_err());
         assert!(timeout_from(Some("-1".into())).is_err());
         assert!(timeout_from(Some("soon".into())).is_err());
+        // Too large for a Duration: an error, not a panic.
+        for huge in ["1e20", "inf", "NaN"] {
+            assert_eq!(timeout_from(Some(huge.into())).unwrap_err().kind(), raft_error::ErrorKind::Logic, "{huge}");
+        }
+        assert_eq!(timeout_from(Some("1e9".into())).unwrap(), Duration::from_secs(1_000_000_000));
     }
 }

@@ -65,7 +65,9 @@ mod dtype;
 mod group;
 mod launch;
 mod load;
+mod rendezvous;
 mod result;
+mod secret;
 mod sys;
 mod unique_id;
 mod watchdog;
@@ -74,6 +76,7 @@ pub use communicator::Communicator;
 pub use dtype::{NcclType, ReduceOp};
 pub use group::{group, group_scope, GroupScope};
 pub use launch::{timeout_from_env, Launch, DEFAULT_TIMEOUT};
+pub use secret::{Secret, MIN_SECRET_BYTES, SECRET_VAR};
 pub use unique_id::UniqueId;
 
 use raft_core::{DeviceResources, DeviceVec};
@@ -158,7 +161,7 @@ pub mod through_raft {
 #[cfg(test)]
 mod tests {
     /// The crate's files, for the layout checks below.
-    const FILES: [(&str, &str); 13] = [
+    const FILES: [(&str, &str); 15] = [
         ("lib.rs", include_str!("lib.rs")),
         ("collectives.rs", include_str!("collectives.rs")),
         ("communicator.rs", include_str!("communicator.rs")),
@@ -167,7 +170,9 @@ mod tests {
         ("group.rs", include_str!("group.rs")),
         ("launch.rs", include_str!("launch.rs")),
         ("load.rs", include_str!("load.rs")),
+        ("rendezvous.rs", include_str!("rendezvous.rs")),
         ("result.rs", include_str!("result.rs")),
+        ("secret.rs", include_str!("secret.rs")),
         ("sys.rs", include_str!("sys.rs")),
         ("unique_id.rs", include_str!("unique_id.rs")),
         ("watchdog.rs", include_str!("watchdog.rs")),

@@ -465,7 +465,10 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
     let other_res = DeviceResources::on_device(0).unwrap();
     c.install(&other_res).unwrap();
     let n = 8;
-    let mut mine = up::<f32>(&res, &data(0, n));
+    // Out of place into zeros: with one rank an in-place allreduce leaves its input as it was
+    // whether or not it ran; the zeros change only if it ran.
+    let input = up::<f32>(&res, &data(0, n));
+    let mut mine = zeros::<f32>(&res, n);
     let (inside, done) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
     std::thread::scope(|s| {
         let other = s.spawn(|| {
@@ -483,7 +486,7 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
         // The barriers are reached whatever the group's call returns (a failure would otherwise
         // leave the other thread waiting).
         let grouped = group_scope(|g| {
-            let r = g.allreduce_in_place(c, &mut mine, ReduceOp::Sum);
+            let r = g.allreduce(c, &input, &mut mine, ReduceOp::Sum);
             inside.wait();
             done.wait();
             r
@@ -501,11 +504,69 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
     // The group has ended: another thread's call runs.
     std::thread::scope(|s| {
         s.spawn(|| {
-            let mut theirs = up::<f32>(&res, &data(0, n));
-            c.allreduce_in_place(&mut theirs, ReduceOp::Sum).unwrap();
+            let send = up::<f32>(&res, &data(0, n));
+            let mut theirs = zeros::<f32>(&res, n);
+            c.allreduce(&send, &mut theirs, ReduceOp::Sum).unwrap();
             c.sync().unwrap();
             assert_eq!(theirs.to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, 1)));
         });
     });
     Communicator::release_all(comms).unwrap();
+}
+
+/// Sets the clique's connections up (a first collective does), so that a lone call later is
+/// enqueued and waits on the GPU for its peer.
+fn warm_up(res: &[DeviceResources], comms: &[Communicator]) {
+    let mut warm: Vec<DeviceVec<f32>> = (0..2).map(|r| up(&res[r], &data(r, 4))).collect();
+    // SAFETY: the arrays used inside live past the group and nothing else touches them meanwhile.
+    unsafe { group(|| warm.iter_mut().enumerate().try_for_each(|(r, b)| comms[r].allreduce_in_place(b, ReduceOp::Sum))) }.unwrap();
+    sync_all(comms);
+}
+
+/// Aborting one rank of a clique aborts the others: within a process NCCL's kernels reach the
+/// peers' arrays directly, and rank 1's kernel, left waiting for rank 0, would still touch rank
+/// 0's arrays after they are freed and reused. (Before: rank 1 stayed alive, its kernel stuck
+/// until its own 60 s timeout; `ended()` was `None` and its stream did not drain.)
+#[test]
+fn aborting_one_rank_of_a_clique_aborts_the_others() {
+    if !common::have(2, "aborting_one_rank_of_a_clique_aborts_the_others") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    warm_up(&res, &comms);
+    let mut lone: DeviceVec<f32> = up(&res[1], &data(1, 1 << 16));
+    comms[1].allreduce_in_place(&mut lone, ReduceOp::Sum).unwrap(); // waits for rank 0 on the GPU
+    let mut it = comms.into_iter();
+    let (c0, c1) = (it.next().unwrap(), it.next().unwrap());
+    c0.abort().unwrap();
+    let e = c1.ended().expect("rank 1 was left running after rank 0's abort");
+    assert!(e.message().contains("rank 0 of its clique was aborted"), "{e}");
+    assert!(common::drains_within(&res[1], Duration::from_secs(5)), "rank 1's kernel still runs after the clique's abort");
+    let again = c1.allreduce_in_place(&mut lone, ReduceOp::Sum).unwrap_err();
+    assert!(again.message().contains("aborted"), "{again}");
+    c1.abort().unwrap();
+}
+
+/// An abort made by RAFT's `sync_stream` (through `get_comms`, in the shim) is what `ended()`
+/// says. (Before: `ended()` read only the Rust side's record, and said `None`.)
+#[test]
+fn an_abort_by_rafts_sync_stream_is_seen_by_ended() {
+    if !common::have(2, "an_abort_by_rafts_sync_stream_is_seen_by_ended") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    warm_up(&res, &comms);
+    comms[0].install(&res[0]).unwrap();
+    comms[0].set_timeout(Duration::from_secs(1)).unwrap();
+    let send: DeviceVec<f32> = up(&res[0], &data(0, 1 << 16));
+    let mut recv: DeviceVec<f32> = zeros(&res[0], 1 << 16);
+    // Rank 1 never makes the matching call: sync_stream times out and aborts.
+    let e = raft_comms::through_raft::allreduce(&res[0], &send, &mut recv, ReduceOp::Sum).unwrap_err();
+    assert!(comms[0].ended().is_some(), "ended() missed the abort: {e}");
+    assert!(comms[0].ended().unwrap().message().contains("sync_stream"), "{:?}", comms[0].ended());
+    let mut it = comms.into_iter();
+    it.next().unwrap().abort().unwrap();
+    it.next().unwrap().abort().unwrap();
 }

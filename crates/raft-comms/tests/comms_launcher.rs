@@ -18,7 +18,7 @@ fn act(role: &str) -> ! {
         "env" => {
             let v = |k: &str| std::env::var(k).unwrap_or_else(|_| "-".into());
             println!(
-                "RAFT_RUN_ENV {} {} {} {} {} {} {} {} {}",
+                "RAFT_RUN_ENV {} {} {} {} {} {} {} {} {} {}",
                 v("RANK"),
                 v("WORLD_SIZE"),
                 v("LOCAL_RANK"),
@@ -27,7 +27,8 @@ fn act(role: &str) -> ! {
                 v("MASTER_PORT"),
                 v("NCCL_NVLS_ENABLE"),
                 v("TORCH_SYMM_MEM_DISABLE_MULTICAST"),
-                v("CUDA_VISIBLE_DEVICES")
+                v("CUDA_VISIBLE_DEVICES"),
+                v("RAFT_COMMS_SECRET")
             );
             std::process::exit(0)
         }
@@ -71,8 +72,23 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
+/// Whether the process runs (a zombie waiting for a reaper does not).
 fn alive(pid: &str) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+    std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+        .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
+/// The job's secret each rank was given, from a run of the "env" role.
+fn env_lines(out: &Output) -> Vec<Vec<String>> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines: Vec<Vec<String>> = stdout
+        .lines()
+        // The harness prints "test … ... " on the same line before the child's output.
+        .filter_map(|l| l.find("RAFT_RUN_ENV ").map(|i| &l[i + "RAFT_RUN_ENV ".len()..]))
+        .map(|l| l.split(' ').map(String::from).collect())
+        .collect();
+    lines.sort();
+    lines
 }
 
 fn show(out: &Output) -> String {
@@ -91,21 +107,80 @@ fn every_rank_gets_the_torchrun_environment_with_multicast_off() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", show(&out));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let mut lines: Vec<Vec<String>> = stdout
-        .lines()
-        // The harness prints "test … ... " on the same line before the child's output.
-        .filter_map(|l| l.find("RAFT_RUN_ENV ").map(|i| &l[i + "RAFT_RUN_ENV ".len()..]))
-        .map(|l| l.split(' ').map(String::from).collect())
-        .collect();
-    lines.sort();
+    let lines = env_lines(&out);
     assert_eq!(lines.len(), 3, "{}", show(&out));
-    let port = &lines[0][5];
+    let (port, secret) = (&lines[0][5], &lines[0][9]);
     assert!(port.parse::<u16>().unwrap() > 0);
     for (rank, f) in lines.iter().enumerate() {
         let r = rank.to_string();
-        assert_eq!(f, &[&r, "3", &r, "3", "127.0.0.1", port, "0", "1", "7,3"], "rank {rank}");
+        assert_eq!(f, &[&r, "3", &r, "3", "127.0.0.1", port, "0", "1", "7,3", secret], "rank {rank}");
     }
+}
+
+/// Every job gets its own rendezvous secret, the same in all its ranks (a rank of an earlier job
+/// cannot join a later one); one given in the environment is kept (for ranks started elsewhere).
+#[test]
+fn every_job_gets_its_own_secret() {
+    if let Ok(role) = std::env::var(ROLE) {
+        act(&role);
+    }
+    let dir = temp_dir("secret");
+    let run = |given: Option<&str>| {
+        let mut cmd = launch(2, &[], "every_job_gets_its_own_secret", "env", &dir);
+        match given {
+            Some(s) => cmd.env("RAFT_COMMS_SECRET", s),
+            None => cmd.env_remove("RAFT_COMMS_SECRET"),
+        };
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", show(&out));
+        let secrets: Vec<String> = env_lines(&out).iter().map(|l| l[9].clone()).collect();
+        assert_eq!(secrets.len(), 2, "{}", show(&out));
+        assert_eq!(secrets[0], secrets[1], "the ranks of one job share its secret");
+        secrets[0].clone()
+    };
+    let (a, b) = (run(None), run(None));
+    assert!(a.len() >= raft_comms::MIN_SECRET_BYTES && a != "-", "{a}");
+    assert_ne!(a, b, "two jobs were given the same secret");
+    assert_eq!(run(Some("given-by-the-user-0123456789")), "given-by-the-user-0123456789");
+}
+
+/// raft-run killed outright (no handler runs): its ranks die with it instead of running on.
+#[test]
+fn ranks_die_with_a_killed_raft_run() {
+    if let Ok(role) = std::env::var(ROLE) {
+        act(&role);
+    }
+    let dir = temp_dir("sigkill");
+    let mut child = launch(2, &[], "ranks_die_with_a_killed_raft_run", "sleep", &dir).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(dir.join("pid-0").exists() && dir.join("pid-1").exists()) {
+        assert!(Instant::now() < deadline, "the ranks did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let pids: Vec<String> = (0..2).map(|r| std::fs::read_to_string(dir.join(format!("pid-{r}"))).unwrap()).collect();
+    let until = Instant::now() + Duration::from_secs(2);
+    while pids.iter().any(|p| alive(p)) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<&String> = pids.iter().filter(|p| alive(p)).collect();
+    for pid in &left {
+        // Not left behind by the test either.
+        // SAFETY: kill takes a pid and a signal number; the pid is an orphaned rank's.
+        unsafe { libc::kill(pid.trim().parse().unwrap(), libc::SIGKILL) };
+    }
+    assert!(left.is_empty(), "rank(s) with pid {left:?} still run 2 s after raft-run was killed");
+}
+
+#[test]
+fn an_unusable_grace_or_address_is_refused_up_front() {
+    let out = Command::new(common::raft_run()).args(["-n", "1", "true"]).env("RAFT_RUN_GRACE", "1e20").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RAFT_RUN_GRACE=1e20"), "{}", show(&out));
+    let out = Command::new(common::raft_run()).args(["-n", "1", "--master-addr", "192.0.2.1", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no free port on 192.0.2.1"), "{}", show(&out));
 }
 
 #[test]

@@ -7,7 +7,10 @@
 //! ```
 //!
 //! Each child gets `RANK` = `LOCAL_RANK` = its index, `WORLD_SIZE` = `LOCAL_WORLD_SIZE` = N,
-//! `MASTER_ADDR` (default 127.0.0.1) and `MASTER_PORT` (default: a free port), and always
+//! `MASTER_ADDR` (default 127.0.0.1; an address of this host), `MASTER_PORT` (default: a port
+//! free when raft-run looked), `RAFT_COMMS_SECRET` (a fresh random secret for this job, unless
+//! already set: the rendezvous admits only processes holding it, so a process that takes the port
+//! first is refused by the ranks instead of handed the job), and always
 //! `NCCL_NVLS_ENABLE=0`, `TORCH_SYMM_MEM_DISABLE_MULTICAST=1`, `NVSHMEM_DISABLE_NVLS=1` (NVLink
 //! multicast stays off: on shared hosts it can take the GPUs out of service). `CUDA_VISIBLE_DEVICES`
 //! is left as it is: each rank picks its GPU from `LOCAL_RANK`.
@@ -15,8 +18,10 @@
 //! When a child fails (a non-zero status or a signal), the others are stopped (SIGTERM, then
 //! SIGKILL after a grace period, `RAFT_RUN_GRACE` seconds, default 5) unless `--keep-going`;
 //! `raft-run` then exits with the first failure's status (128 + the signal for a signal). A
-//! SIGINT, SIGTERM or SIGHUP to `raft-run` is passed on to the children.
-use std::os::unix::process::ExitStatusExt;
+//! SIGINT, SIGTERM or SIGHUP to `raft-run` is passed on to the children. Each child leads its own
+//! process group (signals reach what it started too) and is killed if `raft-run` dies (even of
+//! SIGKILL: the parent-death signal).
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
@@ -73,12 +78,37 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
     Ok(Options { n, addr, port, keep_going, program, args: it.collect() })
 }
 
-/// A port nobody listens on now (the OS's pick), for rank 0's rendezvous.
+/// A port nobody listens on now (the OS's pick), for rank 0's rendezvous. Another process may
+/// take it before rank 0 listens: the job then fails (rank 0 cannot bind, or the ranks refuse a
+/// listener without the job's secret), it is never handed to that process. Keeping the port
+/// bound here instead would shut out the ranks' own listeners (torch's store binds
+/// `MASTER_PORT`).
 fn free_port(addr: &str) -> Result<u16, String> {
     let listener = std::net::TcpListener::bind((addr, 0))
-        .or_else(|_| std::net::TcpListener::bind(("0.0.0.0", 0)))
-        .map_err(|e| format!("no free port to offer as MASTER_PORT: {e}"))?;
+        .map_err(|e| format!("no free port on {addr} to offer as MASTER_PORT (is it an address of this host?): {e}"))?;
     listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+/// `RAFT_RUN_GRACE`: seconds, 0 or more (default 5).
+fn grace_from(text: Option<String>) -> Result<Duration, String> {
+    match text.filter(|t| !t.trim().is_empty()) {
+        None => Ok(Duration::from_secs(5)),
+        Some(t) => t
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|g| *g >= 0.0)
+            .and_then(|g| Duration::try_from_secs_f64(g).ok())
+            .ok_or(format!("RAFT_RUN_GRACE={t}: expected a number of seconds, 0 or more")),
+    }
+}
+
+/// The job's rendezvous secret: the one given in `RAFT_COMMS_SECRET`, else a fresh one.
+fn job_secret() -> Result<String, String> {
+    match raft_comms::Secret::from_env().map_err(|e| e.to_string())? {
+        Some(s) => Ok(s.to_env_value()),
+        None => raft_comms::Secret::generate().map(|s| s.to_env_value()).map_err(|e| e.to_string()),
+    }
 }
 
 /// The status a shell would report: the exit code, or 128 + the signal.
@@ -94,11 +124,12 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
+/// Signals a child's process group (the child and what it started).
 fn signal(child: &Child, sig: libc::c_int) {
     if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: kill takes a pid and a signal number, no pointers; the pid is our own child's,
-        // not yet reaped (reaped children are removed from `running` first).
-        unsafe { libc::kill(pid, sig) };
+        // SAFETY: killpg takes a process group id and a signal number, no pointers; the group is
+        // our own child's (it leads it, not yet reaped: reaped children leave `running` first).
+        unsafe { libc::killpg(pid, sig) };
     }
 }
 
@@ -107,13 +138,15 @@ fn stop(running: &mut [(usize, Child)], sig: libc::c_int, grace: Duration) {
     for (_, c) in running.iter() {
         signal(c, sig);
     }
-    let until = Instant::now() + grace;
+    let now = Instant::now();
+    let until = now.checked_add(grace).unwrap_or(now + Duration::from_secs(1 << 32));
     while Instant::now() < until && running.iter_mut().any(|(_, c)| matches!(c.try_wait(), Ok(None))) {
         std::thread::sleep(Duration::from_millis(10));
     }
     for (rank, c) in running.iter_mut() {
         if matches!(c.try_wait(), Ok(None)) {
             eprintln!("raft-run: rank {rank} (pid {}) did not stop within {:.1} s: killing it", c.id(), grace.as_secs_f64());
+            signal(c, libc::SIGKILL);
             let _ = c.kill();
         }
         let _ = c.wait();
@@ -125,11 +158,10 @@ fn run(o: Options) -> Result<i32, String> {
         Some(p) => p,
         None => free_port(&o.addr)?,
     };
-    let grace = std::env::var("RAFT_RUN_GRACE")
-        .ok()
-        .and_then(|g| g.parse::<f64>().ok())
-        .filter(|g| g.is_finite() && *g >= 0.0)
-        .map_or(Duration::from_secs(5), Duration::from_secs_f64);
+    let grace = grace_from(std::env::var("RAFT_RUN_GRACE").ok())?;
+    let secret = job_secret()?;
+    // SAFETY: getpid takes nothing and cannot fail.
+    let parent = unsafe { libc::getpid() };
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only stores into an atomic (async-signal-safe); `signal` takes no
         // pointer of ours besides the handler's address.
@@ -145,10 +177,28 @@ fn run(o: Options) -> Result<i32, String> {
             .env("LOCAL_WORLD_SIZE", o.n.to_string())
             .env("GROUP_RANK", "0")
             .env("MASTER_ADDR", &o.addr)
-            .env("MASTER_PORT", port.to_string());
+            .env("MASTER_PORT", port.to_string())
+            .env(raft_comms::SECRET_VAR, &secret)
+            .process_group(0);
         for (k, v) in ALWAYS {
             cmd.env(k, v);
         }
+        // SAFETY: runs in the child between fork and exec, calling only async-signal-safe
+        // functions (prctl, getppid, _exit) and touching no memory of the parent's but a copied
+        // integer.
+        unsafe {
+            cmd.pre_exec(move || {
+                // Dies with raft-run, whatever kills it; a raft-run already gone before this
+                // line (the child was reparented) is seen by the parent check.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    libc::_exit(128 + libc::SIGKILL);
+                }
+                Ok(())
+            })
+        };
         match cmd.spawn() {
             Ok(child) => running.push((rank, child)),
             Err(e) => {
@@ -180,7 +230,11 @@ fn run(o: Options) -> Result<i32, String> {
                         }
                     }
                 }
-                Err(e) => return Err(format!("waiting for rank {}: {e}", running[i].0)),
+                Err(e) => {
+                    let rank = running[i].0;
+                    stop(&mut running, libc::SIGTERM, grace);
+                    return Err(format!("waiting for rank {rank}: {e} (every rank was stopped)"));
+                }
             }
         }
         if failed_now && !o.keep_going && !running.is_empty() {
@@ -218,6 +272,17 @@ mod tests {
         assert_eq!((o.program.as_str(), o.args), ("./prog", vec!["-x".to_string(), "y".to_string()]));
         let o = parse(args("--nproc_per_node 4 python3 s.py --lr 1")).unwrap();
         assert_eq!((o.n, o.program.as_str(), o.args.len()), (4, "python3", 3));
+    }
+
+    #[test]
+    fn grace_is_seconds_and_never_a_panic() {
+        assert_eq!(grace_from(None).unwrap(), Duration::from_secs(5));
+        assert_eq!(grace_from(Some("0.5".into())).unwrap(), Duration::from_millis(500));
+        for bad in ["1e20", "-1", "inf", "NaN", "soon"] {
+            assert!(grace_from(Some(bad.into())).unwrap_err().contains("RAFT_RUN_GRACE"), "{bad}");
+        }
+        // The longest grace representable does not overflow the deadline either.
+        stop(&mut [], libc::SIGTERM, Duration::MAX);
     }
 
     #[test]

@@ -1,0 +1,440 @@
+//! The unique id's rendezvous over TCP: rank 0 serves the id to the other ranks once each has
+//! proved it holds the job's [`Secret`] (and rank 0 has proved it to them), every read bounded by
+//! the overall deadline, each peer's handshake on its own thread so that a slow or hostile peer
+//! never holds up the honest ranks.
+//!
+//! The wire (version 2), after the TCP connect:
+//! 1. rank r → rank 0: `RFTC`, version, nonce_r.
+//! 2. rank 0 → rank r: status 0, nonce_0, tag("rank 0", nonce_r, nonce_0), or status 1 and a
+//!    reason when the version differs (which says nothing about the job).
+//! 3. rank r → rank 0: tag("rank", nonce_0, nonce_r, world, r), world, r. Without a valid tag
+//!    rank 0 closes the connection: the peer learns nothing.
+//! 4. rank 0 → rank r: status 0, the id XOR a keystream, tag("id", nonces, ciphertext); or
+//!    status 1 and the reason (another world size, a duplicate rank).
+//!
+//! Tags are HMAC-SHA256 under the secret (an empty key without one, on loopback only),
+//! compared in constant time.
+use crate::secret::{self, random_bytes, Secret, NONCE, TAG};
+use crate::unique_id::UniqueId;
+use raft_error::{Error, ErrorKind, Result};
+use std::collections::BTreeSet;
+use std::io::{self, ErrorKind as IoKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// "RFTC": the first bytes of every hello, so a stray connection is told apart.
+const MAGIC: [u8; 4] = *b"RFTC";
+/// The protocol's version (1 had no authentication).
+const VERSION: u32 = 2;
+const REPLY_OK: u8 = 0;
+const REPLY_REFUSED: u8 = 1;
+/// The longest one peer's handshake may take on rank 0 (a few hundred bytes each way).
+const HANDSHAKE: Duration = Duration::from_secs(5);
+/// The most handshakes rank 0 runs at once; connections beyond are closed (honest ranks retry).
+const MAX_HANDSHAKES: usize = 64;
+const ID: usize = 128;
+
+fn generic(who: &'static str, message: String) -> Error {
+    Error::new(ErrorKind::Generic, who, message)
+}
+
+/// `Instant + Duration` that saturates instead of panicking (`Duration::MAX` timeouts).
+pub(crate) fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
+fn resolve(who: &'static str, addr: &str) -> Result<Vec<SocketAddr>> {
+    let found: Vec<SocketAddr> =
+        addr.to_socket_addrs().map_err(|e| Error::logic(who, format!("the rendezvous address {addr} does not resolve: {e}")))?.collect();
+    if found.is_empty() {
+        return Err(Error::logic(who, format!("the rendezvous address {addr} resolves to nothing")));
+    }
+    Ok(found)
+}
+
+/// The key of the rendezvous at `targets`: the secret's, or an empty one on loopback; refuses
+/// any other address without a secret.
+fn key_for<'a>(who: &'static str, addr: &str, targets: &[SocketAddr], secret: Option<&'a Secret>) -> Result<&'a [u8]> {
+    match secret {
+        Some(s) => Ok(s.key()),
+        None if targets.iter().all(|a| a.ip().is_loopback()) => Ok(&[]),
+        None => Err(Error::logic(
+            who,
+            format!(
+                "the rendezvous at {addr} is not on a loopback address and no secret was given: set {} to the same secret \
+                 (at least {} bytes, e.g. `openssl rand -hex 32`) in every rank (raft-run does)",
+                secret::SECRET_VAR,
+                secret::MIN_SECRET_BYTES
+            ),
+        )),
+    }
+}
+
+/// Binds `addr` and nothing else: an address that names no interface of this host is an error,
+/// never a listener on every interface.
+pub(crate) fn bind(who: &'static str, addr: &str, secret: Option<&Secret>) -> Result<TcpListener> {
+    let candidates = resolve(who, addr)?;
+    key_for(who, addr, &candidates, secret)?;
+    let mut last = None;
+    for a in &candidates {
+        match TcpListener::bind(a) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    let hint = match &last {
+        Some(e) if e.kind() == IoKind::AddrNotAvailable => "it is not an address of this host: MASTER_ADDR must name rank 0's host",
+        _ => "is the port in use? pick another MASTER_PORT",
+    };
+    Err(generic(who, format!("rank 0 could not listen on {addr}: {} ({hint})", last.map_or_else(String::new, |e| e.to_string()))))
+}
+
+fn remaining(deadline: Instant) -> Option<Duration> {
+    deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(IoKind::TimedOut, "the peer did not answer in time")
+}
+
+/// Reads exactly `buf.len()` bytes by `deadline`, however the peer splits them.
+fn read_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = remaining(deadline).ok_or_else(timed_out)?;
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => return Err(io::Error::new(IoKind::UnexpectedEof, "the peer closed the connection")),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == IoKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => return Err(timed_out()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn write_by(stream: &mut TcpStream, bytes: &[u8], deadline: Instant) -> io::Result<()> {
+    stream.set_write_timeout(Some(remaining(deadline).ok_or_else(timed_out)?))?;
+    stream.write_all(bytes)
+}
+
+fn refusal(message: &str) -> Vec<u8> {
+    let bytes = message.as_bytes();
+    let mut reply = vec![REPLY_REFUSED];
+    reply.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    reply.extend_from_slice(bytes);
+    reply
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// The id XOR a keystream drawn from both nonces: only the secret's holders can read it.
+fn masked(key: &[u8], nc: &[u8], ns: &[u8], id: &[u8; ID]) -> [u8; ID] {
+    let mut out = *id;
+    for (block, chunk) in out.chunks_mut(TAG).enumerate() {
+        let pad = secret::tag(key, &[b"raft-comms id key", nc, ns, &[block as u8]]);
+        chunk.iter_mut().zip(pad).for_each(|(x, p)| *x ^= p);
+    }
+    out
+}
+
+/// What rank 0's side of one connection came to.
+enum Outcome {
+    Served(usize),
+    Other,
+}
+
+/// What every handshake thread of one `serve_on` shares.
+struct Serving {
+    who: &'static str,
+    key: Vec<u8>,
+    id: UniqueId,
+    world: usize,
+    claimed: Mutex<BTreeSet<usize>>,
+    active: AtomicUsize,
+}
+
+impl Serving {
+    /// Rank 0's side of one connection, bounded by `deadline`.
+    fn handshake(&self, stream: &mut TcpStream, peer: SocketAddr, deadline: Instant) -> io::Result<Outcome> {
+        let mut hello = [0u8; 8 + NONCE];
+        read_by(stream, &mut hello[..8], deadline)?;
+        if hello[..4] != MAGIC {
+            log::debug!(target: "raft", "{}: a connection from {peer} is not a rank's (closed)", self.who);
+            return Ok(Outcome::Other);
+        }
+        let version = u32_at(&hello, 4);
+        if version != VERSION {
+            let text = format!("rank 0 speaks rendezvous version {VERSION}, this rank {version}: use one raft-comms version");
+            write_by(stream, &refusal(&text), deadline)?;
+            return Ok(Outcome::Other);
+        }
+        read_by(stream, &mut hello[8..], deadline)?;
+        let nc = &hello[8..];
+        let mut ns = [0u8; NONCE];
+        random_bytes(self.who, &mut ns).map_err(|e| io::Error::other(e.to_string()))?;
+        let mut challenge = vec![REPLY_OK];
+        challenge.extend_from_slice(&ns);
+        challenge.extend_from_slice(&secret::tag(&self.key, &[b"raft-comms rank 0", nc, &ns]));
+        write_by(stream, &challenge, deadline)?;
+        let mut answer = [0u8; TAG + 8];
+        read_by(stream, &mut answer, deadline)?;
+        let (world_b, rank_b) = (&answer[TAG..TAG + 4], &answer[TAG + 4..]);
+        if !secret::verify(&self.key, &[b"raft-comms rank", &ns, nc, world_b, rank_b], &answer[..TAG]) {
+            log::warn!(
+                target: "raft",
+                "{}: refused a connection from {peer}: it did not prove it holds the job's secret ({}); another job's rank, or \
+                 not a rank at all",
+                self.who,
+                secret::SECRET_VAR
+            );
+            return Ok(Outcome::Other);
+        }
+        let (their_world, rank) = (u32_at(&answer, TAG) as usize, u32_at(&answer, TAG + 4) as usize);
+        let mut refuse = |text: String| -> io::Result<Outcome> {
+            log::warn!(target: "raft", "{}: refused {peer}: {text}", self.who);
+            write_by(stream, &refusal(&text), deadline)?;
+            Ok(Outcome::Other)
+        };
+        if their_world != self.world {
+            return refuse(format!("rank 0 was started with a world size of {}, rank {rank} with {their_world}", self.world));
+        }
+        if rank == 0 || rank >= self.world {
+            return refuse(format!("rank {rank} is not a rank of a world of {} other than rank 0", self.world));
+        }
+        if !self.claimed.lock().unwrap_or_else(|e| e.into_inner()).insert(rank) {
+            return refuse(format!("rank {rank} already joined: two processes were started with RANK={rank}"));
+        }
+        let sealed = masked(&self.key, nc, &ns, self.id.as_bytes());
+        let mut reply = vec![REPLY_OK];
+        reply.extend_from_slice(&sealed);
+        reply.extend_from_slice(&secret::tag(&self.key, &[b"raft-comms id", nc, &ns, &sealed]));
+        if let Err(e) = write_by(stream, &reply, deadline) {
+            self.claimed.lock().unwrap_or_else(|e| e.into_inner()).remove(&rank);
+            return Err(e);
+        }
+        Ok(Outcome::Served(rank))
+    }
+}
+
+/// Serves `id` on a bound listener until `world − 1` distinct ranks holding `secret` have it, or
+/// `deadline`.
+pub(crate) fn serve_on(
+    who: &'static str,
+    listener: &TcpListener,
+    id: &UniqueId,
+    world: usize,
+    secret: Option<&Secret>,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    let here = listener.local_addr().map_err(|e| generic(who, format!("the rendezvous listener: {e}")))?;
+    let key = key_for(who, &here.to_string(), &[here], secret)?.to_vec();
+    listener.set_nonblocking(true).map_err(|e| generic(who, format!("the rendezvous listener: {e}")))?;
+    let shared = Arc::new(Serving { who, key, id: *id, world, claimed: Mutex::new(BTreeSet::new()), active: AtomicUsize::new(0) });
+    let (tx, rx) = mpsc::channel::<usize>();
+    let mut served = BTreeSet::new();
+    while served.len() + 1 < world {
+        while let Ok(rank) = rx.try_recv() {
+            served.insert(rank);
+        }
+        if served.len() + 1 >= world {
+            break;
+        }
+        let Some(left) = remaining(deadline) else {
+            let missing: Vec<String> = (1..world).filter(|r| !served.contains(r)).map(|r| r.to_string()).collect();
+            return Err(generic(
+                who,
+                format!(
+                    "rank 0 waited {:.1} s at {here} for {} rank(s); missing: {} (not started, started with another MASTER_ADDR / \
+                     MASTER_PORT, or without this job's {}?)",
+                    timeout.as_secs_f64(),
+                    world - 1,
+                    missing.join(", "),
+                    secret::SECRET_VAR
+                ),
+            ));
+        };
+        let (mut stream, peer) = match listener.accept() {
+            Ok(s) => s,
+            Err(e) if e.kind() == IoKind::WouldBlock || e.kind() == IoKind::Interrupted => {
+                if let Ok(rank) = rx.recv_timeout(Duration::from_millis(5).min(left)) {
+                    served.insert(rank);
+                }
+                continue;
+            }
+            Err(e) => return Err(generic(who, format!("accepting a rank's connection: {e}"))),
+        };
+        if shared.active.load(Ordering::Acquire) >= MAX_HANDSHAKES {
+            log::warn!(target: "raft", "{who}: {MAX_HANDSHAKES} handshakes under way: closed a connection from {peer}");
+            continue;
+        }
+        // Each peer on its own thread, its handshake bounded: a peer that dribbles or stalls
+        // holds only its own thread, for at most HANDSHAKE.
+        shared.active.fetch_add(1, Ordering::AcqRel);
+        let (sh, tx) = (shared.clone(), tx.clone());
+        let until = deadline.min(deadline_after(HANDSHAKE));
+        let spawned = std::thread::Builder::new().name("raft-comms-rendezvous".into()).spawn(move || {
+            let _ = stream.set_nonblocking(false);
+            match sh.handshake(&mut stream, peer, until) {
+                Ok(Outcome::Served(rank)) => {
+                    let _ = tx.send(rank);
+                }
+                Ok(Outcome::Other) => {}
+                Err(e) => log::debug!(target: "raft", "{}: the connection from {peer} ended: {e}", sh.who),
+            }
+            sh.active.fetch_sub(1, Ordering::AcqRel);
+        });
+        if spawned.is_err() {
+            shared.active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    Ok(())
+}
+
+/// One attempt's failure: worth another try (nobody there yet, a connection lost), or final.
+enum Attempt {
+    Retry(String),
+    Fail(Error),
+}
+
+/// Fetches the id from rank 0 at `addr`, retrying the connection until `deadline`.
+pub(crate) fn fetch_until(
+    who: &'static str,
+    addr: &str,
+    rank: usize,
+    world: usize,
+    secret: Option<&Secret>,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<UniqueId> {
+    if rank == 0 || rank >= world {
+        return Err(Error::logic(who, format!("rank {rank} of {world} fetches no id (rank 0 makes it; ranks run from 0 to world − 1)")));
+    }
+    let (rank32, world32) = (
+        u32::try_from(rank).map_err(|_| Error::logic(who, "rank too large"))?,
+        u32::try_from(world).map_err(|_| Error::logic(who, "world size too large"))?,
+    );
+    let targets = resolve(who, addr)?;
+    let key = key_for(who, addr, &targets, secret)?;
+    let mut last_error = String::from("no attempt");
+    loop {
+        let Some(left) = remaining(deadline) else {
+            return Err(generic(
+                who,
+                format!(
+                    "rank {rank} of {world} could not get the id from rank 0 at {addr} within {:.1} s: {last_error}",
+                    timeout.as_secs_f64()
+                ),
+            ));
+        };
+        for target in &targets {
+            let mut stream = match TcpStream::connect_timeout(target, left.min(Duration::from_secs(1))) {
+                Ok(s) => s,
+                Err(e) => {
+                    last_error = e.to_string();
+                    continue;
+                }
+            };
+            match fetch_once(who, addr, &mut stream, key, rank, (world32, rank32), deadline) {
+                Ok(id) => return Ok(id),
+                Err(Attempt::Fail(e)) => return Err(e),
+                Err(Attempt::Retry(why)) => last_error = why,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50).min(remaining(deadline).unwrap_or_default()));
+    }
+}
+
+fn fetch_once(
+    who: &'static str,
+    addr: &str,
+    stream: &mut TcpStream,
+    key: &[u8],
+    rank: usize,
+    (world32, rank32): (u32, u32),
+    deadline: Instant,
+) -> std::result::Result<UniqueId, Attempt> {
+    let retry = |what: &str, e: io::Error| Attempt::Retry(format!("{what} ({e})"));
+    let mut nc = [0u8; NONCE];
+    random_bytes(who, &mut nc).map_err(Attempt::Fail)?;
+    let mut hello = Vec::with_capacity(8 + NONCE);
+    hello.extend_from_slice(&MAGIC);
+    hello.extend_from_slice(&VERSION.to_le_bytes());
+    hello.extend_from_slice(&nc);
+    write_by(stream, &hello, deadline).map_err(|e| retry("sending the hello", e))?;
+    let refused = |stream: &mut TcpStream| {
+        let mut len = [0u8; 4];
+        let mut text = String::from("(no reason given)");
+        if read_by(stream, &mut len, deadline).is_ok() {
+            let mut buf = vec![0u8; (u32::from_le_bytes(len) as usize).min(4096)];
+            if read_by(stream, &mut buf, deadline).is_ok() {
+                text = String::from_utf8_lossy(&buf).into_owned();
+            }
+        }
+        Attempt::Fail(Error::logic(who, format!("rank 0 at {addr} refused rank {rank}: {text}")))
+    };
+    let mut status = [0u8; 1];
+    read_by(stream, &mut status, deadline).map_err(|e| retry("no reply", e))?;
+    if status[0] != REPLY_OK {
+        return Err(refused(stream));
+    }
+    let mut challenge = [0u8; NONCE + TAG];
+    read_by(stream, &mut challenge, deadline).map_err(|e| retry("reading rank 0's challenge", e))?;
+    let (ns, proof) = challenge.split_at(NONCE);
+    if !secret::verify(key, &[b"raft-comms rank 0", &nc, ns], proof) {
+        let e = Error::logic(
+            who,
+            format!(
+                "the process at {addr} did not prove it holds this job's secret ({}): it is not this job's rank 0 (another job's, \
+                 a process that took the port, or a rank 0 given another secret)",
+                secret::SECRET_VAR
+            ),
+        );
+        log::warn!(target: "raft", "{e}");
+        return Err(Attempt::Fail(e));
+    }
+    let (w, r) = (world32.to_le_bytes(), rank32.to_le_bytes());
+    let mut answer = secret::tag(key, &[b"raft-comms rank", ns, &nc, &w, &r]).to_vec();
+    answer.extend_from_slice(&w);
+    answer.extend_from_slice(&r);
+    write_by(stream, &answer, deadline).map_err(|e| retry("answering rank 0's challenge", e))?;
+    read_by(stream, &mut status, deadline).map_err(|e| retry("no reply to the answer", e))?;
+    if status[0] != REPLY_OK {
+        return Err(refused(stream));
+    }
+    let mut sealed = [0u8; ID + TAG];
+    read_by(stream, &mut sealed, deadline).map_err(|e| Attempt::Fail(generic(who, format!("reading the id from rank 0: {e}"))))?;
+    let (body, seal) = sealed.split_at(ID);
+    if !secret::verify(key, &[b"raft-comms id", &nc, ns, body], seal) {
+        return Err(Attempt::Fail(Error::logic(who, format!("the id from {addr} failed its check (altered on the way?)"))));
+    }
+    let body: [u8; ID] = body.try_into().expect("ID bytes");
+    Ok(UniqueId::from_bytes(masked(key, &nc, ns, &body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mask_is_its_own_inverse_and_hides_the_id() {
+        let id = [7u8; ID];
+        let sealed = masked(b"k", &[1; NONCE], &[2; NONCE], &id);
+        assert_ne!(sealed, id);
+        assert_eq!(masked(b"k", &[1; NONCE], &[2; NONCE], &sealed), id);
+        assert_ne!(masked(b"k2", &[1; NONCE], &[2; NONCE], &sealed), id);
+    }
+
+    #[test]
+    fn deadlines_saturate() {
+        assert!(deadline_after(Duration::MAX) > Instant::now() + Duration::from_secs(1 << 30));
+    }
+}

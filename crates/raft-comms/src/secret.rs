@@ -1,0 +1,157 @@
+//! `Secret`: the per-job key of the unique id's rendezvous, and the HMAC-SHA256 pieces the
+//! handshake is made of (fresh nonces, tags checked in constant time, the id's keystream).
+use hmac::{Hmac, Mac};
+use raft_error::{Error, Result};
+use sha2::Sha256;
+use std::fmt;
+
+/// The variable a launcher sets to the job's secret (`raft-run` makes a fresh one per job).
+pub const SECRET_VAR: &str = "RAFT_COMMS_SECRET";
+
+/// The fewest bytes a secret may have: shorter ones are guessable.
+pub const MIN_SECRET_BYTES: usize = 16;
+
+pub(crate) const TAG: usize = 32;
+pub(crate) const NONCE: usize = 32;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The rendezvous's per-job secret: rank 0 and every other rank prove to each other that they
+/// hold it (HMAC-SHA256 over fresh nonces from both sides) before rank 0 says anything about the
+/// job, and the unique id travels encrypted and authenticated under it. A process that reaches
+/// rank 0's port without it learns nothing (not even the world size) and cannot take a rank; a
+/// process that listens on the port without it (a squatter, another job's rank 0) is refused by
+/// the ranks.
+///
+/// Read from `RAFT_COMMS_SECRET` by [`Communicator::from_env`](crate::Communicator::from_env),
+/// [`Communicator::init`](crate::Communicator::init), [`UniqueId::serve`](crate::UniqueId::serve)
+/// and [`UniqueId::fetch`](crate::UniqueId::fetch); `raft-run` sets a fresh one for every job.
+/// Without one, the rendezvous runs only on a loopback address (any other is refused with
+/// `Logic`), unauthenticated: on a host shared with other users, set one anyway.
+///
+/// `Debug` does not show the bytes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    /// A secret from its bytes (the text of `RAFT_COMMS_SECRET`, say).
+    ///
+    /// # Errors
+    /// `Logic` for fewer than [`MIN_SECRET_BYTES`] bytes.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Secret> {
+        let bytes = bytes.into();
+        if bytes.len() < MIN_SECRET_BYTES {
+            return Err(Error::logic(
+                "Secret::new",
+                format!("a rendezvous secret of {} byte(s): use at least {MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32`)", bytes.len()),
+            ));
+        }
+        Ok(Secret(bytes))
+    }
+
+    /// A fresh random secret (32 bytes from the OS, written as 64 hex digits so that it can
+    /// travel in an environment variable).
+    ///
+    /// # Errors
+    /// `Generic` when the OS gives no random bytes.
+    pub fn generate() -> Result<Secret> {
+        let mut raw = [0u8; 32];
+        random_bytes("Secret::generate", &mut raw)?;
+        Ok(Secret(raw.iter().map(|b| format!("{b:02x}")).collect::<String>().into_bytes()))
+    }
+
+    /// `RAFT_COMMS_SECRET` when set and not empty.
+    ///
+    /// # Errors
+    /// `Logic` when it is set but too short or not UTF-8.
+    pub fn from_env() -> Result<Option<Secret>> {
+        match std::env::var_os(SECRET_VAR) {
+            None => Ok(None),
+            Some(v) if v.is_empty() => Ok(None),
+            Some(v) => {
+                let text = v.into_string().map_err(|_| Error::logic(SECRET_VAR, "is not UTF-8"))?;
+                Secret::new(text).map(Some).map_err(|e| e.with_who(SECRET_VAR))
+            }
+        }
+    }
+
+    /// The secret as text, to hand to the ranks in `RAFT_COMMS_SECRET` (lossy for bytes that
+    /// are not UTF-8; a generated secret is hex).
+    pub fn to_env_value(&self) -> String {
+        String::from_utf8_lossy(&self.0).into_owned()
+    }
+
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({} bytes)", self.0.len())
+    }
+}
+
+/// Fills `buf` from the OS's random source (the kernel's CSPRNG, through `/dev/urandom`: no
+/// `unsafe` needed, and it does not block once the pool is initialised, which it is long before a
+/// program can run).
+pub(crate) fn random_bytes(who: &'static str, buf: &mut [u8]) -> Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .map_err(|e| Error::new(raft_error::ErrorKind::Generic, who, format!("no random bytes from the OS (/dev/urandom): {e}")))
+}
+
+/// HMAC-SHA256 under `key` of the parts, each prefixed by its length (so that no two lists of
+/// parts give the same message).
+pub(crate) fn tag(key: &[u8], parts: &[&[u8]]) -> [u8; TAG] {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
+    for p in parts {
+        mac.update(&(p.len() as u64).to_le_bytes());
+        mac.update(p);
+    }
+    mac.finalize().into_bytes().into()
+}
+
+/// Whether `given` is the tag of the parts under `key`, compared in constant time.
+pub(crate) fn verify(key: &[u8], parts: &[&[u8]], given: &[u8]) -> bool {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
+    for p in parts {
+        mac.update(&(p.len() as u64).to_le_bytes());
+        mac.update(p);
+    }
+    mac.verify_slice(given).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_sha256_matches_rfc_4231() {
+        // RFC 4231 test case 2, through the raw MAC (our `tag` adds length prefixes).
+        let mut mac = HmacSha256::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"what do ya want for nothing?");
+        let hex: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    }
+
+    #[test]
+    fn tags_verify_only_under_their_key_and_parts() {
+        let t = tag(b"k1", &[b"a", b"bc"]);
+        assert!(verify(b"k1", &[b"a", b"bc"], &t));
+        assert!(!verify(b"k2", &[b"a", b"bc"], &t));
+        assert!(!verify(b"k1", &[b"ab", b"c"], &t), "the length prefixes keep the parts apart");
+        assert!(!verify(b"k1", &[b"a", b"bc"], &t[..31]));
+    }
+
+    #[test]
+    fn secrets_are_long_enough_fresh_and_not_printed() {
+        assert!(Secret::new("short").is_err());
+        let (a, b) = (Secret::generate().unwrap(), Secret::generate().unwrap());
+        assert_ne!(a, b);
+        assert_eq!(a.to_env_value().len(), 64);
+        assert_eq!(Secret::new(a.to_env_value()).unwrap(), a);
+        assert!(!format!("{a:?}").contains(&a.to_env_value()[..8]), "{a:?}");
+    }
+}
