@@ -425,11 +425,11 @@ impl Communicator {
             let listener = if world > 1 { Some(rendezvous::bind(WHO, addr, secret.as_ref())?) } else { None };
             let id = UniqueId::new().map_err(|e| e.with_who(WHO))?;
             if let Some(listener) = listener {
-                rendezvous::serve_on(WHO, &listener, &id, world, secret.as_ref(), deadline, timeout)?;
+                rendezvous::serve_on(WHO, &listener, id.as_bytes(), world, secret.as_ref(), deadline, timeout)?;
             }
             id
         } else {
-            rendezvous::fetch_until(WHO, addr, rank, world, secret.as_ref(), deadline, timeout)?
+            UniqueId::from_bytes(rendezvous::fetch_until(WHO, addr, rank, world, secret.as_ref(), deadline, timeout)?)
         };
         let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         Self::init_until(WHO, resources, &id, rank, world, left, timeout)

@@ -15,7 +15,6 @@
 //! Tags are HMAC-SHA256 under the secret (an empty key without one, on loopback only),
 //! compared in constant time.
 use crate::secret::{self, random_bytes, Secret, NONCE, TAG};
-use crate::unique_id::UniqueId;
 use raft_error::{Error, ErrorKind, Result};
 use std::collections::BTreeSet;
 use std::io::{self, ErrorKind as IoKind, Read, Write};
@@ -155,7 +154,7 @@ enum Outcome {
 struct Serving {
     who: &'static str,
     key: Vec<u8>,
-    id: UniqueId,
+    id: [u8; ID],
     world: usize,
     claimed: Mutex<BTreeSet<usize>>,
     active: AtomicUsize,
@@ -212,7 +211,7 @@ impl Serving {
         if !self.claimed.lock().unwrap_or_else(|e| e.into_inner()).insert(rank) {
             return refuse(format!("rank {rank} already joined: two processes were started with RANK={rank}"));
         }
-        let sealed = masked(&self.key, nc, &ns, self.id.as_bytes());
+        let sealed = masked(&self.key, nc, &ns, &self.id);
         let mut reply = vec![REPLY_OK];
         reply.extend_from_slice(&sealed);
         reply.extend_from_slice(&secret::tag(&self.key, &[b"raft-comms id", nc, &ns, &sealed]));
@@ -229,7 +228,7 @@ impl Serving {
 pub(crate) fn serve_on(
     who: &'static str,
     listener: &TcpListener,
-    id: &UniqueId,
+    id: &[u8; ID],
     world: usize,
     secret: Option<&Secret>,
     deadline: Instant,
@@ -314,7 +313,7 @@ pub(crate) fn fetch_until(
     secret: Option<&Secret>,
     deadline: Instant,
     timeout: Duration,
-) -> Result<UniqueId> {
+) -> Result<[u8; ID]> {
     if rank == 0 || rank >= world {
         return Err(Error::logic(who, format!("rank {rank} of {world} fetches no id (rank 0 makes it; ranks run from 0 to world − 1)")));
     }
@@ -361,7 +360,7 @@ fn fetch_once(
     rank: usize,
     (world32, rank32): (u32, u32),
     deadline: Instant,
-) -> std::result::Result<UniqueId, Attempt> {
+) -> std::result::Result<[u8; ID], Attempt> {
     let retry = |what: &str, e: io::Error| Attempt::Retry(format!("{what} ({e})"));
     let mut nc = [0u8; NONCE];
     random_bytes(who, &mut nc).map_err(Attempt::Fail)?;
@@ -417,7 +416,7 @@ fn fetch_once(
         return Err(Attempt::Fail(Error::logic(who, format!("the id from {addr} failed its check (altered on the way?)"))));
     }
     let body: [u8; ID] = body.try_into().expect("ID bytes");
-    Ok(UniqueId::from_bytes(masked(key, &nc, ns, &body)))
+    Ok(masked(key, &nc, ns, &body))
 }
 
 #[cfg(test)]

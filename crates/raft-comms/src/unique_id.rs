@@ -74,7 +74,7 @@ impl UniqueId {
         }
         let deadline = deadline_after(timeout);
         let listener = rendezvous::bind(who, addr, secret)?;
-        rendezvous::serve_on(who, &listener, self, world, secret, deadline, timeout)
+        rendezvous::serve_on(who, &listener, self.as_bytes(), world, secret, deadline, timeout)
     }
 
     /// The other ranks' side: connects to rank 0 at `addr` (retrying while it is not listening
@@ -90,7 +90,7 @@ impl UniqueId {
     pub fn fetch(addr: &str, rank: usize, world: usize, timeout: Duration) -> Result<UniqueId> {
         const WHO: &str = "UniqueId::fetch";
         let secret = Secret::from_env().map_err(|e| e.with_who(WHO))?;
-        rendezvous::fetch_until(WHO, addr, rank, world, secret.as_ref(), deadline_after(timeout), timeout)
+        rendezvous::fetch_until(WHO, addr, rank, world, secret.as_ref(), deadline_after(timeout), timeout).map(UniqueId::from_bytes)
     }
 
     /// [`fetch`](Self::fetch) with the secret given (`None`: loopback only, unauthenticated).
@@ -99,6 +99,7 @@ impl UniqueId {
     /// As [`fetch`](Self::fetch).
     pub fn fetch_with_secret(addr: &str, rank: usize, world: usize, timeout: Duration, secret: Option<&Secret>) -> Result<UniqueId> {
         rendezvous::fetch_until("UniqueId::fetch_with_secret", addr, rank, world, secret, deadline_after(timeout), timeout)
+            .map(UniqueId::from_bytes)
     }
 }
 
