@@ -778,6 +778,28 @@ T* cast(raftrs_mr const* mr)
   return cuda::mr::resource_cast<T>(&ref);
 }
 
+/// The most bytes one allocation may ask for: 2^48 (256 TiB), more than any device or any host's
+/// page-locked memory holds. RMM's resources round sizes up (to 256 bytes; the pinned host
+/// resource adds a header) with arithmetic that wraps near SIZE_MAX: a pool served SIZE_MAX bytes
+/// as a 0-byte block, the pinned resource gave 256 bytes for SIZE_MAX - 7. The Rust side refuses
+/// the same sizes first (MAX_ALLOCATION_BYTES and ROUNDING_SLACK in raft-core's result layer).
+constexpr std::size_t max_allocation_bytes = std::size_t{1} << 48;
+/// Sizes within this of SIZE_MAX are not sizes (their rounding wraps): a logic error.
+constexpr std::size_t rounding_slack = 4096;
+
+/// Refuses what no resource can serve; touches no CUDA (callable without a driver).
+void refuse_unservable(std::size_t bytes)
+{
+  if (bytes > std::numeric_limits<std::size_t>::max() - rounding_slack) {
+    throw std::invalid_argument(std::to_string(bytes) +
+                                " bytes: rounding the size up to an allocation's alignment wraps around");
+  }
+  if (bytes > max_allocation_bytes) {
+    throw rmm::out_of_memory(std::to_string(bytes) +
+                             " bytes is more than any device or host memory holds (at most 2^48 bytes in one allocation)");
+  }
+}
+
 /// The device memory behind raftrs_buffer: the pointer and its own copy of the resource that
 /// must free it. Replacing the per-device resource, or dropping every other handle to it, never
 /// invalidates a live buffer.
@@ -1540,6 +1562,9 @@ raftrs_status raftrs_buffer_create(int32_t device,
 {
   return guard([&] {
     *out = nullptr;
+    // First: the resources' own arithmetic must never see such a size, and the check needs no
+    // device.
+    refuse_unservable(bytes);
     device_scope scope{device};
     auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, false});
     if (mr == nullptr) {
