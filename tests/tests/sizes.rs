@@ -291,3 +291,38 @@ fn typed_lengths_are_checked_by_their_bytes() {
     let v = DeviceVec::<f32>::new(&res, (1 << 20) + 1).unwrap();
     assert_eq!(v.len(), (1 << 20) + 1);
 }
+
+// ---- binning exponents (issue 33, finding 3) -------------------------------------------------
+
+/// The shim checks the exponents before it reads the upstream (here a null one): RMM sizes each
+/// bin as the int `1 << exponent`, which overflows from 31 on. Before the fix, 31 to 62 passed
+/// the shim's check (this call then failed only for the null upstream).
+#[test]
+fn the_shim_refuses_bin_exponents_past_30() {
+    let api = raft_sys::shim().expect("the shim loads");
+    for (min, max) in (31..=62).map(|max| (10, max)).chain([(-1, 10), (12, 11), (31, 31)]) {
+        let mut out = std::ptr::null_mut();
+        // SAFETY: a null upstream is refused by the shim; `out` is a local.
+        let status = unsafe { api.raftrs_mr_new_binning(std::ptr::null(), min, max, &mut out) };
+        let message = raft_sys::take_last_error(api);
+        assert_eq!(status, raft_sys::RAFTRS_STATUS_LOGIC, "{min}..{max}: {message}");
+        assert!(message.contains("<= 30") && out.is_null(), "{min}..{max}: {message}");
+    }
+}
+
+/// Through the API: refused with `Logic` before any native call, with 30 still accepted by the
+/// check (its bins then ask upstream for about 256 GiB: `OutOfMemory` on one H200).
+#[test]
+fn binning_refuses_exponents_past_30() {
+    require_gpu!();
+    let cuda = MemoryResource::cuda(0).unwrap();
+    for max in 31..=62 {
+        let e = cuda.binning(10, max).map(|_| ()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Logic, "10..{max}: {e}");
+        assert!(e.to_string().starts_with("MemoryResource::binning: bin exponents"), "{e}");
+    }
+    assert_eq!(raft::memory::MAX_BIN_EXPONENT, 30);
+    let small = cuda.binning(8, 12).unwrap();
+    let res = DeviceResources::new().unwrap();
+    assert_eq!(DeviceVec::<u8>::new_in(&res, 3000, &small).unwrap().len(), 3000);
+}

@@ -1244,11 +1244,13 @@ raftrs_status raftrs_mr_new_binning(const raftrs_mr* upstream, int32_t min_expon
 {
   return guard([&] {
     *out = nullptr;
-    refuse_over_failure_callback(upstream, "binning resource");
-    if (min_exponent < 0 || max_exponent > 62 || min_exponent > max_exponent) {
-      throw std::invalid_argument("bin exponents must satisfy 0 <= min <= max <= 62, given " +
+    // RMM sizes each bin as the int `1 << exponent`: 31 and above overflow it. Checked first,
+    // before anything is read from the upstream.
+    if (min_exponent < 0 || max_exponent > 30 || min_exponent > max_exponent) {
+      throw std::invalid_argument("bin exponents must satisfy 0 <= min <= max <= 30, given " +
                                   std::to_string(min_exponent) + " and " + std::to_string(max_exponent));
     }
+    refuse_over_failure_callback(upstream, "binning resource");
     *out = adapt<rmm::mr::binning_memory_resource>(
       upstream, static_cast<int8_t>(min_exponent), static_cast<int8_t>(max_exponent));
   });
