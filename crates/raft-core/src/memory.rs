@@ -189,7 +189,8 @@ impl MemoryResource {
     }
 
     /// An `rmm::mr::pool_memory_resource` over this resource: `initial` bytes at once (`None`:
-    /// half the free device memory, RMM's default), growing up to `maximum` (`None`: no limit).
+    /// half the free memory of this resource's device, RMM's default, whichever device the
+    /// calling thread is on), growing up to `maximum` (`None`: no limit).
     pub fn pool(&self, initial: Option<usize>, maximum: Option<usize>) -> Result<Self> {
         const WHO: &str = "MemoryResource::pool";
         Self::wrap(WHO, self.native.pool(WHO, initial, maximum)?)

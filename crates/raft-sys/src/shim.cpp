@@ -844,13 +844,14 @@ void refuse_over_failure_callback(raftrs_mr const* upstream, char const* what)
 {
   auto const& u = unwrap(upstream);
   std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(u.resource)}};
-  for (int depth = 0; at.has_value() && depth < 32; ++depth) {
+  // The whole chain, however deep (a bound let a callback 33 adaptors down through): it ends,
+  // since every adaptor was made over a resource that existed before it.
+  for (; at.has_value(); at = upstream_any(*at)) {
     if (classify(*at) == RAFTRS_MR_FAILURE_CALLBACK) {
       throw std::logic_error(std::string("a ") + what +
                              " over a failure-callback adaptor would run the callback under its own lock: "
                              "put the failure callback on top instead");
     }
-    at = upstream_any(*at);
   }
 }
 
@@ -1225,8 +1226,15 @@ raftrs_status raftrs_mr_new_pool(const raftrs_mr* upstream, int64_t initial, int
   return guard([&] {
     *out = nullptr;
     refuse_over_failure_callback(upstream, "pool");
-    std::size_t first = initial >= 0 ? static_cast<std::size_t>(initial)
-                                     : rmm::percent_of_free_device_memory(50);
+    std::size_t first = 0;
+    if (initial >= 0) {
+      first = static_cast<std::size_t>(initial);
+    } else {
+      // RMM's default, half the free memory, of the device the pool is for: RMM reads the
+      // current device's, which is the calling thread's, maybe another device.
+      device_scope scope{unwrap(upstream).device};
+      first = rmm::percent_of_free_device_memory(50);
+    }
     *out = adapt<rmm::mr::pool_memory_resource>(upstream, first, size_or_none(maximum));
   });
 }
