@@ -355,6 +355,70 @@ fn a_failing_shim_call_from_an_exit_handler_writes_no_destroyed_thread_local() {
     assert_eq!(c.result("at_exit").as_deref(), Some("failed"), "{}", c.stdout);
 }
 
+/// A failure callback far down a chain still refuses a pool, arena, binning or thread-safe
+/// resource over it (issue 33, finding 3): the shim's walk down the chain stopped after 32
+/// levels, so before the fix each of these over 40 statistics adaptors over the callback was
+/// accepted (the test fails with "pool over 40 adaptors over a failure callback: accepted"), and
+/// the callback would then run under the pool's lock.
+#[test]
+fn a_failure_callback_deep_down_the_chain_still_refuses_a_pool_over_it() {
+    require_gpu!();
+    let mut chain = MemoryResource::cuda(0).unwrap().with_limit(64 * MIB).unwrap().with_failure_callback(|_| false).unwrap();
+    for _ in 0..40 {
+        chain = chain.with_statistics().unwrap();
+    }
+    for (what, made) in [
+        ("pool", chain.pool(Some(32 * MIB), None)),
+        ("arena", chain.arena(Some(64 * MIB))),
+        ("binning", chain.binning(10, 12)),
+        ("thread_safe", chain.thread_safe()),
+    ] {
+        let e = made.err().unwrap_or_else(|| panic!("{what} over 40 adaptors over a failure callback: accepted"));
+        assert_eq!(e.kind(), ErrorKind::Logic, "{what}: {e}");
+        assert!(e.message().contains("failure-callback"), "{what}: {e}");
+    }
+    // The deep chain itself serves, and its limit still becomes `OutOfMemory`.
+    let res = DeviceResources::on_device(0).unwrap();
+    assert_eq!(DeviceVec::<u8>::new_in(&res, MIB, &chain).unwrap().len(), MIB);
+    assert_eq!(DeviceVec::<u8>::new_in(&res, 128 * MIB, &chain).unwrap_err().kind(), ErrorKind::OutOfMemory);
+}
+
+/// `pool(None, ..)` takes half the free memory of the pool's own device, whichever device the
+/// calling thread is on (issue 33, finding 4). Device 0 is mostly filled first, so half of its
+/// free memory is far below half of device 1's: before the fix the pool for device 1, made from
+/// a thread on device 0, took about 20% of device 1's free memory instead of 50%.
+#[test]
+fn a_pool_of_default_size_takes_half_the_free_memory_of_its_own_device() {
+    require_gpu!();
+    if raft::device_count().unwrap() < 2 {
+        skip("needs two GPUs: the pool is made for device 1 from a thread on device 0");
+        return;
+    }
+    let _one = one_at_a_time();
+    let (r0, r1) = (DeviceResources::on_device(0).unwrap(), DeviceResources::on_device(1).unwrap());
+    let (free0, _) = r0.context().mem_get_info().unwrap();
+    // cudaMalloc'd (not the async pool, which would keep it reserved after the test).
+    let filler = DeviceVec::<u8>::new_in(&r0, free0 / 10 * 6, &MemoryResource::cuda(0).unwrap()).unwrap();
+    let (free0_filled, _) = r0.context().mem_get_info().unwrap();
+    let cuda1 = MemoryResource::cuda(1).unwrap();
+    let (free1, _) = r1.context().mem_get_info().unwrap();
+    r0.context().bind_to_thread().unwrap();
+    assert_eq!(raft::current_device().unwrap(), 0, "the thread is on device 0 when the pool is made");
+    let pool = cuda1.pool(None, None).unwrap();
+    let (free1_after, _) = r1.context().mem_get_info().unwrap();
+    let taken = free1.saturating_sub(free1_after);
+    eprintln!(
+        "device 0: {} MiB free after filling; device 1: {} MiB free, the pool took {} MiB",
+        free0_filled / MIB,
+        free1 / MIB,
+        taken / MIB
+    );
+    let share = taken as f64 / free1 as f64;
+    assert!((0.45..=0.55).contains(&share), "the pool took {:.0}% of device 1's free memory, not half", share * 100.0);
+    drop(pool);
+    drop(filler);
+}
+
 // ---- helpers -------------------------------------------------------------------------------
 
 /// Tests of this process that replace device 0's current resource, or count what it serves, run

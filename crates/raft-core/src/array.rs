@@ -52,17 +52,14 @@ pub struct DeviceVec<T: DeviceScalar> {
 
 static_assertions::assert_impl_all!(DeviceVec<f32>: Send, Sync);
 
-fn bytes_of<T>(who: &'static str, len: usize) -> Result<usize> {
-    len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
-        Error::new(ErrorKind::OutOfMemory, who, format!("{len} elements of {} bytes do not fit in memory", std::mem::size_of::<T>()))
-    })
-}
-
 impl<T: DeviceScalar> DeviceVec<T> {
     /// `len` elements with unspecified contents, from the device's current RMM resource.
     ///
     /// # Errors
-    /// `OutOfMemory` when the allocation fails; `Logic` on released resources.
+    /// `OutOfMemory` when the allocation fails, and for more than 2^48 bytes (256 TiB, more than
+    /// any device holds), refused before RMM sees them; `Logic` on released resources, and for a
+    /// length whose byte count overflows or comes within 4096 bytes of `usize::MAX` (RMM's
+    /// rounding to its alignment would wrap).
     pub fn new(resources: &DeviceResources, len: usize) -> Result<Self> {
         Self::alloc("DeviceVec::new", resources, None, len)
     }
@@ -71,13 +68,14 @@ impl<T: DeviceScalar> DeviceVec<T> {
     ///
     /// # Errors
     /// `Logic` when `mr` belongs to another device or the resources were released;
-    /// `OutOfMemory` when the allocation fails.
+    /// `OutOfMemory` when the allocation fails; sizes as [`new`](Self::new).
     pub fn new_in(resources: &DeviceResources, len: usize, mr: &MemoryResource) -> Result<Self> {
         Self::alloc("DeviceVec::new_in", resources, Some(mr), len)
     }
 
     fn alloc(who: &'static str, resources: &DeviceResources, mr: Option<&MemoryResource>, len: usize) -> Result<Self> {
-        let bytes = bytes_of::<T>(who, len)?;
+        // Refused before the retry below: no release can make room for it.
+        let bytes = crate::result::allocation_bytes::<T>(who, len)?;
         if let Some(mr) = mr {
             if mr.device() != resources.device() {
                 return Err(Error::logic(

@@ -2,7 +2,7 @@
 //! RMM's pinned host resource, and [`RegisteredSlice`], a caller's own slice page-locked in
 //! place (`cuMemHostRegister`).
 use crate::array::DeviceVec;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::memory::{MemoryResource, MemoryResourceKind};
 use crate::resources::DeviceResources;
 use crate::result::copy::{HostMut, HostRef, NativeHostBuffer};
@@ -50,12 +50,10 @@ fn same_len(who: &'static str, from: usize, into: usize) -> Result<()> {
     Ok(())
 }
 
-/// `len` elements of `T` in bytes, or the `OutOfMemory` error of a size no memory holds (as
-/// `DeviceVec` reports it): refused before any CUDA call.
+/// `len` elements of `T` in bytes, or the error of a size no memory holds (as `DeviceVec`
+/// reports it): refused before any CUDA call, also before the resource is made or found.
 pub(crate) fn bytes_for<T>(who: &'static str, len: usize) -> Result<usize> {
-    len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
-        Error::new(ErrorKind::OutOfMemory, who, format!("{len} elements of {} bytes do not fit in memory", std::mem::size_of::<T>()))
-    })
+    crate::result::allocation_bytes::<T>(who, len)
 }
 
 /// The pinned host resource this library allocates from on `device` (one per device, made on
@@ -116,8 +114,9 @@ impl<T: DeviceScalar> PinnedVec<T> {
     /// `len` zeros in page-locked memory for `device` (a number, or resources on it).
     ///
     /// # Errors
-    /// `OutOfMemory` when the memory cannot be page-locked (or `len` elements fit in no
-    /// memory); `Logic` for a device that does not exist; `Cuda` without a driver.
+    /// `OutOfMemory` when the memory cannot be page-locked, and for more than 2^48 bytes;
+    /// `Logic` for a device that does not exist, and for a length whose byte count overflows or
+    /// comes within 4096 bytes of `usize::MAX` (as [`DeviceVec::new`]); `Cuda` without a driver.
     pub fn new(device: impl AsDevice, len: usize) -> Result<Self> {
         const WHO: &str = "PinnedVec::new";
         let bytes = bytes_for::<T>(WHO, len)?;
@@ -519,12 +518,18 @@ impl<T: DeviceScalar> sealed::Sealed for RegisteredSlice<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
 
     #[test]
     fn sizes_no_memory_holds_are_refused_before_any_cuda_call() {
+        // An overflowing byte count is a wrong length; a size past 2^48 bytes is memory no one has.
         let e = bytes_for::<f64>("PinnedVec::new", usize::MAX / 4).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::OutOfMemory);
+        assert_eq!(e.kind(), ErrorKind::Logic);
         assert!(e.to_string().starts_with("PinnedVec::new: "), "{e}");
+        assert_eq!(bytes_for::<u8>("x", usize::MAX - 7).unwrap_err().kind(), ErrorKind::Logic);
+        assert_eq!(bytes_for::<u8>("x", usize::MAX - 4096).unwrap_err().kind(), ErrorKind::OutOfMemory);
+        assert_eq!(bytes_for::<u32>("x", (1 << 46) + 1).unwrap_err().kind(), ErrorKind::OutOfMemory);
+        assert_eq!(bytes_for::<u32>("x", 1 << 46).unwrap(), 1 << 48);
         assert_eq!(bytes_for::<u16>("x", 3).unwrap(), 6);
     }
 

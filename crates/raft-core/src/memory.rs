@@ -22,6 +22,24 @@ use raft_sys as sys;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock};
 
+/// The largest bin exponent [`MemoryResource::binning`] takes: RMM makes each bin's size as the
+/// C++ `int` `1 << exponent`, which overflows from 31 on (undefined behaviour; in practice a
+/// bin of about 2^64 bytes). Each bin also takes 128 blocks from upstream when made, so bins
+/// near this bound already ask for hundreds of GiB.
+pub const MAX_BIN_EXPONENT: u8 = 30;
+
+/// Refuses bin exponents RMM cannot build bins from (see [`MAX_BIN_EXPONENT`]), before any
+/// native call.
+fn check_bin_exponents(who: &'static str, min_exponent: u8, max_exponent: u8) -> Result<()> {
+    if min_exponent > max_exponent || max_exponent > MAX_BIN_EXPONENT {
+        return Err(Error::logic(
+            who,
+            format!("bin exponents must satisfy min <= max <= {MAX_BIN_EXPONENT}, given {min_exponent} and {max_exponent}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Which kind of RMM memory resource a [`MemoryResource`] is.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -171,7 +189,8 @@ impl MemoryResource {
     }
 
     /// An `rmm::mr::pool_memory_resource` over this resource: `initial` bytes at once (`None`:
-    /// half the free device memory, RMM's default), growing up to `maximum` (`None`: no limit).
+    /// half the free memory of this resource's device, RMM's default, whichever device the
+    /// calling thread is on), growing up to `maximum` (`None`: no limit).
     pub fn pool(&self, initial: Option<usize>, maximum: Option<usize>) -> Result<Self> {
         const WHO: &str = "MemoryResource::pool";
         Self::wrap(WHO, self.native.pool(WHO, initial, maximum)?)
@@ -185,8 +204,12 @@ impl MemoryResource {
 
     /// An `rmm::mr::binning_memory_resource` over this resource with bins of 2^`min_exponent`
     /// to 2^`max_exponent` bytes; larger allocations go to this resource.
+    ///
+    /// # Errors
+    /// `Logic` unless `min_exponent <= max_exponent <=` [`MAX_BIN_EXPONENT`] (30).
     pub fn binning(&self, min_exponent: u8, max_exponent: u8) -> Result<Self> {
         const WHO: &str = "MemoryResource::binning";
+        check_bin_exponents(WHO, min_exponent, max_exponent)?;
         Self::wrap(WHO, self.native.binning(WHO, min_exponent, max_exponent)?)
     }
 
@@ -745,6 +768,19 @@ mod tests {
         }
         assert_eq!(list.len(), 2, "the registry grew with adaptors long gone");
         assert!(list[0].upgrade().is_some());
+    }
+
+    #[test]
+    fn bin_exponents_past_30_are_refused_before_any_native_call() {
+        for max in 31..=u8::MAX {
+            let e = check_bin_exponents("MemoryResource::binning", 10, max).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::Logic);
+            assert_eq!(e.to_string(), format!("MemoryResource::binning: bin exponents must satisfy min <= max <= 30, given 10 and {max}"));
+        }
+        assert_eq!(check_bin_exponents("x", 12, 11).unwrap_err().kind(), crate::ErrorKind::Logic);
+        for (min, max) in [(0, 0), (10, 20), (0, 30), (30, 30)] {
+            check_bin_exponents("x", min, max).unwrap();
+        }
     }
 
     #[test]

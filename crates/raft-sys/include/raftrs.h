@@ -188,7 +188,8 @@ raftrs_status raftrs_mr_new_cuda_async(int32_t device, int64_t initial_pool_size
 raftrs_status raftrs_mr_new_pool(const raftrs_mr* upstream, int64_t initial, int64_t maximum, raftrs_mr** out);
 /** arena_memory_resource over `upstream` (`arena_size` negative: RMM's default). */
 raftrs_status raftrs_mr_new_arena(const raftrs_mr* upstream, int64_t arena_size, raftrs_mr** out);
-/** binning_memory_resource over `upstream` with bins of 2^min_exponent .. 2^max_exponent bytes. */
+/** binning_memory_resource over `upstream` with bins of 2^min_exponent .. 2^max_exponent bytes,
+ *  0 <= min <= max <= 30 (RMM makes each bin size as the int `1 << exponent`). */
 raftrs_status raftrs_mr_new_binning(const raftrs_mr* upstream, int32_t min_exponent, int32_t max_exponent, raftrs_mr** out);
 /** limiting_resource_adaptor over `upstream`, refusing past `limit` bytes (as out of memory). */
 raftrs_status raftrs_mr_new_limiting(const raftrs_mr* upstream, size_t limit, raftrs_mr** out);
@@ -271,7 +272,9 @@ typedef struct raftrs_buffer raftrs_buffer;
 /** Allocates `bytes` on `stream` from `mr`, or from `device`'s current resource when `mr` is
  *  NULL (the buffer then holds a shared copy of it). `*data` receives the device pointer and
  *  `*stream_ordered` 1 when the resource frees stream-ordered without blocking (the async pool,
- *  RMM's pools, or adaptors over them), 0 when freeing may wait (cudaFree synchronises). */
+ *  RMM's pools, or adaptors over them), 0 when freeing may wait (cudaFree synchronises).
+ *  Before any CUDA call, a size within 4096 bytes of SIZE_MAX (RMM's rounding would wrap) is
+ *  RAFTRS_STATUS_LOGIC and a size over 2^48 bytes RAFTRS_STATUS_OUT_OF_MEMORY. */
 raftrs_status raftrs_buffer_create(int32_t device,
                                    const raftrs_mr* mr,
                                    void* stream,

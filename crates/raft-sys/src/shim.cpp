@@ -846,6 +846,28 @@ T* cast(raftrs_mr const* mr)
   return cuda::mr::resource_cast<T>(&ref);
 }
 
+/// The most bytes one allocation may ask for: 2^48 (256 TiB), more than any device or any host's
+/// page-locked memory holds. RMM's resources round sizes up (to 256 bytes; the pinned host
+/// resource adds a header) with arithmetic that wraps near SIZE_MAX: a pool served SIZE_MAX bytes
+/// as a 0-byte block, the pinned resource gave 256 bytes for SIZE_MAX - 7. The Rust side refuses
+/// the same sizes first (MAX_ALLOCATION_BYTES and ROUNDING_SLACK in raft-core's result layer).
+constexpr std::size_t max_allocation_bytes = std::size_t{1} << 48;
+/// Sizes within this of SIZE_MAX are not sizes (their rounding wraps): a logic error.
+constexpr std::size_t rounding_slack = 4096;
+
+/// Refuses what no resource can serve; touches no CUDA (callable without a driver).
+void refuse_unservable(std::size_t bytes)
+{
+  if (bytes > std::numeric_limits<std::size_t>::max() - rounding_slack) {
+    throw std::invalid_argument(std::to_string(bytes) +
+                                " bytes: rounding the size up to an allocation's alignment wraps around");
+  }
+  if (bytes > max_allocation_bytes) {
+    throw rmm::out_of_memory(std::to_string(bytes) +
+                             " bytes is more than any device or host memory holds (at most 2^48 bytes in one allocation)");
+  }
+}
+
 /// The device memory behind raftrs_buffer: the pointer and its own copy of the resource that
 /// must free it. Replacing the per-device resource, or dropping every other handle to it, never
 /// invalidates a live buffer.
@@ -900,13 +922,14 @@ void refuse_over_failure_callback(raftrs_mr const* upstream, char const* what)
 {
   auto const& u = unwrap(upstream);
   std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(u.resource)}};
-  for (int depth = 0; at.has_value() && depth < 32; ++depth) {
+  // The whole chain, however deep (a bound let a callback 33 adaptors down through): it ends,
+  // since every adaptor was made over a resource that existed before it.
+  for (; at.has_value(); at = upstream_any(*at)) {
     if (classify(*at) == RAFTRS_MR_FAILURE_CALLBACK) {
       throw std::logic_error(std::string("a ") + what +
                              " over a failure-callback adaptor would run the callback under its own lock: "
                              "put the failure callback on top instead");
     }
-    at = upstream_any(*at);
   }
 }
 
@@ -1281,8 +1304,15 @@ raftrs_status raftrs_mr_new_pool(const raftrs_mr* upstream, int64_t initial, int
   return guard([&] {
     *out = nullptr;
     refuse_over_failure_callback(upstream, "pool");
-    std::size_t first = initial >= 0 ? static_cast<std::size_t>(initial)
-                                     : rmm::percent_of_free_device_memory(50);
+    std::size_t first = 0;
+    if (initial >= 0) {
+      first = static_cast<std::size_t>(initial);
+    } else {
+      // RMM's default, half the free memory, of the device the pool is for: RMM reads the
+      // current device's, which is the calling thread's, maybe another device.
+      device_scope scope{unwrap(upstream).device};
+      first = rmm::percent_of_free_device_memory(50);
+    }
     *out = adapt_fenced<rmm::mr::pool_memory_resource>(upstream, first, size_or_none(maximum));
   });
 }
@@ -1300,11 +1330,13 @@ raftrs_status raftrs_mr_new_binning(const raftrs_mr* upstream, int32_t min_expon
 {
   return guard([&] {
     *out = nullptr;
-    refuse_over_failure_callback(upstream, "binning resource");
-    if (min_exponent < 0 || max_exponent > 62 || min_exponent > max_exponent) {
-      throw std::invalid_argument("bin exponents must satisfy 0 <= min <= max <= 62, given " +
+    // RMM sizes each bin as the int `1 << exponent`: 31 and above overflow it. Checked first,
+    // before anything is read from the upstream.
+    if (min_exponent < 0 || max_exponent > 30 || min_exponent > max_exponent) {
+      throw std::invalid_argument("bin exponents must satisfy 0 <= min <= max <= 30, given " +
                                   std::to_string(min_exponent) + " and " + std::to_string(max_exponent));
     }
+    refuse_over_failure_callback(upstream, "binning resource");
     *out = adapt_fenced<rmm::mr::binning_memory_resource>(
       upstream, static_cast<int8_t>(min_exponent), static_cast<int8_t>(max_exponent));
   });
@@ -1655,6 +1687,9 @@ raftrs_status raftrs_buffer_create(int32_t device,
 {
   return guard([&] {
     *out = nullptr;
+    // First: the resources' own arithmetic must never see such a size, and the check needs no
+    // device.
+    refuse_unservable(bytes);
     device_scope scope{device};
     auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, false});
     if (mr == nullptr) {

@@ -853,6 +853,46 @@ macro_rules! scalars {
 }
 scalars!(f32, f64, i8, i16, i32, i64, u8, u16, u32, u64);
 
+/// The most bytes one allocation may ask for: 2^48 (256 TiB), what a 48-bit virtual address
+/// space spans, and more than any device's memory or any host's page-locked memory. A larger
+/// size is refused as `OutOfMemory` before it reaches RMM, whose resources round sizes up (to
+/// 256 bytes; the pinned host resource also adds a header) with arithmetic that wraps near
+/// `usize::MAX`: `usize::MAX` bytes became a 0-byte block of a pool, and the pinned resource
+/// allocated 256 bytes for `usize::MAX - 7` (issue 33). The shim refuses the same sizes
+/// (`max_allocation_bytes` in shim.cpp).
+pub(crate) const MAX_ALLOCATION_BYTES: usize = 1 << 48;
+
+/// Sizes within this of `usize::MAX` are a `Logic` error rather than `OutOfMemory`: rounding them
+/// up to an allocator's alignment wraps around, so they are not sizes at all. The shim's
+/// `rounding_slack` is the same.
+pub(crate) const ROUNDING_SLACK: usize = 4096;
+
+/// Refuses an allocation of `bytes` that no resource can serve (see [`MAX_ALLOCATION_BYTES`]),
+/// before any CUDA call.
+pub(crate) fn check_allocation(who: &'static str, bytes: usize) -> Result<()> {
+    if bytes > usize::MAX - ROUNDING_SLACK {
+        return Err(Error::logic(who, format!("{bytes} bytes: rounding the size up to an allocation's alignment wraps around")));
+    }
+    if bytes > MAX_ALLOCATION_BYTES {
+        return Err(Error::new(
+            ErrorKind::OutOfMemory,
+            who,
+            format!("{bytes} bytes is more than any device or host memory holds (at most 2^48 bytes in one allocation)"),
+        ));
+    }
+    Ok(())
+}
+
+/// The bytes of `len` elements of `T`, refused as [`check_allocation`] refuses them; a product
+/// that overflows is a `Logic` error (the length is wrong, not the memory short).
+pub(crate) fn allocation_bytes<T>(who: &'static str, len: usize) -> Result<usize> {
+    let size = std::mem::size_of::<T>();
+    let bytes =
+        len.checked_mul(size).ok_or_else(|| Error::logic(who, format!("{len} elements of {size} bytes: the byte count overflows")))?;
+    check_allocation(who, bytes)?;
+    Ok(bytes)
+}
+
 /// Device bytes from an RMM resource, ordered on one stream, holding (a shared copy of) the
 /// resource that frees them and the stream they are ordered on.
 pub(crate) struct NativeBuffer {
@@ -871,8 +911,11 @@ unsafe impl Send for NativeBuffer {}
 unsafe impl Sync for NativeBuffer {}
 
 impl NativeBuffer {
-    /// `bytes` from `mr`, or from `device`'s current resource, on `stream`.
+    /// `bytes` from `mr`, or from `device`'s current resource, on `stream`. Every allocation of
+    /// the crate, device or page-locked, comes through here: a size no resource can serve is
+    /// refused here whoever asked (and again by the shim).
     pub(crate) fn create(who: &'static str, device: usize, mr: Option<&NativeMr>, stream: &Arc<CudaStream>, bytes: usize) -> Result<Self> {
+        check_allocation(who, bytes)?;
         let api = api(who)?;
         // No context guard: the shim makes the device current around the call and puts the
         // caller's exact context back (its device_scope); nothing here binds one.
