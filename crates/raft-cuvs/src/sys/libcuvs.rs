@@ -1,8 +1,10 @@
-//! Loading cuVS's C library (`libcuvs_c.so`) at first use, so that a binary built with cuVS
-//! support starts without it, and says exactly what is missing when it is not there.
-use super::bindings::CuvsApi;
-use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
-use std::ffi::{c_int, c_uint, c_void, CStr};
+//! Where cuVS's C library (`libcuvs_c.so`) may be, what it needs loaded first, and the checks
+//! that it is cuVS 26.08: the cuVS part of loading it at first use. The rules (search order,
+//! RUNPATH, preloading, the message) are raft-sys's one loader, [`raft_sys::load`].
+use super::bindings::{cuvsError_t, CuvsApi};
+use libloading::os::unix::Library;
+use raft_sys::load::{self, LoadError, Preload, Spec};
+use std::ffi::{c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -28,10 +30,6 @@ const NVJITLINK: &str = "libnvJitLink.so.13";
 /// One of the eight nvJitLink entry points of version 13.3 that libcuvs.so 26.08 calls (and
 /// libraft.so too): an older nvJitLink lacks them, and the dynamic loader then refuses libcuvs.
 const NVJITLINK_13_3: &[u8] = b"__nvJitLinkCreate_13_3\0";
-
-/// Why cuVS could not be loaded: which library, where it looked, what to do (raft-sys's type,
-/// shared by every loader of this workspace).
-pub use raft_sys::LoadError;
 
 struct Loaded {
     api: CuvsApi,
@@ -59,15 +57,16 @@ static API: OnceLock<Result<Loaded, LoadError>> = OnceLock::new();
 /// the directories raft-sys was built against; a library the process already has (librmm loaded
 /// by the raft-rs shim, say) is the one cuVS binds to, so there is one RMM in the process.
 ///
-/// cuVS 26.08 needs nvJitLink 13.3 or newer, and a process holds one `libnvJitLink.so.13`: when
-/// an older one is loaded already (the raft-rs shim loads the base stack's 13.2 for cuSOLVER),
-/// the error says so and what to set. Calling [`crate::load`] before the first raft call avoids
-/// it: the newer one is loaded first and the shim then binds to it.
+/// cuVS 26.08 needs nvJitLink 13.3 or newer, and a process holds one `libnvJitLink.so.13`. The
+/// raft-rs shim, loaded first, loads cuVS's when it finds it (`RAFT_CUVS_LIB_PATH`, around
+/// `RAFT_CUVS_LIB`, or where `cargo xtask deps --cuvs` unpacks), so the order of the first calls
+/// does not matter there. When an older one is loaded all the same (`RAFT_RS_LIB_PATH` naming
+/// the base stack's, a cuVS installed elsewhere), the error says so and what to set.
 ///
 /// The library is never unloaded, and its version must be 26.08 (the bindings' struct layouts
 /// are that release's).
 pub fn api() -> Result<&'static CuvsApi, &'static LoadError> {
-    match API.get_or_init(load) {
+    match API.get_or_init(load_cuvs) {
         Ok(loaded) => Ok(&loaded.api),
         Err(e) => Err(e),
     }
@@ -78,31 +77,9 @@ pub fn loaded_from() -> Option<&'static Path> {
     API.get().and_then(|r| r.as_ref().ok()).map(|l| l.path.as_path())
 }
 
-fn env_dirs() -> Vec<PathBuf> {
-    std::env::var_os("RAFT_CUVS_LIB_PATH").map(|dirs| std::env::split_paths(&dirs).collect()).unwrap_or_default()
-}
-
 /// The roots the build found (see `build.rs`).
 fn build_roots() -> Vec<PathBuf> {
     std::env::split_paths(env!("RAFT_CUVS_ROOTS")).filter(|p| !p.as_os_str().is_empty()).collect()
-}
-
-/// The `libcuvs_c.so` files to try, and whether `RAFT_CUVS_LIB` named the only one.
-fn candidates() -> (Vec<PathBuf>, bool) {
-    let (beside, explicit) = raft_sys::shipped_library_candidates("RAFT_CUVS_LIB", LIB_FILE);
-    if explicit {
-        return (beside, true);
-    }
-    let mut found: Vec<PathBuf> = env_dirs().into_iter().map(|d| d.join(LIB_FILE)).collect();
-    found.extend(beside);
-    for root in build_roots() {
-        for sub in ["libcuvs/lib64", "lib", "lib64"] {
-            found.push(root.join(sub).join(LIB_FILE));
-        }
-    }
-    // Last, the bare name: the dynamic loader's own search.
-    found.push(PathBuf::from(LIB_FILE));
-    (found, false)
 }
 
 /// Where the libraries cuVS needs may be, for the candidate `lib`, in the dynamic loader's own
@@ -110,49 +87,26 @@ fn candidates() -> (Vec<PathBuf>, bool) {
 /// (libcuvs's RPATH, which comes before `LD_LIBRARY_PATH`); `LD_LIBRARY_PATH`; the directories
 /// raft-sys was built against (the shim's RUNPATH, which comes after it).
 fn dependency_dirs(lib: &Path) -> Vec<PathBuf> {
-    let mut dirs = env_dirs();
+    let mut dirs = load::env_dirs("RAFT_CUVS_LIB_PATH");
     if let Some(dir) = lib.parent().filter(|d| !d.as_os_str().is_empty()) {
         dirs.push(dir.to_path_buf());
         // The wheels' layout: <site>/libcuvs/lib64 beside <site>/nvidia/{cu13,nccl}/lib.
         dirs.push(dir.join("../../nvidia/cu13/lib"));
         dirs.push(dir.join("../../nvidia/nccl/lib"));
     }
-    if let Some(path) = std::env::var_os("LD_LIBRARY_PATH") {
-        dirs.extend(std::env::split_paths(&path).filter(|p| !p.as_os_str().is_empty()));
-    }
+    dirs.extend(load::env_dirs("LD_LIBRARY_PATH"));
     dirs.extend(std::env::split_paths(raft_sys::build_info::LIB_DIRS).filter(|p| !p.as_os_str().is_empty()));
     dirs
 }
 
-/// The library the process already has under `soname`, if any (a new reference to it).
-fn already_loaded(soname: &str) -> Option<Library> {
-    // SAFETY: RTLD_NOLOAD only looks the name up among the loaded objects: nothing is loaded, no
-    // initialiser runs.
-    unsafe { Library::open(Some(soname), RTLD_NOW | libc::RTLD_NOLOAD) }.ok()
-}
-
-/// Loads the dependencies found in `dirs` that the process does not have yet, leaves first.
-fn preload(dirs: &[PathBuf]) -> Vec<String> {
-    let mut problems = Vec::new();
-    for name in DEPENDENCIES {
-        if already_loaded(name).is_some() {
-            continue; // the dynamic loader gives cuVS this very one
-        }
-        let Some(path) = dirs.iter().map(|d| d.join(name)).find(|p| p.is_file()) else { continue };
-        // SAFETY: loading a CUDA or RAPIDS library runs its initialisers, which make no CUDA call
-        // that needs a device; the handle is leaked on purpose (never unloaded).
-        match unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_LOCAL) } {
-            Ok(lib) => std::mem::forget(lib),
-            Err(e) => problems.push(format!("{}: {e}", path.display())),
-        }
-    }
-    problems
+fn preload(lib: &Path) -> Vec<Preload> {
+    vec![Preload { files: DEPENDENCIES.to_vec(), dirs: dependency_dirs(lib), global: false }]
 }
 
 /// Refuses an nvJitLink older than 13.3 already in the process: loading libcuvs.so over it fails
 /// with an undefined symbol that names none of this.
-fn check_nvjitlink(dirs: &[PathBuf]) -> Result<(), String> {
-    let Some(lib) = already_loaded(NVJITLINK) else { return Ok(()) };
+fn check_nvjitlink(candidate: &Path) -> Result<(), String> {
+    let Some(lib) = load::already_loaded(NVJITLINK) else { return Ok(()) };
     // SAFETY: only looks the symbol up; it is not called.
     if unsafe { lib.get::<*const c_void>(NVJITLINK_13_3) }.is_ok() {
         return Ok(());
@@ -162,22 +116,22 @@ fn check_nvjitlink(dirs: &[PathBuf]) -> Result<(), String> {
         Some(shim) => format!(" (the raft-rs shim, {}, loaded it for cuSOLVER)", shim.display()),
         None => String::new(),
     };
-    let newer = dirs
-        .iter()
-        .find(|d| d.join(NVJITLINK).is_file() && !from.as_deref().is_some_and(|f| Path::new(f).starts_with(d)))
-        .map(|d| d.canonicalize().unwrap_or_else(|_| d.clone()).display().to_string())
+    let newer = dependency_dirs(candidate)
+        .into_iter()
+        .find(|d| d.join(NVJITLINK).is_file() && !from.as_deref().is_some_and(|f| f.starts_with(d)))
+        .map(|d| d.canonicalize().unwrap_or(d).display().to_string())
         .unwrap_or_else(|| "<a directory holding nvJitLink 13.3 or newer>".into());
     Err(format!(
         "{NVJITLINK} {version} is already loaded in this process{}{by_shim}, and cuVS 26.08 needs 13.3 or newer \
-         (libcuvs.so calls __nvJitLinkCreate_13_3); a process holds one {NVJITLINK}. Call raft_cuvs::load() before \
-         the first raft call (it loads the newer one first, and the shim then binds to it), or make the shim load the \
-         newer one: RAFT_RS_LIB_PATH={newer} (or LD_LIBRARY_PATH)",
-        from.map(|f| format!(" (from {f})")).unwrap_or_default()
+         (libcuvs.so calls __nvJitLinkCreate_13_3); a process holds one {NVJITLINK}. Make the shim load the newer one \
+         first: RAFT_CUVS_LIB_PATH={newer} (the shim looks there too) or RAFT_RS_LIB_PATH={newer}, or call \
+         raft_cuvs::load() before the first raft call",
+        from.map(|f| format!(" (from {})", f.display())).unwrap_or_default()
     ))
 }
 
 /// nvJitLink's version (`nvJitLinkVersion`) and file, for the message.
-fn describe_nvjitlink(lib: &Library) -> (String, Option<String>) {
+fn describe_nvjitlink(lib: &Library) -> (String, Option<PathBuf>) {
     type VersionFn = unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> c_int;
     // SAFETY: nvJitLinkVersion has this signature in every nvJitLink 12 and 13.
     let Ok(version_fn) = (unsafe { lib.get::<VersionFn>(b"nvJitLinkVersion\0") }) else { return ("(of unknown version)".into(), None) };
@@ -185,15 +139,7 @@ fn describe_nvjitlink(lib: &Library) -> (String, Option<String>) {
     // SAFETY: writes two integers through valid pointers; makes no CUDA call.
     let version =
         if unsafe { version_fn(&mut major, &mut minor) } == 0 { format!("{major}.{minor}") } else { "(of unknown version)".into() };
-    // SAFETY: an all-zero Dl_info is valid; dladdr fills it for an address inside a loaded object.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: the address is a function of a loaded library; dli_fname, when set, is a
-    // NUL-terminated string owned by the loader, copied at once.
-    let file = unsafe {
-        (libc::dladdr(*version_fn as *const c_void, &mut info) != 0 && !info.dli_fname.is_null())
-            .then(|| CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned())
-    };
-    (version, file)
+    (version, load::file_of(*version_fn as *const c_void))
 }
 
 fn advice() -> String {
@@ -206,84 +152,39 @@ fn advice() -> String {
     )
 }
 
-/// A `libcuvs_c.so` the process already has (linked by the `cuvs` crate, or loaded by Python's
-/// `libcuvs`), and its file: loading another copy by path would give the process two cuVS.
-fn already_in_process() -> Option<(Library, PathBuf)> {
-    let lib = already_loaded(LIB_FILE)?;
-    // SAFETY: only looks the symbol up.
-    let symbol = unsafe { lib.get::<*const c_void>(b"cuvsVersionGet\0") }.ok()?;
-    // SAFETY: an all-zero Dl_info is valid; dladdr fills it for an address inside a loaded
-    // object; dli_fname, when set, is a NUL-terminated string owned by the loader, copied at once.
-    let file = unsafe {
-        let mut info: libc::Dl_info = std::mem::zeroed();
-        (libc::dladdr(*symbol, &mut info) != 0 && !info.dli_fname.is_null())
-            .then(|| PathBuf::from(CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned()))
-    }?;
-    Some((lib, file))
-}
-
-fn load() -> Result<Loaded, LoadError> {
-    if std::env::var_os("RAFT_CUVS_LIB").is_none() {
-        if let Some((lib, path)) = already_in_process() {
-            return api_of(lib, &path).map_err(|why| LoadError::new(format!("could not use the cuVS already loaded: {why}")));
+fn load_cuvs() -> Result<Loaded, LoadError> {
+    let mut built = Vec::new();
+    for root in build_roots() {
+        for sub in ["libcuvs/lib64", "lib", "lib64"] {
+            built.push(root.join(sub).join(LIB_FILE));
         }
     }
-    let (paths, explicit) = candidates();
-    let mut tried = Vec::new();
-    for path in &paths {
-        let bare = path.components().count() == 1;
-        if !bare && !path.exists() {
-            tried.push(format!("{} (absent)", path.display()));
-            continue;
-        }
-        let dirs = dependency_dirs(path);
-        let problems = preload(&dirs);
-        if let Err(why) = check_nvjitlink(&dirs) {
-            return Err(LoadError::new(format!("could not load cuVS ({}): {why}.", path.display())));
-        }
-        // SAFETY: cuVS's initialisers (and its CUDA libraries') make no call that needs a device;
-        // RTLD_NOW resolves every symbol now, so a missing one is an error here rather than a
-        // crash later; RTLD_LOCAL keeps cuVS's C++ symbols out of the global namespace. The
-        // library is never unloaded (kept in a static).
-        let lib = match unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) } {
-            Ok(lib) => lib,
-            Err(e) if bare => {
-                tried.push(format!("{LIB_FILE} through the dynamic loader's search: {e}"));
-                continue;
-            }
-            Err(e) => {
-                let extra = if problems.is_empty() { String::new() } else { format!(" (and: {})", problems.join("; ")) };
-                tried.push(format!("{}: {e}{extra}", path.display()));
-                continue;
-            }
-        };
-        match api_of(lib, path) {
-            Ok(loaded) => return Ok(loaded),
-            Err(why) => tried.push(why),
-        }
-    }
-    let mut message = format!("could not load cuVS's C library ({LIB_FILE}): {}.", tried.join("; "));
-    if explicit {
-        message.push_str(" (RAFT_CUVS_LIB names it.)");
-    }
-    message.push(' ');
-    message.push_str(&advice());
-    Err(LoadError::new(message))
+    let spec = Spec {
+        what: "cuVS's C library",
+        file: LIB_FILE,
+        path_var: "RAFT_CUVS_LIB",
+        dirs_var: Some("RAFT_CUVS_LIB_PATH"),
+        built,
+        system_search: true,
+        reuse_symbol: Some(c"cuvsVersionGet"),
+        preload: &preload,
+        check: &check_nvjitlink,
+        advice: advice(),
+    };
+    let loaded = load::open(&spec, |lib, _| api_of(lib))?;
+    Ok(Loaded { api: loaded.api, path: loaded.path })
 }
 
 /// The C API of a loaded `libcuvs_c.so`, refused unless it is cuVS 26.08.
-fn api_of(lib: Library, path: &Path) -> Result<Loaded, String> {
+fn api_of(lib: Library) -> Result<CuvsApi, String> {
     // SAFETY: every symbol is looked up with the signature of cuVS 26.08's headers, which the
     // bindings were generated from; the version is checked just below.
-    let api = unsafe { CuvsApi::from_library(lib) }.map_err(|e| format!("{}: not the C API of cuVS 26.08 ({e})", path.display()))?;
+    let api = unsafe { CuvsApi::from_library(lib) }.map_err(|e| format!("not the C API of cuVS 26.08 ({e})"))?;
     let (mut major, mut minor, mut patch) = (0u16, 0u16, 0u16);
     // SAFETY: writes three integers through valid pointers; makes no CUDA call.
     let status = unsafe { api.cuvsVersionGet(&mut major, &mut minor, &mut patch) };
-    if status != super::cuvsError_t::CUVS_SUCCESS || (major, minor) != (26, 8) {
-        return Err(format!(
-            "{}: cuVS {major}.{minor:02}.{patch:02}, not 26.08 (the bindings' struct layouts are 26.08's)",
-            path.display()
-        ));
+    if status != cuvsError_t::CUVS_SUCCESS || (major, minor) != (26, 8) {
+        return Err(format!("cuVS {major}.{minor:02}.{patch:02}, not 26.08 (the bindings' struct layouts are 26.08's)"));
     }
-    Ok(Loaded { api, path: path.to_path_buf() })
+    Ok(api)
 }
