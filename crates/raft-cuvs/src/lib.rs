@@ -46,6 +46,7 @@ mod cagra;
 mod check;
 mod distance;
 mod dlpack;
+mod lent;
 mod resources;
 mod result;
 pub mod sys;
@@ -53,8 +54,9 @@ pub mod sys;
 pub use brute_force::{brute_force_knn, BruteForceIndex, Neighbors};
 pub use cagra::{CagraBuildAlgo, CagraIndex, CagraIndexParams, CagraSearchAlgo, CagraSearchParams};
 pub use distance::Metric;
+pub use lent::CuvsResources;
 pub use raft_core::DeviceResources;
-pub use resources::{with_cuvs, CuvsResources};
+pub use resources::with_cuvs;
 
 /// Loads cuVS now (otherwise the first call does), and says where from.
 ///
