@@ -141,14 +141,15 @@ pub fn already_loaded(soname: &str) -> Option<Library> {
     unsafe { Library::open(Some(soname), RTLD_NOW | libc::RTLD_NOLOAD) }.ok()
 }
 
-/// The file of the loaded object that holds `address` (`dladdr`).
-pub fn file_of(address: *const c_void) -> Option<PathBuf> {
+/// The file of the loaded object that holds `address` (`dladdr`; an integer, since it is only
+/// looked up in the loader's tables, never read).
+pub fn file_of(address: usize) -> Option<PathBuf> {
     // SAFETY: an all-zero Dl_info is valid; dladdr only reads the loader's tables for the
     // address; dli_fname, when set, is a NUL-terminated string owned by the loader, copied at
     // once.
     unsafe {
         let mut info: libc::Dl_info = std::mem::zeroed();
-        (libc::dladdr(address, &mut info) != 0 && !info.dli_fname.is_null())
+        (libc::dladdr(address as *const c_void, &mut info) != 0 && !info.dli_fname.is_null())
             .then(|| PathBuf::from(CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned()))
     }
 }
@@ -242,7 +243,7 @@ fn in_process(file: &str, symbol: &CStr) -> Option<(Library, PathBuf)> {
     let lib = already_loaded(file)?;
     // SAFETY: only looks the symbol up; it is not called.
     let address = unsafe { lib.get::<*const c_void>(symbol.to_bytes_with_nul()) }.ok()?;
-    let path = file_of(*address)?;
+    let path = file_of(*address as usize)?;
     Some((lib, path))
 }
 
@@ -337,7 +338,7 @@ mod tests {
         let lib = already_loaded("libc.so.6").expect("libc is loaded");
         // SAFETY: only looks the symbol up.
         let address = unsafe { lib.get::<*const c_void>(b"malloc\0") }.unwrap();
-        let file = file_of(*address).expect("dladdr names malloc's file");
+        let file = file_of(*address as usize).expect("dladdr names malloc's file");
         assert!(file.to_string_lossy().contains("libc"), "{}", file.display());
     }
 }

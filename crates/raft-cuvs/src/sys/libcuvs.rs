@@ -139,7 +139,7 @@ fn describe_nvjitlink(lib: &Library) -> (String, Option<PathBuf>) {
     // SAFETY: writes two integers through valid pointers; makes no CUDA call.
     let version =
         if unsafe { version_fn(&mut major, &mut minor) } == 0 { format!("{major}.{minor}") } else { "(of unknown version)".into() };
-    (version, load::file_of(*version_fn as *const c_void))
+    (version, load::file_of(*version_fn as usize))
 }
 
 fn advice() -> String {
