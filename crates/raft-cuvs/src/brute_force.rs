@@ -4,7 +4,8 @@
 use crate::check;
 use crate::distance::Metric;
 use crate::dlpack::Tensor;
-use crate::resources::{destroy_lent, lend, CuvsResources};
+use crate::lent::CuvsResources;
+use crate::resources::{destroy_lent, lend};
 use crate::result::{self, BruteForceRaw};
 use cudarc::driver::CudaStream;
 use raft_core::{DeviceResources, DeviceVec, Result};

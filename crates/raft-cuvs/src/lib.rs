@@ -24,15 +24,16 @@
 //! built with this crate starts without it, and the first call returns a `Cuda` error that says
 //! what is missing. `cargo xtask deps --cuvs` fetches cuVS 26.08.1 and its libraries beside the
 //! raft-rs stack, where the build finds them. cuVS 26.08 needs nvJitLink 13.3 or newer while the
-//! raft-rs stack ships 13.2, and a process holds one: call [`load`] before the first raft call
-//! (or set `RAFT_RS_LIB_PATH` to the directory of the newer one) so that the raft-rs shim binds
-//! to it too.
+//! raft-rs stack ships 13.2, and a process holds one: the raft-rs shim, whenever it is loaded,
+//! binds cuVS's when it can find it (see [`sys::api`]), so the order of the first calls does not
+//! matter. Calling [`load`] first still orders cuVS's static destructors after raft-rs's exit
+//! teardown.
 //!
 //! # Example
 //! ```no_run
 //! # fn main() -> raft_core::Result<()> {
 //! use raft_core::{DeviceResources, DeviceVec};
-//! raft_cuvs::load()?; // before the first raft call: see "Loading cuVS"
+//! raft_cuvs::load()?; // optional: loads cuVS now (see "Loading cuVS")
 //! let res = DeviceResources::new()?;
 //! let dataset = DeviceVec::from_host(&res, &vec![0.5f32; 1000 * 16])?;
 //! let queries = DeviceVec::from_host(&res, &vec![0.5f32; 10 * 16])?;
@@ -46,6 +47,7 @@ mod cagra;
 mod check;
 mod distance;
 mod dlpack;
+mod lent;
 mod resources;
 mod result;
 pub mod sys;
@@ -53,13 +55,15 @@ pub mod sys;
 pub use brute_force::{brute_force_knn, BruteForceIndex, Neighbors};
 pub use cagra::{CagraBuildAlgo, CagraIndex, CagraIndexParams, CagraSearchAlgo, CagraSearchParams};
 pub use distance::Metric;
+pub use lent::CuvsResources;
 pub use raft_core::DeviceResources;
-pub use resources::{with_cuvs, CuvsResources};
+pub use resources::with_cuvs;
 
 /// Loads cuVS now (otherwise the first call does), and says where from.
 ///
-/// Call it before the first raft call of the process when the raft-rs shim would otherwise load
-/// an nvJitLink older than cuVS needs (see [`sys::api`]).
+/// Not needed for the nvJitLink cuVS needs (the raft-rs shim binds it whenever it can find it,
+/// see [`sys::api`]); called before the first raft call, it also orders cuVS's static
+/// destructors after raft-rs's exit teardown, and it is where a missing cuVS shows first.
 ///
 /// # Errors
 /// `Cuda` when `libcuvs_c.so` or a library it needs cannot be loaded, with where it looked and

@@ -11,7 +11,7 @@
 //! contract the types cannot express (a dataset that must outlive an index, shapes that must
 //! agree) are `unsafe fn`, with the contract in `# Safety`; the safe types check it first.
 use crate::dlpack::Tensor;
-use crate::resources::CuvsResources;
+use crate::lent::CuvsResources;
 use crate::sys;
 use raft_core::{Error, ErrorKind, Result};
 use std::ffi::CStr;

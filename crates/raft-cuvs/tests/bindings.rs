@@ -68,7 +68,7 @@ fn generate(include: &Path) -> Result<String, String> {
         .layout_tests(true)
         // cuVS's doc comments hold C examples that rustdoc would take for Rust doctests.
         .generate_comments(false)
-        // Loaded at run time (src/sys/load.rs): a binary built with cuVS support starts without
+        // Loaded at run time (src/sys/libcuvs.rs): a binary built with cuVS support starts without
         // libcuvs_c.so and reports a clear error at the first call.
         .dynamic_library_name("CuvsApi")
         .dynamic_link_require_all(true)

@@ -17,15 +17,22 @@
 //! (`RAFT_RS_CACHE`, default `~/.cache/raft-rs`); the active Python environment (`VIRTUAL_ENV`,
 //! else what `python3 -m site` reports) after `pip install libraft-cu13==26.8.0 …`;
 //! `CONDA_PREFIX`. At run time, see [`shim()`].
+//!
+//! # Loading native libraries
+//! [`load`] is the one loader of the workspace: the search order, the RUNPATH rules, the
+//! libraries loaded first and the [`LoadError`] that says what is missing, written once for the
+//! shim here, raft-comms' shim and cuVS's C library.
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 
 /// The generated bindings: every function's contract is the shim header's documentation.
 #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
 mod bindings;
-mod load;
+pub mod load;
+mod shim;
 
 pub use bindings::*;
-pub use load::{loaded_from, shim, shipped_library_candidates, take_last_error, LoadError, SHIM_FILE};
+pub use load::{shipped_library_candidates, LoadError};
+pub use shim::{loaded_from, shim, take_last_error, SHIM_FILE};
 
 /// What the shim was compiled against, read from the headers by `build.rs` (RAFT's, RMM's and
 /// CCCL's version macros, `CUDART_VERSION`, RMM's ABI namespace, the handle size). Available

@@ -1,36 +1,24 @@
-//! Loading the shim at first use, so that a binary never dies before `main` for want of
-//! `librmm.so`, and says exactly what is missing when the stack is not there.
-use crate::bindings::RaftrsShim;
-use crate::build_info;
-use std::ffi::CStr;
+//! Loading a native library at first use, the rules every raft-rs loader shares (the shim's
+//! here, raft-comms', raft-cuvs'): a binary never dies before `main` for want of a library, and
+//! the first call that needs one says which is missing, where it looked and what to set.
+//!
+//! A loader describes its library with a [`Spec`] and calls [`open`]; what is particular to it
+//! (the symbol table it binds, the build facts or version it checks) is the `accept` closure.
+//! Callers report a [`LoadError`] as `raft_error::ErrorKind::Cuda`, the kind of a missing CUDA
+//! stack.
+use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
+use std::ffi::{c_void, CStr};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
-/// The shim's file name.
-pub const SHIM_FILE: &str = "libraftrs_shim.so";
-
-/// The libraries the shim needs, leaves first: what `RAFT_RS_LIB_PATH` preloads.
-const DEPENDENCIES: &[&str] = &[
-    "librapids_logger.so",
-    "librmm.so",
-    "libcudart.so.13",
-    "libnvJitLink.so.13",
-    "libcublasLt.so.13",
-    "libcublas.so.13",
-    "libcusparse.so.12",
-    "libcusolver.so.12",
-];
-
-/// Why a native library could not be loaded (the shim here; cuVS in raft-cuvs, which uses this
-/// type too): which library, where it looked, what to set.
+/// Why a native library could not be loaded: which library, where it looked, what to set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadError {
     message: String,
 }
 
 impl LoadError {
-    /// An error with this explanation (for the loaders of the other native parts).
+    /// An error with this explanation.
     pub fn new(message: impl Into<String>) -> LoadError {
         LoadError { message: message.into() }
     }
@@ -49,54 +37,70 @@ impl fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
-struct Loaded {
-    api: RaftrsShim,
-    path: PathBuf,
+/// Libraries to load before the one a [`Spec`] names, so that the dynamic loader satisfies its
+/// needs with them (it matches a needed library by soname against what the process has, before
+/// any RUNPATH or `LD_LIBRARY_PATH`).
+#[derive(Debug, Clone, Default)]
+pub struct Preload {
+    /// File names (sonames), leaves first.
+    pub files: Vec<&'static str>,
+    /// Where to look, in order; the first directory holding a file gives it.
+    pub dirs: Vec<PathBuf>,
+    /// `RTLD_GLOBAL` (their symbols also serve libraries loaded later) rather than `RTLD_LOCAL`.
+    pub global: bool,
 }
 
-static SHIM: OnceLock<Result<Loaded, LoadError>> = OnceLock::new();
-
-/// The loaded shim, loading it on the first call (later calls are one atomic load).
+/// One native library and where it may be.
 ///
-/// Where it looks, in order:
-/// 1. `RAFT_RS_SHIM`: the path of a `libraftrs_shim.so` (then only there);
-/// 2. beside the executable: `<dir of the executable>/libraftrs_shim.so`, then
-///    `<dir of the executable>/../lib/libraftrs_shim.so` (a deployed binary with its libraries);
-/// 3. where `build.rs` built it (inside the build's target directory).
+/// The search order [`open`] follows:
+/// 1. `path_var`, when set: the library's path, and then only there;
+/// 2. a library of this soname the process already has, when `reuse_symbol` names one of its
+///    symbols (a second copy loaded by path would be a second instance of the library);
+/// 3. `dirs_var`: a `:`-separated list of directories;
+/// 4. beside the executable, then `<dir of the executable>/../lib` (a deployed binary with its
+///    libraries);
+/// 5. `built`: the files the build made or found;
+/// 6. when `system_search`, the bare name: the dynamic loader's own search (`LD_LIBRARY_PATH`,
+///    the system's directories).
 ///
-/// The shim finds RAFT's, RMM's and CUDA's libraries through its RUNPATH: beside itself
-/// (`$ORIGIN`), then the directories they were in at build time. `RAFT_RS_LIB_PATH` (a
-/// `:`-separated list of directories) names other places, read now: the libraries found there
-/// are loaded first and the shim binds to them.
-///
-/// The shim is never unloaded. Its build facts are checked against this crate's
-/// ([`build_info`](crate::build_info)): a shim built against another stack is refused.
-pub fn shim() -> Result<&'static RaftrsShim, &'static LoadError> {
-    match SHIM.get_or_init(load) {
-        Ok(loaded) => Ok(&loaded.api),
-        Err(e) => Err(e),
-    }
+/// RUNPATH: a library's own needs are found through its RUNPATH (beside itself with `$ORIGIN`,
+/// then the directories of its build), after what the process has loaded already: `preload`
+/// puts libraries there first, so a candidate binds to them whatever its RUNPATH says.
+pub struct Spec<'a> {
+    /// The library in words, for the message: "the raft-rs native shim".
+    pub what: &'a str,
+    /// Its file name (soname): `libraftrs_shim.so`.
+    pub file: &'a str,
+    /// The variable naming its path.
+    pub path_var: &'a str,
+    /// The variable naming directories to look in first, if any.
+    pub dirs_var: Option<&'a str>,
+    /// The files the build made or found, tried after the executable's directories.
+    pub built: Vec<PathBuf>,
+    /// Whether the bare name (the dynamic loader's own search) is the last candidate.
+    pub system_search: bool,
+    /// A symbol of the library: set, a copy the process already has is the one used.
+    pub reuse_symbol: Option<&'a CStr>,
+    /// What to load before a candidate (given its path), in order.
+    pub preload: &'a dyn Fn(&Path) -> Vec<Preload>,
+    /// Run after the preload, before a candidate is opened: an `Err` ends the search with that
+    /// reason (a conflict no other candidate can avoid).
+    pub check: &'a dyn Fn(&Path) -> Result<(), String>,
+    /// What it needs and what to set, appended to the message.
+    pub advice: String,
 }
 
-/// The file the shim was loaded from (`None` before the first call or when it failed).
-pub fn loaded_from() -> Option<&'static Path> {
-    SHIM.get().and_then(|r| r.as_ref().ok()).map(|l| l.path.as_path())
+/// A library [`open`] loaded and accepted.
+#[derive(Debug)]
+pub struct Loaded<T> {
+    /// What `accept` made of it (its symbol table).
+    pub api: T,
+    /// The file it was loaded from.
+    pub path: PathBuf,
 }
 
-/// Reads and clears the calling thread's message of the last failed shim call.
-pub fn take_last_error(api: &RaftrsShim) -> String {
-    // SAFETY: raftrs_last_error returns a NUL-terminated thread-local string that stays valid
-    // until the next raftrs_ call on this thread; it is copied before the next call (the clear).
-    let message = unsafe { CStr::from_ptr(api.raftrs_last_error()) }.to_string_lossy().into_owned();
-    // SAFETY: only clears this thread's message buffer.
-    unsafe { api.raftrs_clear_error() };
-    message
-}
-
-/// Where a library that ships with a program is looked for, the rule every raft-rs loader
-/// shares (this shim's, raft-comms', raft-cuvs'): the path in the variable `var` when it is set
-/// (then only there: `true`), else `file` beside the executable, then in `<its dir>/../lib` (a
-/// deployed binary with its libraries). Callers append their own later places.
+/// Where a library that ships with a program is looked for: the path in `var` when it is set
+/// (then only there: `true`), else `file` beside the executable, then in `<its dir>/../lib`.
 pub fn shipped_library_candidates(var: &str, file: &str) -> (Vec<PathBuf>, bool) {
     if let Some(path) = std::env::var_os(var).filter(|p| !p.is_empty()) {
         return (vec![PathBuf::from(path)], true);
@@ -109,26 +113,60 @@ pub fn shipped_library_candidates(var: &str, file: &str) -> (Vec<PathBuf>, bool)
     (found, false)
 }
 
-fn candidates() -> (Vec<PathBuf>, bool) {
-    let (mut found, explicit) = shipped_library_candidates("RAFT_RS_SHIM", SHIM_FILE);
-    if !explicit && !build_info::SHIM_PATH.is_empty() {
-        found.push(PathBuf::from(build_info::SHIM_PATH));
-    }
-    (found, explicit)
+/// The directories of a `:`-separated variable (none when unset).
+pub fn env_dirs(var: &str) -> Vec<PathBuf> {
+    std::env::var_os(var).map(|dirs| std::env::split_paths(&dirs).filter(|p| !p.as_os_str().is_empty()).collect()).unwrap_or_default()
 }
 
-/// Loads the libraries found in `RAFT_RS_LIB_PATH`'s directories, globally, leaves first: the
-/// dynamic loader then satisfies the shim's needs with them, whatever its RUNPATH says.
-fn preload() -> Vec<String> {
-    let Some(dirs) = std::env::var_os("RAFT_RS_LIB_PATH") else { return Vec::new() };
+/// The candidates of `spec` in its search order (1, 3–6 above), and whether `path_var` named
+/// the only one.
+pub fn candidates(spec: &Spec<'_>) -> (Vec<PathBuf>, bool) {
+    let (beside, explicit) = shipped_library_candidates(spec.path_var, spec.file);
+    if explicit {
+        return (beside, true);
+    }
+    let mut found: Vec<PathBuf> = spec.dirs_var.map(env_dirs).unwrap_or_default().into_iter().map(|d| d.join(spec.file)).collect();
+    found.extend(beside);
+    found.extend(spec.built.iter().cloned());
+    if spec.system_search {
+        found.push(PathBuf::from(spec.file));
+    }
+    (found, false)
+}
+
+/// The library the process already has under `soname`, if any (a new reference to it).
+pub fn already_loaded(soname: &str) -> Option<Library> {
+    // SAFETY: RTLD_NOLOAD only looks the name up among the loaded objects: nothing is loaded,
+    // no initialiser runs.
+    unsafe { Library::open(Some(soname), RTLD_NOW | libc::RTLD_NOLOAD) }.ok()
+}
+
+/// The file of the loaded object that holds `address` (`dladdr`; an integer, since it is only
+/// looked up in the loader's tables, never read).
+pub fn file_of(address: usize) -> Option<PathBuf> {
+    // SAFETY: an all-zero Dl_info is valid; dladdr only reads the loader's tables for the
+    // address; dli_fname, when set, is a NUL-terminated string owned by the loader, copied at
+    // once.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        (libc::dladdr(address as *const c_void, &mut info) != 0 && !info.dli_fname.is_null())
+            .then(|| PathBuf::from(CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned()))
+    }
+}
+
+/// Loads each file of `preload` that the process does not have yet from the first of its
+/// directories holding it; returns what failed to load.
+pub fn preload(preload: &Preload) -> Vec<String> {
     let mut problems = Vec::new();
-    for name in DEPENDENCIES {
-        let Some(path) = std::env::split_paths(&dirs).map(|d| d.join(name)).find(|p| p.exists()) else { continue };
+    let mode = RTLD_NOW | if preload.global { RTLD_GLOBAL } else { RTLD_LOCAL };
+    for name in &preload.files {
+        if already_loaded(name).is_some() {
+            continue; // the dynamic loader gives every later library this very one
+        }
+        let Some(path) = preload.dirs.iter().map(|d| d.join(name)).find(|p| p.is_file()) else { continue };
         // SAFETY: loading a CUDA or RAPIDS library runs its initialisers, which make no CUDA
         // call that needs a device; the handle is leaked on purpose (never unloaded).
-        match unsafe {
-            libloading::os::unix::Library::open(Some(&path), libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL)
-        } {
+        match unsafe { Library::open(Some(&path), mode) } {
             Ok(lib) => std::mem::forget(lib),
             Err(e) => problems.push(format!("{}: {e}", path.display())),
         }
@@ -136,114 +174,171 @@ fn preload() -> Vec<String> {
     problems
 }
 
-fn advice() -> String {
-    format!(
-        "The shim needs RAFT {} and RMM {} (librmm.so, librapids_logger.so) and CUDA {}.{}'s runtime, cuBLAS, cuSOLVER \
-         and cuSPARSE (libcudart.so.13, libcublas.so.13, libcusolver.so.12, libcusparse.so.12, libnvJitLink.so.13); \
-         at build time they were in: {}. Set RAFT_RS_LIB_PATH to the directories that hold them now (e.g. \
-         <site-packages>/librmm/lib64:<site-packages>/rapids_logger/lib64:<site-packages>/nvidia/cu13/lib), put them \
-         beside the shim, or set RAFT_RS_SHIM to a libraftrs_shim.so built for this machine.",
-        version(build_info::RAFT_VERSION),
-        version(build_info::RMM_VERSION),
-        build_info::CUDART_VERSION / 1000,
-        (build_info::CUDART_VERSION % 1000) / 10,
-        if build_info::LIB_DIRS.is_empty() { "(none: a documentation build)" } else { build_info::LIB_DIRS },
-    )
-}
-
-fn version((a, b, c): (u32, u32, u32)) -> String {
-    format!("{a:02}.{b:02}.{c:02}")
-}
-
-fn load() -> Result<Loaded, LoadError> {
-    let preload_problems = preload();
-    let (paths, explicit) = candidates();
+/// Loads the library `spec` names, trying its candidates in order: the first that opens and
+/// that `accept` takes (binding its symbols, checking its version) is the one, never unloaded.
+/// `accept`'s `Err` is that candidate's line in the message, and the search goes on.
+///
+/// # Errors
+/// Every candidate refused: the message names the library, each place tried and why, and
+/// `spec.advice`.
+pub fn open<T>(spec: &Spec<'_>, mut accept: impl FnMut(Library, &Path) -> Result<T, String>) -> Result<Loaded<T>, LoadError> {
+    if let Some(symbol) = spec.reuse_symbol.filter(|_| std::env::var_os(spec.path_var).is_none()) {
+        if let Some((lib, path)) = in_process(spec.file, symbol) {
+            return accept(lib, &path)
+                .map(|api| Loaded { api, path })
+                .map_err(|why| LoadError::new(format!("could not use {} already loaded: {why}", spec.what)));
+        }
+    }
+    let (paths, explicit) = candidates(spec);
     let mut tried = Vec::new();
+    let mut problems: Vec<String> = Vec::new();
     for path in &paths {
-        if !path.exists() {
+        let bare = path.components().count() == 1;
+        if !bare && !path.exists() {
             tried.push(format!("{} (absent)", path.display()));
             continue;
         }
-        // SAFETY: the shim's initialisers (and RAFT's, RMM's, CUDA's static ones) make no call
-        // that needs a device; RTLD_NOW resolves every symbol now, so a missing one is an error
-        // here rather than a crash later. The library is never unloaded (kept in a static).
-        let lib = match unsafe {
-            libloading::os::unix::Library::open(Some(path), libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL)
-        } {
+        for p in (spec.preload)(path).iter().flat_map(preload) {
+            if !problems.contains(&p) {
+                problems.push(p);
+            }
+        }
+        if let Err(why) = (spec.check)(path) {
+            return Err(LoadError::new(format!("could not load {} ({}): {why}.", spec.what, path.display())));
+        }
+        // SAFETY: the initialisers of a raft-rs or RAPIDS library (and of the CUDA libraries it
+        // needs) make no call that needs a device; RTLD_NOW resolves every symbol now, so a
+        // missing one is an error here rather than a crash later; RTLD_LOCAL keeps its C++
+        // symbols out of the global namespace. Never unloaded (`accept` keeps it).
+        let lib = match unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) } {
             Ok(lib) => lib,
+            Err(e) if bare => {
+                tried.push(format!("{} through the dynamic loader's search: {e}", spec.file));
+                continue;
+            }
             Err(e) => {
                 tried.push(format!("{}: {e}", path.display()));
                 continue;
             }
         };
-        // SAFETY: every symbol is looked up with the signature of the header the bindings were
-        // generated from; the shim's build facts are checked just below.
-        let api = match unsafe { RaftrsShim::from_library(lib) } {
-            Ok(api) => api,
-            Err(e) => {
-                tried.push(format!("{}: not this raft-sys version's shim ({e})", path.display()));
-                continue;
-            }
-        };
-        // SAFETY: takes nothing, returns a number: callable whatever the rest of the shim is.
-        let theirs = unsafe { api.raftrs_header_hash() };
-        let ours: u64 = env!("RAFT_SYS_HEADER_HASH").parse().unwrap_or(0);
-        if theirs != ours {
-            tried.push(format!(
-                "{}: built from another raftrs.h (hash {theirs:#x}, these bindings {ours:#x}): a shim of another raft-sys version",
-                path.display()
-            ));
-            continue;
+        match accept(lib, path) {
+            Ok(api) => return Ok(Loaded { api, path: path.clone() }),
+            Err(why) => tried.push(format!("{}: {why}", path.display())),
         }
-        if let Err(why) = same_build(&api) {
-            tried.push(format!("{}: {why}", path.display()));
-            continue;
-        }
-        return Ok(Loaded { api, path: path.clone() });
     }
-    let mut message = format!("could not load the raft-rs native shim ({SHIM_FILE}): {}.", tried.join("; "));
+    let mut message = format!("could not load {} ({}): {}.", spec.what, spec.file, tried.join("; "));
     if explicit {
-        message.push_str(" (RAFT_RS_SHIM names it.)");
+        message.push_str(&format!(" ({} names it.)", spec.path_var));
     }
-    if !preload_problems.is_empty() {
-        message.push_str(&format!(" RAFT_RS_LIB_PATH: {}.", preload_problems.join("; ")));
+    if !problems.is_empty() {
+        message.push_str(&format!(" Loading what it needs first: {}.", problems.join("; ")));
     }
     message.push(' ');
-    message.push_str(&advice());
-    Err(LoadError { message })
+    message.push_str(&spec.advice);
+    Err(LoadError::new(message))
 }
 
-/// Refuses a shim compiled against other headers than this crate was built with.
-fn same_build(api: &RaftrsShim) -> Result<(), String> {
-    // SAFETY: an all-zero raftrs_build_info is valid (integers and a char array).
-    let mut info: crate::raftrs_build_info = unsafe { std::mem::zeroed() };
-    // SAFETY: fills the struct through a valid pointer; makes no CUDA call.
-    unsafe { api.raftrs_get_build_info(&mut info) };
-    let theirs = (
-        (info.raft_major as u32, info.raft_minor as u32, info.raft_patch as u32),
-        (info.rmm_major as u32, info.rmm_minor as u32, info.rmm_patch as u32),
-        info.cccl_version as u32,
-        info.cudart_version as u32,
-        info.handle_size,
-    );
-    let ours =
-        (build_info::RAFT_VERSION, build_info::RMM_VERSION, build_info::CCCL_VERSION, build_info::CUDART_VERSION, build_info::HANDLE_SIZE);
-    if theirs == ours {
+/// A library of soname `file` the process already has, and its file (found through `symbol`).
+fn in_process(file: &str, symbol: &CStr) -> Option<(Library, PathBuf)> {
+    let lib = already_loaded(file)?;
+    // SAFETY: only looks the symbol up; it is not called.
+    let address = unsafe { lib.get::<*const c_void>(symbol.to_bytes_with_nul()) }.ok()?;
+    let path = file_of(*address as usize)?;
+    Some((lib, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nothing(_: &Path) -> Vec<Preload> {
+        Vec::new()
+    }
+
+    fn fine(_: &Path) -> Result<(), String> {
         Ok(())
-    } else {
-        Err(format!(
-            "built against RAFT {} / RMM {} / CCCL {} / CUDA runtime {} / handle {} bytes, this binary against RAFT {} / RMM {} / \
-             CCCL {} / CUDA runtime {} / handle {} bytes",
-            version(theirs.0),
-            version(theirs.1),
-            theirs.2,
-            theirs.3,
-            theirs.4,
-            version(ours.0),
-            version(ours.1),
-            ours.2,
-            ours.3,
-            ours.4
-        ))
+    }
+
+    fn spec<'a>(path_var: &'a str, built: Vec<PathBuf>) -> Spec<'a> {
+        Spec {
+            what: "a test library",
+            file: "libraftrs_test_absent.so",
+            path_var,
+            dirs_var: None,
+            built,
+            system_search: false,
+            reuse_symbol: None,
+            preload: &nothing,
+            check: &fine,
+            advice: "Set THE_VARIABLE.".into(),
+        }
+    }
+
+    /// The message names the library, each place and why, the variable that named it and the
+    /// advice; `accept` is never reached.
+    #[test]
+    fn a_missing_library_is_named_with_every_place_tried() {
+        let s = spec("RAFTRS_TEST_UNSET_VARIABLE", vec![PathBuf::from("/nonexistent/built/libraftrs_test_absent.so")]);
+        let e = open(&s, |_, _| -> Result<(), String> { panic!("nothing to accept") }).unwrap_err();
+        let m = e.message();
+        assert!(m.starts_with("could not load a test library (libraftrs_test_absent.so): "), "{m}");
+        assert!(m.contains("/nonexistent/built/libraftrs_test_absent.so (absent)"), "{m}");
+        let exe_dir = std::env::current_exe().unwrap().parent().unwrap().join("libraftrs_test_absent.so");
+        assert!(m.contains(&format!("{} (absent)", exe_dir.display())), "{m}");
+        assert!(m.ends_with("Set THE_VARIABLE."), "{m}");
+        assert!(!m.contains("names it"), "{m}");
+    }
+
+    /// A library that opens but that `accept` refuses is a line of the message, then the next
+    /// candidate is tried; the accepted one is reported with its path.
+    #[test]
+    fn accept_refuses_then_takes_the_next_candidate() {
+        let libm = ["/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib64/libm.so.6", "/lib64/libm.so.6"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+            .expect("libm on this machine");
+        let s = spec("RAFTRS_TEST_UNSET_VARIABLE", vec![libm.clone(), libm.clone()]);
+        let mut calls = 0;
+        let loaded = open(&s, |lib, _| {
+            calls += 1;
+            // SAFETY: only looks the symbol up.
+            let found = unsafe { lib.get::<*const c_void>(b"cos\0") }.is_ok();
+            if calls == 1 {
+                Err("refused once".into())
+            } else {
+                Ok(found)
+            }
+        })
+        .unwrap();
+        assert!(loaded.api, "cos found in libm");
+        assert_eq!(loaded.path, libm);
+        let e = open(&s, |_, _| -> Result<(), String> { Err("not this one".into()) }).unwrap_err();
+        assert!(e.message().contains(&format!("{}: not this one", libm.display())), "{}", e.message());
+    }
+
+    /// A failed check ends the search at once with its reason (no other candidate is tried).
+    #[test]
+    fn a_failed_check_ends_the_search() {
+        fn refuse(_: &Path) -> Result<(), String> {
+            Err("a conflict".into())
+        }
+        let mut s = spec("RAFTRS_TEST_UNSET_VARIABLE", vec![PathBuf::from("/")]);
+        s.file = "libm.so.6";
+        s.system_search = true;
+        s.check = &refuse;
+        let e = open(&s, |_, _| Ok(())).unwrap_err();
+        assert_eq!(e.message(), "could not load a test library (/): a conflict.");
+    }
+
+    /// The soname of a library the process has is found, with its file; an absent one is not.
+    #[test]
+    fn already_loaded_and_its_file() {
+        assert!(already_loaded("libraftrs_test_absent.so").is_none());
+        let lib = already_loaded("libc.so.6").expect("libc is loaded");
+        // SAFETY: only looks the symbol up.
+        let address = unsafe { lib.get::<*const c_void>(b"malloc\0") }.unwrap();
+        let file = file_of(*address as usize).expect("dladdr names malloc's file");
+        assert!(file.to_string_lossy().contains("libc"), "{}", file.display());
     }
 }

@@ -6,8 +6,9 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// Loads cuVS before anything touches raft (the shim must bind cuVS's nvJitLink 13.3, see
-/// `raft_cuvs::load`); every test calls it first.
+/// Loads cuVS before anything touches raft (what a program using cuVS should do, for the order
+/// of static destructors at exit; the nvJitLink order no longer needs it); every test calls it
+/// first.
 pub fn load_cuvs() -> &'static Result<(), String> {
     static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
     LOADED.get_or_init(|| raft_cuvs::load().map(drop).map_err(|e| e.to_string()))

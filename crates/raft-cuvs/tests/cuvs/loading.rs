@@ -4,8 +4,10 @@
 //!
 //! - without libcuvs the first call is a clear `Cuda` error, not a panic or a loader failure;
 //! - cuVS loaded before the raft-rs shim: both work, on one nvJitLink (13.3);
-//! - the shim loaded first, with the base stack's nvJitLink 13.2: the error says so and what to
-//!   do; with `RAFT_RS_LIB_PATH` naming cuVS's nvJitLink, it works.
+//! - the shim loaded first binds cuVS's nvJitLink by itself when it can find it, so the order of
+//!   the first calls does not matter (issue 34, item 9); made to bind the base stack's 13.2
+//!   (`RAFT_RS_LIB_PATH`), the error says so and what to do; with `RAFT_RS_LIB_PATH` naming
+//!   cuVS's nvJitLink, it works.
 use crate::common::{child_scenario, report, rerun, Child};
 use std::time::Duration;
 
@@ -56,6 +58,11 @@ fn run_child(scenario: &str) {
                 same_rmm_map();
             }
         }
+        "shim-only" => {
+            // raft-sys's own first call: no raft-cuvs code runs before it.
+            println!("RESULT shim={}", if raft_sys::shim().is_ok() { "ok" } else { "failed" });
+            println!("RESULT nvjitlink={}", mapped_file("libnvJitLink.so.13").unwrap_or_default());
+        }
         "already-loaded" => {
             report("load", &raft_cuvs::load());
             if let Some(from) = raft_cuvs::sys::loaded_from() {
@@ -99,6 +106,13 @@ fn mapped(name: &str) -> usize {
     files.sort();
     files.dedup();
     files.len()
+}
+
+/// The file named `name` the process has mapped, if any.
+fn mapped_file(name: &str) -> Option<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let found = maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|f| f.ends_with(&format!("/{name}")));
+    found.map(str::to_string)
 }
 
 fn child(test: &str, scenario: &str, envs: &[(&str, Option<&str>)]) -> Child {
@@ -152,16 +166,64 @@ fn cuvs_loaded_first_gives_the_shim_its_nvjitlink() {
     assert_eq!(c.result("rmm_map_shared").as_deref(), Some("true"), "{}", c.stdout);
 }
 
+/// The directory of the base stack's nvJitLink (13.2), as raft-sys was built against it.
+fn base_nvjitlink_dir() -> Option<std::path::PathBuf> {
+    std::env::split_paths(raft_sys::build_info::LIB_DIRS).find(|d| d.join("libnvJitLink.so.13").is_file())
+}
+
+/// Issue 34, item 9, on any machine: raft-sys's first load of the shim, before any raft-cuvs
+/// code, binds the nvJitLink in cuVS's directories (here `RAFT_CUVS_LIB_PATH` naming a copy of
+/// one) rather than the one in the shim's RUNPATH; `RAFT_RS_LIB_PATH` still comes first.
 #[test]
-fn an_older_nvjitlink_loaded_first_is_named_with_the_fix() {
+fn the_shim_binds_the_nvjitlink_cuvs_would() {
     if let Some(s) = child_scenario() {
         return run_child(&s);
     }
-    if !cuvs_found("an_older_nvjitlink_loaded_first_is_named_with_the_fix") {
+    let test = concat!(module_path!(), "::the_shim_binds_the_nvjitlink_cuvs_would");
+    let Some(base) = base_nvjitlink_dir() else {
+        eprintln!("SKIP {test}: the build's stack has no libnvJitLink.so.13 (a documentation build)");
+        return;
+    };
+    // A second file, as cuVS's own nvJitLink is: a hard link (same file system) or a copy.
+    let cuvs_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuvs-nvjitlink");
+    let _ = std::fs::remove_dir_all(&cuvs_dir);
+    std::fs::create_dir_all(&cuvs_dir).unwrap();
+    let theirs = cuvs_dir.join("libnvJitLink.so.13");
+    if std::fs::hard_link(base.join("libnvJitLink.so.13"), &theirs).is_err() {
+        std::fs::copy(base.join("libnvJitLink.so.13"), &theirs).unwrap();
+    }
+    let cuvs = cuvs_dir.to_str().unwrap();
+    let base = base.to_str().unwrap();
+    let mut envs = vec![("RAFT_CUVS_LIB_PATH", Some(cuvs)), ("RAFT_CUVS_LIB", None), ("RAFT_RS_LIB_PATH", None), ("LD_LIBRARY_PATH", None)];
+    let c = child(test, "shim-only", &envs);
+    assert_eq!(c.result("shim").as_deref(), Some("ok"), "{}\n{}", c.stdout, c.stderr);
+    assert_eq!(c.result("nvjitlink").as_deref(), Some(theirs.to_str().unwrap()), "{}", c.stdout);
+    // The user's RAFT_RS_LIB_PATH wins over cuVS's directories.
+    envs[2] = ("RAFT_RS_LIB_PATH", Some(base));
+    let c = child(test, "shim-only", &envs);
+    assert_eq!(c.result("shim").as_deref(), Some("ok"), "{}\n{}", c.stdout, c.stderr);
+    assert_eq!(c.result("nvjitlink"), Some(format!("{base}/libnvJitLink.so.13")), "{}", c.stdout);
+}
+
+#[test]
+fn the_shim_loaded_first_binds_cuvs_nvjitlink_or_names_the_fix() {
+    if let Some(s) = child_scenario() {
+        return run_child(&s);
+    }
+    if !cuvs_found("the_shim_loaded_first_binds_cuvs_nvjitlink_or_names_the_fix") {
         return;
     }
-    let test = concat!(module_path!(), "::an_older_nvjitlink_loaded_first_is_named_with_the_fix");
+    let test = concat!(module_path!(), "::the_shim_loaded_first_binds_cuvs_nvjitlink_or_names_the_fix");
     let mut envs = vec![("RAFT_CUVS_LIB", None), ("RAFT_CUVS_LIB_PATH", None), ("RAFT_RS_LIB_PATH", None), ("LD_LIBRARY_PATH", None)];
+    // Nothing set, the shim first: it found cuVS's nvJitLink beside the stack by itself.
+    let c = child(test, "shim-then-load", &envs);
+    assert_eq!(c.result("runtime_version").as_deref(), Some("ok"), "{}", c.stdout);
+    assert_eq!(c.result("load").as_deref(), Some("ok"), "{}\n{}", c.stdout, c.stderr);
+    assert_eq!(c.result("rmm_map_shared").as_deref(), Some("true"), "{}", c.stdout);
+
+    // Made to bind the base stack's 13.2 (RAFT_RS_LIB_PATH wins): the error names it and the fix.
+    let base = base_nvjitlink_dir().expect("the base stack's nvJitLink").display().to_string();
+    envs[2] = ("RAFT_RS_LIB_PATH", Some(base.as_str()));
     let c = child(test, "shim-then-load", &envs);
     assert_eq!(c.result("runtime_version").as_deref(), Some("ok"), "{}", c.stdout);
     assert_eq!(c.result("load").as_deref(), Some("cuda"), "{}", c.stdout);
