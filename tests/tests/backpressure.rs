@@ -198,6 +198,9 @@ fn child(test: &str) -> String {
 /// host. Dropping the guard reads the pipe, and the release thread goes on.
 struct StalledReleaseThread {
     reader: std::fs::File,
+    /// Kept until the stall ends: its own release would queue behind the stalled one (GPU run
+    /// 101: "queued" never fell to 0 while it was dropped here).
+    logging: Option<raft::MemoryResource>,
     _dir: std::path::PathBuf,
 }
 
@@ -229,7 +232,6 @@ impl StalledReleaseThread {
             }
         }
         drop(stall); // its release logs the free: the release thread blocks in write(2)
-        drop(logging);
         let t = Instant::now();
         while raft::stats().pending.queued > 0 {
             assert!(t.elapsed() < Duration::from_secs(5), "the release thread took the stalled release");
@@ -238,7 +240,7 @@ impl StalledReleaseThread {
         // Taken and not finished: blocked in the write.
         std::thread::sleep(Duration::from_millis(200));
         assert!(raft::stats().pending.releases >= 1, "the stalled release is still pending: {:?}", raft::stats().pending);
-        StalledReleaseThread { reader, _dir: dir }
+        StalledReleaseThread { reader, logging: Some(logging), _dir: dir }
     }
 }
 
@@ -255,6 +257,7 @@ impl Drop for StalledReleaseThread {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        drop(self.logging.take());
         let _ = std::fs::remove_dir_all(&self._dir);
     }
 }
