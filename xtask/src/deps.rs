@@ -154,9 +154,10 @@ pub fn nccl(prefix: &Path) -> Result<()> {
 // ---- cuVS: `cargo xtask deps --cuvs`, for raft-cuvs (optional: nothing else needs it) ----------
 
 /// cuVS's wheels, by exact version: `libcuvs-cu13` (`libcuvs_c.so`, `libcuvs.so`, the C headers)
-/// and what its METADATA asks for beyond the base stack: nvJitLink >= 13.3 (libcuvs.so and
-/// libraft.so call its `_13_3` entry points), cuRAND and NVRTC (the same 13.3 toolkit line) and
-/// NCCL (>= 2.19 asked; 2.28.9 is the GPU image's).
+/// and what its METADATA asks for, unpacked beside it (libcuvs's RPATH looks there): nvJitLink
+/// >= 13.3 (libcuvs.so and libraft.so call its `_13_3` entry points; the base pins' one), cuRAND
+/// and NVRTC (the 13.3 toolkit line, as verified on the GPU; the base pins carry 13.2's, which
+/// pip's resolver also accepts with libcuvs-cu13 26.8.1) and NCCL (the base pins' one).
 pub const CUVS_WHEELS: &[(&str, &str)] = &[
     ("libcuvs-cu13", "26.8.1"),
     ("nvidia-nvjitlink", "13.3.33"),
