@@ -7,7 +7,8 @@
 //!
 //! Without `nccl.h` the crate still builds (with a warning): the Rust side compiles, and the first
 //! use of a communicator reports that the NCCL headers were not found at build time and how to
-//! get them (`cargo xtask deps --nccl`, or `RAFT_COMMS_NCCL_PREFIX`).
+//! get them (`cargo xtask deps`, or `RAFT_COMMS_NCCL_PREFIX`); the next build finds a header
+//! that appeared in any place it looked (see `watch_for_header`).
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -88,8 +89,8 @@ fn main() {
     let (nccl, tried) = find_nccl(&stack);
     let Some(nccl) = nccl else {
         let note = format!(
-            "NCCL headers were not found at build time (looked for nccl.h in: {}). Run `cargo xtask deps --nccl` \
-             (or `pip install nvidia-nccl-cu13`), or set RAFT_COMMS_NCCL_PREFIX to an NCCL install, then rebuild",
+            "NCCL headers were not found at build time (looked for nccl.h in: {}). Run `cargo xtask deps` \
+             (NCCL is part of the pinned stack; or `pip install nvidia-nccl-cu13`), or set RAFT_COMMS_NCCL_PREFIX to an NCCL install, then rebuild",
             tried.join("; ")
         );
         println!("cargo:warning=raft-comms builds without its NCCL shim: {note}");
@@ -116,9 +117,13 @@ fn no_shim(note: &str, nccl_lib: &str) {
 }
 
 /// `nccl.h` in, in order: `RAFT_COMMS_NCCL_PREFIX` (`include/` or the wheel's `nvidia/nccl/include/`),
-/// the RAFT stack's own root (the `cargo xtask deps` cache, where `--nccl` unpacks NCCL's wheel,
-/// or a Python environment, where `pip install nvidia-nccl-cu13` puts it beside RAFT's),
-/// `CONDA_PREFIX`, `/usr/include`. Returns it, or every place tried.
+/// the RAFT stack's own root (the `cargo xtask deps` cache or a Python environment: both hold
+/// the `nvidia-nccl-cu13` wheel's files beside RAFT's), `CONDA_PREFIX`, `/usr/include`. Returns
+/// it, or every place tried.
+///
+/// Cargo reruns this script only for what it is told to watch, so each place tried before the
+/// one used is watched through [`watch_for_header`]: a header that appears there later (after
+/// `cargo xtask deps`, `pip install`, a conda install) is found by the next build.
 fn find_nccl(stack: &Stack) -> (Option<Nccl>, Vec<String>) {
     let mut roots: Vec<(PathBuf, String)> = Vec::new();
     if let Some(prefix) = env_var_rerun("RAFT_COMMS_NCCL_PREFIX") {
@@ -131,18 +136,43 @@ fn find_nccl(stack: &Stack) -> (Option<Nccl>, Vec<String>) {
     roots.push((PathBuf::from("/usr"), "the system".into()));
     let mut tried = Vec::new();
     for (root, source) in roots {
+        // The NCCL prefix the user named is NCCL's alone: small enough to watch whole.
+        let explicit = source == "RAFT_COMMS_NCCL_PREFIX";
         for (include, libs) in
             [("nvidia/nccl/include", &["nvidia/nccl/lib"][..]), ("include", &["lib", "lib64", "lib/x86_64-linux-gnu"][..])]
         {
             let dir = root.join(include);
             if dir.join("nccl.h").is_file() {
+                // The header itself: a new NCCL unpacked over it rebuilds the shim.
+                println!("cargo:rerun-if-changed={}", dir.join("nccl.h").display());
                 let lib = libs.iter().map(|l| root.join(l)).find(|l| l.join("libnccl.so.2").exists());
                 return (Some(Nccl { include: dir, lib }), tried);
             }
+            watch_for_header(&root, include, explicit);
             tried.push(format!("{} ({source})", dir.display()));
         }
     }
     (None, tried)
+}
+
+/// Asks cargo to rerun this script when `root/include/nccl.h` may have appeared: watches the
+/// nearest directory of `root/include` that exists, no higher than `root/include`'s first
+/// component (`nvidia/` of a wheel layout, `include/` of a prefix), and `root` itself only when
+/// `whole_root` (the user's NCCL prefix): another root may be a whole site-packages or `/usr`. Cargo counts a watched path that does not exist as
+/// changed on every build (rebuilding this crate each time), and scans a directory recursively,
+/// so the nearest small existing directory is both what notices the header and what is cheap.
+fn watch_for_header(root: &Path, include: &str, whole_root: bool) {
+    let mut dir = root.join(include);
+    let top = if whole_root { root.to_path_buf() } else { root.join(include.split('/').next().unwrap_or(include)) };
+    loop {
+        if dir.is_dir() {
+            println!("cargo:rerun-if-changed={}", dir.display());
+            return;
+        }
+        if dir == top || !dir.pop() {
+            return;
+        }
+    }
 }
 
 /// Compiles `src/comms.cpp` position-independent and links `OUT_DIR/libraftcomms_shim.so` with

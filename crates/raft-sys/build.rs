@@ -44,6 +44,8 @@ fn main() {
         }
     };
 
+    watch_stack(&stack);
+
     let header_hash = fnv1a(&std::fs::read(manifest.join("include/raftrs.h")).expect("read include/raftrs.h"));
     println!("cargo:rustc-env=RAFT_SYS_HEADER_HASH={header_hash}");
     let shim = build_shim(&manifest, &out, &stack, header_hash);
@@ -60,6 +62,42 @@ fn main() {
     println!("cargo:includes={}", includes.to_string_lossy());
     println!("cargo:lib_dirs={}", lib_dirs.to_string_lossy());
     println!("cargo:root={}", stack.root.display());
+}
+
+/// Cargo reruns this script only for what it is told to watch. The stack it built against: a
+/// `cargo xtask deps` that unpacks new pins (it rewrites its stamp) or a `pip install` over the
+/// versions' files rebuilds the shim and its facts. And, when a Python environment or conda
+/// served, the cache that `find` prefers: the first `cargo xtask deps` afterwards moves the build
+/// onto it. Only paths that exist are watched (cargo counts a missing one as changed on every
+/// build) and only small ones (cargo scans a directory whole).
+fn watch_stack(stack: &Stack) {
+    let stamp = stack.root.join(".raft-rs-wheels");
+    let files: Vec<PathBuf> = if stamp.is_file() {
+        vec![stamp]
+    } else {
+        [
+            "libraft/VERSION",
+            "librmm/VERSION",
+            "nvidia/cu13/include/cuda_runtime_api.h",
+            "include/raft/core/device_resources.hpp",
+            "include/cuda_runtime_api.h",
+        ]
+        .iter()
+        .map(|f| stack.root.join(f))
+        .filter(|f| f.is_file())
+        .collect()
+    };
+    for file in files {
+        println!("cargo:rerun-if-changed={}", file.display());
+    }
+    if stack.source == "RAFT_SYS_PREFIX" || stack.source == "the cargo xtask deps cache" {
+        return;
+    }
+    if let (Some(prefix), Some(cache)) = (stack::cache_prefix(), stack::cache_dir()) {
+        if let Some(dir) = prefix.parent().into_iter().chain([cache.as_path()]).find(|d| d.is_dir()) {
+            println!("cargo:rerun-if-changed={}", dir.display());
+        }
+    }
 }
 
 /// Compiles `src/shim.cpp` position-independent and links it into `OUT_DIR/libraftrs_shim.so`,

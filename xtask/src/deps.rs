@@ -1,5 +1,6 @@
 //! `cargo xtask deps`: the pinned native stack, fetched with the ordinary `pip download` into a
 //! cache outside the source tree, unpacked side by side, and checked. Never run from build.rs.
+use crate::install_line;
 use crate::stack::{self, NCCL_WHEEL, PINNED, WHEELS};
 use crate::Result;
 use std::path::{Path, PathBuf};
@@ -46,16 +47,7 @@ fn fetch(wheels: &Path, pins: &[(&str, &str)], what: &str) -> Result<()> {
     let python = python();
     let mut pip = Command::new(&python);
     pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]);
-    for platform in [
-        "manylinux_2_28_x86_64",
-        "manylinux_2_27_x86_64",
-        "manylinux_2_24_x86_64",
-        "manylinux_2_18_x86_64",
-        "manylinux_2_17_x86_64",
-        "manylinux2014_x86_64",
-        "manylinux_2_12_x86_64",
-        "manylinux2010_x86_64",
-    ] {
+    for platform in install_line::PLATFORMS {
         pip.args(["--platform", platform]);
     }
     pip.arg("-d").arg(wheels).args(&missing);
@@ -97,12 +89,14 @@ pub fn verify(prefix: &Path) -> Result<()> {
         "nvidia/cu13/lib/libcusolver.so.12",
         "nvidia/cu13/lib/libcusparse.so.12",
         "nvidia/cu13/lib/libnvJitLink.so.13",
+        "nvidia/nccl/include/nccl.h",
+        "nvidia/nccl/lib/libnccl.so.2",
     ] {
         if !prefix.join(file).exists() {
             return Err(format!("{} is missing", prefix.join(file).display()));
         }
     }
-    Ok(())
+    nvjitlink_13_3(&prefix.join("nvidia/cu13/lib/libnvJitLink.so.13"))
 }
 
 /// Fetches (when needed), unpacks and checks the stack; returns the prefix. `cargo xtask deps
@@ -123,7 +117,9 @@ fn run_base() -> Result<PathBuf> {
         return Ok(prefix); // already done: nothing to fetch
     }
     let wheels = cache.join("wheels");
-    fetch(&wheels, WHEELS, "the RAFT/RMM/CUDA stack")?;
+    fetch(&wheels, WHEELS, "the RAFT/RMM/CUDA stack and NCCL")?;
+    // The README's line installs these with pip's resolver: they must be what it picks.
+    install_line::resolve(&python(), &wheels, WHEELS, "stack")?;
     let staging = prefix.with_extension("partial");
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
@@ -142,32 +138,26 @@ fn run_base() -> Result<PathBuf> {
     Ok(prefix)
 }
 
-/// `cargo xtask deps --nccl`: NCCL's wheel (`nccl.h`, `libnccl.so.2`, for raft-comms) unpacked
-/// into the same prefix, `<prefix>/nvidia/nccl/{include,lib}`. Optional: nothing else needs it.
+/// `cargo xtask deps --nccl`: NCCL (`nccl.h`, `libnccl.so.2`, for raft-comms) in the prefix,
+/// `<prefix>/nvidia/nccl/{include,lib}`. libraft-cu13 asks for NCCL, so it is one of the base
+/// pins and [`run`] already unpacked it: this only says so (the flag stays for old scripts).
 pub fn nccl(prefix: &Path) -> Result<()> {
     let (name, version) = NCCL_WHEEL;
-    let stamp = prefix.join(".raft-rs-nccl");
-    let files = [prefix.join("nvidia/nccl/include/nccl.h"), prefix.join("nvidia/nccl/lib/libnccl.so.2")];
-    let want = format!("{name}=={version}\n");
-    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(want.as_str()) && files.iter().all(|f| f.exists()) {
-        return Ok(());
+    for file in [prefix.join("nvidia/nccl/include/nccl.h"), prefix.join("nvidia/nccl/lib/libnccl.so.2")] {
+        if !file.exists() {
+            return Err(format!("{} is missing ({name}=={version} is one of the base pins: rerun `cargo xtask deps`)", file.display()));
+        }
     }
-    let wheels = cache_dir()?.join("wheels");
-    fetch(&wheels, &[NCCL_WHEEL], "NCCL, about 200 MB")?;
-    unpack(&wheels, &[NCCL_WHEEL], prefix)?;
-    let wheel = wheel_file(&wheels, name, version).ok_or(format!("pip did not fetch {name}=={version}"))?;
-    if let Some(missing) = files.iter().find(|f| !f.exists()) {
-        return Err(format!("{} is missing after unpacking {}", missing.display(), wheel.display()));
-    }
-    std::fs::write(&stamp, want).map_err(|e| format!("{}: {e}", stamp.display()))
+    Ok(())
 }
 
 // ---- cuVS: `cargo xtask deps --cuvs`, for raft-cuvs (optional: nothing else needs it) ----------
 
 /// cuVS's wheels, by exact version: `libcuvs-cu13` (`libcuvs_c.so`, `libcuvs.so`, the C headers)
-/// and what its METADATA asks for beyond the base stack: nvJitLink >= 13.3 (libcuvs.so and
-/// libraft.so call its `_13_3` entry points), cuRAND and NVRTC (the same 13.3 toolkit line) and
-/// NCCL (>= 2.19 asked; 2.28.9 is the GPU image's).
+/// and what its METADATA asks for, unpacked beside it (libcuvs's RPATH looks there): nvJitLink
+/// >= 13.3 (libcuvs.so and libraft.so call its `_13_3` entry points; the base pins' one), cuRAND
+/// and NVRTC (the 13.3 toolkit line, as verified on the GPU; the base pins carry 13.2's, which
+/// pip's resolver also accepts with libcuvs-cu13 26.8.1) and NCCL (the base pins' one).
 pub const CUVS_WHEELS: &[(&str, &str)] = &[
     ("libcuvs-cu13", "26.8.1"),
     ("nvidia-nvjitlink", "13.3.33"),
@@ -214,10 +204,17 @@ pub fn verify_cuvs(dir: &Path) -> Result<()> {
             return Err(format!("{} is missing", dir.join(file).display()));
         }
     }
-    let jitlink = dir.join("nvidia/cu13/lib/libnvJitLink.so.13");
-    let bytes = std::fs::read(&jitlink).map_err(|e| format!("{}: {e}", jitlink.display()))?;
+    nvjitlink_13_3(&dir.join("nvidia/cu13/lib/libnvJitLink.so.13"))
+}
+
+/// libraft.so and libcuvs.so call nvJitLink's `_13_3` entry points: an older one cannot load them.
+fn nvjitlink_13_3(jitlink: &Path) -> Result<()> {
+    let bytes = std::fs::read(jitlink).map_err(|e| format!("{}: {e}", jitlink.display()))?;
     if !bytes.windows(22).any(|w| w == b"__nvJitLinkCreate_13_3") {
-        return Err(format!("{} is older than 13.3 (no __nvJitLinkCreate_13_3): libcuvs.so cannot load with it", jitlink.display()));
+        return Err(format!(
+            "{} is older than 13.3 (no __nvJitLinkCreate_13_3): libraft.so and libcuvs.so cannot load with it",
+            jitlink.display()
+        ));
     }
     Ok(())
 }

@@ -2,7 +2,8 @@
 //!
 //! | task | what it does |
 //! | --- | --- |
-//! | `deps [--nccl]` | fetches the pinned RAFT/RMM/CUDA wheels with pip into the cache and checks them (`--nccl`: NCCL's too, for raft-comms) |
+//! | `deps [--cuvs]` | fetches the pinned RAFT/RMM/CUDA/NCCL wheels with pip into the cache, checks that pip's resolver installs exactly them, unpacks and checks them (`--cuvs`: cuVS's too, for raft-cuvs; `--nccl` is accepted: NCCL is in the base set) |
+//! | `install-line [--check]` | prints the README's `pip install` line from the pins (`--check`: fails when README.md's differs) |
 //! | `test` | `deps`, `abi-check`, then `cargo test --workspace` |
 //! | `doctor` | `deps`, then `cargo run --release --bin raft-doctor` (the main job) |
 //! | `bindings [--check]` | regenerates (or checks) `crates/raft-sys/src/bindings.rs` |
@@ -14,6 +15,7 @@ mod abi_check;
 mod bindings;
 mod bundle;
 mod deps;
+mod install_line;
 mod layers;
 mod package;
 /// Where the native stack is and what it holds: the same file raft-sys's build script includes,
@@ -48,7 +50,7 @@ pub fn cargo() -> Command {
 }
 
 const USAGE: &str =
-    "usage: cargo xtask <deps [--nccl]|test|doctor|bindings [--check]|abi-check [--bless]|gpu-bundle [--out DIR]|package [--no-verify]|layers [-v]>";
+    "usage: cargo xtask <deps [--cuvs]|install-line [--check]|test|doctor|bindings [--check]|abi-check [--bless]|gpu-bundle [--out DIR]|package [--no-verify]|layers [-v]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
         Some("deps") => deps::run()
             .and_then(|prefix| if flag("--nccl") { deps::nccl(&prefix).map(|()| prefix) } else { Ok(prefix) })
             .map(|prefix| println!("native stack ready in {}", prefix.display())),
+        Some("install-line") => install_line::run(flag("--check")),
         Some("test") => (|| {
             deps::run()?;
             abi_check::run(false)?;

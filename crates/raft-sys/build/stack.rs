@@ -1,4 +1,4 @@
-//! Where the native stack (RAFT, RMM, rapids-logger, the CUDA 13.2 runtime and libraries) is,
+//! Where the native stack (RAFT, RMM, rapids-logger, the CUDA 13.2 runtime and libraries, NCCL) is,
 //! and what it must hold. One copy of these rules: `raft-sys/build.rs` includes this file as a
 //! module, and so does `xtask` (`#[path]`), so the build and `cargo xtask deps` never disagree.
 #![allow(dead_code)] // each includer uses its own part
@@ -10,20 +10,32 @@ use std::process::Command;
 /// The pinned release whose wheels `cargo xtask deps` unpacks.
 pub const PINNED: &str = "26.08.00";
 
-/// The wheels, by exact version (verified together on the CPU and GPU machines). libnvJitLink is
-/// not in SPEC's list but cuSOLVER and cuSPARSE of CUDA 13.2 need it to load.
+/// The wheels, by exact version: everything pip's resolver installs for [`pip_line`] in a fresh
+/// virtualenv, and nothing else, so the README's line and the cache hold the same files.
+/// `cargo xtask deps` runs pip's resolver over them (offline, on the fetched wheels) and fails
+/// when the set is not exactly what it resolves to; CI runs the README's line against PyPI.
+/// What forces each one: libraft-cu13 asks `cuda-toolkit[cublas,curand,cusolver,cusparse]==13.*`,
+/// `nvidia-nvjitlink>=13.3,<14` (libraft.so calls its `_13_3` entry points) and
+/// `nvidia-nccl-cu13>=2.19`; cuda-toolkit 13.2.2 is the toolkit of the 13.2 runtime the ABI tag
+/// records, and its extras pin cuBLAS, cuSOLVER, cuSPARSE and cuRAND exactly (and NVRTC, which
+/// cuBLAS asks for). NCCL is the GPU image's torch's.
 pub const WHEELS: &[(&str, &str)] = &[
     ("libraft-cu13", "26.8.0"),
     ("librmm-cu13", "26.8.0"),
     ("rapids-logger", "0.2.3"),
+    ("cuda-toolkit", "13.2.2"),
     ("nvidia-cuda-runtime", "13.2.86"),
     ("nvidia-cuda-crt", "13.2.86"),
-    ("nvidia-cublas", "13.2.2.2"),
-    ("nvidia-cusolver", "12.1.0.51"),
+    ("nvidia-cublas", "13.4.1.3"),
+    ("nvidia-cuda-nvrtc", "13.2.86"),
+    ("nvidia-cusolver", "12.2.0.11"),
     ("nvidia-cusparse", "12.7.10.12"),
-    ("nvidia-nvjitlink", "13.2.86"),
+    ("nvidia-curand", "10.4.2.66"),
+    ("nvidia-nvjitlink", "13.3.33"),
+    ("nvidia-nccl-cu13", "2.28.9"),
 ];
-pub const NCCL_WHEEL: (&str, &str) = ("nvidia-nccl-cu13", "2.28.9"); // optional (`cargo xtask deps --nccl`, raft-comms): the NCCL of the GPU image's torch
+/// NCCL's wheel (raft-comms's `nccl.h`, `libnccl.so.2`): one of [`WHEELS`], since libraft asks for it.
+pub const NCCL_WHEEL: (&str, &str) = ("nvidia-nccl-cu13", "2.28.9");
 
 /// The one `pip install` line that lays out in a Python environment exactly what the cache holds.
 pub fn pip_line() -> String {
