@@ -28,10 +28,11 @@ pub enum CagraBuildAlgo {
 pub struct CagraIndexParams {
     /// [`Metric::L2Expanded`], [`Metric::InnerProduct`] or [`Metric::CosineExpanded`] (L2).
     pub metric: Option<Metric>,
-    /// Degree of the k-NN graph before pruning, below `n_rows` and at most 1024 (128; cuVS
-    /// lowers the defaults to `n_rows − 1` on smaller datasets).
+    /// Degree of the k-NN graph before pruning, at most 1024 (128). Lowered, with a warning, to
+    /// `n_rows − 1` on smaller datasets, as cuVS does.
     pub intermediate_graph_degree: Option<usize>,
-    /// Degree of the final graph, at most `intermediate_graph_degree` (64).
+    /// Degree of the final graph (64). Lowered, with a warning, to the intermediate degree
+    /// when above it, as cuVS does.
     pub graph_degree: Option<usize>,
     /// How the k-NN graph is built (IVF-PQ).
     pub build_algo: Option<CagraBuildAlgo>,
@@ -54,8 +55,9 @@ const MAX_DIM: usize = 1 << 16;
 const MAX_NN_DESCENT_NITER: usize = 1024;
 
 impl CagraIndexParams {
-    /// Every refusal before cuVS sees the parameters: cuVS clamps some silently, and loops or
-    /// overflows 32-bit arithmetic on others.
+    /// Every refusal before cuVS sees the parameters: values cuVS loops on, overflows 32-bit
+    /// node ids with, or refuses only after building the whole intermediate graph. Degrees it
+    /// lowers itself are not refused (see [`graph_degrees`]).
     fn check(&self, who: &'static str, n_rows: usize, dim: usize) -> Result<()> {
         if let Some(m) = self.metric {
             if !matches!(m, Metric::L2Expanded | Metric::InnerProduct | Metric::CosineExpanded) {
@@ -75,24 +77,11 @@ impl CagraIndexParams {
                 format!("CAGRA searches rows of at most {MAX_DIM} columns (a query lives in shared memory), not {dim}"),
             ));
         }
-        // A node has at most n_rows − 1 neighbours; cuVS would quietly lower an explicit degree.
-        for (name, degree) in [("intermediate_graph_degree", self.intermediate_graph_degree), ("graph_degree", self.graph_degree)] {
-            if let Some(d) = degree.filter(|d| *d >= n_rows) {
-                return Err(Error::logic(who, format!("{name} = {d} needs more than the {n_rows} rows (at most {})", n_rows - 1)));
-            }
-        }
-        let intermediate = self.intermediate_graph_degree.unwrap_or(DEFAULT_INTERMEDIATE_DEGREE);
-        let graph = self.graph_degree.unwrap_or(DEFAULT_GRAPH_DEGREE);
+        let asked =
+            (self.intermediate_graph_degree.unwrap_or(DEFAULT_INTERMEDIATE_DEGREE), self.graph_degree.unwrap_or(DEFAULT_GRAPH_DEGREE));
+        let (intermediate, _) = graph_degrees(asked.0, asked.1, n_rows);
         if intermediate > MAX_INTERMEDIATE_DEGREE {
             return Err(Error::logic(who, format!("intermediate_graph_degree = {intermediate} is above cuVS's {MAX_INTERMEDIATE_DEGREE}")));
-        }
-        // With neither degree given, cuVS lowers both to n_rows − 1 on small datasets (its
-        // documented behaviour); an explicit graph_degree above the intermediate one is a mistake.
-        if graph > intermediate && (self.graph_degree.is_some() || self.intermediate_graph_degree.is_some()) {
-            return Err(Error::logic(
-                who,
-                format!("graph_degree = {graph} is more than intermediate_graph_degree = {intermediate}: the graph is pruned from the intermediate one"),
-            ));
         }
         if let Some(n) = self.nn_descent_niter {
             if n == 0 || n > MAX_NN_DESCENT_NITER {
@@ -102,7 +91,10 @@ impl CagraIndexParams {
         Ok(())
     }
 
-    fn apply(&self, raw: &mut sys::cuvsCagraIndexParams) {
+    /// Writes the parameters given over cuVS's defaults in `raw`, then lowers the degrees as
+    /// cuVS would for `n_rows` rows (so the values cuVS gets are the ones it uses); returns what
+    /// was lowered, for the log.
+    fn apply(&self, raw: &mut sys::cuvsCagraIndexParams, n_rows: usize) -> Option<String> {
         if let Some(m) = self.metric {
             raw.metric = m.raw();
         }
@@ -125,7 +117,25 @@ impl CagraIndexParams {
         if let Some(n) = self.nn_descent_niter {
             raw.nn_descent_niter = n;
         }
+        let asked = (raw.intermediate_graph_degree, raw.graph_degree);
+        let (intermediate, graph) = graph_degrees(asked.0, asked.1, n_rows);
+        (raw.intermediate_graph_degree, raw.graph_degree) = (intermediate, graph);
+        (asked != (intermediate, graph)).then(|| {
+            format!(
+                "intermediate_graph_degree {} and graph_degree {} lowered to {intermediate} and {graph} for {n_rows} rows, as cuVS does",
+                asked.0, asked.1
+            )
+        })
     }
+}
+
+/// cuVS 26.08's own adjustment of the degrees (`check_graph_degree` in `cagra_build.cuh`, on
+/// every build path): a node has at most `n_rows − 1` neighbours, and the graph is pruned from
+/// the intermediate one. Applied here, before cuVS, so that one set of parameters works on any
+/// dataset and setting only the intermediate degree is enough.
+fn graph_degrees(intermediate: usize, graph: usize, n_rows: usize) -> (usize, usize) {
+    let intermediate = intermediate.min(n_rows.saturating_sub(1));
+    (intermediate, graph.min(intermediate))
 }
 
 /// Which CAGRA search kernel runs (cuVS's `cuvsCagraSearchAlgo`).
@@ -148,16 +158,17 @@ pub enum CagraSearchAlgo {
 /// [`CagraIndex::search`] refuses (`Logic`), before cuVS sees them, values cuVS would crash,
 /// hang or overflow 32-bit arithmetic on: `search_width` or `itopk_size` 0, `itopk_size` above
 /// 512 with [`CagraSearchAlgo::SingleCta`], `itopk_size + search_width × graph degree` above
-/// 2^24, `max_queries` above 65535, iterations above 65536 or `min_iterations` above a non-zero
-/// `max_iterations`, a `team_size` or `thread_block_size` not listed below, and
-/// `num_random_samplings` outside 1..=1024.
+/// 2^24, `max_queries` above 65535, iterations above 65536, a `team_size` or
+/// `thread_block_size` not listed below, and `num_random_samplings` outside 1..=1024. A
+/// `min_iterations` above a non-zero `max_iterations` raises the maximum to it, with a warning,
+/// as cuVS does.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CagraSearchParams {
     /// Queries searched at once, at most 65535 (0: automatic).
     pub max_queries: Option<usize>,
     /// Intermediate results kept per query, at least `k`: the main accuracy knob (64).
     pub itopk_size: Option<usize>,
-    /// Most iterations, at most 65536 (0: automatic).
+    /// Most iterations, at most 65536 (0: automatic); raised to `min_iterations` when below it.
     pub max_iterations: Option<usize>,
     /// The kernel (automatic).
     pub algo: Option<CagraSearchAlgo>,
@@ -165,7 +176,7 @@ pub struct CagraSearchParams {
     pub team_size: Option<usize>,
     /// Graph nodes taken as starting points per iteration, at least 1 (1).
     pub search_width: Option<usize>,
-    /// Fewest iterations, at most 65536 and `max_iterations` (0).
+    /// Fewest iterations, at most 65536 (0).
     pub min_iterations: Option<usize>,
     /// Thread block size: 0 (automatic), 64, 128, 256, 512 or 1024.
     pub thread_block_size: Option<usize>,
@@ -194,6 +205,7 @@ impl CagraSearchParams {
     /// Every refusal before cuVS sees the parameters, for an index of `graph_degree`: cuVS
     /// divides by `search_width` before checking it (SIGFPE at 0), truncates several values to
     /// 32 bits (`max_queries` of 2^32 loops forever), and runs `min_iterations` whatever they are.
+    /// What cuVS adjusts in ordinary use, [`apply`](Self::apply) adjusts the same way.
     fn check(&self, who: &'static str, graph_degree: usize) -> Result<()> {
         let refuse = |what: String| Err(Error::logic(who, what));
         let search_width = self.search_width.unwrap_or(1);
@@ -222,11 +234,6 @@ impl CagraSearchParams {
                 return refuse(format!("{name} = {n} is above {MAX_ITERATIONS}"));
             }
         }
-        if let (Some(min), Some(max)) = (self.min_iterations, self.max_iterations.filter(|m| *m > 0)) {
-            if min > max {
-                return refuse(format!("min_iterations = {min} is more than max_iterations = {max}"));
-            }
-        }
         if let Some(t) = self.team_size.filter(|t| ![0, 4, 8, 16, 32].contains(t)) {
             return refuse(format!("team_size = {t}: 0 (automatic), 4, 8, 16 or 32"));
         }
@@ -239,7 +246,10 @@ impl CagraSearchParams {
         Ok(())
     }
 
-    fn apply(&self, raw: &mut sys::cuvsCagraSearchParams) {
+    /// Writes the parameters given over cuVS's defaults in `raw`, then raises `max_iterations` to
+    /// `min_iterations` as cuVS would (`adjust_search_params` in `search_plan.cuh`); returns what
+    /// was raised, for the log.
+    fn apply(&self, raw: &mut sys::cuvsCagraSearchParams) -> Option<String> {
         let set = |field: &mut usize, value: Option<usize>| {
             if let Some(v) = value {
                 *field = v;
@@ -266,6 +276,12 @@ impl CagraSearchParams {
         if let Some(m) = self.rand_xor_mask {
             raw.rand_xor_mask = m;
         }
+        // 0 is "automatic", which cuVS resolves itself (to min_iterations when that is set).
+        (raw.max_iterations > 0 && raw.min_iterations > raw.max_iterations).then(|| {
+            let raised = format!("max_iterations {} raised to min_iterations {}, as cuVS does", raw.max_iterations, raw.min_iterations);
+            raw.max_iterations = raw.min_iterations;
+            raised
+        })
     }
 }
 
@@ -299,14 +315,15 @@ static_assertions::assert_impl_all!(CagraIndex: Send, Sync);
 impl CagraIndex {
     /// Builds a CAGRA index over `dataset` (`n_rows × dim`, row-major), on the dataset's
     /// resources. Rows of a multiple of 4 floats are used in place; others are copied into
-    /// CAGRA's padded layout first.
+    /// CAGRA's padded layout first. Degrees the dataset cannot have (see [`CagraIndexParams`])
+    /// are lowered with a warning, as cuVS would; [`graph_degree`](Self::graph_degree) says
+    /// what was built.
     ///
     /// # Errors
     /// `Logic` when `n_rows × dim` is not `dataset.len()`, for a metric CAGRA does not take,
     /// parameters outside cuVS's limits (fewer than 2 or more than 2^31 − 1 rows, more than 65536
-    /// columns, an explicit degree of `n_rows` or more, `graph_degree` above
-    /// `intermediate_graph_degree`, an intermediate degree above 1024, `nn_descent_niter` outside
-    /// 1..=1024), or on released resources; `Cuda` when cuVS cannot be loaded or fails; `OutOfMemory`.
+    /// columns, a degree of 0, an intermediate degree above 1024 after lowering it to
+    /// `n_rows − 1`, `nn_descent_niter` outside 1..=1024), or on released resources; `Cuda` when cuVS cannot be loaded or fails; `OutOfMemory`.
     pub fn build(dataset: DeviceVec<f32>, n_rows: usize, dim: usize, params: &CagraIndexParams) -> Result<Self> {
         const WHO: &str = "CagraIndex::build";
         check::matrix(WHO, "dataset", dataset.len(), n_rows, dim)?;
@@ -326,7 +343,9 @@ impl CagraIndex {
             };
             let built = (|| {
                 let mut cparams = CagraIndexParamsRaw::create(WHO)?;
-                params.apply(cparams.get_mut());
+                if let Some(lowered) = params.apply(cparams.get_mut(), n_rows) {
+                    log::warn!(target: "raft", "{WHO}: {lowered}");
+                }
                 let mut raw = CagraRaw::create(WHO)?;
                 // SAFETY: `rows` (and the array it may view) is kept by the CagraIndex made
                 // below until after the index is destroyed, while these resources are lent.
@@ -386,7 +405,9 @@ impl CagraIndex {
         let _bound = result::bind_device(WHO, &self.resources)?;
         lend(WHO, &self.resources, |cuvs| {
             let mut cparams = CagraSearchParamsRaw::create(WHO)?;
-            params.apply(cparams.get_mut());
+            if let Some(raised) = params.apply(cparams.get_mut()) {
+                log::warn!(target: "raft", "{WHO}: {raised}");
+            }
             let mut q = Tensor::input(WHO, queries, n_queries, self.dim, &stream)?;
             let mut n = Tensor::output(WHO, &mut neighbors, n_queries, k, &stream)?;
             let mut d = Tensor::output(WHO, &mut distances, n_queries, k, &stream)?;
@@ -485,6 +506,56 @@ mod tests {
         p.check("t", 64)
     }
 
+    /// What `cuvsCagraIndexParamsCreate` gives (cuVS 26.08's defaults).
+    fn raw_index_defaults() -> sys::cuvsCagraIndexParams {
+        sys::cuvsCagraIndexParams {
+            metric: Metric::L2Expanded.raw(),
+            intermediate_graph_degree: DEFAULT_INTERMEDIATE_DEGREE,
+            graph_degree: DEFAULT_GRAPH_DEGREE,
+            build_algo: sys::cuvsCagraGraphBuildAlgo::IVF_PQ,
+            nn_descent_niter: 20,
+            graph_build_params: std::ptr::null_mut(),
+        }
+    }
+
+    /// The degrees cuVS gets for `p` on `n_rows` rows, and the warning (checked first).
+    fn degrees(p: CagraIndexParams, n_rows: usize) -> ((usize, usize), Option<String>) {
+        p.check("t", n_rows, 8).expect("checked");
+        let mut raw = raw_index_defaults();
+        let warning = p.apply(&mut raw, n_rows);
+        ((raw.intermediate_graph_degree, raw.graph_degree), warning)
+    }
+
+    /// What `cuvsCagraSearchParamsCreate` gives (cuVS 26.08's defaults).
+    fn raw_search_defaults() -> sys::cuvsCagraSearchParams {
+        sys::cuvsCagraSearchParams {
+            max_queries: 0,
+            itopk_size: 64,
+            max_iterations: 0,
+            algo: sys::cuvsCagraSearchAlgo::AUTO,
+            team_size: 0,
+            search_width: 1,
+            min_iterations: 0,
+            thread_block_size: 0,
+            hashmap_mode: sys::cuvsCagraHashMode::AUTO_HASH,
+            hashmap_min_bitlen: 0,
+            hashmap_max_fill_rate: 0.5,
+            num_random_samplings: 1,
+            rand_xor_mask: 0x128394,
+            persistent: false,
+            persistent_lifetime: 2.0,
+            persistent_device_usage: 1.0,
+        }
+    }
+
+    /// The iterations cuVS gets for `p`, and the warning (checked first).
+    fn iterations(p: CagraSearchParams) -> ((usize, usize), Option<String>) {
+        search(p).expect("checked");
+        let mut raw = raw_search_defaults();
+        let warning = p.apply(&mut raw);
+        ((raw.min_iterations, raw.max_iterations), warning)
+    }
+
     #[test]
     fn cagra_takes_three_metrics() {
         let ok = CagraIndexParams { metric: Some(Metric::InnerProduct), ..Default::default() };
@@ -511,25 +582,54 @@ mod tests {
     }
 
     #[test]
-    fn build_parameters_cuvs_would_clamp_or_loop_on_are_refused() {
+    fn only_an_intermediate_degree_lowers_the_default_graph_degree_to_it() {
+        let p = CagraIndexParams { intermediate_graph_degree: Some(32), ..Default::default() };
+        let (lowered, warning) = degrees(p, 1000);
+        assert_eq!(lowered, (32, 32));
+        assert_eq!(
+            warning.as_deref(),
+            Some("intermediate_graph_degree 32 and graph_degree 64 lowered to 32 and 32 for 1000 rows, as cuVS does")
+        );
+        // An explicit graph degree above the (default) intermediate one too.
+        assert_eq!(degrees(CagraIndexParams { graph_degree: Some(200), ..Default::default() }, 1000).0, (128, 128));
+        assert_eq!(
+            degrees(CagraIndexParams { graph_degree: Some(64), intermediate_graph_degree: Some(32), ..Default::default() }, 1000).0,
+            (32, 32)
+        );
+    }
+
+    #[test]
+    fn degrees_the_rows_cannot_have_are_lowered_explicit_or_not() {
+        // The same parameters on a large dataset and on a small test set.
+        let p = CagraIndexParams { intermediate_graph_degree: Some(100), graph_degree: Some(50), ..Default::default() };
+        assert_eq!(degrees(p, 1000), ((100, 50), None));
+        let (lowered, warning) = degrees(p, 40);
+        assert_eq!(lowered, (39, 39));
+        assert_eq!(
+            warning.as_deref(),
+            Some("intermediate_graph_degree 100 and graph_degree 50 lowered to 39 and 39 for 40 rows, as cuVS does")
+        );
+        assert_eq!(degrees(CagraIndexParams { intermediate_graph_degree: Some(100), ..Default::default() }, 100).0, (99, 64));
+        assert_eq!(degrees(CagraIndexParams { graph_degree: Some(50), ..Default::default() }, 50).0, (49, 49));
+        assert_eq!(degrees(CagraIndexParams::default(), 10).0, (9, 9));
+        assert_eq!(degrees(CagraIndexParams::default(), 2).0, (1, 1));
+        // Above cuVS's limit of 1024 only before the lowering: cuVS takes it.
+        assert_eq!(degrees(CagraIndexParams { intermediate_graph_degree: Some(2048), ..Default::default() }, 500).0, (499, 64));
+    }
+
+    #[test]
+    fn build_parameters_cuvs_would_loop_on_or_refuse_late_are_refused() {
         let p = |f: fn(&mut CagraIndexParams)| {
             let mut p = CagraIndexParams::default();
             f(&mut p);
             p
         };
-        // cuVS quietly cuts the graph to the intermediate degree.
         assert_eq!(
-            refused(build(p(|p| p.graph_degree = Some(200)))),
-            "graph_degree = 200 is more than intermediate_graph_degree = 128: the graph is pruned from the intermediate one"
+            refused(p(|p| p.intermediate_graph_degree = Some(2048)).check("t", 5000, 8)),
+            "intermediate_graph_degree = 2048 is above cuVS's 1024"
         );
-        refused(build(p(|p| (p.graph_degree, p.intermediate_graph_degree) = (Some(64), Some(32)))));
-        // A node has at most n_rows − 1 neighbours.
-        assert_eq!(
-            refused(p(|p| p.intermediate_graph_degree = Some(100)).check("t", 100, 8)),
-            "intermediate_graph_degree = 100 needs more than the 100 rows (at most 99)"
-        );
-        refused(p(|p| p.graph_degree = Some(50)).check("t", 50, 8));
-        refused(build(p(|p| p.intermediate_graph_degree = Some(2048))));
+        refused(p(|p| p.intermediate_graph_degree = Some(usize::MAX)).check("t", MAX_ROWS, 8));
+        refused(build(p(|p| p.intermediate_graph_degree = Some(0))));
         refused(build(p(|p| p.nn_descent_niter = Some(0))));
         refused(build(p(|p| p.nn_descent_niter = Some(usize::MAX))));
         // One row has no neighbour; 2^31 rows overflow CAGRA's node ids.
@@ -563,6 +663,25 @@ mod tests {
     }
 
     #[test]
+    fn min_iterations_above_max_iterations_raise_it() {
+        let (raised, warning) = iterations(CagraSearchParams { min_iterations: Some(20), max_iterations: Some(10), ..Default::default() });
+        assert_eq!(raised, (20, 20));
+        assert_eq!(warning.as_deref(), Some("max_iterations 10 raised to min_iterations 20, as cuVS does"));
+        let limit = Some(MAX_ITERATIONS);
+        assert_eq!(
+            iterations(CagraSearchParams { min_iterations: limit, max_iterations: Some(1), ..Default::default() }).0,
+            (1 << 16, 1 << 16)
+        );
+        // Consistent or automatic iterations are passed on as they are.
+        assert_eq!(
+            iterations(CagraSearchParams { min_iterations: Some(10), max_iterations: Some(20), ..Default::default() }),
+            ((10, 20), None)
+        );
+        assert_eq!(iterations(CagraSearchParams { min_iterations: Some(10), ..Default::default() }), ((10, 0), None));
+        assert_eq!(iterations(CagraSearchParams::default()), ((0, 0), None));
+    }
+
+    #[test]
     fn search_width_zero_is_refused_before_cuvs_divides_by_it() {
         assert_eq!(refused(search(CagraSearchParams { search_width: Some(0), ..Default::default() })), "search_width must be at least 1");
     }
@@ -587,10 +706,6 @@ mod tests {
         // u32::MAX iterations held the stream for hours.
         assert_eq!(refused(p(|p| p.min_iterations = Some(u32::MAX as usize))), "min_iterations = 4294967295 is above 65536");
         refused(p(|p| p.max_iterations = Some(usize::MAX)));
-        assert_eq!(
-            refused(p(|p| (p.min_iterations, p.max_iterations) = (Some(20), Some(10)))),
-            "min_iterations = 20 is more than max_iterations = 10"
-        );
         for t in [1, 2, 3, 5, 64, (1 << 32) + 8] {
             let s = CagraSearchParams { team_size: Some(t), ..Default::default() };
             refused(search(s));

@@ -42,7 +42,9 @@ pub(crate) fn k_of(who: &'static str, k: usize, n_rows: usize, n_queries: usize)
 
 /// CAGRA's search walks `n_queries` in batches of at most 65535 with a 32-bit query offset, and
 /// finds each batch's queries and results at `offset × dim` and `offset × k` in 32-bit
-/// arithmetic: past 2^32 it would search the wrong queries and write the wrong rows.
+/// arithmetic: past 2^32 it would search the wrong queries and write the wrong rows. (cuVS
+/// 26.08's `cagra_search.cuh`: `query_dim * qid` and `topk * qid` are products of `uint32_t`s,
+/// widened only when added to the pointer, so the `dim` factor is as binding as `k`'s.)
 pub(crate) fn cagra_batches(who: &'static str, n_queries: usize, k: usize, dim: usize) -> Result<()> {
     const LIMIT: u128 = u32::MAX as u128;
     let widest = k.max(dim) as u128;
