@@ -32,8 +32,8 @@ impl Launch {
     /// Reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (all required) and `LOCAL_RANK`.
     ///
     /// # Errors
-    /// `Logic` naming the variable that is missing or not a number, or a rank not below the
-    /// world size.
+    /// `Logic` naming the variable that is missing or not a number, a rank not below the world
+    /// size, or a world size above `i32::MAX` (NCCL's limit).
     pub fn from_env() -> Result<Launch> {
         Self::from_vars("Launch::from_env", |name| std::env::var(name).ok())
     }
@@ -56,6 +56,12 @@ impl Launch {
         };
         let rank = number("RANK", need("RANK")?)?;
         let world_size = number("WORLD_SIZE", need("WORLD_SIZE")?)?;
+        if world_size > crate::rendezvous::MAX_WORLD {
+            return Err(Error::logic(
+                who,
+                format!("WORLD_SIZE={world_size} is more ranks than NCCL takes (at most {})", crate::rendezvous::MAX_WORLD),
+            ));
+        }
         if world_size == 0 || rank >= world_size {
             return Err(Error::logic(who, format!("RANK={rank} is not a rank of WORLD_SIZE={world_size}")));
         }
@@ -162,6 +168,14 @@ mod tests {
         assert!(e.message().contains("MASTER_PORT=99999"), "{e}");
         let e = Launch::from_vars("t", table(&[("RANK", "x"), ("WORLD_SIZE", "2")])).unwrap_err();
         assert!(e.message().contains("RANK=x"), "{e}");
+    }
+
+    #[test]
+    fn a_world_beyond_an_int_is_refused() {
+        let vars = |world: &'static str| table(&[("RANK", "0"), ("WORLD_SIZE", world), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")]);
+        assert_eq!(Launch::from_vars("t", vars("2147483647")).unwrap().world_size, i32::MAX as usize);
+        let e = Launch::from_vars("t", vars("2147483648")).unwrap_err();
+        assert!(e.message().contains("WORLD_SIZE=2147483648") && e.message().contains("2147483647"), "{e}");
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub use communicator::Communicator;
 pub use dtype::{NcclType, ReduceOp};
 pub use group::{group, group_scope, GroupScope};
 pub use launch::{timeout_from_env, Launch, DEFAULT_TIMEOUT};
-pub use secret::{Secret, MIN_SECRET_BYTES, SECRET_VAR};
+pub use secret::{Secret, JOB_VAR, MIN_SECRET_BYTES, SECRET_VAR};
 pub use unique_id::UniqueId;
 
 use raft_core::{DeviceResources, DeviceVec};

@@ -3,7 +3,7 @@
 //! the overall deadline, each peer's handshake on its own thread so that a slow or hostile peer
 //! never holds up the honest ranks.
 //!
-//! The wire (version 2), after the TCP connect:
+//! The wire (version 3), after the TCP connect:
 //! 1. rank r → rank 0: `RFTC`, version, nonce_r.
 //! 2. rank 0 → rank r: status 0, nonce_0, tag("rank 0", nonce_r, nonce_0), or status 1 and a
 //!    reason when the version differs (which says nothing about the job).
@@ -12,28 +12,39 @@
 //! 4. rank 0 → rank r: status 0, the id XOR a keystream, tag("id", nonces, ciphertext); or
 //!    status 1 and the reason (another world size, a duplicate rank).
 //!
-//! Tags are HMAC-SHA256 under the secret (an empty key without one, on loopback only),
-//! compared in constant time.
+//! Tags are HMAC-SHA256 under the secret bound to the job's id (an empty key without a secret,
+//! on loopback only), compared in constant time.
+//!
+//! Before its proof a peer is a stranger: it has [`HELLO`] to say hello, and when every slot is
+//! taken the oldest stranger is closed to make room for the newcomer, so that connections that
+//! never prove anything cannot keep the honest ranks out.
 use crate::secret::{self, random_bytes, Secret, NONCE, TAG};
 use raft_error::{Error, ErrorKind, Result};
 use std::collections::BTreeSet;
 use std::io::{self, ErrorKind as IoKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// "RFTC": the first bytes of every hello, so a stray connection is told apart.
 const MAGIC: [u8; 4] = *b"RFTC";
-/// The protocol's version (1 had no authentication).
-const VERSION: u32 = 2;
+/// The protocol's version (1 had no authentication, 2 no job id in the tags).
+const VERSION: u32 = 3;
 const REPLY_OK: u8 = 0;
 const REPLY_REFUSED: u8 = 1;
 /// The longest one peer's handshake may take on rank 0 (a few hundred bytes each way).
 const HANDSHAKE: Duration = Duration::from_secs(5);
-/// The most handshakes rank 0 runs at once; connections beyond are closed (honest ranks retry).
+/// How long a new connection has to send its hello: a rank sends it as soon as it is connected,
+/// so only a stranger needs longer (and a rank closed by it retries).
+const HELLO: Duration = Duration::from_millis(250);
+/// The most handshakes rank 0 runs at once; beyond, the oldest peer that has not proved itself
+/// yet is closed for the newcomer (honest ranks retry).
 const MAX_HANDSHAKES: usize = 64;
+/// The largest world: NCCL's `nranks` is an `int`.
+pub(crate) const MAX_WORLD: usize = i32::MAX as usize;
+/// How many missing ranks an error names before it only counts them.
+const NAMED: usize = 20;
 const ID: usize = 128;
 
 fn generic(who: &'static str, message: String) -> Error {
@@ -90,6 +101,26 @@ pub(crate) fn bind(who: &'static str, addr: &str, secret: Option<&Secret>) -> Re
         _ => "is the port in use? pick another MASTER_PORT",
     };
     Err(generic(who, format!("rank 0 could not listen on {addr}: {} ({hint})", last.map_or_else(String::new, |e| e.to_string()))))
+}
+
+/// `Logic` for a world size NCCL cannot hold (or 0).
+pub(crate) fn check_world(who: &'static str, world: usize) -> Result<()> {
+    if world == 0 || world > MAX_WORLD {
+        return Err(Error::logic(who, format!("a world size of {world}: NCCL takes 1 to {MAX_WORLD} ranks")));
+    }
+    Ok(())
+}
+
+/// The ranks of `1..world` not in `served`, the first [`NAMED`] by number and the rest counted:
+/// a message that stays short whatever the world.
+fn missing(world: usize, served: &BTreeSet<usize>) -> String {
+    let named: Vec<String> = (1..world).filter(|r| !served.contains(r)).take(NAMED).map(|r| r.to_string()).collect();
+    let more = (world - 1).saturating_sub(served.len()).saturating_sub(named.len());
+    if more == 0 {
+        named.join(", ")
+    } else {
+        format!("{} and {more} more", named.join(", "))
+    }
 }
 
 fn remaining(deadline: Instant) -> Option<Duration> {
@@ -150,6 +181,14 @@ enum Outcome {
     Other,
 }
 
+/// One handshake under way: a handle on its connection (to close it when evicted) and whether
+/// the peer has proved it holds the secret.
+struct Slot {
+    serial: u64,
+    stream: TcpStream,
+    proved: bool,
+}
+
 /// What every handshake thread of one `serve_on` shares.
 struct Serving {
     who: &'static str,
@@ -157,14 +196,52 @@ struct Serving {
     id: [u8; ID],
     world: usize,
     claimed: Mutex<BTreeSet<usize>>,
-    active: AtomicUsize,
+    /// The handshakes under way, oldest first.
+    slots: Mutex<Vec<Slot>>,
 }
 
 impl Serving {
+    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a slot for a new connection, closing the oldest stranger when all are taken; `false`
+    /// when every slot holds a peer that proved itself (the newcomer is then closed).
+    fn admit(&self, serial: u64, stream: &TcpStream, peer: SocketAddr) -> bool {
+        let mut slots = self.slots();
+        if slots.len() >= MAX_HANDSHAKES {
+            let Some(i) = slots.iter().position(|s| !s.proved) else {
+                log::warn!(target: "raft", "{}: {MAX_HANDSHAKES} ranks' handshakes under way: closed a connection from {peer}", self.who);
+                return false;
+            };
+            let old = slots.remove(i);
+            // Wakes its thread out of its read: the thread ends at once.
+            let _ = old.stream.shutdown(std::net::Shutdown::Both);
+            log::debug!(target: "raft", "{}: every handshake slot taken: closed the oldest unproved connection", self.who);
+        }
+        match stream.try_clone() {
+            Ok(handle) => {
+                slots.push(Slot { serial, stream: handle, proved: false });
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Marks the peer proved; `false` when its slot was taken from it meanwhile.
+    fn prove(&self, serial: u64) -> bool {
+        self.slots().iter_mut().find(|s| s.serial == serial).map(|s| s.proved = true).is_some()
+    }
+
+    fn release(&self, serial: u64) {
+        self.slots().retain(|s| s.serial != serial);
+    }
+
     /// Rank 0's side of one connection, bounded by `deadline`.
-    fn handshake(&self, stream: &mut TcpStream, peer: SocketAddr, deadline: Instant) -> io::Result<Outcome> {
+    fn handshake(&self, stream: &mut TcpStream, peer: SocketAddr, serial: u64, deadline: Instant) -> io::Result<Outcome> {
         let mut hello = [0u8; 8 + NONCE];
-        read_by(stream, &mut hello[..8], deadline)?;
+        let hello_by = deadline.min(deadline_after(HELLO));
+        read_by(stream, &mut hello[..8], hello_by)?;
         if hello[..4] != MAGIC {
             log::debug!(target: "raft", "{}: a connection from {peer} is not a rank's (closed)", self.who);
             return Ok(Outcome::Other);
@@ -175,7 +252,7 @@ impl Serving {
             write_by(stream, &refusal(&text), deadline)?;
             return Ok(Outcome::Other);
         }
-        read_by(stream, &mut hello[8..], deadline)?;
+        read_by(stream, &mut hello[8..], hello_by)?;
         let nc = &hello[8..];
         let mut ns = [0u8; NONCE];
         random_bytes(self.who, &mut ns).map_err(|e| io::Error::other(e.to_string()))?;
@@ -194,6 +271,9 @@ impl Serving {
                 self.who,
                 secret::SECRET_VAR
             );
+            return Ok(Outcome::Other);
+        }
+        if !self.prove(serial) {
             return Ok(Outcome::Other);
         }
         let (their_world, rank) = (u32_at(&answer, TAG) as usize, u32_at(&answer, TAG + 4) as usize);
@@ -234,10 +314,12 @@ pub(crate) fn serve_on(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<()> {
+    check_world(who, world)?;
     let here = listener.local_addr().map_err(|e| generic(who, format!("the rendezvous listener: {e}")))?;
     let key = key_for(who, &here.to_string(), &[here], secret)?.to_vec();
     listener.set_nonblocking(true).map_err(|e| generic(who, format!("the rendezvous listener: {e}")))?;
-    let shared = Arc::new(Serving { who, key, id: *id, world, claimed: Mutex::new(BTreeSet::new()), active: AtomicUsize::new(0) });
+    let shared = Arc::new(Serving { who, key, id: *id, world, claimed: Mutex::new(BTreeSet::new()), slots: Mutex::new(Vec::new()) });
+    let mut serial = 0u64;
     let (tx, rx) = mpsc::channel::<usize>();
     let mut served = BTreeSet::new();
     while served.len() + 1 < world {
@@ -248,7 +330,6 @@ pub(crate) fn serve_on(
             break;
         }
         let Some(left) = remaining(deadline) else {
-            let missing: Vec<String> = (1..world).filter(|r| !served.contains(r)).map(|r| r.to_string()).collect();
             return Err(generic(
                 who,
                 format!(
@@ -256,7 +337,7 @@ pub(crate) fn serve_on(
                      MASTER_PORT, or without this job's {}?)",
                     timeout.as_secs_f64(),
                     world - 1,
-                    missing.join(", "),
+                    missing(world, &served),
                     secret::SECRET_VAR
                 ),
             ));
@@ -271,28 +352,28 @@ pub(crate) fn serve_on(
             }
             Err(e) => return Err(generic(who, format!("accepting a rank's connection: {e}"))),
         };
-        if shared.active.load(Ordering::Acquire) >= MAX_HANDSHAKES {
-            log::warn!(target: "raft", "{who}: {MAX_HANDSHAKES} handshakes under way: closed a connection from {peer}");
+        serial += 1;
+        if !shared.admit(serial, &stream, peer) {
             continue;
         }
         // Each peer on its own thread, its handshake bounded: a peer that dribbles or stalls
-        // holds only its own thread, for at most HANDSHAKE.
-        shared.active.fetch_add(1, Ordering::AcqRel);
-        let (sh, tx) = (shared.clone(), tx.clone());
+        // holds only its own thread, for at most HANDSHAKE (HELLO before its hello), and loses
+        // its slot to a newcomer if it has not proved itself when all are taken.
+        let (sh, tx, me) = (shared.clone(), tx.clone(), serial);
         let until = deadline.min(deadline_after(HANDSHAKE));
         let spawned = std::thread::Builder::new().name("raft-comms-rendezvous".into()).spawn(move || {
             let _ = stream.set_nonblocking(false);
-            match sh.handshake(&mut stream, peer, until) {
+            match sh.handshake(&mut stream, peer, me, until) {
                 Ok(Outcome::Served(rank)) => {
                     let _ = tx.send(rank);
                 }
                 Ok(Outcome::Other) => {}
                 Err(e) => log::debug!(target: "raft", "{}: the connection from {peer} ended: {e}", sh.who),
             }
-            sh.active.fetch_sub(1, Ordering::AcqRel);
+            sh.release(me);
         });
         if spawned.is_err() {
-            shared.active.fetch_sub(1, Ordering::AcqRel);
+            shared.release(serial);
         }
     }
     Ok(())
@@ -314,6 +395,7 @@ pub(crate) fn fetch_until(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<[u8; ID]> {
+    check_world(who, world)?;
     if rank == 0 || rank >= world {
         return Err(Error::logic(who, format!("rank {rank} of {world} fetches no id (rank 0 makes it; ranks run from 0 to world − 1)")));
     }
@@ -430,6 +512,13 @@ mod tests {
         assert_ne!(sealed, id);
         assert_eq!(masked(b"k", &[1; NONCE], &[2; NONCE], &sealed), id);
         assert_ne!(masked(b"k2", &[1; NONCE], &[2; NONCE], &sealed), id);
+    }
+
+    #[test]
+    fn missing_ranks_are_named_then_counted() {
+        assert_eq!(missing(4, &BTreeSet::from([2])), "1, 3");
+        let text = missing(MAX_WORLD, &BTreeSet::from([1, 30]));
+        assert!(text.starts_with("2, 3,") && text.ends_with(", 21 and 2147483624 more"), "{text}");
     }
 
     #[test]

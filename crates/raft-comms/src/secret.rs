@@ -8,8 +8,15 @@ use std::fmt;
 /// The variable a launcher sets to the job's secret (`raft-run` makes a fresh one per job).
 pub const SECRET_VAR: &str = "RAFT_COMMS_SECRET";
 
-/// The fewest bytes a secret may have: shorter ones are guessable.
-pub const MIN_SECRET_BYTES: usize = 16;
+/// The variable a launcher sets to the job's id (`raft-run` makes a fresh one per job): bound
+/// into every tag with the secret, so that jobs sharing a secret still refuse each other's ranks.
+pub const JOB_VAR: &str = "RAFT_COMMS_JOB";
+
+/// The fewest bytes a secret may have. Anyone who reaches rank 0's port gets an HMAC under the
+/// secret of a nonce of their choosing, and can then guess offline: the secret must be random and
+/// long enough that guessing is hopeless (`raft-run` generates 32 random bytes; 32 characters of
+/// hex are 128 bits).
+pub const MIN_SECRET_BYTES: usize = 32;
 
 pub(crate) const TAG: usize = 32;
 pub(crate) const NONCE: usize = 32;
@@ -29,9 +36,18 @@ type HmacSha256 = Hmac<Sha256>;
 /// Without one, the rendezvous runs only on a loopback address (any other is refused with
 /// `Logic`), unauthenticated: on a host shared with other users, set one anyway.
 ///
+/// The secret must be random (at least [`MIN_SECRET_BYTES`]; a password can be guessed offline).
+/// A job id ([`with_job`](Self::with_job), `RAFT_COMMS_JOB`; empty when unset) is bound into every
+/// tag with it: ranks of two jobs that share a secret but not a job id refuse each other.
+///
 /// `Debug` does not show the bytes.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(Vec<u8>);
+pub struct Secret {
+    raw: Vec<u8>,
+    job: Vec<u8>,
+    /// The key of every tag: HMAC(secret, job), so that no tag of one job verifies in another.
+    key: [u8; TAG],
+}
 
 impl Secret {
     /// A secret from its bytes (the text of `RAFT_COMMS_SECRET`, say).
@@ -46,7 +62,24 @@ impl Secret {
                 format!("a rendezvous secret of {} byte(s): use at least {MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32`)", bytes.len()),
             ));
         }
-        Ok(Secret(bytes))
+        Ok(Secret::keyed(bytes, Vec::new()))
+    }
+
+    fn keyed(raw: Vec<u8>, job: Vec<u8>) -> Secret {
+        let key = tag(&raw, &[b"raft-comms job", &job]);
+        Secret { raw, job, key }
+    }
+
+    /// This secret for the job `job` (any bytes, not secret; `raft-run` passes a fresh random one
+    /// in `RAFT_COMMS_JOB`): only ranks given the same secret and the same job id admit each
+    /// other.
+    pub fn with_job(self, job: impl Into<Vec<u8>>) -> Secret {
+        Secret::keyed(self.raw, job.into())
+    }
+
+    /// The job id (empty when none was given).
+    pub fn job(&self) -> &[u8] {
+        &self.job
     }
 
     /// A fresh random secret (32 bytes from the OS, written as 64 hex digits so that it can
@@ -57,10 +90,11 @@ impl Secret {
     pub fn generate() -> Result<Secret> {
         let mut raw = [0u8; 32];
         random_bytes("Secret::generate", &mut raw)?;
-        Ok(Secret(raw.iter().map(|b| format!("{b:02x}")).collect::<String>().into_bytes()))
+        Ok(Secret::keyed(hex(&raw).into_bytes(), Vec::new()))
     }
 
-    /// `RAFT_COMMS_SECRET` when set and not empty.
+    /// `RAFT_COMMS_SECRET` when set and not empty, for the job `RAFT_COMMS_JOB` (empty when unset;
+    /// without a secret it is not used).
     ///
     /// # Errors
     /// `Logic` when it is set but too short or not UTF-8.
@@ -70,7 +104,9 @@ impl Secret {
             Some(v) if v.is_empty() => Ok(None),
             Some(v) => {
                 let text = v.into_string().map_err(|_| Error::logic(SECRET_VAR, "is not UTF-8"))?;
-                Secret::new(text).map(Some).map_err(|e| e.with_who(SECRET_VAR))
+                let secret = Secret::new(text).map_err(|e| e.with_who(SECRET_VAR))?;
+                let job = std::env::var_os(JOB_VAR).unwrap_or_default();
+                Ok(Some(secret.with_job(job.into_encoded_bytes())))
             }
         }
     }
@@ -78,18 +114,23 @@ impl Secret {
     /// The secret as text, to hand to the ranks in `RAFT_COMMS_SECRET` (lossy for bytes that
     /// are not UTF-8; a generated secret is hex).
     pub fn to_env_value(&self) -> String {
-        String::from_utf8_lossy(&self.0).into_owned()
+        String::from_utf8_lossy(&self.raw).into_owned()
     }
 
     pub(crate) fn key(&self) -> &[u8] {
-        &self.0
+        &self.key
     }
 }
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Secret({} bytes)", self.0.len())
+        write!(f, "Secret({} bytes, job {:?})", self.raw.len(), String::from_utf8_lossy(&self.job))
     }
+}
+
+/// `bytes` as lowercase hex digits.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Fills `buf` from the OS's random source (the kernel's CSPRNG, through `/dev/urandom`: no
@@ -153,5 +194,15 @@ mod tests {
         assert_eq!(a.to_env_value().len(), 64);
         assert_eq!(Secret::new(a.to_env_value()).unwrap(), a);
         assert!(!format!("{a:?}").contains(&a.to_env_value()[..8]), "{a:?}");
+    }
+
+    #[test]
+    fn the_job_changes_every_key() {
+        let s = Secret::new("s".repeat(32)).unwrap();
+        let (a, b) = (s.clone().with_job("a"), s.clone().with_job("b"));
+        assert_ne!(a.key(), b.key());
+        assert_ne!(a.key(), s.key());
+        assert_eq!(s.clone().with_job("").key(), s.key(), "no job is the empty job");
+        assert_eq!((a.job(), a.to_env_value()), (&b"a"[..], s.to_env_value()));
     }
 }

@@ -6,7 +6,7 @@
 use crate::rendezvous::{self, deadline_after};
 use crate::result;
 use crate::secret::Secret;
-use raft_error::{Error, Result};
+use raft_error::Result;
 use std::fmt;
 use std::time::Duration;
 
@@ -50,8 +50,8 @@ impl UniqueId {
     /// handshake bounded: a slow or hostile peer does not hold up the others.
     ///
     /// # Errors
-    /// `Logic` for a world size of 0, a malformed `RAFT_COMMS_SECRET`, or no secret on an
-    /// address that is not loopback; `Generic` when the address cannot be bound, or when a rank
+    /// `Logic` for a world size of 0 or above `i32::MAX` (NCCL's limit), a malformed
+    /// `RAFT_COMMS_SECRET`, or no secret on an address that is not loopback; `Generic` when the address cannot be bound, or when a rank
     /// has not arrived within `timeout` (the message names the missing ranks).
     pub fn serve(&self, addr: &str, world: usize, timeout: Duration) -> Result<()> {
         const WHO: &str = "UniqueId::serve";
@@ -69,9 +69,7 @@ impl UniqueId {
     }
 
     fn serve_as(&self, who: &'static str, addr: &str, world: usize, timeout: Duration, secret: Option<&Secret>) -> Result<()> {
-        if world == 0 {
-            return Err(Error::logic(who, "a world size of 0"));
-        }
+        rendezvous::check_world(who, world)?;
         let deadline = deadline_after(timeout);
         let listener = rendezvous::bind(who, addr, secret)?;
         rendezvous::serve_on(who, &listener, self.as_bytes(), world, secret, deadline, timeout)
@@ -82,7 +80,7 @@ impl UniqueId {
     /// must be a loopback address), proves this rank holds it too, and receives the id.
     ///
     /// # Errors
-    /// `Logic` when `rank` is 0 or not below `world`, rank 0 refused this rank (another world
+    /// `Logic` when `rank` is 0 or not below `world`, `world` is above `i32::MAX`, rank 0 refused this rank (another world
     /// size, a duplicate rank), the process at `addr` does not hold the secret, or no secret was
     /// given for an address that is not loopback; `Generic` when rank 0 could not be reached
     /// within `timeout` (every read is bounded by it: a peer that answers slowly does not

@@ -18,7 +18,7 @@ fn act(role: &str) -> ! {
         "env" => {
             let v = |k: &str| std::env::var(k).unwrap_or_else(|_| "-".into());
             println!(
-                "RAFT_RUN_ENV {} {} {} {} {} {} {} {} {} {}",
+                "RAFT_RUN_ENV {} {} {} {} {} {} {} {} {} {} {}",
                 v("RANK"),
                 v("WORLD_SIZE"),
                 v("LOCAL_RANK"),
@@ -28,7 +28,8 @@ fn act(role: &str) -> ! {
                 v("NCCL_NVLS_ENABLE"),
                 v("TORCH_SYMM_MEM_DISABLE_MULTICAST"),
                 v("CUDA_VISIBLE_DEVICES"),
-                v("RAFT_COMMS_SECRET")
+                v("RAFT_COMMS_SECRET"),
+                v("RAFT_COMMS_JOB")
             );
             std::process::exit(0)
         }
@@ -109,11 +110,11 @@ fn every_rank_gets_the_torchrun_environment_with_multicast_off() {
     assert!(out.status.success(), "{}", show(&out));
     let lines = env_lines(&out);
     assert_eq!(lines.len(), 3, "{}", show(&out));
-    let (port, secret) = (&lines[0][5], &lines[0][9]);
+    let (port, secret, job) = (&lines[0][5], &lines[0][9], &lines[0][10]);
     assert!(port.parse::<u16>().unwrap() > 0);
     for (rank, f) in lines.iter().enumerate() {
         let r = rank.to_string();
-        assert_eq!(f, &[&r, "3", &r, "3", "127.0.0.1", port, "0", "1", "7,3", secret], "rank {rank}");
+        assert_eq!(f, &[&r, "3", &r, "3", "127.0.0.1", port, "0", "1", "7,3", secret, job], "rank {rank}");
     }
 }
 
@@ -141,7 +142,33 @@ fn every_job_gets_its_own_secret() {
     let (a, b) = (run(None), run(None));
     assert!(a.len() >= raft_comms::MIN_SECRET_BYTES && a != "-", "{a}");
     assert_ne!(a, b, "two jobs were given the same secret");
-    assert_eq!(run(Some("given-by-the-user-0123456789")), "given-by-the-user-0123456789");
+    assert_eq!(run(Some("given-by-the-user-0123456789abcdef0123456789")), "given-by-the-user-0123456789abcdef0123456789");
+}
+
+/// Two jobs given the same secret (exported once in a shell, say) still get distinct job ids,
+/// which every tag of the rendezvous binds: a leftover rank of the first cannot join the second.
+/// (Both were told only the secret, and admitted each other.)
+#[test]
+fn jobs_sharing_a_secret_get_distinct_job_ids() {
+    if let Ok(role) = std::env::var(ROLE) {
+        act(&role);
+    }
+    let dir = temp_dir("job");
+    let run = || {
+        let out = launch(2, &[], "jobs_sharing_a_secret_get_distinct_job_ids", "env", &dir)
+            .env("RAFT_COMMS_SECRET", "one-secret-for-every-job-0123456789abcdef")
+            .env("RAFT_COMMS_JOB", "set-by-hand")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", show(&out));
+        let jobs: Vec<String> = env_lines(&out).iter().map(|l| l[10].clone()).collect();
+        assert_eq!(jobs.len(), 2, "{}", show(&out));
+        assert_eq!(jobs[0], jobs[1], "the ranks of one job share its id");
+        jobs[0].clone()
+    };
+    let (a, b) = (run(), run());
+    assert!(a.len() >= 16 && a != "-" && a != "set-by-hand", "{a}");
+    assert_ne!(a, b, "two jobs were given the same job id");
 }
 
 /// raft-run killed outright (no handler runs): its ranks die with it instead of running on.

@@ -150,8 +150,11 @@ fn nccl_makes_distinct_ids_without_a_gpu() {
 // ---- the job's secret and hostile peers ----------------------------------------------------------
 
 fn secret(tag: &str) -> Secret {
-    Secret::new(format!("{tag}-0123456789abcdef")).unwrap()
+    Secret::new(format!("{tag}-0123456789abcdef0123456789abcdef")).unwrap()
 }
+
+/// The rendezvous protocol's version (3: the job's id in every tag).
+const VERSION: u32 = 3;
 
 /// Connects to `addr` once rank 0 listens there.
 fn connect(addr: &str) -> TcpStream {
@@ -206,7 +209,7 @@ fn a_wrong_secret_is_refused_on_both_sides() {
     // A peer that answers rank 0's challenge without the secret.
     let mut peer = connect(&addr);
     let mut hello = b"RFTC".to_vec();
-    hello.extend_from_slice(&2u32.to_le_bytes());
+    hello.extend_from_slice(&VERSION.to_le_bytes());
     hello.extend_from_slice(&[9u8; 32]);
     peer.write_all(&hello).unwrap();
     let mut challenge = [0u8; 65];
@@ -228,7 +231,7 @@ fn a_peer_without_the_secret_learns_nothing() {
     let key = secret("job");
     let server = {
         let (addr, key) = (addr.clone(), key.clone());
-        std::thread::spawn(move || fake_id(8).serve_with_secret(&addr, 3, Duration::from_millis(1500), Some(&key)))
+        std::thread::spawn(move || fake_id(8).serve_with_secret(&addr, 5, Duration::from_millis(1500), Some(&key)))
     };
     // The first protocol's hello, with a wrong world size: it was told rank 0's.
     let mut old = connect(&addr);
@@ -238,18 +241,18 @@ fn a_peer_without_the_secret_learns_nothing() {
     }
     old.write_all(&hello).unwrap();
     let said = String::from_utf8_lossy(&read_all(&mut old)).into_owned();
-    assert!(!said.contains("world") && !said.contains('3'), "an unauthenticated peer was told: {said:?}");
-    assert!(said.contains("version 2"), "{said:?}");
+    assert!(!said.contains("world") && !said.contains('5'), "an unauthenticated peer was told: {said:?}");
+    assert!(said.contains("version 3"), "{said:?}");
     // This protocol, without the secret: the challenge (a nonce and rank 0's proof), then nothing.
     let mut peer = connect(&addr);
     let mut hello = b"RFTC".to_vec();
-    hello.extend_from_slice(&2u32.to_le_bytes());
+    hello.extend_from_slice(&VERSION.to_le_bytes());
     hello.extend_from_slice(&[1u8; 32]);
     peer.write_all(&hello).unwrap();
     let mut challenge = [0u8; 65];
     peer.read_exact(&mut challenge).unwrap();
     let mut answer = vec![7u8; 32];
-    answer.extend_from_slice(&3u32.to_le_bytes());
+    answer.extend_from_slice(&5u32.to_le_bytes());
     answer.extend_from_slice(&1u32.to_le_bytes());
     peer.write_all(&answer).unwrap();
     assert_eq!(read_all(&mut peer), Vec::<u8>::new());
@@ -345,5 +348,138 @@ fn endless_timeouts_are_not_a_panic() {
         std::thread::spawn(move || fake_id(2).serve(&addr, 2, Duration::MAX))
     };
     assert_eq!(UniqueId::fetch(&addr, 1, 2, Duration::MAX).unwrap(), fake_id(2));
+    server.join().unwrap().unwrap();
+}
+
+// ---- floods, guessable secrets, oversized worlds -------------------------------------------------
+
+/// Holds up to `keep` connections to `addr` that send nothing, opening a new one (about one a
+/// millisecond) whenever rank 0 has closed one, until `stop`; returns how many it opened.
+fn flood(addr: String, keep: usize, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let mut open: Vec<TcpStream> = Vec::new();
+        let mut opened = 0;
+        while !stop.load(Ordering::Relaxed) {
+            // Keeps those still open (nothing to read yet), forgets those rank 0 closed.
+            open.retain(|s| matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock));
+            if open.len() < keep {
+                if let Ok(s) = TcpStream::connect(&addr) {
+                    s.set_nonblocking(true).unwrap();
+                    opened += 1;
+                    open.push(s);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        opened
+    })
+}
+
+/// Connections that never say hello, reopened as fast as they are closed, do not keep the honest
+/// ranks out. (Each held one of rank 0's 64 handshake slots for 5 s, and rank 0 closed whoever
+/// came when they were full: the honest ranks never got a slot and ran out of time.)
+#[test]
+fn a_flood_of_idle_connections_does_not_keep_honest_ranks_out() {
+    let (addr, key, world) = (free_addr(), secret("flood"), 3);
+    let server = {
+        let (addr, key) = (addr.clone(), key.clone());
+        std::thread::spawn(move || fake_id(7).serve_with_secret(&addr, world, Duration::from_secs(4), Some(&key)))
+    };
+    let _ = connect(&addr);
+    let stop = Arc::new(AtomicBool::new(false));
+    let attacker = flood(addr.clone(), 200, stop.clone());
+    std::thread::sleep(Duration::from_millis(300)); // the flood fills every slot first
+    let start = Instant::now();
+    let fetchers: Vec<_> = (1..world)
+        .map(|rank| {
+            let (addr, key) = (addr.clone(), key.clone());
+            std::thread::spawn(move || UniqueId::fetch_with_secret(&addr, rank, world, Duration::from_secs(3), Some(&key)))
+        })
+        .collect();
+    let got: Vec<_> = fetchers.into_iter().map(|f| f.join().unwrap()).collect();
+    let took = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let opened = attacker.join().unwrap();
+    for g in got {
+        assert_eq!(g.unwrap(), fake_id(7), "after {took:?}, with {opened} idle connections opened");
+    }
+    assert!(took < Duration::from_secs(2), "the honest ranks waited {took:?} behind the flood");
+    server.join().unwrap().unwrap();
+}
+
+/// A connection that says nothing is closed within a quarter of a second, not kept for the whole
+/// handshake's bound (5 s).
+#[test]
+fn a_silent_connection_is_closed_quickly() {
+    let addr = free_addr();
+    let server = {
+        let addr = addr.clone();
+        std::thread::spawn(move || fake_id(1).serve(&addr, 2, Duration::from_secs(4)))
+    };
+    let mut silent = connect(&addr);
+    let start = Instant::now();
+    assert_eq!(read_all(&mut silent), Vec::<u8>::new());
+    let held = start.elapsed();
+    assert!(held < Duration::from_millis(250) + *SLACK, "rank 0 kept a silent connection for {held:?}");
+    assert_eq!(UniqueId::fetch(&addr, 1, 2, Duration::from_secs(3)).unwrap(), fake_id(1));
+    server.join().unwrap().unwrap();
+}
+
+/// A secret short enough to guess offline (anyone can get rank 0's HMAC of a nonce of their
+/// choosing) is refused; 32 bytes, what raft-run generates, are the least.
+#[test]
+fn a_secret_shorter_than_32_bytes_is_refused() {
+    let e = Secret::new("p".repeat(31)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic);
+    assert!(e.message().contains("at least 32"), "{e}");
+    Secret::new("p".repeat(32)).unwrap();
+    assert_eq!(raft_comms::MIN_SECRET_BYTES, 32);
+}
+
+/// A world size NCCL cannot hold (its `nranks` is an `int`) is refused at once on both sides,
+/// before rank 0 would wait for, and list, billions of ranks.
+#[test]
+fn a_world_beyond_an_int_is_refused() {
+    let huge = i32::MAX as usize + 1;
+    let e = UniqueId::fetch("127.0.0.1:1", 1, huge, Duration::from_millis(10)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.message().contains("2147483648"), "{e}");
+    let start = Instant::now();
+    let e = fake_id(0).serve("127.0.0.1:0", huge, Duration::from_millis(10)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.message().contains("2147483648"), "{e}");
+    let e = fake_id(0).serve("127.0.0.1:0", usize::MAX, Duration::from_millis(10)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(start.elapsed() < *SLACK, "took {:?}", start.elapsed());
+}
+
+/// The missing ranks of a large world are named up to 20, then counted: the message stays short.
+#[test]
+fn the_missing_ranks_of_a_large_world_are_counted_not_listed() {
+    let e = fake_id(0).serve(&free_addr(), 1_000_000, Duration::from_millis(100)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Generic);
+    assert!(e.message().contains("missing: 1, 2, 3,") && e.message().contains("20 and 999979 more"), "{e}");
+    assert!(e.message().len() < 1000, "a message of {} bytes", e.message().len());
+}
+
+/// Two jobs given the same secret but different job ids refuse each other on both sides (a
+/// leftover rank of an earlier job was admitted by a later one that reused its secret); the same
+/// job id is admitted.
+#[test]
+fn jobs_sharing_a_secret_but_not_a_job_id_refuse_each_other() {
+    let addr = free_addr();
+    let job = |id: &str| secret("shared").with_job(id);
+    let server = {
+        let (addr, key) = (addr.clone(), job("job-b"));
+        std::thread::spawn(move || fake_id(3).serve_with_secret(&addr, 3, Duration::from_secs(3), Some(&key)))
+    };
+    let e = UniqueId::fetch_with_secret(&addr, 1, 3, Duration::from_secs(3), Some(&job("job-a"))).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic);
+    assert!(e.message().contains("did not prove it holds this job's secret"), "{e}");
+    let e = UniqueId::fetch_with_secret(&addr, 1, 3, Duration::from_secs(3), Some(&secret("shared"))).unwrap_err();
+    assert!(e.message().contains("did not prove it holds this job's secret"), "no job id is another job: {e}");
+    for rank in [1, 2] {
+        assert_eq!(UniqueId::fetch_with_secret(&addr, rank, 3, Duration::from_secs(3), Some(&job("job-b"))).unwrap(), fake_id(3));
+    }
     server.join().unwrap().unwrap();
 }

@@ -10,7 +10,9 @@
 //! `MASTER_ADDR` (default 127.0.0.1; an address of this host), `MASTER_PORT` (default: a port
 //! free when raft-run looked), `RAFT_COMMS_SECRET` (a fresh random secret for this job, unless
 //! already set: the rendezvous admits only processes holding it, so a process that takes the port
-//! first is refused by the ranks instead of handed the job), and always
+//! first is refused by the ranks instead of handed the job), `RAFT_COMMS_JOB` (a fresh id for
+//! every job, whatever the environment says: bound into the rendezvous's proofs, it keeps apart
+//! jobs given the same secret), and always
 //! `NCCL_NVLS_ENABLE=0`, `TORCH_SYMM_MEM_DISABLE_MULTICAST=1`, `NVSHMEM_DISABLE_NVLS=1` (NVLink
 //! multicast stays off: on shared hosts it can take the GPUs out of service). `CUDA_VISIBLE_DEVICES`
 //! is left as it is: each rank picks its GPU from `LOCAL_RANK`.
@@ -61,7 +63,12 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
             "--" => break,
             "-n" | "--nproc-per-node" | "--nproc_per_node" => {
                 let v = value(&mut it, &a)?;
-                n = Some(v.parse::<usize>().ok().filter(|&n| n > 0).ok_or(format!("{a} {v}: expected a positive number"))?);
+                let count = v.parse::<usize>().ok().filter(|&n| n > 0).ok_or(format!("{a} {v}: expected a positive number"))?;
+                // NCCL's rank count is an `int`.
+                if count > i32::MAX as usize {
+                    return Err(format!("{a} {v}: at most {} ranks", i32::MAX));
+                }
+                n = Some(count);
             }
             "--master-addr" | "--master_addr" => addr = value(&mut it, &a)?,
             "--master-port" | "--master_port" => {
@@ -109,6 +116,17 @@ fn job_secret() -> Result<String, String> {
         Some(s) => Ok(s.to_env_value()),
         None => raft_comms::Secret::generate().map(|s| s.to_env_value()).map_err(|e| e.to_string()),
     }
+}
+
+/// A fresh id for this job (random, not secret): ranks of another job given the same secret
+/// refuse this job's and the other way round.
+fn job_id() -> Result<String, String> {
+    use std::io::Read;
+    let mut raw = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut raw))
+        .map_err(|e| format!("no random bytes for the job's id (/dev/urandom): {e}"))?;
+    Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The status a shell would report: the exit code, or 128 + the signal.
@@ -159,7 +177,7 @@ fn run(o: Options) -> Result<i32, String> {
         None => free_port(&o.addr)?,
     };
     let grace = grace_from(std::env::var("RAFT_RUN_GRACE").ok())?;
-    let secret = job_secret()?;
+    let (secret, job) = (job_secret()?, job_id()?);
     // SAFETY: getpid takes nothing and cannot fail.
     let parent = unsafe { libc::getpid() };
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
@@ -179,6 +197,7 @@ fn run(o: Options) -> Result<i32, String> {
             .env("MASTER_ADDR", &o.addr)
             .env("MASTER_PORT", port.to_string())
             .env(raft_comms::SECRET_VAR, &secret)
+            .env(raft_comms::JOB_VAR, &job)
             .process_group(0);
         for (k, v) in ALWAYS {
             cmd.env(k, v);
@@ -290,6 +309,7 @@ mod tests {
         assert!(parse(args("./prog")).unwrap_err().contains("-n N is required"));
         assert!(parse(args("-n 0 ./prog")).unwrap_err().contains("positive"));
         assert!(parse(args("-n 2")).unwrap_err().contains("no program"));
+        assert!(parse(args("-n 2147483648 ./prog")).unwrap_err().contains("2147483647"), "a world NCCL cannot hold");
         assert!(parse(args("-n 2 --bogus ./prog")).unwrap_err().contains("unknown option --bogus"));
     }
 }
