@@ -105,8 +105,8 @@ fn split_version(code: i32) -> (u32, u32, u32) {
 /// Loads the shim and libnccl (if not yet) and says what was loaded.
 ///
 /// # Errors
-/// `Generic` saying what is missing (the shim, the NCCL headers at build time, libnccl) and what
-/// to install or set.
+/// `Cuda` (a missing library, as everywhere in raft-rs) saying what is missing (the shim, the
+/// NCCL headers at build time, libnccl) and what to install or set.
 pub fn nccl_info() -> Result<NcclInfo> {
     const WHO: &str = "raft_comms::nccl_info";
     let (version, library, shim) = load::nccl_facts(WHO)?;
@@ -128,7 +128,7 @@ pub fn build_note() -> Option<&'static str> {
 /// communicator, or `None`.
 ///
 /// # Errors
-/// `Logic` on released resources; `Generic` when the shim cannot be loaded.
+/// `Logic` on released resources; `Cuda` when the shim cannot be loaded.
 pub fn installed(resources: &DeviceResources) -> Result<Option<(usize, usize)>> {
     const WHO: &str = "raft_comms::installed";
     resources.with_raft_resources(|raft| result::installed(WHO, raft)).map_err(|e| e.with_who(WHO))?
