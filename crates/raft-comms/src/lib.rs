@@ -67,15 +67,18 @@ mod launch;
 mod load;
 mod rendezvous;
 mod result;
+mod scope;
 mod secret;
+mod shared;
 mod sys;
 mod unique_id;
 mod watchdog;
 
 pub use communicator::Communicator;
 pub use dtype::{NcclType, ReduceOp};
-pub use group::{group, group_scope, GroupScope};
+pub use group::group;
 pub use launch::{timeout_from_env, Launch, DEFAULT_TIMEOUT};
+pub use scope::{group_scope, GroupScope};
 pub use secret::{Secret, MIN_SECRET_BYTES, SECRET_VAR};
 pub use unique_id::UniqueId;
 
