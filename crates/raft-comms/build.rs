@@ -1,4 +1,4 @@
-//! Builds raft-comms's C++ shim (`src/comms.cpp`) as its own shared object,
+//! Builds raft-comms's C++ shim (`src/shim/*.cpp`) as its own shared object,
 //! `libraftcomms_shim.so`, against NCCL's `nccl.h` and the very RAFT / RMM / CUDA stack raft-sys
 //! built its shim against (raft-sys publishes its include and library directories and the
 //! stack's root as build metadata: `DEP_RAFTRS_INCLUDES`, `DEP_RAFTRS_LIB_DIRS`,
@@ -58,6 +58,12 @@ impl Stack {
     }
 }
 
+/// The shim's translation units, by what they do: libnccl and errors, communicators,
+/// collectives and groups, RAFT's comms_iface.
+const SHIM_SOURCES: &[&str] = &["src/shim/nccl.cpp", "src/shim/communicators.cpp", "src/shim/collectives.cpp", "src/shim/raft_iface.cpp"];
+/// What they share (the guard, the last error, the communicator cell, run_op).
+const SHIM_COMMON: &str = "src/shim/common.hpp";
+
 /// The shim's file name (also what the loader looks for beside an executable).
 const SHIM_FILE: &str = "libraftcomms_shim.so";
 
@@ -69,7 +75,9 @@ struct Nccl {
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=src/comms.cpp");
+    for file in SHIM_SOURCES.iter().chain(&[SHIM_COMMON]) {
+        println!("cargo:rerun-if-changed={file}");
+    }
     println!("cargo:rerun-if-changed=include/raftcomms.h");
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -175,12 +183,12 @@ fn watch_for_header(root: &Path, include: &str, whole_root: bool) {
     }
 }
 
-/// Compiles `src/comms.cpp` position-independent and links `OUT_DIR/libraftcomms_shim.so` with
+/// Compiles the shim's sources position-independent and links `OUT_DIR/libraftcomms_shim.so` with
 /// the CUDA runtime (the same `libcudart.so.13` raft-sys's shim uses) and RUNPATH `$ORIGIN`, the
 /// stack's library directories and NCCL's (where libnccl.so.2 is looked for at run time).
 fn build_shim(manifest: &Path, out: &Path, stack: &Stack, nccl: &Nccl) -> PathBuf {
     let mut build = cc::Build::new();
-    build.cpp(true).std("c++20").pic(true).file(manifest.join("src/comms.cpp")).include(manifest.join("include"));
+    build.cpp(true).std("c++20").pic(true).files(SHIM_SOURCES.iter().map(|f| manifest.join(f))).include(manifest.join("include"));
     build.flag(format!("-isystem{}", nccl.include.display()));
     for dir in &stack.includes {
         build.flag(format!("-isystem{}", dir.display()));

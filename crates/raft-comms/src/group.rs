@@ -1,8 +1,7 @@
 //! NCCL groups (`ncclGroupStart` / `ncclGroupEnd`): several calls fused into one launch, and the
 //! way one thread drives a whole clique (each GPU's call would otherwise wait for the others'
 //! before the thread could make them).
-use crate::communicator::Shared;
-use crate::result;
+use crate::result::{self, NativeComm};
 use cudarc::driver::CudaStream;
 use raft_error::{Error, Result};
 use std::cell::RefCell;
@@ -13,14 +12,22 @@ use std::sync::Arc;
 #[derive(Default)]
 struct Frame {
     depth: usize,
-    used: Vec<(Arc<Shared>, Arc<CudaStream>)>,
+    used: Vec<(Arc<dyn Member>, Arc<CudaStream>)>,
     /// Open `group`s (unsafe: their caller promised the arrays outlive the group).
     unchecked: usize,
     /// A `GroupScope` method is making the call (its arrays are borrowed past the group's end).
     via_scope: bool,
-    /// A [`group_scope`] is open: an unsafe `group` inside it is refused (its calls would be
+    /// A [`group_scope`](crate::group_scope) is open: an unsafe `group` inside it is refused (its calls would be
     /// launched only when the scope ends, after the inner closure's arrays may be gone).
     scoped: bool,
+}
+
+/// A communicator as an open group sees it (its shared state): it names nothing above it.
+pub(crate) trait Member: Send + Sync {
+    /// The native communicator the group's end waits for.
+    fn native(&self) -> &NativeComm;
+    /// After the group that used it ended, `failed` when the group's end failed.
+    fn group_ended(self: Arc<Self>, failed: Option<&Error>);
 }
 
 thread_local! {
@@ -45,7 +52,7 @@ pub(crate) fn refuse_inside(who: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// Refuses a collective made inside a [`group_scope`] other than through its [`GroupScope`]: only
+/// Refuses a collective made inside a [`group_scope`](crate::group_scope) other than through its [`GroupScope`](crate::GroupScope): only
 /// those borrow their arrays until the group has ended.
 pub(crate) fn check_call(who: &'static str) -> Result<()> {
     let allowed = FRAME.try_with(|f| {
@@ -63,15 +70,18 @@ pub(crate) fn check_call(who: &'static str) -> Result<()> {
 }
 
 /// Notes that a communicator was used in the open group (the group's end waits for it and
-/// records its event on `stream`).
-pub(crate) fn used(shared: &Arc<Shared>, stream: Arc<CudaStream>) {
-    let _ = FRAME.try_with(|f| {
-        let mut f = f.borrow_mut();
-        if !f.used.iter().any(|(s, _)| Arc::ptr_eq(s, shared)) {
-            shared.groups.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            f.used.push((shared.clone(), stream));
-        }
-    });
+/// records its event on `stream`); returns whether it is new to the group.
+pub(crate) fn used<M: Member + 'static>(member: &Arc<M>, stream: Arc<CudaStream>) -> bool {
+    FRAME
+        .try_with(|f| {
+            let mut f = f.borrow_mut();
+            let new = !f.used.iter().any(|(s, _)| std::ptr::addr_eq(Arc::as_ptr(s), Arc::as_ptr(member)));
+            if new {
+                f.used.push((member.clone(), stream));
+            }
+            new
+        })
+        .unwrap_or(false)
 }
 
 /// Runs `calls` as one NCCL group (`ncclGroupStart` … `ncclGroupEnd`) on the calling thread:
@@ -120,7 +130,7 @@ pub(crate) fn used(shared: &Arc<Shared>, stream: Arc<CudaStream>) {
 /// written by other work until the outermost group has ended (`group` returned, when it is not
 /// nested in another): an array freed inside the closure would be given back to its
 /// pool before NCCL's kernel writes into it. Likewise every communicator used inside must not be
-/// aborted or released (from any thread) before then. [`group_scope`] is the safe form.
+/// aborted or released (from any thread) before then. [`group_scope`](crate::group_scope) is the safe form.
 pub unsafe fn group<R>(calls: impl FnOnce() -> Result<R>) -> Result<R> {
     const WHO: &str = "raft_comms::group";
     if FRAME.try_with(|f| f.borrow().scoped).unwrap_or(false) {
@@ -145,7 +155,7 @@ pub unsafe fn group<R>(calls: impl FnOnce() -> Result<R>) -> Result<R> {
     }
 }
 
-/// The open group, ended exactly once: by [`group`] / [`group_scope`] or, when the closure
+/// The open group, ended exactly once: by [`group`] / [`scoped`] or, when the closure
 /// panics, by Drop.
 struct Open {
     ended: bool,
@@ -174,10 +184,10 @@ impl Open {
             return Ok(());
         }
         let list: Vec<(&crate::result::NativeComm, Option<Arc<CudaStream>>)> =
-            used.iter().map(|(s, stream)| (&s.native, Some(stream.clone()))).collect();
+            used.iter().map(|(s, stream)| (s.native(), Some(stream.clone()))).collect();
         let ended = result::group_end(WHO, &list);
-        for (shared, _) in &used {
-            shared.after_group(ended.as_ref().err());
+        for (member, _) in &used {
+            member.clone().group_ended(ended.as_ref().err());
         }
         ended
     }
@@ -193,104 +203,8 @@ impl Drop for Open {
     }
 }
 
-/// [`group`] without `unsafe`: one NCCL group whose collectives go through the [`GroupScope`]
-/// the closure receives, whose methods borrow every array for `'env`, past the group's end (when
-/// NCCL queues the work). An array made and dropped inside the closure cannot be handed to them,
-/// and a collective called directly on a communicator inside is refused (`Logic`), so nothing
-/// NCCL will read or write can be freed before it has been queued on its stream. Once queued,
-/// the arrays' own frees are ordered after it on that stream.
-///
-/// ```no_run
-/// # use raft_comms::{Communicator, ReduceOp};
-/// # use raft_core::{DeviceResources, DeviceVec};
-/// # fn main() -> raft_core::Result<()> {
-/// let resources = [DeviceResources::on_device(0)?, DeviceResources::on_device(1)?];
-/// let comms = Communicator::clique(&resources)?;
-/// let mut data: Vec<DeviceVec<f32>> =
-///     resources.iter().map(|r| DeviceVec::from_host(r, &[1.0; 4])).collect::<raft_core::Result<_>>()?;
-/// raft_comms::group_scope(|g| {
-///     for (c, d) in comms.iter().zip(data.iter_mut()) {
-///         g.allreduce_in_place(c, d, ReduceOp::Sum)?;
-///     }
-///     Ok(())
-/// })?;
-/// for c in &comms {
-///     c.sync()?;
-/// }
-/// assert_eq!(data[1].to_host()?, [2.0; 4]);
-/// # Ok(()) }
-/// ```
-///
-/// An array that does not outlive the group is refused by the compiler:
-///
-/// ```compile_fail,E0597
-/// # use raft_comms::{Communicator, ReduceOp};
-/// # use raft_core::{DeviceResources, DeviceVec};
-/// # fn f(res: &DeviceResources, c: &Communicator) -> raft_core::Result<()> {
-/// raft_comms::group_scope(|g| {
-///     let mut tmp = DeviceVec::<f32>::zeros(res, 4)?;
-///     g.allreduce_in_place(c, &mut tmp, ReduceOp::Sum) // error: `tmp` dies before the group ends
-/// })?;
-/// # Ok(()) }
-/// ```
-///
-/// # Errors
-/// `Logic` inside another group (a scoped group launches at its own end, which a group around it
-/// would postpone past the borrows); otherwise as [`group`].
-pub fn group_scope<'env, F, R>(calls: F) -> Result<R>
-where
-    F: for<'scope> FnOnce(&'scope GroupScope<'scope, 'env>) -> Result<R>,
-{
-    const WHO: &str = "raft_comms::group_scope";
-    match FRAME.try_with(|f| f.borrow().depth) {
-        Ok(0) => {}
-        Ok(_) => {
-            return Err(Error::logic(
-                WHO,
-                "inside another group: a scoped group must be the outermost (its arrays are borrowed only until it ends)",
-            ))
-        }
-        Err(_) => return Err(Error::logic(WHO, "called while the thread's locals are being destroyed: no group can be kept track of")),
-    }
-    result::group_start(WHO)?;
-    let _ = FRAME.try_with(|f| {
-        let mut f = f.borrow_mut();
-        f.depth += 1;
-        f.scoped = true;
-    });
-    let mut open = Open { ended: false, unchecked: false };
-    let scope = GroupScope { _scope: std::marker::PhantomData, _env: std::marker::PhantomData };
-    let out = calls(&scope);
-    let ended = open.end();
-    match (out, ended) {
-        (Err(e), _) => Err(e),
-        (Ok(_), Err(e)) => Err(e),
-        (Ok(r), Ok(())) => Ok(r),
-    }
-}
-
-/// The collectives of a [`group_scope`]: each borrows its arrays and its communicator for
-/// `'env`, which outlives the group, and is queued when the group ends. A communicator used in
-/// the group can therefore not be moved away (to another thread that aborts or releases it,
-/// say) before the group has ended:
-///
-/// ```compile_fail,E0597
-/// # use raft_comms::{Communicator, ReduceOp};
-/// # use raft_core::DeviceVec;
-/// # fn f(c: Communicator, buf: &mut DeviceVec<f32>) -> raft_core::Result<()> {
-/// raft_comms::group_scope(|g| {
-///     g.allreduce_in_place(&c, buf, ReduceOp::Sum)?;
-///     std::thread::spawn(move || c.abort()).join().unwrap() // error: `c` is borrowed until the group ends
-/// })?;
-/// # Ok(()) }
-/// ```
-pub struct GroupScope<'scope, 'env: 'scope> {
-    _scope: std::marker::PhantomData<&'scope mut &'scope ()>,
-    _env: std::marker::PhantomData<&'env mut &'env ()>,
-}
-
 /// Runs `call` as a scoped call (allowed by [`check_call`]).
-fn via_scope<R>(call: impl FnOnce() -> Result<R>) -> Result<R> {
+pub(crate) fn via_scope<R>(call: impl FnOnce() -> Result<R>) -> Result<R> {
     struct Reset;
     impl Drop for Reset {
         fn drop(&mut self) {
@@ -302,101 +216,31 @@ fn via_scope<R>(call: impl FnOnce() -> Result<R>) -> Result<R> {
     call()
 }
 
-use crate::communicator::Communicator;
-use crate::dtype::{NcclType, ReduceOp};
-use raft_core::DeviceVec;
-
-impl<'scope, 'env> GroupScope<'scope, 'env> {
-    /// [`Communicator::allreduce`] in the group.
-    pub fn allreduce<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        recv: &'env mut DeviceVec<T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        via_scope(|| c.allreduce(send, recv, op))
+/// Runs `calls` as the outermost, scoped group of [`group_scope`](crate::group_scope) (which
+/// hands its closure the `GroupScope`).
+pub(crate) fn scoped<R>(who: &'static str, calls: impl FnOnce() -> Result<R>) -> Result<R> {
+    match FRAME.try_with(|f| f.borrow().depth) {
+        Ok(0) => {}
+        Ok(_) => {
+            return Err(Error::logic(
+                who,
+                "inside another group: a scoped group must be the outermost (its arrays are borrowed only until it ends)",
+            ))
+        }
+        Err(_) => return Err(Error::logic(who, "called while the thread's locals are being destroyed: no group can be kept track of")),
     }
-    /// [`Communicator::allreduce_in_place`] in the group.
-    pub fn allreduce_in_place<T: NcclType>(&self, c: &'env Communicator, buf: &'env mut DeviceVec<T>, op: ReduceOp) -> Result<()> {
-        via_scope(|| c.allreduce_in_place(buf, op))
-    }
-    /// [`Communicator::broadcast`] in the group.
-    pub fn broadcast<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        recv: &'env mut DeviceVec<T>,
-        root: usize,
-    ) -> Result<()> {
-        via_scope(|| c.broadcast(send, recv, root))
-    }
-    /// [`Communicator::broadcast_in_place`] in the group.
-    pub fn broadcast_in_place<T: NcclType>(&self, c: &'env Communicator, buf: &'env mut DeviceVec<T>, root: usize) -> Result<()> {
-        via_scope(|| c.broadcast_in_place(buf, root))
-    }
-    /// [`Communicator::reduce`] in the group.
-    pub fn reduce<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        recv: Option<&'env mut DeviceVec<T>>,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        via_scope(|| c.reduce(send, recv, op, root))
-    }
-    /// [`Communicator::allgather`] in the group.
-    pub fn allgather<T: NcclType>(&self, c: &'env Communicator, send: &'env DeviceVec<T>, recv: &'env mut DeviceVec<T>) -> Result<()> {
-        via_scope(|| c.allgather(send, recv))
-    }
-    /// [`Communicator::allgatherv`] in the group.
-    pub fn allgatherv<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        recv: &'env mut DeviceVec<T>,
-        counts: &[usize],
-    ) -> Result<()> {
-        via_scope(|| c.allgatherv(send, recv, counts))
-    }
-    /// [`Communicator::gather`] in the group.
-    pub fn gather<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        recv: Option<&'env mut DeviceVec<T>>,
-        root: usize,
-    ) -> Result<()> {
-        via_scope(|| c.gather(send, recv, root))
-    }
-    /// [`Communicator::reduce_scatter`] in the group.
-    pub fn reduce_scatter<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        recv: &'env mut DeviceVec<T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        via_scope(|| c.reduce_scatter(send, recv, op))
-    }
-    /// [`Communicator::send`] in the group.
-    pub fn send<T: NcclType>(&self, c: &'env Communicator, buf: &'env DeviceVec<T>, peer: usize) -> Result<()> {
-        via_scope(|| c.send(buf, peer))
-    }
-    /// [`Communicator::recv`] in the group.
-    pub fn recv<T: NcclType>(&self, c: &'env Communicator, buf: &'env mut DeviceVec<T>, peer: usize) -> Result<()> {
-        via_scope(|| c.recv(buf, peer))
-    }
-    /// [`Communicator::sendrecv`] in the group.
-    pub fn sendrecv<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        dest: usize,
-        recv: &'env mut DeviceVec<T>,
-        source: usize,
-    ) -> Result<()> {
-        via_scope(|| c.sendrecv(send, dest, recv, source))
+    result::group_start(who)?;
+    let _ = FRAME.try_with(|f| {
+        let mut f = f.borrow_mut();
+        f.depth += 1;
+        f.scoped = true;
+    });
+    let mut open = Open { ended: false, unchecked: false };
+    let out = calls();
+    let ended = open.end();
+    match (out, ended) {
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e),
+        (Ok(r), Ok(())) => Ok(r),
     }
 }

@@ -67,15 +67,18 @@ mod launch;
 mod load;
 mod rendezvous;
 mod result;
+mod scope;
 mod secret;
+mod shared;
 mod sys;
 mod unique_id;
 mod watchdog;
 
 pub use communicator::Communicator;
 pub use dtype::{NcclType, ReduceOp};
-pub use group::{group, group_scope, GroupScope};
+pub use group::group;
 pub use launch::{timeout_from_env, Launch, DEFAULT_TIMEOUT};
+pub use scope::{group_scope, GroupScope};
 pub use secret::{Secret, JOB_VAR, MIN_SECRET_BYTES, SECRET_VAR};
 pub use unique_id::UniqueId;
 
@@ -105,8 +108,8 @@ fn split_version(code: i32) -> (u32, u32, u32) {
 /// Loads the shim and libnccl (if not yet) and says what was loaded.
 ///
 /// # Errors
-/// `Generic` saying what is missing (the shim, the NCCL headers at build time, libnccl) and what
-/// to install or set.
+/// `Cuda` (a missing library, as everywhere in raft-rs) saying what is missing (the shim, the
+/// NCCL headers at build time, libnccl) and what to install or set.
 pub fn nccl_info() -> Result<NcclInfo> {
     const WHO: &str = "raft_comms::nccl_info";
     let (version, library, shim) = load::nccl_facts(WHO)?;
@@ -128,7 +131,7 @@ pub fn build_note() -> Option<&'static str> {
 /// communicator, or `None`.
 ///
 /// # Errors
-/// `Logic` on released resources; `Generic` when the shim cannot be loaded.
+/// `Logic` on released resources; `Cuda` when the shim cannot be loaded.
 pub fn installed(resources: &DeviceResources) -> Result<Option<(usize, usize)>> {
     const WHO: &str = "raft_comms::installed";
     resources.with_raft_resources(|raft| result::installed(WHO, raft)).map_err(|e| e.with_who(WHO))?

@@ -1,7 +1,10 @@
 //! Loading the shim (`libraftcomms_shim.so`) and, through it, libnccl at first use, so that a
-//! program without NCCL starts and gets an error naming what is missing and what to set.
+//! program without NCCL starts and gets an error naming what is missing and what to set. The
+//! search, the RUNPATH rules and the message are raft-sys's one loader; what is particular here
+//! is the symbol table and opening libnccl through the shim.
 use crate::sys::RaftcommsShim;
 use raft_error::{Error, ErrorKind, Result};
+use raft_sys::load::{self, LoadError, Spec};
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -24,17 +27,21 @@ pub(crate) struct Loaded {
     pub(crate) nccl_path: String,
 }
 
-static LOADED: OnceLock<std::result::Result<Loaded, String>> = OnceLock::new();
+static LOADED: OnceLock<std::result::Result<Loaded, LoadError>> = OnceLock::new();
 
 /// The loaded shim, loading it (and libnccl) on the first call; later calls are one atomic load.
 ///
-/// Where the shim is looked for: `RAFT_COMMS_SHIM` (a path; then only there); beside the
-/// executable, then `<its dir>/../lib` (a deployed binary with its libraries); where build.rs
-/// built it. libnccl: `RAFT_COMMS_NCCL_LIB` (a path to `libnccl.so.2`), else `libnccl.so.2` by
-/// the dynamic loader's search (`LD_LIBRARY_PATH`, the shim's RUNPATH, which names the NCCL
-/// found at build time, then the system's).
+/// The shim is found by raft-sys's one loader ([`raft_sys::load`]): `RAFT_COMMS_SHIM` (a path;
+/// then only there); beside the executable, then `<its dir>/../lib` (a deployed binary with its
+/// libraries); where build.rs built it. libnccl: `RAFT_COMMS_NCCL_LIB` (a path to
+/// `libnccl.so.2`), else `libnccl.so.2` by the dynamic loader's search (`LD_LIBRARY_PATH`, the
+/// shim's RUNPATH, which names the NCCL found at build time, then the system's).
+///
+/// # Errors
+/// `Cuda` (the kind of a missing library everywhere in raft-rs) naming what is missing and what
+/// to install or set.
 pub(crate) fn loaded(who: &'static str) -> Result<&'static Loaded> {
-    LOADED.get_or_init(load).as_ref().map_err(|m| Error::new(ErrorKind::Generic, who, m.clone()))
+    LOADED.get_or_init(load).as_ref().map_err(|e| Error::new(ErrorKind::Cuda, who, e.message()))
 }
 
 /// Reads and clears the calling thread's message of the last failed shim call.
@@ -47,14 +54,6 @@ pub(crate) fn take_last_error(api: &RaftcommsShim) -> String {
     message
 }
 
-fn candidates() -> (Vec<PathBuf>, bool) {
-    let (mut found, explicit) = raft_sys::shipped_library_candidates("RAFT_COMMS_SHIM", SHIM_FILE);
-    if !explicit && !BUILT_SHIM.is_empty() {
-        found.push(PathBuf::from(BUILT_SHIM));
-    }
-    (found, explicit)
-}
-
 fn nccl_advice() -> String {
     format!(
         "Install NCCL {}.{} or newer (`pip install nvidia-nccl-cu13`, or the system's libnccl2), then set RAFT_COMMS_NCCL_LIB \
@@ -65,71 +64,59 @@ fn nccl_advice() -> String {
     )
 }
 
-fn load() -> std::result::Result<Loaded, String> {
+/// What the shim's own search appends to its message: why the build made none, else where to
+/// put it.
+fn shim_advice() -> String {
+    if BUILD_NOTE.is_empty() {
+        "Put it beside the executable or in <its dir>/../lib, or set RAFT_COMMS_SHIM to its path.".into()
+    } else {
+        format!("{BUILD_NOTE}.")
+    }
+}
+
+fn load() -> std::result::Result<Loaded, LoadError> {
     // raft-sys's shim first: it preloads the CUDA libraries RAFT_RS_LIB_PATH names, and this shim
     // must bind to the same libcudart. Its own failure is reported by the calls that need it.
     let _ = raft_sys::shim();
-    let (paths, explicit) = candidates();
-    let mut tried = Vec::new();
-    for path in &paths {
-        if !path.exists() {
-            tried.push(format!("{} (absent)", path.display()));
-            continue;
-        }
-        // SAFETY: the shim's initialisers make no CUDA or NCCL call; RTLD_NOW resolves every
-        // symbol now (a missing libcudart is an error here, not a crash later). Never unloaded.
-        let lib = match unsafe {
-            libloading::os::unix::Library::open(Some(path), libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL)
-        } {
-            Ok(lib) => lib,
-            Err(e) => {
-                tried.push(format!("{}: {e}", path.display()));
-                continue;
-            }
-        };
-        // SAFETY: a raftcomms shim: its functions have the signatures of src/sys.rs, which a test
-        // checks against the header it was built from.
-        let api = match unsafe { RaftcommsShim::from_library(lib.into()) } {
-            Ok(api) => api,
-            Err(e) => {
-                tried.push(format!("{}: not this raft-comms version's shim ({e})", path.display()));
-                continue;
-            }
-        };
-        let explicit_nccl = std::env::var("RAFT_COMMS_NCCL_LIB").ok().filter(|p| !p.is_empty());
-        let c_path = match explicit_nccl.as_deref().map(CString::new).transpose() {
-            Ok(p) => p,
-            Err(_) => return Err("RAFT_COMMS_NCCL_LIB contains a NUL byte".into()),
-        };
-        let mut version = 0;
-        // SAFETY: the path is NUL-terminated (or null); `version` is a valid int.
-        let status = unsafe { (api.raftcomms_nccl_load)(c_path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()), &mut version) };
-        if status != crate::sys::RAFTCOMMS_STATUS_OK {
-            let why = take_last_error(&api);
-            let named = if explicit_nccl.is_some() { " (RAFT_COMMS_NCCL_LIB names it)" } else { "" };
-            return Err(format!("NCCL could not be loaded{named}: {why}. {}", nccl_advice()));
-        }
-        let mut buf = vec![0u8; 4096];
-        // SAFETY: the buffer holds `len` bytes; the shim writes at most that, NUL-terminated.
-        let status = unsafe { (api.raftcomms_nccl_path)(buf.as_mut_ptr().cast(), buf.len()) };
-        let nccl_path = if status == crate::sys::RAFTCOMMS_STATUS_OK {
-            CStr::from_bytes_until_nul(&buf).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
-        } else {
-            take_last_error(&api);
-            String::new()
-        };
-        return Ok(Loaded { api, shim_path: path.clone(), nccl_version: version, nccl_path });
+    let spec = Spec {
+        what: "raft-comms's shim",
+        file: SHIM_FILE,
+        path_var: "RAFT_COMMS_SHIM",
+        dirs_var: None,
+        built: if BUILT_SHIM.is_empty() { Vec::new() } else { vec![PathBuf::from(BUILT_SHIM)] },
+        system_search: false,
+        reuse_symbol: None,
+        preload: &|_| Vec::new(),
+        check: &|_| Ok(()),
+        advice: shim_advice(),
+    };
+    let shim = load::open(&spec, |lib, _| {
+        // SAFETY: a raftcomms shim: its functions have the signatures of src/sys.rs, which a
+        // test checks against the header it was built from; the table keeps the library loaded.
+        unsafe { RaftcommsShim::from_library(lib.into()) }.map_err(|e| format!("not this raft-comms version's shim ({e})"))
+    })?;
+    let api = shim.api;
+    let explicit_nccl = std::env::var("RAFT_COMMS_NCCL_LIB").ok().filter(|p| !p.is_empty());
+    let c_path =
+        explicit_nccl.as_deref().map(CString::new).transpose().map_err(|_| LoadError::new("RAFT_COMMS_NCCL_LIB contains a NUL byte"))?;
+    let mut version = 0;
+    // SAFETY: the path is NUL-terminated (or null); `version` is a valid int.
+    let status = unsafe { (api.raftcomms_nccl_load)(c_path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()), &mut version) };
+    if status != crate::sys::RAFTCOMMS_STATUS_OK {
+        let why = take_last_error(&api);
+        let named = if explicit_nccl.is_some() { " (RAFT_COMMS_NCCL_LIB names it)" } else { "" };
+        return Err(LoadError::new(format!("NCCL could not be loaded{named}: {why}. {}", nccl_advice())));
     }
-    let mut message = format!("could not load raft-comms's shim ({SHIM_FILE}): {}", tried.join("; "));
-    if explicit {
-        message.push_str(" (RAFT_COMMS_SHIM names it)");
-    }
-    if !BUILD_NOTE.is_empty() {
-        message.push_str(&format!(". {BUILD_NOTE}"));
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: the buffer holds `len` bytes; the shim writes at most that, NUL-terminated.
+    let status = unsafe { (api.raftcomms_nccl_path)(buf.as_mut_ptr().cast(), buf.len()) };
+    let nccl_path = if status == crate::sys::RAFTCOMMS_STATUS_OK {
+        CStr::from_bytes_until_nul(&buf).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
     } else {
-        message.push_str(". Put it beside the executable or in <its dir>/../lib, or set RAFT_COMMS_SHIM to its path");
-    }
-    Err(message)
+        take_last_error(&api);
+        String::new()
+    };
+    Ok(Loaded { api, shim_path: shim.path, nccl_version: version, nccl_path })
 }
 
 /// Facts about the loaded NCCL, for diagnostics: its version code and its file.

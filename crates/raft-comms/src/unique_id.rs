@@ -26,8 +26,8 @@ impl UniqueId {
     /// not a GPU.
     ///
     /// # Errors
-    /// `Generic` when NCCL or the shim cannot be loaded (the message says what to install or
-    /// set) or NCCL finds no network interface.
+    /// `Cuda` when NCCL or the shim cannot be loaded (the message says what to install or set);
+    /// `Generic` when NCCL finds no network interface.
     pub fn new() -> Result<Self> {
         result::unique_id("UniqueId::new").map(UniqueId)
     }

@@ -9,24 +9,28 @@
 //!   so that `Drop` never blocks.
 //!
 //! Once the process's exit has decided, it makes no further native call.
-use crate::communicator::{Closing, Shared};
-use raft_error::{Error, ErrorKind};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How often the watched communicators are looked at.
 const PERIOD: Duration = Duration::from_millis(1);
 
+/// What the watchdog follows (a communicator's shared state): it names nothing above it.
+pub(crate) trait Watched: Send + Sync {
+    /// One look: follow the work in flight or the teardown a step; returns whether to keep
+    /// watching.
+    fn watch_step(&self) -> bool;
+}
+
 struct Watchdog {
-    watched: Mutex<Vec<Arc<Shared>>>,
+    watched: Mutex<Vec<Arc<dyn Watched>>>,
     wake: Condvar,
 }
 
 static WATCHDOG: OnceLock<Watchdog> = OnceLock::new();
 
 /// Adds a communicator to the watched ones (the caller marked it as watched, so once).
-pub(crate) fn watch(shared: Arc<Shared>) {
+pub(crate) fn watch(shared: Arc<dyn Watched>) {
     let dog = WATCHDOG.get_or_init(|| {
         let spawned = std::thread::Builder::new().name("raft-comms-watchdog".into()).spawn(run);
         if let Err(e) = spawned {
@@ -47,115 +51,23 @@ fn run() {
         std::thread::sleep(Duration::from_millis(1));
     };
     loop {
-        let now: Vec<Arc<Shared>> = {
+        let now: Vec<Arc<dyn Watched>> = {
             let mut list = dog.watched.lock().unwrap_or_else(|e| e.into_inner());
             while list.is_empty() {
                 list = dog.wake.wait(list).unwrap_or_else(|e| e.into_inner());
             }
             list.clone()
         };
-        let done: Vec<Arc<Shared>> = now.into_iter().filter(|s| !s.watch_step()).collect();
+        let done: Vec<Arc<dyn Watched>> = now.into_iter().filter(|s| !s.watch_step()).collect();
         if !done.is_empty() {
-            dog.watched.lock().unwrap_or_else(|e| e.into_inner()).retain(|s| !done.iter().any(|d| Arc::ptr_eq(s, d)));
+            dog.watched
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|s| !done.iter().any(|d| std::ptr::addr_eq(Arc::as_ptr(s), Arc::as_ptr(d))));
         }
         // Dropped here, outside the list's lock: the last reference of a torn-down communicator
         // goes (its handle, its resources' clone).
         drop(done);
         std::thread::sleep(PERIOD);
-    }
-}
-
-impl Shared {
-    /// One look by the watchdog; returns whether to keep watching.
-    pub(crate) fn watch_step(&self) -> bool {
-        const WHO: &str = "raft-comms watchdog";
-        if !raft_exit::native_release_allowed() {
-            return false; // the exit has decided: no native call any more
-        }
-        // An open group has queued calls on it, not launched yet: look after the group.
-        if self.groups.load(Ordering::Acquire) > 0 {
-            return true;
-        }
-        // A caller in `sync` or `release` holds the lock: look next time.
-        let Ok(mut st) = self.state.try_lock() else { return true };
-        if st.token.is_some() && st.ended.is_none() {
-            match self.native.query(WHO, None) {
-                Ok(true) => st.token = None,
-                Ok(false) => {
-                    let timeout = self.timeout();
-                    if st.last_enqueue.elapsed() > timeout {
-                        let e = Error::new(
-                            ErrorKind::Generic,
-                            WHO,
-                            format!(
-                                "a collective did not finish within {:.1} s of being enqueued (a rank died, or never made the \
-                                 matching call); the communicator was aborted",
-                                timeout.as_secs_f64()
-                            ),
-                        );
-                        self.end_with(&mut st, WHO, e);
-                    }
-                }
-                Err(e) => {
-                    let e = Error::new(e.kind(), WHO, format!("NCCL reported an error, and the communicator was aborted: {}", e.message()));
-                    self.end_with(&mut st, WHO, e);
-                }
-            }
-        }
-        if st.token.is_some() && st.ended.is_none() {
-            return true;
-        }
-        st.token = None;
-        let keep = match std::mem::replace(&mut st.closing, Closing::No) {
-            Closing::No => false,
-            Closing::Requested(release) => {
-                if st.ended.is_some() {
-                    false
-                } else {
-                    match self.native.finalize(WHO) {
-                        Ok(()) => {
-                            st.closing = Closing::Finalizing { since: Instant::now(), _release: release };
-                            true
-                        }
-                        Err(e) => {
-                            self.end_with(&mut st, WHO, e);
-                            false
-                        }
-                    }
-                }
-            }
-            Closing::Finalizing { since, _release } => {
-                if st.ended.is_some() {
-                    false
-                } else {
-                    match self.native.query(WHO, None) {
-                        Ok(true) => {
-                            if let Err(e) = self.native.destroy(WHO) {
-                                log::warn!(target: "raft", "{e}");
-                            }
-                            st.ended = Some(Error::logic(WHO, "the communicator was released"));
-                            false
-                        }
-                        Ok(false) if since.elapsed() <= self.timeout() => {
-                            st.closing = Closing::Finalizing { since, _release };
-                            true
-                        }
-                        Ok(false) => {
-                            let e = Error::new(ErrorKind::Generic, WHO, "finalizing a dropped communicator timed out (other ranks gone?)");
-                            self.end_with(&mut st, WHO, e);
-                            false
-                        }
-                        Err(e) => {
-                            self.end_with(&mut st, WHO, e);
-                            false
-                        }
-                    }
-                }
-            }
-        };
-        if !keep {
-            st.watched = false;
-        }
-        keep
     }
 }

@@ -69,3 +69,26 @@ fn peers_are_ranks() {
     assert!(counts::peer(2, 0).is_ok());
     assert!(counts::peer(2, 2).unwrap_err().message().contains("peer 2"));
 }
+
+/// A shim that is not there is a missing library, the `Cuda` kind as in raft-sys and raft-cuvs,
+/// and the message says where raft-sys's loader looked and which variable named it. In a child
+/// process: the shim is loaded once per process.
+#[test]
+fn a_missing_shim_is_a_cuda_error_naming_the_variable() {
+    const CHILD: &str = "RAFT_COMMS_TEST_MISSING_SHIM_CHILD";
+    const MISSING: &str = "/nonexistent/raft-comms/libraftcomms_shim.so";
+    if std::env::var_os(CHILD).is_some() {
+        let e = raft_comms::nccl_info().unwrap_err();
+        assert_eq!((e.kind(), e.who()), (ErrorKind::Cuda, "raft_comms::nccl_info"), "{e}");
+        assert!(e.message().starts_with("could not load raft-comms's shim (libraftcomms_shim.so): "), "{e}");
+        assert!(e.message().contains(&format!("{MISSING} (absent)")) && e.message().contains("RAFT_COMMS_SHIM names it"), "{e}");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_missing_shim_is_a_cuda_error_naming_the_variable", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env("RAFT_COMMS_SHIM", MISSING)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "child failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}

@@ -1,0 +1,346 @@
+//! A communicator's shared state (`Shared`): what its handle, the watchdog and an open NCCL group
+//! all hold. It sits below `communicator.rs` (the public handle) and above `group.rs` and
+//! `watchdog.rs`, which see it only through their traits ([`Member`], [`Watched`]): the watchdog
+//! step and the group hooks are here, with the state they change.
+use crate::group::{self, Member};
+use crate::result::NativeComm;
+use crate::watchdog::{self, Watched};
+use cudarc::driver::CudaStream;
+use raft_core::DeviceResources;
+use raft_error::{Error, ErrorKind, Result};
+use raft_exit::{JobToken, Label, ReleaseToken};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
+use std::time::{Duration, Instant};
+
+/// Where a dropped communicator's teardown is (done by the watchdog).
+pub(crate) enum Closing {
+    No,
+    /// Dropped: finalize once the work in flight has finished.
+    Requested(ReleaseToken),
+    /// `ncclCommFinalize` issued at `since`: destroy once it completes, abort past the timeout.
+    Finalizing {
+        since: Instant,
+        _release: ReleaseToken,
+    },
+}
+
+/// What changes over a communicator's life, under one lock (taken before the shim's own).
+pub(crate) struct State {
+    /// The exit rule: a job registered with raft-exit from the first collective enqueued until
+    /// its work is seen finished (by `sync` or the watchdog), so that an exit waits for it (up to
+    /// the exit wait read when it was enqueued) instead of tearing CUDA down under it.
+    pub(crate) token: Option<JobToken>,
+    /// When the last collective was enqueued: the timeout runs from there.
+    pub(crate) last_enqueue: Instant,
+    /// Set once the communicator was aborted or released: every later call returns it.
+    pub(crate) ended: Option<Error>,
+    /// The thread whose open NCCL group holds calls on this communicator, until that group
+    /// ends. NCCL keeps a group per thread: a call from another thread meanwhile would join
+    /// that group's pending work on the communicator and be launched only when it ends, after
+    /// the caller's arrays may be gone; such calls are refused.
+    pub(crate) group_thread: Option<std::thread::ThreadId>,
+    /// Whether the watchdog holds it.
+    pub(crate) watched: bool,
+    pub(crate) closing: Closing,
+}
+
+/// Everything one communicator owns, shared by its handle, the watchdog and an open group.
+pub(crate) struct Shared {
+    pub(crate) native: NativeComm,
+    pub(crate) resources: DeviceResources,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) id: u64,
+    pub(crate) timeout_ns: AtomicU64,
+    /// Open groups (on any thread) that queued calls on it and have not ended: the watchdog
+    /// leaves it alone meanwhile (its calls are not launched yet).
+    pub(crate) groups: AtomicUsize,
+    pub(crate) state: Mutex<State>,
+    /// The other ranks of its clique (made together in this process), once set. Within a process
+    /// NCCL's kernels reach the peers' arrays directly: aborting one rank while the others'
+    /// kernels run would leave its arrays, freed or reused, under their reads and writes; so an
+    /// abort of one aborts them all.
+    pub(crate) peers: std::sync::OnceLock<Vec<Weak<Shared>>>,
+}
+
+/// Every communicator made, for the exit teardown: one still alive then (leaked, or kept in a
+/// static) is aborted, so that NCCL's threads stop before the CUDA runtime is torn down.
+static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+pub(crate) fn register_live(shared: &Arc<Shared>) {
+    static TEARDOWN: Once = Once::new();
+    TEARDOWN.call_once(|| raft_exit::on_teardown(abort_all_live));
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(shared));
+}
+
+/// The exit teardown's step (everything drained by then): aborts what is still alive.
+fn abort_all_live() {
+    const WHO: &str = "exit teardown";
+    let live: Vec<Arc<Shared>> = LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
+    for sh in live {
+        let mut st = sh.lock();
+        if st.ended.is_none() {
+            sh.end_with(&mut st, WHO, Error::logic(WHO, "the process exited with the communicator alive"));
+        }
+    }
+}
+
+pub(crate) static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn label(&self, what: &'static str) -> Label {
+        Label { what, id: self.id, device: Some(self.resources.device()) }
+    }
+
+    /// Ends the communicator with `error`: aborts it (a no-op when the shim already did), keeps
+    /// the error for every later call, and ends the exit-wait job. Returns the error.
+    pub(crate) fn end_with(&self, st: &mut State, who: &'static str, error: Error) -> Error {
+        if st.ended.is_none() {
+            if let Err(e) = self.native.abort(who, error.message()) {
+                log::debug!(target: "raft", "{e}");
+            }
+            st.ended = Some(error.clone());
+            self.abort_peers(who, &error);
+        }
+        st.token = None;
+        error
+    }
+
+    /// Aborts the clique's other ranks (see [`Shared::peers`]) in the shim only: their Rust state
+    /// learns it at its next look (every call on them then fails, saying why). No peer's state
+    /// lock is taken here, so two ranks ending at once cannot deadlock.
+    pub(crate) fn abort_peers(&self, who: &'static str, error: &Error) {
+        for peer in self.peers.get().into_iter().flatten().filter_map(Weak::upgrade) {
+            let why = format!("rank {} of its clique was aborted ({})", self.rank, error.message());
+            if let Err(e) = peer.native.abort(who, &why) {
+                log::debug!(target: "raft", "{e}");
+            }
+        }
+    }
+
+    /// A failure of a call on the communicator: refused arguments (`Logic`) leave it as it was;
+    /// anything else ends it. Returns the error.
+    pub(crate) fn fail_unless_refused(&self, st: &mut State, who: &'static str, error: Error) -> Error {
+        if error.kind() == ErrorKind::Logic {
+            error
+        } else {
+            self.end_with(st, who, error)
+        }
+    }
+
+    /// The error of a call on an ended communicator, seen from `who`.
+    pub(crate) fn ended_error(st: &State, who: &'static str) -> Option<Error> {
+        st.ended.as_ref().map(|e| e.clone().with_who(who))
+    }
+
+    /// The error of a call on an ended communicator, or of one made while another thread's open
+    /// group holds calls on it (see [`State::group_thread`]).
+    pub(crate) fn unusable(st: &State, who: &'static str) -> Option<Error> {
+        if let Some(e) = Self::ended_error(st, who) {
+            return Some(e);
+        }
+        match st.group_thread {
+            Some(owner) if owner != std::thread::current().id() => Some(Error::logic(
+                who,
+                "the communicator has calls in an open NCCL group on another thread (NCCL keeps a group per thread and \
+                 launches its calls when it ends): call it from that thread, or after that group has ended",
+            )),
+            _ => None,
+        }
+    }
+
+    /// Enqueues one call on the resources' stream (see `collectives.rs`): refuses on an ended
+    /// communicator or once the exit has decided, keeps the exit-wait job and the watchdog up to
+    /// date, and ends the communicator when the failure leaves it unusable.
+    pub(crate) fn enqueue(
+        self: &Arc<Self>,
+        who: &'static str,
+        call: impl FnOnce(&NativeComm, &CudaStream, bool) -> Result<()>,
+    ) -> Result<()> {
+        group::check_call(who)?;
+        let stream = self.resources.stream().map_err(|e| e.with_who(who))?;
+        let in_group = group::active();
+        let mut st = self.lock();
+        if let Some(e) = Self::unusable(&st, who) {
+            return Err(e);
+        }
+        let fresh = if st.token.is_none() {
+            let bound = raft_exit::current_exit_wait().map_err(|e| Error::logic(who, e.to_string()))?;
+            Some(JobToken::try_register(self.label("collective"), bound).map_err(|e| Error::logic(who, e.to_string()))?)
+        } else {
+            None
+        };
+        if let Err(e) = call(&self.native, &stream, !in_group) {
+            return Err(self.fail_unless_refused(&mut st, who, e));
+        }
+        if let Some(t) = fresh {
+            st.token = Some(t);
+        }
+        st.last_enqueue = Instant::now();
+        if in_group {
+            // Under the same lock as the check above: no other thread's call slips in between.
+            st.group_thread = Some(std::thread::current().id());
+            if group::used(self, stream) {
+                self.groups.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        let start_watching = !st.watched;
+        st.watched = true;
+        drop(st);
+        if start_watching {
+            watchdog::watch(self.clone());
+        }
+        Ok(())
+    }
+
+    /// After the group that used this communicator ended: the group's calls now run (their
+    /// exit-wait job and the watchdog follow them), or the group failed (the shim aborted it).
+    pub(crate) fn after_group(self: &Arc<Self>, failed: Option<&Error>) {
+        self.groups.fetch_sub(1, Ordering::AcqRel);
+        let mut st = self.lock();
+        st.group_thread = None;
+        if let Some(e) = failed {
+            st.ended.get_or_insert_with(|| e.clone());
+            st.token = None;
+            return;
+        }
+        if st.ended.is_some() {
+            return;
+        }
+        if st.token.is_none() {
+            // The watchdog may have seen the event of the calls before the group and ended the
+            // job meanwhile: the group's calls need one again. (Once the exit has decided there
+            // is none to be had; the calls are launched all the same.)
+            if let Ok(bound) = raft_exit::current_exit_wait() {
+                st.token = JobToken::try_register(self.label("collective"), bound).ok();
+            }
+        }
+        st.last_enqueue = Instant::now();
+        let start_watching = !st.watched;
+        st.watched = true;
+        drop(st);
+        if start_watching {
+            watchdog::watch(self.clone());
+        }
+    }
+}
+
+impl Member for Shared {
+    fn native(&self) -> &NativeComm {
+        &self.native
+    }
+
+    fn group_ended(self: Arc<Self>, failed: Option<&Error>) {
+        self.after_group(failed);
+    }
+}
+
+impl Watched for Shared {
+    /// One look by the watchdog; returns whether to keep watching.
+    fn watch_step(&self) -> bool {
+        const WHO: &str = "raft-comms watchdog";
+        if !raft_exit::native_release_allowed() {
+            return false; // the exit has decided: no native call any more
+        }
+        // An open group has queued calls on it, not launched yet: look after the group.
+        if self.groups.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        // A caller in `sync` or `release` holds the lock: look next time.
+        let Ok(mut st) = self.state.try_lock() else { return true };
+        if st.token.is_some() && st.ended.is_none() {
+            match self.native.query(WHO, None) {
+                Ok(true) => st.token = None,
+                Ok(false) => {
+                    let timeout = self.timeout();
+                    if st.last_enqueue.elapsed() > timeout {
+                        let e = Error::new(
+                            ErrorKind::Generic,
+                            WHO,
+                            format!(
+                                "a collective did not finish within {:.1} s of being enqueued (a rank died, or never made the \
+                                 matching call); the communicator was aborted",
+                                timeout.as_secs_f64()
+                            ),
+                        );
+                        self.end_with(&mut st, WHO, e);
+                    }
+                }
+                Err(e) => {
+                    let e = Error::new(e.kind(), WHO, format!("NCCL reported an error, and the communicator was aborted: {}", e.message()));
+                    self.end_with(&mut st, WHO, e);
+                }
+            }
+        }
+        if st.token.is_some() && st.ended.is_none() {
+            return true;
+        }
+        st.token = None;
+        let keep = match std::mem::replace(&mut st.closing, Closing::No) {
+            Closing::No => false,
+            Closing::Requested(release) => {
+                if st.ended.is_some() {
+                    false
+                } else {
+                    match self.native.finalize(WHO) {
+                        Ok(()) => {
+                            st.closing = Closing::Finalizing { since: Instant::now(), _release: release };
+                            true
+                        }
+                        Err(e) => {
+                            self.end_with(&mut st, WHO, e);
+                            false
+                        }
+                    }
+                }
+            }
+            Closing::Finalizing { since, _release } => {
+                if st.ended.is_some() {
+                    false
+                } else {
+                    match self.native.query(WHO, None) {
+                        Ok(true) => {
+                            if let Err(e) = self.native.destroy(WHO) {
+                                log::warn!(target: "raft", "{e}");
+                            }
+                            st.ended = Some(Error::logic(WHO, "the communicator was released"));
+                            false
+                        }
+                        Ok(false) if since.elapsed() <= self.timeout() => {
+                            st.closing = Closing::Finalizing { since, _release };
+                            true
+                        }
+                        Ok(false) => {
+                            let e = Error::new(ErrorKind::Generic, WHO, "finalizing a dropped communicator timed out (other ranks gone?)");
+                            self.end_with(&mut st, WHO, e);
+                            false
+                        }
+                        Err(e) => {
+                            self.end_with(&mut st, WHO, e);
+                            false
+                        }
+                    }
+                }
+            }
+        };
+        if !keep {
+            st.watched = false;
+        }
+        keep
+    }
+}

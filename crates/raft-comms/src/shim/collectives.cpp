@@ -1,0 +1,315 @@
+// raft-comms's C++ shim: collectives and point-to-point calls on one communicator (run_op, in
+// common.hpp, is their shared path), and NCCL groups: the thread's group depth, which thread
+// holds a communicator's open group, ncclGroupEnd over several communicators.
+
+#include "common.hpp"
+
+#pragma GCC visibility push(hidden)  // internal to the shim, as in common.hpp
+
+namespace raftcomms {
+
+ncclDataType_t nccl_type(int32_t dtype)
+{
+  switch (dtype) {
+    case RAFTCOMMS_DTYPE_U8: return ncclUint8;
+    case RAFTCOMMS_DTYPE_I32: return ncclInt32;
+    case RAFTCOMMS_DTYPE_I64: return ncclInt64;
+    case RAFTCOMMS_DTYPE_F32: return ncclFloat32;
+    case RAFTCOMMS_DTYPE_F64: return ncclFloat64;
+    default: throw std::invalid_argument("unknown element type " + std::to_string(dtype));
+  }
+}
+
+std::size_t type_size(ncclDataType_t t)
+{
+  switch (t) {
+    case ncclInt8:
+    case ncclUint8: return 1;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64: return 8;
+    default: throw std::invalid_argument("unsupported element type");
+  }
+}
+
+ncclRedOp_t nccl_op(int32_t op)
+{
+  switch (op) {
+    case RAFTCOMMS_OP_SUM: return ncclSum;
+    case RAFTCOMMS_OP_PROD: return ncclProd;
+    case RAFTCOMMS_OP_MIN: return ncclMin;
+    case RAFTCOMMS_OP_MAX: return ncclMax;
+    default: throw std::invalid_argument("unknown reduction " + std::to_string(op));
+  }
+}
+
+/// Ends the calling thread's hold on `c` once its outermost group has ended (ncclGroupEnd
+/// returned, or failed and aborted it): until then another thread's call is refused, never
+/// folded into this thread's group.
+void release_group_owner(comm_cell& c) noexcept
+{
+  try {
+    std::lock_guard<std::mutex> hold(c.lock);
+    if (c.group_owner == std::this_thread::get_id()) { c.group_owner = std::thread::id{}; }
+  } catch (...) {
+    // Locking failed (std::system_error, never seen): the hold stays, and other threads' calls
+    // keep being refused, the safe side. Called from a destructor: nothing may escape.
+  }
+}
+
+/// The first half of a barrier on `stream`: an allreduce of one int, in device memory allocated
+/// and freed in stream order around it (a free that waits for the device could hang behind
+/// another communicator's stuck kernel). Outside a group only: the free must follow the launch.
+void barrier_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing)
+{
+  if (group_depth > 0) { throw std::logic_error(std::string(doing) + ": a barrier inside a group would wait for itself"); }
+  int* flag = nullptr;
+  {
+    device_scope scope{c.device};
+    check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&flag), sizeof(int), stream), "allocating the barrier's int");
+    cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int), stream);
+    if (e != cudaSuccess) {
+      cudaFreeAsync(flag, stream);
+      check_cuda(e, "clearing the barrier's int");
+    }
+  }
+  try {
+    run_op(c, stream, mark, doing, [&](ncclComm_t comm) { return nccl().AllReduce(flag, flag, 1, ncclInt32, ncclSum, comm, stream); });
+  } catch (...) {
+    // Either nothing was enqueued, or the communicator was aborted (no launch after that):
+    // the free follows whatever did reach the stream.
+    device_scope scope{c.device, std::nothrow};
+    cudaFreeAsync(flag, stream);
+    cudaGetLastError();
+    throw;
+  }
+  device_scope scope{c.device};
+  check_cuda(cudaFreeAsync(flag, stream), "freeing the barrier's int");
+}
+
+ncclResult_t allgatherv_calls(ncclComm_t comm, const void* send, void* recv, const size_t* counts, const size_t* displs,
+                              ncclDataType_t dt, int size, cudaStream_t stream)
+{
+  auto const sz = type_size(dt);
+  return in_group([&] {
+    for (int root = 0; root < size; ++root) {
+      ncclResult_t e = nccl().Broadcast(send, static_cast<char*>(recv) + displs[root] * sz, counts[root], dt, root, comm, stream);
+      if (e != ncclSuccess) { return e; }
+    }
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t gather_calls(ncclComm_t comm, const void* send, void* recv, size_t sendcount, ncclDataType_t dt, int root,
+                          int rank, int size, cudaStream_t stream)
+{
+  auto const sz = type_size(dt);
+  return in_group([&] {
+    if (rank == root) {
+      for (int r = 0; r < size; ++r) {
+        ncclResult_t e = nccl().Recv(static_cast<char*>(recv) + sendcount * static_cast<size_t>(r) * sz, sendcount, dt, r, comm, stream);
+        if (e != ncclSuccess) { return e; }
+      }
+    }
+    return nccl().Send(send, sendcount, dt, root, comm, stream);
+  });
+}
+
+}  // namespace raftcomms
+
+#pragma GCC visibility pop
+
+using namespace raftcomms;
+
+extern "C" {
+
+raftcomms_status raftcomms_group_start(void)
+{
+  return guard([&] {
+    check_nccl(nccl().GroupStart(), "ncclGroupStart");
+    ++group_depth;
+  });
+}
+
+raftcomms_status raftcomms_group_end(int32_t n, raftcomms_comm* const* comms, void* const* streams)
+{
+  return guard([&] {
+    --group_depth;
+    std::vector<cell_ptr const*> cells;
+    if (group_depth == 0) {
+      for (int32_t i = 0; i < n; ++i) { cells.push_back(&comms[i]->cell); }
+    }
+    owners_release release{static_cast<int32_t>(cells.size()), cells.data()};
+    ncclResult_t r = nccl().GroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) {
+      // The group's calls may have been launched on some communicators and not others: none of
+      // them can be trusted to agree with its peers any more.
+      std::string what = nccl_message(r, "ncclGroupEnd");
+      for (int32_t i = 0; i < n; ++i) {
+        auto& c = cell_of(comms[i]);
+        std::lock_guard<std::mutex> hold(c.lock);
+        abort_locked(c, what);
+      }
+      throw nccl_failure(r, what);
+    }
+    if (group_depth > 0) { return; }
+    for (int32_t i = 0; i < n; ++i) {
+      try {
+        auto& c = cell_of(comms[i]);
+        wait_ready(c, c.timeout_s, "ending the group");
+        if (streams != nullptr && streams[i] != nullptr) {
+          std::lock_guard<std::mutex> hold(c.lock);
+          live(c, "ending the group");
+          device_scope scope{c.device};
+          check_cuda(cudaEventRecord(c.event, as_stream(streams[i])), "recording the communicator's event");
+        }
+      } catch (std::exception const& e) {
+        // The others may still be queuing the group's kernels on their streams, after which
+        // the caller is free to drop the arrays: abort every one, so nothing of the group is
+        // launched later.
+        std::string what = std::string("ending the group failed: ") + e.what();
+        for (int32_t j = 0; j < n; ++j) {
+          auto& c = cell_of(comms[j]);
+          std::lock_guard<std::mutex> hold(c.lock);
+          abort_locked(c, what);
+        }
+        throw;
+      }
+    }
+  });
+}
+
+raftcomms_status raftcomms_allreduce(raftcomms_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t op,
+                                     void* stream, int32_t mark)
+{
+  return guard([&] {
+    auto dt = nccl_type(dtype);
+    auto ro = nccl_op(op);
+    run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclAllReduce",
+           [&](ncclComm_t c) { return nccl().AllReduce(send, recv, count, dt, ro, c, as_stream(stream)); });
+  });
+}
+
+raftcomms_status raftcomms_broadcast(raftcomms_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t root,
+                                     void* stream, int32_t mark)
+{
+  return guard([&] {
+    auto dt = nccl_type(dtype);
+    run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclBroadcast",
+           [&](ncclComm_t c) { return nccl().Broadcast(send, recv, count, dt, root, c, as_stream(stream)); });
+  });
+}
+
+raftcomms_status raftcomms_reduce(raftcomms_comm* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t op,
+                                  int32_t root, void* stream, int32_t mark)
+{
+  return guard([&] {
+    auto dt = nccl_type(dtype);
+    auto ro = nccl_op(op);
+    run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclReduce",
+           [&](ncclComm_t c) { return nccl().Reduce(send, recv, count, dt, ro, root, c, as_stream(stream)); });
+  });
+}
+
+raftcomms_status raftcomms_allgather(raftcomms_comm* comm, const void* send, void* recv, size_t sendcount, int32_t dtype, void* stream,
+                                     int32_t mark)
+{
+  return guard([&] {
+    auto dt = nccl_type(dtype);
+    run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclAllGather",
+           [&](ncclComm_t c) { return nccl().AllGather(send, recv, sendcount, dt, c, as_stream(stream)); });
+  });
+}
+
+raftcomms_status raftcomms_allgatherv(raftcomms_comm* comm, const void* send, void* recv, const size_t* counts, const size_t* displs,
+                                      int32_t dtype, void* stream, int32_t mark)
+{
+  return guard([&] {
+    auto dt   = nccl_type(dtype);
+    auto& c   = cell_of(comm);
+    int size  = 0;
+    {
+      std::lock_guard<std::mutex> hold(c.lock);
+      size = c.size;
+    }
+    if (size > 2048) { throw std::invalid_argument("allgatherv over more than 2048 ranks (one NCCL group per call)"); }
+    run_op(c, as_stream(stream), mark != 0, "allgatherv (ncclBroadcast in a group)", [&](ncclComm_t nc) {
+      return allgatherv_calls(nc, send, recv, counts, displs, dt, size, as_stream(stream));
+    });
+  });
+}
+
+raftcomms_status raftcomms_gather(raftcomms_comm* comm, const void* send, void* recv, size_t sendcount, int32_t dtype, int32_t root,
+                                  void* stream, int32_t mark)
+{
+  return guard([&] {
+    auto dt  = nccl_type(dtype);
+    auto& c  = cell_of(comm);
+    int rank = 0;
+    int size = 0;
+    {
+      std::lock_guard<std::mutex> hold(c.lock);
+      rank = c.rank;
+      size = c.size;
+    }
+    run_op(c, as_stream(stream), mark != 0, "gather (ncclSend/ncclRecv in a group)", [&](ncclComm_t nc) {
+      return gather_calls(nc, send, recv, sendcount, dt, root, rank, size, as_stream(stream));
+    });
+  });
+}
+
+raftcomms_status raftcomms_reducescatter(raftcomms_comm* comm, const void* send, void* recv, size_t recvcount, int32_t dtype,
+                                         int32_t op, void* stream, int32_t mark)
+{
+  return guard([&] {
+    auto dt = nccl_type(dtype);
+    auto ro = nccl_op(op);
+    run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclReduceScatter",
+           [&](ncclComm_t c) { return nccl().ReduceScatter(send, recv, recvcount, dt, ro, c, as_stream(stream)); });
+  });
+}
+
+raftcomms_status raftcomms_send(raftcomms_comm* comm, const void* buf, size_t count, int32_t dtype, int32_t peer, void* stream,
+                                int32_t mark)
+{
+  return guard([&] {
+    auto dt = nccl_type(dtype);
+    run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclSend",
+           [&](ncclComm_t c) { return nccl().Send(buf, count, dt, peer, c, as_stream(stream)); });
+  });
+}
+
+raftcomms_status raftcomms_recv(raftcomms_comm* comm, void* buf, size_t count, int32_t dtype, int32_t peer, void* stream,
+                                int32_t mark)
+{
+  return guard([&] {
+    auto dt = nccl_type(dtype);
+    run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclRecv",
+           [&](ncclComm_t c) { return nccl().Recv(buf, count, dt, peer, c, as_stream(stream)); });
+  });
+}
+
+raftcomms_status raftcomms_sendrecv(raftcomms_comm* comm, const void* send, size_t sendcount, int32_t dest, void* recv,
+                                    size_t recvcount, int32_t source, int32_t dtype, void* stream, int32_t mark)
+{
+  return guard([&] {
+    auto dt = nccl_type(dtype);
+    auto s  = as_stream(stream);
+    run_op(cell_of(comm), s, mark != 0, "ncclSend/ncclRecv (in a group)", [&](ncclComm_t c) {
+      return in_group([&] {
+        ncclResult_t e = nccl().Send(send, sendcount, dt, dest, c, s);
+        return e != ncclSuccess ? e : nccl().Recv(recv, recvcount, dt, source, c, s);
+      });
+    });
+  });
+}
+
+raftcomms_status raftcomms_barrier(raftcomms_comm* comm, void* stream, int32_t mark)
+{
+  return guard([&] { barrier_op(cell_of(comm), as_stream(stream), mark != 0, "barrier (ncclAllReduce of one int)"); });
+}
+
+}  // extern "C"

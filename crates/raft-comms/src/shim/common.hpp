@@ -1,0 +1,380 @@
+// raft-comms's C++ shim, what its translation units share: the exception guard every entry
+// point runs in, the thread's last error, libnccl's function table, the device scope, the
+// communicator cell and the enqueueing path (run_op). Internal to the shim: everything here has
+// hidden visibility, so of the shim's own code the shared object exports only the raftcomms_*
+// functions of raftcomms.h.
+#pragma once
+
+#include "raftcomms.h"
+
+#include <nccl.h>
+
+#include <raft/core/comms.hpp>
+#include <raft/core/resource/comms.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#pragma GCC visibility push(hidden)
+
+namespace raftcomms {
+
+// ---- errors ---------------------------------------------------------------------------------
+
+// A plain array, not a std::string: glibc destroys thread-locals before the exit handlers run,
+// and an array has no destructor (the same rule as raft-sys's shim).
+constexpr std::size_t last_error_size = 2048;
+
+/// Keeps `what` as the thread's last error; returns `status`.
+raftcomms_status fail(raftcomms_status status, char const* what) noexcept;
+
+/// An NCCL call that failed, with NCCL's own words (ncclGetErrorString, ncclGetLastError).
+struct nccl_failure : std::runtime_error {
+  ncclResult_t code;
+  nccl_failure(ncclResult_t c, std::string const& what) : std::runtime_error(what), code(c) {}
+};
+
+/// A CUDA runtime call that failed.
+struct cuda_failure : std::runtime_error {
+  cudaError_t code;
+  cuda_failure(cudaError_t c, char const* doing)
+    : std::runtime_error(std::string(doing) + " failed: " + cudaGetErrorName(c) + ": " + cudaGetErrorString(c)), code(c)
+  {
+  }
+};
+
+/// libnccl is missing or too old.
+struct nccl_missing : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// A wait that ran past its bound (the communicator was aborted).
+struct timed_out : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void check_cuda(cudaError_t code, char const* doing);
+bool says_out_of_memory(char const* what) noexcept;
+
+template <typename F>
+raftcomms_status guard(F&& body) noexcept
+{
+  try {
+    body();
+    return RAFTCOMMS_STATUS_OK;
+  } catch (nccl_failure const& e) {
+    switch (e.code) {
+      case ncclUnhandledCudaError:
+        return fail(says_out_of_memory(e.what()) ? RAFTCOMMS_STATUS_OUT_OF_MEMORY : RAFTCOMMS_STATUS_CUDA, e.what());
+      case ncclInvalidArgument:
+      case ncclInvalidUsage: return fail(RAFTCOMMS_STATUS_LOGIC, e.what());
+      default: return fail(says_out_of_memory(e.what()) ? RAFTCOMMS_STATUS_OUT_OF_MEMORY : RAFTCOMMS_STATUS_GENERIC, e.what());
+    }
+  } catch (cuda_failure const& e) {
+    return fail(e.code == cudaErrorMemoryAllocation ? RAFTCOMMS_STATUS_OUT_OF_MEMORY : RAFTCOMMS_STATUS_CUDA, e.what());
+  } catch (std::bad_alloc const& e) {
+    return fail(RAFTCOMMS_STATUS_OUT_OF_MEMORY, e.what());
+  } catch (std::logic_error const& e) {
+    // raft::logic_error derives from it (RAFT's ASSERT / RAFT_EXPECTS).
+    return fail(RAFTCOMMS_STATUS_LOGIC, e.what());
+  } catch (std::exception const& e) {
+    return fail(RAFTCOMMS_STATUS_GENERIC, e.what());
+  } catch (...) {
+    return fail(RAFTCOMMS_STATUS_GENERIC, "an unknown C++ exception");
+  }
+}
+
+// ---- libnccl, opened at run time -------------------------------------------------------------
+
+/// The NCCL functions the shim calls, typed from nccl.h.
+struct nccl_api {
+#define RAFTCOMMS_NCCL_FUNCTIONS(X)                                                                         \
+  X(GetVersion)                                                                                             \
+  X(GetUniqueId)                                                                                            \
+  X(CommInitRankConfig)                                                                                     \
+  X(CommFinalize)                                                                                           \
+  X(CommDestroy)                                                                                            \
+  X(CommAbort)                                                                                              \
+  X(CommSplit)                                                                                              \
+  X(CommGetAsyncError)                                                                                      \
+  X(CommCount)                                                                                              \
+  X(CommUserRank)                                                                                           \
+  X(GetErrorString)                                                                                         \
+  X(GetLastError)                                                                                           \
+  X(GroupStart)                                                                                             \
+  X(GroupEnd)                                                                                               \
+  X(AllReduce)                                                                                              \
+  X(Broadcast)                                                                                              \
+  X(Reduce)                                                                                                 \
+  X(AllGather)                                                                                              \
+  X(ReduceScatter)                                                                                          \
+  X(Send)                                                                                                   \
+  X(Recv)
+#define RAFTCOMMS_NCCL_FIELD(name) decltype(&::nccl##name) name = nullptr;
+  RAFTCOMMS_NCCL_FUNCTIONS(RAFTCOMMS_NCCL_FIELD)
+#undef RAFTCOMMS_NCCL_FIELD
+};
+
+/// What raftcomms_nccl_load found; made once, never destroyed (valid during the exit).
+struct nccl_library {
+  std::mutex lock;
+  bool tried{false};
+  std::atomic<bool> ok{false};
+  nccl_api api;
+  int version{0};
+  std::string path;
+  std::string error;
+};
+
+nccl_library& library();
+/// The loaded NCCL's functions; throws nccl_missing when it was not loaded.
+nccl_api const& nccl();
+std::string nccl_message(ncclResult_t r, char const* doing);
+ncclResult_t check_nccl(ncclResult_t r, char const* doing);
+bool leaves_comm_usable(ncclResult_t r);
+
+// ---- devices and groups ---------------------------------------------------------------------------
+
+/// The driver's cuCtxGetCurrent / cuCtxSetCurrent, from the libcuda the process already loaded
+/// (cudarc and the runtime load it): with them a scope puts back exactly the context the thread
+/// had, also none. Without them (libcuda not loaded yet) the runtime's current device is used.
+struct driver_ctx {
+  using get_fn = int (*)(void**);
+  using set_fn = int (*)(void*);
+  get_fn get{nullptr};
+  set_fn set{nullptr};
+};
+
+driver_ctx const* driver();
+
+/// Makes `device` current for the calling thread and puts back what was current before (the
+/// exact context, or none): NCCL creates a communicator on the current device, our events
+/// must live on the communicator's, and a thread with no context (the watchdog, a
+/// rank's main thread on device 1) must not be given device 0's by a runtime call.
+class device_scope {
+ public:
+  explicit device_scope(int device) { enter(device, true); }
+  /// For cleanup paths: a failure to switch is ignored (the calls that follow fail instead).
+  device_scope(int device, std::nothrow_t) noexcept
+  {
+    try {
+      enter(device, false);
+    } catch (...) {
+    }
+  }
+  ~device_scope()
+  {
+    if (!switched_) { return; }
+    if (saved_ctx_) {
+      driver()->set(ctx_);
+    } else {
+      cudaSetDevice(previous_);
+    }
+  }
+  device_scope(device_scope const&)            = delete;
+  device_scope& operator=(device_scope const&) = delete;
+
+ private:
+  void enter(int device, bool throwing)
+  {
+    auto const* d = driver();
+    saved_ctx_    = d != nullptr && d->get(&ctx_) == 0;
+    bool has_ctx  = !saved_ctx_ || ctx_ != nullptr;
+    int current   = -1;
+    if (has_ctx && cudaGetDevice(&current) != cudaSuccess) {
+      cudaGetLastError();
+      current = -1;
+    }
+    if (has_ctx && current == device) { return; }
+    previous_      = current < 0 ? 0 : current;
+    cudaError_t e  = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+      if (throwing) { check_cuda(e, "making the communicator's device current"); }
+      cudaGetLastError();
+      return;
+    }
+    switched_ = true;
+  }
+
+  void* ctx_{nullptr};
+  bool saved_ctx_{false};
+  int previous_{0};
+  bool switched_{false};
+};
+
+/// ncclGroupStart / ncclGroupEnd depth on this thread (a plain int: no destructor).
+extern thread_local int group_depth;
+
+// ---- communicators -------------------------------------------------------------------------------
+
+/// One NCCL communicator, shared by the Rust handle and every comms_iface installed from it.
+struct comm_cell {
+  std::mutex lock;
+  ncclComm_t comm{nullptr};
+  /// Set once the communicator was aborted or destroyed; `why` says which and why.
+  bool ended{false};
+  std::string why;
+  int rank{-1};
+  int size{-1};
+  int device{0};
+  double timeout_s{300.0};
+  /// Recorded after each marked call: what the owner's watchdog looks at.
+  cudaEvent_t event{nullptr};
+  /// Where a non-blocking ncclCommSplit writes the new communicator, from NCCL's own thread,
+  /// when the split's job ends (NULL until then, and NULL for no color). Heap-allocated and never
+  /// freed (8 bytes a split): nothing here can know when NCCL's job has stopped writing it.
+  ncclComm_t* split_slot{nullptr};
+  /// Whether this rank gave a color to the split (then a communicator comes, or an error).
+  bool split_colored{false};
+  /// The thread whose open NCCL group holds calls on this communicator, until its outermost
+  /// group ends (none: the default id). NCCL keeps a group per thread: a call from another thread
+  /// meanwhile would join that group and be launched when it ends, after the caller's buffers may
+  /// be gone (RAFT's C++ code reaches the communicator through get_comms, past the Rust side's
+  /// own check).
+  std::thread::id group_owner{};
+};
+
+using cell_ptr = std::shared_ptr<comm_cell>;
+
+}  // namespace raftcomms
+
+/// The handle raftcomms.h declares. It keeps that declaration's default visibility, since the
+/// exported functions that take it would otherwise be hidden too; its field's type is hidden
+/// (C sees only the pointer), which GCC would warn about.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wattributes"
+struct raftcomms_comm {
+  raftcomms::cell_ptr cell;
+};
+#pragma GCC diagnostic pop
+
+namespace raftcomms {
+
+// ---- communicators (communicators.cpp) --------------------------------------------------------
+
+comm_cell& cell_of(raftcomms_comm* h);
+void live(comm_cell& c, char const* doing);
+void release_device_objects(comm_cell& c) noexcept;
+ncclResult_t abort_locked(comm_cell& c, std::string const& reason) noexcept;
+void make_device_objects(comm_cell& c);
+cell_ptr new_cell(int device, double timeout_s, bool bare = false);
+cell_ptr start_split(comm_cell& parent, int color, int key, char const* doing);
+bool finish_split(comm_cell& child);
+void backoff(std::chrono::steady_clock::time_point start);
+double seconds_since(std::chrono::steady_clock::time_point start);
+void wait_ready(comm_cell& c, double timeout_s, char const* doing);
+int32_t query_locked(comm_cell& c, cudaStream_t stream, bool use_stream, char const* doing);
+void close_owned(comm_cell& c) noexcept;
+ncclConfig_t nonblocking_config();
+
+inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// ---- enqueueing and groups (collectives.cpp) ---------------------------------------------------
+
+ncclDataType_t nccl_type(int32_t dtype);
+std::size_t type_size(ncclDataType_t t);
+ncclRedOp_t nccl_op(int32_t op);
+void release_group_owner(comm_cell& c) noexcept;
+
+/// Releases the calling thread's hold on `n` communicators when it goes out of scope: after
+/// the group's end, on every path out of it.
+struct owners_release {
+  int32_t n;
+  cell_ptr const* const* cells;
+  owners_release(int32_t count, cell_ptr const* const* list) : n{count}, cells{list} {}
+  owners_release(int32_t count, cell_ptr const* one) : n{count}, cells{nullptr}, single{one} {}
+  ~owners_release()
+  {
+    if (single != nullptr && n > 0) { release_group_owner(**single); }
+    for (int32_t i = 0; cells != nullptr && i < n; ++i) { release_group_owner(**cells[i]); }
+  }
+  owners_release(owners_release const&)            = delete;
+  owners_release& operator=(owners_release const&) = delete;
+
+ private:
+  cell_ptr const* single{nullptr};
+};
+
+/// Runs one enqueueing NCCL call (or a group of them: `call` may start and end its own group)
+/// on the communicator: under its lock, on its device; waits out ncclInProgress outside a
+/// group; aborts the communicator when the failure leaves it unusable; records the event when
+/// asked (outside a group).
+template <typename F>
+void run_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, F&& call)
+{
+  ncclResult_t r = ncclSuccess;
+  {
+    std::lock_guard<std::mutex> hold(c.lock);
+    live(c, doing);
+    if (c.group_owner != std::thread::id{} && c.group_owner != std::this_thread::get_id()) {
+      throw std::logic_error(std::string(doing) +
+                             ": the communicator has calls in an open NCCL group on another thread; call it from that "
+                             "thread, or after that group has ended");
+    }
+    device_scope scope{c.device};
+    r = call(c.comm);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      std::string what = nccl_message(r, doing);
+      if (!leaves_comm_usable(r)) { abort_locked(c, what); }
+      throw nccl_failure(r, what);
+    }
+    if (group_depth > 0) {
+      c.group_owner = std::this_thread::get_id();
+      return;  // deferred to the group's end
+    }
+    if (r == ncclSuccess) {
+      // Launched: the common case records the event under the same lock and device.
+      if (mark) { check_cuda(cudaEventRecord(c.event, stream), "recording the communicator's event"); }
+      return;
+    }
+  }
+  if (r == ncclInProgress) { wait_ready(c, c.timeout_s, doing); }
+  if (mark) {
+    std::lock_guard<std::mutex> hold(c.lock);
+    live(c, doing);
+    device_scope scope{c.device};
+    check_cuda(cudaEventRecord(c.event, stream), "recording the communicator's event");
+  }
+}
+
+void barrier_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing);
+
+/// ncclGroupStart ... ncclGroupEnd around `body`, ending the group also when `body` fails.
+template <typename F>
+ncclResult_t in_group(F&& body)
+{
+  auto const& api = nccl();
+  ncclResult_t r  = api.GroupStart();
+  if (r != ncclSuccess) { return r; }
+  ncclResult_t inner = ncclSuccess;
+  try {
+    inner = body();
+  } catch (...) {
+    api.GroupEnd();
+    throw;
+  }
+  ncclResult_t end = api.GroupEnd();
+  return inner != ncclSuccess ? inner : end;
+}
+
+/// The grouped calls of allgatherv and gather, shared by the C entry points and comms_iface.
+ncclResult_t allgatherv_calls(ncclComm_t comm, const void* send, void* recv, const size_t* counts, const size_t* displs,
+                              ncclDataType_t dt, int size, cudaStream_t stream);
+ncclResult_t gather_calls(ncclComm_t comm, const void* send, void* recv, size_t sendcount, ncclDataType_t dt, int root,
+                          int rank, int size, cudaStream_t stream);
+
+}  // namespace raftcomms
+
+#pragma GCC visibility pop

@@ -1,0 +1,415 @@
+// raft-comms's C++ shim: communicators (comm_cell) — made (init, a clique in one group, split),
+// waited for while NCCL initialises them non-blocking, looked at, aborted, finalized, destroyed.
+
+#include "common.hpp"
+
+#pragma GCC visibility push(hidden)  // internal to the shim, as in common.hpp
+
+namespace raftcomms {
+
+comm_cell& cell_of(raftcomms_comm* h)
+{
+  if (h == nullptr || !h->cell) { throw std::invalid_argument("no communicator (a null handle)"); }
+  return *h->cell;
+}
+
+/// Throws, saying why, when the communicator has ended. Under the cell's lock.
+void live(comm_cell& c, char const* doing)
+{
+  if (c.ended || c.comm == nullptr) {
+    throw std::logic_error(std::string(doing) + ": the communicator " + (c.why.empty() ? std::string("has ended") : c.why));
+  }
+}
+
+/// Destroys the event (after the communicator ended; never waits for the device). Under the
+/// cell's lock.
+void release_device_objects(comm_cell& c) noexcept
+{
+  if (c.event == nullptr) { return; }
+  device_scope scope{c.device, std::nothrow};
+  cudaEventDestroy(c.event);
+  cudaGetLastError();  // a broken context fails it: nothing more to do about it
+  c.event = nullptr;
+}
+
+/// ncclCommAbort, once; the reason is kept. Under the cell's lock.
+ncclResult_t abort_locked(comm_cell& c, std::string const& reason) noexcept
+{
+  if (c.ended) { return ncclSuccess; }
+  ncclResult_t r = ncclSuccess;
+  if (c.comm != nullptr) {
+    device_scope scope{c.device, std::nothrow};
+    try {
+      r = nccl().CommAbort(c.comm);
+    } catch (...) {
+      r = ncclInternalError;
+    }
+  }
+  c.comm  = nullptr;
+  c.ended = true;
+  c.why   = "was aborted: " + reason;
+  release_device_objects(c);
+  return r;
+}
+
+/// Creates the cell's event on its device.
+void make_device_objects(comm_cell& c)
+{
+  device_scope scope{c.device};
+  check_cuda(cudaEventCreateWithFlags(&c.event, cudaEventDisableTiming), "creating the communicator's event");
+}
+
+/// A new cell on `device`, with its event unless `bare` (no NCCL communicator yet).
+cell_ptr new_cell(int device, double timeout_s, bool bare)
+{
+  auto c       = std::make_shared<comm_cell>();
+  c->device    = device;
+  c->timeout_s = timeout_s;
+  if (!bare) { make_device_objects(*c); }
+  return c;
+}
+
+/// Starts a non-blocking ncclCommSplit of `parent` into a new bare cell (under the parent's
+/// lock, taken here). The child has no communicator until `finish_split`, after the parent's
+/// state left ncclInProgress.
+cell_ptr start_split(comm_cell& parent, int color, int key, char const* doing)
+{
+  auto child           = new_cell(parent.device, parent.timeout_s, true);
+  child->split_slot    = new ncclComm_t(nullptr);
+  child->split_colored = color >= 0;
+  std::lock_guard<std::mutex> hold(parent.lock);
+  live(parent, doing);
+  device_scope scope{parent.device};
+  ncclResult_t r = nccl().CommSplit(parent.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, child->split_slot, nullptr);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    std::string what = nccl_message(r, doing);
+    if (!leaves_comm_usable(r)) { abort_locked(parent, what); }
+    throw nccl_failure(r, what);
+  }
+  return child;
+}
+
+
+/// After the parent's wait: takes the new communicator NCCL writes when the split's job ends
+/// (waiting for it, bounded by the timeout, should the parent have turned ready first), or none
+/// for no color; gives the child its event. Returns whether there is one.
+bool finish_split(comm_cell& child)
+{
+  std::lock_guard<std::mutex> hold(child.lock);
+  if (child.split_slot == nullptr) { return child.comm != nullptr; }
+  if (!child.split_colored) {
+    child.split_slot = nullptr;  // NCCL writes NULL there: left to it
+    child.ended      = true;
+    child.why        = "was never made (no color)";
+    return false;
+  }
+  auto start      = std::chrono::steady_clock::now();
+  ncclComm_t made = nullptr;
+  while ((made = __atomic_load_n(child.split_slot, __ATOMIC_ACQUIRE)) == nullptr) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > child.timeout_s) {
+      child.split_slot = nullptr;
+      child.ended      = true;
+      child.why        = "was not made in time by the split";
+      throw timed_out("ncclCommSplit gave no communicator within " + std::to_string(child.timeout_s) + " s");
+    }
+    backoff(start);
+  }
+  child.split_slot = nullptr;
+  child.comm       = made;
+  try {
+    make_device_objects(child);
+  } catch (...) {
+    abort_locked(child, "creating its event failed");
+    throw;
+  }
+  return true;
+}
+
+/// Waits a little longer each time: yields for the first 2 ms (a nonblocking communicator's
+/// launch ends within tens of microseconds, and a sleep costs the timer's slack, 50 µs or more
+/// on Linux: sleeping at once made an 8-byte allreduce 2.5x slower than torch's in run 24),
+/// then 20 µs sleeps, and 200 µs ones after 100 ms (a wait for other ranks).
+void backoff(std::chrono::steady_clock::time_point start)
+{
+  auto waited = std::chrono::steady_clock::now() - start;
+  if (waited < std::chrono::milliseconds(2)) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(waited < std::chrono::milliseconds(100) ? 20 : 200));
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start)
+{
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// Waits until the communicator is no longer ncclInProgress; aborts it on an error or after
+/// `timeout_s`. Takes the lock for each look only.
+void wait_ready(comm_cell& c, double timeout_s, char const* doing)
+{
+  auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> hold(c.lock);
+      live(c, doing);
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t r     = nccl().CommGetAsyncError(c.comm, &state);
+      if (r != ncclSuccess) { state = r; }
+      if (state == ncclSuccess) {
+        if (c.rank < 0) {
+          check_nccl(nccl().CommUserRank(c.comm, &c.rank), "reading the communicator's rank");
+          check_nccl(nccl().CommCount(c.comm, &c.size), "reading the communicator's size");
+        }
+        return;
+      }
+      if (state != ncclInProgress) {
+        std::string what = nccl_message(state, doing);
+        abort_locked(c, what);
+        throw nccl_failure(state, what);
+      }
+      double waited = seconds_since(start);
+      if (waited > timeout_s) {
+        std::string what = std::string(doing) + " did not complete within " + std::to_string(timeout_s) +
+                           " s (a rank that never arrived or died?); the communicator was aborted";
+        abort_locked(c, what);
+        throw timed_out(what);
+      }
+    }
+    backoff(start);
+  }
+}
+
+/// One look at a communicator: its asynchronous error, else whether `stream` (or its event) is
+/// done. Under the cell's lock.
+int32_t query_locked(comm_cell& c, cudaStream_t stream, bool use_stream, char const* doing)
+{
+  live(c, doing);
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t r     = nccl().CommGetAsyncError(c.comm, &state);
+  if (r != ncclSuccess) { state = r; }
+  if (state == ncclInProgress) { return RAFTCOMMS_STATE_PENDING; }
+  if (state != ncclSuccess) { throw nccl_failure(state, nccl_message(state, doing)); }
+  device_scope scope{c.device};  // no runtime call may bind device 0 to a thread without a context
+  cudaError_t e = use_stream ? cudaStreamQuery(stream) : cudaEventQuery(c.event);
+  if (e == cudaSuccess) { return RAFTCOMMS_STATE_DONE; }
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();
+    return RAFTCOMMS_STATE_PENDING;
+  }
+  check_cuda(e, use_stream ? "waiting for the stream" : "waiting for the communicator's event");
+  return RAFTCOMMS_STATE_PENDING;
+}
+
+/// Finalize (non-blocking), wait, destroy; abort when the wait fails. For communicators that a
+/// comms_iface owns (RAFT's comm_split), never for the Rust side's.
+void close_owned(comm_cell& c) noexcept
+{
+  try {
+    {
+      std::lock_guard<std::mutex> hold(c.lock);
+      if (c.ended || c.comm == nullptr) { return; }
+      device_scope scope{c.device};
+      check_nccl(nccl().CommFinalize(c.comm), "finalizing a split communicator");
+    }
+    wait_ready(c, c.timeout_s, "finalizing a split communicator");
+    std::lock_guard<std::mutex> hold(c.lock);
+    if (c.ended || c.comm == nullptr) { return; }
+    device_scope scope{c.device};
+    nccl().CommDestroy(c.comm);
+    c.comm  = nullptr;
+    c.ended = true;
+    c.why   = "was destroyed";
+    release_device_objects(c);
+  } catch (...) {
+    std::lock_guard<std::mutex> hold(c.lock);
+    abort_locked(c, "finalizing a split communicator failed");
+  }
+}
+
+ncclConfig_t nonblocking_config()
+{
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking     = 0;
+  return config;
+}
+
+}  // namespace raftcomms
+
+#pragma GCC visibility pop
+
+using namespace raftcomms;
+
+extern "C" {
+
+raftcomms_status raftcomms_comm_init(const uint8_t* id, int32_t nranks, int32_t rank, int32_t device, double timeout_s,
+                                     raftcomms_comm** out)
+{
+  return guard([&] {
+    *out = nullptr;
+    if (nranks < 1 || rank < 0 || rank >= nranks) {
+      throw std::invalid_argument("rank " + std::to_string(rank) + " of " + std::to_string(nranks));
+    }
+    ncclUniqueId uid;
+    std::memcpy(&uid, id, sizeof(uid));
+    auto cell   = new_cell(device, timeout_s);
+    auto handle = std::make_unique<raftcomms_comm>(raftcomms_comm{cell});
+    std::lock_guard<std::mutex> hold(cell->lock);
+    device_scope scope{device};
+    ncclConfig_t config = nonblocking_config();
+    ncclResult_t r      = nccl().CommInitRankConfig(&cell->comm, nranks, uid, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      std::string what = nccl_message(r, "ncclCommInitRankConfig");
+      abort_locked(*cell, what);
+      throw nccl_failure(r, what);
+    }
+    *out = handle.release();
+  });
+}
+
+raftcomms_status raftcomms_comm_init_clique(int32_t n, const int32_t* devices, double timeout_s, raftcomms_comm** out)
+{
+  return guard([&] {
+    if (n < 1) { throw std::invalid_argument("a clique needs at least one device"); }
+    std::vector<cell_ptr> cells;
+    for (int32_t i = 0; i < n; ++i) {
+      out[i] = nullptr;
+    }
+    // Until the handles are out, a failure ends (and frees the device objects of) every cell.
+    struct on_failure {
+      std::vector<cell_ptr>& cells;
+      bool armed{true};
+      ~on_failure()
+      {
+        if (!armed) { return; }
+        for (auto& c : cells) {
+          std::lock_guard<std::mutex> hold(c->lock);
+          abort_locked(*c, "initialising the clique failed");
+        }
+      }
+    } cleanup{cells};
+    for (int32_t i = 0; i < n; ++i) {
+      cells.push_back(new_cell(devices[i], timeout_s));
+    }
+    ncclUniqueId uid;
+    check_nccl(nccl().GetUniqueId(&uid), "making an NCCL unique id");
+    ncclConfig_t config = nonblocking_config();
+    ncclResult_t first  = ncclSuccess;
+    ncclResult_t r      = nccl().GroupStart();
+    if (r != ncclSuccess) { throw nccl_failure(r, nccl_message(r, "ncclGroupStart")); }
+    for (int32_t i = 0; i < n && first == ncclSuccess; ++i) {
+      device_scope scope{devices[i]};
+      ncclResult_t e = nccl().CommInitRankConfig(&cells[i]->comm, n, uid, i, &config);
+      if (e != ncclSuccess && e != ncclInProgress) { first = e; }
+    }
+    r = nccl().GroupEnd();
+    if (first == ncclSuccess && r != ncclSuccess && r != ncclInProgress) { first = r; }
+    if (first != ncclSuccess) {
+      std::string what = nccl_message(first, "initialising the clique (ncclCommInitRankConfig in a group)");
+      for (auto& c : cells) {
+        std::lock_guard<std::mutex> hold(c->lock);
+        abort_locked(*c, what);
+      }
+      throw nccl_failure(first, what);
+    }
+    for (int32_t i = 0; i < n; ++i) {
+      out[i] = new raftcomms_comm{cells[i]};
+    }
+    cleanup.armed = false;
+  });
+}
+
+raftcomms_status raftcomms_comm_split(raftcomms_comm* comm, int32_t color, int32_t key, raftcomms_comm** out)
+{
+  return guard([&] {
+    *out       = nullptr;
+    auto child = start_split(cell_of(comm), color, key, "ncclCommSplit");
+    *out       = new raftcomms_comm{child};
+  });
+}
+
+raftcomms_status raftcomms_comm_split_done(raftcomms_comm* child, int32_t* present)
+{
+  return guard([&] { *present = finish_split(cell_of(child)) ? 1 : 0; });
+}
+
+raftcomms_status raftcomms_comm_wait(raftcomms_comm* comm, double timeout_s)
+{
+  return guard([&] { wait_ready(cell_of(comm), timeout_s, "waiting for the communicator"); });
+}
+
+raftcomms_status raftcomms_comm_info(raftcomms_comm* comm, int32_t* rank, int32_t* size, int32_t* device)
+{
+  return guard([&] {
+    auto& c = cell_of(comm);
+    std::lock_guard<std::mutex> hold(c.lock);
+    *rank   = c.rank;
+    *size   = c.size;
+    *device = c.device;
+  });
+}
+
+raftcomms_status raftcomms_comm_set_timeout(raftcomms_comm* comm, double timeout_s)
+{
+  return guard([&] {
+    auto& c = cell_of(comm);
+    std::lock_guard<std::mutex> hold(c.lock);
+    c.timeout_s = timeout_s;
+  });
+}
+
+raftcomms_status raftcomms_comm_query(raftcomms_comm* comm, void* stream, int32_t* state)
+{
+  return guard([&] {
+    auto& c = cell_of(comm);
+    std::lock_guard<std::mutex> hold(c.lock);
+    *state = query_locked(c, as_stream(stream), stream != nullptr, "checking the communicator");
+  });
+}
+
+raftcomms_status raftcomms_comm_abort(raftcomms_comm* comm, const char* reason)
+{
+  return guard([&] {
+    auto& c = cell_of(comm);
+    std::lock_guard<std::mutex> hold(c.lock);
+    ncclResult_t r = abort_locked(c, reason != nullptr ? reason : "aborted");
+    if (r != ncclSuccess) { throw nccl_failure(r, nccl_message(r, "ncclCommAbort")); }
+  });
+}
+
+raftcomms_status raftcomms_comm_finalize(raftcomms_comm* comm)
+{
+  return guard([&] {
+    auto& c = cell_of(comm);
+    std::lock_guard<std::mutex> hold(c.lock);
+    live(c, "ncclCommFinalize");
+    device_scope scope{c.device};
+    ncclResult_t r = nccl().CommFinalize(c.comm);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      std::string what = nccl_message(r, "ncclCommFinalize");
+      abort_locked(c, what);
+      throw nccl_failure(r, what);
+    }
+  });
+}
+
+raftcomms_status raftcomms_comm_destroy(raftcomms_comm* comm)
+{
+  return guard([&] {
+    auto& c = cell_of(comm);
+    std::lock_guard<std::mutex> hold(c.lock);
+    if (c.ended) { return; }
+    live(c, "ncclCommDestroy");
+    device_scope scope{c.device};
+    ncclResult_t r = nccl().CommDestroy(c.comm);
+    c.comm         = nullptr;
+    c.ended        = true;
+    c.why          = "was released";
+    release_device_objects(c);
+    if (r != ncclSuccess) { throw nccl_failure(r, nccl_message(r, "ncclCommDestroy")); }
+  });
+}
+
+void raftcomms_comm_free(raftcomms_comm* comm) { delete comm; }
+
+}  // extern "C"
