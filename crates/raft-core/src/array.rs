@@ -8,10 +8,8 @@ use crate::result::foreign::ForeignUses;
 use crate::result::{DeviceScalar, NativeBuffer};
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-pub(crate) static LIVE_ARRAYS: AtomicUsize = AtomicUsize::new(0);
 
 /// `len` elements of `T` in device memory, on a resources object's stream.
 ///
@@ -110,7 +108,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
                 }
             }
         })?;
-        LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
+        crate::stats::LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
         Ok(DeviceVec {
             buffer: Some(buffer),
             len,
@@ -354,7 +352,7 @@ fn check_shape(who: &'static str, rows: usize, cols: usize, len: usize) -> Resul
 
 impl<T: DeviceScalar> Drop for DeviceVec<T> {
     fn drop(&mut self) {
-        LIVE_ARRAYS.fetch_sub(1, Ordering::Relaxed);
+        crate::stats::LIVE_ARRAYS.fetch_sub(1, Ordering::Relaxed);
         let Some(buffer) = self.buffer.take() else { return };
         if !raft_exit::native_release_allowed() {
             buffer.leak(); // no CUDA call once the exit has decided: leaked to the OS

@@ -790,8 +790,30 @@ extern "C" fn deferred_hook(device: i32) {
         }
         let device = usize::try_from(device).ok();
         let label = raft_exit::Label { what: "release of memory resource", id: raft_exit::next_id(), device };
-        crate::release::enqueue(label, Box::new(drain_deferred));
+        defer(label, Box::new(drain_deferred));
     });
+}
+
+/// Where a memory resource's destruction is sent: the release threads' queue. They live above
+/// this layer, so the layer that makes the resources installs their queue here
+/// ([`defer_releases_to`]) before it makes the first one.
+pub(crate) type Defer = fn(raft_exit::Label, Box<dyn FnOnce() + Send + 'static>);
+
+static DEFER: std::sync::OnceLock<Defer> = std::sync::OnceLock::new();
+
+/// Installs the queue that destroys memory resources off the dropping thread (first call wins;
+/// every caller installs the same one).
+pub(crate) fn defer_releases_to(queue: Defer) {
+    let _ = DEFER.set(queue);
+}
+
+/// Sends `release` to the installed queue. Unset only if a resource were made without the
+/// memory layer (none is): then it runs here, as in the exit teardown.
+fn defer(label: raft_exit::Label, release: Box<dyn FnOnce() + Send + 'static>) {
+    match DEFER.get() {
+        Some(queue) => queue(label, release),
+        None => release(),
+    }
 }
 
 /// Waits for the deferred resources' streams and destroys them (on a release thread).
@@ -821,7 +843,7 @@ impl Drop for NativeMr {
             return;
         }
         let label = raft_exit::Label { what: "release of memory resource", id: raft_exit::next_id(), device: Some(self.device) };
-        crate::release::enqueue(label, Box::new(move || doomed.destroy()));
+        defer(label, Box::new(move || doomed.destroy()));
     }
 }
 
