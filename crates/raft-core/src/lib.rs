@@ -8,6 +8,7 @@
 //!
 //! This is the only crate that calls `raft-sys` for resources.
 mod array;
+mod array_copy;
 mod copy;
 mod current;
 mod device;
