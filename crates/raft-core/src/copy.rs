@@ -23,9 +23,9 @@ use crate::error::{Error, Result};
 use crate::host::{default_pinned, sealed::Sealed, PageLocked, PinnedVec};
 use crate::job::JobHandle;
 use crate::resources::DeviceResources;
-use crate::result::copy::{
-    copy_device_ordered, run_scope, staged_download, staged_upload, CopyScope, Ends, HostStores, InFlight, StagedCut, StagingBuffers,
-};
+use crate::result::copy::{copy_device_ordered, run_scope, CopyScope, Ends, InFlight};
+use crate::result::staging::{staged_download, staged_upload, StagedCut, StagingBuffers};
+use crate::result::stores::HostStores;
 use crate::result::DeviceScalar;
 use std::sync::Mutex;
 

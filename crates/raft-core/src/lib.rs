@@ -46,7 +46,8 @@ pub use memory::{
 };
 pub use release::PendingReleases;
 pub use resources::{DeviceResources, WeakResources};
-pub use result::copy::{CopyScope, HostStores};
+pub use result::copy::CopyScope;
+pub use result::stores::HostStores;
 pub use result::{DeviceScalar, GemmScalar};
 pub use scoped::{with_device_resources, Scoped};
 pub use stats::{pending_releases, stats, Stats};

@@ -19,6 +19,8 @@ pub(crate) mod copy;
 pub(crate) mod crew;
 pub(crate) mod foreign;
 pub(crate) mod registration;
+pub(crate) mod staging;
+pub(crate) mod stores;
 
 // The shim's statuses are the ones `ErrorKind::from_shim_status` knows.
 static_assertions::const_assert_eq!(sys::RAFTRS_STATUS_OUT_OF_MEMORY, 1);
