@@ -4,8 +4,9 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::MemoryResource;
 use crate::resources::DeviceResources;
+use crate::result::buffer::NativeBuffer;
 use crate::result::foreign::ForeignUses;
-use crate::result::{DeviceScalar, NativeBuffer};
+use crate::result::DeviceScalar;
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use std::marker::PhantomData;
 use std::sync::atomic::Ordering;
@@ -73,7 +74,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
 
     pub(crate) fn alloc(who: &'static str, resources: &DeviceResources, mr: Option<&MemoryResource>, len: usize) -> Result<Self> {
         // Refused before the retry below: no release can make room for it.
-        let bytes = crate::result::allocation_bytes::<T>(who, len)?;
+        let bytes = crate::result::buffer::allocation_bytes::<T>(who, len)?;
         if let Some(mr) = mr {
             if mr.device() != resources.device() {
                 return Err(Error::logic(
@@ -95,7 +96,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
             Err(e)
                 if out_of_memory(&e)
                     && (crate::release::drain_device(resources.device(), crate::release::OOM_WAIT)
-                        | crate::result::reclaim_retired_pools()) =>
+                        | crate::result::mr::reclaim_retired_pools()) =>
             {
                 make()
             }
@@ -103,7 +104,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
         }
         .inspect_err(|e| {
             if out_of_memory(e) {
-                if let Err(trim) = crate::result::trim_async_pool(who, resources.device(), mr.map(|m| m.native())) {
+                if let Err(trim) = crate::result::mr::trim_async_pool(who, resources.device(), mr.map(|m| m.native())) {
                     log::warn!(target: "raft", "{trim}");
                 }
             }

@@ -47,8 +47,9 @@ pub use memory::{
 pub use release::PendingReleases;
 pub use resources::{DeviceResources, WeakResources};
 pub use result::copy::CopyScope;
+pub use result::gemm::GemmScalar;
 pub use result::stores::HostStores;
-pub use result::{DeviceScalar, GemmScalar};
+pub use result::DeviceScalar;
 pub use scoped::{with_device_resources, Scoped};
 pub use stats::{pending_releases, stats, Stats};
 

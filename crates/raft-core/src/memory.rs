@@ -17,7 +17,8 @@
 //! as RMM requires of every user of that object.
 use crate::device::check_device;
 use crate::error::{Error, ErrorKind, Result};
-use crate::result::{self, NativeMr};
+use crate::result;
+use crate::result::mr::{self, NativeMr};
 use raft_sys as sys;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock};
@@ -325,7 +326,7 @@ impl MemoryResource {
     /// # Errors
     /// `Cuda` when the driver cannot say.
     pub fn async_pool_bytes(&self) -> Result<Option<(usize, usize)>> {
-        Ok(result::async_pool_bytes("MemoryResource::async_pool_bytes", &self.native)?.map(|(r, u)| (r as usize, u as usize)))
+        Ok(mr::async_pool_bytes("MemoryResource::async_pool_bytes", &self.native)?.map(|(r, u)| (r as usize, u as usize)))
     }
 
     /// Whether memory from one can be freed by the other (RMM's resource equality).
@@ -387,7 +388,7 @@ pub struct RetiredPoolsTrim {
 /// # Errors
 /// `Cuda` when the driver refuses a trim (every pool is still tried).
 pub fn trim_retired_pools() -> Result<RetiredPoolsTrim> {
-    let (released, held) = result::trim_retired("raft::memory::trim_retired_pools")?;
+    let (released, held) = mr::trim_retired("raft::memory::trim_retired_pools")?;
     Ok(RetiredPoolsTrim { released: released as usize, still_held: held as usize })
 }
 
@@ -438,7 +439,7 @@ pub fn reset_memory_resource(device: usize) -> Result<()> {
 /// Every native resource's last drop goes to the release threads; called before each
 /// `NativeMr` is made (the result layer below cannot name the release layer).
 fn route_releases() {
-    result::defer_releases_to(crate::release::enqueue);
+    mr::defer_releases_to(crate::release::enqueue);
 }
 
 /// Wraps `device`'s current resource in RMM's `statistics_resource_adaptor`, so that
@@ -705,7 +706,7 @@ impl RmmOptions {
 /// async pools have given their unused memory back, where they held any.
 fn reclaiming(make: impl Fn() -> Result<NativeMr>) -> Result<NativeMr> {
     match make() {
-        Err(e) if e.kind() == ErrorKind::OutOfMemory && result::reclaim_retired_pools() => make(),
+        Err(e) if e.kind() == ErrorKind::OutOfMemory && mr::reclaim_retired_pools() => make(),
         made => made,
     }
 }

@@ -89,6 +89,6 @@ pub fn stats() -> Stats {
     s.release_threads = crate::release::release_threads();
     s.release_busy_for = crate::release::release_busy_for();
     (s.release_time, s.release_wait) = crate::release::release_times();
-    (s.async_pools_made, s.async_pools_retired, s.async_pools_reused) = crate::result::async_pools();
+    (s.async_pools_made, s.async_pools_retired, s.async_pools_reused) = crate::result::mr::async_pools();
     s
 }

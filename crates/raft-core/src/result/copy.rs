@@ -20,7 +20,9 @@
 //! follows a host wait, and a copy queued on another stream first waits for the buffer's stream
 //! (and, for [`copy_device_ordered`], which returns at once, the buffer's stream then waits for
 //! the copy). Stream-ordered frees therefore come after the copy.
-use super::{bind, stream_sync, ContextGuard, DeviceScalar, NativeBuffer, NativeMr};
+use super::buffer::NativeBuffer;
+use super::mr::NativeMr;
+use super::{bind, stream_sync, ContextGuard, DeviceScalar};
 use crate::error::{Error, Result};
 use cudarc::driver::{result as cu, sys as cusys, CudaContext, CudaStream};
 use raft_sys as sys;

@@ -2,10 +2,12 @@
 //! threads fill or empty them (`StagingBuffers`, `staged_upload`, `staged_download`), and the
 //! host copy itself (`HostStores`). Apart from `copy.rs` because it is its own concern: the
 //! device never touches the caller's memory here, so none of copy.rs's ownership shapes apply.
+use super::buffer::NativeBuffer;
 use super::copy::{driver, same_context, NativeEvent, NativeHostBuffer};
+use super::mr::NativeMr;
 use super::stores::copy_host_bytes;
 use super::stores::HostStores;
-use super::{stream_sync, ContextGuard, DeviceScalar, NativeBuffer, NativeMr};
+use super::{stream_sync, ContextGuard, DeviceScalar};
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::{sys as cusys, CudaContext, CudaStream};
 use std::ffi::c_void;
