@@ -4,14 +4,13 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::MemoryResource;
 use crate::resources::DeviceResources;
+use crate::result::buffer::NativeBuffer;
 use crate::result::foreign::ForeignUses;
-use crate::result::{DeviceScalar, NativeBuffer};
+use crate::result::DeviceScalar;
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-pub(crate) static LIVE_ARRAYS: AtomicUsize = AtomicUsize::new(0);
 
 /// `len` elements of `T` in device memory, on a resources object's stream.
 ///
@@ -73,9 +72,9 @@ impl<T: DeviceScalar> DeviceVec<T> {
         Self::alloc("DeviceVec::new_in", resources, Some(mr), len)
     }
 
-    fn alloc(who: &'static str, resources: &DeviceResources, mr: Option<&MemoryResource>, len: usize) -> Result<Self> {
+    pub(crate) fn alloc(who: &'static str, resources: &DeviceResources, mr: Option<&MemoryResource>, len: usize) -> Result<Self> {
         // Refused before the retry below: no release can make room for it.
-        let bytes = crate::result::allocation_bytes::<T>(who, len)?;
+        let bytes = crate::result::buffer::allocation_bytes::<T>(who, len)?;
         if let Some(mr) = mr {
             if mr.device() != resources.device() {
                 return Err(Error::logic(
@@ -97,7 +96,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
             Err(e)
                 if out_of_memory(&e)
                     && (crate::release::drain_device(resources.device(), crate::release::OOM_WAIT)
-                        | crate::result::reclaim_retired_pools()) =>
+                        | crate::result::mr::reclaim_retired_pools()) =>
             {
                 make()
             }
@@ -105,12 +104,12 @@ impl<T: DeviceScalar> DeviceVec<T> {
         }
         .inspect_err(|e| {
             if out_of_memory(e) {
-                if let Err(trim) = crate::result::trim_async_pool(who, resources.device(), mr.map(|m| m.native())) {
+                if let Err(trim) = crate::result::mr::trim_async_pool(who, resources.device(), mr.map(|m| m.native())) {
                     log::warn!(target: "raft", "{trim}");
                 }
             }
         })?;
-        LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
+        crate::stats::LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
         Ok(DeviceVec {
             buffer: Some(buffer),
             len,
@@ -130,51 +129,9 @@ impl<T: DeviceScalar> DeviceVec<T> {
         Ok(v)
     }
 
-    /// A copy of `host` in device memory.
-    ///
-    /// From pageable memory, copies of [`STAGED_FROM_BYTES`](Self::STAGED_FROM_BYTES) or more go
-    /// through page-locked buffers by several threads ([`Staging::default`](crate::Staging)):
-    /// several times faster than the driver's own pageable path. Page-locked memory given as a
-    /// slice (the `unsafe` [`PinnedVec::as_slice`](crate::PinnedVec::as_slice)) is copied
-    /// directly; a `PinnedVec` itself goes through [`copy_from_pinned`](Self::copy_from_pinned).
-    pub fn from_host(resources: &DeviceResources, host: &[T]) -> Result<Self> {
-        const WHO: &str = "DeviceVec::from_host";
-        let mut v = Self::alloc(WHO, resources, None, host.len())?;
-        v.live(WHO)?;
-        v.upload(WHO, host)?;
-        Ok(v)
-    }
-
-    /// The size from which copies between pageable host memory and an array are staged (see
-    /// [`from_host`](Self::from_host)): below it the driver's direct path is as fast. GPU run 79,
-    /// in turns with the native pinned copy (host to device / device to host): 256 KiB staged
-    /// 0.48x / 0.49x, direct 0.46x / 0.36x; 512 KiB staged 0.52x / 0.52x, direct 0.37x / 0.28x;
-    /// 4 MiB staged 0.67x / 0.72x, direct 0.27x / 0.22x. Those are copies in a row (the staging
-    /// crew watching); a lone copy, the crew asleep, also pays its wake-up (GPU run 84, copies
-    /// 5 ms apart: 512 KiB up staged 95 µs against the driver's 83 µs, down 77 against 116;
-    /// 1 MiB 102 / 92 µs against 122 / 155). (4 MiB until run 79: before the staging crew, run
-    /// 77's cached thread count and run 78's stores, staging lost below it.)
-    pub const STAGED_FROM_BYTES: usize = 512 << 10;
-
-    fn staged(host: &[T]) -> bool {
-        std::mem::size_of_val(host) >= Self::STAGED_FROM_BYTES && !crate::result::copy::is_page_locked(host)
-    }
-
-    fn upload(&mut self, who: &'static str, host: &[T]) -> Result<()> {
-        if Self::staged(host) {
-            match crate::Staging::default().upload(who, self, host) {
-                // No page-locked memory for the staging buffers (a memlock limit, say): the
-                // driver's own path below still works.
-                Err(e) if e.kind() == ErrorKind::OutOfMemory => {}
-                other => return other,
-            }
-        }
-        self.buf_mut().copy_from_host(who, host)
-    }
-
     /// The buffer, for a shared use on its own stream: ordered after the writes of other
     /// streams (`DevicePtrMut`).
-    fn buf(&self) -> &NativeBuffer {
+    pub(crate) fn buf(&self) -> &NativeBuffer {
         let buffer = self.buffer.as_ref().expect("a DeviceVec holds its buffer until dropped");
         self.foreign.before_read(buffer.stream());
         buffer
@@ -182,7 +139,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
 
     /// The buffer, for an exclusive use on its own stream: ordered after every use of other
     /// streams (a failure only lets the use race them: values, never memory).
-    fn buf_mut(&mut self) -> &mut NativeBuffer {
+    pub(crate) fn buf_mut(&mut self) -> &mut NativeBuffer {
         let buffer = self.buffer.as_mut().expect("a DeviceVec holds its buffer until dropped");
         if let Err(e) = self.foreign.settle_all("DeviceVec", buffer.stream()) {
             log::warn!(target: "raft", "{e}");
@@ -220,7 +177,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
         self.buf().address() as *const T
     }
 
-    fn live(&self, who: &'static str) -> Result<()> {
+    pub(crate) fn live(&self, who: &'static str) -> Result<()> {
         if self.resources.is_released() {
             Err(Error::released(who, self.resources.device()))
         } else {
@@ -235,90 +192,11 @@ impl<T: DeviceScalar> DeviceVec<T> {
         self.buf_mut().zero(WHO)
     }
 
-    /// Copies `host` into the array (stream-ordered; returns once done).
-    ///
-    /// # Errors
-    /// `Logic` when the lengths differ or the resources were released.
-    pub fn copy_from_host(&mut self, host: &[T]) -> Result<()> {
-        const WHO: &str = "DeviceVec::copy_from_host";
-        self.live(WHO)?;
-        self.same_len(WHO, host.len())?;
-        self.upload(WHO, host)
-    }
-
-    /// Copies the array into `host` (stream-ordered; returns once done).
-    ///
-    /// # Errors
-    /// `Logic` when the lengths differ or the resources were released.
-    pub fn copy_to_host(&self, host: &mut [T]) -> Result<()> {
-        self.copy_to_host_for("DeviceVec::copy_to_host", host)
-    }
-
-    /// Copies page-locked `src` (a [`PinnedVec`](crate::PinnedVec), a
-    /// [`RegisteredSlice`](crate::RegisteredSlice)) into the array at the link's speed
-    /// (stream-ordered; returns once done).
-    ///
-    /// # Errors
-    /// `Logic` when the lengths differ, the resources were released, or the array's stream is
-    /// being captured into a CUDA graph.
-    pub fn copy_from_pinned<H: crate::PageLocked<T>>(&mut self, src: &H) -> Result<()> {
-        const WHO: &str = "DeviceVec::copy_from_pinned";
-        self.live(WHO)?;
-        self.same_len(WHO, src.elements())?;
-        crate::result::copy::copy_page_locked(WHO, crate::result::copy::Ends::ToDevice(src.host_ref(), self.buf_mut()))
-    }
-
-    /// Copies the array into page-locked `dst` at the link's speed (stream-ordered; returns once
-    /// done).
-    ///
-    /// # Errors
-    /// As [`copy_from_pinned`](Self::copy_from_pinned).
-    pub fn copy_to_pinned<H: crate::PageLocked<T>>(&self, dst: &mut H) -> Result<()> {
-        const WHO: &str = "DeviceVec::copy_to_pinned";
-        self.live(WHO)?;
-        self.same_len(WHO, dst.elements())?;
-        crate::result::copy::copy_page_locked(WHO, crate::result::copy::Ends::ToHost(self.buf(), dst.host_mut()))
-    }
-
-    fn copy_to_host_for(&self, who: &'static str, host: &mut [T]) -> Result<()> {
-        self.live(who)?;
-        self.same_len(who, host.len())?;
-        if Self::staged(host) {
-            match crate::Staging::default().download(who, self, host) {
-                Err(e) if e.kind() == ErrorKind::OutOfMemory => {} // as in `upload`
-                other => return other,
-            }
-        }
-        self.buf().copy_to_host(who, host)
-    }
-
-    fn same_len(&self, who: &'static str, other: usize) -> Result<()> {
+    pub(crate) fn same_len(&self, who: &'static str, other: usize) -> Result<()> {
         if other != self.len {
             return Err(Error::logic(who, format!("expected {} elements, given {other}", self.len)));
         }
         Ok(())
-    }
-
-    /// The array's contents on the host (staged from
-    /// [`STAGED_FROM_BYTES`](Self::STAGED_FROM_BYTES) on, as [`from_host`](Self::from_host)).
-    pub fn to_host(&self) -> Result<Vec<T>> {
-        const WHO: &str = "DeviceVec::to_host";
-        if self.len * std::mem::size_of::<T>() >= Self::STAGED_FROM_BYTES {
-            match crate::Staging::default().new_vec_from(WHO, self) {
-                Err(e) if e.kind() == ErrorKind::OutOfMemory => {} // as in `upload`
-                other => return other,
-            }
-        }
-        let mut host = vec![T::default(); self.len];
-        self.copy_to_host_for(WHO, &mut host)?;
-        Ok(host)
-    }
-
-    /// Copies the array to the host on its resources' worker thread: the job owns the array and
-    /// gives it back with the host copy.
-    pub fn into_host_job(self) -> Result<crate::JobHandle<HostCopy<T>>> {
-        let resources = self.resources.clone();
-        resources.spawn(move || self.to_host().map(|h| (h, self)))
     }
 
     /// A `rows × cols` view in `layout`, for matrix routines.
@@ -354,7 +232,7 @@ fn check_shape(who: &'static str, rows: usize, cols: usize, len: usize) -> Resul
 
 impl<T: DeviceScalar> Drop for DeviceVec<T> {
     fn drop(&mut self) {
-        LIVE_ARRAYS.fetch_sub(1, Ordering::Relaxed);
+        crate::stats::LIVE_ARRAYS.fetch_sub(1, Ordering::Relaxed);
         let Some(buffer) = self.buffer.take() else { return };
         if !raft_exit::native_release_allowed() {
             buffer.leak(); // no CUDA call once the exit has decided: leaked to the OS

@@ -23,9 +23,9 @@ use crate::error::{Error, Result};
 use crate::host::{default_pinned, sealed::Sealed, PageLocked, PinnedVec};
 use crate::job::JobHandle;
 use crate::resources::DeviceResources;
-use crate::result::copy::{
-    copy_device_ordered, run_scope, staged_download, staged_upload, CopyScope, Ends, InFlight, StagedCut, StagingBuffers,
-};
+use crate::result::copy::{copy_device_ordered, run_scope, CopyScope, Ends, InFlight};
+use crate::result::staging::{staged_download, staged_upload, StagedCut, StagingBuffers};
+use crate::result::stores::HostStores;
 use crate::result::DeviceScalar;
 use std::sync::Mutex;
 
@@ -452,29 +452,6 @@ pub struct Staging {
     slots: usize,
     upload_stores: HostStores,
     download_stores: HostStores,
-}
-
-/// How the host threads of a staged copy write: into the page-locked buffers (uploads) or into
-/// the caller's memory (downloads). On other CPUs than x86-64, every kind is a plain copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum HostStores {
-    /// The kind that measured fastest for the copy's direction and size (the default; GPU runs
-    /// 78 and 79, an H200 beside a 16-core Xeon, each kind in turns with the native pinned
-    /// copy): uploads [`Streaming`](Self::Streaming) below 32 MiB (4 MiB: 0.67x of the pinned
-    /// copy against 0.40x plain; 16 MiB 0.68x / 0.55x) and [`Plain`](Self::Plain) from there
-    /// (64 MiB 0.78x / 0.68x; 1 GiB 0.90x / 0.62x); downloads plain below 4 MiB (1 MiB 0.58x
-    /// against 0.55x streaming) and streaming from there (4 MiB 0.72x / 0.69x; 64 MiB 0.92x /
-    /// 0.85x; 1 GiB 0.97x / 0.84x).
-    #[default]
-    Auto,
-    /// Plain stores (`memcpy`): the written lines stay in the writing core's cache (glibc's
-    /// `memcpy` itself streams copies past its own threshold, several MiB at a time).
-    Plain,
-    /// Non-temporal stores (`movntdq`) for every whole 64-byte line of each host copy of 4 KiB or
-    /// more: written straight to memory, neither read first nor kept in any cache; the ends,
-    /// and smaller copies, with plain stores.
-    Streaming,
 }
 
 impl Default for Staging {

@@ -1,7 +1,7 @@
 //! GEMM through a resources object's cuBLAS handle (made lazily by RAFT, bound to its stream).
 use crate::array::{Layout, MatrixView, MatrixViewMut};
 use crate::error::{Error, Result};
-use crate::result::{self, GemmScalar, Operand};
+use crate::result::gemm::{self, GemmScalar, Operand};
 
 /// One operand as cuBLAS (column-major) sees it: a row-major `rows × cols` matrix is, stored,
 /// the column-major `cols × rows` matrix of its transpose.
@@ -43,11 +43,11 @@ pub fn gemm<T: GemmScalar>(alpha: T, a: MatrixView<'_, T>, b: MatrixView<'_, T>,
         let c_buf = c.data_mut().native_mut();
         if c_layout == Layout::ColMajor {
             let (oa, ob) = (operand(&a, false), operand(&b, false));
-            result::gemm(WHO, native, m, n, k, alpha, &oa, &ob, beta, c_buf, m.max(1))
+            gemm::gemm(WHO, native, m, n, k, alpha, &oa, &ob, beta, c_buf, m.max(1))
         } else {
             // Row-major C is column-major Cᵀ = Bᵀ·Aᵀ.
             let (ob, oa) = (operand(&b, true), operand(&a, true));
-            result::gemm(WHO, native, n, m, k, alpha, &ob, &oa, beta, c_buf, n.max(1))
+            gemm::gemm(WHO, native, n, m, k, alpha, &ob, &oa, beta, c_buf, n.max(1))
         }
     })
 }

@@ -53,7 +53,7 @@ fn same_len(who: &'static str, from: usize, into: usize) -> Result<()> {
 /// `len` elements of `T` in bytes, or the error of a size no memory holds (as `DeviceVec`
 /// reports it): refused before any CUDA call, also before the resource is made or found.
 pub(crate) fn bytes_for<T>(who: &'static str, len: usize) -> Result<usize> {
-    crate::result::allocation_bytes::<T>(who, len)
+    crate::result::buffer::allocation_bytes::<T>(who, len)
 }
 
 /// The pinned host resource this library allocates from on `device` (one per device, made on
@@ -152,7 +152,7 @@ impl<T: DeviceScalar> PinnedVec<T> {
         who: &'static str,
         mr: MemoryResource,
         len: usize,
-        make: impl FnOnce(&std::sync::Arc<cudarc::driver::CudaContext>, &crate::result::NativeMr) -> Result<NativeHostBuffer>,
+        make: impl FnOnce(&std::sync::Arc<cudarc::driver::CudaContext>, &crate::result::mr::NativeMr) -> Result<NativeHostBuffer>,
     ) -> Result<Self> {
         let ctx = crate::device::context(who, mr.device())?;
         let host = make(&ctx, mr.native())?;

@@ -8,10 +8,12 @@
 //!
 //! This is the only crate that calls `raft-sys` for resources.
 mod array;
+mod array_copy;
 mod copy;
 mod current;
 mod device;
 mod gemm;
+mod handle_kind;
 mod handles;
 mod host;
 mod job;
@@ -29,12 +31,12 @@ pub mod error {
 }
 
 pub use array::{DeviceVec, HostCopy, Layout, MatrixView, MatrixViewMut};
-pub use copy::{DeviceToDevice, HostStores, Staging, ToDevice, ToHost, Transfer};
+pub use copy::{DeviceToDevice, Staging, ToDevice, ToHost, Transfer};
 pub use current::{current_device_resources, AsResources};
 pub use device::{current_device, device_count, memory_pools_supported};
 pub use error::{Error, ErrorKind, Result};
 pub use gemm::gemm;
-pub use handles::HandleKind;
+pub use handle_kind::HandleKind;
 pub use host::{AsDevice, PageLocked, PinnedVec, RegisteredSlice};
 pub use job::JobHandle;
 pub use lend::RaftResourcesPtr;
@@ -42,11 +44,14 @@ pub use memory::{
     current_memory_resource, enable_memory_statistics, installed_default, memory_statistics, reinitialize, reset_memory_resource,
     set_memory_resource, MemoryResource, MemoryResourceKind, MemoryStatistics, RmmOptions, TrackedAllocations,
 };
+pub use release::PendingReleases;
 pub use resources::{DeviceResources, WeakResources};
 pub use result::copy::CopyScope;
-pub use result::{DeviceScalar, GemmScalar};
+pub use result::gemm::GemmScalar;
+pub use result::stores::HostStores;
+pub use result::DeviceScalar;
 pub use scoped::{with_device_resources, Scoped};
-pub use stats::{pending_releases, stats, PendingReleases, Stats};
+pub use stats::{pending_releases, stats, Stats};
 
 /// The CUDA runtime actually loaded (`cudaRuntimeGetVersion`, e.g. 13020): works without a GPU.
 pub fn runtime_version() -> Result<i32> {

@@ -17,7 +17,8 @@
 //! as RMM requires of every user of that object.
 use crate::device::check_device;
 use crate::error::{Error, ErrorKind, Result};
-use crate::result::{self, NativeMr};
+use crate::result;
+use crate::result::mr::{self, NativeMr};
 use raft_sys as sys;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock};
@@ -145,11 +146,13 @@ impl MemoryResource {
     pub fn current(device: usize) -> Result<Self> {
         const WHO: &str = "MemoryResource::current";
         check_device(WHO, device)?;
+        route_releases();
         Self::wrap(WHO, NativeMr::current(WHO, device)?)
     }
 
     fn made(who: &'static str, device: usize, kind: i32) -> Result<Self> {
         check_device(who, device)?;
+        route_releases();
         Self::wrap(who, reclaiming(|| NativeMr::new(who, device, kind))?)
     }
 
@@ -177,6 +180,7 @@ impl MemoryResource {
     pub fn cuda_async_with(device: usize, initial_pool_size: Option<usize>, release_threshold: Option<usize>) -> Result<Self> {
         const WHO: &str = "MemoryResource::cuda_async_with";
         check_device(WHO, device)?;
+        route_releases();
         Self::wrap(WHO, reclaiming(|| NativeMr::cuda_async(WHO, device, initial_pool_size, release_threshold))?)
     }
 
@@ -185,6 +189,7 @@ impl MemoryResource {
     pub fn pinned_host(device: usize) -> Result<Self> {
         const WHO: &str = "MemoryResource::pinned_host";
         check_device(WHO, device)?;
+        route_releases();
         Self::wrap(WHO, NativeMr::pinned_host(WHO, device)?)
     }
 
@@ -321,7 +326,7 @@ impl MemoryResource {
     /// # Errors
     /// `Cuda` when the driver cannot say.
     pub fn async_pool_bytes(&self) -> Result<Option<(usize, usize)>> {
-        Ok(result::async_pool_bytes("MemoryResource::async_pool_bytes", &self.native)?.map(|(r, u)| (r as usize, u as usize)))
+        Ok(mr::async_pool_bytes("MemoryResource::async_pool_bytes", &self.native)?.map(|(r, u)| (r as usize, u as usize)))
     }
 
     /// Whether memory from one can be freed by the other (RMM's resource equality).
@@ -383,7 +388,7 @@ pub struct RetiredPoolsTrim {
 /// # Errors
 /// `Cuda` when the driver refuses a trim (every pool is still tried).
 pub fn trim_retired_pools() -> Result<RetiredPoolsTrim> {
-    let (released, held) = result::trim_retired("raft::memory::trim_retired_pools")?;
+    let (released, held) = mr::trim_retired("raft::memory::trim_retired_pools")?;
     Ok(RetiredPoolsTrim { released: released as usize, still_held: held as usize })
 }
 
@@ -401,6 +406,7 @@ pub fn rmm_map_address() -> Result<usize> {
 pub fn current_memory_resource(device: usize) -> Result<MemoryResourceKind> {
     const WHO: &str = "current_memory_resource";
     check_device(WHO, device)?;
+    route_releases();
     Ok(MemoryResource::wrap(WHO, NativeMr::current(WHO, device)?)?.kind)
 }
 
@@ -426,7 +432,14 @@ pub fn set_memory_resource(device: usize, kind: MemoryResourceKind) -> Result<()
 pub fn reset_memory_resource(device: usize) -> Result<()> {
     const WHO: &str = "reset_memory_resource";
     check_device(WHO, device)?;
+    route_releases();
     NativeMr::reset_current(WHO, device).map(drop)
+}
+
+/// Every native resource's last drop goes to the release threads; called before each
+/// `NativeMr` is made (the result layer below cannot name the release layer).
+fn route_releases() {
+    mr::defer_releases_to(crate::release::enqueue);
 }
 
 /// Wraps `device`'s current resource in RMM's `statistics_resource_adaptor`, so that
@@ -693,7 +706,7 @@ impl RmmOptions {
 /// async pools have given their unused memory back, where they held any.
 fn reclaiming(make: impl Fn() -> Result<NativeMr>) -> Result<NativeMr> {
     match make() {
-        Err(e) if e.kind() == ErrorKind::OutOfMemory && result::reclaim_retired_pools() => make(),
+        Err(e) if e.kind() == ErrorKind::OutOfMemory && mr::reclaim_retired_pools() => make(),
         made => made,
     }
 }
@@ -726,12 +739,31 @@ fn teardown() {
     }
 }
 
+/// The resources layer's "release every live resources object": that layer sits above this
+/// file, so it installs the step here ([`register_teardown_releasing`]) before its first object
+/// is handed out.
+static RELEASE_ALL_LIVE: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// [`register_teardown`], with the step that releases every live resources object.
+pub(crate) fn register_teardown_releasing(release_all_live: fn()) {
+    let _ = RELEASE_ALL_LIVE.set(release_all_live);
+    register_teardown();
+}
+
+/// The teardown's first step: the installed one (none in a process that made no resources
+/// object, which then has none to release).
+fn release_all_live() {
+    if let Some(step) = RELEASE_ALL_LIVE.get() {
+        step();
+    }
+}
+
 /// Registers this crate's exit teardown with `raft-exit` (once): release every live resources
 /// object, then put back RMM's initial resource where this library's pool is still current.
 pub(crate) fn register_teardown() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        raft_exit::on_teardown(crate::resources::release_all_live);
+        raft_exit::on_teardown(release_all_live);
         raft_exit::on_teardown(report_leaks);
         raft_exit::on_teardown(teardown);
     });

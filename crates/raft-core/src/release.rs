@@ -114,8 +114,8 @@ impl Ledger {
         self.releases.fetch_sub(1, Ordering::SeqCst);
     }
 
-    fn snapshot(&self) -> crate::stats::PendingReleases {
-        crate::stats::PendingReleases {
+    fn snapshot(&self) -> PendingReleases {
+        PendingReleases {
             releases: self.releases.load(Ordering::Relaxed),
             queued: self.queued.load(Ordering::Relaxed),
             on_workers: self.on_workers.load(Ordering::Relaxed),
@@ -157,6 +157,40 @@ fn knob(name: &str, default: usize, range: std::ops::RangeInclusive<usize>) -> u
         _ => {
             log::warn!(target: "raft", "{name}={text:?} is not a number in {range:?}: using {default}");
             default
+        }
+    }
+}
+
+/// What the releases pending on a device (or on all of them) hold, as counted when they were
+/// queued: the stream of each released resources object, the library handles RAFT had made on
+/// them, and the device memory those handles hold (estimated: about 65 MiB per cuBLAS handle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PendingReleases {
+    /// Releases queued, running, or waiting on a retiring worker behind its jobs.
+    pub releases: usize,
+    /// Of those, queued for a release thread and not yet started.
+    pub queued: usize,
+    /// Of those, waiting on a worker behind its jobs.
+    pub on_workers: usize,
+    /// CUDA streams they will destroy.
+    pub streams: usize,
+    /// cuBLAS, cuSOLVER and cuSPARSE handles they will destroy.
+    pub handles: usize,
+    /// Device memory they will free, estimated from the handles.
+    pub bytes: u64,
+}
+
+impl std::ops::Add for PendingReleases {
+    type Output = PendingReleases;
+
+    fn add(self, o: PendingReleases) -> PendingReleases {
+        PendingReleases {
+            releases: self.releases + o.releases,
+            queued: self.queued + o.queued,
+            on_workers: self.on_workers + o.on_workers,
+            streams: self.streams + o.streams,
+            handles: self.handles + o.handles,
+            bytes: self.bytes + o.bytes,
         }
     }
 }
@@ -409,7 +443,7 @@ impl Pool {
         started
     }
 
-    fn totals(&self) -> crate::stats::PendingReleases {
+    fn totals(&self) -> PendingReleases {
         self.ledgers.iter().chain(std::iter::once(&self.unplaced)).map(Ledger::snapshot).fold(Default::default(), |a, b| a + b)
     }
 }
@@ -532,12 +566,12 @@ pub(crate) fn drain_device(device: usize, wait: Duration) -> bool {
 }
 
 /// What the releases pending on `device` hold now.
-pub(crate) fn pending(device: usize) -> crate::stats::PendingReleases {
+pub(crate) fn pending(device: usize) -> PendingReleases {
     pool().ledger(Some(device)).snapshot()
 }
 
 /// What all pending releases hold now.
-pub(crate) fn pending_total() -> crate::stats::PendingReleases {
+pub(crate) fn pending_total() -> PendingReleases {
     pool().totals()
 }
 

@@ -154,7 +154,7 @@ impl Drop for ResourcesState {
         // thread does (it never waits for a job).
         let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
         // What the release will free, counted against the device until it has run.
-        let held = native.as_ref().map(crate::handles::held_by).unwrap_or_default();
+        let held = native.as_ref().map(crate::handle_kind::held_by).unwrap_or_default();
         let used = *self.used.get_mut();
         let destroy = move || {
             if let Some(n) = native {
@@ -305,7 +305,7 @@ impl DeviceResources {
             worker_thread: Mutex::new(None),
         });
         live_registry().lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&state));
-        crate::memory::register_teardown();
+        memory::register_teardown_releasing(release_all_live);
         Ok(DeviceResources { state })
     }
 

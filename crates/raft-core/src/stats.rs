@@ -1,9 +1,13 @@
 //! Counts of what the library holds now, for soak tests and dashboards.
-use crate::handles::HandleKind;
+use crate::handle_kind::HandleKind;
+use crate::release::PendingReleases;
 use crate::resources::live_registry;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Weak;
 use std::time::Duration;
+
+/// Device arrays alive: counted where they are made and dropped (`array.rs`), read here.
+pub(crate) static LIVE_ARRAYS: AtomicUsize = AtomicUsize::new(0);
 
 /// What the library holds now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,40 +61,6 @@ pub struct Stats {
     pub async_pools_reused: u64,
 }
 
-/// What the releases pending on a device (or on all of them) hold, as counted when they were
-/// queued: the stream of each released resources object, the library handles RAFT had made on
-/// them, and the device memory those handles hold (estimated: about 65 MiB per cuBLAS handle).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PendingReleases {
-    /// Releases queued, running, or waiting on a retiring worker behind its jobs.
-    pub releases: usize,
-    /// Of those, queued for a release thread and not yet started.
-    pub queued: usize,
-    /// Of those, waiting on a worker behind its jobs.
-    pub on_workers: usize,
-    /// CUDA streams they will destroy.
-    pub streams: usize,
-    /// cuBLAS, cuSOLVER and cuSPARSE handles they will destroy.
-    pub handles: usize,
-    /// Device memory they will free, estimated from the handles.
-    pub bytes: u64,
-}
-
-impl std::ops::Add for PendingReleases {
-    type Output = PendingReleases;
-
-    fn add(self, o: PendingReleases) -> PendingReleases {
-        PendingReleases {
-            releases: self.releases + o.releases,
-            queued: self.queued + o.queued,
-            on_workers: self.on_workers + o.on_workers,
-            streams: self.streams + o.streams,
-            handles: self.handles + o.handles,
-            bytes: self.bytes + o.bytes,
-        }
-    }
-}
-
 /// What the releases pending on `device` hold now: lock-free reads, cheap enough to sample
 /// often.
 pub fn pending_releases(device: usize) -> PendingReleases {
@@ -108,7 +78,7 @@ pub fn stats() -> Stats {
             s.live_handles += HandleKind::ALL.iter().filter(|k| r.has_handle(**k).unwrap_or(false)).count();
         }
     }
-    s.live_arrays = crate::array::LIVE_ARRAYS.load(Ordering::Relaxed);
+    s.live_arrays = LIVE_ARRAYS.load(Ordering::Relaxed);
     s.releases_pending = raft_exit::releases_in_flight();
     s.pending = crate::release::pending_total();
     let limits = crate::release::limits();
@@ -119,6 +89,6 @@ pub fn stats() -> Stats {
     s.release_threads = crate::release::release_threads();
     s.release_busy_for = crate::release::release_busy_for();
     (s.release_time, s.release_wait) = crate::release::release_times();
-    (s.async_pools_made, s.async_pools_retired, s.async_pools_reused) = crate::result::async_pools();
+    (s.async_pools_made, s.async_pools_retired, s.async_pools_reused) = crate::result::mr::async_pools();
     s
 }

@@ -1,0 +1,222 @@
+//! Device bytes from an RMM resource (`NativeBuffer`) and the size checks every allocation
+//! passes first: above the memory resources (`mr.rs`) a buffer keeps alive.
+use super::mr::NativeMr;
+use super::{already_gone, api, bind, check, refuse_capture, stream_sync, ContextGuard, DeviceScalar};
+use crate::error::{Error, ErrorKind, Result};
+use cudarc::driver::CudaStream;
+use raft_sys as sys;
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// The most bytes one allocation may ask for: 2^48 (256 TiB), what a 48-bit virtual address
+/// space spans, and more than any device's memory or any host's page-locked memory. A larger
+/// size is refused as `OutOfMemory` before it reaches RMM, whose resources round sizes up (to
+/// 256 bytes; the pinned host resource also adds a header) with arithmetic that wraps near
+/// `usize::MAX`: `usize::MAX` bytes became a 0-byte block of a pool, and the pinned resource
+/// allocated 256 bytes for `usize::MAX - 7` (issue 33). The shim refuses the same sizes
+/// (`max_allocation_bytes` in shim.cpp).
+pub(crate) const MAX_ALLOCATION_BYTES: usize = 1 << 48;
+
+/// Sizes within this of `usize::MAX` are a `Logic` error rather than `OutOfMemory`: rounding them
+/// up to an allocator's alignment wraps around, so they are not sizes at all. The shim's
+/// `rounding_slack` is the same.
+pub(crate) const ROUNDING_SLACK: usize = 4096;
+
+/// Refuses an allocation of `bytes` that no resource can serve (see [`MAX_ALLOCATION_BYTES`]),
+/// before any CUDA call.
+pub(crate) fn check_allocation(who: &'static str, bytes: usize) -> Result<()> {
+    if bytes > usize::MAX - ROUNDING_SLACK {
+        return Err(Error::logic(who, format!("{bytes} bytes: rounding the size up to an allocation's alignment wraps around")));
+    }
+    if bytes > MAX_ALLOCATION_BYTES {
+        return Err(Error::new(
+            ErrorKind::OutOfMemory,
+            who,
+            format!("{bytes} bytes is more than any device or host memory holds (at most 2^48 bytes in one allocation)"),
+        ));
+    }
+    Ok(())
+}
+
+/// The bytes of `len` elements of `T`, refused as [`check_allocation`] refuses them; a product
+/// that overflows is a `Logic` error (the length is wrong, not the memory short).
+pub(crate) fn allocation_bytes<T>(who: &'static str, len: usize) -> Result<usize> {
+    let size = std::mem::size_of::<T>();
+    let bytes =
+        len.checked_mul(size).ok_or_else(|| Error::logic(who, format!("{len} elements of {size} bytes: the byte count overflows")))?;
+    check_allocation(who, bytes)?;
+    Ok(bytes)
+}
+
+/// Device bytes from an RMM resource, ordered on one stream, holding (a shared copy of) the
+/// resource that frees them and the stream they are ordered on.
+pub(crate) struct NativeBuffer {
+    pub(super) ptr: NonNull<sys::raftrs_buffer>,
+    pub(super) data: *mut c_void,
+    pub(super) bytes: usize,
+    pub(super) device: usize,
+    pub(super) stream_ordered: bool,
+    pub(super) stream: Arc<CudaStream>,
+}
+
+// SAFETY: the buffer is a pointer, a size and an owned resource copy; the device memory is only
+// touched by the GPU in stream order, through the checked calls below. Freeing consumes `self`.
+unsafe impl Send for NativeBuffer {}
+// SAFETY: shared use only reads the fields or queues reads of the device memory.
+unsafe impl Sync for NativeBuffer {}
+
+impl NativeBuffer {
+    /// `bytes` from `mr`, or from `device`'s current resource, on `stream`. Every allocation of
+    /// the crate, device or page-locked, comes through here: a size no resource can serve is
+    /// refused here whoever asked (and again by the shim).
+    pub(crate) fn create(who: &'static str, device: usize, mr: Option<&NativeMr>, stream: &Arc<CudaStream>, bytes: usize) -> Result<Self> {
+        check_allocation(who, bytes)?;
+        let api = api(who)?;
+        // No context guard: the shim makes the device current around the call and puts the
+        // caller's exact context back (its device_scope); nothing here binds one.
+        let mut raw = std::ptr::null_mut();
+        let (mut data, mut ordered) = (std::ptr::null_mut(), 0);
+        let mr_ptr = mr.map_or(std::ptr::null(), |m| m.ptr.as_ptr() as *const _);
+        // SAFETY: the stream is alive (borrowed, and held by the new buffer); `mr` is alive for
+        // the borrow and the buffer keeps its own copy of it; the out-pointers are locals.
+        let made = check(who, api, unsafe {
+            api.raftrs_buffer_create(device as i32, mr_ptr, stream.cu_stream() as *mut c_void, bytes, &mut raw, &mut data, &mut ordered)
+        });
+        made?;
+        let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no buffer"))?;
+        let stream_ordered = ordered != 0;
+        Ok(NativeBuffer { ptr, data, bytes, device, stream_ordered, stream: stream.clone() })
+    }
+
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Whether freeing never blocks (the async pool): then `Drop` may free inline.
+    pub(crate) fn frees_stream_ordered(&self) -> bool {
+        self.stream_ordered
+    }
+
+    /// The device address (for cudarc's `DevicePtr` and FFI; dereferencing it is the user's
+    /// `unsafe`).
+    pub(crate) fn address(&self) -> u64 {
+        self.data as u64
+    }
+
+    /// Sets every byte to zero, stream-ordered; returns once done.
+    pub(crate) fn zero(&mut self, who: &'static str) -> Result<()> {
+        let api = api(who)?;
+        let _keep = ContextGuard::save(who)?;
+        // SAFETY: `data` holds exactly `bytes` bytes of device memory owned by this buffer, on
+        // its own stream (alive: held by the buffer).
+        check(who, api, unsafe {
+            api.raftrs_memset_async(self.device as i32, self.data, 0, self.bytes, self.stream.cu_stream() as *mut c_void)
+        })?;
+        stream_sync(who, &self.stream)
+    }
+
+    /// Copies `host` into the buffer; refused unless it is exactly the buffer's size. Returns
+    /// once the copy is done, so the borrow of `host` covers it.
+    pub(crate) fn copy_from_host<T: DeviceScalar>(&mut self, who: &'static str, host: &[T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(host);
+        if bytes != self.bytes {
+            return Err(Error::logic(who, format!("a copy of {bytes} bytes into an array of {} bytes", self.bytes)));
+        }
+        let api = api(who)?;
+        refuse_capture(who, [&*self.stream])?;
+        let _keep = ContextGuard::save(who)?;
+        // SAFETY: both ranges hold `bytes` bytes (checked above); the host slice is borrowed until
+        // the copy has finished (waited for below; the stream is not being captured, checked
+        // above); the stream is the buffer's own.
+        let queued = check(who, api, unsafe {
+            api.raftrs_memcpy_async(
+                self.device as i32,
+                self.data,
+                host.as_ptr() as *const c_void,
+                bytes,
+                self.stream.cu_stream() as *mut c_void,
+            )
+        });
+        // Wait even when queueing failed half-way: the host borrow must outlive any copy.
+        let waited = stream_sync(who, &self.stream);
+        queued.and(waited)
+    }
+
+    /// Copies the buffer into `host`; refused unless it is exactly the buffer's size. Returns
+    /// once the copy is done.
+    pub(crate) fn copy_to_host<T: DeviceScalar>(&self, who: &'static str, host: &mut [T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(host);
+        if bytes != self.bytes {
+            return Err(Error::logic(who, format!("a copy of an array of {} bytes into {bytes} bytes", self.bytes)));
+        }
+        let api = api(who)?;
+        refuse_capture(who, [&*self.stream])?;
+        let _keep = ContextGuard::save(who)?;
+        // SAFETY: both ranges hold `bytes` bytes (checked above); the host slice is borrowed
+        // mutably until the copy has finished (waited for below; the stream is not being
+        // captured, checked above); any bit pattern is a valid T (DeviceScalar).
+        let queued = check(who, api, unsafe {
+            api.raftrs_memcpy_async(
+                self.device as i32,
+                host.as_mut_ptr() as *mut c_void,
+                self.data,
+                bytes,
+                self.stream.cu_stream() as *mut c_void,
+            )
+        });
+        let waited = stream_sync(who, &self.stream);
+        queued.and(waited)
+    }
+
+    /// Lets device `peer` access this buffer's memory where it comes from a CUDA async pool (see
+    /// `copy::enable_peer_access`).
+    pub(crate) fn grant_peer(&self, who: &'static str, peer: usize) -> Result<()> {
+        let api = api(who)?;
+        let _keep = ContextGuard::save(who)?;
+        let mut granted = 0i32;
+        // SAFETY: the buffer is alive for the borrow; writes one int; the shim checks `peer`.
+        check(who, api, unsafe { api.raftrs_buffer_grant_peer(self.ptr.as_ptr(), peer as i32, &mut granted) })
+    }
+
+    /// Frees the buffer stream-ordered on its own stream, through the resource that made it.
+    /// A resource whose free is not stream-ordered (cudaFree, cudaFreeHost, the arena's large
+    /// blocks, unknown resources) gets the buffer only once its stream has finished with it:
+    /// CUDA documents that cudaFree *may* synchronise, not that it does (the CUDA 13 runtime
+    /// documentation of cudaFree), so the wait is made here (such frees run on release threads).
+    pub(crate) fn free(self, who: &'static str) -> Result<()> {
+        let api = api(who)?;
+        // Page-locked host buffers name the legacy default stream (null) and are only ever
+        // used by copies that wait for themselves: nothing to wait for there.
+        let waits = !self.stream_ordered && !self.stream.cu_stream().is_null();
+        // Binding a context is the only thing here that changes the caller's (the shim restores
+        // its own switch): guarded where it happens, not on the stream-ordered fast path.
+        let _keep = if waits { ContextGuard::save(who).ok() } else { None };
+        if waits {
+            let waited = bind(who, self.stream.context()).and_then(|()| stream_sync(who, &self.stream));
+            if let Err(e) = waited {
+                if !already_gone(&e) {
+                    // The stream failed (a fault): its work is over, the free may proceed.
+                    log::debug!(target: "raft", "{e}");
+                }
+            }
+        }
+        // SAFETY: the buffer is freed exactly once (self is consumed), on the stream it is
+        // ordered on (alive: held by self until after the call).
+        let status = unsafe { api.raftrs_buffer_destroy(self.ptr.as_ptr(), self.stream.cu_stream() as *mut c_void) };
+        // The stream's last handle may go here (`into_inner` tells exactly one holder it is the
+        // last): cudarc binds the stream's context to destroy it, so a guard puts the caller's
+        // context back.
+        let NativeBuffer { stream, .. } = self;
+        if let Some(last) = Arc::into_inner(stream) {
+            let _restore = if _keep.is_none() { ContextGuard::save(who).ok() } else { None };
+            drop(last);
+        }
+        check(who, api, status).or_else(|e| if already_gone(&e) { Ok(()) } else { Err(e) })
+    }
+
+    /// Leaks the memory to the OS (at exit, once the exit has decided).
+    pub(crate) fn leak(self) {
+        std::mem::forget(self);
+    }
+}
