@@ -491,7 +491,7 @@ impl RaftrsShim {
     pub unsafe fn raftrs_mr_new_arena(&self, upstream: *const raftrs_mr, arena_size: i64, out: *mut *mut raftrs_mr) -> raftrs_status {
         (self.raftrs_mr_new_arena)(upstream, arena_size, out)
     }
-    #[doc = " binning_memory_resource over `upstream` with bins of 2^min_exponent .. 2^max_exponent bytes."]
+    #[doc = " binning_memory_resource over `upstream` with bins of 2^min_exponent .. 2^max_exponent bytes,\n  0 <= min <= max <= 30 (RMM makes each bin size as the int `1 << exponent`)."]
     pub unsafe fn raftrs_mr_new_binning(
         &self,
         upstream: *const raftrs_mr,
@@ -624,7 +624,7 @@ impl RaftrsShim {
     pub unsafe fn raftrs_rmm_map_address(&self, out: *mut *mut ::core::ffi::c_void) -> raftrs_status {
         (self.raftrs_rmm_map_address)(out)
     }
-    #[doc = " Allocates `bytes` on `stream` from `mr`, or from `device`'s current resource when `mr` is\n  NULL (the buffer then holds a shared copy of it). `*data` receives the device pointer and\n  `*stream_ordered` 1 when the resource frees stream-ordered without blocking (the async pool,\n  RMM's pools, or adaptors over them), 0 when freeing may wait (cudaFree synchronises)."]
+    #[doc = " Allocates `bytes` on `stream` from `mr`, or from `device`'s current resource when `mr` is\n  NULL (the buffer then holds a shared copy of it). `*data` receives the device pointer and\n  `*stream_ordered` 1 when the resource frees stream-ordered without blocking (the async pool,\n  RMM's pools, or adaptors over them), 0 when freeing may wait (cudaFree synchronises).\n  Before any CUDA call, a size within 4096 bytes of SIZE_MAX (RMM's rounding would wrap) is\n  RAFTRS_STATUS_LOGIC and a size over 2^48 bytes RAFTRS_STATUS_OUT_OF_MEMORY."]
     pub unsafe fn raftrs_buffer_create(
         &self,
         device: i32,
