@@ -13,13 +13,16 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The shim's translation units, under `src/shim/`, one concern each (their headers there too).
+const SHIM_SOURCES: &[&str] = &["common.cpp", "resources.cpp", "memory_resources.cpp", "async_pools.cpp", "buffers.cpp", "exit.cpp"];
+
 /// The shim's file name (also what `raft-sys` looks for beside an executable).
 const SHIM_FILE: &str = "libraftrs_shim.so";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=build/stack.rs");
-    println!("cargo:rerun-if-changed=src/shim.cpp");
+    println!("cargo:rerun-if-changed=src/shim");
     println!("cargo:rerun-if-changed=src/fence.hpp");
     println!("cargo:rerun-if-changed=include/raftrs.h");
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -100,12 +103,13 @@ fn watch_stack(stack: &Stack) {
     }
 }
 
-/// Compiles `src/shim.cpp` position-independent and links it into `OUT_DIR/libraftrs_shim.so`,
-/// with RUNPATH `$ORIGIN` and the stack's library directories.
+/// Compiles the shim's translation units (`SHIM_SOURCES`) position-independent and links them
+/// into `OUT_DIR/libraftrs_shim.so`, with RUNPATH `$ORIGIN` and the stack's library directories.
 fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64) -> PathBuf {
     let mut build = cc::Build::new();
     build.define("RAFTRS_HEADER_HASH", Some(format!("{header_hash}ULL").as_str()));
-    build.cpp(true).std("c++20").pic(true).file(manifest.join("src/shim.cpp")).include(manifest.join("include"));
+    build.cpp(true).std("c++20").pic(true).include(manifest.join("include"));
+    build.files(SHIM_SOURCES.iter().map(|f| manifest.join("src/shim").join(f)));
     // -isystem: warnings inside RAFT's and RMM's headers are theirs, not the shim's.
     for dir in &stack.includes {
         build.flag(format!("-isystem{}", dir.display()));

@@ -21,8 +21,23 @@ pub const PUBLISHED: &[&str] =
 const VERIFY_TARGET: &str = "target/package-verify";
 
 /// Files the native crate cannot build without (its build script includes them).
-const RAFT_SYS_FILES: &[&str] =
-    &["build.rs", "build/stack.rs", "build/probe.cpp", "src/shim.cpp", "include/raftrs.h", "src/bindings.rs", "src/load.rs"];
+const RAFT_SYS_FILES: &[&str] = &[
+    "build.rs",
+    "build/stack.rs",
+    "build/probe.cpp",
+    "src/fence.hpp",
+    "src/shim/common.hpp",
+    "src/shim/common.cpp",
+    "src/shim/resources.cpp",
+    "src/shim/memory.hpp",
+    "src/shim/memory_resources.cpp",
+    "src/shim/async_pools.cpp",
+    "src/shim/buffers.cpp",
+    "src/shim/exit.cpp",
+    "include/raftrs.h",
+    "src/bindings.rs",
+    "src/load.rs",
+];
 
 /// The workspace's packages (`cargo metadata --no-deps`), by name.
 fn packages() -> Result<BTreeMap<String, Value>> {

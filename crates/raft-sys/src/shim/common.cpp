@@ -1,0 +1,94 @@
+// The shim's shared state: the thread-local last error (and the entry points that read it), the
+// noted primary contexts, the driver's context calls, and the device count.
+#include "common.hpp"
+
+#include <cstring>
+
+namespace {
+
+// A plain array, not a std::string: glibc runs thread-local destructors before the exit
+// handlers, so a std::string here would be destroyed while the exit teardown still calls the
+// shim. An array has no destructor and stays valid to the end of the thread and the process.
+constexpr std::size_t last_error_size = 2048;
+thread_local char last_error[last_error_size];
+
+}  // namespace
+
+namespace raftrs_shim __attribute__((visibility("hidden"))) {
+
+raftrs_status fail(raftrs_status status, char const* what) noexcept
+{
+  std::size_t n = std::strlen(what);
+  if (n >= last_error_size) { n = last_error_size - 1; }
+  std::memcpy(last_error, what, n);
+  last_error[n] = '\0';
+  return status;
+}
+
+std::atomic<void*> noted_primaries[noted_primaries_max]{};
+
+device_scope::driver_ctx const* device_scope::driver_ctx_api()
+{
+  static driver_ctx const* const api = []() -> driver_ctx const* {
+    void* fns[4]             = {};
+    char const* const names[] = {"cuCtxGetCurrent", "cuCtxSetCurrent", "cuDeviceGet", "cuDevicePrimaryCtxGetState"};
+    for (int i = 0; i < 4; ++i) {
+      cudaDriverEntryPointQueryResult found{};
+      if (cudaGetDriverEntryPointByVersion(names[i], &fns[i], 12000, cudaEnableDefault, &found) != cudaSuccess ||
+          found != cudaDriverEntryPointSuccess || fns[i] == nullptr) {
+        cudaGetLastError();
+        return nullptr;
+      }
+    }
+    return new driver_ctx{reinterpret_cast<driver_ctx::get_fn>(fns[0]),
+                          reinterpret_cast<driver_ctx::set_fn>(fns[1]),
+                          reinterpret_cast<driver_ctx::dev_fn>(fns[2]),
+                          reinterpret_cast<driver_ctx::state_fn>(fns[3])};
+  }();
+  return api;
+}
+
+int device_count()
+{
+  int n = 0;
+  auto code = cudaGetDeviceCount(&n);
+  // A driver with no device is a machine with zero devices, not a failure.
+  if (code == cudaErrorNoDevice) {
+    cudaGetLastError();
+    return 0;
+  }
+  check(code, "counting the devices");
+  return n;
+}
+
+void check_device(int32_t device)
+{
+  int count = device_count();
+  if (device < 0 || device >= count) {
+    throw std::out_of_range("no device " + std::to_string(device) + " among " +
+                            std::to_string(count));
+  }
+}
+
+}  // namespace raftrs_shim
+
+using namespace raftrs_shim;
+
+extern "C" {
+
+uint64_t raftrs_header_hash(void) { return RAFTRS_HEADER_HASH; }
+
+const char* raftrs_last_error(void) { return last_error; }
+
+void raftrs_clear_error(void) { last_error[0] = '\0'; }
+
+raftrs_status raftrs_note_primary_context(int32_t device, void* context)
+{
+  return guard([&] {
+    if (device >= 0 && device < noted_primaries_max) {
+      noted_primaries[device].store(context, std::memory_order_release);
+    }
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,440 @@
+// RAFT's resources behind raftrs_resources: raft::device_resources with checked cuBLAS, cuSOLVER
+// and cuSPARSE handles, the GEMM entry points that use them, the device queries, and the build
+// facts (RAFT's handle layout among them).
+#include "common.hpp"
+
+#include <raft/core/device_resources.hpp>
+#include <raft/core/resource/cublas_handle.hpp>
+#include <raft/core/resource/cusolver_dn_handle.hpp>
+#include <raft/core/resource/cusolver_sp_handle.hpp>
+#include <raft/core/resource/cusparse_handle.hpp>
+#include <raft/core/resource/device_id.hpp>
+#include <raft/core/resource/resource_types.hpp>
+#include <raft/version_config.hpp>
+
+#include <rmm/version_config.hpp>
+
+#include <cuda/std/version>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+static_assert(sizeof(raft::device_resources) == RAFTRS_EXPECTED_HANDLE_SIZE,
+              "raft::device_resources changed size: RAFT's handle layout moved under this binding. "
+              "Update RAFTRS_EXPECTED_HANDLE_SIZE and the committed ABI tag (cargo xtask abi-check --bless) "
+              "only after checking the new layout.");
+
+using namespace raftrs_shim;
+
+namespace {
+
+/// A cuBLAS call that failed (OutOfMemory for CUBLAS_STATUS_ALLOC_FAILED, via guard()).
+void check_cublas(cublasStatus_t status, char const* doing)
+{
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw raft::cublas_error(std::string(doing) + " failed: " + cublasGetStatusName(status) + ": " +
+                             cublasGetStatusString(status));
+  }
+}
+
+raft::resource::resource_type handle_type(int32_t kind)
+{
+  switch (kind) {
+    case RAFTRS_HANDLE_CUBLAS: return raft::resource::resource_type::CUBLAS_HANDLE;
+    case RAFTRS_HANDLE_CUSOLVER_DN: return raft::resource::resource_type::CUSOLVER_DN_HANDLE;
+    case RAFTRS_HANDLE_CUSOLVER_SP: return raft::resource::resource_type::CUSOLVER_SP_HANDLE;
+    case RAFTRS_HANDLE_CUSPARSE: return raft::resource::resource_type::CUSPARSE_HANDLE;
+    default: throw std::invalid_argument("unknown handle kind " + std::to_string(kind));
+  }
+}
+
+/// A library handle made for RAFT's resources, created eagerly in the constructor, which throws
+/// when the library refuses. RAFT 26.08's own handle resources only log a failed create (and
+/// then hand out an uninitialised handle); through these, a failed create reaches the caller as
+/// an error (`*_STATUS_ALLOC_FAILED`: out of memory) and nothing is cached, so a later call may
+/// try again.
+template <typename Handle, typename Status, Status Success, typename Traits>
+class checked_handle final : public raft::resource::resource {
+ public:
+  explicit checked_handle(rmm::cuda_stream_view stream)
+  {
+    auto created = Traits::create(&handle_);
+    if (created != Success) { Traits::fail("creating", created); }
+    auto bound = Traits::set_stream(handle_, stream.value());
+    if (bound != Success) {
+      Traits::destroy(handle_);
+      Traits::fail("binding to the resources' stream", bound);
+    }
+  }
+  ~checked_handle() override { Traits::destroy(handle_); }
+  checked_handle(checked_handle const&)            = delete;
+  checked_handle& operator=(checked_handle const&) = delete;
+  void* get_resource() override { return &handle_; }
+
+ private:
+  Handle handle_{};
+};
+
+template <typename Resource>
+class checked_factory final : public raft::resource::resource_factory {
+ public:
+  checked_factory(raft::resource::resource_type type, rmm::cuda_stream_view stream) : type_(type), stream_(stream) {}
+  raft::resource::resource_type get_resource_type() override { return type_; }
+  raft::resource::resource* make_resource() override { return new Resource(stream_); }
+
+ private:
+  raft::resource::resource_type type_;
+  rmm::cuda_stream_view stream_;
+};
+
+struct cublas_traits {
+  static cublasStatus_t create(cublasHandle_t* h) { return cublasCreate(h); }
+  static cublasStatus_t set_stream(cublasHandle_t h, cudaStream_t s) { return cublasSetStream(h, s); }
+  static void destroy(cublasHandle_t h) { cublasDestroy(h); }
+  [[noreturn]] static void fail(char const* doing, cublasStatus_t st)
+  {
+    throw raft::cublas_error(std::string(doing) + " the cuBLAS handle failed: " + cublasGetStatusName(st) + ": " +
+                             cublasGetStatusString(st));
+  }
+};
+
+/// cuSOLVER has no status-name function: the names that matter, and the number otherwise.
+std::string cusolver_status_name(cusolverStatus_t st)
+{
+  switch (st) {
+    case CUSOLVER_STATUS_NOT_INITIALIZED: return "CUSOLVER_STATUS_NOT_INITIALIZED";
+    case CUSOLVER_STATUS_ALLOC_FAILED: return "CUSOLVER_STATUS_ALLOC_FAILED";
+    case CUSOLVER_STATUS_INVALID_VALUE: return "CUSOLVER_STATUS_INVALID_VALUE";
+    case CUSOLVER_STATUS_ARCH_MISMATCH: return "CUSOLVER_STATUS_ARCH_MISMATCH";
+    case CUSOLVER_STATUS_EXECUTION_FAILED: return "CUSOLVER_STATUS_EXECUTION_FAILED";
+    case CUSOLVER_STATUS_INTERNAL_ERROR: return "CUSOLVER_STATUS_INTERNAL_ERROR";
+    default: return "cusolverStatus " + std::to_string(static_cast<int>(st));
+  }
+}
+
+struct cusolver_dn_traits {
+  static cusolverStatus_t create(cusolverDnHandle_t* h) { return cusolverDnCreate(h); }
+  static cusolverStatus_t set_stream(cusolverDnHandle_t h, cudaStream_t s) { return cusolverDnSetStream(h, s); }
+  static void destroy(cusolverDnHandle_t h) { cusolverDnDestroy(h); }
+  [[noreturn]] static void fail(char const* doing, cusolverStatus_t st)
+  {
+    throw raft::cusolver_error(std::string(doing) + " the dense cuSOLVER handle failed: " + cusolver_status_name(st));
+  }
+};
+
+struct cusolver_sp_traits {
+  static cusolverStatus_t create(cusolverSpHandle_t* h) { return cusolverSpCreate(h); }
+  static cusolverStatus_t set_stream(cusolverSpHandle_t h, cudaStream_t s) { return cusolverSpSetStream(h, s); }
+  static void destroy(cusolverSpHandle_t h) { cusolverSpDestroy(h); }
+  [[noreturn]] static void fail(char const* doing, cusolverStatus_t st)
+  {
+    throw raft::cusolver_error(std::string(doing) + " the sparse cuSOLVER handle failed: " + cusolver_status_name(st));
+  }
+};
+
+struct cusparse_traits {
+  static cusparseStatus_t create(cusparseHandle_t* h) { return cusparseCreate(h); }
+  static cusparseStatus_t set_stream(cusparseHandle_t h, cudaStream_t s) { return cusparseSetStream(h, s); }
+  static void destroy(cusparseHandle_t h) { cusparseDestroy(h); }
+  [[noreturn]] static void fail(char const* doing, cusparseStatus_t st)
+  {
+    throw raft::cusparse_error(std::string(doing) + " the cuSPARSE handle failed: " + cusparseGetErrorName(st) + ": " +
+                               cusparseGetErrorString(st));
+  }
+};
+
+using checked_cublas      = checked_handle<cublasHandle_t, cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublas_traits>;
+using checked_cusolver_dn = checked_handle<cusolverDnHandle_t, cusolverStatus_t, CUSOLVER_STATUS_SUCCESS, cusolver_dn_traits>;
+using checked_cusolver_sp = checked_handle<cusolverSpHandle_t, cusolverStatus_t, CUSOLVER_STATUS_SUCCESS, cusolver_sp_traits>;
+using checked_cusparse    = checked_handle<cusparseHandle_t, cusparseStatus_t, CUSPARSE_STATUS_SUCCESS, cusparse_traits>;
+
+/// The four factories of one resources object, allocated together.
+struct checked_factories {
+  explicit checked_factories(rmm::cuda_stream_view s)
+    : cublas(raft::resource::resource_type::CUBLAS_HANDLE, s),
+      cusolver_dn(raft::resource::resource_type::CUSOLVER_DN_HANDLE, s),
+      cusolver_sp(raft::resource::resource_type::CUSOLVER_SP_HANDLE, s),
+      cusparse(raft::resource::resource_type::CUSPARSE_HANDLE, s)
+  {
+  }
+  checked_factory<checked_cublas> cublas;
+  checked_factory<checked_cusolver_dn> cusolver_dn;
+  checked_factory<checked_cusolver_sp> cusolver_sp;
+  checked_factory<checked_cusparse> cusparse;
+};
+
+/// The C++ object behind raftrs_resources: RAFT's device_resources, plus a look at whether a
+/// lazily made resource exists yet (RAFT keeps its cells protected, a subclass may read them).
+class shim_resources final : public raft::device_resources {
+ public:
+  shim_resources(int device, cudaStream_t stream)
+    : raft::device_resources(rmm::cuda_stream_view{stream}), device_(device)
+  {
+  }
+
+  /// Installs the checked handle factories (once; later calls are one atomic load). Every shim
+  /// entry point that lets RAFT code reach these resources' handles calls it first, so RAFT's
+  /// own factories (which hand out an uninitialised handle when a create fails) never run.
+  /// Done on first use rather than in the constructor: resources that never take a handle pay
+  /// nothing for it.
+  void ensure_checked_factories()
+  {
+    using raft::resource::resource_type;
+    if (has_resource_factory(resource_type::CUBLAS_HANDLE)) { return; }
+    // One allocation for the four; each cell gets an aliasing pointer into it. The cells exist
+    // (RAFT's constructor made them): a CAS each; a racing caller's CAS simply loses.
+    auto all = std::make_shared<checked_factories>(raft::resource::get_cuda_stream(*this));
+    ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusolver_dn));
+    ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusolver_sp));
+    ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusparse));
+    // cuBLAS last: its factory being set is what tells the others are.
+    ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cublas));
+  }
+
+  [[nodiscard]] bool has(raft::resource::resource_type type) const
+  {
+    return cells_[type]->res.load() != nullptr;
+  }
+
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+ private:
+  int device_;
+};
+
+shim_resources& unwrap(raftrs_resources* res)
+{
+  if (res == nullptr) { throw std::invalid_argument("null resources"); }
+  return *reinterpret_cast<shim_resources*>(res);
+}
+
+template <typename T, typename Gemm>
+raftrs_status gemm(raftrs_resources* res,
+                   int32_t trans_a,
+                   int32_t trans_b,
+                   int64_t m,
+                   int64_t n,
+                   int64_t k,
+                   T alpha,
+                   T const* a,
+                   int64_t lda,
+                   T const* b,
+                   int64_t ldb,
+                   T beta,
+                   T* c,
+                   int64_t ldc,
+                   Gemm call,
+                   char const* name) noexcept
+{
+  return guard([&] {
+    auto& r = unwrap(res);
+    for (int64_t v : {m, n, k, lda, ldb, ldc}) {
+      if (v < 0 || v > INT32_MAX) {
+        throw std::invalid_argument(std::string(name) + ": a dimension is out of cuBLAS's int range");
+      }
+    }
+    device_scope scope{r.device()};
+    r.ensure_checked_factories();
+    auto handle = raft::resource::get_cublas_handle(r);
+    check_cublas(cublasSetStream(handle, raft::resource::get_cuda_stream(r).value()),
+                 "binding the cuBLAS handle to the resources' stream");
+    // alpha and beta are host values: RAFT code given these resources (cuVS, a lend) may have
+    // left the shared handle in device pointer mode, where cuBLAS would read them as addresses.
+    check_cublas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "setting cuBLAS's host pointer mode");
+    auto op = [](int32_t t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
+    check_cublas(call(handle,
+                      op(trans_a),
+                      op(trans_b),
+                      static_cast<int>(m),
+                      static_cast<int>(n),
+                      static_cast<int>(k),
+                      &alpha,
+                      a,
+                      static_cast<int>(lda),
+                      b,
+                      static_cast<int>(ldb),
+                      &beta,
+                      c,
+                      static_cast<int>(ldc)),
+                 name);  // name says what ran: "the fp32 matrix product (cublasSgemm)"
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+void raftrs_get_build_info(raftrs_build_info* out)
+{
+  if (out == nullptr) { return; }
+  std::memset(out, 0, sizeof(*out));
+  out->raft_major     = RAFT_VERSION_MAJOR;
+  out->raft_minor     = RAFT_VERSION_MINOR;
+  out->raft_patch     = RAFT_VERSION_PATCH;
+  out->rmm_major      = RMM_VERSION_MAJOR;
+  out->rmm_minor      = RMM_VERSION_MINOR;
+  out->rmm_patch      = RMM_VERSION_PATCH;
+  out->cccl_version   = CCCL_VERSION;
+  out->cudart_version = CUDART_VERSION;
+  out->handle_size    = sizeof(raft::device_resources);
+  out->resources_size = sizeof(raft::resources);
+#define RAFTRS_STR2(x) #x
+#define RAFTRS_STR(x)  RAFTRS_STR2(x)
+  std::strncpy(out->rmm_abi_namespace, RAFTRS_STR(RMM_ABI_NAMESPACE), sizeof(out->rmm_abi_namespace) - 1);
+#undef RAFTRS_STR
+#undef RAFTRS_STR2
+}
+
+raftrs_status raftrs_runtime_version(int32_t* out)
+{
+  return guard([&] {
+    int v = 0;
+    check(cudaRuntimeGetVersion(&v), "reading the CUDA runtime version");
+    *out = v;
+  });
+}
+
+raftrs_status raftrs_driver_version(int32_t* out)
+{
+  return guard([&] {
+    int v = 0;
+    check(cudaDriverGetVersion(&v), "reading the CUDA driver version");
+    *out = v;
+  });
+}
+
+raftrs_status raftrs_device_count(int32_t* out)
+{
+  return guard([&] {
+    *out = device_count();
+  });
+}
+
+raftrs_status raftrs_current_device(int32_t* out)
+{
+  return guard([&] {
+    int d = 0;
+    check(cudaGetDevice(&d), "reading the current device");
+    *out = d;
+  });
+}
+
+raftrs_status raftrs_device_memory_pools_supported(int32_t device, int32_t* out)
+{
+  return guard([&] {
+    int v = 0;
+    check(cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, device), "asking whether the device supports memory pools");
+    *out = v;
+  });
+}
+
+raftrs_status raftrs_resources_create(int32_t device, void* stream, raftrs_resources** out)
+{
+  return guard([&] {
+    *out = nullptr;
+    device_scope scope{device};
+    auto res = new shim_resources(device, static_cast<cudaStream_t>(stream));
+    // Record the device now, while it is current, so RAFT never guesses it later.
+    try {
+      (void)raft::resource::get_device_id(*res);
+    } catch (...) {
+      delete res;
+      throw;
+    }
+    *out = reinterpret_cast<raftrs_resources*>(res);
+  });
+}
+
+raftrs_status raftrs_resources_destroy(raftrs_resources* res)
+{
+  return guard([&] {
+    if (res == nullptr) { return; }
+    auto* r = &unwrap(res);
+    // Handles are destroyed on their own device.
+    device_scope scope{r->device()};
+    delete r;
+  });
+}
+
+raftrs_status raftrs_resources_sync(raftrs_resources* res)
+{
+  return guard([&] {
+    auto& r = unwrap(res);
+    r.sync_stream();
+  });
+}
+
+raftrs_status raftrs_resources_handle(raftrs_resources* res, int32_t kind, void** out)
+{
+  return guard([&] {
+    auto& r = unwrap(res);
+    (void)handle_type(kind);  // refuses an unknown kind
+    device_scope scope{r.device()};
+    r.ensure_checked_factories();
+    switch (kind) {
+      case RAFTRS_HANDLE_CUBLAS: *out = raft::resource::get_cublas_handle(r); break;
+      case RAFTRS_HANDLE_CUSOLVER_DN: *out = raft::resource::get_cusolver_dn_handle(r); break;
+      case RAFTRS_HANDLE_CUSOLVER_SP: *out = raft::resource::get_cusolver_sp_handle(r); break;
+      case RAFTRS_HANDLE_CUSPARSE: *out = raft::resource::get_cusparse_handle(r); break;
+      default: break;
+    }
+  });
+}
+
+raftrs_status raftrs_resources_native(raftrs_resources* res, void** out)
+{
+  return guard([&] {
+    auto& r = unwrap(res);
+    r.ensure_checked_factories();
+    *out = static_cast<void*>(static_cast<raft::resources*>(&r));
+  });
+}
+
+raftrs_status raftrs_resources_has_handle(raftrs_resources* res, int32_t kind, int32_t* out)
+{
+  return guard([&] { *out = unwrap(res).has(handle_type(kind)) ? 1 : 0; });
+}
+
+
+raftrs_status raftrs_gemm_f32(raftrs_resources* res,
+                              int32_t trans_a,
+                              int32_t trans_b,
+                              int64_t m,
+                              int64_t n,
+                              int64_t k,
+                              float alpha,
+                              const float* a,
+                              int64_t lda,
+                              const float* b,
+                              int64_t ldb,
+                              float beta,
+                              float* c,
+                              int64_t ldc)
+{
+  return gemm<float>(
+    res, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cublasSgemm, "the fp32 matrix product (cublasSgemm)");
+}
+
+raftrs_status raftrs_gemm_f64(raftrs_resources* res,
+                              int32_t trans_a,
+                              int32_t trans_b,
+                              int64_t m,
+                              int64_t n,
+                              int64_t k,
+                              double alpha,
+                              const double* a,
+                              int64_t lda,
+                              const double* b,
+                              int64_t ldb,
+                              double beta,
+                              double* c,
+                              int64_t ldc)
+{
+  return gemm<double>(
+    res, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cublasDgemm, "the fp64 matrix product (cublasDgemm)");
+}
+
+}  // extern "C"
