@@ -19,6 +19,7 @@
 #include <cuda/memory_resource>
 #include <cuda_runtime_api.h>
 #include <algorithm>
+#include <exception>
 #include <atomic>
 #include <cstdint>
 #include <iterator>
@@ -28,6 +29,38 @@
 #include <vector>
 
 namespace raftrs_fence {
+
+/// The calling thread's stream-capture mode set to relaxed for a scope: in global (or the
+/// thread's own thread-local) capture mode the driver refuses event waits and queries at once,
+/// which must never read as "the work is done".
+struct relaxed_capture {
+  cudaStreamCaptureMode before{cudaStreamCaptureModeRelaxed};
+  relaxed_capture() noexcept
+  {
+    if (cudaThreadExchangeStreamCaptureMode(&before) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+      before = cudaStreamCaptureModeRelaxed;
+    }
+  }
+  ~relaxed_capture()
+  {
+    if (cudaThreadExchangeStreamCaptureMode(&before) != cudaSuccess) { static_cast<void>(cudaGetLastError()); }
+  }
+  relaxed_capture(relaxed_capture const&)            = delete;
+  relaxed_capture& operator=(relaxed_capture const&) = delete;
+};
+
+/// Keeps `r` alive for the rest of the process: what a resource whose memory may still be in use
+/// gets instead of its destructor.
+template <typename Resource>
+inline void leave_to_the_os(Resource const& r) noexcept
+{
+  try {
+    static_cast<void>(new cuda::mr::any_resource<cuda::mr::device_accessible>{r});
+  } catch (...) {
+    std::terminate();  // neither destroying nor keeping it is possible: never free memory in use
+  }
+}
 
 /// One event per stream that freed into a resource, re-recorded at every free: once all have
 /// completed, nothing queued so far still uses the resource's memory.
@@ -47,6 +80,14 @@ class stream_fence {
   void note(cudaStream_t stream) noexcept
   {
     std::lock_guard<std::mutex> lock{lock_};
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
+      // A record on a capturing stream would be a node of the graph, never an event this file
+      // can wait for: the resource is never destroyed (left to the OS) rather than guessed done.
+      static_cast<void>(cudaGetLastError());
+      poisoned_ = true;
+      return;
+    }
     auto it = std::find_if(events_.begin(), events_.end(), [&](auto const& p) { return p.first == stream; });
     if (it == events_.end()) {
       prune();
@@ -75,28 +116,40 @@ class stream_fence {
     }
   }
 
-  /// Whether every recorded free has completed (an event in error counts as done: its stream's
-  /// work is over).
+  /// Whether every recorded free has completed. Only a completed event, or a context that can
+  /// run nothing any more, counts: a query refused because some thread captures a stream
+  /// (global mode) or because the event was recorded into a capture is "not known done".
   bool all_done() noexcept
   {
+    relaxed_capture relaxed;
     std::lock_guard<std::mutex> lock{lock_};
     for (auto& e : events_) {
       auto q = cudaEventQuery(e.second);
-      if (q == cudaErrorNotReady) { return false; }
-      if (q != cudaSuccess) { static_cast<void>(cudaGetLastError()); }
+      if (q == cudaSuccess) { continue; }
+      static_cast<void>(cudaGetLastError());
+      if (!work_is_over(q)) { return false; }
     }
     return true;
   }
 
-  /// Waits for every recorded free, then forgets the events.
-  void wait() noexcept
+  /// Waits for every recorded free, then forgets the events. Returns false when a wait was
+  /// refused for another reason than a dead context (a capture): the memory may still be in
+  /// use, and the caller must not destroy the resource.
+  [[nodiscard]] bool wait() noexcept
   {
+    relaxed_capture relaxed;
     std::lock_guard<std::mutex> lock{lock_};
+    bool all = !poisoned_;
     for (auto& e : events_) {
-      if (cudaEventSynchronize(e.second) != cudaSuccess) { static_cast<void>(cudaGetLastError()); }
+      auto w = cudaEventSynchronize(e.second);
+      if (w != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());
+        all = all && work_is_over(w);
+      }
       static_cast<void>(cudaEventDestroy(e.second));
     }
     events_.clear();
+    return all;
   }
 
  private:
@@ -119,8 +172,30 @@ class stream_fence {
     if (cudaStreamSynchronize(stream) != cudaSuccess) { static_cast<void>(cudaGetLastError()); }
   }
 
+  /// Whether a wait's or query's failure means no work of the context can still run (a sticky
+  /// error, a destroyed context, the runtime unloading): then nothing uses the memory any more.
+  static bool work_is_over(cudaError_t e) noexcept
+  {
+    switch (e) {
+      case cudaErrorIllegalAddress:
+      case cudaErrorLaunchFailure:
+      case cudaErrorIllegalInstruction:
+      case cudaErrorMisalignedAddress:
+      case cudaErrorInvalidAddressSpace:
+      case cudaErrorInvalidPc:
+      case cudaErrorHardwareStackError:
+      case cudaErrorAssert:
+      case cudaErrorContextIsDestroyed:
+      case cudaErrorCudartUnloading:
+      case cudaErrorDeviceUninitialized:
+      case cudaErrorECCUncorrectable: return true;
+      default: return false;
+    }
+  }
+
   std::mutex lock_;
   std::vector<std::pair<cudaStream_t, cudaEvent_t>> events_;
+  bool poisoned_{false};
 };
 
 using any_device_resource = cuda::mr::any_resource<cuda::mr::device_accessible>;
@@ -180,7 +255,9 @@ class fenced {
       return;
     }
     if (waiting_allowed || fence_->all_done()) {
-      fence_->wait();  // nothing pending, or a thread that may wait: `inner_` goes after it
+      // Nothing pending, or a thread that may wait: `inner_` goes after it, unless a wait was
+      // refused (a capture), when it is kept for the rest of the process instead.
+      if (!fence_->wait()) { leave_to_the_os(inner_); }
       return;
     }
     auto& d    = the_deferred();
@@ -200,7 +277,8 @@ class fenced {
         // Nothing was queued (the fence moves last, without throwing): wait here instead.
       }
     }
-    fence_->wait();  // no release thread to hand it to: wait here rather than corrupt memory
+    // No release thread to hand it to: wait here rather than corrupt memory.
+    if (!fence_->wait()) { leave_to_the_os(inner_); }
   }
 
   void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)

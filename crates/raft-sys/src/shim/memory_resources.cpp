@@ -483,7 +483,11 @@ raftrs_status raftrs_mr_drain_deferred(uint64_t* drained)
       } catch (...) {
         static_cast<void>(cudaGetLastError());  // waited for and destroyed all the same: never skipped
       }
-      item.fence->wait();
+      if (!item.fence->wait()) {
+        // A wait refused (a capture): the memory may still be in use, never destroyed.
+        raftrs_fence::leave_to_the_os(item.resource);
+        continue;
+      }
       item.resource = any_device_resource{};  // the last copy: RMM's destructor runs now, on its device
       ++*drained;
     }
