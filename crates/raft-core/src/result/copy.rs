@@ -263,6 +263,48 @@ fn host_pieces(bytes: usize, locked: &std::ops::Range<usize>) -> impl Iterator<I
     [(0, lo), (lo, hi - lo), (hi, bytes - hi)].into_iter().filter(|(_, len)| *len > 0)
 }
 
+/// Queues a copy between a device buffer and host memory in its pieces (`host_pieces`): the
+/// page-locked bytes with the typed driver call (which names each end's kind, sparing the driver
+/// the address lookup that `cuMemcpyAsync` makes on every call: about a microsecond, a tenth of
+/// a 1 MiB device copy), the pageable ones through the runtime's `cudaMemcpyAsync` (the path of
+/// every pageable copy of this crate, which returns once the host bytes are read or written).
+/// A failure names the piece.
+///
+/// # Safety
+/// `p` describes live memory: a device buffer and host memory of `p.src_bytes` bytes each, of
+/// which `p.locked` is page-locked, both kept untouched by the caller until the copy is done.
+unsafe fn queue_host_pieces(who: &'static str, p: &Plan<'_>, stream: &CudaStream) -> Result<()> {
+    let to_device = p.dst_device.is_some();
+    let device = p.dst_device.or(p.src_device).map_or(0, |b| b.device);
+    for (at, len) in host_pieces(p.src_bytes, &p.locked) {
+        let (dst, src) = (p.dst + at as u64, p.src + at as u64);
+        let locked = !p.locked.is_empty() && at >= p.locked.start && at + len <= p.locked.end;
+        let queued = if locked {
+            // SAFETY: `len` page-locked bytes at `at` of both ends (the caller's contract).
+            let rc = unsafe {
+                match to_device {
+                    true => cusys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, stream.cu_stream()),
+                    false => cusys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, stream.cu_stream()),
+                }
+            };
+            rc.result().map_err(|e| Error::driver(who, e))
+        } else {
+            let api = super::api(who)?;
+            // SAFETY: `len` bytes at `at` of both ends (the caller's contract); the host bytes
+            // are pageable, so the call returns once it has read (or written) them.
+            let status = unsafe {
+                api.raftrs_memcpy_async(device as i32, dst as *mut c_void, src as *const c_void, len, stream.cu_stream() as *mut c_void)
+            };
+            super::check(who, api, status)
+        };
+        queued.map_err(|e| {
+            let kind = if locked { "page-locked" } else { "pageable" };
+            Error::new(e.kind(), who, format!("{} (the {kind} bytes {at}..{} of a {}-byte host copy)", e.message(), at + len, p.src_bytes))
+        })?;
+    }
+    Ok(())
+}
+
 /// Checks a copy before any CUDA call: equal sizes, and a stream that can reach both ends (a
 /// host/device copy runs on a stream of the device end's device; a device copy on a stream of
 /// either device).
@@ -354,28 +396,21 @@ fn queue(
                     stream.cu_stream(),
                 )
             },
-            // SAFETY: as above, for two addresses of one device, or one device buffer and host
-            // memory (a `HostRef`/`HostMut`, made only from memory this module allocated or
-            // registered), its page-locked part `p.locked` copied as such and the rest as
-            // pageable memory, whose copies return once the host bytes are read (to the device)
-            // or written (to the host). The typed calls name each end's kind, sparing the
-            // driver the address lookup that cuMemcpyAsync makes on every call (about a
-            // microsecond, a tenth of a 1 MiB device copy).
-            None => unsafe {
-                match (p.src_device.is_some(), p.dst_device.is_some()) {
-                    (true, true) => cusys::cuMemcpyDtoDAsync_v2(p.dst, p.src, p.src_bytes, stream.cu_stream()),
-                    (to_device, _) => host_pieces(p.src_bytes, &p.locked)
-                        .map(|(at, len)| {
-                            let (dst, src) = (p.dst + at as u64, p.src + at as u64);
-                            match to_device {
-                                true => cusys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, stream.cu_stream()),
-                                false => cusys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, stream.cu_stream()),
-                            }
-                        })
-                        .find(|rc| *rc != cusys::CUresult::CUDA_SUCCESS)
-                        .unwrap_or(cusys::CUresult::CUDA_SUCCESS),
-                }
+            // SAFETY: as above, for two addresses of one device.
+            None if p.src_device.is_some() && p.dst_device.is_some() => unsafe {
+                cusys::cuMemcpyDtoDAsync_v2(p.dst, p.src, p.src_bytes, stream.cu_stream())
             },
+            None => {
+                // SAFETY: one device buffer and host memory (a `HostRef`/`HostMut`, made only
+                // from memory this module allocated or registered, borrowed by `ends` for the
+                // call and kept by every caller until the copy is done), equal sizes checked.
+                if let Err(error) = unsafe { queue_host_pieces(who, &p, stream) } {
+                    // A host copy in pieces may have queued some: drained before the ends go back.
+                    let maybe_in_flight = stream_sync(who, stream).is_err();
+                    return Err(QueueError { error, maybe_in_flight });
+                }
+                cusys::CUresult::CUDA_SUCCESS
+            }
         };
         if let Err(e) = queued.result() {
             // A host copy in pieces may have queued some: drained before the ends go back.
