@@ -567,12 +567,13 @@ pub(crate) fn run_scope<'env, R>(
     // stream: a stream the body began capturing into a CUDA graph cannot be synchronised. Every
     // event was recorded outside any capture (`queue` refuses a capturing stream, and stops the
     // process when a capture began under it), so the relaxed wait can happen whatever the
-    // stream's capture state now. A failed wait is then a fault of the stream's context, which
-    // stops all its work; one the driver refused instead must not end the borrows.
+    // stream's capture state now. A wait that failed because the context is dead (a kernel's
+    // fault stops all its work) may end the borrows; any other failure (a capture refusing the
+    // wait) says nothing about the copies, and must not.
     let last = scope.last.lock().unwrap_or_else(|e| e.into_inner()).take();
     let waited = last.map_or(Ok(()), |event| event.wait(who));
     if let Err(e) = &waited {
-        if e.message().contains("CAPTURE") {
+        if !super::context_is_dead(e) {
             eprintln!("{e}: a copy scope could not wait for its copies; aborting rather than end their borrows");
             std::process::abort();
         }

@@ -52,6 +52,27 @@ pub(crate) fn already_gone(e: &Error) -> bool {
     m.contains("CUDA_ERROR_DEINITIALIZED") || m.contains("cudaErrorCudartUnloading")
 }
 
+/// Whether a failure means the context can run no work any more (a sticky fault of one of its
+/// kernels, or a context or driver gone): then nothing it queued still touches memory, and a
+/// borrow that waited for such work may end. Any other failed wait (a capture refusing it, a bad
+/// handle) says nothing about the work, which may still run.
+pub(crate) fn context_is_dead(e: &Error) -> bool {
+    const DEAD: [&str; 11] = [
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_ECC_UNCORRECTABLE",
+        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        "CUDA_ERROR_LAUNCH_TIMEOUT",
+    ];
+    already_gone(e) || DEAD.iter().any(|d| e.message().contains(d))
+}
+
 // ---- the driver and the calling thread's context ------------------------------------------
 
 /// Whether libcuda can be loaded. cudarc, loading the driver at run time, panics on its first
@@ -461,4 +482,25 @@ pub(crate) fn new_stream(who: &'static str, ctx: &Arc<CudaContext>) -> Result<Ar
 /// Binds `ctx` on the calling (library) thread.
 pub(crate) fn bind(who: &'static str, ctx: &CudaContext) -> Result<()> {
     ctx.bind_to_thread().map_err(|e| Error::driver(who, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_dead_context_lets_a_failed_wait_end_a_borrow() {
+        let e = |m: &str| Error::new(ErrorKind::Cuda, "t", m);
+        for dead in ["CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access", "CUDA_ERROR_DEINITIALIZED: x", "cudaErrorCudartUnloading"] {
+            assert!(context_is_dead(&e(dead)), "{dead}");
+        }
+        for alive in [
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: operation not permitted when stream is capturing",
+            "CUDA_ERROR_CAPTURED_EVENT: x",
+            "CUDA_ERROR_INVALID_HANDLE: x",
+            "CUDA_ERROR_INVALID_VALUE: x",
+        ] {
+            assert!(!context_is_dead(&e(alive)), "{alive}");
+        }
+    }
 }

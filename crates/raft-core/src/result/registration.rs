@@ -105,7 +105,10 @@ impl<'a, T: DeviceScalar> NativeRegistration<'a, T> {
         });
         match done {
             Ok(()) => {}
-            Err(e) if super::already_gone(&e) => {}
+            // The context is gone or can run nothing (no copy can read the pages any more), or
+            // the driver no longer counts the range as registered: nothing is left page-locked
+            // that a copy could use.
+            Err(e) if super::context_is_dead(&e) || e.message().contains("CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED") => {}
             Err(e) => {
                 eprintln!("{e}: a registered slice cannot be made pageable again; aborting rather than hand it back page-locked");
                 std::process::abort();
