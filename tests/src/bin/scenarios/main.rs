@@ -1,0 +1,297 @@
+//! Child-process scenarios for the integration tests: each runs in a fresh process, because it
+//! is about what happens once per process (the exit, the first resources on a device).
+//! `scenarios NAME` runs one; it prints `RESULT key=value ...` lines for the parent to check.
+//! The exit scenarios live here; the pool stress, the fault injection and the shared helpers in
+//! sibling modules.
+mod common;
+mod faults;
+mod pool;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use common::{atexit, job, mr, now_ms, report, stream_work, user_exit_handler, PANICKING_LOGGER};
+use faults::{cublas_oom, kernel_fault, spawn_bad_exit_wait};
+
+fn env_f64(name: &str, default: f64) -> f64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() -> ExitCode {
+    let name = std::env::args().nth(1).unwrap_or_default();
+    if name == "logger-panics-at-exit" {
+        log::set_logger(&PANICKING_LOGGER).expect("the first logger");
+        log::set_max_level(log::LevelFilter::Trace);
+    } else {
+        env_logger::Builder::new().parse_filters(&std::env::var("RUST_LOG").unwrap_or_else(|_| "raft=debug".into())).init();
+    }
+    let wait = env_f64("SCENARIO_WAIT", 10.0);
+    let secs = env_f64("SCENARIO_JOB_SECS", 0.5);
+    if std::env::var_os("SCENARIO_WAIT").is_some() {
+        raft::exit::set_default_exit_wait(wait).expect("a valid wait");
+    }
+    println!("RESULT start_ms={}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis());
+    if let Some(every) = std::env::var("SCENARIO_WATCH").ok().and_then(|v| v.parse::<f64>().ok()) {
+        // For hang probes: the library's counts every `every` seconds (a hung run's last lines).
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_secs_f64(every));
+            let s = raft::stats();
+            println!(
+                "WATCH releases_pending={} release_threads={} busy_for_ms={} pools_made={} pools_retired={} pools_reused={} live_arrays={}",
+                s.releases_pending,
+                s.release_threads,
+                s.release_busy_for.as_millis(),
+                s.async_pools_made,
+                s.async_pools_retired,
+                s.async_pools_reused,
+                s.live_arrays
+            );
+        });
+    }
+    match name.as_str() {
+        // Exit while a job runs; main returns.
+        "job-then-return" => {
+            let _keep = job(secs);
+        }
+        // The user's logger panics inside the exit hook (at its warning of a skipped teardown),
+        // while a job outlives its bound; a user's exit handler registered before the first job
+        // must not run (the static destructors that follow it would run under the job).
+        "logger-panics-at-exit" => {
+            // SAFETY: `user_exit_handler` never unwinds (it ignores every write error).
+            let rc = unsafe { atexit(user_exit_handler) };
+            assert_eq!(rc, 0, "atexit refused the handler");
+            let _keep = job(secs);
+        }
+        // The job itself calls exit.
+        "job-calls-exit" => {
+            if std::env::var("SCENARIO_GPU").as_deref() == Ok("1") {
+                let res = raft::DeviceResources::new().expect("resources");
+                let _job = res.spawn(|| std::process::exit(3)).expect("spawn");
+            } else {
+                let token = raft_exit::JobToken::register(raft_exit::Label { what: "job", id: 1, device: None }, wait);
+                std::thread::spawn(move || {
+                    raft_exit::mark_library_thread();
+                    let _token = token;
+                    std::process::exit(3);
+                });
+            }
+            std::thread::sleep(Duration::from_secs(30));
+        }
+        // std::process::exit from a thread that is not main, while a job runs.
+        "exit-from-thread" => {
+            let _keep = job(secs);
+            std::thread::spawn(|| std::process::exit(0)).join().ok();
+            std::thread::sleep(Duration::from_secs(30));
+        }
+        // A release in flight on a library thread at exit, and no job.
+        "release-in-flight" => {
+            if std::env::var("SCENARIO_GPU").as_deref() == Ok("1") {
+                // A job queues `secs` of work on the resources' stream and returns; once it has
+                // ended, dropping the last handle queues the release, which waits for that
+                // stream before destroying it: the release, not a job, holds the exit.
+                let res = raft::DeviceResources::new().expect("resources");
+                let stream = res.stream().expect("stream");
+                let ms = (secs * 1000.0) as usize;
+                res.spawn(move || {
+                    // SAFETY: the stream is alive (this Arc, and the resources, hold it);
+                    // `stream_work` makes no CUDA call and reads its argument as a number.
+                    unsafe {
+                        raft::cudarc::driver::result::stream::launch_host_function(
+                            stream.cu_stream(),
+                            stream_work,
+                            ms as *mut std::ffi::c_void,
+                        )
+                    }
+                })
+                .expect("spawn")
+                .join()
+                .expect("job")
+                .expect("cuLaunchHostFunc");
+                // The job's token drops just after its result is seen.
+                while raft::exit::jobs_in_flight() > 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                drop(res);
+            } else {
+                let token = raft_exit::ReleaseToken::register(raft_exit::Label { what: "release", id: 1, device: None });
+                std::thread::spawn(move || {
+                    raft_exit::mark_library_thread();
+                    std::thread::sleep(Duration::from_secs_f64(secs));
+                    println!("RESULT release=finished");
+                    drop(token);
+                });
+            }
+            println!("RESULT jobs_at_exit={} releases_at_exit={}", raft::exit::jobs_in_flight(), raft::exit::releases_in_flight());
+        }
+        // Many resources alive at exit: the teardown releases them all.
+        "many-resources" => {
+            let n = env_f64("SCENARIO_COUNT", 200.0) as usize;
+            let all: Vec<_> = (0..n).map(|_| raft::DeviceResources::new().expect("resources")).collect();
+            for r in &all {
+                let _ = r.spawn(|| ()).expect("spawn").join();
+            }
+            println!("RESULT alive={}", raft::stats().unreleased_resources);
+            std::mem::forget(all); // still alive when main returns
+        }
+        // 2.2.3: the first resources on a device install the async pool.
+        "mr-default" => {
+            let before = mr(0);
+            let _r = raft::DeviceResources::new().expect("resources");
+            println!("RESULT before={before} after={} installed={}", mr(0), raft::installed_default(0));
+        }
+        // A user's resource installed beforehand is left alone.
+        "mr-user-before" => {
+            raft::set_memory_resource(0, raft::MemoryResourceKind::Managed).expect("set");
+            let _r = raft::DeviceResources::new().expect("resources");
+            println!("RESULT after={} installed={}", mr(0), raft::installed_default(0));
+        }
+        // A plain cuda_memory_resource installed beforehand equals the default and is replaced.
+        "mr-cuda-before" => {
+            raft::set_memory_resource(0, raft::MemoryResourceKind::Cuda).expect("set");
+            let _r = raft::DeviceResources::new().expect("resources");
+            println!("RESULT after={} installed={}", mr(0), raft::installed_default(0));
+        }
+        // A resource installed after the first resources is left alone by later ones.
+        "mr-user-after" => {
+            let _a = raft::DeviceResources::new().expect("resources");
+            raft::set_memory_resource(0, raft::MemoryResourceKind::Managed).expect("set");
+            let _b = raft::DeviceResources::new().expect("resources");
+            println!("RESULT after={}", mr(0));
+        }
+        // Array drops: the pool frees inline, cudaFree goes to a release thread.
+        "array-frees" => {
+            let r = raft::DeviceResources::new().expect("resources");
+            let pooled = raft::DeviceVec::<u8>::zeros(&r, 1 << 20).expect("array");
+            let before = raft::stats().releases_done;
+            drop(pooled);
+            let inline = raft::stats().releases_done == before && raft::stats().releases_pending == 0;
+            raft::set_memory_resource(0, raft::MemoryResourceKind::Cuda).expect("set");
+            let blocking = raft::DeviceVec::<u8>::zeros(&r, 1 << 20).expect("array");
+            drop(blocking);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while raft::stats().releases_done == before && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            println!(
+                "RESULT pool_inline={inline} cuda_on_release_thread={} live_arrays={}",
+                raft::stats().releases_done > before,
+                raft::stats().live_arrays
+            );
+        }
+        // An array whose free blocks, dropped as main returns: the exit waits for its release.
+        "array-drop-at-exit" => {
+            let r = raft::DeviceResources::new().expect("resources");
+            raft::set_memory_resource(0, raft::MemoryResourceKind::Cuda).expect("set");
+            let arrays: Vec<_> = (0..64).map(|_| raft::DeviceVec::<f32>::zeros(&r, 1 << 20).expect("array")).collect();
+            drop(arrays); // 64 releases queued as main returns
+        }
+        // Resources made and used, nothing in flight when main returns.
+        "idle-resources" => {
+            let r = raft::DeviceResources::new().expect("resources");
+            r.spawn(|| ()).expect("spawn").join().expect("join");
+        }
+        // Several GPUs: a user's resource on the last device is left alone while device 0's
+        // default is replaced.
+        "mr-two-devices" => {
+            let last = raft::device_count().expect("count") - 1;
+            raft::set_memory_resource(last, raft::MemoryResourceKind::Managed).expect("set");
+            let _all: Vec<_> = (0..=last).map(|d| raft::DeviceResources::on_device(d).expect("resources")).collect();
+            println!("RESULT d0={} dlast={} last={last}", mr(0), mr(last));
+        }
+        // Several GPUs: a process that only ever uses the last device (as one rank per GPU
+        // does), never device 0. Each step reports on its own, so a failure names its step.
+        "last-device-only" => {
+            let last = raft::device_count().expect("count") - 1;
+            let res = raft::DeviceResources::on_device(last);
+            report("resources", &res);
+            let res = res.expect("resources");
+            let zeros = raft::DeviceVec::<f32>::zeros(&res, 1 << 16);
+            report("zeros", &zeros);
+            if let Ok(z) = &zeros {
+                println!("RESULT zeros_device={}", raft_tests::device_of(z));
+            }
+            let host: Vec<f32> = (0..(1 << 16)).map(|i| i as f32).collect();
+            let copied = raft::DeviceVec::from_host(&res, &host);
+            report("from_host", &copied);
+            if let Ok(v) = &copied {
+                let back = v.to_host();
+                report("to_host", &back);
+                println!("RESULT equal={}", back.map(|b| b == host).unwrap_or(false));
+            }
+            // Device 0's primary context: never made by a process that does not use device 0.
+            let mut flags = 0u32;
+            let mut active = -1i32;
+            // SAFETY: reads the state of device 0's primary context into two valid locals.
+            let rc = unsafe { cudarc::driver::sys::cuDevicePrimaryCtxGetState(0, &mut flags, &mut active) };
+            println!("RESULT device0_active={active} device0_rc={rc:?}");
+            println!("RESULT last={last}");
+        }
+        // Pool and RMM stress, in pool.rs.
+        "pool-destroy-race" => pool::pool_destroy_race(),
+        "pool-last-copy-in-array" => pool::pool_last_copy_in_array(),
+        "pool-reuse-settings" => pool::pool_reuse_settings(),
+        "pool-dies-beside-live-streams" => pool::pool_dies_beside_live_streams(),
+        "pool-dies-default-path" => pool::pool_dies_default_path(),
+        // Runs 37-38's pattern without this library, RMM or RAFT: the driver API alone, to tell
+        // a driver hazard from ours. 8 threads × 200 rounds: a stream (a reused one when
+        // SCENARIO_REUSE=1), a fresh async pool, 1 MiB from it on the stream, a memset, a
+        // stream-ordered free; then the pool goes to a destroyer thread (which first waits for
+        // the context when SCENARIO_DEVICE_SYNC=1) and the stream to a releaser thread (which
+        // synchronises it, then destroys it or keeps it for reuse), as release threads do.
+        "raw-pool-streams" => pool::raw_pool_streams(),
+        // The exit hook registered before RMM's per-device map exists (a thread counted by the
+        // exit, made at the start of main), then resources, which make the map and install the
+        // async pool: at exit, RMM's own hook and the map's destructor run before this library's
+        // teardown, which must not read the destroyed map.
+        "hook-before-rmm-map" => {
+            raft_exit::register_exit_hook();
+            let res = raft::DeviceResources::new().expect("resources");
+            let v = raft::DeviceVec::<f32>::zeros(&res, 1 << 10).expect("array");
+            drop(v);
+            println!("RESULT made=ok");
+        }
+        // A GPU job in flight on every device when main returns.
+        "jobs-every-device" => {
+            let until = std::time::Instant::now() + Duration::from_secs_f64(secs);
+            let handles: Vec<_> = (0..raft::device_count().expect("count"))
+                .map(|d| {
+                    let r = raft::DeviceResources::on_device(d).expect("resources");
+                    let rr = r.clone();
+                    r.spawn(move || {
+                        let mut v = raft::DeviceVec::<f32>::zeros(&rr, 1 << 20).expect("array");
+                        while std::time::Instant::now() < until {
+                            v.fill_zero().expect("memset");
+                            rr.sync().expect("sync");
+                        }
+                        println!("RESULT job_on_{d}=finished");
+                    })
+                    .expect("spawn")
+                })
+                .collect();
+            drop(handles);
+        }
+        // Nothing that makes a job or a release: no exit hook.
+        "no-jobs" => {
+            let _ = raft::device_count();
+            println!("RESULT abi={} hook={}", raft::abi().raft, raft_exit::hook_registered());
+        }
+        // The exit wait as read on the main thread (RAFT_EXIT_WAIT at first use).
+        "read-wait" => match raft::exit::current_exit_wait() {
+            Ok(v) => println!("RESULT wait={v}"),
+            Err(e) => println!("ERROR {}", raft::Error::from(e)),
+        },
+        // Issue 13, defect 7: device memory exhausted by cuBLAS handles, then recovered.
+        "cublas-oom" => cublas_oom(),
+        // Issue 13: a kernel fault on the resources' stream; main returns 7.
+        "kernel-fault" => return kernel_fault(),
+        // A bad RAFT_EXIT_WAIT makes `spawn` fail as `DeviceResources::spawn`.
+        "spawn-bad-exit-wait" => spawn_bad_exit_wait(),
+        other => {
+            eprintln!("unknown scenario {other:?}");
+            std::process::exit(2);
+        }
+    }
+    println!("RESULT main_end_ms={}", now_ms());
+    // The status main returns (`SCENARIO_STATUS`, else 0): the exit must end with it.
+    ExitCode::from(std::env::var("SCENARIO_STATUS").ok().and_then(|v| v.parse::<u8>().ok()).unwrap_or(0))
+}
