@@ -502,9 +502,12 @@ fn a_dropped_or_forgotten_transfer_never_frees_what_its_copy_uses() {
             } else {
                 drop(copy);
             }
-            let fresh: Vec<PinnedVec<f32>> = (0..2).map(|_| PinnedVec::from_slice(&res, &mine).unwrap()).collect();
+            // Read while the copy runs (the event after it still pending when asked afterwards),
+            // before anything slow: page-locking the fresh buffers takes about as long as the
+            // copy (GPU run 103 saw it end first).
             let live_during = mr.statistics().unwrap().current_bytes;
             let running = !after_copy.is_complete();
+            let fresh: Vec<PinnedVec<f32>> = (0..2).map(|_| PinnedVec::from_slice(&res, &mine).unwrap()).collect();
             res.sync().unwrap();
             settle_releases();
             let live_after = mr.statistics().unwrap().current_bytes;
