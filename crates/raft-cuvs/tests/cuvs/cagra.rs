@@ -147,7 +147,7 @@ fn search_width_zero_is_a_logic_error_not_a_sigfpe() {
     assert_eq!(c.signal, None, "the child died of signal {:?}\nstdout:\n{}\nstderr:\n{}", c.signal, c.stdout, c.stderr);
     c.assert_code(0);
     for key in ["zero", "single", "wedge", "batch"] {
-        assert_eq!(c.result(key).as_deref(), Some("Logic"), "{key}: {}\n{}", c.stdout, c.stderr);
+        assert_eq!(c.result(key).as_deref(), Some("logic"), "{key}: {}\n{}", c.stdout, c.stderr);
         assert_eq!(c.result(&format!("{key}_who")).as_deref(), Some("CagraIndex::search"), "{key}");
     }
     assert_eq!(c.message("zero").as_deref(), Some("CagraIndex::search: search_width must be at least 1"));
