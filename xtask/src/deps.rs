@@ -155,7 +155,7 @@ pub fn nccl(prefix: &Path) -> Result<()> {
 
 /// cuVS's wheels, by exact version: `libcuvs-cu13` (`libcuvs_c.so`, `libcuvs.so`, the C headers)
 /// and what its METADATA asks for, unpacked beside it (libcuvs's RPATH looks there): nvJitLink
-/// >= 13.3 (libcuvs.so and libraft.so call its `_13_3` entry points; the base pins' one), cuRAND
+/// 13.3 or newer (libcuvs.so and libraft.so call its `_13_3` entry points; the base pins' one), cuRAND
 /// and NVRTC (the 13.3 toolkit line, as verified on the GPU; the base pins carry 13.2's, which
 /// pip's resolver also accepts with libcuvs-cu13 26.8.1) and NCCL (the base pins' one).
 pub const CUVS_WHEELS: &[(&str, &str)] = &[
