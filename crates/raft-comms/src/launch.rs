@@ -1,7 +1,26 @@
-//! Where this process stands among its ranks, from the environment a launcher sets: `RANK`,
-//! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` (torchrun's names, which `raft-run`,
-//! torchrun and most cluster launchers set), the rendezvous port (`RAFT_COMMS_PORT`), and the
-//! communicators' time bound (`RAFT_COMMS_TIMEOUT`).
+//! Where this process stands among its ranks, from the environment a launcher sets, the
+//! rendezvous port (`RAFT_COMMS_PORT`), and the communicators' time bound (`RAFT_COMMS_TIMEOUT`).
+//!
+//! | launcher | rank | world size | local rank |
+//! | --- | --- | --- | --- |
+//! | torchrun, `raft-run` | `RANK` | `WORLD_SIZE` | `LOCAL_RANK` |
+//! | Open MPI | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` |
+//! | MPICH, Intel MPI (PMI) | `PMI_RANK` | `PMI_SIZE` | `MPI_LOCALRANKID` |
+//! | Slurm (`srun`) | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` |
+//!
+//! torchrun's names win when present, then Open MPI's, then PMI's, then Slurm's. A family with a
+//! rank but no world size (or the reverse) is an error, and so are torchrun's, Open MPI's and
+//! PMI's names giving different ranks or world sizes (a stale `RANK` exported under `mpirun`),
+//! except where a per-host launcher started the ranks (`LOCAL_WORLD_SIZE` or
+//! `TORCHELASTIC_RUN_ID` set, as torchrun and `raft-run` do: `mpirun … torchrun` is a launch of
+//! launchers). Slurm's names describe the allocation, which other launchers run inside (in a batch
+//! script `SLURM_PROCID` is 0 for every rank `mpirun` starts), so they are read only when no other
+//! family is there, and never held against one.
+//!
+//! The rendezvous is at `MASTER_ADDR:MASTER_PORT` when set. Under Slurm without `MASTER_ADDR`, it
+//! is the first host of `SLURM_JOB_NODELIST` (or `SLURM_NODELIST`), port `MASTER_PORT` or else
+//! `20000 + SLURM_JOB_ID % 10000` (the same in every rank of the job, and apart from another job's).
+//! Under MPI, `MASTER_ADDR` and `MASTER_PORT` must be set (or the job started with `raft-run`).
 use raft_error::{Error, Result};
 use std::time::Duration;
 
@@ -12,65 +31,193 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// This process's place among the ranks, as a launcher describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Launch {
-    /// `RANK`: this process's rank, from 0.
+    /// `RANK` (or a launcher's own name for it, see the module's table): this process's rank, from 0.
     pub rank: usize,
-    /// `WORLD_SIZE`: the number of ranks.
+    /// `WORLD_SIZE` (or the launcher's own name): the number of ranks.
     pub world_size: usize,
-    /// `LOCAL_RANK`: the rank among the processes of this host (the GPU to use), when set.
+    /// `LOCAL_RANK` (or the launcher's own name): the rank among the processes of this host (the
+    /// GPU to use), when set.
     pub local_rank: Option<usize>,
-    /// `MASTER_ADDR`: rank 0's host.
+    /// `MASTER_ADDR`: rank 0's host (under Slurm without it, the job's first host).
     pub master_addr: String,
-    /// `MASTER_PORT`.
+    /// `MASTER_PORT` (under Slurm without it, `20000 + SLURM_JOB_ID % 10000`).
     pub master_port: u16,
     /// The port rank 0 serves the unique id on: `RAFT_COMMS_PORT` when set; else, under
     /// torchrun (`TORCHELASTIC_USE_AGENT_STORE=True`, whose agent already listens on
     /// `MASTER_PORT`), `MASTER_PORT + 1`; else `MASTER_PORT`.
     pub rendezvous_port: u16,
+    /// The family of variables the rank came from: `"torchrun"` (also `raft-run`'s),
+    /// `"Open MPI"`, `"PMI"` or `"Slurm"`.
+    pub launcher: &'static str,
+}
+
+/// A launcher's names for the rank, the world size and the local rank.
+struct Family {
+    launcher: &'static str,
+    rank: &'static str,
+    size: &'static str,
+    local: &'static str,
+}
+
+/// In order of precedence: the innermost launcher first.
+const FAMILIES: [Family; 4] = [
+    Family { launcher: "torchrun", rank: "RANK", size: "WORLD_SIZE", local: "LOCAL_RANK" },
+    Family { launcher: "Open MPI", rank: "OMPI_COMM_WORLD_RANK", size: "OMPI_COMM_WORLD_SIZE", local: "OMPI_COMM_WORLD_LOCAL_RANK" },
+    Family { launcher: "PMI", rank: "PMI_RANK", size: "PMI_SIZE", local: "MPI_LOCALRANKID" },
+    Family { launcher: "Slurm", rank: "SLURM_PROCID", size: "SLURM_NTASKS", local: "SLURM_LOCALID" },
+];
+
+/// The port of a Slurm job without `MASTER_PORT`: the same in all its ranks, and apart from the
+/// ports of jobs whose ids are not 10000 apart.
+fn slurm_port(job_id: u64) -> u16 {
+    (20000 + job_id % 10000) as u16
+}
+
+/// The first host of a Slurm host list (`node[01-04,07],gpu3` → `node01`), its zero padding
+/// kept; `None` when the list is empty or malformed.
+pub(crate) fn first_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    let mut host = String::new();
+    let mut rest = list;
+    loop {
+        // Text up to the next bracket or the end of this host's entry.
+        let stop = rest.find(['[', ',']).unwrap_or(rest.len());
+        host.push_str(&rest[..stop]);
+        rest = &rest[stop..];
+        if !rest.starts_with('[') {
+            break;
+        }
+        let close = rest.find(']')?;
+        let inside = &rest[1..close];
+        // The first element of the group, and of a range its start ("01-04" → "01").
+        let first = inside.split(',').next()?.split('-').next()?.trim();
+        if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        host.push_str(first);
+        rest = &rest[close + 1..];
+    }
+    (!host.is_empty() && !host.contains(']')).then_some(host)
 }
 
 impl Launch {
-    /// Reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (all required) and `LOCAL_RANK`.
+    /// Reads the rank, world size and local rank from the first launcher family present (see the
+    /// module's table), and `MASTER_ADDR`, `MASTER_PORT` (with Slurm's fallback).
     ///
     /// # Errors
-    /// `Logic` naming the variable that is missing or not a number, a rank not below the world
-    /// size, or a world size above `i32::MAX` (NCCL's limit).
+    /// `Logic` naming the variable that is missing or not a number, a family that is partial (a
+    /// rank without a world size), two families that disagree (naming both and their values), a
+    /// rank not below the world size, a world size above `i32::MAX` (NCCL's limit), or MPI
+    /// without `MASTER_ADDR`.
     pub fn from_env() -> Result<Launch> {
         Self::from_vars("Launch::from_env", |name| std::env::var(name).ok())
     }
 
     /// The same, from any lookup (the environment of another process, a test's table).
     pub fn from_vars(who: &'static str, var: impl Fn(&str) -> Option<String>) -> Result<Launch> {
-        let need = |name: &str| {
-            var(name).filter(|v| !v.trim().is_empty()).ok_or_else(|| {
-                Error::logic(
-                    who,
-                    format!(
-                        "{name} is not set: start the program with a launcher (raft-run -n N ./prog, torchrun, srun with \
-                         those variables) or call Communicator::init with the rank, world size and address"
-                    ),
-                )
-            })
-        };
+        let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let number = |name: &str, text: String| {
             text.trim().parse::<usize>().map_err(|_| Error::logic(who, format!("{name}={text} is not a non-negative integer")))
         };
-        let rank = number("RANK", need("RANK")?)?;
-        let world_size = number("WORLD_SIZE", need("WORLD_SIZE")?)?;
+        let not_set = |name: &str| {
+            Error::logic(
+                who,
+                format!(
+                    "{name} is not set: start the program with a launcher (raft-run -n N ./prog, torchrun, srun, mpirun) \
+                     or call Communicator::init with the rank, world size and address"
+                ),
+            )
+        };
+        // Every family that is there, complete as (family, rank, size); a partial one is an error
+        // unless it is Slurm's beside a complete family (salloc sets SLURM_NTASKS outside srun).
+        let mut complete = Vec::new();
+        let mut partial = None;
+        for f in &FAMILIES {
+            match (get(f.rank), get(f.size)) {
+                (Some(r), Some(s)) => complete.push((f, number(f.rank, r)?, number(f.size, s)?)),
+                (None, None) => {}
+                (Some(r), None) => partial = partial.or(Some((f, format!("{}={r} is set but {} is not", f.rank, f.size)))),
+                (None, Some(s)) => partial = partial.or(Some((f, format!("{}={s} is set but {} is not", f.size, f.rank)))),
+            }
+        }
+        if let Some((f, why)) = partial {
+            if f.launcher != "Slurm" || complete.is_empty() {
+                return Err(Error::logic(who, format!("{why}: {}'s variables are partial", f.launcher)));
+            }
+        }
+        let &(family, rank, world_size) = complete.first().ok_or_else(|| not_set("RANK"))?;
+        let nested = family.launcher == "torchrun" && (get("LOCAL_WORLD_SIZE").is_some() || get("TORCHELASTIC_RUN_ID").is_some());
+        if !nested {
+            for &(other, r, s) in complete.iter().skip(1).filter(|(f, _, _)| f.launcher != "Slurm") {
+                if (r, s) != (rank, world_size) {
+                    return Err(Error::logic(
+                        who,
+                        format!(
+                            "{} and {} disagree: {}={rank} {}={world_size} but {}={r} {}={s}; unset the stale ones",
+                            family.launcher, other.launcher, family.rank, family.size, other.rank, other.size
+                        ),
+                    ));
+                }
+            }
+        }
         if world_size > crate::rendezvous::MAX_WORLD {
             return Err(Error::logic(
                 who,
-                format!("WORLD_SIZE={world_size} is more ranks than NCCL takes (at most {})", crate::rendezvous::MAX_WORLD),
+                format!("{}={world_size} is more ranks than NCCL takes (at most {})", family.size, crate::rendezvous::MAX_WORLD),
             ));
         }
         if world_size == 0 || rank >= world_size {
-            return Err(Error::logic(who, format!("RANK={rank} is not a rank of WORLD_SIZE={world_size}")));
+            return Err(Error::logic(who, format!("{}={rank} is not a rank of {}={world_size}", family.rank, family.size)));
         }
-        let local_rank = var("LOCAL_RANK").filter(|v| !v.trim().is_empty()).map(|v| number("LOCAL_RANK", v)).transpose()?;
-        let master_addr = need("MASTER_ADDR")?.trim().to_string();
-        let port_text = need("MASTER_PORT")?;
-        let master_port =
-            port_text.trim().parse::<u16>().map_err(|_| Error::logic(who, format!("MASTER_PORT={port_text} is not a port number")))?;
-        let rendezvous_port = match var("RAFT_COMMS_PORT").filter(|v| !v.trim().is_empty()) {
+        let local_rank = get(family.local).map(|v| number(family.local, v)).transpose()?;
+        let port =
+            |text: String| text.trim().parse::<u16>().map_err(|_| Error::logic(who, format!("MASTER_PORT={text} is not a port number")));
+        let (master_addr, master_port) = match family.launcher {
+            "Slurm" => {
+                let addr = match get("MASTER_ADDR") {
+                    Some(a) => a.trim().to_string(),
+                    None => {
+                        let (name, list) = [("SLURM_JOB_NODELIST", get("SLURM_JOB_NODELIST")), ("SLURM_NODELIST", get("SLURM_NODELIST"))]
+                            .into_iter()
+                            .find_map(|(n, v)| v.map(|v| (n, v)))
+                            .ok_or_else(|| {
+                                Error::logic(who, "under Slurm, neither MASTER_ADDR nor SLURM_JOB_NODELIST is set: set MASTER_ADDR")
+                            })?;
+                        first_host(&list)
+                            .ok_or_else(|| Error::logic(who, format!("{name}={list} is not a Slurm host list: set MASTER_ADDR")))?
+                    }
+                };
+                let p = match get("MASTER_PORT") {
+                    Some(p) => port(p)?,
+                    None => {
+                        let id = get("SLURM_JOB_ID").ok_or_else(|| {
+                            Error::logic(who, "under Slurm, neither MASTER_PORT nor SLURM_JOB_ID is set: set MASTER_PORT")
+                        })?;
+                        slurm_port(id.trim().parse::<u64>().map_err(|_| Error::logic(who, format!("SLURM_JOB_ID={id} is not a job id")))?)
+                    }
+                };
+                (addr, p)
+            }
+            "torchrun" => (
+                get("MASTER_ADDR").ok_or_else(|| not_set("MASTER_ADDR"))?.trim().to_string(),
+                port(get("MASTER_PORT").ok_or_else(|| not_set("MASTER_PORT"))?)?,
+            ),
+            mpi => {
+                let need = |name: &str| {
+                    get(name).ok_or_else(|| {
+                        Error::logic(
+                            who,
+                            format!(
+                                "{name} is not set: under {mpi} set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port \
+                                 in every rank (or start the program with raft-run)"
+                            ),
+                        )
+                    })
+                };
+                (need("MASTER_ADDR")?.trim().to_string(), port(need("MASTER_PORT")?)?)
+            }
+        };
+        let rendezvous_port = match get("RAFT_COMMS_PORT") {
             Some(p) => p.trim().parse::<u16>().map_err(|_| Error::logic(who, format!("RAFT_COMMS_PORT={p} is not a port number")))?,
             None if var("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) => {
                 master_port.checked_add(1).ok_or_else(|| {
@@ -79,7 +226,7 @@ impl Launch {
             }
             None => master_port,
         };
-        Ok(Launch { rank, world_size, local_rank, master_addr, master_port, rendezvous_port })
+        Ok(Launch { rank, world_size, local_rank, master_addr, master_port, rendezvous_port, launcher: family.launcher })
     }
 
     /// `MASTER_ADDR:<rendezvous port>` (brackets around an IPv6 address).
@@ -136,7 +283,8 @@ mod tests {
                 local_rank: Some(1),
                 master_addr: "127.0.0.1".into(),
                 master_port: 29500,
-                rendezvous_port: 29500
+                rendezvous_port: 29500,
+                launcher: "torchrun"
             }
         );
         assert_eq!(l.rendezvous_addr(), "127.0.0.1:29500");
@@ -158,8 +306,10 @@ mod tests {
 
     #[test]
     fn names_what_is_missing_or_wrong() {
-        let e = Launch::from_vars("t", table(&[("WORLD_SIZE", "2")])).unwrap_err();
+        let e = Launch::from_vars("t", table(&[])).unwrap_err();
         assert!(e.message().starts_with("RANK is not set"), "{e}");
+        let e = Launch::from_vars("t", table(&[("WORLD_SIZE", "2")])).unwrap_err();
+        assert!(e.message().starts_with("WORLD_SIZE=2 is set but RANK is not"), "{e}");
         let e =
             Launch::from_vars("t", table(&[("RANK", "2"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")])).unwrap_err();
         assert!(e.message().contains("RANK=2 is not a rank of WORLD_SIZE=2"), "{e}");
@@ -168,6 +318,244 @@ mod tests {
         assert!(e.message().contains("MASTER_PORT=99999"), "{e}");
         let e = Launch::from_vars("t", table(&[("RANK", "x"), ("WORLD_SIZE", "2")])).unwrap_err();
         assert!(e.message().contains("RANK=x"), "{e}");
+    }
+
+    fn err(pairs: &[(&str, &str)]) -> String {
+        let e = Launch::from_vars("t", table(pairs)).unwrap_err();
+        assert_eq!(e.kind(), raft_error::ErrorKind::Logic, "{e}");
+        e.message().to_string()
+    }
+
+    #[test]
+    fn reads_open_mpi_variables() {
+        let l = Launch::from_vars(
+            "t",
+            table(&[
+                ("OMPI_COMM_WORLD_RANK", "3"),
+                ("OMPI_COMM_WORLD_SIZE", "4"),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "29500"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((l.rank, l.world_size, l.local_rank, l.launcher), (3, 4, Some(1), "Open MPI"));
+        assert_eq!(l.rendezvous_addr(), "h:29500");
+    }
+
+    #[test]
+    fn reads_pmi_variables_with_the_local_rank_when_set() {
+        let base = [("PMI_RANK", "2"), ("PMI_SIZE", "3"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")];
+        let l = Launch::from_vars("t", table(&base)).unwrap();
+        assert_eq!((l.rank, l.world_size, l.local_rank, l.launcher), (2, 3, None, "PMI"));
+        let mut with_local = base.to_vec();
+        with_local.push(("MPI_LOCALRANKID", "0"));
+        assert_eq!(Launch::from_vars("t", table(&with_local)).unwrap().local_rank, Some(0));
+    }
+
+    #[test]
+    fn reads_slurm_variables_with_the_first_host_and_the_jobs_port() {
+        let l = Launch::from_vars(
+            "t",
+            table(&[
+                ("SLURM_PROCID", "5"),
+                ("SLURM_NTASKS", "8"),
+                ("SLURM_LOCALID", "1"),
+                ("SLURM_JOB_NODELIST", "gpu[007-010,12],login1"),
+                ("SLURM_JOB_ID", "123456"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            l,
+            Launch {
+                rank: 5,
+                world_size: 8,
+                local_rank: Some(1),
+                master_addr: "gpu007".into(),
+                master_port: 23456,
+                rendezvous_port: 23456,
+                launcher: "Slurm"
+            }
+        );
+    }
+
+    #[test]
+    fn under_slurm_master_addr_and_port_win_and_nodelist_is_the_older_name() {
+        let base = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_ID", "7")];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut all = base.to_vec();
+            all.extend_from_slice(extra);
+            Launch::from_vars("t", table(&all))
+        };
+        let l = with(&[("SLURM_JOB_NODELIST", "n1"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "4444")]).unwrap();
+        assert_eq!(l.rendezvous_addr(), "10.0.0.1:4444");
+        let l = with(&[("SLURM_NODELIST", "a[3-4]"), ("MASTER_PORT", "4444")]).unwrap();
+        assert_eq!(l.rendezvous_addr(), "a3:4444");
+        assert_eq!(with(&[("SLURM_NODELIST", "a")]).unwrap().rendezvous_addr(), "a:20007");
+    }
+
+    #[test]
+    fn slurm_port_fallback_is_20000_plus_job_id_mod_10000() {
+        assert_eq!(slurm_port(0), 20000);
+        assert_eq!(slurm_port(9999), 29999);
+        assert_eq!(slurm_port(10000), 20000);
+        assert_eq!(slurm_port(u64::MAX), 20000 + (u64::MAX % 10000) as u16);
+    }
+
+    #[test]
+    fn under_slurm_without_a_host_list_or_job_id_the_error_says_what_to_set() {
+        let m = err(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_ID", "7")]);
+        assert!(m.contains("SLURM_JOB_NODELIST") && m.contains("set MASTER_ADDR"), "{m}");
+        let m = err(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_NODELIST", "n1")]);
+        assert!(m.contains("SLURM_JOB_ID") && m.contains("set MASTER_PORT"), "{m}");
+        let m = err(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_NODELIST", "n[x-y]"), ("SLURM_JOB_ID", "7")]);
+        assert!(m.contains("SLURM_JOB_NODELIST=n[x-y] is not a Slurm host list"), "{m}");
+    }
+
+    #[test]
+    fn under_mpi_without_master_addr_the_error_says_to_set_it_or_use_raft_run() {
+        for (r, s) in [("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE")] {
+            let m = err(&[(r, "0"), (s, "2"), ("SLURM_JOB_NODELIST", "n1"), ("SLURM_JOB_ID", "7")]);
+            assert!(m.starts_with("MASTER_ADDR is not set") && m.contains("MASTER_PORT") && m.contains("raft-run"), "{m}");
+            let m = err(&[(r, "0"), (s, "2"), ("MASTER_ADDR", "h")]);
+            assert!(m.starts_with("MASTER_PORT is not set"), "{m}");
+        }
+    }
+
+    #[test]
+    fn torchrun_names_come_first_and_agreeing_families_are_accepted() {
+        let l = Launch::from_vars(
+            "t",
+            table(&[
+                ("RANK", "1"),
+                ("WORLD_SIZE", "2"),
+                ("OMPI_COMM_WORLD_RANK", "1"),
+                ("OMPI_COMM_WORLD_SIZE", "2"),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+                ("PMI_RANK", "1"),
+                ("PMI_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "1"),
+            ]),
+        )
+        .unwrap();
+        // The local rank is the chosen family's: torchrun's, unset here.
+        assert_eq!((l.rank, l.world_size, l.local_rank, l.launcher), (1, 2, None, "torchrun"));
+        // Open MPI before PMI.
+        let l = Launch::from_vars(
+            "t",
+            table(&[
+                ("OMPI_COMM_WORLD_RANK", "1"),
+                ("OMPI_COMM_WORLD_SIZE", "2"),
+                ("PMI_RANK", "1"),
+                ("PMI_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(l.launcher, "Open MPI");
+    }
+
+    #[test]
+    fn families_giving_different_ranks_or_sizes_are_refused_by_name_and_value() {
+        let m = err(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ]);
+        assert!(m.contains("RANK=0") && m.contains("OMPI_COMM_WORLD_RANK=1") && m.contains("disagree"), "{m}");
+        let m = err(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("PMI_RANK", "0"),
+            ("PMI_SIZE", "4"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ]);
+        assert!(m.contains("OMPI_COMM_WORLD_SIZE=2") && m.contains("PMI_SIZE=4"), "{m}");
+    }
+
+    #[test]
+    fn a_per_host_launcher_inside_another_is_not_held_against_it() {
+        // `mpirun -np 2 torchrun --nproc-per-node 4`: torchrun's ranks, Open MPI's per host.
+        let l = Launch::from_vars(
+            "t",
+            table(&[
+                ("RANK", "5"),
+                ("WORLD_SIZE", "8"),
+                ("LOCAL_WORLD_SIZE", "4"),
+                ("OMPI_COMM_WORLD_RANK", "1"),
+                ("OMPI_COMM_WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((l.rank, l.world_size, l.launcher), (5, 8, "torchrun"));
+    }
+
+    #[test]
+    fn slurm_is_the_allocation_and_never_conflicts_with_a_launcher_inside_it() {
+        // `mpirun` in a batch script: every rank sees the batch step's SLURM_PROCID=0.
+        let l = Launch::from_vars(
+            "t",
+            table(&[
+                ("OMPI_COMM_WORLD_RANK", "3"),
+                ("OMPI_COMM_WORLD_SIZE", "4"),
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NTASKS", "4"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((l.rank, l.launcher), (3, "Open MPI"));
+        // An salloc shell sets SLURM_NTASKS alone: partial, but beside a complete family, ignored.
+        let l = Launch::from_vars(
+            "t",
+            table(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("SLURM_NTASKS", "4"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")]),
+        )
+        .unwrap();
+        assert_eq!(l.launcher, "torchrun");
+    }
+
+    #[test]
+    fn a_partial_family_is_refused_by_name() {
+        let m = err(&[("OMPI_COMM_WORLD_RANK", "0"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")]);
+        assert!(m.contains("OMPI_COMM_WORLD_RANK=0 is set but OMPI_COMM_WORLD_SIZE is not"), "{m}");
+        let m = err(&[("PMI_SIZE", "2"), ("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_NODELIST", "n"), ("SLURM_JOB_ID", "1")]);
+        assert!(m.contains("PMI_SIZE=2 is set but PMI_RANK is not"), "{m}");
+        // A stale RANK beside a complete Open MPI set is still partial torchrun.
+        let m =
+            err(&[("RANK", "0"), ("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")]);
+        assert!(m.contains("RANK=0 is set but WORLD_SIZE is not"), "{m}");
+        let m = err(&[("SLURM_NTASKS", "4")]);
+        assert!(m.contains("SLURM_NTASKS=4 is set but SLURM_PROCID is not"), "{m}");
+    }
+
+    #[test]
+    fn a_rank_outside_the_world_names_the_launchers_variables() {
+        let m = err(&[("SLURM_PROCID", "4"), ("SLURM_NTASKS", "4"), ("SLURM_JOB_NODELIST", "n"), ("SLURM_JOB_ID", "1")]);
+        assert!(m.contains("SLURM_PROCID=4 is not a rank of SLURM_NTASKS=4"), "{m}");
+    }
+
+    #[test]
+    fn hostlist_first_host_of_ranges_lists_padding_and_plain_names() {
+        assert_eq!(first_host("node[01-04,07],gpu3").as_deref(), Some("node01"));
+        assert_eq!(first_host("node[07,01-04]").as_deref(), Some("node07"));
+        assert_eq!(first_host("gpu[0009-0012]").as_deref(), Some("gpu0009"));
+        assert_eq!(first_host("gpu3,node[1-2]").as_deref(), Some("gpu3"));
+        assert_eq!(first_host("login").as_deref(), Some("login"));
+        assert_eq!(first_host(" a-b.c ").as_deref(), Some("a-b.c"));
+        assert_eq!(first_host("rack[2-3]-n[05-06]").as_deref(), Some("rack2-n05"));
+        for bad in ["", "n[", "n[]", "n[a-b]", "n]1", ",n1"] {
+            assert_eq!(first_host(bad), None, "{bad}");
+        }
     }
 
     #[test]
@@ -180,7 +568,15 @@ mod tests {
 
     #[test]
     fn ipv6_addresses_get_brackets() {
-        let l = Launch { rank: 0, world_size: 1, local_rank: None, master_addr: "::1".into(), master_port: 7, rendezvous_port: 7 };
+        let l = Launch {
+            rank: 0,
+            world_size: 1,
+            local_rank: None,
+            master_addr: "::1".into(),
+            master_port: 7,
+            rendezvous_port: 7,
+            launcher: "torchrun",
+        };
         assert_eq!(l.rendezvous_addr(), "[::1]:7");
     }
 
