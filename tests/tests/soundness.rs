@@ -241,3 +241,44 @@ fn a_kernel_fault_makes_every_later_call_a_cuda_error_and_the_process_exits_with
     }
     assert_eq!(c.result("released").as_deref(), Some("true"), "a failed release still releases\n{context}");
 }
+
+/// Audit finding 4b (issue 33): a job of `a` releasing `b` while a job of `b` releases `a`. Each
+/// release waited for the other's worker, forever (the child hung until killed). Now the second
+/// sees the circle and leaves the rest of its release to the worker it would have waited for.
+#[test]
+fn two_jobs_releasing_each_other_s_resources_both_return() {
+    require_gpu!();
+    let c = run_scenario!("jobs-release-each-other", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("release_a").as_deref(), Some("true"), "{c:?}");
+    assert_eq!(c.result("release_b").as_deref(), Some("true"), "{c:?}");
+    assert_eq!(c.result("released_a").as_deref(), Some("true"), "{c:?}");
+    assert_eq!(c.result("released_b").as_deref(), Some("true"), "{c:?}");
+}
+
+/// Two jobs joining each other: the second join is refused with `Logic` (before: both waited
+/// forever and the child reported a timeout), so its job ends and the first join returns.
+#[test]
+fn two_jobs_joining_each_other_refuse_the_second_join() {
+    require_gpu!();
+    let c = run_scenario!("jobs-join-each-other", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("outcome").as_deref(), Some("done"), "{c:?}");
+    let outcomes = [c.result("a").unwrap_or_default(), c.result("b").unwrap_or_default()];
+    let refused = outcomes.iter().filter(|o| o.starts_with("Logic:") && o.contains("never_end")).count();
+    let joined = outcomes.iter().filter(|o| o.as_str() == "ok:()").count();
+    assert_eq!((refused, joined), (1, 1), "one join refused, the other returned: {outcomes:?}\n{c:?}");
+}
+
+/// A job of `a` releasing `b` while a job of `b` joins that job of `a`: neither waits forever.
+#[test]
+fn a_release_and_a_join_waiting_for_each_other_both_end() {
+    require_gpu!();
+    let c = run_scenario!("release-and-join-cross", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("outcome").as_deref(), Some("done"), "{c:?}");
+    assert_eq!(c.result("a").as_deref(), Some("ok:()"), "{c:?}");
+    let b = c.result("b").unwrap_or_default();
+    assert!(b == "ok:()" || (b.starts_with("Logic:") && b.contains("never_end")), "{b}\n{c:?}");
+    assert_eq!(c.result("b_released").as_deref(), Some("true"), "{c:?}");
+}

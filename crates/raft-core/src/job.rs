@@ -154,7 +154,8 @@ impl<T> JobHandle<T> {
     /// # Errors
     /// `Generic` when the job panicked (the panic is caught on the worker, which keeps running);
     /// `Logic` when called by a job of the same resources on an unfinished job (it would wait
-    /// for a job queued behind itself, forever).
+    /// for a job queued behind itself, forever), or when the job's worker is itself waiting,
+    /// through a chain of joins and releases, for the calling thread.
     pub fn join(self) -> Result<T> {
         if !self.is_finished() && std::thread::current().id() == self.worker {
             return Err(Error::logic(
@@ -169,6 +170,19 @@ impl<T> JobHandle<T> {
             }
             std::hint::spin_loop();
         }
+        // The worker may itself be waiting, through releases and joins, for this thread.
+        let Some(_waiting) = crate::waits::wait_for(self.worker) else {
+            if self.is_finished() {
+                return self.take();
+            }
+            return Err(Error::logic(
+                "JobHandle::join",
+                format!(
+                    "the job on device {} waits, through other jobs or releases, for this thread: joining it would never end",
+                    self.device
+                ),
+            ));
+        };
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         while !self.shared.done.load(Ordering::Acquire) {
             st = self.shared.cv.wait(st).unwrap_or_else(|e| e.into_inner());

@@ -24,6 +24,7 @@ mod resources;
 mod result;
 mod scoped;
 mod stats;
+mod waits;
 
 /// Errors: one type for the whole library (the `raft-error` crate).
 pub mod error {

@@ -5,7 +5,7 @@ use crate::device::{context, current_device_for};
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobHandle, Shared, Worker};
 use crate::result::{self, ContextGuard, NativeResources};
-use crate::{memory, release};
+use crate::{memory, release, waits};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::collections::HashMap;
 use std::fmt;
@@ -51,10 +51,13 @@ pub(crate) struct ResourcesState {
 impl ResourcesState {
     /// Releases now, on the calling thread: queued jobs finish, then the handles, RAFT's object
     /// and the stream are destroyed. A second call waits until the first has finished, except
-    /// on these resources' own worker thread (a job releasing its own resources while another
-    /// thread releases them), where it returns at once: the release in progress is waiting for
-    /// that very job.
-    fn release(&self, who: &'static str) -> Result<()> {
+    /// where that wait would never end (`waits`): on these resources' own worker thread (a job
+    /// releasing its own resources while another thread releases them), or on a thread the
+    /// release in progress is itself waiting for; then it returns at once. Likewise, when the
+    /// worker's jobs are waiting (through any chain of releases and joins) for the calling
+    /// thread, the rest of the release is queued on that worker behind its jobs instead of
+    /// waited for: two jobs releasing each other's resources both return.
+    fn release(self: &Arc<Self>, who: &'static str) -> Result<()> {
         if holding(self.id) {
             // This thread is inside a use of these resources (a lend, an allocation whose
             // failure callback released them): the release would wait for this very thread.
@@ -70,11 +73,12 @@ impl ResourcesState {
             let mut state = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
             match *state {
                 Releasing::Done => return Ok(()),
-                Releasing::By(_) => {
+                Releasing::By(by) => {
                     let on_worker = *self.worker_thread.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id());
-                    if on_worker {
+                    // The thread doing the release may be waiting for this one.
+                    let Some(_waiting) = (!on_worker).then(|| waits::wait_for(by)).flatten() else {
                         return Ok(());
-                    }
+                    };
                     self.release_waiters.fetch_add(1, Ordering::Relaxed);
                     while !matches!(*state, Releasing::Done) {
                         state = self.released_cv.wait(state).unwrap_or_else(|e| e.into_inner());
@@ -91,8 +95,35 @@ impl ResourcesState {
             w.take()
         };
         if let Some(w) = worker {
-            w.finish();
+            if w.thread_id() == std::thread::current().id() {
+                w.finish(); // a job releasing its own resources: the worker ends after it
+            } else if let Some(waiting) = waits::wait_for(w.thread_id()) {
+                w.finish();
+                drop(waiting);
+            } else {
+                // The worker's jobs wait for this thread: waiting for them would never end. The
+                // worker finishes the release itself, after its queued jobs; a second release
+                // waits for that worker (its `By`), and every use is already refused.
+                *self.releasing.lock().unwrap_or_else(|e| e.into_inner()) = Releasing::By(w.thread_id());
+                let held =
+                    self.native.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(crate::handle_kind::held_by).unwrap_or_default();
+                let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
+                let state = Arc::clone(self);
+                let rest = move || {
+                    if let Err(e) = state.finish_release(who) {
+                        log::warn!(target: "raft", "{e}");
+                    }
+                };
+                release::on_worker(w, label, held, Box::new(rest));
+                return Ok(());
+            }
         }
+        self.finish_release(who)
+    }
+
+    /// The release's end, once no job of these resources can run any more: the native objects
+    /// are taken under the write lock (after every use), destroyed, and waiters told.
+    fn finish_release(&self, who: &'static str) -> Result<()> {
         let native = if who == TEARDOWN {
             // At exit, a thread still inside a lend would hold the exit forever: wait a bounded
             // time, then leave the native object to the OS.

@@ -6,6 +6,7 @@
 mod common;
 mod faults;
 mod pool;
+mod waits;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -286,6 +287,10 @@ fn main() -> ExitCode {
         "kernel-fault" => return kernel_fault(),
         // A bad RAFT_EXIT_WAIT makes `spawn` fail as `DeviceResources::spawn`.
         "spawn-bad-exit-wait" => spawn_bad_exit_wait(),
+        // Audit finding 4b: jobs of two resources waiting for each other.
+        "jobs-release-each-other" => waits::jobs_release_each_other(),
+        "jobs-join-each-other" => waits::jobs_join_each_other(),
+        "release-and-join-cross" => waits::release_and_join_cross(),
         other => {
             eprintln!("unknown scenario {other:?}");
             std::process::exit(2);

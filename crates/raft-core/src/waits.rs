@@ -1,0 +1,128 @@
+//! Who waits for whom: the blocking waits the library makes on another thread's progress (a
+//! release waiting for a worker's jobs, a join waiting for a job, a second release waiting for
+//! the first), recorded so that a wait which would close a circle is never entered.
+//!
+//! Every thread waits for at most one thing at a time, so the record is a map from a waiting
+//! thread to the thread it waits for. Each wait is checked before it is recorded, under one
+//! lock: the map never holds a circle, the walk along it ends, and of two threads about to wait
+//! for each other exactly one sees the circle. What that thread does instead is its caller's
+//! choice: a release hands the rest of its work to the worker it would have waited for, a join
+//! is refused (`Logic`).
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::thread::ThreadId;
+
+static WAITS: Mutex<Option<HashMap<ThreadId, ThreadId>>> = Mutex::new(None);
+
+/// The calling thread's recorded wait, removed when dropped (after the wait ended).
+#[must_use = "the wait is recorded only while this lives"]
+pub(crate) struct Waiting(ThreadId);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(map) = WAITS.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            map.remove(&self.0);
+        }
+    }
+}
+
+/// Records that the calling thread is about to block until thread `on` makes progress. `None`
+/// when `on` is the calling thread or already waits, directly or through others, for the
+/// calling thread: that wait would never end.
+pub(crate) fn wait_for(on: ThreadId) -> Option<Waiting> {
+    let me = std::thread::current().id();
+    let mut guard = WAITS.lock().unwrap_or_else(|e| e.into_inner());
+    let map = guard.get_or_insert_with(HashMap::new);
+    let mut at = on;
+    loop {
+        if at == me {
+            return None;
+        }
+        match map.get(&at) {
+            Some(&next) => at = next,
+            None => break,
+        }
+    }
+    map.insert(me, on);
+    Some(Waiting(me))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{mpsc, Arc, Barrier};
+
+    #[test]
+    fn waiting_for_oneself_is_a_circle() {
+        assert!(wait_for(std::thread::current().id()).is_none());
+    }
+
+    #[test]
+    fn of_two_threads_waiting_for_each_other_exactly_one_is_refused() {
+        for _ in 0..50 {
+            let barrier = Arc::new(Barrier::new(2));
+            let (id_tx, id_rx) = mpsc::channel();
+            let (ok_tx, ok_rx) = mpsc::channel();
+            let spawn =
+                |barrier: Arc<Barrier>, id_tx: mpsc::Sender<ThreadId>, ok_tx: mpsc::Sender<bool>, peer: mpsc::Receiver<ThreadId>| {
+                    std::thread::spawn(move || {
+                        id_tx.send(std::thread::current().id()).unwrap();
+                        let other = peer.recv().unwrap();
+                        barrier.wait();
+                        let w = wait_for(other);
+                        ok_tx.send(w.is_some()).unwrap();
+                        // Hold the record until both decided, as a real wait would.
+                        barrier.wait();
+                        drop(w);
+                    })
+                };
+            let (a_peer_tx, a_peer_rx) = mpsc::channel();
+            let (b_peer_tx, b_peer_rx) = mpsc::channel();
+            let a = spawn(barrier.clone(), id_tx.clone(), ok_tx.clone(), a_peer_rx);
+            let b = spawn(barrier, id_tx, ok_tx, b_peer_rx);
+            let (x, y) = (id_rx.recv().unwrap(), id_rx.recv().unwrap());
+            // Each learns the other's id.
+            let (ida, idb) = if x == a.thread().id() { (x, y) } else { (y, x) };
+            a_peer_tx.send(idb).unwrap();
+            b_peer_tx.send(ida).unwrap();
+            let entered = [ok_rx.recv().unwrap(), ok_rx.recv().unwrap()];
+            a.join().unwrap();
+            b.join().unwrap();
+            assert_eq!(entered.iter().filter(|e| **e).count(), 1, "exactly one of the two waits is entered: {entered:?}");
+        }
+    }
+
+    #[test]
+    fn a_chain_through_a_third_thread_is_a_circle_and_an_ended_wait_is_forgotten() {
+        let me = std::thread::current().id();
+        let (tx, rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        // Thread B waits for thread C, which waits for this thread.
+        let c = std::thread::spawn(move || {
+            let w = wait_for(me);
+            tx.send((std::thread::current().id(), w.is_some())).unwrap();
+            go_rx.recv().unwrap();
+            drop(w);
+        });
+        let (cid, entered) = rx.recv().unwrap();
+        assert!(entered);
+        let (btx, brx) = mpsc::channel();
+        let (bgo_tx, bgo_rx) = mpsc::channel::<()>();
+        let b = std::thread::spawn(move || {
+            let w = wait_for(cid);
+            btx.send((std::thread::current().id(), w.is_some())).unwrap();
+            bgo_rx.recv().unwrap();
+            drop(w);
+        });
+        let (bid, entered) = brx.recv().unwrap();
+        assert!(entered);
+        assert!(wait_for(bid).is_none(), "this thread → B → C → this thread");
+        go_tx.send(()).unwrap();
+        c.join().unwrap();
+        let w = wait_for(bid);
+        assert!(w.is_some(), "C's wait ended: no circle any more");
+        drop(w);
+        bgo_tx.send(()).unwrap();
+        b.join().unwrap();
+    }
+}
