@@ -19,8 +19,8 @@ impl<T: DeviceScalar> DeviceVec<T> {
     /// [`PinnedVec`](crate::PinnedVec) or a [`RegisteredSlice`](crate::RegisteredSlice) (see
     /// [`HostSource`]). Returns once done.
     ///
-    /// From pageable memory, copies of [`STAGED_FROM_BYTES`](Self::STAGED_FROM_BYTES) or more go
-    /// through page-locked buffers by several threads, as [`Staging::current`] says: several
+    /// From pageable memory, copies of [`STAGED_FROM_BYTES`](Self::STAGED_FROM_BYTES) or more (as
+    /// [`Staging::current`] says) go through page-locked buffers by several threads: several
     /// times faster than the driver's own pageable path. Page-locked memory is copied directly,
     /// at the link's speed (also a slice of it, from the `unsafe`
     /// [`PinnedVec::as_slice`](crate::PinnedVec::as_slice)).
@@ -37,8 +37,9 @@ impl<T: DeviceScalar> DeviceVec<T> {
         Ok(v)
     }
 
-    /// The size from which copies between pageable host memory and an array are staged (see
-    /// [`from_host`](Self::from_host)): below it the driver's direct path is as fast. GPU run 79,
+    /// The size from which copies between pageable host memory and an array are staged by
+    /// default (see [`from_host`](Self::from_host); [`Staging::with_staged_from`] changes it):
+    /// below it the driver's direct path is as fast. GPU run 79,
     /// in turns with the native pinned copy (host to device / device to host): 256 KiB staged
     /// 0.48x / 0.49x, direct 0.46x / 0.36x; 512 KiB staged 0.52x / 0.52x, direct 0.37x / 0.28x;
     /// 4 MiB staged 0.67x / 0.72x, direct 0.27x / 0.22x. Those are copies in a row (the staging
@@ -48,8 +49,10 @@ impl<T: DeviceScalar> DeviceVec<T> {
     /// 77's cached thread count and run 78's stores, staging lost below it.)
     pub const STAGED_FROM_BYTES: usize = 512 << 10;
 
-    fn staged(host: &[T]) -> bool {
-        std::mem::size_of_val(host) >= Self::STAGED_FROM_BYTES && !copy::is_page_locked(host)
+    /// The process's staging, where a copy of pageable `host` is to be staged.
+    fn staging_for(host: &[T]) -> Option<Staging> {
+        let staging = Staging::current();
+        (std::mem::size_of_val(host) >= staging.staged_from() && !copy::is_page_locked(host)).then_some(staging)
     }
 
     fn upload(&mut self, who: &'static str, src: Read<'_, T>) -> Result<()> {
@@ -57,8 +60,8 @@ impl<T: DeviceScalar> DeviceVec<T> {
             Read::Locked(host, _) => return copy::copy_page_locked(who, copy::Ends::ToDevice(host, self.buf_mut())),
             Read::Pageable(host) => host,
         };
-        if Self::staged(host) {
-            match Staging::current().upload(who, self, host) {
+        if let Some(staging) = Self::staging_for(host) {
+            match staging.upload(who, self, host) {
                 // No page-locked memory for the staging buffers (a memlock limit, say): the
                 // driver's own path below still works.
                 Err(e) if e.kind() == ErrorKind::OutOfMemory => {}
@@ -117,8 +120,8 @@ impl<T: DeviceScalar> DeviceVec<T> {
             Write::Locked(host, _) => return copy::copy_page_locked(who, copy::Ends::ToHost(self.buf(), host)),
             Write::Pageable(host) => host,
         };
-        if Self::staged(host) {
-            match Staging::current().download(who, self, host) {
+        if let Some(staging) = Self::staging_for(host) {
+            match staging.download(who, self, host) {
                 Err(e) if e.kind() == ErrorKind::OutOfMemory => {} // as in `upload`
                 other => return other,
             }
@@ -131,8 +134,9 @@ impl<T: DeviceScalar> DeviceVec<T> {
     /// returns once done.
     pub fn to_host(&self) -> Result<Vec<T>> {
         const WHO: &str = "DeviceVec::to_host";
-        if self.len() * std::mem::size_of::<T>() >= Self::STAGED_FROM_BYTES {
-            match Staging::current().new_vec_from(WHO, self) {
+        let staging = Staging::current();
+        if self.len() * std::mem::size_of::<T>() >= staging.staged_from() {
+            match staging.new_vec_from(WHO, self) {
                 Err(e) if e.kind() == ErrorKind::OutOfMemory => {} // as in `upload`
                 other => return other,
             }

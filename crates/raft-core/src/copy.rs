@@ -437,7 +437,8 @@ impl HostStores {
 ///
 /// A `Staging` is configuration only: no copy takes one. The blocking copies between pageable
 /// memory and an array (`DeviceVec::from_host`, `copy_from_host`, `to_host`, `copy_to_host`)
-/// stage by themselves from [`DeviceVec::STAGED_FROM_BYTES`] on, with the process's setting:
+/// stage by themselves from [`staged_from`](Self::staged_from) bytes on (by default
+/// [`DeviceVec::STAGED_FROM_BYTES`]), with the process's setting:
 /// [`Staging::current`], changed by [`Staging::set_current`]. One setting for the process,
 /// not one per call or per resources object, because what it tunes belongs to the process: the
 /// host's cores and memory bandwidth, the one crew of host threads and the one pool of
@@ -448,6 +449,7 @@ pub struct Staging {
     chunk_bytes: usize,
     threads: usize,
     slots: usize,
+    staged_from: usize,
     upload_stores: HostStores,
     download_stores: HostStores,
 }
@@ -465,6 +467,7 @@ impl Default for Staging {
             chunk_bytes: Staging::DEFAULT_CHUNK_BYTES,
             threads: parallel.saturating_sub(1).clamp(1, Staging::DEFAULT_THREADS),
             slots: SLOTS,
+            staged_from: DeviceVec::<u8>::STAGED_FROM_BYTES,
             upload_stores: HostStores::Auto,
             download_stores: HostStores::Auto,
         }
@@ -513,7 +516,7 @@ impl Staging {
         if !(1..=64).contains(&threads) {
             return Err(Error::logic(WHO, format!("threads must be 1 to 64, given {threads}")));
         }
-        Ok(Staging { chunk_bytes, threads, slots: SLOTS, upload_stores: HostStores::Auto, download_stores: HostStores::Auto })
+        Ok(Staging { chunk_bytes, threads, ..Staging::default() })
     }
 
     /// The same with `pieces` page-locked slots (pieces in flight at once: 2 to 16, even; 8 by
@@ -533,6 +536,17 @@ impl Staging {
     /// and as `downloads` says into the caller's memory ([`HostStores::Auto`] both by default).
     pub fn with_host_stores(self, uploads: HostStores, downloads: HostStores) -> Staging {
         Staging { upload_stores: uploads, download_stores: downloads, ..self }
+    }
+
+    /// The same staging copies of `bytes` or more ([`DeviceVec::STAGED_FROM_BYTES`] by default;
+    /// 0 stages every copy of pageable memory). Smaller ones take the driver's pageable path.
+    pub fn with_staged_from(self, bytes: usize) -> Staging {
+        Staging { staged_from: bytes, ..self }
+    }
+
+    /// The smallest copy that is staged.
+    pub fn staged_from(&self) -> usize {
+        self.staged_from
     }
 
     /// How the host threads write: (uploads, downloads).
@@ -772,6 +786,9 @@ mod tests {
         assert_eq!(Staging::current(), s);
         assert_eq!(Staging::set_current(old), s);
         assert_eq!(Staging::current(), old);
+        assert_eq!(Staging::default().staged_from(), DeviceVec::<u8>::STAGED_FROM_BYTES);
+        assert_eq!(s.with_staged_from(0).staged_from(), 0);
+        assert_eq!(s.staged_from(), DeviceVec::<u8>::STAGED_FROM_BYTES, "Staging::new keeps the default threshold");
     }
 
     /// The body's `Result` and the scope's are one (issue 34): the old signature returned
