@@ -82,8 +82,8 @@ pub fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) ->
             direct_down.push(dd);
         }
         for (k, s) in stagings.iter().enumerate() {
-            let u = time(&mut || ok("staged", staged_up(&s, &mut d, &data)));
-            let dn = time(&mut || ok("staged", staged_down(&s, &d, &mut out)));
+            let u = time(&mut || ok("staged", staged_up(s, &mut d, &data)));
+            let dn = time(&mut || ok("staged", staged_down(s, &d, &mut out)));
             if keep {
                 ups[k].push(u);
                 downs[k].push(dn);
