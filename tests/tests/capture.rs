@@ -1,7 +1,7 @@
 //! Copies and CUDA graph capture (issue 33, items 5-8): every copy refused on a capturing
 //! stream, a copy scope that waits for its host copies whatever its body captured, arrays used on
 //! other streams freed only after that use, and registrations that page-lock no neighbour.
-use raft::{DeviceResources, DeviceVec, ErrorKind, PinnedVec, RegisteredSlice, Staging};
+use raft::{DeviceResources, DeviceVec, ErrorKind, PinnedVec, RegisteredSlice};
 use raft_tests::patterns::{pattern_f32, pattern_u32, pattern_u8, same};
 use raft_tests::require_gpu;
 
@@ -17,11 +17,15 @@ fn copies_with_host_memory_are_refused_while_the_stream_is_captured() {
     let mut pageable = vec![0f32; n];
     stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
     let refused = [
-        ("scoped down", res.copy_scope(|s| s.to_host(&dev, &mut pinned)).and_then(|r| r)),
-        ("blocking down", dev.copy_to_host(&mut pageable)),
-        ("staged down", Staging::default().copy_to_host(&dev, &mut pageable)),
-        ("blocking up", dev.copy_from_host(&want)),
-        ("staged up", Staging::default().copy_from_host(&mut dev, &want)),
+        ("scoped down", res.copy_scope(|s| s.to_host(&dev, &mut pinned))),
+        ("blocking (staged) down", dev.copy_to_host(&mut pageable)),
+        ("blocking pinned down", dev.copy_to_host(&mut pinned)),
+        ("blocking (staged) up", dev.copy_from_host(&want)),
+        ("blocking pinned up", dev.copy_from_host(&pinned)),
+        // A memset only queues now (issue 34): captured, the graph would write the array at
+        // each launch.
+        ("fill_zero", dev.fill_zero()),
+        ("zeros", DeviceVec::<f32>::zeros(&res, n).map(drop)),
     ];
     let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
     for (what, r) in refused {
@@ -47,14 +51,14 @@ fn copies_with_host_memory_are_refused_while_the_stream_is_captured() {
             stream.begin_capture(mode).map_err(|e| raft::Error::new(ErrorKind::Cuda, "begin_capture", e.to_string()))
         });
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
-        scoped.unwrap_or_else(|e| panic!("{mode:?}: {e}")).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        scoped.unwrap_or_else(|e| panic!("{mode:?}: {e}"));
         drop(graph.unwrap_or_else(|e| panic!("{mode:?}: the capture was invalidated: {e}")));
         same(&format!("a scope whose body began a capture ({mode:?})"), &early.to_vec(), &want);
     }
     // After the capture: every kind runs.
-    res.copy_scope(|s| s.to_host(&dev, &mut pinned)).unwrap().unwrap();
+    res.copy_scope(|s| s.to_host(&dev, &mut pinned)).unwrap();
     same("scoped down after the capture", &pinned.to_vec(), &want);
-    Staging::default().copy_to_host(&dev, &mut pageable).unwrap();
+    dev.copy_to_host(&mut pageable).unwrap();
     same("staged down after the capture", &pageable, &want);
     dev.copy_from_host(&pattern_f32(n, 43)).unwrap();
     same("blocking up after the capture", &dev.to_host().unwrap(), &pattern_f32(n, 43));
@@ -86,7 +90,7 @@ fn a_scope_waits_for_its_host_copies_when_its_body_begins_a_capture_and_copies_o
         // Read as the scope returns, before anything else waits: the last element is written last.
         let last_at_return = host.get(n - 1);
         let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
-        let refused = scoped.unwrap_or_else(|e| panic!("{mode:?}: the scope's end failed (its copy may still run): {e}")).unwrap();
+        let refused = scoped.unwrap_or_else(|e| panic!("{mode:?}: the scope's end failed (its copy may still run): {e}"));
         let e = refused.unwrap_or_else(|| panic!("{mode:?}: a device copy on a capturing stream was accepted"));
         assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "CopyScope::device_to_device"), "{mode:?}: {e}");
         assert!(e.to_string().contains("captured into a CUDA graph"), "{e}");
@@ -98,7 +102,7 @@ fn a_scope_waits_for_its_host_copies_when_its_body_begins_a_capture_and_copies_o
 
 /// Device-only copies and cudarc pointers are refused while a stream they use is being captured
 /// (issue 33, item 7): captured, the copy would run at each launch of the graph, after the arrays
-/// may be freed. `copy_device_async` and `copy_from_device` return `Logic` (capture on the
+/// may be freed. `transfer_device_to_device` and `copy_from_device` return `Logic` (capture on the
 /// destination's stream, then on the source's), `DeviceVec::device_ptr` panics; nothing enters
 /// the graph, and after the capture all of them run. (Before: each was accepted and captured.)
 #[test]
@@ -118,13 +122,13 @@ fn device_copies_and_pointers_are_refused_while_a_stream_they_use_is_captured() 
         let (from, into) = (DeviceVec::from_host(&c, &want).unwrap(), DeviceVec::<u32>::zeros(&c, n).unwrap());
         captured.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
         let ordered = dst.copy_from_device(&src);
-        let owned = res.copy_device_async(from, into).map(drop);
+        let owned = res.transfer_device_to_device(from, into).map(drop);
         let pointer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let (ptr, _guard) = src.device_ptr(&captured);
             ptr
         }));
         let graph = captured.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
-        for (who, r) in [("DeviceVec::copy_from_device", ordered), ("DeviceResources::copy_device_async", owned)] {
+        for (who, r) in [("DeviceVec::copy_from_device", ordered), ("DeviceResources::transfer_device_to_device", owned)] {
             let e = r.expect_err(who);
             assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, who), "{e}");
             assert!(e.to_string().contains("captured into a CUDA graph"), "{e}");
@@ -215,11 +219,17 @@ fn registering_a_slice_page_locks_none_of_its_neighbours() {
         assert!(page_locked(inside), "the slice's whole pages are page-locked");
         assert!(!page_locked(before_at), "the byte before the slice, on its first page, was page-locked");
         assert!(!page_locked(after_at), "the byte after the slice, on its last page, was page-locked");
-        res.copy_scope(|s| s.to_device(&*r, &mut dev)).unwrap().unwrap();
+        res.copy_scope(|s| s.to_device(&*r, &mut dev)).unwrap();
         same("a slice with ragged ends, to the device", &dev.to_host().unwrap(), &want);
         dev.copy_from_host(&other).unwrap();
-        res.copy_scope(|s| s.to_host(&dev, r)).unwrap().unwrap();
+        res.copy_scope(|s| s.to_host(&dev, r)).unwrap();
         same("a slice with ragged ends, to the host", &r.to_vec(), &other);
+        // The blocking copies take the registration as they take a slice (issue 34).
+        dev.copy_from_host(&*r).unwrap();
+        same("a slice with ragged ends, blocking to the device", &dev.to_host().unwrap(), &other);
+        dev.copy_from_host(&want).unwrap();
+        dev.copy_to_host(r).unwrap();
+        same("a slice with ragged ends, blocking to the host", &r.to_vec(), &want);
     })
     .unwrap();
     assert!(!page_locked(inside), "unregistered");

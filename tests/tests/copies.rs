@@ -11,6 +11,22 @@ use raft_tests::patterns::{pattern_f32, pattern_u32, pattern_u8, same, SIZES};
 use raft_tests::require_gpu;
 use std::time::{Duration, Instant};
 
+/// Runs `body` with `staging` as the process's setting (`Staging::set_current`), then puts the
+/// old one back, also when `body` panics. The setting is the process's: the tests of this
+/// binary that change it take turns.
+fn with_staging<R>(staging: Staging, body: impl FnOnce() -> R) -> R {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    struct Restore(Staging);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            Staging::set_current(self.0);
+        }
+    }
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let _restore = Restore(Staging::set_current(staging));
+    body()
+}
+
 /// Every size class: empty, tiny, odd, one past a page multiple, past 1 Mi, past 64 Mi elements.
 #[test]
 fn pinned_round_trips_every_size_class_both_ways() {
@@ -23,18 +39,28 @@ fn pinned_round_trips_every_size_class_both_ways() {
         assert_eq!(host.len(), n);
         same("PinnedVec::from_slice", &host.to_vec(), &want);
         let dev = DeviceVec::from_host(&res, &pattern_f32(n, 7)).unwrap();
-        let (host, dev) = res.copy_to_device_async(host, dev).unwrap().wait().unwrap();
+        let (host, dev) = res.transfer_to_device(host, dev).unwrap().wait().unwrap();
         same(&format!("{n}: pinned -> device"), &dev.to_host().unwrap(), &want);
         let back = PinnedVec::from_slice(&res, &pattern_f32(n, 9)).unwrap();
-        let (dev, back) = res.copy_to_host_async(dev, back).unwrap().wait().unwrap();
+        let (dev, back) = res.transfer_to_host(dev, back).unwrap().wait().unwrap();
         same(&format!("{n}: device -> pinned"), &back.to_vec(), &want);
-        // The blocking copies take a PinnedVec as a slice.
+        // The blocking copies take a PinnedVec as they take a slice; the deprecated aliases
+        // still work.
         let mut dev2 = DeviceVec::<f32>::zeros(&res, n).unwrap();
-        dev2.copy_from_pinned(&host).unwrap();
+        dev2.copy_from_host(&host).unwrap();
         let mut back2 = PinnedVec::<f32>::new(&res, n).unwrap();
         assert!(back2.iter().all(|x| x == 0.0), "{n}: PinnedVec::new is zeroed");
-        dev2.copy_to_pinned(&mut back2).unwrap();
+        dev2.copy_to_host(&mut back2).unwrap();
         same(&format!("{n}: blocking copies through a PinnedVec"), &back2.to_vec(), &want);
+        same(&format!("{n}: from_host of a PinnedVec"), &DeviceVec::from_host(&res, &host).unwrap().to_host().unwrap(), &want);
+        #[allow(deprecated)]
+        {
+            let mut dev4 = DeviceVec::<f32>::zeros(&res, n).unwrap();
+            dev4.copy_from_pinned(&host).unwrap();
+            let mut back4 = PinnedVec::<f32>::new(&res, n).unwrap();
+            dev4.copy_to_pinned(&mut back4).unwrap();
+            same(&format!("{n}: the deprecated copy_from_pinned / copy_to_pinned"), &back4.to_vec(), &want);
+        }
         // Scoped copies, both ways in one scope.
         let mut dev3 = DeviceVec::<f32>::zeros(&res, n).unwrap();
         let mut back3 = PinnedVec::<f32>::new(0, n).unwrap();
@@ -42,7 +68,6 @@ fn pinned_round_trips_every_size_class_both_ways() {
             s.to_device(&host, &mut dev3)?;
             s.to_host(&dev, &mut back3)
         })
-        .unwrap()
         .unwrap();
         same(&format!("{n}: scoped pinned -> device"), &dev3.to_host().unwrap(), &want);
         same(&format!("{n}: scoped device -> pinned"), &back3.to_vec(), &want);
@@ -66,19 +91,21 @@ fn pageable_staged_round_trips_every_size_class_both_ways() {
     for n in SIZES {
         let bytes = pattern_u8(n, 3);
         let words = pattern_u32(n, 5);
-        // The defaults, through DeviceVec.
-        let d = DeviceVec::from_host_staged(&res, &bytes).unwrap();
+        // The defaults.
+        let d = DeviceVec::from_host(&res, &bytes).unwrap();
         same(&format!("{n} u8: staged in"), &d.to_host().unwrap(), &bytes);
-        same(&format!("{n} u8: staged out"), &d.to_host_staged().unwrap(), &bytes);
-        for s in stagings {
-            let mut d = DeviceVec::from_host(&res, &pattern_u32(n, 11)).unwrap();
-            s.copy_from_host(&mut d, &words).unwrap();
-            same(&format!("{n} u32 {s:?}: staged in"), &d.to_host().unwrap(), &words);
-            let mut out = pattern_u32(n, 13);
-            s.copy_to_host(&d, &mut out).unwrap();
-            same(&format!("{n} u32 {s:?}: staged out"), &out, &words);
-            same(&format!("{n} u32 {s:?}: to_host"), &s.to_host(&d).unwrap(), &words);
-            same(&format!("{n} u32 {s:?}: from_host"), &s.from_host(&res, &words).unwrap().to_host().unwrap(), &words);
+        // Every size staged, as the threshold says.
+        for s in stagings.map(|s| s.with_staged_from(0)) {
+            with_staging(s, || {
+                let mut d = DeviceVec::from_host(&res, &pattern_u32(n, 11)).unwrap();
+                d.copy_from_host(&words).unwrap();
+                same(&format!("{n} u32 {s:?}: staged in"), &d.to_host().unwrap(), &words);
+                let mut out = pattern_u32(n, 13);
+                d.copy_to_host(&mut out).unwrap();
+                same(&format!("{n} u32 {s:?}: staged out"), &out, &words);
+                same(&format!("{n} u32 {s:?}: to_host"), &d.to_host().unwrap(), &words);
+                same(&format!("{n} u32 {s:?}: from_host"), &DeviceVec::from_host(&res, &words).unwrap().to_host().unwrap(), &words);
+            });
         }
     }
 }
@@ -102,14 +129,46 @@ fn the_plain_copies_are_right_on_both_sides_of_the_staging_threshold() {
         same(&format!("{n} u8: copy_from_host, copy_to_host"), &out, &other);
         // Page-locked host memory goes the direct way, both directions.
         let mut pinned = PinnedVec::<u8>::from_slice(&res, &want).unwrap();
-        d.copy_from_pinned(&pinned).unwrap();
+        d.copy_from_host(&pinned).unwrap();
         same(&format!("{n} u8: to_host after a pinned copy in"), &d.to_host().unwrap(), &want);
         d.copy_from_host(&other).unwrap();
-        d.copy_to_pinned(&mut pinned).unwrap();
+        d.copy_to_host(&mut pinned).unwrap();
         same(&format!("{n} u8: a pinned copy out"), &pinned.to_vec(), &other);
     }
     let words = pattern_f32((16 << 20) + 1, 23);
     same("f32 64 MiB + 4 B", &DeviceVec::from_host(&res, &words).unwrap().to_host().unwrap(), &words);
+}
+
+/// The blocking rule (issue 34): only what touches host memory blocks. `zeros` and `fill_zero`
+/// touch device memory only, so they queue on the array's stream and return without waiting for
+/// it: device copies queued first (tens of milliseconds of them) still run when they return,
+/// which an event recorded right after them shows. (Before, both synchronised the stream: the
+/// event was complete at once.) What they wrote is still zeros, ordered after that work.
+#[test]
+fn zeros_and_fill_zero_only_queue() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let n = 256 << 20; // 1 GiB of f32: each copy below reads and writes 2 GiB
+    let src = DeviceVec::<f32>::zeros(&res, n).unwrap();
+    let mut busy = DeviceVec::<f32>::new(&res, n).unwrap();
+    let mut refilled = DeviceVec::from_host(&res, &pattern_f32(4096, 67)).unwrap();
+    let stream = res.stream().unwrap();
+    let mut keep_busy = || {
+        for _ in 0..40 {
+            busy.copy_from_device(&src).unwrap();
+        }
+    };
+    keep_busy();
+    let zeros = DeviceVec::<f32>::zeros(&res, 4096).unwrap();
+    let after_zeros = stream.record_event(None).unwrap();
+    assert!(!after_zeros.is_complete(), "DeviceVec::zeros waited for the work queued before it");
+    keep_busy();
+    refilled.fill_zero().unwrap();
+    let after_fill = stream.record_event(None).unwrap();
+    assert!(!after_fill.is_complete(), "DeviceVec::fill_zero waited for the work queued before it");
+    assert!(zeros.to_host().unwrap().iter().all(|x| *x == 0.0), "zeros");
+    assert!(refilled.to_host().unwrap().iter().all(|x| *x == 0.0), "fill_zero");
+    assert!(DeviceVec::<f32>::zeros(&res, 0).unwrap().is_empty());
 }
 
 /// A `PinnedVec` read and written by value on the host (it gives no safe slice): `get`, `set`,
@@ -148,21 +207,22 @@ fn staged_copies_are_right_with_every_kind_of_host_store() {
     let res = DeviceResources::new().unwrap();
     for kind in [HostStores::Plain, HostStores::Streaming, HostStores::Auto] {
         for staging in [Staging::default(), Staging::new(1 << 20, 4).unwrap()] {
-            let s = staging.with_host_stores(kind, kind);
+            // Every size staged (the threshold at 0).
+            let s = staging.with_host_stores(kind, kind).with_staged_from(0);
             for n in [1usize, 4095, 4096 + 3, (1 << 20) + 7, (5 << 20) + 5, (33 << 20) + 1] {
                 for off in [0usize, 3] {
                     let what = format!("{kind:?}, {} MiB pieces, {n} bytes at offset {off}", s.chunk_bytes() >> 20);
                     let backing = pattern_u8(n + off, 29 + off as u32);
                     let src = &backing[off..];
                     let mut d = DeviceVec::<u8>::zeros(&res, n).unwrap();
-                    s.copy_from_host(&mut d, src).unwrap();
+                    with_staging(s, || d.copy_from_host(src)).unwrap();
                     // Read back into page-locked memory (a direct copy, no staging), then through
                     // the same staging into a slice with guard bytes on both sides.
                     let mut direct = PinnedVec::<u8>::new(&res, n).unwrap();
-                    d.copy_to_pinned(&mut direct).unwrap();
+                    d.copy_to_host(&mut direct).unwrap();
                     same(&format!("{what}: staged up"), &direct.to_vec(), src);
                     let mut out = vec![0xC3u8; off + n + 64];
-                    s.copy_to_host(&d, &mut out[off..off + n]).unwrap();
+                    with_staging(s, || d.copy_to_host(&mut out[off..off + n])).unwrap();
                     same(&format!("{what}: staged down"), &out[off..off + n], src);
                     assert!(out[..off].iter().chain(&out[off + n..]).all(|&b| b == 0xC3), "{what}: a byte outside the range was written");
                 }
@@ -195,7 +255,7 @@ fn staged_copies_are_ordered_after_the_work_queued_on_the_array() {
         c.matrix_mut(n, n, Layout::RowMajor).unwrap(),
     )
     .unwrap();
-    let out = Staging::new(1 << 20, 4).unwrap().to_host(&c).unwrap();
+    let out = with_staging(Staging::new(1 << 20, 4).unwrap(), || c.to_host()).unwrap();
     assert!(out.iter().all(|x| *x == 2.0 * n as f32), "the staged copy ran before the GEMM finished");
 }
 
@@ -214,9 +274,9 @@ fn staged_copies_from_inside_a_thread_pool_finish() {
             let (res, want, tx) = (res.clone(), &want, tx.clone());
             s.spawn(move |_| {
                 let mut d = DeviceVec::<u32>::zeros(&res, want.len()).unwrap();
-                Staging::default().copy_from_host(&mut d, want).unwrap();
+                d.copy_from_host(want).unwrap();
                 let mut out = vec![k; want.len()];
-                Staging::default().copy_to_host(&d, &mut out).unwrap();
+                d.copy_to_host(&mut out).unwrap();
                 tx.send(out == *want).unwrap();
             });
         }
@@ -232,6 +292,11 @@ fn staged_copies_from_inside_a_thread_pool_finish() {
 fn staged_copies_on_several_threads_at_once_are_right() {
     require_gpu!();
     let res = DeviceResources::new().unwrap();
+    // Small pieces, so that each copy has many.
+    with_staging(Staging::new(1 << 20, 3).unwrap(), || staged_copies_on_several_threads(&res));
+}
+
+fn staged_copies_on_several_threads(res: &DeviceResources) {
     for round in 0..3u32 {
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..4u32)
@@ -239,10 +304,9 @@ fn staged_copies_on_several_threads_at_once_are_right() {
                     let res = res.clone();
                     s.spawn(move || {
                         let want = pattern_u32((6 << 20) + 2 * k as usize + 1, 31 + k + round);
-                        let staging = Staging::new(1 << 20, 3).unwrap();
-                        let d = staging.from_host(&res, &want).unwrap();
+                        let d = DeviceVec::from_host(&res, &want).unwrap();
                         let mut out = vec![0u32; want.len()];
-                        staging.copy_to_host(&d, &mut out).unwrap();
+                        d.copy_to_host(&mut out).unwrap();
                         out == want
                     })
                 })
@@ -268,11 +332,11 @@ fn registered_slices_round_trip_and_unregister() {
         // locks as a whole.
         RegisteredSlice::scope(&res, &mut src, |registered| {
             assert_eq!(registered.len(), n);
-            res.copy_scope(|s| s.to_device(&*registered, &mut dev)).unwrap().unwrap();
+            res.copy_scope(|s| s.to_device(&*registered, &mut dev)).unwrap();
         })
         .unwrap();
         RegisteredSlice::scope(0, &mut dst, |out| {
-            res.copy_scope(|s| s.to_host(&dev, out)).unwrap().unwrap();
+            res.copy_scope(|s| s.to_host(&dev, out)).unwrap();
             same(&format!("{n}: through registered slices"), &out.to_vec(), &want);
         })
         .unwrap();
@@ -310,11 +374,11 @@ fn device_to_device_copies_same_device_all_shapes() {
         same(&format!("{n}: copy_from_device"), &dst.to_host().unwrap(), &want);
         // Owning, on a third stream's resources.
         let dst2 = DeviceVec::<u32>::zeros(&b, n).unwrap();
-        let (src, dst2) = a.copy_device_async(src, dst2).unwrap().wait().unwrap();
-        same(&format!("{n}: copy_device_async"), &dst2.to_host().unwrap(), &want);
+        let (src, dst2) = a.transfer_device_to_device(src, dst2).unwrap().wait().unwrap();
+        same(&format!("{n}: transfer_device_to_device"), &dst2.to_host().unwrap(), &want);
         // Scoped.
         let mut dst3 = DeviceVec::<u32>::zeros(&a, n).unwrap();
-        b.copy_scope(|s| s.device_to_device(&src, &mut dst3)).unwrap().unwrap();
+        b.copy_scope(|s| s.device_to_device(&src, &mut dst3)).unwrap();
         same(&format!("{n}: scoped device_to_device"), &dst3.to_host().unwrap(), &want);
     }
 }
@@ -345,8 +409,8 @@ fn device_copies_between_device_pinned_and_managed_arrays() {
             dst.copy_from_host(&pattern_u32(n, 99)).unwrap();
             dst.copy_from_device(&src).unwrap();
             same(&format!("{from} -> {to}: copy_from_device"), &dst.to_host().unwrap(), &want);
-            let (_, dst) = r.copy_device_async(src, dst).unwrap().wait().unwrap();
-            same(&format!("{from} -> {to}: copy_device_async"), &dst.to_host().unwrap(), &want);
+            let (_, dst) = r.transfer_device_to_device(src, dst).unwrap().wait().unwrap();
+            same(&format!("{from} -> {to}: transfer_device_to_device"), &dst.to_host().unwrap(), &want);
         }
     }
 }
@@ -373,7 +437,7 @@ fn copies_on_another_stream_are_ordered_with_the_arrays_streams() {
     gemm_into(&mut c, 1.0);
     // Read by a copy on the other resources' stream, queued while the GEMM may still run.
     let dst = DeviceVec::<f32>::zeros(&copies, n * n).unwrap();
-    let (mut c, dst) = copies.copy_device_async(c, dst).unwrap().wait().unwrap();
+    let (mut c, dst) = copies.transfer_device_to_device(c, dst).unwrap().wait().unwrap();
     assert!(dst.to_host().unwrap().iter().all(|x| *x == 3.0 * n as f32), "the copy ran before the GEMM finished");
     // A queued copy_from_device reads c on `copies`' stream; the GEMM queued next on c's own
     // stream must not overwrite c before that read.
@@ -402,18 +466,18 @@ fn peer_copies_between_two_gpus() {
         same(&format!("{n}: peer copy_from_device"), &dst.to_host().unwrap(), &want);
         let back = DeviceVec::<u32>::zeros(&r0, n).unwrap();
         // On the destination's device, and on the source's.
-        let (dst, back) = r0.copy_device_async(dst, back).unwrap().wait().unwrap();
-        same(&format!("{n}: peer copy_device_async on the destination's device"), &back.to_host().unwrap(), &want);
-        let (back, dst) = r1.copy_device_async(back, dst).unwrap().wait().unwrap();
-        same(&format!("{n}: peer copy_device_async on the source's device"), &dst.to_host().unwrap(), &want);
+        let (dst, back) = r0.transfer_device_to_device(dst, back).unwrap().wait().unwrap();
+        same(&format!("{n}: peer transfer_device_to_device on the destination's device"), &back.to_host().unwrap(), &want);
+        let (back, dst) = r1.transfer_device_to_device(back, dst).unwrap().wait().unwrap();
+        same(&format!("{n}: peer transfer_device_to_device on the source's device"), &dst.to_host().unwrap(), &want);
         let mut again = DeviceVec::<u32>::zeros(&r1, n).unwrap();
-        r0.copy_scope(|s| s.device_to_device(&back, &mut again)).unwrap().unwrap();
+        r0.copy_scope(|s| s.device_to_device(&back, &mut again)).unwrap();
         same(&format!("{n}: scoped peer copy"), &again.to_host().unwrap(), &want);
     }
     // A host copy must run on the device array's own device.
     let host = PinnedVec::<u32>::new(0, 16).unwrap();
     let dev1 = DeviceVec::<u32>::zeros(&r1, 16).unwrap();
-    let e = r0.copy_to_device_async(host, dev1).unwrap_err();
+    let e = r0.transfer_to_device(host, dev1).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
 }
 
@@ -428,36 +492,35 @@ fn arguments_are_checked_before_any_cuda_call() {
     require_gpu!();
     // GPU side: lengths that differ, named by the API called.
     let res = DeviceResources::new().unwrap();
-    let e = res.copy_to_device_async(PinnedVec::<f32>::new(&res, 3).unwrap(), DeviceVec::zeros(&res, 4).unwrap()).unwrap_err();
+    let e = res.transfer_to_device(PinnedVec::<f32>::new(&res, 3).unwrap(), DeviceVec::zeros(&res, 4).unwrap()).unwrap_err();
     assert_eq!(
         (e.kind(), e.to_string().as_str()),
-        (ErrorKind::Logic, "DeviceResources::copy_to_device_async: a copy of 3 elements into 4 elements")
+        (ErrorKind::Logic, "DeviceResources::transfer_to_device: a copy of 3 elements into 4 elements")
     );
-    let e = res.copy_to_host_async(DeviceVec::<f32>::zeros(&res, 4).unwrap(), PinnedVec::new(&res, 3).unwrap()).unwrap_err();
-    assert_eq!(e.who(), "DeviceResources::copy_to_host_async");
-    let e = res.copy_device_async(DeviceVec::<f32>::zeros(&res, 4).unwrap(), DeviceVec::zeros(&res, 5).unwrap()).unwrap_err();
-    assert_eq!(e.who(), "DeviceResources::copy_device_async");
+    let e = res.transfer_to_host(DeviceVec::<f32>::zeros(&res, 4).unwrap(), PinnedVec::new(&res, 3).unwrap()).unwrap_err();
+    assert_eq!(e.who(), "DeviceResources::transfer_to_host");
+    let e = res.transfer_device_to_device(DeviceVec::<f32>::zeros(&res, 4).unwrap(), DeviceVec::zeros(&res, 5).unwrap()).unwrap_err();
+    assert_eq!(e.who(), "DeviceResources::transfer_device_to_device");
     let mut d4 = DeviceVec::<f32>::zeros(&res, 4).unwrap();
     let d5 = DeviceVec::<f32>::zeros(&res, 5).unwrap();
     assert_eq!(d4.copy_from_device(&d5).unwrap_err().who(), "DeviceVec::copy_from_device");
-    assert_eq!(
-        d4.copy_from_host_staged(&[1.0; 3]).unwrap_err().to_string(),
-        "DeviceVec::copy_from_host_staged: a copy of 3 elements into 4 elements"
-    );
-    assert_eq!(d4.copy_to_host_staged(&mut [0.0; 5]).unwrap_err().who(), "DeviceVec::copy_to_host_staged");
+    assert_eq!(d4.copy_from_host(&[1.0; 3]).unwrap_err().to_string(), "DeviceVec::copy_from_host: expected 4 elements, given 3");
+    assert_eq!(d4.copy_to_host(&mut [0.0; 5]).unwrap_err().who(), "DeviceVec::copy_to_host");
     let p3 = PinnedVec::<f32>::new(&res, 3).unwrap();
-    let e = res.copy_scope(|s| s.to_device(&p3, &mut d4)).unwrap().unwrap_err();
+    let e = d4.copy_from_host(&p3).unwrap_err();
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "DeviceVec::copy_from_host"));
+    let e = res.copy_scope(|s| s.to_device(&p3, &mut d4)).unwrap_err();
     assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "CopyScope::to_device"));
     // Released resources are refused.
     let gone = DeviceResources::new().unwrap();
     let on_gone = DeviceVec::<f32>::zeros(&gone, 4).unwrap();
     gone.release().unwrap();
-    let e = res.copy_to_device_async(PinnedVec::<f32>::new(&res, 4).unwrap(), on_gone).unwrap_err();
+    let e = res.transfer_to_device(PinnedVec::<f32>::new(&res, 4).unwrap(), on_gone).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
     assert!(e.to_string().contains("were released"), "{e}");
-    let e = gone.copy_to_device_async(PinnedVec::<f32>::new(&res, 4).unwrap(), DeviceVec::zeros(&res, 4).unwrap()).unwrap_err();
+    let e = gone.transfer_to_device(PinnedVec::<f32>::new(&res, 4).unwrap(), DeviceVec::zeros(&res, 4).unwrap()).unwrap_err();
     assert!(e.to_string().contains("were released"), "{e}");
-    assert!(gone.copy_scope(|_| ()).unwrap_err().to_string().contains("were released"));
+    assert!(gone.copy_scope(|_| Ok(())).unwrap_err().to_string().contains("were released"));
 }
 
 /// Waits until the library's release threads have nothing left (a dropped transfer's release).
@@ -492,9 +555,9 @@ fn a_dropped_or_forgotten_transfer_never_frees_what_its_copy_uses() {
             }
             let host = PinnedVec::<f32>::from_slice(&res, &incoming).unwrap();
             let copy: Box<dyn std::any::Any> = if to_host {
-                Box::new(res.copy_to_host_async(dev, host).unwrap())
+                Box::new(res.transfer_to_host(dev, host).unwrap())
             } else {
-                Box::new(res.copy_to_device_async(host, dev).unwrap())
+                Box::new(res.transfer_to_device(host, dev).unwrap())
             };
             let after_copy = stream.record_event(None).unwrap();
             if forget {
@@ -533,7 +596,7 @@ fn releasing_resources_under_a_copy_waits_for_it() {
     let copies = DeviceResources::new().unwrap();
     let keep = DeviceResources::new().unwrap();
     let dst = DeviceVec::<f32>::zeros(&keep, n).unwrap();
-    let copy = copies.copy_to_device_async(PinnedVec::from_slice(&keep, &want).unwrap(), dst).unwrap();
+    let copy = copies.transfer_to_device(PinnedVec::from_slice(&keep, &want).unwrap(), dst).unwrap();
     copies.release().unwrap();
     assert!(copy.is_finished(), "the release drained the stream the copy runs on");
     let (_, dst) = copy.wait().unwrap();
@@ -541,7 +604,7 @@ fn releasing_resources_under_a_copy_waits_for_it() {
     // The destination's resources released while the copy runs on another stream.
     let owner = DeviceResources::new().unwrap();
     let dst = DeviceVec::<f32>::zeros(&owner, n).unwrap();
-    let copy = keep.copy_to_device_async(PinnedVec::from_slice(&keep, &want).unwrap(), dst).unwrap();
+    let copy = keep.transfer_to_device(PinnedVec::from_slice(&keep, &want).unwrap(), dst).unwrap();
     owner.release().unwrap();
     let (src, dst) = copy.wait().unwrap();
     assert_eq!(dst.to_host().unwrap_err().kind(), ErrorKind::Logic, "the array's resources were released");
@@ -554,10 +617,10 @@ fn a_transfer_waits_as_a_job_and_as_a_future() {
     require_gpu!();
     let res = DeviceResources::new().unwrap();
     let want = pattern_u32(1 << 20, 53);
-    let copy = res.copy_to_device_async(PinnedVec::from_slice(&res, &want).unwrap(), DeviceVec::zeros(&res, want.len()).unwrap()).unwrap();
+    let copy = res.transfer_to_device(PinnedVec::from_slice(&res, &want).unwrap(), DeviceVec::zeros(&res, want.len()).unwrap()).unwrap();
     let (host, dev) = copy.into_job().unwrap().join().unwrap().unwrap();
     same("through a job", &dev.to_host().unwrap(), &want);
-    let copy = res.copy_to_host_async(dev, PinnedVec::new(&res, want.len()).unwrap()).unwrap();
+    let copy = res.transfer_to_host(dev, PinnedVec::new(&res, want.len()).unwrap()).unwrap();
     let (_, back) = pollster::block_on(copy.into_job().unwrap()).unwrap().unwrap();
     same("awaited", &back.to_vec(), &want);
     drop(host);
@@ -588,7 +651,6 @@ fn scoped_copies_overlap_compute_on_other_resources() {
             s.to_host(&earlier, &mut back)?;
             compute.sync()
         })
-        .unwrap()
         .unwrap();
     same("scoped host -> device beside a GEMM", &dev.to_host().unwrap(), &want);
     same("scoped device -> device beside a GEMM", &other.to_host().unwrap(), &earlier.to_host().unwrap());
@@ -606,7 +668,7 @@ fn a_panicking_scope_waits_for_its_copies() {
     let mut dev = DeviceVec::<f32>::zeros(&res, want.len()).unwrap();
     let stream = res.stream().unwrap();
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let _ = res.copy_scope(|s| {
+        let _ = res.copy_scope(|s| -> raft::Result<()> {
             s.to_device(&host, &mut dev).unwrap();
             panic!("the body gives up");
         });
@@ -638,7 +700,7 @@ fn exit_child(how: &str) -> ! {
     for _ in 0..8 {
         let host = PinnedVec::<f32>::new(&res, n).unwrap();
         let dev = DeviceVec::<f32>::new(&res, n).unwrap();
-        copies.push(res.copy_to_device_async(host, dev).unwrap());
+        copies.push(res.transfer_to_device(host, dev).unwrap());
     }
     EVENT.set(res.stream().unwrap().record_event(None).unwrap()).ok();
     println!("RESULT queued=8 finished_before_exit={}", copies.iter().all(|c| c.is_finished()));
@@ -680,9 +742,9 @@ fn a_copy_in_flight_at_exit_is_waited_for() {
 fn spin_child() -> ! {
     let res = DeviceResources::new().unwrap();
     let want = pattern_u32((5 << 20) + 3, 53);
-    let staged = Staging::default().from_host(&res, &want).and_then(|d| {
+    let staged = DeviceVec::from_host(&res, &want).and_then(|d| {
         let mut out = vec![0u32; want.len()];
-        Staging::default().copy_to_host(&d, &mut out).map(|()| out == want)
+        d.copy_to_host(&mut out).map(|()| out == want)
     });
     match staged {
         Ok(right) => println!("RESULT ok right={right}"),
@@ -716,6 +778,6 @@ fn the_staging_watch_comes_from_the_environment() {
     let zero = run("0");
     assert!(zero.contains("RESULT ok right=true"), "RAFT_STAGING_SPIN_US=0: {zero}");
     let bad = run("2ms");
-    assert!(bad.contains("RESULT err kind=Logic who=Staging::from_host"), "{bad}");
+    assert!(bad.contains("RESULT err kind=Logic who=DeviceVec::from_host"), "{bad}");
     assert!(bad.contains("RAFT_STAGING_SPIN_US") && bad.contains("\"2ms\""), "the error names the variable and the value: {bad}");
 }

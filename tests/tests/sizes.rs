@@ -189,7 +189,7 @@ fn allocator(kind: &str, res: &DeviceResources) -> Box<dyn Fn(usize) -> raft::Re
         "pinned-as-device" => device(MemoryResource::pinned_host(0).unwrap()),
         "pinned" => {
             let mr = MemoryResource::pinned_host(0).unwrap();
-            Box::new(move |n| PinnedVec::<u8>::new_in(&mr, n).map(Made::Pinned))
+            Box::new(move |n| PinnedVec::<u8>::new_in(n, &mr).map(Made::Pinned))
         }
         "pinned-default" => Box::new(|n| PinnedVec::<u8>::new(0, n).map(Made::Pinned)),
         other => panic!("no kind {other}"),

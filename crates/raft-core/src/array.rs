@@ -120,12 +120,17 @@ impl<T: DeviceScalar> DeviceVec<T> {
         })
     }
 
-    /// `len` zeros.
+    /// `len` zeros; returns once the zeroing is queued on the array's stream (an operation on
+    /// device memory only queues: see the blocking rule in `docs/API.md`).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); `Logic` while the resources' stream is being captured into a CUDA
+    /// graph.
     pub fn zeros(resources: &DeviceResources, len: usize) -> Result<Self> {
         const WHO: &str = "DeviceVec::zeros";
         let mut v = Self::alloc(WHO, resources, None, len)?;
         v.live(WHO)?;
-        v.buf_mut().zero(WHO)?;
+        crate::result::copy::zero_ordered(WHO, v.buf_mut())?;
         Ok(v)
     }
 
@@ -185,11 +190,15 @@ impl<T: DeviceScalar> DeviceVec<T> {
         }
     }
 
-    /// Sets every byte to zero (stream-ordered; returns once done).
+    /// Sets every byte to zero on the array's stream; returns once queued (see
+    /// [`zeros`](Self::zeros)).
+    ///
+    /// # Errors
+    /// `Logic` on released resources or while the stream is being captured into a CUDA graph.
     pub fn fill_zero(&mut self) -> Result<()> {
         const WHO: &str = "DeviceVec::fill_zero";
         self.live(WHO)?;
-        self.buf_mut().zero(WHO)
+        crate::result::copy::zero_ordered(WHO, self.buf_mut())
     }
 
     pub(crate) fn same_len(&self, who: &'static str, other: usize) -> Result<()> {

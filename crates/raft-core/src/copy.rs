@@ -1,7 +1,9 @@
-//! Copies at the speed of the link, on a resources' stream: asynchronous copies that own their
-//! ends ([`Transfer`]), copies that borrow them for a scope that waits ([`CopyScope`]),
-//! device-to-device and peer copies, and pageable slices staged through page-locked buffers
-//! ([`Staging`]).
+//! Copies at the speed of the link, on a resources' stream: the asynchronous copies, which
+//! borrow their ends for a scope that waits ([`CopyScope`], THE asynchronous form) or own them
+//! ([`Transfer`], for a copy that must outlive the caller's frame or be awaited), device-to-device
+//! and peer copies, and how pageable slices are staged through page-locked buffers ([`Staging`],
+//! configuration only). The blocking copies are `DeviceVec`'s (`array_copy.rs`); the table of
+//! all of them is `docs/API.md`.
 //!
 //! # Why these shapes
 //! A copy runs after the call that queued it has returned. A handle that merely borrowed the
@@ -9,8 +11,17 @@
 //! it: a use-after-free from safe code (the scoped-thread problem). So an asynchronous copy here
 //! either owns its ends until it has finished ([`Transfer`]: forgetting it leaks them), or
 //! borrows them for a scope the caller cannot leave before every copy of it has finished
-//! ([`DeviceResources::copy_scope`]). Synchronous copies (`DeviceVec::copy_from_host`, the staged
-//! copies) return once done.
+//! ([`DeviceResources::copy_scope`]). Blocking copies (`DeviceVec::copy_from_host`, …) return
+//! once done.
+//!
+//! # Why two asynchronous forms, named alike
+//! The scope is THE asynchronous form: it takes every kind of page-locked memory (a
+//! `RegisteredSlice` too, which a `Transfer` cannot own), leaves the arrays where they are, and
+//! its copies read `s.to_device(&src, &mut dst)`. A scope ends before its caller's frame does,
+//! though, and waits on the calling thread; an async program that must not block its executor,
+//! or a copy handed to another part of the program, needs the copy to own its ends: the
+//! [`Transfer`] forms, the same verbs prefixed `transfer_` (`res.transfer_to_device(src, dst)`),
+//! awaited through [`Transfer::into_job`].
 //!
 //! # At exit
 //! A copy runs on the stream of resources it holds (a [`Transfer`] holds them until it has been
@@ -59,7 +70,7 @@ fn live<T: DeviceScalar>(who: &'static str, v: &DeviceVec<T>) -> Result<()> {
 /// # fn f(res: &DeviceResources) -> raft_core::Result<()> {
 /// let host = PinnedVec::<f32>::new(res, 1024)?;
 /// let dev = DeviceVec::<f32>::new(res, 1024)?;
-/// let copy = res.copy_to_device_async(host, dev)?;
+/// let copy = res.transfer_to_device(host, dev)?;
 /// let first = host[0]; // error: `host` moved into the copy until `copy.wait()` gives it back
 /// # Ok(()) }
 /// ```
@@ -169,8 +180,8 @@ fn device_ends<T: DeviceScalar>(b: &mut (DeviceVec<T>, DeviceVec<T>)) -> Ends<'_
 /// it: a use-after-free from safe code (the scoped-thread problem). So an asynchronous copy here
 /// either owns its ends until it has finished ([`Transfer`]: forgetting it leaks them, dropping
 /// it frees them once the copy is done), or borrows them for a scope the caller cannot leave
-/// before every copy of it has finished ([`copy_scope`](Self::copy_scope)). The synchronous
-/// copies (`DeviceVec::copy_from_host` with a [`PinnedVec`], [`Staging`]) return once done.
+/// before every copy of it has finished ([`copy_scope`](Self::copy_scope)). The blocking
+/// copies (`DeviceVec::copy_from_host`, also with a [`PinnedVec`]) return once done.
 ///
 /// Copies queued on one stream run one after another: copies in both directions at once, or
 /// copies beside compute, use two resources objects. At exit, a copy still running holds its
@@ -197,7 +208,7 @@ impl DeviceResources {
     /// let res = DeviceResources::new()?;
     /// let host = PinnedVec::from_slice(&res, &[1.0f32, 2.0, 3.0])?;
     /// let dev = DeviceVec::<f32>::new(&res, 3)?;
-    /// let copy = res.copy_to_device_async(host, dev)?;
+    /// let copy = res.transfer_to_device(host, dev)?;
     /// // ... other work while the copy runs ...
     /// let (host, dev) = copy.wait()?;
     /// assert_eq!(dev.to_host()?, host.to_vec());
@@ -208,17 +219,17 @@ impl DeviceResources {
     /// `Logic`, before any CUDA call, when the lengths differ, `dst` is on another device, or
     /// either resources object was released (the arrays are then dropped); `Cuda` when queueing
     /// fails.
-    pub fn copy_to_device_async<T: DeviceScalar>(&self, src: PinnedVec<T>, dst: DeviceVec<T>) -> Result<ToDevice<T>> {
-        const WHO: &str = "DeviceResources::copy_to_device_async";
+    pub fn transfer_to_device<T: DeviceScalar>(&self, src: PinnedVec<T>, dst: DeviceVec<T>) -> Result<ToDevice<T>> {
+        const WHO: &str = "DeviceResources::transfer_to_device";
         live(WHO, &dst)?;
         same_len(WHO, src.len(), dst.len())?;
         self.transfer(WHO, (src, dst), to_device_ends::<T>)
     }
 
     /// Copies `src` into page-locked `dst` on these resources' stream, without blocking; the
-    /// [`Transfer`] gives back `(src, dst)` (see [`copy_to_device_async`](Self::copy_to_device_async)).
-    pub fn copy_to_host_async<T: DeviceScalar>(&self, src: DeviceVec<T>, dst: PinnedVec<T>) -> Result<ToHost<T>> {
-        const WHO: &str = "DeviceResources::copy_to_host_async";
+    /// [`Transfer`] gives back `(src, dst)` (see [`transfer_to_device`](Self::transfer_to_device)).
+    pub fn transfer_to_host<T: DeviceScalar>(&self, src: DeviceVec<T>, dst: PinnedVec<T>) -> Result<ToHost<T>> {
+        const WHO: &str = "DeviceResources::transfer_to_host";
         live(WHO, &src)?;
         same_len(WHO, src.len(), dst.len())?;
         self.transfer(WHO, (src, dst), to_host_ends::<T>)
@@ -228,8 +239,8 @@ impl DeviceResources {
     /// arrays may be on two devices (a peer copy, `cuMemcpyPeerAsync`, direct over NVLink or
     /// PCIe where the devices can reach each other), and these resources on either. The
     /// [`Transfer`] gives back `(src, dst)`.
-    pub fn copy_device_async<T: DeviceScalar>(&self, src: DeviceVec<T>, dst: DeviceVec<T>) -> Result<DeviceToDevice<T>> {
-        const WHO: &str = "DeviceResources::copy_device_async";
+    pub fn transfer_device_to_device<T: DeviceScalar>(&self, src: DeviceVec<T>, dst: DeviceVec<T>) -> Result<DeviceToDevice<T>> {
+        const WHO: &str = "DeviceResources::transfer_device_to_device";
         live(WHO, &src)?;
         live(WHO, &dst)?;
         same_len(WHO, src.len(), dst.len())?;
@@ -250,7 +261,7 @@ impl DeviceResources {
     /// copies.copy_scope(|s| {
     ///     s.to_device(&host, &mut dev)?;   // runs on `copies`' stream ...
     ///     compute.sync()                   // ... while `compute`'s stream works
-    /// })??;
+    /// })?;
     /// # Ok(()) }
     /// ```
     ///
@@ -263,7 +274,7 @@ impl DeviceResources {
     /// res.copy_scope(|s| {
     ///     let host = PinnedVec::<f32>::new(res, dev.len())?;
     ///     s.to_device(&host, &mut dev) // error: `host` does not live long enough
-    /// })??;
+    /// })?;
     /// # Ok(()) }
     /// ```
     ///
@@ -274,8 +285,8 @@ impl DeviceResources {
     /// res.copy_scope(|s| {
     ///     s.to_device(&host, &mut dev)?;
     ///     drop(host); // error: `host` is borrowed until the scope has waited
-    ///     Ok::<_, raft_core::Error>(())
-    /// })??;
+    ///     Ok(())
+    /// })?;
     /// # Ok(()) }
     /// ```
     ///
@@ -285,22 +296,24 @@ impl DeviceResources {
     /// res.copy_scope(|s| {
     ///     s.to_host(&dev, host)?;
     ///     host[0] = 2.0; // error: the device writes `host` until the scope has waited
-    ///     Ok::<_, raft_core::Error>(())
-    /// })??;
+    ///     Ok(())
+    /// })?;
     /// # Ok(()) }
     /// ```
     ///
     /// # Errors
-    /// `Logic` on released resources; `Cuda` when waiting for the stream fails. The body's own
-    /// value comes back inside.
+    /// `Logic` on released resources; `Cuda` when waiting for the stream fails; otherwise the
+    /// body's own `Result` (its error as it returned it).
     pub fn copy_scope<'env, F, R>(&self, body: F) -> Result<R>
     where
-        F: for<'scope> FnOnce(&'scope CopyScope<'scope, 'env>) -> R,
+        F: for<'scope> FnOnce(&'scope CopyScope<'scope, 'env>) -> Result<R>,
     {
         const WHO: &str = "DeviceResources::copy_scope";
         let stream = self.stream().map_err(|e| e.with_who(WHO))?;
         let me = self.clone();
-        run_scope(WHO, stream, Box::new(move || !me.is_released()), body)
+        // The body's error and the scope's own are one `Result`: the caller writes one `?`. A
+        // failed wait (the context is dead) outranks the body's value: its copies did not run.
+        run_scope(WHO, stream, Box::new(move || !me.is_released()), body).and_then(|r| r)
     }
 }
 
@@ -346,7 +359,7 @@ impl<'scope, 'env> CopyScope<'scope, 'env> {
 
 // ---- device to device, returning once queued -------------------------------------------------
 
-/// Device-to-device copies and staged host copies (`copy.rs`).
+/// Device-to-device copies (`copy.rs`).
 impl<T: DeviceScalar> DeviceVec<T> {
     /// Copies `src` into this array on this array's stream, after the work queued so far on
     /// `src`'s stream, whose later work then waits for the copy; returns once queued, like
@@ -364,27 +377,6 @@ impl<T: DeviceScalar> DeviceVec<T> {
         raft_exit::register_exit_hook();
         let res = self.resources().clone();
         res.with_native(WHO, |_| copy_device_ordered(WHO, src.native(), self.native_mut()))
-    }
-
-    /// A copy of pageable `host` in device memory, staged through page-locked buffers
-    /// ([`Staging::default`]); as [`from_host`](Self::from_host), faster for large slices.
-    pub fn from_host_staged(resources: &DeviceResources, host: &[T]) -> Result<Self> {
-        Staging::default().new_array_from("DeviceVec::from_host_staged", resources, host)
-    }
-
-    /// Copies pageable `host` into the array through page-locked buffers; returns once done.
-    pub fn copy_from_host_staged(&mut self, host: &[T]) -> Result<()> {
-        Staging::default().upload("DeviceVec::copy_from_host_staged", self, host)
-    }
-
-    /// The array's contents in a new `Vec`, staged through page-locked buffers.
-    pub fn to_host_staged(&self) -> Result<Vec<T>> {
-        Staging::default().new_vec_from("DeviceVec::to_host_staged", self)
-    }
-
-    /// Copies the array into pageable `host` through page-locked buffers; returns once done.
-    pub fn copy_to_host_staged(&self, host: &mut [T]) -> Result<()> {
-        Staging::default().download("DeviceVec::copy_to_host_staged", self, host)
     }
 }
 
@@ -443,13 +435,21 @@ impl HostStores {
 /// How the host threads write ([`HostStores`]) is chosen by direction and size unless set
 /// ([`with_host_stores`](Self::with_host_stores)).
 ///
-/// Copies are synchronous (they return once done), check exact lengths, and run on the array's
-/// own stream after the work queued there, as `DeviceVec::from_host` / `to_host` do.
+/// A `Staging` is configuration only: no copy takes one. The blocking copies between pageable
+/// memory and an array (`DeviceVec::from_host`, `copy_from_host`, `to_host`, `copy_to_host`)
+/// stage by themselves from [`staged_from`](Self::staged_from) bytes on (by default
+/// [`DeviceVec::STAGED_FROM_BYTES`]), with the process's setting:
+/// [`Staging::current`], changed by [`Staging::set_current`]. One setting for the process,
+/// not one per call or per resources object, because what it tunes belongs to the process: the
+/// host's cores and memory bandwidth, the one crew of host threads and the one pool of
+/// page-locked buffers every staged copy shares. (Per-call values would bring back a second
+/// name for every copy.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Staging {
     chunk_bytes: usize,
     threads: usize,
     slots: usize,
+    staged_from: usize,
     upload_stores: HostStores,
     download_stores: HostStores,
 }
@@ -467,6 +467,7 @@ impl Default for Staging {
             chunk_bytes: Staging::DEFAULT_CHUNK_BYTES,
             threads: parallel.saturating_sub(1).clamp(1, Staging::DEFAULT_THREADS),
             slots: SLOTS,
+            staged_from: DeviceVec::<u8>::STAGED_FROM_BYTES,
             upload_stores: HostStores::Auto,
             download_stores: HostStores::Auto,
         }
@@ -480,7 +481,23 @@ struct Plan {
     threads: usize,
 }
 
+/// The process's staging setting; `None`: [`Staging::default`].
+static CURRENT: Mutex<Option<Staging>> = Mutex::new(None);
+
 impl Staging {
+    /// How the process's blocking copies between pageable memory and arrays are staged:
+    /// [`Staging::default`] until [`set_current`](Self::set_current) changes it.
+    pub fn current() -> Staging {
+        CURRENT.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or_default()
+    }
+
+    /// Makes `staging` the process's setting for the staged copies that begin from now on, and
+    /// returns the one it replaces. Copies already running keep theirs.
+    pub fn set_current(staging: Staging) -> Staging {
+        let old = CURRENT.lock().unwrap_or_else(|e| e.into_inner()).replace(staging);
+        old.unwrap_or_default()
+    }
+
     /// Default largest piece.
     pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
     /// The most host threads of the default (which takes fewer on a machine with fewer cores).
@@ -499,7 +516,7 @@ impl Staging {
         if !(1..=64).contains(&threads) {
             return Err(Error::logic(WHO, format!("threads must be 1 to 64, given {threads}")));
         }
-        Ok(Staging { chunk_bytes, threads, slots: SLOTS, upload_stores: HostStores::Auto, download_stores: HostStores::Auto })
+        Ok(Staging { chunk_bytes, threads, ..Staging::default() })
     }
 
     /// The same with `pieces` page-locked slots (pieces in flight at once: 2 to 16, even; 8 by
@@ -519,6 +536,17 @@ impl Staging {
     /// and as `downloads` says into the caller's memory ([`HostStores::Auto`] both by default).
     pub fn with_host_stores(self, uploads: HostStores, downloads: HostStores) -> Staging {
         Staging { upload_stores: uploads, download_stores: downloads, ..self }
+    }
+
+    /// The same staging copies of `bytes` or more ([`DeviceVec::STAGED_FROM_BYTES`] by default;
+    /// 0 stages every copy of pageable memory). Smaller ones take the driver's pageable path.
+    pub fn with_staged_from(self, bytes: usize) -> Staging {
+        Staging { staged_from: bytes, ..self }
+    }
+
+    /// The smallest copy that is staged.
+    pub fn staged_from(&self) -> usize {
+        self.staged_from
     }
 
     /// How the host threads write: (uploads, downloads).
@@ -554,27 +582,6 @@ impl Staging {
         Plan { cut: StagedCut { piece, sub, stores: stores.resolve(bytes, upload) }, threads: self.threads.min(subs_in_flight).max(1) }
     }
 
-    /// A copy of pageable `host` in a new device array.
-    pub fn from_host<T: DeviceScalar>(&self, resources: &DeviceResources, host: &[T]) -> Result<DeviceVec<T>> {
-        self.new_array_from("Staging::from_host", resources, host)
-    }
-
-    fn new_array_from<T: DeviceScalar>(&self, who: &'static str, resources: &DeviceResources, host: &[T]) -> Result<DeviceVec<T>> {
-        let mut v = DeviceVec::new(resources, host.len()).map_err(|e| e.with_who(who))?;
-        self.upload(who, &mut v, host)?;
-        Ok(v)
-    }
-
-    /// Copies pageable `host` into `dst`; returns once done.
-    pub fn copy_from_host<T: DeviceScalar>(&self, dst: &mut DeviceVec<T>, host: &[T]) -> Result<()> {
-        self.upload("Staging::copy_from_host", dst, host)
-    }
-
-    /// `src`'s contents in a new `Vec`.
-    pub fn to_host<T: DeviceScalar>(&self, src: &DeviceVec<T>) -> Result<Vec<T>> {
-        self.new_vec_from("Staging::to_host", src)
-    }
-
     pub(crate) fn new_vec_from<T: DeviceScalar>(&self, who: &'static str, src: &DeviceVec<T>) -> Result<Vec<T>> {
         live(who, src)?;
         // Zeroed memory of a large Vec comes fresh from the OS, not yet touched: the threads then
@@ -583,11 +590,6 @@ impl Staging {
         crate::result::copy::advise_huge_pages(&mut host);
         self.download(who, src, &mut host)?;
         Ok(host)
-    }
-
-    /// Copies `src` into pageable `host`; returns once done.
-    pub fn copy_to_host<T: DeviceScalar>(&self, src: &DeviceVec<T>, host: &mut [T]) -> Result<()> {
-        self.download("Staging::copy_to_host", src, host)
     }
 
     pub(crate) fn upload<T: DeviceScalar>(&self, who: &'static str, dst: &mut DeviceVec<T>, host: &[T]) -> Result<()> {
@@ -771,10 +773,32 @@ mod tests {
 
     #[test]
     fn lengths_that_differ_are_a_logic_error_naming_the_api() {
-        let e = same_len("DeviceResources::copy_to_device_async", 3, 4).unwrap_err();
+        let e = same_len("DeviceResources::transfer_to_device", 3, 4).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Logic);
-        assert_eq!(e.to_string(), "DeviceResources::copy_to_device_async: a copy of 3 elements into 4 elements");
+        assert_eq!(e.to_string(), "DeviceResources::transfer_to_device: a copy of 3 elements into 4 elements");
         assert!(same_len("x", 0, 0).is_ok());
+    }
+
+    #[test]
+    fn the_process_staging_is_the_default_until_set_and_setting_returns_the_old_one() {
+        let s = Staging::new(1 << 20, 2).unwrap().with_pieces_in_flight(4).unwrap();
+        let old = Staging::set_current(s);
+        assert_eq!(Staging::current(), s);
+        assert_eq!(Staging::set_current(old), s);
+        assert_eq!(Staging::current(), old);
+        assert_eq!(Staging::default().staged_from(), DeviceVec::<u8>::STAGED_FROM_BYTES);
+        assert_eq!(s.with_staged_from(0).staged_from(), 0);
+        assert_eq!(s.staged_from(), DeviceVec::<u8>::STAGED_FROM_BYTES, "Staging::new keeps the default threshold");
+    }
+
+    /// The body's `Result` and the scope's are one (issue 34): the old signature returned
+    /// `Result<Result<u32>>` here, a type error.
+    #[test]
+    fn a_copy_scope_returns_the_body_result_flattened() {
+        fn flat(res: &DeviceResources) -> Result<u32> {
+            res.copy_scope(|_s| Ok(7u32))
+        }
+        let _: fn(&DeviceResources) -> Result<u32> = flat;
     }
 
     #[test]

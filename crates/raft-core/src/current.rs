@@ -41,17 +41,32 @@ pub fn current_device_resources(device: usize) -> Result<DeviceResources> {
     Ok(fresh)
 }
 
-/// "A device number or resources": APIs taking `impl AsResources` accept either. A number
-/// yields the calling thread's default resources for that device
-/// ([`current_device_resources`]); resources yield themselves.
+/// "A device number or resources": APIs taking `impl AsResources` accept either (and a
+/// [`DeviceVec`](crate::DeviceVec), meaning its resources). A number yields the calling thread's
+/// default resources for that device ([`current_device_resources`]); resources yield
+/// themselves. APIs that need only the device (page-locked host memory, which belongs to no
+/// stream) ask [`as_device`](Self::as_device), which makes no resources for a number.
 pub trait AsResources {
     /// The resources meant.
     fn as_resources(&self) -> Result<DeviceResources>;
+
+    /// The device meant. The default asks [`as_resources`](Self::as_resources); a number
+    /// answers itself, making nothing.
+    ///
+    /// # Errors
+    /// Those of `as_resources` where it is asked.
+    fn as_device(&self) -> Result<usize> {
+        self.as_resources().map(|r| r.device())
+    }
 }
 
 impl AsResources for usize {
     fn as_resources(&self) -> Result<DeviceResources> {
         current_device_resources(*self)
+    }
+
+    fn as_device(&self) -> Result<usize> {
+        Ok(*self)
     }
 }
 
@@ -59,10 +74,40 @@ impl AsResources for DeviceResources {
     fn as_resources(&self) -> Result<DeviceResources> {
         Ok(self.clone())
     }
+
+    fn as_device(&self) -> Result<usize> {
+        Ok(self.device())
+    }
+}
+
+impl<T: crate::result::DeviceScalar> AsResources for crate::array::DeviceVec<T> {
+    fn as_resources(&self) -> Result<DeviceResources> {
+        Ok(self.resources().clone())
+    }
+
+    fn as_device(&self) -> Result<usize> {
+        Ok(self.resources().device())
+    }
 }
 
 impl<T: AsResources + ?Sized> AsResources for &T {
     fn as_resources(&self) -> Result<DeviceResources> {
         (**self).as_resources()
+    }
+
+    fn as_device(&self) -> Result<usize> {
+        (**self).as_device()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AsResources;
+
+    #[test]
+    fn a_number_names_its_device_without_making_resources() {
+        // No driver here: making resources would fail, so an answer proves none were made.
+        assert_eq!(3usize.as_device().unwrap(), 3);
+        assert_eq!((&&2usize).as_device().unwrap(), 2);
     }
 }

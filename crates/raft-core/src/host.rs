@@ -1,46 +1,14 @@
 //! Page-locked host memory, the host end of copies at the speed of the link: [`PinnedVec`] from
 //! RMM's pinned host resource, and [`RegisteredSlice`], a caller's own slice page-locked in
 //! place (`cuMemHostRegister`).
-use crate::array::DeviceVec;
+use crate::current::AsResources;
 use crate::error::{Error, Result};
 use crate::memory::{MemoryResource, MemoryResourceKind};
-use crate::resources::DeviceResources;
 use crate::result::copy::{HostMut, HostRef, NativeHostBuffer};
 use crate::result::registration::NativeRegistration;
 use crate::result::DeviceScalar;
 use std::marker::PhantomData;
 use std::sync::Mutex;
-
-/// "A device number, or something on a device": the page-locked memory constructors take
-/// `impl AsDevice`, so `PinnedVec::new(0, n)` and `PinnedVec::new(&res, n)` both work.
-pub trait AsDevice {
-    /// The device meant.
-    fn as_device(&self) -> usize;
-}
-
-impl AsDevice for usize {
-    fn as_device(&self) -> usize {
-        *self
-    }
-}
-
-impl AsDevice for DeviceResources {
-    fn as_device(&self) -> usize {
-        self.device()
-    }
-}
-
-impl<T: DeviceScalar> AsDevice for DeviceVec<T> {
-    fn as_device(&self) -> usize {
-        self.resources().device()
-    }
-}
-
-impl<A: AsDevice + ?Sized> AsDevice for &A {
-    fn as_device(&self) -> usize {
-        (**self).as_device()
-    }
-}
 
 /// The `Logic` error of two lengths that differ.
 fn same_len(who: &'static str, from: usize, into: usize) -> Result<()> {
@@ -76,10 +44,12 @@ pub(crate) fn default_pinned(who: &'static str, device: usize) -> Result<MemoryR
 /// memory. Dropping it frees the memory on a library release thread (`cudaFreeHost` may wait for
 /// the device): `Drop` never blocks.
 ///
-/// Copies: [`DeviceVec::copy_from_pinned`] / [`DeviceVec::copy_to_pinned`] run at the pinned
-/// speed and return once done; [`DeviceResources::copy_to_device_async`] and
-/// [`DeviceResources::copy_to_host_async`] take it by value and give it back when the copy has
-/// finished; [`DeviceResources::copy_scope`] borrows it for a scope that waits.
+/// Copies (see `docs/API.md`): the blocking [`DeviceVec::copy_from_host`](crate::DeviceVec::copy_from_host)
+/// / [`copy_to_host`](crate::DeviceVec::copy_to_host) take it as they take a slice, and run at
+/// the pinned speed; [`DeviceResources::copy_scope`](crate::DeviceResources::copy_scope) borrows
+/// it for a scope that waits; [`DeviceResources::transfer_to_device`](crate::DeviceResources::transfer_to_device)
+/// and [`transfer_to_host`](crate::DeviceResources::transfer_to_host) take it by value and give it
+/// back when the copy has finished.
 ///
 /// The host reads and writes it by value ([`get`](Self::get), [`iter`](Self::iter),
 /// [`to_vec`](Self::to_vec), [`copy_from_slice`](Self::copy_from_slice), …), not as a `&[T]`:
@@ -117,10 +87,10 @@ impl<T: DeviceScalar> PinnedVec<T> {
     /// `OutOfMemory` when the memory cannot be page-locked, and for more than 2^48 bytes;
     /// `Logic` for a device that does not exist, and for a length whose byte count overflows or
     /// comes within 4096 bytes of `usize::MAX` (as [`DeviceVec::new`]); `Cuda` without a driver.
-    pub fn new(device: impl AsDevice, len: usize) -> Result<Self> {
+    pub fn new(device: impl AsResources, len: usize) -> Result<Self> {
         const WHO: &str = "PinnedVec::new";
         let bytes = bytes_for::<T>(WHO, len)?;
-        let mr = default_pinned(WHO, device.as_device())?;
+        let mr = default_pinned(WHO, device.as_device().map_err(|e| e.with_who(WHO))?)?;
         Self::made(WHO, mr, len, |ctx, mr| NativeHostBuffer::zeroed(WHO, ctx, mr, bytes))
     }
 
@@ -128,18 +98,19 @@ impl<T: DeviceScalar> PinnedVec<T> {
     ///
     /// # Errors
     /// As [`new`](Self::new).
-    pub fn from_slice(device: impl AsDevice, data: &[T]) -> Result<Self> {
+    pub fn from_slice(device: impl AsResources, data: &[T]) -> Result<Self> {
         const WHO: &str = "PinnedVec::from_slice";
-        let mr = default_pinned(WHO, device.as_device())?;
+        let mr = default_pinned(WHO, device.as_device().map_err(|e| e.with_who(WHO))?)?;
         Self::made(WHO, mr, data.len(), |ctx, mr| NativeHostBuffer::copied(WHO, ctx, mr, data))
     }
 
     /// `len` zeros from `mr`, which must be a pinned host resource
-    /// ([`MemoryResource::pinned_host`]).
+    /// ([`MemoryResource::pinned_host`]). The resource comes last, as in
+    /// [`DeviceVec::new_in`](crate::DeviceVec::new_in) and std's `Vec::with_capacity_in`.
     ///
     /// # Errors
     /// `Logic` for a resource of another kind; otherwise as [`new`](Self::new).
-    pub fn new_in(mr: &MemoryResource, len: usize) -> Result<Self> {
+    pub fn new_in(len: usize, mr: &MemoryResource) -> Result<Self> {
         const WHO: &str = "PinnedVec::new_in";
         let bytes = bytes_for::<T>(WHO, len)?;
         if mr.kind() != MemoryResourceKind::PinnedHost {
@@ -313,7 +284,7 @@ impl<T: DeviceScalar> Drop for PinnedVec<T> {
 /// and [`unregister`](Self::unregister) gives its error. Page-locking costs about as much as
 /// copying the memory once: register data that is copied several times.
 ///
-/// Asynchronous copies borrow it only inside [`DeviceResources::copy_scope`], which waits: a
+/// Asynchronous copies borrow it only inside [`DeviceResources::copy_scope`](crate::DeviceResources::copy_scope), which waits: a
 /// registration cannot be released while a copy may use it.
 ///
 /// Made by [`scope`](Self::scope), which ends the registration before the slice's borrow
@@ -371,9 +342,10 @@ impl<'a, T: DeviceScalar> RegisteredSlice<'a, T> {
     /// `Logic` for a device that does not exist or memory the driver reports as already
     /// page-locked (part of a [`PinnedVec`], or registered elsewhere); `Cuda` when the driver
     /// refuses otherwise.
-    pub fn scope<R>(device: impl AsDevice, slice: &'a mut [T], body: impl FnOnce(&mut RegisteredSlice<'a, T>) -> R) -> Result<R> {
+    pub fn scope<R>(device: impl AsResources, slice: &'a mut [T], body: impl FnOnce(&mut RegisteredSlice<'a, T>) -> R) -> Result<R> {
         const WHO: &str = "RegisteredSlice::scope";
-        let mut registered = Self::register(WHO, device.as_device(), slice)?;
+        let device = device.as_device().map_err(|e| e.with_who(WHO))?;
+        let mut registered = Self::register(WHO, device, slice)?;
         let out = body(&mut registered);
         registered.native.unregister(WHO);
         Ok(out)
@@ -390,8 +362,9 @@ impl<'a, T: DeviceScalar> RegisteredSlice<'a, T> {
     /// (`mem::forget`, a reference cycle), or the memory stays page-locked under a slice that
     /// safe code may hand to copies that do not wait for page-locked memory (cudarc's
     /// `memcpy_htod` / `memcpy_dtoh` take every `&[T]` for pageable memory).
-    pub unsafe fn new(device: impl AsDevice, slice: &'a mut [T]) -> Result<Self> {
-        Self::register("RegisteredSlice::new", device.as_device(), slice)
+    pub unsafe fn new(device: impl AsResources, slice: &'a mut [T]) -> Result<Self> {
+        const WHO: &str = "RegisteredSlice::new";
+        Self::register(WHO, device.as_device().map_err(|e| e.with_who(WHO))?, slice)
     }
 
     fn register(who: &'static str, device: usize, slice: &'a mut [T]) -> Result<Self> {
@@ -471,7 +444,7 @@ impl<T: DeviceScalar> std::fmt::Debug for RegisteredSlice<'_, T> {
 
 /// Page-locked host memory a copy reaches directly (DMA): [`PinnedVec`] and
 /// [`RegisteredSlice`]. Sealed: only memory this library page-locked qualifies.
-pub trait PageLocked<T: DeviceScalar>: sealed::Sealed {
+pub trait PageLocked<T: DeviceScalar>: sealed::Sealed + HostSource<T> + HostTarget<T> {
     /// The number of elements.
     fn elements(&self) -> usize;
 }
@@ -487,13 +460,135 @@ impl<T: DeviceScalar> PageLocked<T> for RegisteredSlice<'_, T> {
     }
 }
 
+/// Host memory a blocking copy reads: a slice, `Vec` or array (pageable: staged through
+/// page-locked buffers from [`DeviceVec::STAGED_FROM_BYTES`](crate::DeviceVec::STAGED_FROM_BYTES)
+/// on), a [`PinnedVec`] or a [`RegisteredSlice`] (page-locked: copied directly, at the link's
+/// speed), or a reference to one. What `DeviceVec::from_host` and `copy_from_host` take, so
+/// that one verb copies from every kind of host memory. Sealed.
+pub trait HostSource<T: DeviceScalar>: sealed::Source<T> {}
+
+/// Host memory a blocking copy writes (see [`HostSource`]): what `DeviceVec::copy_to_host`
+/// takes. Sealed.
+pub trait HostTarget<T: DeviceScalar>: sealed::Target<T> {}
+
+impl<T: DeviceScalar, S: sealed::Source<T> + ?Sized> HostSource<T> for S {}
+impl<T: DeviceScalar, S: sealed::Target<T> + ?Sized> HostTarget<T> for S {}
+
 pub(crate) mod sealed {
     use crate::result::copy::{HostMut, HostRef};
+    use crate::result::DeviceScalar;
 
     /// The page-locked bytes, for the copy layer.
     pub trait Sealed {
         fn host_ref(&self) -> HostRef<'_>;
         fn host_mut(&mut self) -> HostMut<'_>;
+    }
+
+    /// Host memory to read: pageable elements, or page-locked bytes (and their element count).
+    pub enum Read<'a, T> {
+        Pageable(&'a [T]),
+        Locked(HostRef<'a>, usize),
+    }
+
+    /// Host memory to write (see [`Read`]).
+    pub enum Write<'a, T> {
+        Pageable(&'a mut [T]),
+        Locked(HostMut<'a>, usize),
+    }
+
+    pub trait Source<T: DeviceScalar> {
+        fn read(&self) -> Read<'_, T>;
+    }
+
+    pub trait Target<T: DeviceScalar> {
+        fn write(&mut self) -> Write<'_, T>;
+    }
+
+    impl<T: DeviceScalar> Read<'_, T> {
+        pub fn len(&self) -> usize {
+            match self {
+                Read::Pageable(s) => s.len(),
+                Read::Locked(_, n) => *n,
+            }
+        }
+    }
+
+    impl<T: DeviceScalar> Write<'_, T> {
+        pub fn len(&self) -> usize {
+            match self {
+                Write::Pageable(s) => s.len(),
+                Write::Locked(_, n) => *n,
+            }
+        }
+    }
+
+    impl<T: DeviceScalar> Source<T> for [T] {
+        fn read(&self) -> Read<'_, T> {
+            Read::Pageable(self)
+        }
+    }
+    impl<T: DeviceScalar> Target<T> for [T] {
+        fn write(&mut self) -> Write<'_, T> {
+            Write::Pageable(self)
+        }
+    }
+    impl<T: DeviceScalar, const N: usize> Source<T> for [T; N] {
+        fn read(&self) -> Read<'_, T> {
+            Read::Pageable(self)
+        }
+    }
+    impl<T: DeviceScalar, const N: usize> Target<T> for [T; N] {
+        fn write(&mut self) -> Write<'_, T> {
+            Write::Pageable(self)
+        }
+    }
+    impl<T: DeviceScalar> Source<T> for Vec<T> {
+        fn read(&self) -> Read<'_, T> {
+            Read::Pageable(self)
+        }
+    }
+    impl<T: DeviceScalar> Target<T> for Vec<T> {
+        fn write(&mut self) -> Write<'_, T> {
+            Write::Pageable(self)
+        }
+    }
+    impl<T: DeviceScalar, S: Source<T> + ?Sized> Source<T> for &S {
+        fn read(&self) -> Read<'_, T> {
+            (**self).read()
+        }
+    }
+    impl<T: DeviceScalar, S: Source<T> + ?Sized> Source<T> for &mut S {
+        fn read(&self) -> Read<'_, T> {
+            (**self).read()
+        }
+    }
+    impl<T: DeviceScalar, S: Target<T> + ?Sized> Target<T> for &mut S {
+        fn write(&mut self) -> Write<'_, T> {
+            (**self).write()
+        }
+    }
+}
+
+impl<T: DeviceScalar> sealed::Source<T> for PinnedVec<T> {
+    fn read(&self) -> sealed::Read<'_, T> {
+        sealed::Read::Locked(self.native().host_ref(), self.len)
+    }
+}
+impl<T: DeviceScalar> sealed::Target<T> for PinnedVec<T> {
+    fn write(&mut self) -> sealed::Write<'_, T> {
+        let len = self.len;
+        sealed::Write::Locked(self.native_mut().host_mut(), len)
+    }
+}
+impl<T: DeviceScalar> sealed::Source<T> for RegisteredSlice<'_, T> {
+    fn read(&self) -> sealed::Read<'_, T> {
+        sealed::Read::Locked(self.native.host_ref(), self.len())
+    }
+}
+impl<T: DeviceScalar> sealed::Target<T> for RegisteredSlice<'_, T> {
+    fn write(&mut self) -> sealed::Write<'_, T> {
+        let len = self.len();
+        sealed::Write::Locked(self.native.host_mut(), len)
     }
 }
 
@@ -531,11 +626,5 @@ mod tests {
         assert_eq!(bytes_for::<u32>("x", (1 << 46) + 1).unwrap_err().kind(), ErrorKind::OutOfMemory);
         assert_eq!(bytes_for::<u32>("x", 1 << 46).unwrap(), 1 << 48);
         assert_eq!(bytes_for::<u16>("x", 3).unwrap(), 6);
-    }
-
-    #[test]
-    fn devices_are_named_by_number_or_by_what_lives_on_them() {
-        assert_eq!(3usize.as_device(), 3);
-        assert_eq!((&&2usize).as_device(), 2);
     }
 }

@@ -38,7 +38,7 @@ pub use device::{current_device, device_count, memory_pools_supported};
 pub use error::{Error, ErrorKind, Result};
 pub use gemm::gemm;
 pub use handle_kind::HandleKind;
-pub use host::{AsDevice, PageLocked, PinnedVec, RegisteredSlice};
+pub use host::{HostSource, HostTarget, PageLocked, PinnedVec, RegisteredSlice};
 pub use job::JobHandle;
 pub use lend::RaftResourcesPtr;
 pub use memory::{

@@ -53,7 +53,8 @@ pub use raft_core::{
     RaftResourcesPtr, Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
 };
 pub use raft_core::{
-    AsDevice, CopyScope, DeviceToDevice, HostStores, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost, Transfer,
+    CopyScope, DeviceToDevice, HostSource, HostStores, HostTarget, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost,
+    Transfer,
 };
 
 #[cfg(feature = "comms")]

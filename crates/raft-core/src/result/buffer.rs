@@ -104,18 +104,6 @@ impl NativeBuffer {
         self.data as u64
     }
 
-    /// Sets every byte to zero, stream-ordered; returns once done.
-    pub(crate) fn zero(&mut self, who: &'static str) -> Result<()> {
-        let api = api(who)?;
-        let _keep = ContextGuard::save(who)?;
-        // SAFETY: `data` holds exactly `bytes` bytes of device memory owned by this buffer, on
-        // its own stream (alive: held by the buffer).
-        check(who, api, unsafe {
-            api.raftrs_memset_async(self.device as i32, self.data, 0, self.bytes, self.stream.cu_stream() as *mut c_void)
-        })?;
-        stream_sync(who, &self.stream)
-    }
-
     /// Copies `host` into the buffer; refused unless it is exactly the buffer's size. Returns
     /// once the copy is done, so the borrow of `host` covers it.
     pub(crate) fn copy_from_host<T: DeviceScalar>(&mut self, who: &'static str, host: &[T]) -> Result<()> {

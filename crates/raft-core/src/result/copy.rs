@@ -671,6 +671,45 @@ pub(crate) fn copy_page_locked(who: &'static str, ends: Ends<'_>) -> Result<()> 
     }
 }
 
+/// Sets every byte of `buf` to zero on its own stream; returns once queued (an operation on
+/// device memory alone has no host borrow to protect, so it only queues, like
+/// [`copy_device_ordered`]; every later use of the buffer is ordered after it by its stream).
+///
+/// Refused on a stream being captured into a CUDA graph: the graph would zero the memory at
+/// each launch, after the array may be gone.
+pub(crate) fn zero_ordered(who: &'static str, buf: &mut NativeBuffer) -> Result<()> {
+    if buf.bytes == 0 {
+        return Ok(());
+    }
+    let api = super::api(who)?;
+    refuse_capture_of_memset(who, &buf.stream)?;
+    let _keep = ContextGuard::save(who)?;
+    // SAFETY: `data` holds exactly `bytes` bytes of device memory owned by this buffer (borrowed
+    // exclusively), queued on its own stream (alive: held by the buffer), where its free is
+    // ordered after this memset.
+    let queued = super::check(who, api, unsafe {
+        api.raftrs_memset_async(buf.device as i32, buf.data, 0, buf.bytes, buf.stream.cu_stream() as *mut c_void)
+    });
+    // A capture begun meanwhile on another thread may have taken the memset into its graph,
+    // which would write the memory at each launch: as for a copy, the process stops.
+    if super::refuse_capture(who, [&*buf.stream]).is_err() {
+        eprintln!("{who}: a CUDA graph capture began on a stream while a memset was queued on it; aborting");
+        std::process::abort();
+    }
+    queued
+}
+
+fn refuse_capture_of_memset(who: &'static str, stream: &CudaStream) -> Result<()> {
+    super::refuse_capture(who, [stream]).map_err(|e| match e.kind() {
+        crate::error::ErrorKind::Logic => Error::logic(
+            who,
+            "the stream is being captured into a CUDA graph: the graph would write the array at each launch, after it \
+             may be gone; zero it before the capture begins or after it ends",
+        ),
+        _ => e,
+    })
+}
+
 pub(crate) fn copy_device_ordered(who: &'static str, src: &NativeBuffer, dst: &mut NativeBuffer) -> Result<()> {
     let stream = dst.stream.clone();
     queue(who, &stream, &Ends::Device(src, dst), false, true).map(drop).map_err(|q| q.error)

@@ -33,13 +33,13 @@ pub fn d2d_rows(t: &mut Table, res: &DeviceResources, bytes: usize, b: &Baseline
         || n.d2d(),
         || {
             let (s, d) = pair.take().unwrap();
-            pair = Some(ok("copy", ok("copy", res.copy_device_async(s, d)).wait()));
+            pair = Some(ok("copy", ok("copy", res.transfer_device_to_device(s, d)).wait()));
         },
     );
     t.add(
         &format!("D2D {name}, owned"),
         bytes,
-        "copy_device_async + Transfer::wait",
+        "transfer_device_to_device + Transfer::wait",
         owned,
         &against,
         Some(native.gbps(bytes)),
@@ -132,30 +132,24 @@ pub fn overlap(t: &mut Table, quick: bool) -> serde_json::Value {
     let copy_alone = measure(w, r, || {
         ok(
             "scope",
-            ok(
-                "scope",
-                b.copy_scope(|s| {
-                    for dev in devs.iter_mut() {
-                        s.to_device(&host, dev)?;
-                    }
-                    Ok::<_, raft::Error>(())
-                }),
-            ),
+            b.copy_scope(|s| {
+                for dev in devs.iter_mut() {
+                    s.to_device(&host, dev)?;
+                }
+                Ok(())
+            }),
         )
     });
     let both = measure(w, r, || {
         ok(
             "scope",
-            ok(
-                "scope",
-                b.copy_scope(|s| {
-                    for dev in devs.iter_mut() {
-                        s.to_device(&host, dev)?;
-                    }
-                    run_gemm(&mut z);
-                    a.sync()
-                }),
-            ),
+            b.copy_scope(|s| {
+                for dev in devs.iter_mut() {
+                    s.to_device(&host, dev)?;
+                }
+                run_gemm(&mut z);
+                a.sync()
+            }),
         )
     });
     let (g, c, tb) = (gemm_alone.median_s, copy_alone.median_s, both.median_s);

@@ -15,11 +15,11 @@ pub fn pinned_rows(t: &mut Table, res: &DeviceResources, other: &DeviceResources
     let mut pair = Some((ok("PinnedVec", PinnedVec::from_slice(res, &data)), ok("DeviceVec", DeviceVec::<u8>::new(res, bytes))));
     let h2d = measure(w, r, || {
         let (h, d) = pair.take().unwrap();
-        pair = Some(ok("copy", ok("copy", res.copy_to_device_async(h, d)).wait()));
+        pair = Some(ok("copy", ok("copy", res.transfer_to_device(h, d)).wait()));
     });
-    t.add(&format!("pinned H2D {name}"), bytes, "copy_to_device_async + Transfer::wait", h2d, "native pinned", Some(b.h2d), Some(0.95));
+    t.add(&format!("pinned H2D {name}"), bytes, "transfer_to_device + Transfer::wait", h2d, "native pinned", Some(b.h2d), Some(0.95));
     let (h, mut d) = pair.take().unwrap();
-    let scoped = measure(w, r, || ok("scope", ok("scope", res.copy_scope(|s| s.to_device(&h, &mut d)))));
+    let scoped = measure(w, r, || ok("scope", res.copy_scope(|s| s.to_device(&h, &mut d))));
     t.add(
         &format!("pinned H2D {name}, scoped"),
         bytes,
@@ -29,11 +29,11 @@ pub fn pinned_rows(t: &mut Table, res: &DeviceResources, other: &DeviceResources
         Some(b.h2d),
         Some(0.95),
     );
-    let blocking = measure(w, r, || ok("copy", d.copy_from_pinned(&h)));
+    let blocking = measure(w, r, || ok("copy", d.copy_from_host(&h)));
     t.add(
         &format!("pinned H2D {name}, blocking"),
         bytes,
-        "DeviceVec::copy_from_pinned(&pinned)",
+        "DeviceVec::copy_from_host(&pinned)",
         blocking,
         "native pinned",
         Some(b.h2d),
@@ -42,15 +42,15 @@ pub fn pinned_rows(t: &mut Table, res: &DeviceResources, other: &DeviceResources
     let mut back = Some((d, h));
     let d2h = measure(w, r, || {
         let (d, h) = back.take().unwrap();
-        back = Some(ok("copy", ok("copy", res.copy_to_host_async(d, h)).wait()));
+        back = Some(ok("copy", ok("copy", res.transfer_to_host(d, h)).wait()));
     });
-    t.add(&format!("pinned D2H {name}"), bytes, "copy_to_host_async + Transfer::wait", d2h, "native pinned", Some(b.d2h), Some(0.95));
+    t.add(&format!("pinned D2H {name}"), bytes, "transfer_to_host + Transfer::wait", d2h, "native pinned", Some(b.d2h), Some(0.95));
     let (d, mut h) = back.take().unwrap();
-    let blocking = measure(w, r, || ok("copy", d.copy_to_pinned(&mut h)));
+    let blocking = measure(w, r, || ok("copy", d.copy_to_host(&mut h)));
     t.add(
         &format!("pinned D2H {name}, blocking"),
         bytes,
-        "DeviceVec::copy_to_pinned(&mut pinned)",
+        "DeviceVec::copy_to_host(&mut pinned)",
         blocking,
         "native pinned",
         Some(b.d2h),
@@ -68,15 +68,15 @@ pub fn pinned_rows(t: &mut Table, res: &DeviceResources, other: &DeviceResources
     let both = measure(w, r, || {
         let (h, d_up) = up.take().unwrap();
         let (d_down, h_down) = down.take().unwrap();
-        let a = ok("copy", res.copy_to_device_async(h, d_up));
-        let c = ok("copy", other.copy_to_host_async(d_down, h_down));
+        let a = ok("copy", res.transfer_to_device(h, d_up));
+        let c = ok("copy", other.transfer_to_host(d_down, h_down));
         up = Some(ok("wait", a.wait()));
         down = Some(ok("wait", c.wait()));
     });
     t.add(
         &format!("pinned both directions {name}"),
         2 * bytes,
-        "copy_to_device_async on A + copy_to_host_async on B",
+        "transfer_to_device on A + transfer_to_host on B",
         both,
         "native pinned",
         Some(b.both),
@@ -101,11 +101,11 @@ pub fn pageable_rows(t: &mut Table, ctx: &Arc<CudaContext>, res: &DeviceResource
     t.add(&format!("native pageable H2D {name}"), bytes, "cuMemcpyHtoDAsync from a Vec + sync", native_h2d, "", None, None);
     // The goal rows in turns with the native pinned copy (drift between rows measured apart
     // moved identical paths by 0.09x at 1 GiB in run 68).
-    let (pinned, staged) = measure_alternating(w, r, || native.h2d(), || ok("staged", staging.copy_from_host(&mut d, &data)));
+    let (pinned, staged) = measure_alternating(w, r, || native.h2d(), || ok("staged", crate::staging::staged_up(&staging, &mut d, &data)));
     t.add(
         &format!("pageable H2D {name}, staged"),
         bytes,
-        &format!("Staging::copy_from_host ({staged_what})"),
+        &format!("DeviceVec::copy_from_host, staged ({staged_what})"),
         staged,
         &format!("native pinned in turns (separate row: {:.2})", b.h2d),
         Some(pinned.gbps(bytes)),
@@ -147,11 +147,11 @@ pub fn pageable_rows(t: &mut Table, ctx: &Arc<CudaContext>, res: &DeviceResource
         native.d2h_pageable(&mut fresh);
     });
     t.add(&format!("native pageable D2H {name}, fresh Vec"), bytes, "vec![0; n] + cuMemcpyDtoHAsync + sync", native_fresh, "", None, None);
-    let (pinned, staged) = measure_alternating(w, r, || native.d2h(), || ok("staged", staging.copy_to_host(&d, &mut out)));
+    let (pinned, staged) = measure_alternating(w, r, || native.d2h(), || ok("staged", crate::staging::staged_down(&staging, &d, &mut out)));
     t.add(
         &format!("pageable D2H {name}, staged"),
         bytes,
-        &format!("Staging::copy_to_host ({staged_what}, touched Vec)"),
+        &format!("DeviceVec::copy_to_host, staged ({staged_what}, touched Vec)"),
         staged,
         &format!("native pinned in turns (separate row: {:.2})", b.d2h),
         Some(pinned.gbps(bytes)),

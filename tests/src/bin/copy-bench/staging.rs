@@ -82,8 +82,8 @@ pub fn sweep(res: &DeviceResources, bytes: usize, b: &Baselines, quick: bool) ->
             direct_down.push(dd);
         }
         for (k, s) in stagings.iter().enumerate() {
-            let u = time(&mut || ok("staged", s.copy_from_host(&mut d, &data)));
-            let dn = time(&mut || ok("staged", s.copy_to_host(&d, &mut out)));
+            let u = time(&mut || ok("staged", staged_up(s, &mut d, &data)));
+            let dn = time(&mut || ok("staged", staged_down(s, &d, &mut out)));
             if keep {
                 ups[k].push(u);
                 downs[k].push(dn);
@@ -160,16 +160,16 @@ pub fn lone(res: &DeviceResources) {
         let native = Native::new(res.context(), bytes);
         let s = Staging::default();
         // Buffers made and pooled once, as after a program's first copy.
-        ok("staged", s.copy_from_host(&mut d, &data));
+        ok("staged", staged_up(&s, &mut d, &data));
         let mut times: [Vec<f64>; 4] = Default::default();
         for _ in 0..31 {
             for (k, time) in times.iter_mut().enumerate() {
                 std::thread::sleep(std::time::Duration::from_millis(5));
                 let t = Instant::now();
                 match k {
-                    0 => ok("staged", s.copy_from_host(&mut d, &data)),
+                    0 => ok("staged", staged_up(&s, &mut d, &data)),
                     1 => native.h2d_pageable(&data),
-                    2 => ok("staged", s.copy_to_host(&d, &mut out)),
+                    2 => ok("staged", staged_down(&s, &d, &mut out)),
                     _ => native.d2h_pageable(&mut out),
                 }
                 time.push(t.elapsed().as_secs_f64() * 1e6);
@@ -255,7 +255,7 @@ pub fn trace(res: &DeviceResources, ctx: &Arc<CudaContext>) {
     }
     for _ in 0..6 {
         let t = Instant::now();
-        ok("staged", s.copy_from_host(&mut d, &data));
+        ok("staged", staged_up(&s, &mut d, &data));
         let ours = t.elapsed().as_secs_f64() * 1e6;
         let t = Instant::now();
         native.h2d();
@@ -263,10 +263,28 @@ pub fn trace(res: &DeviceResources, ctx: &Arc<CudaContext>) {
     }
     for _ in 0..6 {
         let t = Instant::now();
-        ok("staged", s.copy_to_host(&d, &mut out));
+        ok("staged", staged_down(&s, &d, &mut out));
         let ours = t.elapsed().as_secs_f64() * 1e6;
         let t = Instant::now();
         native.d2h();
         eprintln!("download {name}: {ours:.1} µs (native pinned next: {:.1} µs)", t.elapsed().as_secs_f64() * 1e6);
     }
+}
+
+/// A staged copy of `data` into `d` with `staging`, whatever the size: the process's setting
+/// for the one copy (a `Staging` is configuration only, see `docs/API.md`).
+pub fn staged_up(staging: &Staging, d: &mut DeviceVec<u8>, data: &[u8]) -> raft::Result<()> {
+    with_staging(staging, || d.copy_from_host(data))
+}
+
+/// A staged copy of `d` into `out` with `staging` (see [`staged_up`]).
+pub fn staged_down(staging: &Staging, d: &DeviceVec<u8>, out: &mut [u8]) -> raft::Result<()> {
+    with_staging(staging, || d.copy_to_host(out))
+}
+
+fn with_staging<R>(staging: &Staging, copy: impl FnOnce() -> R) -> R {
+    let old = Staging::set_current(staging.with_staged_from(0));
+    let out = copy();
+    Staging::set_current(old);
+    out
 }

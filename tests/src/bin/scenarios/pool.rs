@@ -384,8 +384,8 @@ pub(crate) fn pool_dies_beside_live_streams() {
                     res.sync().expect("sync");
                     // Staged copies on this stream, which freed into the pool just
                     // dropped.
-                    let staged = raft::Staging::default().from_host(&res, &host).expect("staged upload");
-                    assert!(staged.to_host_staged().expect("staged download") == host, "staged round trip");
+                    let staged = raft::DeviceVec::from_host(&res, &host).expect("staged upload");
+                    assert!(staged.to_host().expect("staged download") == host, "staged round trip");
                 }
                 res.release().expect("release");
             });
