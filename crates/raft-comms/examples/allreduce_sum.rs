@@ -51,7 +51,7 @@ fn main() -> raft_core::Result<()> {
     let world = comms.len();
     let mut parts: Vec<DeviceVec<i64>> =
         resources.iter().enumerate().map(|(r, res)| DeviceVec::from_host(res, &part(r, world))).collect::<raft_core::Result<_>>()?;
-    group_scope(|g| comms.iter().zip(parts.iter_mut()).try_for_each(|(c, p)| g.allreduce_in_place(c, p, ReduceOp::Sum)))?;
+    group_scope(|g| comms.iter().zip(parts.iter_mut()).try_for_each(|(c, p)| g.on(c).allreduce_in_place(p, ReduceOp::Sum)))?;
     for (c, p) in comms.iter().zip(&parts) {
         c.sync()?;
         let total = p.to_host()?;

@@ -64,8 +64,8 @@ pub(crate) fn check_call(who: &'static str) -> Result<()> {
     }
     Err(Error::logic(
         who,
-        "called directly inside raft_comms::group_scope: collectives in a scoped group go through the scope's \
-         methods (GroupScope::allreduce_in_place, …), which borrow the arrays until the group has launched them",
+        "called directly inside raft_comms::group_scope: collectives in a scoped group go through the scope's GroupScope \
+         methods (g.on(&comm).allreduce_in_place, …), which borrow the arrays until the group has launched them",
     ))
 }
 

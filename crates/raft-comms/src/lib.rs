@@ -6,7 +6,7 @@
 //! | --- | --- |
 //! | C++ shim (`libraftcomms_shim.so`) | RAFT's `raft::comms::comms_iface` over NCCL alone (no UCX), the `raftcomms_*` C functions; opens libnccl at run time |
 //! | [`Communicator`] | one rank's `ncclComm_t` on a [`DeviceResources`]: collectives, [`split`](Communicator::split), [`install`](Communicator::install), [`sync`](Communicator::sync), release |
-//! | [`group`] | `ncclGroupStart` / `ncclGroupEnd`: one thread driving a whole clique |
+//! | [`group_scope`] (safe), [`group`] (unsafe) | `ncclGroupStart` / `ncclGroupEnd`: one thread driving a whole clique; `g.on(&comm).allreduce_in_place(..)` |
 //! | [`UniqueId`], [`Launch`] | the rendezvous: rank 0's id over TCP, torchrun's environment variables |
 //! | [`counts`] | the count checks every collective makes before NCCL is called |
 //! | `raft-run` (a binary) | `raft-run -n 2 ./prog args…`: a local launcher setting `RANK`, `WORLD_SIZE`, … |
@@ -20,8 +20,11 @@
 //! let comms = Communicator::clique(&resources)?; // eager, on this thread, in one NCCL group
 //! let mut parts: Vec<DeviceVec<f32>> =
 //!     resources.iter().map(|r| DeviceVec::from_host(r, &[1.0, 2.0])).collect::<raft_core::Result<_>>()?;
-//! // SAFETY: `parts` outlives the group and nothing else touches it meanwhile.
-//! unsafe { raft_comms::group(|| comms.iter().zip(parts.iter_mut()).try_for_each(|(c, p)| c.allreduce_in_place(p, ReduceOp::Sum)))? };
+//! // One NCCL group: every GPU's call is queued together when the closure returns. The arrays
+//! // and communicators are borrowed until then, so none can be freed under NCCL.
+//! raft_comms::group_scope(|g| {
+//!     comms.iter().zip(parts.iter_mut()).try_for_each(|(c, p)| g.on(c).allreduce_in_place(p, ReduceOp::Sum))
+//! })?;
 //! comms.iter().try_for_each(|c| c.sync())?;
 //! assert_eq!(parts[0].to_host()?, [2.0, 4.0]);
 //! # Ok(()) }
@@ -78,7 +81,7 @@ pub use communicator::Communicator;
 pub use dtype::{NcclType, ReduceOp};
 pub use group::group;
 pub use launch::{timeout_from_env, Launch, DEFAULT_TIMEOUT};
-pub use scope::{group_scope, GroupScope};
+pub use scope::{group_scope, GroupScope, ScopedComm};
 pub use secret::{Secret, JOB_VAR, MIN_SECRET_BYTES, SECRET_VAR};
 pub use unique_id::UniqueId;
 

@@ -24,7 +24,7 @@ use raft_error::Result;
 ///     resources.iter().map(|r| DeviceVec::from_host(r, &[1.0; 4])).collect::<raft_core::Result<_>>()?;
 /// raft_comms::group_scope(|g| {
 ///     for (c, d) in comms.iter().zip(data.iter_mut()) {
-///         g.allreduce_in_place(c, d, ReduceOp::Sum)?;
+///         g.on(c).allreduce_in_place(d, ReduceOp::Sum)?;
 ///     }
 ///     Ok(())
 /// })?;
@@ -43,7 +43,7 @@ use raft_error::Result;
 /// # fn f(res: &DeviceResources, c: &Communicator) -> raft_core::Result<()> {
 /// raft_comms::group_scope(|g| {
 ///     let mut tmp = DeviceVec::<f32>::zeros(res, 4)?;
-///     g.allreduce_in_place(c, &mut tmp, ReduceOp::Sum) // error: `tmp` dies before the group ends
+///     g.on(c).allreduce_in_place(&mut tmp, ReduceOp::Sum) // error: `tmp` dies before the group ends
 /// })?;
 /// # Ok(()) }
 /// ```
@@ -60,8 +60,9 @@ where
     group::scoped(WHO, || calls(&scope))
 }
 
-/// The collectives of a [`group_scope`]: each borrows its arrays and its communicator for
-/// `'env`, which outlives the group, and is queued when the group ends. A communicator used in
+/// The handle of a [`group_scope`]: [`on`](Self::on) gives a communicator's collectives, each
+/// borrowing its arrays and the communicator for `'env`, which outlives the group, and queued
+/// when the group ends. A communicator used in
 /// the group can therefore not be moved away (to another thread that aborts or releases it,
 /// say) before the group has ended:
 ///
@@ -70,7 +71,7 @@ where
 /// # use raft_core::DeviceVec;
 /// # fn f(c: Communicator, buf: &mut DeviceVec<f32>) -> raft_core::Result<()> {
 /// raft_comms::group_scope(|g| {
-///     g.allreduce_in_place(&c, buf, ReduceOp::Sum)?;
+///     g.on(&c).allreduce_in_place(buf, ReduceOp::Sum)?;
 ///     std::thread::spawn(move || c.abort()).join().unwrap() // error: `c` is borrowed until the group ends
 /// })?;
 /// # Ok(()) }
@@ -81,96 +82,74 @@ pub struct GroupScope<'scope, 'env: 'scope> {
 }
 
 impl<'scope, 'env> GroupScope<'scope, 'env> {
+    /// The collectives of `comm` in this group: `g.on(&comm).allreduce_in_place(&mut buf, op)`.
+    /// The communicator is borrowed for `'env`, past the group's end, as are the arrays.
+    pub fn on(&'scope self, comm: &'env Communicator) -> ScopedComm<'scope, 'env> {
+        ScopedComm { _scope: self, comm }
+    }
+}
+
+/// One communicator's collectives in a [`group_scope`] ([`GroupScope::on`]): each borrows its
+/// arrays for `'env`, which outlives the group, and is queued when the group ends. It cannot
+/// leave the closure (it borrows the scope).
+pub struct ScopedComm<'scope, 'env: 'scope> {
+    _scope: &'scope GroupScope<'scope, 'env>,
+    comm: &'env Communicator,
+}
+
+impl<'scope, 'env> ScopedComm<'scope, 'env> {
     /// [`Communicator::allreduce`] in the group.
-    pub fn allreduce<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        recv: &'env mut DeviceVec<T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        group::via_scope(|| c.allreduce(send, recv, op))
+    pub fn allreduce<T: NcclType>(&self, send: &'env DeviceVec<T>, recv: &'env mut DeviceVec<T>, op: ReduceOp) -> Result<()> {
+        group::via_scope(|| self.comm.allreduce(send, recv, op))
     }
     /// [`Communicator::allreduce_in_place`] in the group.
-    pub fn allreduce_in_place<T: NcclType>(&self, c: &'env Communicator, buf: &'env mut DeviceVec<T>, op: ReduceOp) -> Result<()> {
-        group::via_scope(|| c.allreduce_in_place(buf, op))
+    pub fn allreduce_in_place<T: NcclType>(&self, buf: &'env mut DeviceVec<T>, op: ReduceOp) -> Result<()> {
+        group::via_scope(|| self.comm.allreduce_in_place(buf, op))
     }
     /// [`Communicator::broadcast`] in the group.
-    pub fn broadcast<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        recv: &'env mut DeviceVec<T>,
-        root: usize,
-    ) -> Result<()> {
-        group::via_scope(|| c.broadcast(send, recv, root))
+    pub fn broadcast<T: NcclType>(&self, send: &'env DeviceVec<T>, recv: &'env mut DeviceVec<T>, root: usize) -> Result<()> {
+        group::via_scope(|| self.comm.broadcast(send, recv, root))
     }
     /// [`Communicator::broadcast_in_place`] in the group.
-    pub fn broadcast_in_place<T: NcclType>(&self, c: &'env Communicator, buf: &'env mut DeviceVec<T>, root: usize) -> Result<()> {
-        group::via_scope(|| c.broadcast_in_place(buf, root))
+    pub fn broadcast_in_place<T: NcclType>(&self, buf: &'env mut DeviceVec<T>, root: usize) -> Result<()> {
+        group::via_scope(|| self.comm.broadcast_in_place(buf, root))
     }
     /// [`Communicator::reduce`] in the group.
     pub fn reduce<T: NcclType>(
         &self,
-        c: &'env Communicator,
         send: &'env DeviceVec<T>,
         recv: Option<&'env mut DeviceVec<T>>,
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        group::via_scope(|| c.reduce(send, recv, op, root))
+        group::via_scope(|| self.comm.reduce(send, recv, op, root))
     }
     /// [`Communicator::allgather`] in the group.
-    pub fn allgather<T: NcclType>(&self, c: &'env Communicator, send: &'env DeviceVec<T>, recv: &'env mut DeviceVec<T>) -> Result<()> {
-        group::via_scope(|| c.allgather(send, recv))
+    pub fn allgather<T: NcclType>(&self, send: &'env DeviceVec<T>, recv: &'env mut DeviceVec<T>) -> Result<()> {
+        group::via_scope(|| self.comm.allgather(send, recv))
     }
     /// [`Communicator::allgatherv`] in the group.
-    pub fn allgatherv<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        recv: &'env mut DeviceVec<T>,
-        counts: &[usize],
-    ) -> Result<()> {
-        group::via_scope(|| c.allgatherv(send, recv, counts))
+    pub fn allgatherv<T: NcclType>(&self, send: &'env DeviceVec<T>, recv: &'env mut DeviceVec<T>, counts: &[usize]) -> Result<()> {
+        group::via_scope(|| self.comm.allgatherv(send, recv, counts))
     }
     /// [`Communicator::gather`] in the group.
-    pub fn gather<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        recv: Option<&'env mut DeviceVec<T>>,
-        root: usize,
-    ) -> Result<()> {
-        group::via_scope(|| c.gather(send, recv, root))
+    pub fn gather<T: NcclType>(&self, send: &'env DeviceVec<T>, recv: Option<&'env mut DeviceVec<T>>, root: usize) -> Result<()> {
+        group::via_scope(|| self.comm.gather(send, recv, root))
     }
     /// [`Communicator::reduce_scatter`] in the group.
-    pub fn reduce_scatter<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        recv: &'env mut DeviceVec<T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        group::via_scope(|| c.reduce_scatter(send, recv, op))
+    pub fn reduce_scatter<T: NcclType>(&self, send: &'env DeviceVec<T>, recv: &'env mut DeviceVec<T>, op: ReduceOp) -> Result<()> {
+        group::via_scope(|| self.comm.reduce_scatter(send, recv, op))
     }
     /// [`Communicator::send`] in the group.
-    pub fn send<T: NcclType>(&self, c: &'env Communicator, buf: &'env DeviceVec<T>, peer: usize) -> Result<()> {
-        group::via_scope(|| c.send(buf, peer))
+    pub fn send<T: NcclType>(&self, buf: &'env DeviceVec<T>, peer: usize) -> Result<()> {
+        group::via_scope(|| self.comm.send(buf, peer))
     }
     /// [`Communicator::recv`] in the group.
-    pub fn recv<T: NcclType>(&self, c: &'env Communicator, buf: &'env mut DeviceVec<T>, peer: usize) -> Result<()> {
-        group::via_scope(|| c.recv(buf, peer))
+    pub fn recv<T: NcclType>(&self, buf: &'env mut DeviceVec<T>, peer: usize) -> Result<()> {
+        group::via_scope(|| self.comm.recv(buf, peer))
     }
     /// [`Communicator::sendrecv`] in the group.
-    pub fn sendrecv<T: NcclType>(
-        &self,
-        c: &'env Communicator,
-        send: &'env DeviceVec<T>,
-        dest: usize,
-        recv: &'env mut DeviceVec<T>,
-        source: usize,
-    ) -> Result<()> {
-        group::via_scope(|| c.sendrecv(send, dest, recv, source))
+    pub fn sendrecv<T: NcclType>(&self, send: &'env DeviceVec<T>, dest: usize, recv: &'env mut DeviceVec<T>, source: usize) -> Result<()> {
+        group::via_scope(|| self.comm.sendrecv(send, dest, recv, source))
     }
 }

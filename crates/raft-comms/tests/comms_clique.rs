@@ -208,10 +208,10 @@ fn a_scoped_group_runs_its_collectives_and_refuses_direct_calls() {
     let mut recv: Vec<DeviceVec<f32>> = (0..world).map(|r| zeros(&res[r], world * n)).collect();
     group_scope(|g| {
         for (r, b) in buf.iter_mut().enumerate() {
-            g.allreduce_in_place(&comms[r], b, ReduceOp::Sum)?;
+            g.on(&comms[r]).allreduce_in_place(b, ReduceOp::Sum)?;
         }
         for (r, out) in recv.iter_mut().enumerate() {
-            g.allgather(&comms[r], &send[r], out)?;
+            g.on(&comms[r]).allgather(&send[r], out)?;
         }
         Ok(())
     })
@@ -232,7 +232,7 @@ fn a_scoped_group_runs_its_collectives_and_refuses_direct_calls() {
 
     // Nothing reached NCCL: the ranks still agree.
     let mut again: Vec<DeviceVec<f32>> = (0..world).map(|r| up(&res[r], &data(r, n))).collect();
-    group_scope(|g| again.iter_mut().enumerate().try_for_each(|(r, b)| g.allreduce_in_place(&comms[r], b, ReduceOp::Sum))).unwrap();
+    group_scope(|g| again.iter_mut().enumerate().try_for_each(|(r, b)| g.on(&comms[r]).allreduce_in_place(b, ReduceOp::Sum))).unwrap();
     sync_all(&comms);
     for r in 0..world {
         assert_eq!(again[r].to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, world)), "after the refusals, rank {r}");
@@ -486,7 +486,7 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
         // The barriers are reached whatever the group's call returns (a failure would otherwise
         // leave the other thread waiting).
         let grouped = group_scope(|g| {
-            let r = g.allreduce(c, &input, &mut mine, ReduceOp::Sum);
+            let r = g.on(c).allreduce(&input, &mut mine, ReduceOp::Sum);
             inside.wait();
             done.wait();
             r

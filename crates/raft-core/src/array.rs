@@ -1,6 +1,6 @@
 //! `DeviceVec<T>`: typed device memory from an RMM resource, allocated and freed in order on a
-//! resources object's stream (an `rmm::device_buffer` that owns its resource), and the checked
-//! matrix views matrix routines take.
+//! resources object's stream (an `rmm::device_buffer` that owns its resource). Its views are
+//! `views.rs` (ranges) and `matrix.rs` (matrices).
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::MemoryResource;
 use crate::resources::DeviceResources;
@@ -167,9 +167,19 @@ impl<T: DeviceScalar> DeviceVec<T> {
         &self.resources
     }
 
-    /// The stream the array is ordered on (its resources' stream), for cudarc kernels.
+    /// The stream the array is ordered on (its resources' stream), for cudarc kernels. Every
+    /// stream of the library is cudarc's `Arc<CudaStream>`: an array (or view, or matrix) holds
+    /// its own and lends it (`&Arc<CudaStream>`, as cudarc's `DeviceSlice::stream`); resources,
+    /// which may be released, give a clone (`DeviceResources::stream() -> Result<Arc<..>>`).
     pub fn stream(&self) -> &Arc<CudaStream> {
         self.buf().stream()
+    }
+
+    /// The device address of the first element, for FFI and cudarc: a number, so safe to have;
+    /// using it is the caller's `unsafe`, within [`len`](Self::len) elements, ordered on
+    /// [`stream`](Self::stream), while the array lives.
+    pub fn device_address(&self) -> u64 {
+        self.parts().0.address()
     }
 
     /// The device address, for FFI. The address is valid while the array lives; reading or
@@ -208,19 +218,10 @@ impl<T: DeviceScalar> DeviceVec<T> {
         Ok(())
     }
 
-    /// A `rows × cols` view in `layout`, for matrix routines.
-    ///
-    /// # Errors
-    /// `Logic` when `rows × cols` is not the array's length.
-    pub fn matrix(&self, rows: usize, cols: usize, layout: Layout) -> Result<MatrixView<'_, T>> {
-        check_shape("DeviceVec::matrix", rows, cols, self.len)?;
-        Ok(MatrixView { data: self, rows, cols, layout })
-    }
-
-    /// A mutable `rows × cols` view (see [`matrix`](Self::matrix)).
-    pub fn matrix_mut(&mut self, rows: usize, cols: usize, layout: Layout) -> Result<MatrixViewMut<'_, T>> {
-        check_shape("DeviceVec::matrix_mut", rows, cols, self.len)?;
-        Ok(MatrixViewMut { data: self, rows, cols, layout })
+    /// The buffer and the record of its uses on other streams, for views, which order their
+    /// uses themselves (`views.rs`).
+    pub(crate) fn parts(&self) -> (&NativeBuffer, &ForeignUses) {
+        (self.buffer.as_ref().expect("a DeviceVec holds its buffer until dropped"), &self.foreign)
     }
 
     pub(crate) fn native(&self) -> &NativeBuffer {
@@ -230,13 +231,6 @@ impl<T: DeviceScalar> DeviceVec<T> {
     pub(crate) fn native_mut(&mut self) -> &mut NativeBuffer {
         self.buf_mut()
     }
-}
-
-fn check_shape(who: &'static str, rows: usize, cols: usize, len: usize) -> Result<()> {
-    if rows.checked_mul(cols) != Some(len) {
-        return Err(Error::logic(who, format!("a {rows}×{cols} matrix needs {} elements, the array has {len}", rows.saturating_mul(cols))));
-    }
-    Ok(())
 }
 
 impl<T: DeviceScalar> Drop for DeviceVec<T> {
@@ -319,84 +313,3 @@ impl<T: DeviceScalar> DevicePtrMut<T> for DeviceVec<T> {
 
 /// What [`DeviceVec::into_host_job`] gives back: the host copy and the array itself.
 pub type HostCopy<T> = Result<(Vec<T>, DeviceVec<T>)>;
-
-/// How a matrix's elements follow each other in memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
-    /// Rows one after another (C order).
-    RowMajor,
-    /// Columns one after another (Fortran order, cuBLAS's own).
-    ColMajor,
-}
-
-/// A read-only `rows × cols` view of a whole [`DeviceVec`], made only by
-/// [`DeviceVec::matrix`], which checks that the shape is the array's: its fields are private, so
-/// safe code cannot describe more elements than the array holds.
-///
-/// ```compile_fail,E0451
-/// # use raft_core::{DeviceVec, Layout, MatrixView};
-/// # fn lie(v: &DeviceVec<f32>) {
-/// let view = MatrixView { data: v, rows: 4096, cols: 4096, layout: Layout::RowMajor };
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy)]
-pub struct MatrixView<'a, T: DeviceScalar> {
-    data: &'a DeviceVec<T>,
-    rows: usize,
-    cols: usize,
-    layout: Layout,
-}
-
-/// A mutable `rows × cols` view of a whole [`DeviceVec`], made only by
-/// [`DeviceVec::matrix_mut`] (see [`MatrixView`]).
-///
-/// ```compile_fail,E0451
-/// # use raft_core::{DeviceVec, Layout, MatrixViewMut};
-/// # fn lie(v: &mut DeviceVec<f32>) {
-/// let view = MatrixViewMut { data: v, rows: 4096, cols: 4096, layout: Layout::RowMajor };
-/// # }
-/// ```
-#[derive(Debug)]
-pub struct MatrixViewMut<'a, T: DeviceScalar> {
-    data: &'a mut DeviceVec<T>,
-    rows: usize,
-    cols: usize,
-    layout: Layout,
-}
-
-impl<'a, T: DeviceScalar> MatrixView<'a, T> {
-    /// Rows.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-    /// Columns.
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-    /// Order in memory.
-    pub fn layout(&self) -> Layout {
-        self.layout
-    }
-    /// The array viewed.
-    pub fn data(&self) -> &'a DeviceVec<T> {
-        self.data
-    }
-}
-
-impl<'a, T: DeviceScalar> MatrixViewMut<'a, T> {
-    /// Rows.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-    /// Columns.
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-    /// Order in memory.
-    pub fn layout(&self) -> Layout {
-        self.layout
-    }
-    pub(crate) fn data_mut(&mut self) -> &mut DeviceVec<T> {
-        self.data
-    }
-}

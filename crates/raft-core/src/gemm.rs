@@ -1,24 +1,34 @@
 //! GEMM through a resources object's cuBLAS handle (made lazily by RAFT, bound to its stream).
-use crate::array::{Layout, MatrixView, MatrixViewMut};
 use crate::error::{Error, Result};
+use crate::matrix::{Layout, MatrixView, MatrixViewMut};
+use crate::result::buffer::NativeBuffer;
 use crate::result::gemm::{self, GemmScalar, Operand};
 
-/// One operand as cuBLAS (column-major) sees it: a row-major `rows × cols` matrix is, stored,
-/// the column-major `cols × rows` matrix of its transpose.
-fn operand<'a, T: GemmScalar>(m: &MatrixView<'a, T>, want_transposed: bool) -> Operand<'a> {
-    let stored_transposed = m.layout() == Layout::RowMajor;
-    let (stored_rows, stored_cols) = if stored_transposed { (m.cols(), m.rows()) } else { (m.rows(), m.cols()) };
-    Operand {
-        buffer: m.data().native(),
-        stored_rows,
-        stored_cols,
-        ld: stored_rows.max(1),
-        transposed: stored_transposed != want_transposed,
-    }
+/// One operand as cuBLAS (column-major) sees it: a row-major `rows × cols` matrix with leading
+/// dimension `ld` is, stored, the column-major `cols × rows` matrix of its transpose, with the
+/// same leading dimension.
+fn operand<'a>(
+    buffer: &'a NativeBuffer,
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    layout: Layout,
+    want_transposed: bool,
+) -> Operand<'a> {
+    let stored_transposed = layout == Layout::RowMajor;
+    let (stored_rows, stored_cols) = if stored_transposed { (cols, rows) } else { (rows, cols) };
+    Operand { buffer, offset, stored_rows, stored_cols, ld, transposed: stored_transposed != want_transposed }
+}
+
+fn read<'a, T: GemmScalar>(m: &MatrixView<'a, T>, want_transposed: bool) -> Operand<'a> {
+    let (buffer, offset) = m.read_parts();
+    operand(buffer, offset, m.rows(), m.cols(), m.ld(), m.layout(), want_transposed)
 }
 
 /// `C = alpha · A · B + beta · C` on the resources of `c`'s array, through their cuBLAS handle
-/// and on their stream. Any mix of layouts. Returns once queued: [`sync`] to wait.
+/// and on their stream. Any mix of layouts; any views, sub-matrices included (each is passed
+/// with its own leading dimension). Returns once queued: [`sync`] to wait.
 ///
 /// [`sync`]: crate::DeviceResources::sync
 ///
@@ -34,20 +44,22 @@ pub fn gemm<T: GemmScalar>(alpha: T, a: MatrixView<'_, T>, b: MatrixView<'_, T>,
             format!("shapes do not chain: A {}×{}, B {}×{}, C {}×{}", a.rows(), a.cols(), b.rows(), b.cols(), c.rows(), c.cols()),
         ));
     }
-    let res = c.data_mut().resources().clone();
-    if a.data().resources() != &res || b.data().resources() != &res {
+    let res = c.resources().clone();
+    if a.resources() != &res || b.resources() != &res {
         return Err(Error::logic(WHO, "A, B and C must belong to the same resources"));
     }
-    let c_layout = c.layout();
+    let (c_layout, c_ld) = (c.layout(), c.ld());
     res.with_native(WHO, |native| {
-        let c_buf = c.data_mut().native_mut();
+        let (c_buf, c_offset) = c.write_parts();
         if c_layout == Layout::ColMajor {
-            let (oa, ob) = (operand(&a, false), operand(&b, false));
-            gemm::gemm(WHO, native, m, n, k, alpha, &oa, &ob, beta, c_buf, m.max(1))
+            let (oa, ob) = (read(&a, false), read(&b, false));
+            let oc = operand(c_buf, c_offset, m, n, c_ld, Layout::ColMajor, false);
+            gemm::gemm(WHO, native, m, n, k, alpha, &oa, &ob, beta, &oc)
         } else {
             // Row-major C is column-major Cᵀ = Bᵀ·Aᵀ.
-            let (ob, oa) = (operand(&b, true), operand(&a, true));
-            gemm::gemm(WHO, native, n, m, k, alpha, &ob, &oa, beta, c_buf, n.max(1))
+            let (ob, oa) = (read(&b, true), read(&a, true));
+            let oc = operand(c_buf, c_offset, n, m, c_ld, Layout::ColMajor, false);
+            gemm::gemm(WHO, native, n, m, k, alpha, &ob, &oa, beta, &oc)
         }
     })
 }

@@ -18,12 +18,14 @@ mod handles;
 mod host;
 mod job;
 mod lend;
+mod matrix;
 pub mod memory;
 mod release;
 mod resources;
 mod result;
 mod scoped;
 mod stats;
+mod views;
 mod waits;
 
 /// Errors: one type for the whole library (the `raft-error` crate).
@@ -31,7 +33,7 @@ pub mod error {
     pub use raft_error::{describe_driver_error, Error, ErrorKind, Result};
 }
 
-pub use array::{DeviceVec, HostCopy, Layout, MatrixView, MatrixViewMut};
+pub use array::{DeviceVec, HostCopy};
 pub use copy::{DeviceToDevice, Staging, ToDevice, ToHost, Transfer};
 pub use current::{current_device_resources, AsResources};
 pub use device::{current_device, device_count, memory_pools_supported};
@@ -41,6 +43,7 @@ pub use handle_kind::HandleKind;
 pub use host::{HostSource, HostTarget, PageLocked, PinnedVec, RegisteredSlice};
 pub use job::JobHandle;
 pub use lend::RaftResourcesPtr;
+pub use matrix::{DeviceMatrix, Layout, MatrixView, MatrixViewMut};
 pub use memory::{
     current_memory_resource, enable_memory_statistics, installed_default, memory_statistics, reinitialize, reset_memory_resource,
     set_memory_resource, MemoryResource, MemoryResourceKind, MemoryStatistics, RmmOptions, TrackedAllocations,
@@ -53,6 +56,7 @@ pub use result::stores::HostStores;
 pub use result::DeviceScalar;
 pub use scoped::{with_device_resources, Scoped};
 pub use stats::{pending_releases, stats, Stats};
+pub use views::{DeviceView, DeviceViewMut};
 
 /// The CUDA runtime actually loaded (`cudaRuntimeGetVersion`, e.g. 13020): works without a GPU.
 pub fn runtime_version() -> Result<i32> {

@@ -16,7 +16,7 @@
 //! alternate the ways; the median round is reported. The raw calls double as the example of the
 //! raw-pointer route (docs/CUVS.md). Without a GPU (or cuVS) it prints why and exits 0; under
 //! `RAFT_REQUIRE_GPU=1`, 1.
-use raft_core::{DeviceResources, DeviceVec, Result};
+use raft_core::{DeviceMatrix, DeviceResources, DeviceVec, Layout, Result};
 use raft_cuvs::sys::{self, CuvsApi};
 use raft_cuvs::{with_cuvs, BruteForceIndex, Metric};
 use std::time::{Duration, Instant};
@@ -173,24 +173,24 @@ fn run(args: &[usize]) -> Result<()> {
     // SAFETY: a live handle of this device; the dataset is ready (synced above) and lives to the
     // end of run, after the index is destroyed.
     let own_index = unsafe { build(api, own, d_addr, device, rows, dim) };
-    let safe_index = BruteForceIndex::build(DeviceVec::from_host(&res, &data)?, rows, dim, Metric::L2Expanded)?;
+    let safe_index = BruteForceIndex::build(DeviceMatrix::from_host(&res, &data, rows, dim, Layout::RowMajor)?, Metric::L2Expanded)?;
 
     // The lent handle is the same `raft::resources*` at every lend; the index built on it is
     // used only inside lends (its buffers are ordered on res's stream).
     // SAFETY: the lent handle is live for the closure; the dataset is ready on its stream.
-    let lent_index = with_cuvs(&res, |cuvs| unsafe { build(api, cuvs.as_raw(), d_addr, device, rows, dim) })?;
+    let lent_index = with_cuvs(&res, |cuvs| Ok(unsafe { build(api, cuvs.as_raw(), d_addr, device, rows, dim) }))?;
     let (mut lent_t, mut own_t, mut safe_t) = (Vec::new(), Vec::new(), Vec::new());
     let mut safe_last = None;
     // One round each to warm up (cuBLAS handles, kernels), not counted.
     for round in 0..=rounds {
         // SAFETY: live handles and indexes of this device (the lent one only inside the lend);
         // the tensors describe live arrays of the shapes searched.
-        let l = with_cuvs(&res, |cuvs| unsafe { raw_round(api, cuvs.as_raw(), lent_index, &mut lent_io, iters) })?;
+        let l = with_cuvs(&res, |cuvs| Ok(unsafe { raw_round(api, cuvs.as_raw(), lent_index, &mut lent_io, iters) }))?;
         // SAFETY: as above.
         let o = unsafe { raw_round(api, own, own_index, &mut own_io, iters) };
         let start = Instant::now();
         for _ in 0..iters {
-            safe_last = Some(safe_index.search(&queries, n_queries, k)?);
+            safe_last = Some(safe_index.search(queries.matrix(n_queries, dim, Layout::RowMajor)?, k)?);
         }
         res.sync()?;
         let s = start.elapsed();
@@ -201,7 +201,10 @@ fn run(args: &[usize]) -> Result<()> {
         }
     }
     // SAFETY: built on the lent handle, destroyed once, while lent.
-    with_cuvs(&res, |_| ok(api, "cuvsBruteForceIndexDestroy", unsafe { api.cuvsBruteForceIndexDestroy(lent_index) }))?;
+    with_cuvs(&res, |_| {
+        ok(api, "cuvsBruteForceIndexDestroy", unsafe { api.cuvsBruteForceIndexDestroy(lent_index) });
+        Ok(())
+    })?;
     // SAFETY: built on `own`, destroyed once; then the handle, which nothing uses any more.
     unsafe {
         ok(api, "cuvsBruteForceIndexDestroy", api.cuvsBruteForceIndexDestroy(own_index));
@@ -210,7 +213,7 @@ fn run(args: &[usize]) -> Result<()> {
 
     // The three ways found the same neighbours.
     let (lent_ids, own_ids) = (lent_ids.to_host()?, own_ids.to_host()?);
-    let safe_ids = safe_last.map(|(ids, _)| ids.to_host()).transpose()?.unwrap_or_default();
+    let safe_ids = safe_last.map(|found| found.neighbors.to_host()).transpose()?.unwrap_or_default();
     let agree = |a: &[i64], b: &[i64]| a.iter().zip(b).filter(|(x, y)| x == y).count() as f64 / a.len().max(1) as f64;
     println!(
         "brute force, {rows}×{dim} f32 rows, {n_queries} queries, k = {k}, {iters} searches per round, median of {rounds} rounds, device {device} (stream {:#x})",

@@ -6,8 +6,8 @@
 //! cargo run -p raft-cuvs --example knn --release
 //! ```
 //! Without a GPU (or without cuVS) it prints why and exits 0; under `RAFT_REQUIRE_GPU=1`, 1.
-use raft_core::{DeviceResources, DeviceVec, Result};
-use raft_cuvs::{brute_force_knn, with_cuvs, CagraIndex, CagraIndexParams, CagraSearchParams};
+use raft_core::{DeviceMatrix, DeviceResources, Layout, Result};
+use raft_cuvs::{brute_force_knn, with_cuvs, CagraIndex, CagraIndexParams, CagraSearchParams, Neighbors};
 
 const N_ROWS: usize = 20_000;
 const DIM: usize = 64;
@@ -34,8 +34,8 @@ fn unusable() -> Option<String> {
         Ok(from) => from,
         Err(e) => return Some(e.to_string()),
     };
-    let (major, minor, patch) = raft_cuvs::version().ok()?;
-    println!("cuVS {major}.{minor:02}.{patch:02} from {}", from.display());
+    let version = raft_cuvs::version().ok()?;
+    println!("cuVS {version} from {}", from.display());
     match raft_core::device_count() {
         Ok(0) => Some("no CUDA device".into()),
         Ok(_) => None,
@@ -47,17 +47,16 @@ fn run() -> Result<()> {
     let res = DeviceResources::new()?;
     let mut seed = 42;
     let rows = uniform(&mut seed, N_ROWS * DIM);
-    let dataset = DeviceVec::from_host(&res, &rows)?;
-    let queries = DeviceVec::from_host(&res, &uniform(&mut seed, N_QUERIES * DIM))?;
+    let dataset = DeviceMatrix::from_host(&res, &rows, N_ROWS, DIM, Layout::RowMajor)?;
+    let queries = DeviceMatrix::from_host(&res, &uniform(&mut seed, N_QUERIES * DIM), N_QUERIES, DIM, Layout::RowMajor)?;
 
     // Exact: cuVS's brute force, on res's stream, cuBLAS handle and memory pool.
-    let (ids, distances) = brute_force_knn(&res, &dataset, N_ROWS, DIM, &queries, N_QUERIES, K)?;
+    let Neighbors { neighbors: ids, distances } = brute_force_knn(&res, dataset.view(), queries.view(), K)?;
     let (exact_ids, exact_d) = (ids.to_host()?, distances.to_host()?);
 
-    // Approximate: a CAGRA index owning a copy of the rows, searched on the same resources.
-    let index = CagraIndex::build(DeviceVec::from_host(&res, &rows)?, N_ROWS, DIM, &CagraIndexParams::default())?;
-    let (ids, _) = index.search(&queries, N_QUERIES, K, &CagraSearchParams::default())?;
-    let approx_ids = ids.to_host()?;
+    // Approximate: a CAGRA index owning the dataset, searched on the same resources.
+    let index = CagraIndex::build(dataset, &CagraIndexParams::default())?;
+    let approx_ids = index.search(queries.view(), K, &CagraSearchParams::default())?.neighbors.to_host()?;
 
     for q in 0..N_QUERIES {
         let row = q * K..(q + 1) * K;
@@ -72,8 +71,12 @@ fn run() -> Result<()> {
     }
 
     // The lent handle: cuVS's view of these resources is these resources.
-    let (stream, device) = with_cuvs(&res, |cuvs| Ok::<_, raft_core::Error>((cuvs.stream()?, cuvs.device_id()?)))??;
-    println!("cuVS ran on stream {stream:#x} of device {device}: res's own stream is {:#x}", res.stream()?.cu_stream() as usize);
+    let (stream, device) = with_cuvs(&res, |cuvs| Ok((cuvs.stream()?, cuvs.device_id()?)))?;
+    println!(
+        "cuVS ran on stream {:#x} of device {device}: res's own stream is {:#x}",
+        stream.cu_stream() as usize,
+        res.stream()?.cu_stream() as usize
+    );
     index.release()?;
     res.release()
 }

@@ -7,7 +7,7 @@ use crate::dlpack::Tensor;
 use crate::resources::{destroy_lent, lend};
 use crate::result::{self, CagraIndexParamsRaw, CagraRaw, CagraSearchParamsRaw, DatasetRaw};
 use crate::sys;
-use raft_core::{DeviceResources, DeviceVec, Error, Result};
+use raft_core::{DeviceMatrix, DeviceResources, DeviceVec, Error, MatrixView, Result};
 
 /// How CAGRA builds the k-NN graph it prunes (cuVS's `cuvsCagraGraphBuildAlgo`).
 #[non_exhaustive]
@@ -303,9 +303,7 @@ pub struct CagraIndex {
     /// The padded dataset the index reads: a view of `dataset`, or a copy it owns. Destroyed
     /// after `raw`.
     rows: Option<DatasetRaw>,
-    dataset: DeviceVec<f32>,
-    n_rows: usize,
-    dim: usize,
+    dataset: DeviceMatrix<f32>,
     graph_degree: usize,
     resources: DeviceResources,
 }
@@ -313,27 +311,30 @@ pub struct CagraIndex {
 static_assertions::assert_impl_all!(CagraIndex: Send, Sync);
 
 impl CagraIndex {
-    /// Builds a CAGRA index over `dataset` (`n_rows × dim`, row-major), on the dataset's
+    /// Builds a CAGRA index over the rows of `dataset` (row-major), on the dataset's
     /// resources. Rows of a multiple of 4 floats are used in place; others are copied into
     /// CAGRA's padded layout first. Degrees the dataset cannot have (see [`CagraIndexParams`])
     /// are lowered with a warning, as cuVS would; [`graph_degree`](Self::graph_degree) says
     /// what was built.
     ///
     /// # Errors
-    /// `Logic` when `n_rows × dim` is not `dataset.len()`, for a metric CAGRA does not take,
+    /// `Logic` for a column-major dataset, a metric CAGRA does not take,
     /// parameters outside cuVS's limits (fewer than 2 or more than 2^31 − 1 rows, more than 65536
     /// columns, a degree of 0, an intermediate degree above 1024 after lowering it to
     /// `n_rows − 1`, `nn_descent_niter` outside 1..=1024), or on released resources; `Cuda` when cuVS cannot be loaded or fails; `OutOfMemory`.
-    pub fn build(dataset: DeviceVec<f32>, n_rows: usize, dim: usize, params: &CagraIndexParams) -> Result<Self> {
+    pub fn build(dataset: DeviceMatrix<f32>, params: &CagraIndexParams) -> Result<Self> {
         const WHO: &str = "CagraIndex::build";
-        check::matrix(WHO, "dataset", dataset.len(), n_rows, dim)?;
+        let (n_rows, dim) = (dataset.rows(), dataset.cols());
+        check::view(WHO, "dataset", &dataset.view())?;
         params.check(WHO, n_rows, dim)?;
         result::api(WHO)?;
         let res = dataset.resources().clone();
         let stream = res.stream().map_err(|e| e.with_who(WHO))?;
         let _bound = result::bind_device(WHO, &res)?;
+        let view = dataset.view();
+        let whole = view.as_slice();
         let (raw, rows) = lend(WHO, &res, |cuvs| {
-            let mut tensor = Tensor::input(WHO, &dataset, n_rows, dim, &stream)?;
+            let mut tensor = Tensor::input(WHO, &whole, n_rows, dim, &stream)?;
             let rows = if (dim * std::mem::size_of::<f32>()) % 16 == 0 {
                 // SAFETY: the view is of `dataset`, which the CagraIndex made below owns, never
                 // writes and drops only after destroying this view and the index.
@@ -369,7 +370,7 @@ impl CagraIndex {
                 }
             }
         })?;
-        let mut index = CagraIndex { raw: Some(raw), rows: Some(rows), dataset, n_rows, dim, graph_degree: 0, resources: res.clone() };
+        let mut index = CagraIndex { raw: Some(raw), rows: Some(rows), dataset, graph_degree: 0, resources: res.clone() };
         let (built_dim, size, degree) = index.raw.as_ref().expect("just built").dims(WHO)?;
         if built_dim != dim as i64 || size != n_rows as i64 {
             return Err(Error::new(
@@ -382,22 +383,25 @@ impl CagraIndex {
         Ok(index)
     }
 
-    /// The `k` approximate nearest rows to each row of `queries` (`n_queries × dim`), with
-    /// `params`, on the index's resources: neighbour ids and distances, `n_queries × k` each,
+    /// The `k` approximate nearest rows to each row of `queries` (row-major, contiguous, the
+    /// dataset's columns), with `params`, on the index's resources: neighbour ids and distances,
+    /// `n_queries × k` each,
     /// nearest first. cuVS refuses a `k` above the (rounded up) `itopk_size`.
     ///
     /// # Errors
-    /// `Logic` for queries that do not match (`n_queries × dim` elements, the index's device), a
+    /// `Logic` for queries that do not match (layout, columns, the index's device), a
     /// bad `k`, parameters outside cuVS's limits (see [`CagraSearchParams`]), more queries than
     /// cuVS's 32-bit batch offsets reach (`n_queries × max(k, dim)` above 2^32), or released
     /// resources; `Cuda` / `OutOfMemory` from cuVS.
-    pub fn search(&self, queries: &DeviceVec<f32>, n_queries: usize, k: usize, params: &CagraSearchParams) -> Result<Neighbors> {
+    pub fn search(&self, queries: MatrixView<'_, f32>, k: usize, params: &CagraSearchParams) -> Result<Neighbors> {
         const WHO: &str = "CagraIndex::search";
-        check::matrix(WHO, "queries", queries.len(), n_queries, self.dim)?;
-        let results = check::k_of(WHO, k, self.n_rows, n_queries)?;
+        check::view(WHO, "queries", &queries)?;
+        check::same_dim(WHO, self.dim(), queries.cols())?;
+        let n_queries = queries.rows();
+        let results = check::k_of(WHO, k, self.n_rows(), n_queries)?;
         check::same_device(WHO, "the queries", queries.resources().device(), self.resources.device())?;
         params.check(WHO, self.graph_degree)?;
-        check::cagra_batches(WHO, n_queries, k, self.dim)?;
+        check::cagra_batches(WHO, n_queries, k, self.dim())?;
         let raw = self.raw.as_ref().expect("an index holds its cuVS index until dropped");
         let stream = self.resources.stream().map_err(|e| e.with_who(WHO))?;
         let mut neighbors = DeviceVec::<i64>::new(&self.resources, results).map_err(|e| e.with_who(WHO))?;
@@ -408,15 +412,16 @@ impl CagraIndex {
             if let Some(raised) = params.apply(cparams.get_mut()) {
                 log::warn!(target: "raft", "{WHO}: {raised}");
             }
-            let mut q = Tensor::input(WHO, queries, n_queries, self.dim, &stream)?;
-            let mut n = Tensor::output(WHO, &mut neighbors, n_queries, k, &stream)?;
-            let mut d = Tensor::output(WHO, &mut distances, n_queries, k, &stream)?;
+            let (qs, mut ns, mut ds) = (queries.as_slice(), neighbors.view_mut(), distances.view_mut());
+            let mut q = Tensor::input(WHO, &qs, n_queries, self.dim(), &stream)?;
+            let mut n = Tensor::output(WHO, &mut ns, n_queries, k, &stream)?;
+            let mut d = Tensor::output(WHO, &mut ds, n_queries, k, &stream)?;
             // SAFETY: the index was built with `dim` columns over `n_rows` ≥ k rows, and its
             // dataset is kept alive by `self`; the tensors have `n_queries` rows each, `dim`
             // columns for the queries, `k` for the outputs, each exactly its array.
             unsafe { raw.search(WHO, &cuvs, &mut cparams, &mut q, &mut n, &mut d) }
         })?;
-        Ok((neighbors, distances))
+        crate::brute_force::finish(WHO, n_queries, k, neighbors, distances)
     }
 
     /// The resources the index lives on (its dataset's).
@@ -425,18 +430,18 @@ impl CagraIndex {
     }
 
     /// The dataset (read-only: cuVS may view it).
-    pub fn dataset(&self) -> &DeviceVec<f32> {
+    pub fn dataset(&self) -> &DeviceMatrix<f32> {
         &self.dataset
     }
 
     /// Rows indexed.
     pub fn n_rows(&self) -> usize {
-        self.n_rows
+        self.dataset.rows()
     }
 
     /// Columns of each row.
     pub fn dim(&self) -> usize {
-        self.dim
+        self.dataset.cols()
     }
 
     /// The degree of the graph cuVS built.
@@ -479,8 +484,8 @@ impl Drop for CagraIndex {
 impl std::fmt::Debug for CagraIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CagraIndex")
-            .field("n_rows", &self.n_rows)
-            .field("dim", &self.dim)
+            .field("n_rows", &self.n_rows())
+            .field("dim", &self.dim())
             .field("graph_degree", &self.graph_degree)
             .field("device", &self.resources.device())
             .finish()

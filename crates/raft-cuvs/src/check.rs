@@ -1,24 +1,35 @@
 //! The argument checks every call makes before any native call (before cuVS is even loaded):
-//! shapes against the arrays' lengths, `k` against the rows, devices against the resources'.
+//! shapes and layouts (the views themselves are checked against their arrays by raft-core), `k`
+//! against the rows, devices against the resources'.
 //! cuVS takes shapes on trust from the DLPack tensors, so these are what keeps its kernels inside
 //! the arrays.
-use raft_core::{Error, Result};
+use raft_core::{Error, Layout, MatrixView, Result};
 
-/// `rows × cols` must be exactly an array of `len` elements, with neither side zero.
-pub(crate) fn matrix(who: &'static str, what: &str, len: usize, rows: usize, cols: usize) -> Result<()> {
+/// A matrix cuVS can take: neither side zero, its elements within DLPack's `int64_t`, and
+/// row-major without gaps between rows (cuVS reads DLPack tensors of null strides: C order).
+/// The view itself was checked against its array when made.
+pub(crate) fn matrix(who: &'static str, what: &str, rows: usize, cols: usize, layout: Layout, contiguous: bool) -> Result<()> {
     if rows == 0 || cols == 0 {
         return Err(Error::logic(who, format!("{what}: a {rows}×{cols} matrix is empty")));
     }
-    if rows.checked_mul(cols) != Some(len) {
+    if !rows.checked_mul(cols).is_some_and(|n| i64::try_from(n).is_ok()) {
+        return Err(Error::logic(who, format!("{what}: a {rows}×{cols} matrix does not fit DLPack's 64-bit shape")));
+    }
+    if layout != Layout::RowMajor {
+        return Err(Error::logic(who, format!("{what}: cuVS takes row-major matrices, this one is {layout:?}")));
+    }
+    if !contiguous {
         return Err(Error::logic(
             who,
-            format!("{what}: a {rows}×{cols} matrix needs {} elements, the array has {len}", rows.saturating_mul(cols)),
+            format!("{what}: cuVS takes contiguous rows, this view's rows have gaps (a leading dimension above its {cols} columns)"),
         ));
     }
-    if i64::try_from(len).is_err() {
-        return Err(Error::logic(who, format!("{what}: {len} elements do not fit DLPack's 64-bit shape")));
-    }
     Ok(())
+}
+
+/// [`matrix`] of a view.
+pub(crate) fn view(who: &'static str, what: &str, m: &MatrixView<'_, f32>) -> Result<()> {
+    matrix(who, what, m.rows(), m.cols(), m.layout(), m.is_contiguous())
 }
 
 /// The output of `n_queries` searches for `k` neighbours among `n_rows`: `k` from 1 to `n_rows`,
@@ -65,21 +76,21 @@ pub(crate) fn same_device(who: &'static str, what: &str, array: usize, res: usiz
     Ok(())
 }
 
-/// The whole check of a k-NN search of `n_queries × dim` queries among `n_rows × dim` rows;
-/// returns the number of results (`n_queries × k`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn knn(
-    who: &'static str,
-    dataset_len: usize,
-    n_rows: usize,
-    dim: usize,
-    queries_len: usize,
-    n_queries: usize,
-    k: usize,
-) -> Result<usize> {
-    matrix(who, "dataset", dataset_len, n_rows, dim)?;
-    matrix(who, "queries", queries_len, n_queries, dim)?;
-    k_of(who, k, n_rows, n_queries)
+/// The whole check of a k-NN search of `queries` among the rows of `dataset`; returns the
+/// number of results (`n_queries × k`).
+pub(crate) fn knn(who: &'static str, dataset: &MatrixView<'_, f32>, queries: &MatrixView<'_, f32>, k: usize) -> Result<usize> {
+    view(who, "dataset", dataset)?;
+    view(who, "queries", queries)?;
+    same_dim(who, dataset.cols(), queries.cols())?;
+    k_of(who, k, dataset.rows(), queries.rows())
+}
+
+/// Queries of `queries` columns against rows of `dim`.
+pub(crate) fn same_dim(who: &'static str, dim: usize, queries: usize) -> Result<()> {
+    if dim != queries {
+        return Err(Error::logic(who, format!("queries of {queries} columns against rows of {dim}")));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -93,33 +104,41 @@ mod tests {
         e.to_string()
     }
 
-    #[test]
-    fn a_consistent_search_passes() {
-        assert_eq!(knn("w", 2000 * 32, 2000, 32, 50 * 32, 50, 10).unwrap(), 500);
-        assert_eq!(knn("w", 12, 4, 3, 3, 1, 4).unwrap(), 4, "k may be every row");
+    fn refused_unit(r: Result<()>) -> String {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Logic);
+        e.to_string()
     }
 
     #[test]
-    fn shapes_that_do_not_match_the_arrays_are_refused() {
+    fn a_row_major_contiguous_matrix_passes() {
+        assert!(matrix("w", "dataset", 2000, 32, Layout::RowMajor, true).is_ok());
+        assert!(same_dim("w", 32, 32).is_ok());
+        assert_eq!(k_of("w", 10, 2000, 50).unwrap(), 500);
+        assert_eq!(k_of("w", 4, 4, 1).unwrap(), 4, "k may be every row");
+    }
+
+    #[test]
+    fn layouts_cuvs_cannot_read_and_empty_or_huge_shapes_are_refused() {
         assert_eq!(
-            refused(knn("w", 2000 * 32, 2000, 33, 50 * 32, 50, 10)),
-            "w: dataset: a 2000×33 matrix needs 66000 elements, the array has 64000"
+            refused_unit(matrix("w", "dataset", 4, 3, Layout::ColMajor, true)),
+            "w: dataset: cuVS takes row-major matrices, this one is ColMajor"
         );
         assert_eq!(
-            refused(knn("w", 2000 * 32, 2000, 32, 50 * 32, 51, 10)),
-            "w: queries: a 51×32 matrix needs 1632 elements, the array has 1600"
+            refused_unit(matrix("w", "queries", 4, 3, Layout::RowMajor, false)),
+            "w: queries: cuVS takes contiguous rows, this view's rows have gaps (a leading dimension above its 3 columns)"
         );
-        assert_eq!(refused(knn("w", 0, 0, 32, 32, 1, 1)), "w: dataset: a 0×32 matrix is empty");
-        assert_eq!(refused(knn("w", 64, 2, 32, 0, 0, 1)), "w: queries: a 0×32 matrix is empty");
-        // The lie of the soundness issue: a huge shape over a small array.
-        refused(knn("w", 4, 4096, 4096, 4, 1, 1));
-        refused(knn("w", 4, usize::MAX, 2, 2, 1, 1));
+        assert_eq!(refused_unit(matrix("w", "dataset", 0, 32, Layout::RowMajor, true)), "w: dataset: a 0×32 matrix is empty");
+        assert_eq!(refused_unit(matrix("w", "queries", 0, 32, Layout::RowMajor, true)), "w: queries: a 0×32 matrix is empty");
+        refused_unit(matrix("w", "dataset", usize::MAX, 2, Layout::RowMajor, true));
+        refused_unit(matrix("w", "dataset", 1 << 62, 4, Layout::RowMajor, true));
+        assert_eq!(refused_unit(same_dim("w", 32, 33)), "w: queries of 33 columns against rows of 32");
     }
 
     #[test]
     fn k_must_be_between_one_and_the_rows() {
-        assert_eq!(refused(knn("w", 64, 2, 32, 32, 1, 0)), "w: k must be at least 1");
-        assert_eq!(refused(knn("w", 64, 2, 32, 32, 1, 3)), "w: k = 3 is more than the 2 rows searched");
+        assert_eq!(refused(k_of("w", 0, 2, 1)), "w: k must be at least 1");
+        assert_eq!(refused(k_of("w", 3, 2, 1)), "w: k = 3 is more than the 2 rows searched");
         refused(k_of("w", 2, 4, usize::MAX));
         assert_eq!(refused(k_of("w", 1 << 31, usize::MAX, 1)), "w: k = 2147483648 is above cuVS's 2147483647");
         assert!(k_of("w", i32::MAX as usize, usize::MAX, 1).is_ok());

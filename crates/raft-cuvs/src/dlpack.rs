@@ -1,4 +1,4 @@
-//! DLPack tensors that describe a [`DeviceVec`] for the duration of one cuVS call: how cuVS's C
+//! DLPack tensors that describe a contiguous view of a device array for the duration of one cuVS call: how cuVS's C
 //! API takes arrays.
 //!
 //! A [`Tensor`] borrows its array for its whole life, describes no more elements than the array
@@ -8,7 +8,7 @@
 //! under cuVS's kernels.
 use crate::sys;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
-use raft_core::{DeviceScalar, DeviceVec, Error, Result};
+use raft_core::{DeviceScalar, DeviceView, DeviceViewMut, Error, Result};
 
 /// An element type cuVS's C API takes, with its DLPack type code and width.
 pub(crate) trait DlElement: DeviceScalar {
@@ -26,7 +26,7 @@ macro_rules! dl_elements {
 }
 dl_elements!(f32 => kDLFloat, i64 => kDLInt, u32 => kDLUInt, i8 => kDLInt, u8 => kDLUInt);
 
-/// A row-major `rows × cols` DLPack view of a whole device array, for one call.
+/// A row-major `rows × cols` DLPack view of a contiguous range of a device array, for one call.
 pub(crate) struct Tensor<'a> {
     managed: sys::DLManagedTensor,
     /// Boxed so that the address in `managed` stays valid when the tensor moves.
@@ -39,10 +39,10 @@ pub(crate) struct Tensor<'a> {
 }
 
 impl<'a> Tensor<'a> {
-    /// An input: cuVS reads it.
+    /// An input: cuVS reads it (a contiguous view, `rows × cols` row-major).
     pub(crate) fn input<T: DlElement>(
         who: &'static str,
-        v: &'a DeviceVec<T>,
+        v: &'a DeviceView<'_, T>,
         rows: usize,
         cols: usize,
         stream: &'a CudaStream,
@@ -52,10 +52,10 @@ impl<'a> Tensor<'a> {
         Ok(Self::new::<T>(ptr, device, shape, rows, cols, ordered))
     }
 
-    /// An output: cuVS writes it (the array is borrowed mutably for the tensor's life).
+    /// An output: cuVS writes it (the view is borrowed mutably for the tensor's life).
     pub(crate) fn output<T: DlElement>(
         who: &'static str,
-        v: &'a mut DeviceVec<T>,
+        v: &'a mut DeviceViewMut<'_, T>,
         rows: usize,
         cols: usize,
         stream: &'a CudaStream,

@@ -1,6 +1,8 @@
 //! The lent `cuvsResources_t` itself: a type that names only the raw layer, so that the result
 //! layer can take it and the calls on it (`resources.rs`) stay above.
+use cudarc::driver::CudaStream;
 use raft_core::RaftResourcesPtr;
+use std::sync::Arc;
 
 /// A `cuvsResources_t` lent by a [`DeviceResources`] for the duration of [`with_cuvs`]: cuVS
 /// works on those resources themselves (their stream, their cuBLAS and other handles, RMM's
@@ -28,13 +30,15 @@ use raft_core::RaftResourcesPtr;
 pub struct CuvsResources<'a> {
     lend: RaftResourcesPtr<'a>,
     device: usize,
+    /// The lending resources' stream, taken before the lend (see `with_cuvs`).
+    pub(crate) stream: &'a Arc<CudaStream>,
 }
 
 static_assertions::assert_not_impl_any!(CuvsResources<'static>: Send, Sync);
 
 impl<'a> CuvsResources<'a> {
-    pub(crate) fn lent(lend: RaftResourcesPtr<'a>, device: usize) -> Self {
-        CuvsResources { lend, device }
+    pub(crate) fn lent(lend: RaftResourcesPtr<'a>, device: usize, stream: &'a Arc<CudaStream>) -> Self {
+        CuvsResources { lend, device, stream }
     }
 
     /// The handle, for cuVS's C functions (see the contract above).

@@ -3,13 +3,29 @@
 //! handle (the handle's type is in `lent.rs`).
 use crate::lent::CuvsResources;
 use crate::result;
-use raft_core::{DeviceResources, Result};
+use cudarc::driver::CudaStream;
+use raft_core::{DeviceResources, Error, ErrorKind, Result};
+use std::sync::Arc;
 
 impl CuvsResources<'_> {
-    /// The stream cuVS runs on (`cuvsStreamGet`): the lending resources' own, as a raw
-    /// `CUstream` (compare with `DeviceResources::stream()?.cu_stream()`).
-    pub fn stream(&self) -> Result<usize> {
-        result::stream_get("CuvsResources::stream", self)
+    /// The stream cuVS runs on, as cudarc's `CudaStream`: the lending resources' own (the
+    /// same shape as `DeviceResources::stream`), after asking cuVS (`cuvsStreamGet`) that it is.
+    ///
+    /// # Errors
+    /// `Cuda` when cuVS fails; `Generic` if cuVS reported another stream (never: nothing here
+    /// moves lent resources to another stream).
+    pub fn stream(&self) -> Result<Arc<CudaStream>> {
+        const WHO: &str = "CuvsResources::stream";
+        let seen = result::stream_get(WHO, self)?;
+        let ours = self.stream.cu_stream() as usize;
+        if seen != ours {
+            return Err(Error::new(
+                ErrorKind::Generic,
+                WHO,
+                format!("cuVS runs on stream {seen:#x}, not the lending resources' {ours:#x}"),
+            ));
+        }
+        Ok(self.stream.clone())
     }
 
     /// The device cuVS sees (`cuvsDeviceIdGet`).
@@ -24,7 +40,16 @@ impl CuvsResources<'_> {
 }
 
 /// Runs `f` with `res` lent to cuVS as a [`CuvsResources`]: cuVS's C API then works on these very
-/// resources (their stream, handles and memory resource) for the closure's duration.
+/// resources (their stream, handles and memory resource) for the closure's duration. The
+/// closure's `Result` is this call's: `?` inside, one `?` outside.
+///
+/// ```no_run
+/// # fn main() -> raft_core::Result<()> {
+/// let res = raft_core::DeviceResources::new()?;
+/// let (stream, device) = raft_cuvs::with_cuvs(&res, |cuvs| Ok((cuvs.stream()?, cuvs.device_id()?)))?;
+/// assert_eq!(stream.cu_stream(), res.stream()?.cu_stream());
+/// # let _ = device; Ok(()) }
+/// ```
 ///
 /// cuVS is loaded first (at the first call in the process, see [`crate::load`]): a missing
 /// `libcuvs_c.so` is this call's `Cuda` error, before `f` runs.
@@ -36,18 +61,20 @@ impl CuvsResources<'_> {
 /// nested call wait for the lend to end, which waits for the call. Take what you need before.
 ///
 /// # Errors
-/// `Cuda` when cuVS cannot be loaded; `Logic` on released resources.
-pub fn with_cuvs<R>(res: &DeviceResources, f: impl FnOnce(CuvsResources<'_>) -> R) -> Result<R> {
+/// `Cuda` when cuVS cannot be loaded; `Logic` on released resources; else the closure's error.
+pub fn with_cuvs<R>(res: &DeviceResources, f: impl FnOnce(CuvsResources<'_>) -> Result<R>) -> Result<R> {
     const WHO: &str = "raft_cuvs::with_cuvs";
     result::api(WHO)?;
-    let device = res.device();
-    res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device))).map_err(|e| e.with_who(WHO))
+    lend(WHO, res, f)
 }
 
-/// Lends `res` to `f` and flattens its result: the crate's own calls.
+/// Lends `res` to `f` and flattens its result: [`with_cuvs`] and the crate's own calls. The
+/// lend's own failure (released resources) is `who`'s; the closure's errors are its own.
 pub(crate) fn lend<R>(who: &'static str, res: &DeviceResources, f: impl FnOnce(CuvsResources<'_>) -> Result<R>) -> Result<R> {
     let device = res.device();
-    res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device))).map_err(|e| e.with_who(who))?
+    // Taken before the lend: inside it, calls that take the resources may wait on a release.
+    let stream = res.stream().map_err(|e| e.with_who(who))?;
+    res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device, &stream))).map_err(|e| e.with_who(who))?
 }
 
 /// Destroys a cuVS object that holds device memory of `res`'s (an index, a padded copy): while

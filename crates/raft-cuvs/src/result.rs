@@ -60,12 +60,12 @@ pub(crate) fn classify(message: &str) -> ErrorKind {
 }
 
 /// cuVS's version (`cuvsVersionGet`).
-pub(crate) fn version(who: &'static str) -> Result<(u16, u16, u16)> {
+pub(crate) fn version(who: &'static str) -> Result<crate::version::Version> {
     let api = api(who)?;
     let (mut major, mut minor, mut patch) = (0, 0, 0);
     // SAFETY: writes three integers through valid pointers; makes no CUDA call.
     check(who, api, unsafe { api.cuvsVersionGet(&mut major, &mut minor, &mut patch) })?;
-    Ok((major, minor, patch))
+    Ok(crate::version::Version { major, minor, patch })
 }
 
 /// The stream of `res` as cuVS sees it (`cuvsStreamGet`).

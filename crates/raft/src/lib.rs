@@ -48,9 +48,10 @@ pub use raft_abi::{abi, raft_release, require_raft_release, running, version, Ab
 pub use raft_core::{
     current_device, current_device_resources, current_memory_resource, device_count, driver_version, enable_memory_statistics, gemm,
     installed_default, memory, memory_pools_supported, memory_statistics, reinitialize, reset_memory_resource, runtime_version,
-    set_memory_resource, stats, with_device_resources, AsResources, DeviceResources, DeviceScalar, DeviceVec, Error, ErrorKind, GemmScalar,
-    HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, PendingReleases,
-    RaftResourcesPtr, Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
+    set_memory_resource, stats, with_device_resources, AsResources, DeviceMatrix, DeviceResources, DeviceScalar, DeviceVec, DeviceView,
+    DeviceViewMut, Error, ErrorKind, GemmScalar, HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource,
+    MemoryResourceKind, MemoryStatistics, PendingReleases, RaftResourcesPtr, Result, RmmOptions, Scoped, Stats, TrackedAllocations,
+    WeakResources,
 };
 pub use raft_core::{
     CopyScope, DeviceToDevice, HostSource, HostStores, HostTarget, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost,

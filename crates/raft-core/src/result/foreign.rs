@@ -100,8 +100,12 @@ impl ForeignUses {
     }
 
     /// Makes `own` wait for the pending uses on other streams: the writes only (`writes_only`,
-    /// before a shared use of the array: reads need no order among themselves), or all of them.
-    fn settle(&self, who: &'static str, own: &CudaStream, writes_only: bool) -> Result<()> {
+    /// before a read: reads need no order among themselves), or all of them. `done`: mark them
+    /// waited for, only when no guard can be alive (the caller holds the array exclusively):
+    /// under a shared borrow, a view (`views.rs`) may hold a guard, of a read or of a write to
+    /// its own part, whose event is recorded after this wait, and a use marked done would then
+    /// be one the free no longer waits for.
+    fn settle(&self, who: &'static str, own: &CudaStream, writes_only: bool, done: bool) -> Result<()> {
         let flag = if writes_only { &self.writes } else { &self.any };
         if !flag.load(Ordering::Acquire) {
             return Ok(());
@@ -109,39 +113,43 @@ impl ForeignUses {
         let _keep = super::ContextGuard::save(who)?; // cudarc's wait binds `own`'s context
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
         let mut first = Ok(());
-        // The event's latest record covers every use handed out on its stream so far. Under a
-        // shared borrow a read guard may still record later: only writes (no guard of which can
-        // be alive then) are marked done.
+        // The event's latest record covers every use handed out on its stream so far.
         for u in uses.iter_mut().filter(|u| u.write || (u.read && !writes_only)) {
             // On the device when it can; else the host waits (relaxed: never refused by a
             // capture). A failure of both is a fault of the context, which stops its work.
             let waited = own.wait(&u.event).or_else(|_| super::relaxed(|| unsafe_event_sync(&u.event))).map_err(|e| Error::driver(who, e));
             match waited {
-                Ok(()) => {
-                    u.write = false;
-                    u.read &= writes_only;
-                }
+                Ok(()) if done => (u.write, u.read) = (false, false),
+                Ok(()) => {}
                 Err(e) => first = first.and(Err(e)),
             }
         }
-        self.writes.store(uses.iter().any(|u| u.write), Ordering::Release);
-        self.any.store(uses.iter().any(|u| u.read || u.write), Ordering::Release);
+        if done {
+            self.writes.store(uses.iter().any(|u| u.write), Ordering::Release);
+            self.any.store(uses.iter().any(|u| u.read || u.write), Ordering::Release);
+        }
         first
     }
 
-    /// Before a shared use on the array's own stream: ordered after the other streams' writes.
+    /// Before a read on the array's own stream: ordered after the other streams' writes.
     /// A failure is logged: the use may then race a write, which changes values, never memory.
     pub(crate) fn before_read(&self, own: &CudaStream) {
-        if let Err(e) = self.settle("DeviceVec", own, true) {
+        if let Err(e) = self.settle("DeviceVec", own, true, false) {
             log::warn!(target: "raft", "{e}");
         }
     }
 
+    /// Before a write through a view (which holds its part of the array exclusively, not the
+    /// array): ordered after every use on other streams known so far, none marked done.
+    pub(crate) fn wait_all(&self, who: &'static str, own: &CudaStream) -> Result<()> {
+        self.settle(who, own, false, false)
+    }
+
     /// Before an exclusive use, or the free: ordered after every use on other streams (no guard
-    /// is alive: the caller holds the array exclusively). An error: `own` could not be ordered,
-    /// and the array's memory must not be freed.
+    /// is alive: the caller holds the array exclusively), which are then done. An error: `own`
+    /// could not be ordered, and the array's memory must not be freed.
     pub(crate) fn settle_all(&mut self, who: &'static str, own: &CudaStream) -> Result<()> {
-        self.settle(who, own, false)
+        self.settle(who, own, false, true)
     }
 }
 

@@ -6,9 +6,12 @@ use crate::error::{Error, Result};
 use raft_sys as sys;
 
 /// One GEMM operand as cuBLAS (column-major) reads it: `rows × cols` (after `op`), stored
-/// column-major with leading dimension `ld`, `transposed` meaning cuBLAS applies `op = T`.
+/// column-major from element `offset` of its buffer with leading dimension `ld`, `transposed`
+/// meaning cuBLAS applies `op = T`.
 pub(crate) struct Operand<'a> {
     pub(crate) buffer: &'a NativeBuffer,
+    /// Where the matrix starts in the buffer, in elements (a sub-matrix's first element).
+    pub(crate) offset: usize,
     /// Rows and columns of the matrix as stored (before cuBLAS's `op`).
     pub(crate) stored_rows: usize,
     pub(crate) stored_cols: usize,
@@ -17,8 +20,14 @@ pub(crate) struct Operand<'a> {
 }
 
 impl Operand<'_> {
+    /// The first element's address (inside the buffer once [`check`](Self::check)ed).
+    fn ptr<T>(&self) -> *const T {
+        (self.buffer.data as *const T).wrapping_add(self.offset)
+    }
+
     /// Refuses an operand whose elements, as cuBLAS will address them, leave its buffer:
-    /// element (r, c) lies at `c * ld + r`, so the last is `(cols - 1) * ld + rows - 1`.
+    /// element (r, c) lies at `offset + c * ld + r`, so the last is
+    /// `offset + (cols - 1) * ld + rows - 1`.
     fn check<T>(&self, who: &'static str, name: &str) -> Result<()> {
         if self.ld < self.stored_rows.max(1) {
             return Err(Error::logic(who, format!("{name}: leading dimension {} is below its {} rows", self.ld, self.stored_rows)));
@@ -29,13 +38,14 @@ impl Operand<'_> {
         } else {
             (self.stored_cols - 1).checked_mul(self.ld).and_then(|n| n.checked_add(self.stored_rows))
         };
+        let needed = needed.and_then(|n| n.checked_add(self.offset));
         match needed {
             Some(n) if n <= elements => Ok(()),
             _ => Err(Error::logic(
                 who,
                 format!(
-                    "{name}: a {}×{} matrix with leading dimension {} needs more than the {elements} elements of its array",
-                    self.stored_rows, self.stored_cols, self.ld
+                    "{name}: a {}×{} matrix with leading dimension {} from element {} needs more than the {elements} elements of its array",
+                    self.stored_rows, self.stored_cols, self.ld, self.offset
                 ),
             )),
         }
@@ -64,17 +74,16 @@ pub struct GemmArgs<'a> {
     k: usize,
     a: &'a Operand<'a>,
     b: &'a Operand<'a>,
-    c: &'a NativeBuffer,
-    ldc: usize,
+    c: &'a Operand<'a>,
 }
 
 macro_rules! gemm_scalar {
     ($t:ty, $call:ident) => {
         impl sealed::Sealed for $t {
             fn status(api: &sys::RaftrsShim, g: &GemmArgs<'_>, alpha: $t, beta: $t) -> sys::raftrs_status {
-                // SAFETY: every operand's extent was checked against its buffer by `gemm`, which
-                // holds the borrows (C exclusively) for the call; the resources are alive for the
-                // borrow.
+                // SAFETY: every operand's extent (from its offset, with its leading dimension) was
+                // checked against its buffer by `gemm`, whose caller holds the borrows (C's
+                // elements exclusively) for the call; the resources are alive for the borrow.
                 unsafe {
                     api.$call(
                         g.res.ptr.as_ptr(),
@@ -84,13 +93,13 @@ macro_rules! gemm_scalar {
                         g.n as i64,
                         g.k as i64,
                         alpha,
-                        g.a.buffer.data as *const $t,
+                        g.a.ptr::<$t>(),
                         g.a.ld as i64,
-                        g.b.buffer.data as *const $t,
+                        g.b.ptr::<$t>(),
                         g.b.ld as i64,
                         beta,
-                        g.c.data as *mut $t,
-                        g.ldc as i64,
+                        g.c.ptr::<$t>() as *mut $t,
+                        g.c.ld as i64,
                     )
                 }
             }
@@ -100,10 +109,10 @@ macro_rules! gemm_scalar {
 gemm_scalar!(f32, raftrs_gemm_f32);
 gemm_scalar!(f64, raftrs_gemm_f64);
 
-/// Column-major `C = alpha · op(A) · op(B) + beta · C` (C is m×n with leading dimension
-/// `ldc`) through the resources' cuBLAS handle, on their stream. Every extent is checked
-/// against its buffer first: a shape cuBLAS would read or write past an array is a `Logic`
-/// error, never a call.
+/// Column-major `C = alpha · op(A) · op(B) + beta · C` (C is m×n, not transposed) through the
+/// resources' cuBLAS handle, on their stream. Every extent is checked against its buffer first:
+/// a shape cuBLAS would read or write past an array is a `Logic` error, never a call. The
+/// caller holds C's elements exclusively.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm<T: GemmScalar>(
     who: &'static str,
@@ -115,24 +124,26 @@ pub(crate) fn gemm<T: GemmScalar>(
     a: &Operand<'_>,
     b: &Operand<'_>,
     beta: T,
-    c: &mut NativeBuffer,
-    ldc: usize,
+    c: &Operand<'_>,
 ) -> Result<()> {
     let (ar, ac) = if a.transposed { (a.stored_cols, a.stored_rows) } else { (a.stored_rows, a.stored_cols) };
     let (br, bc) = if b.transposed { (b.stored_cols, b.stored_rows) } else { (b.stored_rows, b.stored_cols) };
     if (ar, ac, br, bc) != (m, k, k, n) {
         return Err(Error::logic(who, format!("shapes do not chain: op(A) {ar}×{ac}, op(B) {br}×{bc}, C {m}×{n}")));
     }
+    if (c.stored_rows, c.stored_cols, c.transposed) != (m, n, false) {
+        return Err(Error::logic(who, format!("C is {}×{}, the product {m}×{n}", c.stored_rows, c.stored_cols)));
+    }
     a.check::<T>(who, "A")?;
     b.check::<T>(who, "B")?;
-    Operand { buffer: c, stored_rows: m, stored_cols: n, ld: ldc, transposed: false }.check::<T>(who, "C")?;
-    for s in [&a.buffer.stream, &b.buffer.stream, &c.stream] {
+    c.check::<T>(who, "C")?;
+    for s in [&a.buffer.stream, &b.buffer.stream, &c.buffer.stream] {
         if s.cu_stream() != res.stream.cu_stream() {
             return Err(Error::logic(who, "A, B and C must be ordered on the resources' stream"));
         }
     }
     let api = api(who)?;
     let _keep = ContextGuard::save(who)?;
-    let args = GemmArgs { res, m, n, k, a, b, c, ldc };
+    let args = GemmArgs { res, m, n, k, a, b, c };
     check(who, api, T::status(api, &args, alpha, beta))
 }

@@ -1,7 +1,7 @@
 //! CAGRA build and search through cuVS on lent raft-rs resources (GPU; skips without one or
 //! without cuVS, fails under `RAFT_REQUIRE_GPU=1`): recall@10 against the exact CPU answer.
 use crate::common::{child_scenario, exact_knn, report, rerun, Rng};
-use raft_core::{DeviceResources, DeviceVec, ErrorKind};
+use raft_core::{DeviceMatrix, DeviceResources, ErrorKind, Layout};
 use raft_cuvs::{CagraIndex, CagraIndexParams, CagraSearchParams};
 
 /// Rows of low intrinsic dimension, like real embeddings (SIFT's is about 10-20): `A·z + ε`
@@ -50,13 +50,17 @@ fn cagra_recall_at_10_on_100k_by_128_is_at_least_0_95() {
 
     let res = DeviceResources::new().unwrap();
     let started = std::time::Instant::now();
-    let index = CagraIndex::build(DeviceVec::from_host(&res, &dataset).unwrap(), N_ROWS, DIM, &CagraIndexParams::default()).unwrap();
+    let index =
+        CagraIndex::build(DeviceMatrix::from_host(&res, &dataset, N_ROWS, DIM, Layout::RowMajor).unwrap(), &CagraIndexParams::default())
+            .unwrap();
     let built = started.elapsed();
     assert_eq!((index.n_rows(), index.dim(), index.graph_degree()), (N_ROWS, DIM, 64));
-    let q = DeviceVec::from_host(&res, &queries).unwrap();
+    let q = DeviceMatrix::from_host(&res, &queries, N_QUERIES, DIM, Layout::RowMajor).unwrap();
     // itopk_size 128 (cuVS's default is 64): the accuracy knob, with room above k.
     let params = CagraSearchParams { itopk_size: Some(128), ..Default::default() };
-    let (ids, distances) = index.search(&q, N_QUERIES, K, &params).unwrap();
+    let found = index.search(q.view(), K, &params).unwrap();
+    assert_eq!((found.neighbors.rows(), found.neighbors.cols()), (N_QUERIES, K));
+    let (ids, distances) = (found.neighbors, found.distances);
     let ids = ids.to_host().unwrap();
     let distances = distances.to_host().unwrap();
     assert!(ids.iter().all(|i| (0..N_ROWS as i64).contains(i)), "ids out of range");
@@ -80,10 +84,10 @@ fn rows_that_are_not_16_byte_multiples_are_copied_into_cagra_s_layout() {
     let queries = embeddings(&mut rng, &a, DIM, N_QUERIES);
     let res = DeviceResources::new().unwrap();
     let params = CagraIndexParams { graph_degree: Some(32), intermediate_graph_degree: Some(64), ..Default::default() };
-    let index = CagraIndex::build(DeviceVec::from_host(&res, &dataset).unwrap(), N_ROWS, DIM, &params).unwrap();
+    let index = CagraIndex::build(DeviceMatrix::from_host(&res, &dataset, N_ROWS, DIM, Layout::RowMajor).unwrap(), &params).unwrap();
     assert_eq!(index.graph_degree(), 32);
-    let q = DeviceVec::from_host(&res, &queries).unwrap();
-    let (ids, _) = index.search(&q, N_QUERIES, K, &CagraSearchParams::default()).unwrap();
+    let q = DeviceMatrix::from_host(&res, &queries, N_QUERIES, DIM, Layout::RowMajor).unwrap();
+    let ids = index.search(q.view(), K, &CagraSearchParams::default()).unwrap().neighbors;
     let r = recall(&ids.to_host().unwrap(), &dataset, DIM, &queries, N_QUERIES, K);
     eprintln!("CAGRA 5000×30 (padded copy): recall@10 = {r:.4}");
     assert!(r >= 0.9, "recall@10 = {r:.4}");
@@ -94,18 +98,23 @@ fn cagra_refuses_what_does_not_match_before_any_native_call() {
     require_gpu!();
     let res = DeviceResources::new().unwrap();
     let mut rng = Rng::new(7);
-    let index = CagraIndex::build(DeviceVec::from_host(&res, &rng.uniform_vec(1000 * 16)).unwrap(), 1000, 16, &Default::default()).unwrap();
-    let q = DeviceVec::from_host(&res, &rng.uniform_vec(3 * 8)).unwrap();
-    let e = index.search(&q, 3, 10, &Default::default()).unwrap_err(); // 3 × 16 needs 48
+    let index = CagraIndex::build(
+        DeviceMatrix::from_host(&res, &rng.uniform_vec(1000 * 16), 1000, 16, Layout::RowMajor).unwrap(),
+        &Default::default(),
+    )
+    .unwrap();
+    let q = DeviceMatrix::from_host(&res, &rng.uniform_vec(3 * 8), 3, 8, Layout::RowMajor).unwrap();
+    let e = index.search(q.view(), 10, &Default::default()).unwrap_err(); // 8 columns against 16
     assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "CagraIndex::search"), "{e}");
-    let q = DeviceVec::from_host(&res, &rng.uniform_vec(16)).unwrap();
-    assert_eq!(index.search(&q, 1, 0, &Default::default()).unwrap_err().kind(), ErrorKind::Logic);
-    assert_eq!(index.search(&q, 1, 1001, &Default::default()).unwrap_err().kind(), ErrorKind::Logic);
+    let q = DeviceMatrix::from_host(&res, &rng.uniform_vec(16), 1, 16, Layout::RowMajor).unwrap();
+    let q = q.view();
+    assert_eq!(index.search(q, 0, &Default::default()).unwrap_err().kind(), ErrorKind::Logic);
+    assert_eq!(index.search(q, 1001, &Default::default()).unwrap_err().kind(), ErrorKind::Logic);
     let bad = CagraIndexParams { metric: Some(raft_cuvs::Metric::L1), ..Default::default() };
-    let e = CagraIndex::build(DeviceVec::from_host(&res, &rng.uniform_vec(16)).unwrap(), 1, 16, &bad).unwrap_err();
+    let e = CagraIndex::build(DeviceMatrix::from_host(&res, &rng.uniform_vec(32), 2, 16, Layout::RowMajor).unwrap(), &bad).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Logic);
     // cuVS's own refusals come back as errors too: k above the (rounded up) itopk_size.
-    let e = index.search(&q, 1, 100, &CagraSearchParams { itopk_size: Some(32), ..Default::default() }).unwrap_err();
+    let e = index.search(q, 100, &CagraSearchParams { itopk_size: Some(32), ..Default::default() }).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
     assert!(e.message().starts_with("cuVS: "), "{e}");
 }
@@ -119,19 +128,24 @@ fn search_with_bad_params() {
     crate::common::load_cuvs().as_ref().expect("cuVS");
     let res = DeviceResources::new().unwrap();
     let mut rng = Rng::new(0x5eed_0006);
-    let index = CagraIndex::build(DeviceVec::from_host(&res, &rng.uniform_vec(1000 * 16)).unwrap(), 1000, 16, &Default::default()).unwrap();
-    let q = DeviceVec::from_host(&res, &rng.uniform_vec(4 * 16)).unwrap();
+    let index = CagraIndex::build(
+        DeviceMatrix::from_host(&res, &rng.uniform_vec(1000 * 16), 1000, 16, Layout::RowMajor).unwrap(),
+        &Default::default(),
+    )
+    .unwrap();
+    let q = DeviceMatrix::from_host(&res, &rng.uniform_vec(4 * 16), 4, 16, Layout::RowMajor).unwrap();
+    let q = q.view();
     let zero = CagraSearchParams { search_width: Some(0), ..Default::default() };
-    report("zero", &index.search(&q, 4, 10, &zero));
+    report("zero", &index.search(q, 10, &zero));
     // Single-CTA forced: the kernel whose plan divides by the width.
     let single = CagraSearchParams { search_width: Some(0), algo: Some(raft_cuvs::CagraSearchAlgo::SingleCta), ..Default::default() };
-    report("single", &index.search(&q, 4, 10, &single));
+    report("single", &index.search(q, 10, &single));
     let wedge = CagraSearchParams { min_iterations: Some(u32::MAX as usize), ..Default::default() };
-    report("wedge", &index.search(&q, 4, 10, &wedge));
+    report("wedge", &index.search(q, 10, &wedge));
     let batch = CagraSearchParams { max_queries: Some(1 << 32), ..Default::default() };
-    report("batch", &index.search(&q, 4, 10, &batch));
+    report("batch", &index.search(q, 10, &batch));
     // The index still searches afterwards.
-    report("after", &index.search(&q, 4, 10, &CagraSearchParams::default()).and_then(|(ids, _)| ids.to_host()));
+    report("after", &index.search(q, 10, &CagraSearchParams::default()).and_then(|found| found.neighbors.to_host()));
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! ends with its own status at about the bound, with no crash. Each case is this test binary
 //! re-run as a child (`RAFT_CUVS_CHILD`), judged by its status, timing and log.
 use crate::common::{child_scenario, install_logger, now_ms, rerun, Child, Rng};
-use raft_core::{DeviceResources, DeviceVec};
+use raft_core::{DeviceMatrix, DeviceResources, Layout};
 use std::time::{Duration, Instant};
 
 const TEST: &str = concat!(module_path!(), "::an_exit_while_a_cuvs_search_runs_as_a_job_follows_the_exit_rule");
@@ -21,11 +21,11 @@ fn searching_job_then_return() {
     let secs: f64 = std::env::var("SCENARIO_JOB_SECS").unwrap().parse().unwrap();
     let res = DeviceResources::new().unwrap();
     let mut rng = Rng::new(0x5eed_0005);
-    let d = DeviceVec::from_host(&res, &rng.uniform_vec(N_ROWS * DIM)).unwrap();
-    let q = DeviceVec::from_host(&res, &rng.uniform_vec(N_QUERIES * DIM)).unwrap();
+    let d = DeviceMatrix::from_host(&res, &rng.uniform_vec(N_ROWS * DIM), N_ROWS, DIM, Layout::RowMajor).unwrap();
+    let q = DeviceMatrix::from_host(&res, &rng.uniform_vec(N_QUERIES * DIM), N_QUERIES, DIM, Layout::RowMajor).unwrap();
     // One search before the job: cuBLAS's handle and cuVS's kernels are loaded, so the job's
     // searches start at once.
-    raft_cuvs::brute_force_knn(&res, &d, N_ROWS, DIM, &q, N_QUERIES, 10).unwrap();
+    raft_cuvs::brute_force_knn(&res, d.view(), q.view(), 10).unwrap();
     res.sync().unwrap();
     let until = Instant::now() + Duration::from_secs_f64(secs);
     let job = res
@@ -34,7 +34,7 @@ fn searching_job_then_return() {
             move || {
                 let mut searches = 0u64;
                 while Instant::now() < until {
-                    let (ids, _) = raft_cuvs::brute_force_knn(&res, &d, N_ROWS, DIM, &q, N_QUERIES, 10).expect("search");
+                    let ids = raft_cuvs::brute_force_knn(&res, d.view(), q.view(), 10).expect("search").neighbors;
                     ids.to_host().expect("results"); // waits for the search
                     searches += 1;
                 }

@@ -3,8 +3,8 @@
 //! arrays of other resources, released resources, and argument checks that refuse before cuVS is
 //! even loaded.
 use crate::common::{child_scenario, exact_knn, l2, report, rerun, Rng};
-use raft_core::{DeviceResources, DeviceVec, ErrorKind};
-use raft_cuvs::{brute_force_knn, with_cuvs, BruteForceIndex, Metric};
+use raft_core::{DeviceMatrix, DeviceResources, DeviceVec, ErrorKind, Layout, MatrixView};
+use raft_cuvs::{brute_force_knn, with_cuvs, BruteForceIndex, Metric, Neighbors};
 use std::time::Duration;
 
 const N_ROWS: usize = 2000;
@@ -12,6 +12,16 @@ const DIM: usize = 32;
 const N_QUERIES: usize = 50;
 const K: usize = 10;
 const SEED: u64 = 0x5eed_0001;
+
+/// `n` rows of `DIM` columns: all of `v`.
+fn rows(v: &DeviceVec<f32>, n: usize) -> MatrixView<'_, f32> {
+    v.matrix(n, DIM, Layout::RowMajor).unwrap()
+}
+
+/// `host` as an owned `n × DIM` matrix.
+fn matrix(res: &DeviceResources, host: &[f32], n: usize) -> DeviceMatrix<f32> {
+    DeviceMatrix::from_host(res, host, n, DIM, Layout::RowMajor).unwrap()
+}
 
 /// The test's data: `N_ROWS × DIM` rows and `N_QUERIES × DIM` queries, uniform in [0, 1).
 fn data() -> (Vec<f32>, Vec<f32>) {
@@ -59,8 +69,8 @@ fn brute_force_equals_the_exact_cpu_answer() {
     let res = DeviceResources::new().unwrap();
     let d = DeviceVec::from_host(&res, &dataset).unwrap();
     let q = DeviceVec::from_host(&res, &queries).unwrap();
-    let (ids, distances) = brute_force_knn(&res, &d, N_ROWS, DIM, &q, N_QUERIES, K).unwrap();
-    assert_eq!((ids.len(), distances.len()), (N_QUERIES * K, N_QUERIES * K));
+    let Neighbors { neighbors: ids, distances } = brute_force_knn(&res, rows(&d, N_ROWS), rows(&q, N_QUERIES), K).unwrap();
+    assert_eq!((ids.rows(), ids.cols(), distances.rows(), distances.cols()), (N_QUERIES, K, N_QUERIES, K));
     assert_eq!(ids.resources(), &res, "the results are arrays of the resources searched on");
     assert_exact(&ids.to_host().unwrap(), &distances.to_host().unwrap(), &dataset, &queries, K);
 }
@@ -70,18 +80,18 @@ fn an_index_searches_as_the_one_shot_call() {
     require_gpu!();
     let (dataset, queries) = data();
     let res = DeviceResources::new().unwrap();
-    let index = BruteForceIndex::build(DeviceVec::from_host(&res, &dataset).unwrap(), N_ROWS, DIM, Metric::L2Expanded).unwrap();
+    let index = BruteForceIndex::build(matrix(&res, &dataset, N_ROWS), Metric::L2Expanded).unwrap();
     assert_eq!((index.n_rows(), index.dim(), index.metric()), (N_ROWS, DIM, Metric::L2Expanded));
-    let q = DeviceVec::from_host(&res, &queries).unwrap();
+    let q = matrix(&res, &queries, N_QUERIES);
     for _ in 0..3 {
-        let (ids, distances) = index.search(&q, N_QUERIES, K).unwrap();
+        let Neighbors { neighbors: ids, distances } = index.search(q.view(), K).unwrap();
         assert_exact(&ids.to_host().unwrap(), &distances.to_host().unwrap(), &dataset, &queries, K);
     }
     // A search from a job on the index's own resources (the index is Send + Sync).
     let index = std::sync::Arc::new(index);
     let job = {
         let index = index.clone();
-        res.spawn(move || index.search(&q, N_QUERIES, 1).and_then(|(ids, _)| ids.to_host())).unwrap()
+        res.spawn(move || index.search(q.view(), 1).and_then(|found| found.neighbors.to_host())).unwrap()
     };
     let nearest = job.join().unwrap().unwrap();
     let exact = exact_knn(&dataset, DIM, &queries, 1);
@@ -95,23 +105,55 @@ fn cuvs_runs_on_the_lent_stream_and_device() {
     let a = DeviceResources::new().unwrap();
     let b = DeviceResources::new().unwrap();
     for res in [&a, &b] {
-        let ours = res.stream().unwrap().cu_stream() as usize;
+        let ours = res.stream().unwrap();
         let (stream, device) = with_cuvs(res, |cuvs| {
             assert_eq!(cuvs.device(), res.device());
-            (cuvs.stream().unwrap(), cuvs.device_id().unwrap())
+            Ok((cuvs.stream()?, cuvs.device_id()?))
         })
         .unwrap();
-        assert_eq!(stream, ours, "cuVS sees the resources' own stream");
+        assert_eq!(stream.cu_stream(), ours.cu_stream(), "cuVS sees the resources' own stream");
+        assert!(std::sync::Arc::ptr_eq(&stream, &ours), "as the very cudarc stream of the resources");
         assert_eq!(device, res.device() as i32);
-        with_cuvs(res, |cuvs| cuvs.sync()).unwrap().unwrap();
+        with_cuvs(res, |cuvs| cuvs.sync()).unwrap();
     }
-    let handles: Vec<usize> = [&a, &b].iter().map(|r| with_cuvs(r, |c| c.as_raw()).unwrap()).collect();
+    let handles: Vec<usize> = [&a, &b].iter().map(|r| with_cuvs(r, |c| Ok(c.as_raw())).unwrap()).collect();
     assert_ne!(handles[0], handles[1], "each resources object lends its own raft::resources");
     // Lent, not given: the resources still work after any number of lends.
     a.sync().unwrap();
     a.release().unwrap();
-    let e = with_cuvs(&a, |_| ()).unwrap_err();
+    let e = with_cuvs(&a, |_| Ok(())).unwrap_err();
     assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "raft_cuvs::with_cuvs"));
+}
+
+/// The closure's error is `with_cuvs`'s own, unchanged (no `??`).
+#[test]
+fn with_cuvs_returns_the_closures_error_as_its_own() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let e = with_cuvs(&res, |_| Err::<(), _>(raft_core::Error::logic("mine", "refused inside"))).unwrap_err();
+    assert_eq!((e.kind(), e.who(), e.message()), (ErrorKind::Logic, "mine", "refused inside"));
+}
+
+/// A search takes any row-major view: here rows 100..150 of a larger array's matrix, searched
+/// among rows 500..N_ROWS of another, and the ids are row numbers of the dataset view.
+#[test]
+fn views_of_rows_are_searched_in_place() {
+    require_gpu!();
+    let (dataset, queries) = data();
+    let res = DeviceResources::new().unwrap();
+    let d = DeviceVec::from_host(&res, &dataset).unwrap();
+    let q = DeviceVec::from_host(&res, &queries).unwrap();
+    let dv = rows(&d, N_ROWS).submatrix(500.., ..).unwrap();
+    let qv = rows(&q, N_QUERIES).submatrix(10..30, ..).unwrap();
+    let found = brute_force_knn(&res, dv, qv, K).unwrap();
+    assert_eq!((found.neighbors.rows(), found.neighbors.cols()), (20, K));
+    assert_exact(
+        &found.neighbors.to_host().unwrap(),
+        &found.distances.to_host().unwrap(),
+        &dataset[500 * DIM..],
+        &queries[10 * DIM..30 * DIM],
+        K,
+    );
 }
 
 #[test]
@@ -123,7 +165,7 @@ fn arrays_of_other_resources_are_ordered_before_and_after() {
     // waits for the copies, and returns only once done with the arrays.
     let d = DeviceVec::from_host(&ra, &dataset).unwrap();
     let q = DeviceVec::from_host(&rb, &queries).unwrap();
-    let (ids, distances) = brute_force_knn(&rc, &d, N_ROWS, DIM, &q, N_QUERIES, K).unwrap();
+    let Neighbors { neighbors: ids, distances } = brute_force_knn(&rc, rows(&d, N_ROWS), rows(&q, N_QUERIES), K).unwrap();
     drop((d, q)); // freed on their own streams at once: the search is done with them
     assert_exact(&ids.to_host().unwrap(), &distances.to_host().unwrap(), &dataset, &queries, K);
 }
@@ -136,16 +178,16 @@ fn released_resources_are_refused_and_an_index_outliving_them_leaks_rather_than_
     let other = DeviceResources::new().unwrap();
     let d = DeviceVec::from_host(&other, &dataset).unwrap();
     let q = DeviceVec::from_host(&other, &queries).unwrap();
-    let index = BruteForceIndex::build(DeviceVec::from_host(&res, &dataset).unwrap(), N_ROWS, DIM, Metric::L2Expanded).unwrap();
+    let index = BruteForceIndex::build(matrix(&res, &dataset, N_ROWS), Metric::L2Expanded).unwrap();
     res.release().unwrap();
-    let e = brute_force_knn(&res, &d, N_ROWS, DIM, &q, N_QUERIES, K).unwrap_err();
+    let e = brute_force_knn(&res, rows(&d, N_ROWS), rows(&q, N_QUERIES), K).unwrap_err();
     assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "raft_cuvs::brute_force_knn"), "{e}");
-    let e = index.search(&q, N_QUERIES, K).unwrap_err();
+    let e = index.search(rows(&q, N_QUERIES), K).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
     let e = index.release().unwrap_err();
     assert!(e.message().contains("were released before this index"), "{e}");
     // The other resources are untouched.
-    brute_force_knn(&other, &d, N_ROWS, DIM, &q, N_QUERIES, K).unwrap();
+    brute_force_knn(&other, rows(&d, N_ROWS), rows(&q, N_QUERIES), K).unwrap();
 }
 
 /// The child: cuVS cannot be loaded (`RAFT_CUVS_LIB` names nothing), and every bad argument must
@@ -154,15 +196,24 @@ fn refuse_before_loading() {
     let res = DeviceResources::new().unwrap();
     let d = DeviceVec::from_host(&res, &vec![0.5f32; 64 * 8]).unwrap(); // 64 × 8
     let q = DeviceVec::from_host(&res, &[0.5f32; 4 * 8]).unwrap(); // 4 × 8
-    report("dim", &brute_force_knn(&res, &d, 64, 9, &q, 4, 1));
-    report("rows", &brute_force_knn(&res, &d, 4096, 4096, &q, 4, 1));
-    report("queries", &brute_force_knn(&res, &d, 64, 8, &q, 5, 1));
-    report("k0", &brute_force_knn(&res, &d, 64, 8, &q, 4, 0));
-    report("k_over", &brute_force_knn(&res, &d, 64, 8, &q, 4, 65));
-    report("index", &BruteForceIndex::build(DeviceVec::from_host(&res, &[1.0f32; 10]).unwrap(), 3, 3, Metric::L2Expanded));
-    report("cagra", &raft_cuvs::CagraIndex::build(DeviceVec::from_host(&res, &[1.0f32; 10]).unwrap(), 5, 3, &Default::default()));
+    let (dv, qv) = (d.matrix(64, 8, Layout::RowMajor).unwrap(), q.matrix(4, 8, Layout::RowMajor).unwrap());
+    report("dim", &brute_force_knn(&res, dv, q.matrix(8, 4, Layout::RowMajor).unwrap(), 1));
+    // The soundness issue's lie (a huge shape over a small array) cannot even be described.
+    report("rows", &d.matrix(4096, 4096, Layout::RowMajor));
+    report("layout", &brute_force_knn(&res, d.matrix(64, 8, Layout::ColMajor).unwrap(), qv, 1));
+    report("strided", &brute_force_knn(&res, dv, dv.submatrix(.., 0..4).unwrap().submatrix(0..4, ..).unwrap(), 1));
+    report("k0", &brute_force_knn(&res, dv, qv, 0));
+    report("k_over", &brute_force_knn(&res, dv, qv, 65));
+    report(
+        "index",
+        &BruteForceIndex::build(DeviceMatrix::from_host(&res, &[1.0f32; 9], 3, 3, Layout::ColMajor).unwrap(), Metric::L2Expanded),
+    );
+    report(
+        "cagra",
+        &raft_cuvs::CagraIndex::build(DeviceMatrix::from_host(&res, &[1.0f32; 10], 1, 10, Layout::RowMajor).unwrap(), &Default::default()),
+    );
     // Good arguments reach the loader: a clear error, no panic.
-    report("good", &brute_force_knn(&res, &d, 64, 8, &q, 4, 1));
+    report("good", &brute_force_knn(&res, dv, qv, 1));
 }
 
 #[test]
@@ -179,10 +230,12 @@ fn argument_checks_refuse_before_any_native_call() {
         Duration::from_secs(60),
     );
     c.assert_code(0);
-    for key in ["dim", "rows", "queries", "k0", "k_over", "index", "cagra"] {
+    for key in ["dim", "rows", "layout", "strided", "k0", "k_over", "index", "cagra"] {
         assert_eq!(c.result(key).as_deref(), Some("logic"), "{key}: {}", c.stdout);
     }
     assert!(c.message("rows").unwrap().contains("a 4096×4096 matrix needs 16777216 elements, the array has 512"), "{}", c.stdout);
+    assert!(c.message("layout").unwrap().contains("cuVS takes row-major matrices"), "{}", c.stdout);
+    assert!(c.message("strided").unwrap().contains("cuVS takes contiguous rows"), "{}", c.stdout);
     assert_eq!(c.message("k_over").unwrap(), "raft_cuvs::brute_force_knn: k = 65 is more than the 64 rows searched");
     assert_eq!(c.result("good").as_deref(), Some("cuda"));
     assert!(c.message("good").unwrap().contains("could not load cuVS's C library"), "{}", c.stdout);

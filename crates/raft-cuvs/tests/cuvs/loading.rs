@@ -39,7 +39,7 @@ fn run_child(scenario: &str) {
             report("load", &loaded);
             report("version", &raft_cuvs::version());
             if let Ok(v) = raft_cuvs::version() {
-                println!("RESULT cuvs_version={}.{}.{}", v.0, v.1, v.2);
+                println!("RESULT cuvs_version={}.{}.{} display={v}", v.major, v.minor, v.patch);
             }
         }
         "load-then-shim" => {
@@ -156,6 +156,7 @@ fn cuvs_loaded_first_gives_the_shim_its_nvjitlink() {
     let c = child(test, "load", &envs);
     assert_eq!(c.result("load").as_deref(), Some("ok"), "{}", c.stdout);
     assert_eq!(c.result("cuvs_version").as_deref(), Some("26.8.1"));
+    assert_eq!(c.result("display").as_deref(), Some("26.08.01"));
     let c = child(test, "load-then-shim", &envs);
     assert_eq!(c.result("load").as_deref(), Some("ok"), "{}", c.stdout);
     assert_eq!(c.result("runtime_version").as_deref(), Some("ok"), "{}", c.stdout);

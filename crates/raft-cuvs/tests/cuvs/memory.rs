@@ -4,7 +4,7 @@
 //! process (this binary re-run with `RAFT_CUVS_CHILD`): statistics are per device, for the whole
 //! process, and the other tests' allocations would count too.
 use crate::common::{child_scenario, rerun, Rng};
-use raft_core::{enable_memory_statistics, memory_statistics, DeviceResources, DeviceVec, MemoryResourceKind};
+use raft_core::{enable_memory_statistics, memory_statistics, DeviceMatrix, DeviceResources, DeviceVec, Layout, MemoryResourceKind};
 use raft_cuvs::{brute_force_knn, CagraIndex, CagraIndexParams};
 
 #[test]
@@ -43,7 +43,9 @@ fn counted() {
     enable_memory_statistics(device).unwrap();
     assert_eq!(raft_core::current_memory_resource(device).unwrap(), MemoryResourceKind::Statistics);
     let before = memory_statistics(device).unwrap();
-    let (ids, distances) = brute_force_knn(&res, &d, N_ROWS, DIM, &q, N_QUERIES, K).unwrap();
+    let found =
+        brute_force_knn(&res, d.matrix(N_ROWS, DIM, Layout::RowMajor).unwrap(), q.matrix(N_QUERIES, DIM, Layout::RowMajor).unwrap(), K)
+            .unwrap();
     res.sync().unwrap();
     let after = memory_statistics(device).unwrap();
     let ours = (N_QUERIES * K * (8 + 4)) as i64; // the two result arrays raft-cuvs allocates
@@ -53,12 +55,14 @@ fn counted() {
     // cuVS's temporaries (at least the norms of the rows and a distance tile) were live at once
     // with the results: the peak grew past what raft-cuvs allocated.
     assert!(after.peak_bytes > before.current_bytes + ours, "the peak did not grow past raft-cuvs's own: {before:?} -> {after:?}");
-    drop((ids, distances));
+    drop(found);
 
     // A CAGRA index keeps its graph (rows × degree × 4 bytes) in device memory from the same
     // resource: counted while the index lives, and given back when it is released.
     let before = memory_statistics(device).unwrap();
-    let index = CagraIndex::build(DeviceVec::from_host(&res, &dataset).unwrap(), N_ROWS, DIM, &CagraIndexParams::default()).unwrap();
+    let index =
+        CagraIndex::build(DeviceMatrix::from_host(&res, &dataset, N_ROWS, DIM, Layout::RowMajor).unwrap(), &CagraIndexParams::default())
+            .unwrap();
     res.sync().unwrap();
     let built = memory_statistics(device).unwrap();
     let graph = (N_ROWS * index.graph_degree() * 4) as i64;
