@@ -312,3 +312,79 @@ int32_t bl_alloc_free_copied(size_t bytes, int32_t heap)
   }
 }
 }
+
+#include <rmm/mr/binning_memory_resource.hpp>
+
+#include <atomic>
+#include <thread>
+
+namespace {
+/// The arena of bl_alloc_free_arena, shared with the threaded rows.
+rmm::mr::arena_memory_resource& bench_arena()
+{
+  static rmm::mr::arena_memory_resource mr{rmm::mr::cuda_memory_resource{}, std::size_t{1} << 30};
+  return mr;
+}
+
+/// Non-blocking streams for the threaded rows, made once (the arena keeps an arena per stream).
+cudaStream_t thread_stream(int i)
+{
+  static std::vector<cudaStream_t> streams = [] {
+    std::vector<cudaStream_t> v(64);
+    for (auto& s : v) { cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); }
+    return v;
+  }();
+  return streams.at(static_cast<std::size_t>(i));
+}
+}  // namespace
+
+extern "C" {
+// The same through a binning_memory_resource over cudaMalloc, bins 2^8 .. 2^20 bytes, made once.
+int32_t bl_alloc_free_binning(size_t bytes)
+{
+  static rmm::mr::binning_memory_resource mr{rmm::mr::cuda_memory_resource{}, 8, 20};
+  return alloc_free(mr, bytes);
+}
+
+// The same through the arena of bl_alloc_free_arena.
+int32_t bl_alloc_free_bench_arena(size_t bytes) { return alloc_free(bench_arena(), bytes); }
+
+// `threads` threads (each on a stream of its own) allocating and freeing `bytes` `iters` times
+// from one arena over cudaMalloc; `*ns` is the time from their common start to the last one's
+// end (the threads are started and waiting before the clock starts).
+int32_t bl_arena_threads(int32_t threads, int32_t iters, size_t bytes, int64_t* ns)
+{
+  try {
+    if (threads < 1 || threads > 64) { return 2; }
+    auto& mr = bench_arena();
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::atomic<int> failed{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      cudaStream_t s = thread_stream(t);
+      ts.emplace_back([&, s] {
+        cudaSetDevice(0);
+        ready.fetch_add(1);
+        while (!go.load(std::memory_order_acquire)) {}
+        try {
+          for (int i = 0; i < iters; ++i) {
+            void* p = mr.allocate(cuda::stream_ref{s}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+            mr.deallocate(cuda::stream_ref{s}, p, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+          }
+        } catch (...) {
+          failed.fetch_add(1);
+        }
+      });
+    }
+    while (ready.load() < threads) {}
+    auto start = std::chrono::steady_clock::now();
+    go.store(true, std::memory_order_release);
+    for (auto& t : ts) { t.join(); }
+    *ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    return failed.load() == 0 ? 0 : 1;
+  } catch (...) {
+    return 1;
+  }
+}
+}

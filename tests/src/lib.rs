@@ -172,6 +172,13 @@ pub mod baseline {
         pub fn bl_alloc_free_pool(bytes: usize) -> i32;
         /// Allocate + free through a C++ arena_memory_resource over cudaMalloc (1 GiB arena).
         pub fn bl_alloc_free_arena(bytes: usize) -> i32;
+        /// Allocate + free through a C++ binning_memory_resource over cudaMalloc (bins 2^8..2^20).
+        pub fn bl_alloc_free_binning(bytes: usize) -> i32;
+        /// Allocate + free through the arena `bl_arena_threads` shares (1 GiB over cudaMalloc).
+        pub fn bl_alloc_free_bench_arena(bytes: usize) -> i32;
+        /// `threads` threads, a stream each, allocating and freeing `bytes` `iters` times from one
+        /// arena; `ns` from their common start to the last one's end.
+        pub fn bl_arena_threads(threads: i32, iters: i32, bytes: usize, ns: *mut i64) -> i32;
         /// Allocate + free through a C++ cuda_memory_resource (cudaMalloc).
         pub fn bl_alloc_free_cuda(bytes: usize) -> i32;
         /// ns of the first raft::resource::get_cublas_handle of new resources.

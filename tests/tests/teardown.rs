@@ -113,3 +113,57 @@ fn the_last_array_of_a_pool_drops_without_waiting_for_its_gemms() {
     }
     assert_eq!(raft::stats().releases_pending, 0, "the deferred pool was never destroyed");
 }
+
+/// Issue 30: the fence holds each stream that freed into the pool and records its event only when
+/// it lets the stream go. Frees alternate between two resources; then GEMMs into C on the first,
+/// C dropped, the first resources released (the fence is then its stream's last holder), a
+/// third resources frees into the pool (the fence lets the orphaned stream go: its record must
+/// come after the GEMMs), and the pool dropped. Its memory must not be handed out again before
+/// the GEMMs end. A fence that recorded only at a stream's first free, forgot a stream when
+/// another came, or let the orphan go without a record would hand C's block back at once.
+#[test]
+fn a_pool_fed_by_alternating_streams_keeps_its_memory_until_a_released_streams_gemms_end() {
+    require_gpu!();
+    let _one = one_at_a_time();
+    let upstream = memory::current(0).unwrap();
+    let pool = upstream.pool(Some(N * N * 4), None).unwrap();
+    drop(upstream);
+    let (a, b) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
+    for i in 0..64 {
+        let on = if i % 2 == 0 { &a } else { &b };
+        drop(DeviceVec::<f32>::new_in(on, 1024, &pool).unwrap());
+    }
+    let (c, c_address) = queue_gemms(&a, &pool);
+    // Waited for at the end, once `a` and its stream are gone (an event holds no stream).
+    let done = a.stream().unwrap().record_event(None).unwrap();
+    let started = Instant::now();
+    drop(c); // freed on a's stream
+    drop(DeviceVec::<f32>::new_in(&b, 1024, &pool).unwrap());
+    drop(a); // released on its worker or a release thread: the fence is now its stream's last holder
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while raft::stats().releases_pending > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let third = DeviceResources::new().unwrap();
+    drop(DeviceVec::<f32>::new_in(&third, 1024, &pool).unwrap()); // a new stream: the orphan goes
+    drop(pool); // the last copy: destroyed once every recorded stream is done
+    std::thread::sleep(Duration::from_millis(100));
+    let pattern: Vec<f32> = (0..N * N).map(|i| -((i % 1000) as f32) - 1.0).collect();
+    let mut d = DeviceVec::<f32>::new(&b, N * N).unwrap();
+    d.copy_from_host(&pattern).unwrap();
+    let d_address = address(&d);
+    let waited = Instant::now();
+    done.synchronize().unwrap();
+    let gemms_left = waited.elapsed();
+    assert!(
+        gemms_left > Duration::from_millis(50),
+        "the GEMMs ended {:?} after the drop, before the pattern was written: raise GEMMS",
+        started.elapsed()
+    );
+    let bytes = (N * N * 4) as u64;
+    let overlaps = d_address < c_address + bytes && c_address < d_address + bytes;
+    assert!(!overlaps, "the pool's block ({c_address:#x}) was handed out again ({d_address:#x}) while GEMMs still wrote it");
+    let back = d.to_host().unwrap();
+    let wrong = back.iter().zip(&pattern).filter(|(x, y)| x != y).count();
+    assert_eq!(wrong, 0, "{wrong} of {} elements were overwritten by the released stream's GEMMs", N * N);
+}

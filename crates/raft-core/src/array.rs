@@ -39,10 +39,6 @@ use std::sync::Arc;
 pub struct DeviceVec<T: DeviceScalar> {
     buffer: Option<NativeBuffer>,
     len: usize,
-    /// The resource given to `new_in`, kept so that what the Rust side knows of it (a tracking
-    /// adaptor's report at exit) lives as long as the allocation. The buffer itself holds the
-    /// C++ copy that frees it.
-    _mr: Option<MemoryResource>,
     resources: DeviceResources,
     /// Uses on other streams (cudarc's `DevicePtr`), which the array's own stream waits for.
     foreign: ForeignUses,
@@ -83,8 +79,10 @@ impl<T: DeviceScalar> DeviceVec<T> {
                 ));
             }
         }
-        let make =
-            || resources.with_native(who, |n| NativeBuffer::create(who, resources.device(), mr.map(|m| m.native()), n.stream(), bytes));
+        let make = || {
+            resources
+                .with_native(who, |n| NativeBuffer::create_held(who, resources.device(), mr.map(|m| m.native_arc()), n.stream(), bytes))
+        };
         // Out of memory only after the releases pending on this device had their chance to
         // give memory back: run or wait for them, then try once more. A final failure gives
         // what the async pool holds unused back to the driver, for other processes (RMM keeps
@@ -110,14 +108,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
             }
         })?;
         crate::stats::LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
-        Ok(DeviceVec {
-            buffer: Some(buffer),
-            len,
-            _mr: mr.cloned(),
-            resources: resources.clone(),
-            foreign: ForeignUses::default(),
-            _t: PhantomData,
-        })
+        Ok(DeviceVec { buffer: Some(buffer), len, resources: resources.clone(), foreign: ForeignUses::default(), _t: PhantomData })
     }
 
     /// `len` zeros; returns once the zeroing is queued on the array's stream (an operation on

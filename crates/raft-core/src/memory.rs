@@ -337,6 +337,11 @@ impl MemoryResource {
     pub(crate) fn native(&self) -> &NativeMr {
         &self.native
     }
+
+    /// The shared handle itself: an array allocated from it holds a clone (issue 30).
+    pub(crate) fn native_arc(&self) -> &Arc<NativeMr> {
+        &self.native
+    }
 }
 
 impl std::fmt::Debug for MemoryResource {
@@ -538,6 +543,7 @@ fn per_device() -> &'static [PerDevice] {
 /// the `RAFT_RMM_*` setup when any of those variables is set, else the async pool. A bad
 /// `RAFT_RMM_*` value is the `Logic` error of every `new()`.
 pub(crate) fn ensure_default(who: &'static str, device: usize) -> Result<()> {
+    route_releases(); // the default path's copies of the current resource are released there too
     if per_device().get(device).is_some_and(|slot| slot.once.is_completed()) {
         return Ok(()); // applied already (so the variables read well: they are read once)
     }

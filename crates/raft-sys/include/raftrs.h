@@ -282,8 +282,35 @@ raftrs_status raftrs_buffer_create(int32_t device,
                                    raftrs_buffer** out,
                                    void** data,
                                    int32_t* stream_ordered);
+/** Allocates `bytes` on `stream` from `mr`, which the buffer borrows: the caller keeps `mr`
+ *  alive until the buffer is freed (no copy of the resource per buffer). With `current` set,
+ *  `mr` (may be NULL) is the caller's copy of `device`'s current resource, used while it compares
+ *  equal to the entry of RMM's per-device map (read under RMM's lock); otherwise a copy of the
+ *  entry is made, used, and returned in `*fresh`, which the caller owns (raftrs_mr_destroy) and
+ *  keeps alive until the buffer is freed. `*fresh` is NULL when `mr` was used. Sizes, `*data` and
+ *  `*stream_ordered` as raftrs_buffer_create. */
+raftrs_status raftrs_buffer_create_held(int32_t device,
+                                        const raftrs_mr* mr,
+                                        int32_t current,
+                                        void* stream,
+                                        size_t bytes,
+                                        raftrs_buffer** out,
+                                        void** data,
+                                        int32_t* stream_ordered,
+                                        raftrs_mr** fresh);
 /** Frees the buffer stream-ordered on `stream`, through the resource that made it. */
 raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream);
+/** raftrs_buffer_destroy, naming the handle that keeps `stream` alive (a non-NULL `stream`
+ *  only): a pool, arena or binning resource freed into may then take a reference to the stream
+ *  (through the functions of raftrs_buffer_on_streams) instead of recording an event at every
+ *  free, and records once when it lets the stream go. */
+raftrs_status raftrs_buffer_free(raftrs_buffer* buf, void* stream, const void* stream_owner);
+/** Registers (once; later calls are ignored) how a stream's keeping handle is taken (`retain`),
+ *  dropped (`release`: the last one destroys the stream) and asked whether the caller's is the
+ *  only one left (`sole`: 1 or 0). None may unwind. */
+raftrs_status raftrs_buffer_on_streams(void (*retain)(const void*),
+                                       void (*release)(const void*),
+                                       int32_t (*sole)(const void*));
 /** Lets device `peer` access the buffer's memory where it comes from a CUDA async pool
  *  (cudaMemPoolSetAccess on the pool, unless cudaMemPoolGetAccess says it has it): peer copies then go over the
  *  devices' link instead of through the host. `granted` is 1 for such a pool, else 0. */

@@ -178,7 +178,28 @@ pub struct RaftrsShim {
         data: *mut *mut ::core::ffi::c_void,
         stream_ordered: *mut i32,
     ) -> raftrs_status,
+    pub raftrs_buffer_create_held: unsafe extern "C" fn(
+        device: i32,
+        mr: *const raftrs_mr,
+        current: i32,
+        stream: *mut ::core::ffi::c_void,
+        bytes: usize,
+        out: *mut *mut raftrs_buffer,
+        data: *mut *mut ::core::ffi::c_void,
+        stream_ordered: *mut i32,
+        fresh: *mut *mut raftrs_mr,
+    ) -> raftrs_status,
     pub raftrs_buffer_destroy: unsafe extern "C" fn(buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status,
+    pub raftrs_buffer_free: unsafe extern "C" fn(
+        buf: *mut raftrs_buffer,
+        stream: *mut ::core::ffi::c_void,
+        stream_owner: *const ::core::ffi::c_void,
+    ) -> raftrs_status,
+    pub raftrs_buffer_on_streams: unsafe extern "C" fn(
+        retain: ::core::option::Option<unsafe extern "C" fn(arg1: *const ::core::ffi::c_void)>,
+        release: ::core::option::Option<unsafe extern "C" fn(arg1: *const ::core::ffi::c_void)>,
+        sole: ::core::option::Option<unsafe extern "C" fn(arg1: *const ::core::ffi::c_void) -> i32>,
+    ) -> raftrs_status,
     pub raftrs_buffer_grant_peer: unsafe extern "C" fn(buf: *const raftrs_buffer, peer: i32, granted: *mut i32) -> raftrs_status,
     pub raftrs_gemm_f32: unsafe extern "C" fn(
         res: *mut raftrs_resources,
@@ -279,7 +300,10 @@ impl RaftrsShim {
         let raftrs_mr_trim_async = __library.get(b"raftrs_mr_trim_async\0").map(|sym| *sym)?;
         let raftrs_rmm_map_address = __library.get(b"raftrs_rmm_map_address\0").map(|sym| *sym)?;
         let raftrs_buffer_create = __library.get(b"raftrs_buffer_create\0").map(|sym| *sym)?;
+        let raftrs_buffer_create_held = __library.get(b"raftrs_buffer_create_held\0").map(|sym| *sym)?;
         let raftrs_buffer_destroy = __library.get(b"raftrs_buffer_destroy\0").map(|sym| *sym)?;
+        let raftrs_buffer_free = __library.get(b"raftrs_buffer_free\0").map(|sym| *sym)?;
+        let raftrs_buffer_on_streams = __library.get(b"raftrs_buffer_on_streams\0").map(|sym| *sym)?;
         let raftrs_buffer_grant_peer = __library.get(b"raftrs_buffer_grant_peer\0").map(|sym| *sym)?;
         let raftrs_gemm_f32 = __library.get(b"raftrs_gemm_f32\0").map(|sym| *sym)?;
         let raftrs_gemm_f64 = __library.get(b"raftrs_gemm_f64\0").map(|sym| *sym)?;
@@ -338,7 +362,10 @@ impl RaftrsShim {
             raftrs_mr_trim_async,
             raftrs_rmm_map_address,
             raftrs_buffer_create,
+            raftrs_buffer_create_held,
             raftrs_buffer_destroy,
+            raftrs_buffer_free,
+            raftrs_buffer_on_streams,
             raftrs_buffer_grant_peer,
             raftrs_gemm_f32,
             raftrs_gemm_f64,
@@ -637,9 +664,42 @@ impl RaftrsShim {
     ) -> raftrs_status {
         (self.raftrs_buffer_create)(device, mr, stream, bytes, out, data, stream_ordered)
     }
+    #[doc = " Allocates `bytes` on `stream` from `mr`, which the buffer borrows: the caller keeps `mr`\n  alive until the buffer is freed (no copy of the resource per buffer). With `current` set,\n  `mr` (may be NULL) is the caller's copy of `device`'s current resource, used while it compares\n  equal to the entry of RMM's per-device map (read under RMM's lock); otherwise a copy of the\n  entry is made, used, and returned in `*fresh`, which the caller owns (raftrs_mr_destroy) and\n  keeps alive until the buffer is freed. `*fresh` is NULL when `mr` was used. Sizes, `*data` and\n  `*stream_ordered` as raftrs_buffer_create."]
+    pub unsafe fn raftrs_buffer_create_held(
+        &self,
+        device: i32,
+        mr: *const raftrs_mr,
+        current: i32,
+        stream: *mut ::core::ffi::c_void,
+        bytes: usize,
+        out: *mut *mut raftrs_buffer,
+        data: *mut *mut ::core::ffi::c_void,
+        stream_ordered: *mut i32,
+        fresh: *mut *mut raftrs_mr,
+    ) -> raftrs_status {
+        (self.raftrs_buffer_create_held)(device, mr, current, stream, bytes, out, data, stream_ordered, fresh)
+    }
     #[doc = " Frees the buffer stream-ordered on `stream`, through the resource that made it."]
     pub unsafe fn raftrs_buffer_destroy(&self, buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status {
         (self.raftrs_buffer_destroy)(buf, stream)
+    }
+    #[doc = " raftrs_buffer_destroy, naming the handle that keeps `stream` alive (a non-NULL `stream`\n  only): a pool, arena or binning resource freed into may then take a reference to the stream\n  (through the functions of raftrs_buffer_on_streams) instead of recording an event at every\n  free, and records once when it lets the stream go."]
+    pub unsafe fn raftrs_buffer_free(
+        &self,
+        buf: *mut raftrs_buffer,
+        stream: *mut ::core::ffi::c_void,
+        stream_owner: *const ::core::ffi::c_void,
+    ) -> raftrs_status {
+        (self.raftrs_buffer_free)(buf, stream, stream_owner)
+    }
+    #[doc = " Registers (once; later calls are ignored) how a stream's keeping handle is taken (`retain`),\n  dropped (`release`: the last one destroys the stream) and asked whether the caller's is the\n  only one left (`sole`: 1 or 0). None may unwind."]
+    pub unsafe fn raftrs_buffer_on_streams(
+        &self,
+        retain: ::core::option::Option<unsafe extern "C" fn(arg1: *const ::core::ffi::c_void)>,
+        release: ::core::option::Option<unsafe extern "C" fn(arg1: *const ::core::ffi::c_void)>,
+        sole: ::core::option::Option<unsafe extern "C" fn(arg1: *const ::core::ffi::c_void) -> i32>,
+    ) -> raftrs_status {
+        (self.raftrs_buffer_on_streams)(retain, release, sole)
     }
     #[doc = " Lets device `peer` access the buffer's memory where it comes from a CUDA async pool\n  (cudaMemPoolSetAccess on the pool, unless cudaMemPoolGetAccess says it has it): peer copies then go over the\n  devices' link instead of through the host. `granted` is 1 for such a pool, else 0."]
     pub unsafe fn raftrs_buffer_grant_peer(&self, buf: *const raftrs_buffer, peer: i32, granted: *mut i32) -> raftrs_status {

@@ -5,10 +5,39 @@
 // and the legacy stream is not ordered with the non-blocking streams this library uses: a pool
 // dropped right after a GEMM was queued into one of its arrays gave the memory back to its
 // upstream (and, for an async upstream, to the next allocation or to a trim) while the GEMM
-// still wrote it. `fenced<R>` records an event on every stream that frees into `R` and waits for
-// those events before `R` is destroyed. The wait never happens on the thread that let go of the
-// last copy unless nothing is pending: a resource with work still queued is deferred, and the
-// hook the Rust side registered schedules `raftrs_mr_drain_deferred` on a release thread.
+// still wrote it. `fenced<R>` waits, before `R` is destroyed, for an event recorded on every
+// stream that freed into `R` after that stream's last free. The wait never happens on the
+// thread that let go of the last copy unless nothing is pending: a resource with work still
+// queued is deferred, and the hook the Rust side registered schedules `raftrs_mr_drain_deferred`
+// on a release thread.
+//
+// When the event is recorded (issue 30: an event record, a wait and a capture query on every
+// free cost ~1.3 µs, more than the arena's whole allocation):
+// - A free whose stream's owner is known (`raftrs_buffer_free` names the Rust `Arc<CudaStream>`
+//   that keeps the stream alive, through `freeing`) records nothing. The fence takes its own
+//   reference to that stream on the stream's first such free (`held`) and records the event
+//   only when it lets the stream go: when the fence is destroyed, or when the fence is the
+//   stream's last holder (every resources object and array of it gone) and another stream
+//   comes. A record at that moment covers everything queued on the stream until then, a
+//   superset of the work before its last free: the guarantee is the same, and the stream
+//   cannot be destroyed, nor its handle reused by another stream, while the fence holds it.
+//   Later frees on a held stream are a thread-local hint compared with the fence's epoch: no
+//   lock, no CUDA call. Every let-go bumps the epoch before the record and the release, so no
+//   hint outlives the hold it stands for (a handle reused after the release misses the hint).
+//   A let-go never races a free on the same stream: the fence lets a stream go only when it is
+//   the last holder (no array left to free on it) or when its own last copy goes (no free
+//   left at all).
+// - Any other free (C++ code freeing through the resource on a stream of its own: its life is
+//   unknown here) records at once, as before, chaining the previous record of the same handle
+//   (the handle may belong to a new stream while the old one's work still runs). A free of
+//   this kind on a held stream records nothing: the let-go's record covers it.
+// - The capture query runs where an event is recorded, not at every free. A record into a
+//   capturing stream is a node of the graph, never an event this file can wait for: then the
+//   resource is never destroyed (left to the OS) rather than guessed done. A free on a held
+//   stream while it captures is not seen, but no work of the graph can use the memory through
+//   this library either: the arrays refuse pointers and copies on capturing streams (`foreign.rs`,
+//   `copy.rs`), so the graph holds none of the memory, and what the stream queued for real is
+//   covered by the let-go's record.
 //
 // No cudaDeviceSynchronize anywhere: a device-wide wait during destroys deadlocked inside
 // libcuda against another thread's cuStreamSynchronize (GPU run 45). Only events this file
@@ -62,8 +91,46 @@ inline void leave_to_the_os(Resource const& r) noexcept
   }
 }
 
-/// One event per stream that freed into a resource, re-recorded at every free: once all have
-/// completed, nothing queued so far still uses the resource's memory.
+/// The Rust side's calls on the handle that keeps a stream alive (an `Arc<CudaStream>`):
+/// take a reference, drop one, and whether the caller's reference is the only one left.
+struct stream_keeper {
+  void (*retain)(void const*);
+  void (*release)(void const*);
+  int32_t (*sole)(void const*);
+};
+
+/// Registered once by the Rust side (`raftrs_buffer_on_streams`); never freed.
+inline std::atomic<stream_keeper const*> the_keeper{nullptr};
+
+/// The free `raftrs_buffer_free` is running on this thread: its stream and the handle that keeps
+/// that stream alive (null when unknown). Read by every fence the free passes through.
+struct freeing_stream {
+  cudaStream_t stream{nullptr};
+  void const* owner{nullptr};
+};
+inline thread_local freeing_stream freeing{};
+
+/// Set for the length of one free (see `freeing`).
+struct freeing_on {
+  freeing_stream before{freeing};
+  freeing_on(cudaStream_t stream, void const* owner) noexcept { freeing = freeing_stream{stream, owner}; }
+  ~freeing_on() { freeing = before; }
+  freeing_on(freeing_on const&)            = delete;
+  freeing_on& operator=(freeing_on const&) = delete;
+};
+
+/// This thread's hints "fence `fence` held `stream` at epoch `epoch`": the fast path of a free.
+struct held_hint {
+  uint64_t fence{0};
+  cudaStream_t stream{nullptr};
+  uint64_t epoch{0};
+};
+inline thread_local held_hint held_hints[4]{};
+inline thread_local unsigned held_hint_next{0};
+
+/// Per stream that freed into a resource: the last event recorded on it (or none), and the
+/// handle that keeps it alive while the fence holds it (see the header comment). Once every
+/// event has completed and no stream is held, nothing queued so far uses the resource's memory.
 class stream_fence {
  public:
   stream_fence() = default;
@@ -71,60 +138,54 @@ class stream_fence {
   stream_fence& operator=(stream_fence const&) = delete;
   ~stream_fence()
   {
-    // Reached only after `wait` (or at exit, where the events are left to the OS).
+    // Reached only after `wait` (or at exit, where the events and holds are left to the OS).
     if (rmm::process_is_exiting()) { return; }
-    for (auto& e : events_) { static_cast<void>(cudaEventDestroy(e.second)); }
+    for (auto& e : entries_) {
+      if (e.event != nullptr) { static_cast<void>(cudaEventDestroy(e.event)); }
+    }
   }
 
   /// Called after a free on `stream` was queued (the device is current).
   void note(cudaStream_t stream) noexcept
   {
-    std::lock_guard<std::mutex> lock{lock_};
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
-      // A record on a capturing stream would be a node of the graph, never an event this file
-      // can wait for: the resource is never destroyed (left to the OS) rather than guessed done.
-      static_cast<void>(cudaGetLastError());
-      poisoned_ = true;
+    auto const* keeper = the_keeper.load(std::memory_order_acquire);
+    if (keeper != nullptr && freeing.owner != nullptr && freeing.stream == stream && stream != nullptr) {
+      auto const epoch = epoch_.load(std::memory_order_seq_cst);
+      for (auto const& h : held_hints) {
+        if (h.fence == id_ && h.stream == stream && h.epoch == epoch) { return; }  // held already
+      }
+      hold(stream, freeing.owner, *keeper);
       return;
     }
-    auto it = std::find_if(events_.begin(), events_.end(), [&](auto const& p) { return p.first == stream; });
-    if (it == events_.end()) {
-      prune();
-      cudaEvent_t e{};
-      if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
-        static_cast<void>(cudaGetLastError());
-        block_on(stream);  // no event to wait for later: wait now (only when CUDA is failing)
-        return;
+    record_now(stream);
+  }
+
+  /// Records every held stream's work and lets the streams go (the resource's last copy is
+  /// going: no free can come any more).
+  void let_all_go() noexcept
+  {
+    std::vector<void const*> released;
+    {
+      std::lock_guard<std::mutex> lock{lock_};
+      for (auto& e : entries_) {
+        if (e.held != nullptr) { let_go(e, released); }
       }
-      try {
-        events_.emplace_back(stream, e);
-      } catch (...) {
-        static_cast<void>(cudaEventDestroy(e));
-        block_on(stream);
-        return;
-      }
-      it = std::prev(events_.end());
-    } else {
-      // A handle may have been reused by a new stream while the old one's work still runs (a
-      // stream destroyed with work queued finishes it): chain the old record into the new one.
-      if (cudaStreamWaitEvent(stream, it->second, 0) != cudaSuccess) { static_cast<void>(cudaGetLastError()); }
     }
-    if (cudaEventRecord(it->second, stream) != cudaSuccess) {
-      static_cast<void>(cudaGetLastError());
-      block_on(stream);
-    }
+    release(released);
   }
 
   /// Whether every recorded free has completed. Only a completed event, or a context that can
   /// run nothing any more, counts: a query refused because some thread captures a stream
-  /// (global mode) or because the event was recorded into a capture is "not known done".
+  /// (global mode) or because the event was recorded into a capture is "not known done". A
+  /// stream still held is not done (`let_all_go` comes first).
   bool all_done() noexcept
   {
     relaxed_capture relaxed;
     std::lock_guard<std::mutex> lock{lock_};
-    for (auto& e : events_) {
-      auto q = cudaEventQuery(e.second);
+    for (auto& e : entries_) {
+      if (e.held != nullptr) { return false; }
+      if (e.event == nullptr) { continue; }
+      auto q = cudaEventQuery(e.event);
       if (q == cudaSuccess) { continue; }
       static_cast<void>(cudaGetLastError());
       if (!work_is_over(q)) { return false; }
@@ -133,39 +194,170 @@ class stream_fence {
   }
 
   /// Waits for every recorded free, then forgets the events. Returns false when a wait was
-  /// refused for another reason than a dead context (a capture): the memory may still be in
-  /// use, and the caller must not destroy the resource.
+  /// refused for another reason than a dead context (a capture), or a stream is still held:
+  /// the memory may still be in use, and the caller must not destroy the resource.
   [[nodiscard]] bool wait() noexcept
   {
     relaxed_capture relaxed;
     std::lock_guard<std::mutex> lock{lock_};
     bool all = !poisoned_;
-    for (auto& e : events_) {
-      auto w = cudaEventSynchronize(e.second);
+    for (auto& e : entries_) {
+      all = all && e.held == nullptr;
+      if (e.event == nullptr) { continue; }
+      auto w = cudaEventSynchronize(e.event);
       if (w != cudaSuccess) {
         static_cast<void>(cudaGetLastError());
         all = all && work_is_over(w);
       }
-      static_cast<void>(cudaEventDestroy(e.second));
+      static_cast<void>(cudaEventDestroy(e.event));
+      e.event = nullptr;
     }
-    events_.clear();
+    entries_.erase(std::remove_if(entries_.begin(), entries_.end(), [](entry const& e) { return e.held == nullptr; }),
+                   entries_.end());
     return all;
   }
 
  private:
-  /// Forgets the streams whose last free has completed: the list stays as long as the streams
-  /// with work pending, not every stream that ever freed.
+  struct entry {
+    cudaStream_t stream;
+    cudaEvent_t event;  ///< the last record on this handle, or null
+    void const* held;   ///< the reference this fence holds on the stream, or null
+  };
+
+  /// The slow path of a free on a stream whose owner is known: the fence takes a reference to
+  /// the stream (alive: the freeing array holds one for the length of the free), and lets go of
+  /// the streams only it still holds.
+  void hold(cudaStream_t stream, void const* owner, stream_keeper const& keeper) noexcept
+  {
+    std::vector<void const*> released;
+    bool held = false;
+    {
+      std::lock_guard<std::mutex> lock{lock_};
+      auto found = find(stream);
+      if (found != entries_.end() && found->held != nullptr) {
+        held = true;
+      } else {
+        try {
+          prune();  // may drop this stream's entry (not held, its record done): found again below
+          auto it = find(stream);
+          if (it == entries_.end()) {
+            entries_.push_back(entry{stream, nullptr, nullptr});
+            it = std::prev(entries_.end());
+          }
+          keeper.retain(owner);  // after the last step that can throw
+          it->held = owner;
+          held     = true;
+          // Streams whose every resources object and array is gone: recorded and let go, so a
+          // long-lived resource does not keep every stream that ever freed into it.
+          for (auto& e : entries_) {
+            if (e.held != nullptr && e.stream != stream && keeper.sole(e.held) != 0) { let_go(e, released); }
+          }
+        } catch (...) {
+          held = false;  // no room for the entry: record now instead
+        }
+      }
+      if (held) { remember(stream); }
+    }
+    release(released);
+    if (!held) { record_now(stream); }
+  }
+
+  /// The eager record of a free whose stream's life is unknown here.
+  void record_now(cudaStream_t stream) noexcept
+  {
+    std::lock_guard<std::mutex> lock{lock_};
+    auto it = find(stream);
+    if (it != entries_.end() && it->held != nullptr) { return; }  // the let-go's record covers it
+    if (it == entries_.end()) {
+      prune();
+      try {
+        entries_.push_back(entry{stream, nullptr, nullptr});
+      } catch (...) {
+        block_on(stream);  // no entry to wait for later: wait now (only when memory is short)
+        return;
+      }
+      it = std::prev(entries_.end());
+    }
+    record(*it);
+  }
+
+  /// Records `e`'s stream's work so far and drops the fence's reference (into `released`, let go
+  /// after the lock). The epoch moves first: no hint of this hold survives it.
+  void let_go(entry& e, std::vector<void const*>& released) noexcept
+  {
+    epoch_.fetch_add(1, std::memory_order_seq_cst);
+    record(e);
+    try {
+      released.push_back(e.held);
+    } catch (...) {
+      // No room to let it go after the lock: keep the reference (the stream outlives its need).
+    }
+    e.held = nullptr;
+  }
+
+  /// Records an event on `e`'s stream after everything queued on it so far (under the lock).
+  void record(entry& e) noexcept
+  {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(e.stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
+      // A record on a capturing stream would be a node of the graph, never an event this file
+      // can wait for: the resource is never destroyed (left to the OS) rather than guessed done.
+      static_cast<void>(cudaGetLastError());
+      poisoned_ = true;
+      return;
+    }
+    if (e.event == nullptr) {
+      if (cudaEventCreateWithFlags(&e.event, cudaEventDisableTiming) != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());
+        e.event = nullptr;
+        block_on(e.stream);  // no event to wait for later: wait now (only when CUDA is failing)
+        return;
+      }
+    } else {
+      // A handle may have been reused by a new stream while the old one's work still runs (a
+      // stream destroyed with work queued finishes it): chain the old record into the new one.
+      if (cudaStreamWaitEvent(e.stream, e.event, 0) != cudaSuccess) { static_cast<void>(cudaGetLastError()); }
+    }
+    if (cudaEventRecord(e.event, e.stream) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+      block_on(e.stream);
+    }
+  }
+
+  std::vector<entry>::iterator find(cudaStream_t stream)
+  {
+    return std::find_if(entries_.begin(), entries_.end(), [&](entry const& e) { return e.stream == stream; });
+  }
+
+  /// This thread's hint that `stream` is held at the current epoch (under the lock).
+  void remember(cudaStream_t stream) noexcept
+  {
+    held_hints[held_hint_next++ % 4] = held_hint{id_, stream, epoch_.load(std::memory_order_seq_cst)};
+  }
+
+  /// Lets the references go, outside the lock: the last reference to a stream destroys it.
+  static void release(std::vector<void const*> const& released) noexcept
+  {
+    auto const* keeper = the_keeper.load(std::memory_order_acquire);
+    if (keeper == nullptr || rmm::process_is_exiting()) { return; }  // at exit: left to the OS
+    for (auto const* r : released) { keeper->release(r); }
+  }
+
+  /// Forgets the streams no longer held whose last record has completed: the list stays as
+  /// long as the streams with work pending or held, not every stream that ever freed.
   void prune() noexcept
   {
-    auto done = [](std::pair<cudaStream_t, cudaEvent_t> const& p) {
-      if (cudaEventQuery(p.second) != cudaSuccess) {
+    auto done = [](entry const& e) {
+      if (e.held != nullptr) { return false; }
+      if (e.event == nullptr) { return true; }
+      if (cudaEventQuery(e.event) != cudaSuccess) {
         static_cast<void>(cudaGetLastError());
         return false;
       }
-      static_cast<void>(cudaEventDestroy(p.second));
+      static_cast<void>(cudaEventDestroy(e.event));
       return true;
     };
-    events_.erase(std::remove_if(events_.begin(), events_.end(), done), events_.end());
+    entries_.erase(std::remove_if(entries_.begin(), entries_.end(), done), entries_.end());
   }
   static void block_on(cudaStream_t stream) noexcept
   {
@@ -193,8 +385,16 @@ class stream_fence {
     }
   }
 
+  static uint64_t next_id() noexcept
+  {
+    static std::atomic<uint64_t> ids{1};
+    return ids.fetch_add(1, std::memory_order_relaxed);
+  }
+
   std::mutex lock_;
-  std::vector<std::pair<cudaStream_t, cudaEvent_t>> events_;
+  std::vector<entry> entries_;
+  std::atomic<uint64_t> epoch_{1};
+  uint64_t const id_{next_id()};  ///< never reused: a hint never names another fence
   bool poisoned_{false};
 };
 
@@ -254,6 +454,8 @@ class fenced {
       static_cast<void>(fence_.release());  // no CUDA call at exit; RMM's own destructor skips too
       return;
     }
+    // No free can come any more: the held streams' work so far is recorded, the streams let go.
+    fence_->let_all_go();
     if (waiting_allowed || fence_->all_done()) {
       // Nothing pending, or a thread that may wait: `inner_` goes after it, unless a wait was
       // refused (a capture), when it is kept for the rest of the process instead.

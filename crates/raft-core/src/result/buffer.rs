@@ -7,7 +7,7 @@ use cudarc::driver::CudaStream;
 use raft_sys as sys;
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Once, OnceLock};
 
 /// The most bytes one allocation may ask for: 2^48 (256 TiB), what a 48-bit virtual address
 /// space spans, and more than any device's memory or any host's page-locked memory. A larger
@@ -49,10 +49,14 @@ pub(crate) fn allocation_bytes<T>(who: &'static str, len: usize) -> Result<usize
     Ok(bytes)
 }
 
-/// Device bytes from an RMM resource, ordered on one stream, holding (a shared copy of) the
-/// resource that frees them and the stream they are ordered on.
+/// Device bytes from an RMM resource, ordered on one stream, holding the resource that frees them
+/// (the `NativeMr` it was allocated from, or a shared copy inside the shim) and the stream they
+/// are ordered on.
 pub(crate) struct NativeBuffer {
     pub(super) ptr: NonNull<sys::raftrs_buffer>,
+    /// The resource the shim's buffer borrows (`raftrs_buffer_create_held`): dropped only after
+    /// the free. `None` when the shim's buffer holds its own copy.
+    held: Option<Arc<NativeMr>>,
     pub(super) data: *mut c_void,
     pub(super) bytes: usize,
     pub(super) device: usize,
@@ -67,9 +71,10 @@ unsafe impl Send for NativeBuffer {}
 unsafe impl Sync for NativeBuffer {}
 
 impl NativeBuffer {
-    /// `bytes` from `mr`, or from `device`'s current resource, on `stream`. Every allocation of
-    /// the crate, device or page-locked, comes through here: a size no resource can serve is
-    /// refused here whoever asked (and again by the shim).
+    /// `bytes` from `mr`, or from `device`'s current resource, on `stream`; the shim's buffer keeps
+    /// its own copy of the resource. Every allocation of the crate, device or page-locked, comes
+    /// through here or [`create_held`](Self::create_held): a size no resource can serve is refused
+    /// here whoever asked (and again by the shim).
     pub(crate) fn create(who: &'static str, device: usize, mr: Option<&NativeMr>, stream: &Arc<CudaStream>, bytes: usize) -> Result<Self> {
         check_allocation(who, bytes)?;
         let api = api(who)?;
@@ -86,7 +91,69 @@ impl NativeBuffer {
         made?;
         let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no buffer"))?;
         let stream_ordered = ordered != 0;
-        Ok(NativeBuffer { ptr, data, bytes, device, stream_ordered, stream: stream.clone() })
+        Ok(NativeBuffer { ptr, held: None, data, bytes, device, stream_ordered, stream: stream.clone() })
+    }
+
+    /// `bytes` from `mr`, or from `device`'s current resource (`None`), on `stream`, holding the
+    /// `NativeMr` it came from rather than a fresh copy of the resource (issue 30): the same
+    /// guarantee (the resource lives until the free) for a reference count instead of a heap
+    /// copy in the shim. The current resource is this crate's copy of what RMM's map held, used
+    /// while the map's entry still compares equal to it (checked under RMM's lock at every
+    /// allocation: any library may replace it at any moment), replaced by a new copy otherwise.
+    pub(crate) fn create_held(
+        who: &'static str,
+        device: usize,
+        mr: Option<&Arc<NativeMr>>,
+        stream: &Arc<CudaStream>,
+        bytes: usize,
+    ) -> Result<Self> {
+        check_allocation(who, bytes)?;
+        let api = api(who)?;
+        register_stream_keeper(api);
+        let cached = match mr {
+            Some(_) => None,
+            None => current_cache(device).and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+        };
+        let held = mr.or(cached.as_ref());
+        let mut raw = std::ptr::null_mut();
+        let mut fresh = std::ptr::null_mut();
+        let (mut data, mut ordered) = (std::ptr::null_mut(), 0);
+        let mr_ptr = held.map_or(std::ptr::null(), |m| m.ptr.as_ptr() as *const _);
+        // SAFETY: the stream is alive (borrowed, and held by the new buffer); `mr_ptr` is null or
+        // a resource kept alive by `held`, which the new buffer keeps until its free; a fresh
+        // copy comes back owned and is kept likewise; the out-pointers are locals.
+        let made = check(who, api, unsafe {
+            api.raftrs_buffer_create_held(
+                device as i32,
+                mr_ptr,
+                mr.is_none() as i32,
+                stream.cu_stream() as *mut c_void,
+                bytes,
+                &mut raw,
+                &mut data,
+                &mut ordered,
+                &mut fresh,
+            )
+        });
+        // A fresh copy is owned from here on, whatever else happened.
+        let fresh = match NonNull::new(fresh) {
+            Some(p) => Some(Arc::new(NativeMr::from_shim(who, api, p)?)),
+            None => None,
+        };
+        made?;
+        let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no buffer"))?;
+        let held = match fresh {
+            Some(fresh) => {
+                // The map held another resource: this copy stands for it from now on.
+                if let Some(slot) = current_cache(device) {
+                    let old = slot.lock().unwrap_or_else(|e| e.into_inner()).replace(fresh.clone());
+                    drop(old); // outside the lock: the last handle of a resource queues its release
+                }
+                fresh
+            }
+            None => held.cloned().ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim used no resource"))?,
+        };
+        Ok(NativeBuffer { ptr, held: Some(held), data, bytes, device, stream_ordered: ordered != 0, stream: stream.clone() })
     }
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
@@ -189,13 +256,17 @@ impl NativeBuffer {
                 }
             }
         }
+        let owner = Arc::as_ptr(&self.stream) as *const c_void;
         // SAFETY: the buffer is freed exactly once (self is consumed), on the stream it is
-        // ordered on (alive: held by self until after the call).
-        let status = unsafe { api.raftrs_buffer_destroy(self.ptr.as_ptr(), self.stream.cu_stream() as *mut c_void) };
+        // ordered on (alive: held by self until after the call); `owner` is that stream's `Arc`,
+        // alive for the call, which a fence may retain through the registered keeper; the held
+        // resource is dropped only after the call.
+        let status = unsafe { api.raftrs_buffer_free(self.ptr.as_ptr(), self.stream.cu_stream() as *mut c_void, owner) };
         // The stream's last handle may go here (`into_inner` tells exactly one holder it is the
         // last): cudarc binds the stream's context to destroy it, so a guard puts the caller's
         // context back.
-        let NativeBuffer { stream, .. } = self;
+        let NativeBuffer { stream, held, .. } = self;
+        drop(held); // a resource's last handle queues its destruction (`NativeMr`'s drop)
         if let Some(last) = Arc::into_inner(stream) {
             let _restore = if _keep.is_none() { ContextGuard::save(who).ok() } else { None };
             drop(last);
@@ -207,4 +278,57 @@ impl NativeBuffer {
     pub(crate) fn leak(self) {
         std::mem::forget(self);
     }
+}
+
+/// Per device, this crate's copy of the resource RMM's map held at the last default allocation
+/// that found it changed (see [`NativeBuffer::create_held`]).
+fn current_cache(device: usize) -> Option<&'static Mutex<Option<Arc<NativeMr>>>> {
+    static CACHE: OnceLock<Vec<Mutex<Option<Arc<NativeMr>>>>> = OnceLock::new();
+    CACHE
+        .get_or_init(|| {
+            let n = crate::result::device_count("DeviceVec::new").unwrap_or(0);
+            (0..n).map(|_| Mutex::new(None)).collect()
+        })
+        .get(device)
+}
+
+/// Tells the shim how a pool, arena or binning resource keeps a stream alive instead of recording
+/// an event at every free into it (the shim's fence.hpp): through the buffer's `Arc<CudaStream>`.
+fn register_stream_keeper(api: &sys::RaftrsShim) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: three `extern "C"` functions that never unwind and live as long as the process.
+        let status = unsafe { api.raftrs_buffer_on_streams(Some(retain_stream), Some(release_stream), Some(sole_stream)) };
+        if let Err(e) = check("DeviceVec::new", api, status) {
+            log::warn!(target: "raft", "{e}: frees into pools record an event each");
+        }
+    });
+}
+
+/// A reference to the stream behind `owner` for a fence (see [`register_stream_keeper`]).
+extern "C" fn retain_stream(owner: *const c_void) {
+    // SAFETY: the shim passes the `Arc::as_ptr` of a buffer's stream during that buffer's free,
+    // while the buffer still holds it: the count is at least one.
+    unsafe { Arc::increment_strong_count(owner as *const CudaStream) }
+}
+
+/// Drops a reference [`retain_stream`] took; the last one destroys the stream (cudarc binds its
+/// context to do so: the caller's is put back).
+extern "C" fn release_stream(owner: *const c_void) {
+    let _ = std::panic::catch_unwind(|| {
+        if !raft_exit::native_release_allowed() {
+            return; // the exit has decided: left to the OS, no CUDA call
+        }
+        let _keep = ContextGuard::save("DeviceVec::drop").ok();
+        // SAFETY: the shim releases each reference it retained exactly once.
+        unsafe { Arc::decrement_strong_count(owner as *const CudaStream) }
+    });
+}
+
+/// Whether the fence's reference is the only one left to the stream behind `owner`.
+extern "C" fn sole_stream(owner: *const c_void) -> i32 {
+    // SAFETY: the shim asks only about a stream it holds a reference to (retained): the `Arc`
+    // is alive; `ManuallyDrop` leaves that reference untouched.
+    let stream = std::mem::ManuallyDrop::new(unsafe { Arc::from_raw(owner as *const CudaStream) });
+    (Arc::strong_count(&stream) == 1) as i32
 }

@@ -78,6 +78,11 @@ fn mr_out(who: &'static str, api: &sys::RaftrsShim, raw: *mut sys::raftrs_mr) ->
 }
 
 impl NativeMr {
+    /// Owns a handle the shim just made (`raftrs_buffer_create_held`'s fresh copy).
+    pub(crate) fn from_shim(who: &'static str, api: &sys::RaftrsShim, ptr: NonNull<sys::raftrs_mr>) -> Result<NativeMr> {
+        mr_out(who, api, ptr.as_ptr())
+    }
+
     /// A shared handle to `device`'s current RMM resource.
     pub(crate) fn current(who: &'static str, device: usize) -> Result<NativeMr> {
         let api = api(who)?;
@@ -326,7 +331,8 @@ impl DoomedMr {
         let Ok(api) = api(WHO) else { return };
         let _keep = ContextGuard::save(WHO);
         // SAFETY: the handle is destroyed exactly once (self is consumed); buffers made from the
-        // resource hold their own copy of it, so none is left dangling.
+        // resource hold their own copy of it or the `Arc<NativeMr>` whose drop got here, so none
+        // is left dangling.
         let status = unsafe { api.raftrs_mr_destroy(self.0.as_ptr()) };
         if let Err(e) = check(WHO, api, status) {
             log::warn!(target: "raft", "{e}");

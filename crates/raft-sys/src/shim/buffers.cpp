@@ -1,5 +1,5 @@
-// Device memory behind raftrs_buffer, each holding its own copy of the resource that frees it,
-// and the copies, memsets and peer grants on it.
+// Device memory behind raftrs_buffer, each holding the resource that frees it (its own copy, or
+// a handle the caller keeps alive for it), and the copies, memsets and peer grants on it.
 #include "memory.hpp"
 
 #include <cuda/memory_resource>
@@ -36,49 +36,103 @@ void refuse_unservable(std::size_t bytes)
   }
 }
 
-/// The device memory behind raftrs_buffer: the pointer and its own copy of the resource that
-/// must free it. Replacing the per-device resource, or dropping every other handle to it, never
-/// invalidates a live buffer.
+/// The device memory behind raftrs_buffer: the pointer and the resource that must free it,
+/// either its own copy (`owned`) or a handle the caller keeps alive until the free (`borrowed`,
+/// the Rust side's `Arc<NativeMr>`). Replacing the per-device resource, or dropping every other
+/// handle to it, never invalidates a live buffer.
 struct shim_buffer {
   int device;
   void* ptr;
   std::size_t bytes;
-  any_device_resource mr;
+  any_device_resource owned;
+  shim_mr const* borrowed;
   bool stream_ordered;
+
+  rmm::device_async_resource_ref ref() const
+  {
+    return rmm::device_async_resource_ref{
+      const_cast<any_device_resource&>(borrowed != nullptr ? borrowed->resource : owned)};
+  }
 };
 
-/// Whether freeing `bytes` through `mr`, on the stream the block was allocated on (never the
-/// legacy default stream: `on_own_stream`), never blocks the caller: the async pool and RMM's
-/// pool (their frees return blocks to a free list, stream-ordered), the arena for blocks of at
-/// most 1 MiB, and any adaptor over such a resource. cudaFree, cudaFreeHost, the arena's large
-/// blocks and unknown resources may synchronise.
-bool frees_stream_ordered(rmm::device_async_resource_ref mr, std::size_t bytes, bool on_own_stream, int depth = 0)
+/// Whether freeing `bytes` from a resource of order `order`, on the stream the block was
+/// allocated on (never the legacy default stream: `on_own_stream`), never blocks the caller.
+bool frees_stream_ordered(free_order order, std::size_t bytes, bool on_own_stream)
 {
-  if (depth > 32) { return false; }
-  std::optional<rmm::device_async_resource_ref> up;
-  switch (classify(mr)) {
-    case RAFTRS_MR_CUDA_ASYNC:
-    case RAFTRS_MR_POOL: return true;
+  switch (order) {
+    case frees_stream_ordered_always: return true;
     // RMM 26.08's arena (rmm/mr/detail/arena.hpp) synchronises the stream when it frees a block
     // its global arena handles (over superblock::minimum_size, 1 MiB, after alignment) or one
     // that belongs to another stream's arena. A block of at most 1 MiB freed on the (non-default)
     // stream that allocated it goes back to that stream's own arena without waiting.
-    case RAFTRS_MR_ARENA:
+    case frees_ordered_when_small:
       return on_own_stream && rmm::align_up(bytes, rmm::CUDA_ALLOCATION_ALIGNMENT) <= (std::size_t{1} << 20);
-    case RAFTRS_MR_STATISTICS: up = upstream_of<statistics_mr>(mr); break;
-    case RAFTRS_MR_LIMITING: up = upstream_of<limiting_mr>(mr); break;
-    case RAFTRS_MR_TRACKING: up = upstream_of<tracking_mr>(mr); break;
-    case RAFTRS_MR_LOGGING: up = upstream_of<rmm::mr::logging_resource_adaptor>(mr); break;
-    case RAFTRS_MR_FAILURE_CALLBACK: up = upstream_of<failure_mr>(mr); break;
-    case RAFTRS_MR_THREAD_SAFE: up = upstream_of<rmm::mr::thread_safe_resource_adaptor>(mr); break;
-    // Sizes past the largest bin go to the upstream.
-    case RAFTRS_MR_BINNING: up = upstream_of_pooled<rmm::mr::binning_memory_resource>(mr); break;
     default: return false;
   }
-  return up.has_value() && frees_stream_ordered(*up, bytes, on_own_stream, depth + 1);
+}
+
+/// `m`'s free order, walked once per resource handle.
+free_order order_of(shim_mr const& m)
+{
+  auto known = m.order.load(std::memory_order_relaxed);
+  if (known >= 0) { return static_cast<free_order>(known); }
+  auto found = free_order_of(rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)});
+  m.order.store(found, std::memory_order_relaxed);  // the same answer whoever stores it
+  return found;
+}
+
+/// Allocates `bytes` on `stream` through `b`'s resource (the device is current).
+void allocate_into(shim_buffer& b, free_order order, void* stream, std::size_t bytes)
+{
+  b.stream_ordered = frees_stream_ordered(order, bytes, stream != nullptr);
+  if (bytes != 0) {
+    b.ptr = b.ref().allocate(cuda::stream_ref{static_cast<cudaStream_t>(stream)}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+  }
+}
+
+/// Frees `buf` through its resource on `stream`; `owner` keeps that stream alive (fence.hpp).
+void free_buffer(raftrs_buffer* buf, void* stream, void const* owner)
+{
+  if (buf == nullptr) { return; }
+  std::unique_ptr<shim_buffer> b{reinterpret_cast<shim_buffer*>(buf)};
+  device_scope scope{b->device};
+  if (b->ptr != nullptr) {
+    raftrs_fence::freeing_on freeing{static_cast<cudaStream_t>(stream), owner};
+    b->ref().deallocate(cuda::stream_ref{static_cast<cudaStream_t>(stream)}, b->ptr, b->bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+  }
+  // Destroyed here, inside the device scope, so a pool's destructor (its own last copy) runs on
+  // its device and the caller's context is put back after it (the Rust side takes no context
+  // guard around this).
+  b.reset();
 }
 
 }  // namespace
+
+namespace raftrs_shim __attribute__((visibility("hidden"))) {
+
+free_order free_order_of(rmm::device_async_resource_ref mr)
+{
+  // The whole chain (adaptors are made over resources that existed before them: it ends).
+  for (std::optional<rmm::device_async_resource_ref> at{mr}; at.has_value();) {
+    switch (classify(*at)) {
+      case RAFTRS_MR_CUDA_ASYNC:
+      case RAFTRS_MR_POOL: return frees_stream_ordered_always;
+      case RAFTRS_MR_ARENA: return frees_ordered_when_small;
+      case RAFTRS_MR_STATISTICS: at = upstream_of<statistics_mr>(*at); break;
+      case RAFTRS_MR_LIMITING: at = upstream_of<limiting_mr>(*at); break;
+      case RAFTRS_MR_TRACKING: at = upstream_of<tracking_mr>(*at); break;
+      case RAFTRS_MR_LOGGING: at = upstream_of<rmm::mr::logging_resource_adaptor>(*at); break;
+      case RAFTRS_MR_FAILURE_CALLBACK: at = upstream_of<failure_mr>(*at); break;
+      case RAFTRS_MR_THREAD_SAFE: at = upstream_of<rmm::mr::thread_safe_resource_adaptor>(*at); break;
+      // Sizes past the largest bin go to the upstream.
+      case RAFTRS_MR_BINNING: at = upstream_of_pooled<rmm::mr::binning_memory_resource>(*at); break;
+      default: return frees_may_block;
+    }
+  }
+  return frees_may_block;
+}
+
+}  // namespace raftrs_shim
 
 extern "C" {
 
@@ -109,7 +163,7 @@ raftrs_status raftrs_buffer_grant_peer(const raftrs_buffer* buf, int32_t peer, i
     // Memory of a CUDA async pool is visible to another device only once the pool grants it
     // (cudaMemPoolSetAccess), whatever the contexts' peer access says. Asked each time (a
     // query): a cache keyed by pool handle would miss a new pool at a reused handle.
-    std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(b.mr)}};
+    std::optional<rmm::device_async_resource_ref> at{b.ref()};
     for (int depth = 0; at.has_value() && depth < 32; ++depth) {
       if (auto* async = as_async(*at)) {
         cudaMemPool_t pool = async->pool_handle();
@@ -147,40 +201,82 @@ raftrs_status raftrs_buffer_create(int32_t device,
     // device.
     refuse_unservable(bytes);
     device_scope scope{device};
-    auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, false});
+    auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, nullptr, false});
     if (mr == nullptr) {
-      owned->mr = copy_current(device);
+      owned->owned = copy_current(device);
     } else {
       auto const& m = unwrap(mr);
       if (m.device != device) {
         throw std::invalid_argument("a memory resource of device " + std::to_string(m.device) +
                                     " cannot allocate on device " + std::to_string(device));
       }
-      owned->mr = m.resource;
+      owned->owned = m.resource;
     }
-    rmm::device_async_resource_ref ref{owned->mr};
-    owned->stream_ordered = frees_stream_ordered(ref, bytes, stream != nullptr);
-    cuda::stream_ref s{static_cast<cudaStream_t>(stream)};
-    if (bytes != 0) { owned->ptr = ref.allocate(s, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
+    allocate_into(*owned, free_order_of(owned->ref()), stream, bytes);
     *data           = owned->ptr;
     *stream_ordered = owned->stream_ordered ? 1 : 0;
     *out            = reinterpret_cast<raftrs_buffer*>(owned.release());
   });
 }
 
-raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream)
+raftrs_status raftrs_buffer_create_held(int32_t device,
+                                        const raftrs_mr* mr,
+                                        int32_t current,
+                                        void* stream,
+                                        size_t bytes,
+                                        raftrs_buffer** out,
+                                        void** data,
+                                        int32_t* stream_ordered,
+                                        raftrs_mr** fresh)
 {
   return guard([&] {
-    if (buf == nullptr) { return; }
-    std::unique_ptr<shim_buffer> b{reinterpret_cast<shim_buffer*>(buf)};
-    device_scope scope{b->device};
-    if (b->ptr != nullptr) {
-      rmm::device_async_resource_ref{b->mr}.deallocate(
-        cuda::stream_ref{static_cast<cudaStream_t>(stream)}, b->ptr, b->bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    *out   = nullptr;
+    *fresh = nullptr;
+    refuse_unservable(bytes);
+    if (mr == nullptr && current == 0) { throw std::invalid_argument("null memory resource"); }
+    device_scope scope{device};
+    shim_mr const* use = mr == nullptr ? nullptr : &unwrap(mr);
+    if (use != nullptr && use->device != device) {
+      throw std::invalid_argument("a memory resource of device " + std::to_string(use->device) +
+                                  " cannot allocate on device " + std::to_string(device));
     }
-    // Destroyed here, inside the device scope, so a pool's destructor runs on its device and the
-    // caller's context is put back after it (the Rust side takes no context guard around this).
-    b.reset();
+    std::unique_ptr<shim_mr> made;
+    if (current != 0) {
+      // The caller's copy of what the map held stands for the map's entry while they compare
+      // equal (RMM's equality: each frees what the other allocated), checked under RMM's lock;
+      // otherwise a copy of the entry is taken, as every allocation did before.
+      rmm_map_use alive;
+      if (use == nullptr || !current_equals_held(device, use->resource)) {
+        made.reset(new shim_mr{device, copy_current_held(device)});
+        use = made.get();
+      }
+    }
+    auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, use, false});
+    allocate_into(*owned, order_of(*use), stream, bytes);
+    *data           = owned->ptr;
+    *stream_ordered = owned->stream_ordered ? 1 : 0;
+    *out            = reinterpret_cast<raftrs_buffer*>(owned.release());
+    *fresh          = made != nullptr ? wrap(made.release()) : nullptr;
+  });
+}
+
+raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream)
+{
+  return guard([&] { free_buffer(buf, stream, nullptr); });
+}
+
+raftrs_status raftrs_buffer_free(raftrs_buffer* buf, void* stream, const void* stream_owner)
+{
+  return guard([&] { free_buffer(buf, stream, stream != nullptr ? stream_owner : nullptr); });
+}
+
+raftrs_status raftrs_buffer_on_streams(void (*retain)(const void*), void (*release)(const void*), int32_t (*sole)(const void*))
+{
+  return guard([&] {
+    if (retain == nullptr || release == nullptr || sole == nullptr) { throw std::invalid_argument("null stream keeper"); }
+    if (raftrs_fence::the_keeper.load(std::memory_order_acquire) != nullptr) { return; }  // the first stays
+    static raftrs_fence::stream_keeper const keeper{retain, release, sole};
+    raftrs_fence::the_keeper.store(&keeper, std::memory_order_release);
   });
 }
 

@@ -167,7 +167,21 @@ int32_t classify(rmm::device_async_resource_ref ref);
 struct shim_mr {
   int device;
   any_device_resource resource;
+  /// How frees through `resource` order (`free_order`), worked out at the first allocation:
+  /// the resource never changes, so its adaptor chain is walked once, not per allocation.
+  mutable std::atomic<int32_t> order{-1};
 };
+
+/// How a resource's frees order: never without blocking, always stream-ordered, or
+/// stream-ordered for blocks of at most 1 MiB freed on their own stream (RMM's arena).
+enum free_order : int32_t { frees_may_block = 0, frees_stream_ordered_always = 1, frees_ordered_when_small = 2 };
+
+/// The `free_order` of the resource behind `mr` (a walk down its adaptors; buffers.cpp).
+free_order free_order_of(rmm::device_async_resource_ref mr);
+
+/// Whether `device`'s entry in RMM's per-device map compares equal to `cached` (read under
+/// RMM's lock, so the entry cannot be replaced meanwhile). The caller holds an `rmm_map_use`.
+bool current_equals_held(int device, any_device_resource const& cached);
 
 inline shim_mr const& unwrap(raftrs_mr const* mr)
 {

@@ -72,6 +72,15 @@ any_device_resource copy_current_held(int device)
   return copy;
 }
 
+bool current_equals_held(int device, any_device_resource const& cached)
+{
+  std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
+  auto& map  = rmm::mr::detail::get_ref_map();
+  auto found = map.find(device);
+  if (found == map.end()) { return cached == any_device_resource{rmm::mr::detail::initial_resource()}; }
+  return cached == found->second;
+}
+
 /// [`copy_current_held`] with its own map use.
 any_device_resource copy_current(int device)
 {
@@ -172,13 +181,14 @@ raftrs_status raftrs_mr_set_current(const raftrs_mr* mr, raftrs_mr** previous)
     if (previous != nullptr) { *previous = nullptr; }
     auto const& m = unwrap(mr);
     check_device(m.device);
-    auto fresh = std::make_unique<shim_mr>(shim_mr{m.device, any_device_resource{}});
+    // Made before the swap: a failure to allocate it must not drop the old resource in there.
+    std::unique_ptr<shim_mr> fresh{new shim_mr{m.device, any_device_resource{}}};
     rmm_map_use alive;
     std::lock_guard<std::mutex> lock{mr_lock()};
     any_device_resource old =
       rmm::mr::set_per_device_resource(rmm::cuda_device_id{m.device}, any_device_resource{m.resource});
     if (previous != nullptr) {
-      fresh->resource = std::move(old);
+      fresh->resource = std::move(old);  // its free order is worked out when first used
       *previous       = wrap(fresh.release());
     }
   });
@@ -192,7 +202,7 @@ raftrs_status raftrs_mr_reset_current(int32_t device, raftrs_mr** previous)
     device_scope scope{device};
     rmm_map_use alive;
     std::lock_guard<std::mutex> lock{mr_lock()};
-    auto fresh = std::make_unique<shim_mr>(shim_mr{device, copy_current_held(device)});
+    std::unique_ptr<shim_mr> fresh{new shim_mr{device, copy_current_held(device)}};
     rmm::mr::reset_per_device_resource(rmm::cuda_device_id{device});
     if (previous != nullptr) { *previous = wrap(fresh.release()); }
   });

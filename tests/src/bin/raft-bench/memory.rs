@@ -120,14 +120,24 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
     // C++ lookup, and the context guard the result layer adds around each call.
     let stream = r.stream().unwrap();
     let api = raft_sys::shim().unwrap_or_else(|e| fail(&e.to_string()));
+    // The shim's default path as `DeviceVec::new` takes it: a handle to the current resource
+    // (the crate's cache), revalidated under RMM's lock at each allocation.
+    let mut current_mr = std::ptr::null_mut();
+    // SAFETY: writes one handle, destroyed at the end of this function.
+    assert_eq!(unsafe { api.raftrs_mr_current(0, &mut current_mr) }, 0);
+    let current_mr = current_mr as *const raft_sys::raftrs_mr;
     let mut shim_direct = || {
         let (mut buf, mut data, mut ordered) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
         let s = stream.cu_stream() as *mut std::ffi::c_void;
-        // SAFETY: the stream is alive (held above); out-pointers are locals; the buffer is freed
-        // right after, on the same stream.
+        // SAFETY: the stream is alive (held above); `current_mr` lives until the end of `rows`;
+        // out-pointers are locals; the buffer is freed right after, on the same stream.
         unsafe {
-            assert_eq!(api.raftrs_buffer_create(0, std::ptr::null(), s, mib, &mut buf, &mut data, &mut ordered), 0);
-            assert_eq!(api.raftrs_buffer_destroy(buf, s), 0);
+            let mut fresh = std::ptr::null_mut();
+            assert_eq!(api.raftrs_buffer_create_held(0, current_mr, 1, s, mib, &mut buf, &mut data, &mut ordered, &mut fresh), 0);
+            assert_eq!(api.raftrs_buffer_free(buf, s, std::ptr::null()), 0);
+            if !fresh.is_null() {
+                assert_eq!(api.raftrs_mr_destroy(fresh), 0); // the device's resource changed meanwhile
+            }
         }
     };
     // The shim and the C++ steps in turns.
@@ -173,11 +183,11 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
     });
     t.report(
         "1 MiB allocate + free, where the time goes",
-        "the shim's buffer create + destroy, called directly (in turns with the two C++ step rows)",
+        "the shim's default path (create_held with the cached current resource + free), called directly (in turns with the two C++ step rows)",
         shim_direct,
         vec![
             ("C++ through get_per_device_resource_ref", cpp_lookup),
-            ("C++, the shim's steps but its device switches: copy + equality check under RMM's lock", cpp_copied),
+            ("C++, the steps before issue 30 without device switches: copy + equality check under RMM's lock", cpp_copied),
             ("C++, the same with the copy in a heap object", cpp_copied_heap),
             ("DeviceVec::new + drop", ours),
             ("two cuCtxGetCurrent", guard_pair),
@@ -186,33 +196,101 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
         "reported",
     );
 
-    // Issue 15: the same allocation through RMM's pool and arena, made from Rust, against C++
-    // calling the same kind of resource (each over cudaMalloc, made once, warm).
-    let pool = raft::MemoryResource::cuda(0).unwrap().pool(Some(256 << 20), None).unwrap();
-    let arena = raft::MemoryResource::cuda(0).unwrap().arena(Some(1 << 30)).unwrap();
-    for (label, mr, cpp) in [
-        ("1 MiB allocate + free, pool over cudaMalloc (in turns)", &pool, bl_alloc_free_pool as unsafe extern "C" fn(usize) -> i32),
-        ("1 MiB allocate + free, arena over cudaMalloc (in turns)", &arena, bl_alloc_free_arena as unsafe extern "C" fn(usize) -> i32),
-    ] {
-        let [ours, base] = measure_turns(
-            200,
-            5000,
-            [
-                &mut || drop(DeviceVec::<u8>::new_in(r, mib, mr).unwrap()),
-                // SAFETY: plain C functions of the baseline.
-                &mut || assert_eq!(unsafe { cpp(mib) }, 0),
-            ],
-        );
+    // SAFETY: the handle from raftrs_mr_current above, no longer used.
+    assert_eq!(unsafe { api.raftrs_mr_destroy(current_mr as *mut raft_sys::raftrs_mr) }, 0);
+
+    // Issue 30: every explicit resource at three sizes, against C++ calling the same kind of
+    // resource (each over cudaMalloc, or the async pool, made once, warm), in turns.
+    let cuda = raft::MemoryResource::cuda(0).unwrap();
+    let pool = cuda.pool(Some(256 << 20), None).unwrap();
+    let arena = cuda.arena(Some(1 << 30)).unwrap();
+    let binning = cuda.binning(8, 20).unwrap();
+    let async_pool = raft::MemoryResource::cuda_async(0).unwrap();
+    type Cpp = unsafe extern "C" fn(usize) -> i32;
+    let kinds: [(&str, &raft::MemoryResource, Cpp); 4] = [
+        ("pool over cudaMalloc", &pool, bl_alloc_free_pool),
+        ("arena over cudaMalloc", &arena, bl_alloc_free_bench_arena),
+        ("binning (2^8..2^20) over cudaMalloc", &binning, bl_alloc_free_binning),
+        ("async pool", &async_pool, bl_alloc_free_async),
+    ];
+    for (kind, mr, cpp) in kinds {
+        for (size, bytes) in [("256 B", 256usize), ("64 KiB", 64 << 10), ("1 MiB", 1 << 20)] {
+            let [ours, base] = measure_turns(
+                200,
+                5000,
+                [
+                    &mut || drop(DeviceVec::<u8>::new_in(r, bytes, mr).unwrap()),
+                    // SAFETY: plain C functions of the baseline.
+                    &mut || assert_eq!(unsafe { cpp(bytes) }, 0),
+                ],
+            );
+            t.add(
+                &format!("{size} allocate + free, {kind} (in turns)"),
+                "DeviceVec::new_in + drop",
+                ours,
+                vec![("C++, the same resource kind", base)],
+                "C++, the same resource kind",
+                "<= 1.10x",
+                |a, b| a <= 1.10 * b,
+            );
+        }
+    }
+    threads_on_one_arena(t, &arena);
+    drop((pool, arena, binning, async_pool, cuda));
+    fragmentation(t);
+}
+
+/// Issue 30: 8 and 16 threads (a resources object each, so a stream each) allocating and freeing
+/// 64 KiB from one arena, against C++ threads doing the same on streams of their own from one
+/// arena; in turns, five rounds each. Each sample is the wall time from the threads' common
+/// start to the last one's end, per allocation (its inverse is the aggregate rate).
+fn threads_on_one_arena(t: &mut Table, arena: &raft::MemoryResource) {
+    const ITERS: usize = 2000;
+    const BYTES: usize = 64 << 10;
+    for threads in [8usize, 16] {
+        let all: Vec<DeviceResources> = (0..threads).map(|_| DeviceResources::on_device(0).unwrap()).collect();
+        let ours_once = || {
+            let ready = std::sync::Barrier::new(threads + 1);
+            let start = std::sync::OnceLock::new();
+            std::thread::scope(|s| {
+                for res in &all {
+                    let ready = &ready;
+                    s.spawn(move || {
+                        ready.wait();
+                        for _ in 0..ITERS {
+                            drop(DeviceVec::<u8>::new_in(res, BYTES, arena).unwrap());
+                        }
+                    });
+                }
+                ready.wait();
+                let _ = start.set(std::time::Instant::now());
+            });
+            start.get().unwrap().elapsed().as_nanos() as f64 / (threads * ITERS) as f64
+        };
+        let cpp_once = || {
+            let mut ns = 0i64;
+            // SAFETY: a plain C function of the baseline; writes one integer.
+            assert_eq!(unsafe { bl_arena_threads(threads as i32, ITERS as i32, BYTES, &mut ns) }, 0);
+            ns as f64 / (threads * ITERS) as f64
+        };
+        ours_once();
+        cpp_once();
+        let (mut ours, mut cpp) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            ours.push(ours_once());
+            cpp.push(cpp_once());
+        }
+        let (ours, cpp) = (crate::measure::stat_of(ours), crate::measure::stat_of(cpp));
+        eprintln!("  {threads} threads x 64 KiB, one arena: {:.2} M/s ours, {:.2} M/s C++", 1e3 / ours.median_ns, 1e3 / cpp.median_ns);
         t.add(
-            label,
-            "DeviceVec::new_in + drop",
+            &format!("{threads} threads x 64 KiB allocate + free, one arena (in turns; ns per allocation of the aggregate)"),
+            "DeviceVec::new_in + drop, a resources object per thread",
             ours,
-            vec![("C++, the same resource kind", base)],
-            "C++, the same resource kind",
+            vec![("C++ threads, a stream each, one arena", cpp)],
+            "C++ threads, a stream each, one arena",
             "<= 1.10x",
             |a, b| a <= 1.10 * b,
         );
+        all.iter().for_each(|r| r.release().unwrap());
     }
-    drop((pool, arena));
-    fragmentation(t);
 }
