@@ -36,6 +36,8 @@ pub use current::{current_device_resources, AsResources};
 pub use device::{current_device, device_count, memory_pools_supported};
 pub use error::{Error, ErrorKind, Result};
 pub use gemm::gemm;
+/// The `half` crate whose `f16` / `bf16` are element types here (the same version, for users).
+pub use half;
 pub use handle_kind::HandleKind;
 pub use host::{AsDevice, PageLocked, PinnedVec, RegisteredSlice};
 pub use job::JobHandle;

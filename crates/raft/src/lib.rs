@@ -55,6 +55,8 @@ pub use raft_core::{
 pub use raft_core::{
     AsDevice, CopyScope, DeviceToDevice, HostStores, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost, Transfer,
 };
+// Element types and interop (issue 31).
+pub use raft_core::half;
 
 #[cfg(feature = "comms")]
 pub use raft_comms as comms;
