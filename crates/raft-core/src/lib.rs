@@ -12,6 +12,7 @@ mod array_copy;
 mod copy;
 mod current;
 mod device;
+pub mod dlpack;
 mod gemm;
 mod handle_kind;
 mod handles;
@@ -34,6 +35,7 @@ pub use array::{DeviceVec, HostCopy, Layout, MatrixView, MatrixViewMut};
 pub use copy::{DeviceToDevice, Staging, ToDevice, ToHost, Transfer};
 pub use current::{current_device_resources, AsResources};
 pub use device::{current_device, device_count, memory_pools_supported};
+pub use dlpack::{gemm_dlpack, DlpackElement, DlpackExport, DlpackTensor};
 pub use error::{Error, ErrorKind, Result};
 pub use gemm::gemm;
 /// The `half` crate whose `f16` / `bf16` are element types here (the same version, for users).

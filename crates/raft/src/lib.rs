@@ -56,7 +56,7 @@ pub use raft_core::{
     AsDevice, CopyScope, DeviceToDevice, HostStores, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost, Transfer,
 };
 // Element types and interop (issue 31).
-pub use raft_core::half;
+pub use raft_core::{dlpack, gemm_dlpack, half, DlpackElement, DlpackExport, DlpackTensor};
 
 #[cfg(feature = "comms")]
 pub use raft_comms as comms;

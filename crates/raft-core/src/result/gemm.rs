@@ -18,28 +18,39 @@ pub(crate) struct Operand<'a> {
 }
 
 impl Operand<'_> {
-    /// Refuses an operand whose elements, as cuBLAS will address them, leave its buffer:
-    /// element (r, c) lies at `c * ld + r`, so the last is `(cols - 1) * ld + rows - 1`.
     fn check<T>(&self, who: &'static str, name: &str) -> Result<()> {
-        if self.ld < self.stored_rows.max(1) {
-            return Err(Error::logic(who, format!("{name}: leading dimension {} is below its {} rows", self.ld, self.stored_rows)));
-        }
-        let elements = self.buffer.bytes / std::mem::size_of::<T>();
-        let needed = if self.stored_rows == 0 || self.stored_cols == 0 {
-            Some(0)
-        } else {
-            (self.stored_cols - 1).checked_mul(self.ld).and_then(|n| n.checked_add(self.stored_rows))
-        };
-        match needed {
-            Some(n) if n <= elements => Ok(()),
-            _ => Err(Error::logic(
-                who,
-                format!(
-                    "{name}: a {}×{} matrix with leading dimension {} needs more than the {elements} elements of its array",
-                    self.stored_rows, self.stored_cols, self.ld
-                ),
-            )),
-        }
+        extent_check::<T>(who, name, self.buffer.bytes, self.stored_rows, self.stored_cols, self.ld)
+    }
+
+    fn raw(&self) -> Raw {
+        Raw { data: self.buffer.data, ld: self.ld, transposed: self.transposed }
+    }
+}
+
+/// An operand in another library's memory (an imported DLPack tensor, checked when imported),
+/// described as [`Operand`] describes an array's.
+pub(crate) struct Foreign<'a> {
+    pub(crate) view: &'a super::dlpack::Checked,
+    pub(crate) stored_rows: usize,
+    pub(crate) stored_cols: usize,
+    pub(crate) ld: usize,
+    pub(crate) transposed: bool,
+}
+
+/// Refuses an operand whose elements, as cuBLAS will address them, leave its memory of `bytes`:
+/// element (r, c) lies at `c * ld + r`, so the last is `(cols - 1) * ld + rows - 1`.
+fn extent_check<T>(who: &'static str, name: &str, bytes: usize, rows: usize, cols: usize, ld: usize) -> Result<()> {
+    if ld < rows.max(1) {
+        return Err(Error::logic(who, format!("{name}: leading dimension {ld} is below its {rows} rows")));
+    }
+    let elements = bytes / std::mem::size_of::<T>();
+    let needed = if rows == 0 || cols == 0 { Some(0) } else { (cols - 1).checked_mul(ld).and_then(|n| n.checked_add(rows)) };
+    match needed {
+        Some(n) if n <= elements => Ok(()),
+        _ => Err(Error::logic(
+            who,
+            format!("{name}: a {rows}×{cols} matrix with leading dimension {ld} needs more than the {elements} elements of its array"),
+        )),
     }
 }
 
@@ -78,15 +89,22 @@ mod sealed {
     }
 }
 
+/// One checked operand as the calls take it.
+struct Raw {
+    data: *const c_void,
+    ld: usize,
+    transposed: bool,
+}
+
 #[doc(hidden)]
 pub struct GemmArgs<'a> {
     res: &'a NativeResources,
     m: usize,
     n: usize,
     k: usize,
-    a: &'a Operand<'a>,
-    b: &'a Operand<'a>,
-    c: &'a NativeBuffer,
+    a: Raw,
+    b: Raw,
+    c: *mut c_void,
     ldc: usize,
 }
 
@@ -106,12 +124,12 @@ macro_rules! gemm_scalar {
                         g.n as i64,
                         g.k as i64,
                         alpha,
-                        g.a.buffer.data as *const $t,
+                        g.a.data as *const $t,
                         g.a.ld as i64,
-                        g.b.buffer.data as *const $t,
+                        g.b.data as *const $t,
                         g.b.ld as i64,
                         beta,
-                        g.c.data as *mut $t,
+                        g.c as *mut $t,
                         g.ldc as i64,
                     )
                 };
@@ -172,14 +190,14 @@ fn gemm_ex(who: &'static str, g: &GemmArgs<'_>, dtype: i32, alpha: f32, beta: f3
                 g.n as c_int,
                 g.k as c_int,
                 (&alpha as *const f32).cast(),
-                g.a.buffer.data as *const c_void,
+                g.a.data,
                 dtype,
                 g.a.ld as c_int,
-                g.b.buffer.data as *const c_void,
+                g.b.data,
                 dtype,
                 g.b.ld as c_int,
                 (&beta as *const f32).cast(),
-                g.c.data,
+                g.c,
                 dtype,
                 g.ldc as c_int,
                 cublas_ex::CUBLAS_COMPUTE_32F,
@@ -325,7 +343,7 @@ pub(crate) fn gemm<T: GemmScalar>(
     }
     a.check::<T>(who, "A")?;
     b.check::<T>(who, "B")?;
-    Operand { buffer: c, stored_rows: m, stored_cols: n, ld: ldc, transposed: false }.check::<T>(who, "C")?;
+    extent_check::<T>(who, "C", c.bytes, m, n, ldc)?;
     for s in [&a.buffer.stream, &b.buffer.stream, &c.stream] {
         if s.cu_stream() != res.stream.cu_stream() {
             return Err(Error::logic(who, "A, B and C must be ordered on the resources' stream"));
@@ -333,8 +351,42 @@ pub(crate) fn gemm<T: GemmScalar>(
     }
     let api = api(who)?;
     let _keep = ContextGuard::save(who)?;
-    let args = GemmArgs { res, m, n, k, a, b, c, ldc };
+    let args = GemmArgs { res, m, n, k, a: a.raw(), b: b.raw(), c: c.data, ldc };
     T::run(who, api, &args, alpha, beta)
+}
+
+/// `C = alpha · op(A) · op(B)` (C overwritten) with A and B in another library's memory (see
+/// [`gemm`]: the same checks against each operand's extent). The caller ordered the producer's
+/// work before the resources' stream (the import's contract).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_foreign<T: GemmScalar>(
+    who: &'static str,
+    res: &NativeResources,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: T,
+    a: &Foreign<'_>,
+    b: &Foreign<'_>,
+    c: &mut NativeBuffer,
+    ldc: usize,
+) -> Result<()> {
+    let (ar, ac) = if a.transposed { (a.stored_cols, a.stored_rows) } else { (a.stored_rows, a.stored_cols) };
+    let (br, bc) = if b.transposed { (b.stored_cols, b.stored_rows) } else { (b.stored_rows, b.stored_cols) };
+    if (ar, ac, br, bc) != (m, k, k, n) {
+        return Err(Error::logic(who, format!("shapes do not chain: op(A) {ar}×{ac}, op(B) {br}×{bc}, C {m}×{n}")));
+    }
+    extent_check::<T>(who, "A", a.view.bytes, a.stored_rows, a.stored_cols, a.ld)?;
+    extent_check::<T>(who, "B", b.view.bytes, b.stored_rows, b.stored_cols, b.ld)?;
+    extent_check::<T>(who, "C", c.bytes, m, n, ldc)?;
+    if c.stream.cu_stream() != res.stream.cu_stream() {
+        return Err(Error::logic(who, "C must be ordered on the resources' stream"));
+    }
+    let api = api(who)?;
+    let _keep = ContextGuard::save(who)?;
+    let raw = |f: &Foreign<'_>| Raw { data: f.view.data as *const c_void, ld: f.ld, transposed: f.transposed };
+    let args = GemmArgs { res, m, n, k, a: raw(a), b: raw(b), c: c.data, ldc };
+    T::run(who, api, &args, alpha, T::default())
 }
 
 #[cfg(test)]

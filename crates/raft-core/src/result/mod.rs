@@ -18,6 +18,7 @@ use std::sync::{Arc, OnceLock};
 pub(crate) mod buffer;
 pub(crate) mod copy;
 pub(crate) mod crew;
+pub(crate) mod dlpack;
 pub(crate) mod foreign;
 pub(crate) mod gemm;
 pub(crate) mod mr;
