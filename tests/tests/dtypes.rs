@@ -158,7 +158,7 @@ fn every_element_type_round_trips_through_device_and_pinned_memory() {
     round_trip(&r, (0..n).map(|i| bf16::from_f32(i as f32 * 0.5 - 3.0)).collect::<Vec<_>>());
     round_trip(&r, (0..n).map(|i| i as i8).collect::<Vec<_>>());
     round_trip(&r, (0..n).map(|i| (i * 7) as u8).collect::<Vec<_>>());
-    round_trip(&r, (0..n).map(|i| i as i32 * -3).collect::<Vec<_>>());
+    round_trip(&r, (0..n).map(|i: i32| i * -3).collect::<Vec<_>>());
     round_trip(&r, (0..n).map(|i| (i as i64) << 33).collect::<Vec<_>>());
     // NaN payloads survive: the copies move bits, not values.
     let nan = f16::from_bits(0x7e01);
