@@ -300,15 +300,17 @@ fn an_export_round_trips_without_a_copy_and_its_deleter_frees_from_another_threa
 }
 
 #[test]
-fn a_tensor_outliving_its_resources_still_frees() {
+fn a_tensor_outliving_its_released_resources_still_frees() {
     require_gpu!();
     let before = live_arrays();
-    let raw = {
-        let r = DeviceResources::new().unwrap();
-        let e = DeviceVec::<f32>::zeros(&r, 1 << 20).unwrap().into_dlpack().unwrap();
-        e.synchronize().unwrap();
-        e.into_raw()
-    };
+    let r = DeviceResources::new().unwrap();
+    let e = DeviceVec::<f32>::zeros(&r, 1 << 20).unwrap().into_dlpack().unwrap();
+    e.synchronize().unwrap();
+    let raw = e.into_raw();
+    // The consumer still holds the tensor when the resources go: its array keeps its stream and
+    // memory resource, as any array does.
+    r.release().unwrap();
+    assert!(r.is_released());
     // SAFETY: a tensor this library made, deleted once.
     unsafe { ((*raw).deleter.unwrap())(raw) };
     assert_eq!(live_arrays(), before);
