@@ -57,6 +57,8 @@ pub use raft_core::{
     CopyScope, DeviceToDevice, HostSource, HostStores, HostTarget, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost,
     Transfer,
 };
+// Element types and interop (issue 31).
+pub use raft_core::{dlpack, gemm_dlpack, half, DlpackElement, DlpackExport, DlpackTensor};
 
 #[cfg(feature = "comms")]
 pub use raft_comms as comms;

@@ -18,6 +18,7 @@ use std::sync::{Arc, OnceLock};
 pub(crate) mod buffer;
 pub(crate) mod copy;
 pub(crate) mod crew;
+pub(crate) mod dlpack;
 pub(crate) mod foreign;
 pub(crate) mod gemm;
 pub(crate) mod mr;
@@ -462,6 +463,11 @@ macro_rules! scalars {
     )*};
 }
 scalars!(f32, f64, i8, i16, i32, i64, u8, u16, u32, u64);
+// SAFETY: `half::f16` and `half::bf16` are `#[repr(transparent)]` over a `u16`: every bit
+// pattern is a value (NaNs included), no padding, nothing to drop.
+unsafe impl DeviceScalar for half::f16 {}
+// SAFETY: as above.
+unsafe impl DeviceScalar for half::bf16 {}
 
 // ---- cudarc: contexts and streams ----------------------------------------------------------
 

@@ -1,0 +1,547 @@
+//! DLPack's C types (dlpack.h 1.x, versioned and unversioned managed tensors) and the FFI of
+//! handing tensors over: the deleters this library gives out, the reading of another library's
+//! tensor, the one call of its deleter, and the stream orders of both directions.
+//!
+//! The header's types are written out here rather than taken from a crate: `dlpark` (0.10)
+//! needs Rust 1.88 (the workspace's floor is 1.80) and its own cudarc and pyo3 versions, and
+//! the header is a few stable `repr(C)` structs (the ABI DLPack promises to keep within a major
+//! version).
+use super::{bind, ContextGuard};
+use crate::error::{Error, Result};
+use cudarc::driver::{result as cu, sys as cusys, CudaContext, CudaStream};
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// `DLPACK_MAJOR_VERSION` / `DLPACK_MINOR_VERSION` this library speaks.
+pub const DLPACK_MAJOR_VERSION: u32 = 1;
+pub const DLPACK_MINOR_VERSION: u32 = 1;
+/// `DLPACK_FLAG_BITMASK_READ_ONLY`: the consumer must not write.
+pub const DLPACK_FLAG_BITMASK_READ_ONLY: u64 = 1 << 0;
+/// `DLPACK_FLAG_BITMASK_IS_COPIED`: the producer copied the data for this tensor.
+pub const DLPACK_FLAG_BITMASK_IS_COPIED: u64 = 1 << 1;
+
+/// `DLDeviceType` values this library names (a C enum: kept as its `int`, never a Rust enum,
+/// so an unknown value from another library is a number, not undefined behaviour).
+pub const KDL_CPU: i32 = 1;
+pub const KDL_CUDA: i32 = 2;
+pub const KDL_CUDA_HOST: i32 = 3;
+pub const KDL_CUDA_MANAGED: i32 = 13;
+
+/// `DLDataTypeCode` values.
+pub const KDL_INT: u8 = 0;
+pub const KDL_UINT: u8 = 1;
+pub const KDL_FLOAT: u8 = 2;
+pub const KDL_BFLOAT: u8 = 4;
+
+/// `DLPackVersion`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DLPackVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// `DLDevice`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DLDevice {
+    pub device_type: i32,
+    pub device_id: i32,
+}
+
+/// `DLDataType`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DLDataType {
+    pub code: u8,
+    pub bits: u8,
+    pub lanes: u16,
+}
+
+/// `DLTensor`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLTensor {
+    pub data: *mut c_void,
+    pub device: DLDevice,
+    pub ndim: i32,
+    pub dtype: DLDataType,
+    pub shape: *mut i64,
+    pub strides: *mut i64,
+    pub byte_offset: u64,
+}
+
+/// `DLManagedTensor` (DLPack before 1.0, still what many consumers take).
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLManagedTensor {
+    pub dl_tensor: DLTensor,
+    pub manager_ctx: *mut c_void,
+    pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+}
+
+/// `DLManagedTensorVersioned` (DLPack 1.x).
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLManagedTensorVersioned {
+    pub version: DLPackVersion,
+    pub manager_ctx: *mut c_void,
+    pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,
+    pub flags: u64,
+    pub dl_tensor: DLTensor,
+}
+
+// The layouts of dlpack.h on a 64-bit target.
+static_assertions::const_assert_eq!(std::mem::size_of::<DLTensor>(), 48);
+static_assertions::const_assert_eq!(std::mem::size_of::<DLManagedTensor>(), 64);
+static_assertions::const_assert_eq!(std::mem::size_of::<DLManagedTensorVersioned>(), 80);
+
+// ---- export ----------------------------------------------------------------------------------
+
+/// What an exported tensor keeps alive: the array (type-erased: this layer cannot name it; its
+/// `Drop` routes the free) and the arrays the tensor's `shape` / `strides` point into.
+struct Owned {
+    /// The array's stream (its free is ordered there) and its context. Declared first: dropped
+    /// before the array, so the array's own drop holds the stream's last handle, and binds and
+    /// restores contexts as it does for any array.
+    stream: Arc<CudaStream>,
+    owner: Option<Box<dyn Send>>,
+    shape: [i64; 2],
+    strides: [i64; 2],
+    /// The consumer's stream, when one was ordered after the array: the free is ordered after
+    /// what the consumer queued there before it let go.
+    consumer: Option<usize>,
+}
+
+impl Owned {
+    /// Lets the array go, its stream first made to wait for the consumer's work so far (no
+    /// host wait). Never panics (it runs inside an `extern "C"` deleter, on any thread).
+    fn release(self) {
+        let Owned { stream, owner, consumer, .. } = self;
+        if let (Some(consumer), true) = (consumer, raft_exit::native_release_allowed()) {
+            if let Err(e) = order(DELETER, stream.context(), consumer, stream.cu_stream() as usize) {
+                // Freed regardless: leaking device memory for every failed wait is worse than the
+                // race a consumer would have to have set up (its stream gone or broken).
+                log::warn!(target: "raft", "{e}");
+            }
+        }
+        drop(stream);
+        drop(owner);
+    }
+}
+
+const DELETER: &str = "DLPack deleter";
+
+/// A versioned managed tensor and what it keeps alive, in one allocation (`manager_ctx` is
+/// the allocation itself).
+#[repr(C)]
+struct VersionedBox {
+    managed: DLManagedTensorVersioned,
+    owned: Owned,
+}
+
+/// The same for an unversioned tensor.
+#[repr(C)]
+struct UnversionedBox {
+    managed: DLManagedTensor,
+    owned: Owned,
+}
+
+unsafe extern "C" fn delete_versioned(p: *mut DLManagedTensorVersioned) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: `p` is the `managed` field at offset 0 of a `VersionedBox` leaked by
+    // `Exported::into_raw` (the only way this deleter is handed out), and DLPack's contract is
+    // that the deleter runs once: the box is reclaimed exactly once.
+    let b = unsafe { Box::from_raw(p as *mut VersionedBox) };
+    // A panic must not unwind into C (it would abort): logged and swallowed.
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || b.owned.release())).is_err() {
+        log::warn!(target: "raft", "{}: releasing the array panicked", DELETER);
+    }
+}
+
+unsafe extern "C" fn delete_unversioned(p: *mut DLManagedTensor) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: as in `delete_versioned`, for an `UnversionedBox` from `into_raw_unversioned`.
+    let b = unsafe { Box::from_raw(p as *mut UnversionedBox) };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || b.owned.release())).is_err() {
+        log::warn!(target: "raft", "{}: releasing the array panicked", DELETER);
+    }
+}
+
+/// An array on its way out as a DLPack tensor: owns the array until handed over as a raw
+/// managed tensor (whose deleter then owns it), or drops it.
+pub(crate) struct Exported {
+    owned: Owned,
+    data: u64,
+    device: i32,
+    dtype: DLDataType,
+    ndim: i32,
+    /// Null strides (C-contiguous) unless set.
+    explicit_strides: bool,
+}
+
+impl Exported {
+    /// `owner` holds `data` (device memory of `device`, ordered on `stream`) for as long as it
+    /// lives; `shape` / `strides` (the first `ndim` used) describe no more than it holds (the
+    /// caller checked).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        owner: Box<dyn Send>,
+        stream: Arc<CudaStream>,
+        data: u64,
+        device: usize,
+        dtype: DLDataType,
+        ndim: i32,
+        shape: [i64; 2],
+        strides: Option<[i64; 2]>,
+    ) -> Self {
+        let owned = Owned { stream, owner: Some(owner), shape, strides: strides.unwrap_or([0; 2]), consumer: None };
+        Exported { owned, data, device: device as i32, dtype, ndim, explicit_strides: strides.is_some() }
+    }
+
+    pub(crate) fn data(&self) -> u64 {
+        self.data
+    }
+
+    pub(crate) fn shape(&self) -> &[i64] {
+        &self.owned.shape[..self.ndim as usize]
+    }
+
+    pub(crate) fn strides(&self) -> Option<&[i64]> {
+        self.explicit_strides.then(|| &self.owned.strides[..self.ndim as usize])
+    }
+
+    /// Orders the consumer's `stream` after the array's work so far, and the array's eventual
+    /// free after the consumer's work up to its deleter (see [`order`]).
+    ///
+    /// # Safety
+    /// `stream` is a `CUstream` of the array's device (or 1 / 2, the legacy / per-thread default
+    /// streams) that stays alive until the tensor's deleter has run.
+    pub(crate) unsafe fn order_before(&mut self, who: &'static str, stream: usize) -> Result<()> {
+        order(who, self.owned.stream.context(), self.owned.stream.cu_stream() as usize, stream)?;
+        self.owned.consumer = Some(stream);
+        Ok(())
+    }
+
+    /// Waits for the array's stream: the data is then ready for any stream.
+    pub(crate) fn synchronize(&self, who: &'static str) -> Result<()> {
+        super::stream_sync(who, &self.owned.stream)
+    }
+
+    fn tensor(&mut self) -> DLTensor {
+        DLTensor {
+            data: self.data as *mut c_void,
+            device: DLDevice { device_type: KDL_CUDA, device_id: self.device },
+            ndim: self.ndim,
+            dtype: self.dtype,
+            shape: std::ptr::null_mut(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        }
+    }
+
+    /// Hands the tensor over as `DLManagedTensorVersioned`: whoever holds the pointer calls its
+    /// deleter once, from any thread, which lets the array go through its own `Drop`.
+    pub(crate) fn into_raw(mut self, read_only: bool) -> NonNull<DLManagedTensorVersioned> {
+        let dl_tensor = self.tensor();
+        let flags = if read_only { DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
+        let version = DLPackVersion { major: DLPACK_MAJOR_VERSION, minor: DLPACK_MINOR_VERSION };
+        let managed =
+            DLManagedTensorVersioned { version, manager_ctx: std::ptr::null_mut(), deleter: Some(delete_versioned), flags, dl_tensor };
+        let strided = self.explicit_strides;
+        let b = Box::into_raw(Box::new(VersionedBox { managed, owned: self.owned }));
+        // SAFETY: `b` is a fresh, unique allocation; the pointers set here point into it (heap,
+        // never moved) and live until its deleter reclaims it.
+        unsafe {
+            (*b).managed.manager_ctx = b as *mut c_void;
+            (*b).managed.dl_tensor.shape = (*b).owned.shape.as_mut_ptr();
+            if strided {
+                (*b).managed.dl_tensor.strides = (*b).owned.strides.as_mut_ptr();
+            }
+            NonNull::new_unchecked(b as *mut DLManagedTensorVersioned)
+        }
+    }
+
+    /// The same as an unversioned `DLManagedTensor` (no flags: DLPack 0.x has none).
+    pub(crate) fn into_raw_unversioned(mut self) -> NonNull<DLManagedTensor> {
+        let dl_tensor = self.tensor();
+        let managed = DLManagedTensor { dl_tensor, manager_ctx: std::ptr::null_mut(), deleter: Some(delete_unversioned) };
+        let strided = self.explicit_strides;
+        let b = Box::into_raw(Box::new(UnversionedBox { managed, owned: self.owned }));
+        // SAFETY: as in `into_raw`.
+        unsafe {
+            (*b).managed.manager_ctx = b as *mut c_void;
+            (*b).managed.dl_tensor.shape = (*b).owned.shape.as_mut_ptr();
+            if strided {
+                (*b).managed.dl_tensor.strides = (*b).owned.strides.as_mut_ptr();
+            }
+            NonNull::new_unchecked(b as *mut DLManagedTensor)
+        }
+    }
+
+    /// Lets the array go without handing it over (its own `Drop`, ordered after a consumer
+    /// stream if one was given).
+    pub(crate) fn release(self) {
+        self.owned.release();
+    }
+}
+
+/// Makes `waiter` wait (on the device) for the work queued so far on `first`: an event recorded
+/// on `first`, waited for by `waiter`, destroyed at once (CUDA keeps it until the wait is done).
+/// Both are raw `CUstream`s of `ctx`'s device (1 and 2 name the default streams).
+fn order(who: &'static str, ctx: &Arc<CudaContext>, first: usize, waiter: usize) -> Result<()> {
+    if first == waiter {
+        return Ok(());
+    }
+    let _keep = ContextGuard::save(who)?;
+    bind(who, ctx)?;
+    let event = cu::event::create(cusys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| Error::driver(who, e))?;
+    // SAFETY: `event` was just made in the bound context; both streams are live streams of that
+    // device (the callers' contracts); the event is destroyed once, after the wait is queued.
+    unsafe {
+        let recorded = cu::event::record(event, first as cusys::CUstream);
+        let waited = recorded
+            .and_then(|()| cu::stream::wait_event(waiter as cusys::CUstream, event, cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT));
+        let _ = cu::event::destroy(event);
+        waited.map_err(|e| Error::driver(who, e))
+    }
+}
+
+// ---- import ----------------------------------------------------------------------------------
+
+/// What a foreign managed tensor says about itself, copied out of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Described {
+    pub(crate) version: Option<DLPackVersion>,
+    pub(crate) flags: u64,
+    pub(crate) data: u64,
+    pub(crate) device: DLDevice,
+    pub(crate) dtype: DLDataType,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) strides: Option<Vec<i64>>,
+    pub(crate) byte_offset: u64,
+}
+
+/// The most dimensions read from a foreign tensor (a larger `ndim` is refused before its shape
+/// is read: it would be a corrupt header, not a tensor).
+pub(crate) const MAX_NDIM: i32 = 64;
+
+enum Raw {
+    Versioned(NonNull<DLManagedTensorVersioned>),
+    Unversioned(NonNull<DLManagedTensor>),
+}
+
+/// Another library's managed tensor, owned: its deleter runs exactly once, when this drops.
+pub(crate) struct Foreign {
+    raw: Raw,
+}
+
+// SAFETY: DLPack lets a consumer hold a managed tensor on any thread and call its deleter from
+// there (the producer's deleter must be callable from the consumer's threads: torch's and
+// CuPy's are). The tensor's fields are only read through `&self`.
+unsafe impl Send for Foreign {}
+// SAFETY: shared use reads plain fields only.
+unsafe impl Sync for Foreign {}
+
+impl Foreign {
+    /// Takes ownership of a versioned tensor.
+    ///
+    /// # Safety
+    /// `p` is a valid `DLManagedTensorVersioned` whose ownership passes to the result (its
+    /// deleter is called once, by it, and by nobody else).
+    pub(crate) unsafe fn versioned(p: NonNull<DLManagedTensorVersioned>) -> Self {
+        Foreign { raw: Raw::Versioned(p) }
+    }
+
+    /// Takes ownership of an unversioned tensor.
+    ///
+    /// # Safety
+    /// As [`versioned`](Self::versioned), for a `DLManagedTensor`.
+    pub(crate) unsafe fn unversioned(p: NonNull<DLManagedTensor>) -> Self {
+        Foreign { raw: Raw::Unversioned(p) }
+    }
+
+    /// The tensor's description, or a `Logic` error for a header it cannot read (a major
+    /// version it does not know: then no field past the version and deleter is read, as the
+    /// standard says; an `ndim` out of range, a null shape).
+    pub(crate) fn describe(&self, who: &'static str) -> Result<Described> {
+        // SAFETY: the tensor is valid until its deleter runs (the constructors' contract), which
+        // only `Drop` calls; `ndim` is checked before `shape` / `strides` are read as arrays of
+        // that length.
+        unsafe {
+            let (version, flags, t) = match self.raw {
+                Raw::Versioned(p) => {
+                    let m = p.as_ptr();
+                    let version = (*m).version;
+                    if version.major != DLPACK_MAJOR_VERSION {
+                        return Err(Error::logic(
+                            who,
+                            format!("DLPack {}.{}: this library reads major version {DLPACK_MAJOR_VERSION}", version.major, version.minor),
+                        ));
+                    }
+                    (Some(version), (*m).flags, &(*m).dl_tensor)
+                }
+                Raw::Unversioned(p) => (None, 0, &(*p.as_ptr()).dl_tensor),
+            };
+            if !(0..=MAX_NDIM).contains(&t.ndim) {
+                return Err(Error::logic(who, format!("ndim {} is out of range", t.ndim)));
+            }
+            let n = t.ndim as usize;
+            if n > 0 && t.shape.is_null() {
+                return Err(Error::logic(who, "a tensor of rank above 0 with no shape"));
+            }
+            let read = |p: *const i64| if n == 0 { Vec::new() } else { std::slice::from_raw_parts(p, n).to_vec() };
+            Ok(Described {
+                version,
+                flags,
+                data: t.data as u64,
+                device: t.device,
+                dtype: t.dtype,
+                shape: read(t.shape),
+                strides: (!t.strides.is_null()).then(|| read(t.strides)),
+                byte_offset: t.byte_offset,
+            })
+        }
+    }
+}
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        // SAFETY: the tensor is owned (constructors' contract) and this is the one call of its
+        // deleter; DLPack allows a null deleter (nothing to free).
+        unsafe {
+            match self.raw {
+                Raw::Versioned(p) => {
+                    if let Some(d) = (*p.as_ptr()).deleter {
+                        d(p.as_ptr())
+                    }
+                }
+                Raw::Unversioned(p) => {
+                    if let Some(d) = (*p.as_ptr()).deleter {
+                        d(p.as_ptr())
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The order of a contiguous tensor's elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// C order (DLPack's null strides): the last index varies fastest.
+    C,
+    /// Fortran order: the first index varies fastest.
+    F,
+}
+
+/// A foreign tensor this library can view: all of it is device memory of one device, of the
+/// element type asked for, contiguous, aligned, and its extent does not wrap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Checked {
+    /// The first element (`data + byte_offset`).
+    pub(crate) data: u64,
+    pub(crate) len: usize,
+    pub(crate) bytes: usize,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) order: Order,
+    pub(crate) read_only: bool,
+}
+
+fn device_name(t: i32) -> String {
+    match t {
+        KDL_CPU => "kDLCPU (host memory)".into(),
+        KDL_CUDA_HOST => "kDLCUDAHost (page-locked host memory)".into(),
+        t => format!("device type {t}"),
+    }
+}
+
+/// Checks `d` against what a view needs: a `Logic` error naming the first field it cannot view
+/// (never a view of other memory than the tensor's).
+pub(crate) fn check(who: &'static str, d: &Described, device: usize, dtype: DLDataType, size: usize) -> Result<Checked> {
+    if d.device.device_type != KDL_CUDA && d.device.device_type != KDL_CUDA_MANAGED {
+        return Err(Error::logic(
+            who,
+            format!("{} is not CUDA device memory (kDLCUDA or kDLCUDAManaged)", device_name(d.device.device_type)),
+        ));
+    }
+    if d.device.device_id < 0 || d.device.device_id as usize != device {
+        return Err(Error::logic(who, format!("the tensor is on device {}, expected device {device}", d.device.device_id)));
+    }
+    if d.dtype != dtype {
+        let DLDataType { code, bits, lanes } = d.dtype;
+        return Err(Error::logic(
+            who,
+            format!(
+                "dtype (code {code}, {bits} bits, {lanes} lanes) is not the element type asked for (code {}, {} bits, 1 lane)",
+                dtype.code, dtype.bits
+            ),
+        ));
+    }
+    let mut shape = Vec::with_capacity(d.shape.len());
+    let mut len = 1usize;
+    for &e in &d.shape {
+        let e = usize::try_from(e).map_err(|_| Error::logic(who, format!("shape {:?} has a negative extent", d.shape)))?;
+        len = len.checked_mul(e).ok_or_else(|| Error::logic(who, format!("shape {:?}: the element count overflows", d.shape)))?;
+        shape.push(e);
+    }
+    let bytes = len
+        .checked_mul(size)
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| Error::logic(who, format!("shape {:?}: the byte count overflows", d.shape)))?;
+    let order = match &d.strides {
+        None => Order::C,
+        Some(_) if len == 0 => Order::C,
+        Some(strides) => {
+            if contiguous(&shape, strides, shape.len(), |i| i.checked_sub(1)) {
+                Order::C
+            } else if contiguous(&shape, strides, 0, |i| if i + 1 < shape.len() { Some(i + 1) } else { None }) {
+                Order::F
+            } else {
+                return Err(Error::logic(
+                    who,
+                    format!("strides {strides:?} of shape {:?} are not contiguous (C or Fortran order): copy the tensor first", d.shape),
+                ));
+            }
+        }
+    };
+    if len > 0 && d.data == 0 {
+        return Err(Error::logic(who, "a tensor of elements with a null data pointer"));
+    }
+    let data = d.data.checked_add(d.byte_offset).filter(|a| a.checked_add(bytes as u64).is_some());
+    let data = data.ok_or_else(|| Error::logic(who, format!("data {:#x} + byte offset {} wraps around", d.data, d.byte_offset)))?;
+    if len > 0 && data % size as u64 != 0 {
+        return Err(Error::logic(
+            who,
+            format!("data {:#x} + byte offset {} is not aligned to the element's {size} bytes", d.data, d.byte_offset),
+        ));
+    }
+    Ok(Checked { data, len, bytes, shape, order, read_only: d.flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0 })
+}
+
+/// Whether `strides` lay `shape` out densely, walking the dimensions from the fastest (`start`
+/// then `next`, from `shape.len()` meaning "before the last"): each stride is the product of
+/// the faster extents; a dimension of extent 1 may have any stride (it is never stepped).
+fn contiguous(shape: &[usize], strides: &[i64], start: usize, next: impl Fn(usize) -> Option<usize>) -> bool {
+    if strides.len() != shape.len() {
+        return false;
+    }
+    if shape.is_empty() {
+        return true;
+    }
+    let mut want: u64 = 1;
+    let mut i = if start == shape.len() { shape.len().checked_sub(1) } else { Some(start) };
+    while let Some(d) = i {
+        if shape[d] != 1 && strides[d] != want as i64 {
+            return false;
+        }
+        want = want.saturating_mul(shape[d] as u64);
+        i = next(d);
+    }
+    true
+}

@@ -1,0 +1,338 @@
+//! `raft_py`: a Python extension over raft-rs's resources. Tensors come in and go out through
+//! DLPack (`__dlpack__` / `__dlpack_device__`, so `torch.from_dlpack`, `cupy.from_dlpack`,
+//! `jax.dlpack.from_dlpack` take what it returns), with no copy either way.
+//!
+//! - `gemm(a, b)`: `a @ b` of two CUDA matrices (f32, f64, f16, bf16; C or Fortran order) on the
+//!   calling thread's default resources of their device, returned as a new row-major `Tensor`.
+//! - `zeros(n, dtype)`, `address_of(t)`: an array made here, and where a tensor's data is as
+//!   seen here (the no-copy checks of the tests).
+//! - `rmm_map_address()`, `live_arrays()`: the process's RMM per-device map as the shim binds it,
+//!   and the arrays alive (the one-RMM and leak checks).
+//!
+//! The stream handshake: importing, this extension passes its resources' stream to the
+//! producer's `__dlpack__(stream=...)`, so the producer orders its work before it; exporting,
+//! `Tensor.__dlpack__(stream=s)` makes the consumer's stream `s` wait for the array's work, and
+//! the array's free wait for `s`'s work up to the consumer's deleter.
+use pyo3::exceptions::{PyBufferError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use raft::dlpack::{DLManagedTensor, DLManagedTensorVersioned, DlDataType, KDL_CUDA, KDL_CUDA_MANAGED};
+use raft::half::{bf16, f16};
+use raft::{DeviceResources, DeviceVec, DlpackElement, DlpackExport, DlpackTensor, ErrorKind, Layout};
+use std::ffi::{c_void, CStr};
+use std::sync::Mutex;
+
+fn py_err(e: raft::Error) -> PyErr {
+    match e.kind() {
+        ErrorKind::Logic => PyValueError::new_err(e.to_string()),
+        ErrorKind::OutOfMemory => PyMemoryError::new_err(e.to_string()),
+        _ => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+const VERSIONED: &CStr = c"dltensor_versioned";
+const UNVERSIONED: &CStr = c"dltensor";
+const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
+const USED_UNVERSIONED: &CStr = c"used_dltensor";
+
+/// A capsule nobody consumed still owns its tensor (DLPack's Python rule: a consumer renames it
+/// `used_…`): its destructor deletes it.
+unsafe extern "C" fn drop_versioned_capsule(capsule: *mut ffi::PyObject) {
+    // SAFETY: called by Python with the capsule being destroyed; the name check tells whether
+    // the tensor is still ours (a consumer renames the capsule when it takes the tensor).
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) == 1 {
+            let p = ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr()) as *mut DLManagedTensorVersioned;
+            if let Some(d) = p.as_ref().and_then(|t| t.deleter) {
+                d(p);
+            }
+        }
+    }
+}
+
+unsafe extern "C" fn drop_unversioned_capsule(capsule: *mut ffi::PyObject) {
+    // SAFETY: as in `drop_versioned_capsule`.
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, UNVERSIONED.as_ptr()) == 1 {
+            let p = ffi::PyCapsule_GetPointer(capsule, UNVERSIONED.as_ptr()) as *mut DLManagedTensor;
+            if let Some(d) = p.as_ref().and_then(|t| t.deleter) {
+                d(p);
+            }
+        }
+    }
+}
+
+/// A device array made here, until a consumer takes it through `__dlpack__` (once).
+#[pyclass(module = "raft_py")]
+struct Tensor {
+    export: Mutex<Option<DlpackExport>>,
+    device: usize,
+    data_ptr: u64,
+    shape: Vec<i64>,
+}
+
+impl Tensor {
+    fn new(export: DlpackExport, device: usize) -> Self {
+        let (data_ptr, shape) = (export.data_ptr(), export.shape().to_vec());
+        Tensor { export: Mutex::new(Some(export)), device, data_ptr, shape }
+    }
+}
+
+#[pymethods]
+impl Tensor {
+    /// DLPack's producer side (array API standard, DLPack 1.x).
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__(
+        &self,
+        py: Python<'_>,
+        stream: Option<isize>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err(
+                "raft_py.Tensor.__dlpack__: copy=True is not supported (the tensor is handed over in place)",
+            ));
+        }
+        if let Some(d) = dl_device {
+            if d != (KDL_CUDA, self.device as i32) {
+                return Err(PyBufferError::new_err(format!(
+                    "raft_py.Tensor.__dlpack__: the tensor is on (2, {}), asked for {d:?}",
+                    self.device
+                )));
+            }
+        }
+        let mut export = self
+            .export
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| PyBufferError::new_err("raft_py.Tensor.__dlpack__: the tensor was already handed over"))?;
+        match stream {
+            // The consumer will synchronise itself (or uses the data on the host side of a wait).
+            Some(-1) => {}
+            Some(0) => return Err(PyValueError::new_err("raft_py.Tensor.__dlpack__: stream 0 is ambiguous for CUDA (use 1 or 2)")),
+            // SAFETY: the consumer's stream of the tensor's device (the protocol's contract);
+            // PyTorch's and CuPy's streams outlive the tensors made on them.
+            Some(s) => unsafe { export.order_before_stream(s as usize) }.map_err(py_err)?,
+            None => export.synchronize().map_err(py_err)?,
+        }
+        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
+        // SAFETY: the capsule takes the tensor's pointer; its destructor deletes it unless a
+        // consumer renamed it (took it); the names are 'static.
+        let capsule = unsafe {
+            if versioned {
+                ffi::PyCapsule_New(export.into_raw() as *mut c_void, VERSIONED.as_ptr(), Some(drop_versioned_capsule))
+            } else {
+                ffi::PyCapsule_New(export.into_raw_unversioned() as *mut c_void, UNVERSIONED.as_ptr(), Some(drop_unversioned_capsule))
+            }
+        };
+        // SAFETY: a new reference, or null with the Python error set.
+        unsafe { Bound::from_owned_ptr_or_err(py, capsule) }.map(Bound::unbind)
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (KDL_CUDA, self.device as i32)
+    }
+
+    /// The device address of the data (compare with `torch_tensor.data_ptr()`).
+    #[getter]
+    fn data_ptr(&self) -> u64 {
+        self.data_ptr
+    }
+
+    #[getter]
+    fn shape(&self) -> Vec<i64> {
+        self.shape.clone()
+    }
+}
+
+/// An imported tensor of one of the GEMM element types.
+enum Imported {
+    F32(DlpackTensor<f32>),
+    F64(DlpackTensor<f64>),
+    F16(DlpackTensor<f16>),
+    Bf16(DlpackTensor<bf16>),
+    Other(DlpackTensor<u8>, DlDataType),
+}
+
+/// The dtype a raw tensor declares, read before taking it as a typed view.
+///
+/// # Safety
+/// `p` is a valid versioned (`versioned`) or unversioned managed tensor.
+unsafe fn raw_dtype(p: *mut c_void, versioned: bool) -> Option<DlDataType> {
+    // SAFETY: the caller's contract; only the version and dtype are read, and the dtype only
+    // under the major version this library reads.
+    unsafe {
+        if versioned {
+            let t = &*(p as *const DLManagedTensorVersioned);
+            (t.version.major == 1).then_some(t.dl_tensor.dtype)
+        } else {
+            Some((*(p as *const DLManagedTensor)).dl_tensor.dtype)
+        }
+    }
+}
+
+fn typed<T: DlpackElement>(p: *mut c_void, versioned: bool, device: usize) -> raft::Result<DlpackTensor<T>> {
+    // SAFETY: `p` came out of a capsule this function's caller took (renamed): ownership is ours.
+    unsafe {
+        if versioned {
+            DlpackTensor::from_raw(p as *mut DLManagedTensorVersioned, device)
+        } else {
+            DlpackTensor::from_raw_unversioned(p as *mut DLManagedTensor, device)
+        }
+    }
+}
+
+/// Takes `obj`'s tensor through `__dlpack__`, ordered before `res`'s stream.
+fn import(obj: &Bound<'_, PyAny>, res: &DeviceResources) -> PyResult<Imported> {
+    let (kind, id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
+    if kind != KDL_CUDA && kind != KDL_CUDA_MANAGED {
+        return Err(PyTypeError::new_err(format!("raft_py: a tensor on device type {kind}, not CUDA memory")));
+    }
+    if id as usize != res.device() {
+        return Err(PyValueError::new_err(format!("raft_py: a tensor on device {id}, resources on device {}", res.device())));
+    }
+    let stream = res.stream().map_err(py_err)?.cu_stream() as usize as isize;
+    let py = obj.py();
+    let kwargs = pyo3::types::PyDict::new(py);
+    kwargs.set_item("stream", stream)?;
+    kwargs.set_item("max_version", (1u32, 1u32))?;
+    let capsule = match obj.call_method("__dlpack__", (), Some(&kwargs)) {
+        Ok(c) => c,
+        // A producer older than DLPack 1.0 knows no max_version.
+        Err(e) if e.is_instance_of::<PyTypeError>(py) => {
+            kwargs.del_item("max_version")?;
+            obj.call_method("__dlpack__", (), Some(&kwargs))?
+        }
+        Err(e) => return Err(e),
+    };
+    let cap = capsule.as_ptr();
+    // SAFETY: `cap` is alive (held by `capsule`); the name checks tell which tensor it holds; the
+    // rename makes its destructor leave the tensor to us (DLPack's Python protocol).
+    let (p, versioned) = unsafe {
+        let versioned = ffi::PyCapsule_IsValid(cap, VERSIONED.as_ptr()) == 1;
+        if !versioned && ffi::PyCapsule_IsValid(cap, UNVERSIONED.as_ptr()) != 1 {
+            return Err(PyTypeError::new_err("raft_py: __dlpack__ returned no unused DLPack capsule"));
+        }
+        let name = if versioned { VERSIONED } else { UNVERSIONED };
+        let p = ffi::PyCapsule_GetPointer(cap, name.as_ptr());
+        if p.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        if ffi::PyCapsule_SetName(cap, if versioned { USED_VERSIONED } else { USED_UNVERSIONED }.as_ptr()) != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        (p, versioned)
+    };
+    let device = res.device();
+    // SAFETY: `p` is a valid tensor of the kind the capsule's name says.
+    let dtype = unsafe { raw_dtype(p, versioned) };
+    let t = match dtype {
+        Some(d) if d == f32::DTYPE => Imported::F32(typed(p, versioned, device).map_err(py_err)?),
+        Some(d) if d == f64::DTYPE => Imported::F64(typed(p, versioned, device).map_err(py_err)?),
+        Some(d) if d == f16::DTYPE => Imported::F16(typed(p, versioned, device).map_err(py_err)?),
+        Some(d) if d == bf16::DTYPE => Imported::Bf16(typed(p, versioned, device).map_err(py_err)?),
+        // Taken (and its deleter run) by a view that refuses it with the reason.
+        _ => {
+            let d = dtype.unwrap_or(u8::DTYPE);
+            Imported::Other(typed(p, versioned, device).map_err(py_err)?, d)
+        }
+    };
+    Ok(t)
+}
+
+fn resources_for(obj: &Bound<'_, PyAny>) -> PyResult<DeviceResources> {
+    let (_, id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
+    raft::current_device_resources(id.max(0) as usize).map_err(py_err)
+}
+
+/// `a @ b` (2-D, or 1-D as a row) on the calling thread's default resources of their device.
+#[pyfunction]
+fn gemm(py: Python<'_>, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+    let res = resources_for(a)?;
+    let (ia, ib) = (import(a, &res)?, import(b, &res)?);
+    let device = res.device();
+    let out = py.detach(move || {
+        fn run<T: raft::GemmScalar + DlpackElement>(
+            res: &DeviceResources,
+            one: T,
+            a: &DlpackTensor<T>,
+            b: &DlpackTensor<T>,
+        ) -> raft::Result<DlpackExport> {
+            let (m, n) = (a.matrix_shape().map_or(0, |s| s.0), b.matrix_shape().map_or(0, |s| s.1));
+            raft::gemm_dlpack(res, one, a, b)?.into_dlpack_matrix(m, n, Layout::RowMajor)
+        }
+        match (&ia, &ib) {
+            (Imported::F32(a), Imported::F32(b)) => Ok(run(&res, 1.0f32, a, b)),
+            (Imported::F64(a), Imported::F64(b)) => Ok(run(&res, 1.0f64, a, b)),
+            (Imported::F16(a), Imported::F16(b)) => Ok(run(&res, f16::ONE, a, b)),
+            (Imported::Bf16(a), Imported::Bf16(b)) => Ok(run(&res, bf16::ONE, a, b)),
+            (Imported::Other(_, d), _) | (_, Imported::Other(_, d)) => Err(format!("raft_py.gemm: dtype {d:?} has no GEMM here")),
+            _ => Err("raft_py.gemm: a and b have different dtypes".to_string()),
+        }
+    });
+    let export = out.map_err(PyTypeError::new_err)?.map_err(py_err)?;
+    Ok(Tensor::new(export, device))
+}
+
+/// `n` zeros of `dtype` ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
+/// made here, as a 1-D tensor.
+#[pyfunction]
+#[pyo3(signature = (n, dtype="float32", device=0))]
+fn zeros(n: usize, dtype: &str, device: usize) -> PyResult<Tensor> {
+    let res = raft::current_device_resources(device).map_err(py_err)?;
+    fn z<T: DlpackElement>(res: &DeviceResources, n: usize) -> raft::Result<DlpackExport> {
+        DeviceVec::<T>::zeros(res, n)?.into_dlpack()
+    }
+    let e = match dtype {
+        "float32" => z::<f32>(&res, n),
+        "float64" => z::<f64>(&res, n),
+        "float16" => z::<f16>(&res, n),
+        "bfloat16" => z::<bf16>(&res, n),
+        "int8" => z::<i8>(&res, n),
+        "uint8" => z::<u8>(&res, n),
+        "int32" => z::<i32>(&res, n),
+        "int64" => z::<i64>(&res, n),
+        other => return Err(PyValueError::new_err(format!("raft_py.zeros: unknown dtype {other:?}"))),
+    };
+    Ok(Tensor::new(e.map_err(py_err)?, device))
+}
+
+/// Where `obj`'s data is as this extension imports it (taken through `__dlpack__`, viewed in
+/// place, let go): equal to the producer's own pointer when nothing was copied.
+#[pyfunction]
+fn address_of(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let res = resources_for(obj)?;
+    Ok(match import(obj, &res)? {
+        Imported::F32(t) => t.data_ptr(),
+        Imported::F64(t) => t.data_ptr(),
+        Imported::F16(t) => t.data_ptr(),
+        Imported::Bf16(t) => t.data_ptr(),
+        Imported::Other(t, _) => t.data_ptr(),
+    })
+}
+
+/// The address of RMM's per-device resource map as the shim this extension loaded binds it.
+#[pyfunction]
+fn rmm_map_address() -> PyResult<usize> {
+    raft::memory::rmm_map_address().map_err(py_err)
+}
+
+/// Device arrays alive in this process's raft-rs (the leak check).
+#[pyfunction]
+fn live_arrays() -> usize {
+    raft::stats().live_arrays
+}
+
+#[pymodule]
+fn raft_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Tensor>()?;
+    m.add_function(wrap_pyfunction!(gemm, m)?)?;
+    m.add_function(wrap_pyfunction!(zeros, m)?)?;
+    m.add_function(wrap_pyfunction!(address_of, m)?)?;
+    m.add_function(wrap_pyfunction!(rmm_map_address, m)?)?;
+    m.add_function(wrap_pyfunction!(live_arrays, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,347 @@
+//! DLPack export and import (issue 31). The import checks run on the CPU against host-side fake
+//! tensors (their data is never touched: a fake address); export and round trips need a GPU.
+use raft::dlpack::{
+    DLDevice, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion, DLTensor, DlDataType, DLPACK_FLAG_BITMASK_READ_ONLY, KDL_CPU,
+    KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED, KDL_FLOAT,
+};
+use raft::half::f16;
+use raft::{DeviceResources, DeviceVec, DlpackElement, DlpackTensor, ErrorKind, Layout};
+use raft_tests::require_gpu;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A host-side fake producer: the managed tensor, its shape and strides, and a count of its
+/// deleter's calls.
+#[repr(C)]
+struct Fake<M> {
+    managed: M,
+    shape: Vec<i64>,
+    strides: Option<Vec<i64>>,
+    deleted: Arc<AtomicUsize>,
+}
+
+#[derive(Clone)]
+struct Spec {
+    device_type: i32,
+    device_id: i32,
+    dtype: DlDataType,
+    shape: Vec<i64>,
+    strides: Option<Vec<i64>>,
+    data: u64,
+    byte_offset: u64,
+    flags: u64,
+    major: u32,
+    ndim: Option<i32>,
+}
+
+fn spec(shape: &[i64]) -> Spec {
+    Spec {
+        device_type: KDL_CUDA,
+        device_id: 0,
+        dtype: f32::DTYPE,
+        shape: shape.to_vec(),
+        strides: None,
+        data: 0x7f00_0000_1000,
+        byte_offset: 0,
+        flags: 0,
+        major: 1,
+        ndim: None,
+    }
+}
+
+fn tensor(s: &Spec, fake_shape: &mut [i64], fake_strides: &mut Option<Vec<i64>>) -> DLTensor {
+    DLTensor {
+        data: s.data as *mut _,
+        device: DLDevice { device_type: s.device_type, device_id: s.device_id },
+        ndim: s.ndim.unwrap_or(s.shape.len() as i32),
+        dtype: s.dtype,
+        shape: fake_shape.as_mut_ptr(),
+        strides: fake_strides.as_mut().map_or(std::ptr::null_mut(), |v| v.as_mut_ptr()),
+        byte_offset: s.byte_offset,
+    }
+}
+
+unsafe extern "C" fn delete_versioned(p: *mut DLManagedTensorVersioned) {
+    let fake = unsafe { Box::from_raw(p as *mut Fake<DLManagedTensorVersioned>) };
+    fake.deleted.fetch_add(1, Ordering::SeqCst);
+}
+
+unsafe extern "C" fn delete_unversioned(p: *mut DLManagedTensor) {
+    let fake = unsafe { Box::from_raw(p as *mut Fake<DLManagedTensor>) };
+    fake.deleted.fetch_add(1, Ordering::SeqCst);
+}
+
+fn versioned(s: &Spec) -> (*mut DLManagedTensorVersioned, Arc<AtomicUsize>) {
+    let deleted = Arc::new(AtomicUsize::new(0));
+    let mut shape = s.shape.clone();
+    let mut strides = s.strides.clone();
+    let t = tensor(s, &mut shape, &mut strides);
+    let managed = DLManagedTensorVersioned {
+        version: DLPackVersion { major: s.major, minor: 0 },
+        manager_ctx: std::ptr::null_mut(),
+        deleter: Some(delete_versioned),
+        flags: s.flags,
+        dl_tensor: t,
+    };
+    // The Vec's heap buffers do not move with the box: the pointers above stay valid.
+    let fake = Box::new(Fake { managed, shape, strides, deleted: deleted.clone() });
+    (Box::into_raw(fake) as *mut DLManagedTensorVersioned, deleted)
+}
+
+fn unversioned(s: &Spec) -> (*mut DLManagedTensor, Arc<AtomicUsize>) {
+    let deleted = Arc::new(AtomicUsize::new(0));
+    let mut shape = s.shape.clone();
+    let mut strides = s.strides.clone();
+    let t = tensor(s, &mut shape, &mut strides);
+    let managed = DLManagedTensor { dl_tensor: t, manager_ctx: std::ptr::null_mut(), deleter: Some(delete_unversioned) };
+    let fake = Box::new(Fake { managed, shape, strides, deleted: deleted.clone() });
+    (Box::into_raw(fake) as *mut DLManagedTensor, deleted)
+}
+
+/// Imports `s` as `T` on device 0; returns the refusal's message (or "ok") and checks that the
+/// producer's deleter ran exactly once by the end (at once for a refusal).
+fn import<T: DlpackElement>(s: &Spec) -> String {
+    let (p, deleted) = versioned(s);
+    // SAFETY: a fresh fake whose ownership passes; its data is never read.
+    let r = unsafe { DlpackTensor::<T>::from_raw(p, 0) };
+    let out = match &r {
+        Ok(_) => "ok".to_string(),
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+            assert_eq!(deleted.load(Ordering::SeqCst), 1, "a refused tensor is deleted at once, once");
+            e.to_string()
+        }
+    };
+    drop(r);
+    assert_eq!(deleted.load(Ordering::SeqCst), 1, "the deleter runs exactly once");
+    out
+}
+
+#[test]
+fn a_cuda_tensor_is_viewed_in_place_and_deleted_once_on_drop() {
+    let mut s = spec(&[3, 4]);
+    s.byte_offset = 64;
+    let (p, deleted) = versioned(&s);
+    // SAFETY: a fresh fake whose ownership passes; its data is never read.
+    let t = unsafe { DlpackTensor::<f32>::from_raw(p, 0) }.unwrap();
+    assert_eq!((t.len(), t.shape(), t.matrix_shape()), (12, &[3usize, 4][..], Some((3, 4, Layout::RowMajor))));
+    assert_eq!(t.data_ptr(), s.data + 64, "the view starts at data + byte_offset: no copy");
+    assert!(!t.is_read_only());
+    assert_eq!(deleted.load(Ordering::SeqCst), 0, "the producer stays alive while viewed");
+    let t = std::thread::spawn(move || t).join().unwrap(); // Send
+    drop(t);
+    assert_eq!(deleted.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn an_unversioned_tensor_is_taken_too() {
+    let mut s = spec(&[5]);
+    s.dtype = f16::DTYPE;
+    let (p, deleted) = unversioned(&s);
+    // SAFETY: as above.
+    let t = unsafe { DlpackTensor::<f16>::from_raw_unversioned(p, 0) }.unwrap();
+    assert_eq!(t.matrix_shape(), Some((1, 5, Layout::RowMajor)));
+    drop(t);
+    assert_eq!(deleted.load(Ordering::SeqCst), 1);
+    // A refusal deletes it too.
+    let (p, deleted) = unversioned(&s);
+    // SAFETY: as above.
+    let e = unsafe { DlpackTensor::<f32>::from_raw_unversioned(p, 0) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic);
+    assert_eq!(deleted.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn memory_that_is_not_cuda_device_memory_of_the_device_is_refused() {
+    let mut s = spec(&[2, 2]);
+    s.device_type = KDL_CPU;
+    assert_eq!(import::<f32>(&s), "DlpackTensor::from_raw: kDLCPU (host memory) is not CUDA device memory (kDLCUDA or kDLCUDAManaged)");
+    s.device_type = KDL_CUDA_HOST;
+    assert!(import::<f32>(&s).contains("kDLCUDAHost"));
+    s.device_type = KDL_CUDA_MANAGED;
+    assert_eq!(import::<f32>(&s), "ok", "managed memory is device-accessible");
+    s.device_type = KDL_CUDA;
+    s.device_id = 1;
+    assert_eq!(import::<f32>(&s), "DlpackTensor::from_raw: the tensor is on device 1, expected device 0");
+}
+
+#[test]
+fn another_dtype_is_refused() {
+    let mut s = spec(&[4]);
+    s.dtype = f16::DTYPE;
+    assert!(import::<f32>(&s).contains("is not the element type asked for"));
+    s.dtype = DlDataType { code: KDL_FLOAT, bits: 32, lanes: 2 };
+    assert!(import::<f32>(&s).contains("2 lanes"));
+    s.dtype = i32::DTYPE;
+    assert!(import::<f32>(&s).contains("code 0, 32 bits"), "same width, another code");
+    assert_eq!(import::<i32>(&s), "ok");
+}
+
+#[test]
+fn strides_must_be_c_or_fortran_order() {
+    let mut s = spec(&[3, 4]);
+    s.strides = Some(vec![4, 1]);
+    assert_eq!(import::<f32>(&s), "ok", "explicit C strides");
+    s.strides = Some(vec![1, 3]);
+    let (p, _) = versioned(&s);
+    // SAFETY: as above.
+    let t = unsafe { DlpackTensor::<f32>::from_raw(p, 0) }.unwrap();
+    assert_eq!(t.matrix_shape(), Some((3, 4, Layout::ColMajor)), "Fortran strides are a column-major matrix");
+    drop(t);
+    s.strides = Some(vec![8, 1]); // padded rows: a view of every other row's memory
+    assert_eq!(
+        import::<f32>(&s),
+        "DlpackTensor::from_raw: strides [8, 1] of shape [3, 4] are not contiguous (C or Fortran order): copy the tensor first"
+    );
+    s.strides = Some(vec![-4, 1]);
+    assert!(import::<f32>(&s).contains("not contiguous"), "negative strides");
+    s.strides = Some(vec![4, 2]);
+    assert!(import::<f32>(&s).contains("not contiguous"), "a step over elements");
+    s.shape = vec![1, 4];
+    s.strides = Some(vec![99, 1]);
+    assert_eq!(import::<f32>(&s), "ok", "the stride of an extent of 1 is never used");
+}
+
+#[test]
+fn offsets_must_keep_the_element_alignment() {
+    let mut s = spec(&[2]);
+    s.byte_offset = 2;
+    assert_eq!(
+        import::<f32>(&s),
+        format!("DlpackTensor::from_raw: data {:#x} + byte offset 2 is not aligned to the element's 4 bytes", s.data)
+    );
+    s.dtype = f16::DTYPE;
+    assert_eq!(import::<f16>(&s), "ok", "2 bytes is f16's alignment");
+    s.byte_offset = u64::MAX - 8;
+    assert!(import::<f16>(&s).contains("wraps around"));
+}
+
+#[test]
+fn broken_headers_are_refused_before_their_shapes_are_read() {
+    let mut s = spec(&[2, 2]);
+    s.major = 2;
+    assert_eq!(import::<f32>(&s), "DlpackTensor::from_raw: DLPack 2.0: this library reads major version 1");
+    let mut s = spec(&[2, 2]);
+    s.ndim = Some(-1);
+    assert!(import::<f32>(&s).contains("ndim -1 is out of range"));
+    s.ndim = Some(1000);
+    assert!(import::<f32>(&s).contains("ndim 1000 is out of range"));
+    let s = spec(&[2, -3]);
+    assert!(import::<f32>(&s).contains("negative extent"));
+    let s = spec(&[i64::MAX, 4]);
+    assert!(import::<f32>(&s).contains("overflows"));
+    let mut s = spec(&[2]);
+    s.data = 0;
+    assert_eq!(import::<f32>(&s), "DlpackTensor::from_raw: a tensor of elements with a null data pointer");
+    let mut s = spec(&[0, 3]);
+    s.data = 0;
+    assert_eq!(import::<f32>(&s), "ok", "an empty tensor may have no data");
+    // SAFETY: null is refused before anything is read.
+    let e = unsafe { DlpackTensor::<f32>::from_raw(std::ptr::null_mut(), 0) }.unwrap_err();
+    assert_eq!(e.to_string(), "DlpackTensor::from_raw: a null tensor");
+}
+
+#[test]
+fn a_read_only_tensor_gives_no_mutable_access() {
+    let mut s = spec(&[4]);
+    s.flags = DLPACK_FLAG_BITMASK_READ_ONLY;
+    let (p, _) = versioned(&s);
+    // SAFETY: as above.
+    let mut t = unsafe { DlpackTensor::<f32>::from_raw(p, 0) }.unwrap();
+    assert!(t.is_read_only());
+    let e = t.data_ptr_mut().unwrap_err();
+    assert_eq!(e.to_string(), "DlpackTensor::data_ptr_mut: the producer marked the tensor read-only");
+    s.flags = 0;
+    let (p, _) = versioned(&s);
+    // SAFETY: as above.
+    let mut t = unsafe { DlpackTensor::<f32>::from_raw(p, 0) }.unwrap();
+    assert_eq!(t.data_ptr_mut().unwrap(), s.data);
+}
+
+// ---- on the GPU ------------------------------------------------------------------------------
+
+fn live_arrays() -> usize {
+    raft::stats().live_arrays
+}
+
+#[test]
+fn an_export_round_trips_without_a_copy_and_its_deleter_frees_from_another_thread() {
+    require_gpu!();
+    let r = DeviceResources::new().unwrap();
+    let before = live_arrays();
+    let v = DeviceVec::from_host(&r, &(0..12).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+    // SAFETY: a live array, borrowed for the read of its address only.
+    let addr = unsafe { v.as_raw() } as u64;
+    let mut e = v.into_dlpack_matrix(3, 4, Layout::ColMajor).unwrap();
+    assert_eq!((e.data_ptr(), e.shape(), e.strides()), (addr, &[3i64, 4][..], Some(&[1i64, 3][..])));
+    // SAFETY: the legacy default stream always exists.
+    unsafe { e.order_before_stream(1) }.unwrap();
+    let raw = e.into_raw();
+    assert_eq!(live_arrays(), before + 1, "the tensor owns the array");
+    // SAFETY: a tensor this library made; ownership passes to the import.
+    let t = unsafe { DlpackTensor::<f32>::from_raw(raw, r.device()) }.unwrap();
+    assert_eq!((t.data_ptr(), t.matrix_shape()), (addr, Some((3, 4, Layout::ColMajor))), "no copy");
+    std::thread::spawn(move || drop(t)).join().unwrap();
+    assert_eq!(live_arrays(), before, "the deleter, on another thread, dropped the array");
+    // Unversioned, and dropped without being handed over.
+    let v = DeviceVec::<f16>::zeros(&r, 8).unwrap();
+    let raw = v.into_dlpack().unwrap().into_raw_unversioned();
+    // SAFETY: as above.
+    let t = unsafe { DlpackTensor::<f16>::from_raw_unversioned(raw, r.device()) }.unwrap();
+    assert_eq!(t.shape(), &[8]);
+    drop(t);
+    drop(DeviceVec::<i8>::zeros(&r, 8).unwrap().into_dlpack().unwrap());
+    assert_eq!(live_arrays(), before);
+    // A read-only export is imported read-only.
+    let raw = DeviceVec::<u8>::zeros(&r, 4).unwrap().into_dlpack().unwrap().read_only().into_raw();
+    // SAFETY: as above.
+    let mut t = unsafe { DlpackTensor::<u8>::from_raw(raw, r.device()) }.unwrap();
+    assert!(t.data_ptr_mut().is_err());
+}
+
+#[test]
+fn a_tensor_outliving_its_released_resources_still_frees() {
+    require_gpu!();
+    let before = live_arrays();
+    let r = DeviceResources::new().unwrap();
+    let e = DeviceVec::<f32>::zeros(&r, 1 << 20).unwrap().into_dlpack().unwrap();
+    e.synchronize().unwrap();
+    let raw = e.into_raw();
+    // The consumer still holds the tensor when the resources go: its array keeps its stream and
+    // memory resource, as any array does.
+    r.release().unwrap();
+    assert!(r.is_released());
+    // SAFETY: a tensor this library made, deleted once.
+    unsafe { ((*raw).deleter.unwrap())(raw) };
+    assert_eq!(live_arrays(), before);
+}
+
+#[test]
+fn gemm_on_imported_tensors_matches_gemm_on_arrays() {
+    require_gpu!();
+    let r = DeviceResources::new().unwrap();
+    let (m, k, n) = (37, 65, 29);
+    let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0).collect();
+    for lb in [Layout::RowMajor, Layout::ColMajor] {
+        let ta = DeviceVec::from_host(&r, &a).unwrap().into_dlpack_matrix(m, k, Layout::RowMajor).unwrap();
+        let tb = DeviceVec::from_host(&r, &b).unwrap().into_dlpack_matrix(k, n, lb).unwrap();
+        ta.synchronize().unwrap();
+        tb.synchronize().unwrap();
+        // SAFETY: tensors this library made, synchronised.
+        let (ia, ib) =
+            unsafe { (DlpackTensor::<f32>::from_raw(ta.into_raw(), 0).unwrap(), DlpackTensor::<f32>::from_raw(tb.into_raw(), 0).unwrap()) };
+        let c = raft::gemm_dlpack(&r, 1.0, &ia, &ib).unwrap().to_host().unwrap();
+        let (da, db) = (DeviceVec::from_host(&r, &a).unwrap(), DeviceVec::from_host(&r, &b).unwrap());
+        let mut want = DeviceVec::<f32>::zeros(&r, m * n).unwrap();
+        raft::gemm(
+            1.0,
+            da.matrix(m, k, Layout::RowMajor).unwrap(),
+            db.matrix(k, n, lb).unwrap(),
+            0.0,
+            want.matrix_mut(m, n, Layout::RowMajor).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(c, want.to_host().unwrap(), "{lb:?}: the same cuBLAS call on the same values");
+    }
+}
