@@ -12,7 +12,7 @@ use crate::unique_id::UniqueId;
 use crate::watchdog;
 use cudarc::driver::CudaStream;
 use raft_core::DeviceResources;
-use raft_error::{Error, ErrorKind, Result};
+use raft_error::{Error, ErrorKind, Reason, Result};
 use raft_exit::ReleaseToken;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -238,9 +238,10 @@ impl Communicator {
             return Err(Error::released(who, resources.device()));
         }
         let native = NativeComm::init(who, id.as_bytes(), world, rank, resources.device(), timeout)?;
-        native
-            .wait(who, left)
-            .map_err(|e| Error::new(e.kind(), who, format!("rank {rank} of {world}: NCCL's initialisation failed: {}", e.message())))?;
+        native.wait(who, left).map_err(|e| {
+            let message = format!("rank {rank} of {world}: NCCL's initialisation failed: {}", e.message());
+            e.with_who(who).with_message(message)
+        })?;
         Self::new(native, resources.clone(), timeout)
     }
 
@@ -347,8 +348,7 @@ impl Communicator {
                     }
                     Ok(false) if start.elapsed() <= timeout => {}
                     Ok(false) => {
-                        let e = Error::new(
-                            ErrorKind::Generic,
+                        let e = Error::timeout(
                             who,
                             format!(
                                 "the collectives did not finish within {:.1} s (a rank died, or never made the matching call); the \
@@ -359,7 +359,8 @@ impl Communicator {
                         return Err(sh.end_with(&mut st, who, e));
                     }
                     Err(e) => {
-                        let e = Error::new(e.kind(), who, format!("the communicator was aborted: {}", e.message()));
+                        let message = format!("the communicator was aborted: {}", e.message());
+                        let e = e.with_who(who).with_message(message);
                         return Err(sh.end_with(&mut st, who, e));
                     }
                 }
@@ -565,7 +566,7 @@ impl Communicator {
             let mut st = sh.lock();
             match r.and_then(|()| sh.native.destroy(WHO)) {
                 Ok(()) => {
-                    st.ended = Some(Error::logic(WHO, "the communicator was released"));
+                    st.ended = Some(Error::logic(WHO, "the communicator was released").with_reason(Reason::Released));
                     st.token = None;
                 }
                 Err(e) => note(Err(sh.end_with(&mut st, WHO, e))),
@@ -574,7 +575,7 @@ impl Communicator {
         for c in &comms {
             let mut st = c.shared.lock();
             st.token = None;
-            st.ended.get_or_insert_with(|| Error::logic(WHO, "the communicator was released"));
+            st.ended.get_or_insert_with(|| Error::logic(WHO, "the communicator was released").with_reason(Reason::Released));
         }
         drop(comms);
         first.map_or(Ok(()), Err)

@@ -27,14 +27,14 @@ mod stats;
 
 /// Errors: one type for the whole library (the `raft-error` crate).
 pub mod error {
-    pub use raft_error::{describe_driver_error, Error, ErrorKind, Result};
+    pub use raft_error::{describe_driver_error, Error, ErrorKind, Reason, Result};
 }
 
 pub use array::{DeviceVec, HostCopy, Layout, MatrixView, MatrixViewMut};
 pub use copy::{DeviceToDevice, Staging, ToDevice, ToHost, Transfer};
 pub use current::{current_device_resources, AsResources};
 pub use device::{current_device, device_count, memory_pools_supported};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Reason, Result};
 pub use gemm::gemm;
 pub use handle_kind::HandleKind;
 pub use host::{AsDevice, PageLocked, PinnedVec, RegisteredSlice};

@@ -37,7 +37,9 @@
 //! # Errors
 //! Every fallible call returns [`Error`]: [`ErrorKind::OutOfMemory`], [`ErrorKind::Cuda`]
 //! (including "no driver"), [`ErrorKind::Logic`] (refused before reaching the GPU) or
-//! [`ErrorKind::Generic`]; `Display` is `who: message`.
+//! [`ErrorKind::Generic`]; `Display` is `who: message`. A finer [`Reason`] (`err.reason()`:
+//! released, invalid argument, timeout, library missing, no driver, …), the native code
+//! (`cuda_code()`, `nccl_code()`) and `source()` tell a program what it can do about it.
 //!
 //! # Exit
 //! A process may exit (main returns, or `std::process::exit` from any thread) while jobs run:
@@ -50,7 +52,7 @@ pub use raft_core::{
     installed_default, memory, memory_pools_supported, memory_statistics, reinitialize, reset_memory_resource, runtime_version,
     set_memory_resource, stats, with_device_resources, AsResources, DeviceResources, DeviceScalar, DeviceVec, Error, ErrorKind, GemmScalar,
     HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, PendingReleases,
-    RaftResourcesPtr, Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
+    RaftResourcesPtr, Reason, Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
 };
 pub use raft_core::{
     AsDevice, CopyScope, DeviceToDevice, HostStores, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost, Transfer,
@@ -65,6 +67,6 @@ pub use raft_cuvs as cuvs;
 pub mod exit {
     pub use raft_exit::{
         current_exit_wait, default_exit_wait, jobs_in_flight, phase, releases_in_flight, set_default_exit_wait, spawn_thread,
-        with_exit_wait, ExitDecided, InvalidExitWait, Phase, DEFAULT_EXIT_WAIT,
+        with_exit_wait, ExitDecided, ExitWait, InvalidExitWait, Phase, DEFAULT_EXIT_WAIT,
     };
 }
