@@ -3,7 +3,7 @@
 //! [`DeviceResources`] wraps `raft::device_resources` built on a CUDA stream of its own (a
 //! cudarc stream), with RAFT's lazily made cuBLAS, cuSOLVER and cuSPARSE handles, a job worker
 //! thread, per-thread defaults ([`current_device_resources`]), RMM's per-device memory resource
-//! ([`current_memory_resource`]), typed device arrays ([`DeviceVec`]) and [`gemm`]. Errors are
+//! ([`memory::current`]), typed device arrays ([`DeviceVec`]) and [`gemm`]. Errors are
 //! [`Error`] with an [`ErrorKind`]; exit safety comes from `raft-exit`.
 //!
 //! This is the only crate that calls `raft-sys` for resources.
@@ -40,9 +40,13 @@ pub use handle_kind::HandleKind;
 pub use host::{AsDevice, PageLocked, PinnedVec, RegisteredSlice};
 pub use job::JobHandle;
 pub use lend::RaftResourcesPtr;
+#[allow(deprecated)]
+pub use memory::deprecated::reinitialize;
+#[allow(deprecated)]
+pub use memory::{current_memory_resource, enable_memory_statistics, memory_statistics, reset_memory_resource, set_memory_resource};
 pub use memory::{
-    current_memory_resource, enable_memory_statistics, installed_default, memory_statistics, reinitialize, reset_memory_resource,
-    set_memory_resource, MemoryResource, MemoryResourceKind, MemoryStatistics, RmmOptions, TrackedAllocations,
+    installed_default, ArenaOptions, AsyncPoolBytes, AsyncPoolOptions, LimitUsage, MemoryResource, MemoryResourceKind, MemoryStatistics,
+    PoolOptions, RmmOptions, TrackedAllocations,
 };
 pub use release::PendingReleases;
 pub use resources::{DeviceResources, WeakResources};

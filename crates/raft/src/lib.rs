@@ -48,11 +48,16 @@
 pub use cudarc;
 pub use raft_abi::{abi, raft_release, require_raft_release, running, version, Abi, AbiField, Release, Running};
 pub use raft_core::{
-    current_device, current_device_resources, current_memory_resource, device_count, driver_version, enable_memory_statistics, gemm,
-    installed_default, memory, memory_pools_supported, memory_statistics, reinitialize, reset_memory_resource, runtime_version,
-    set_memory_resource, stats, with_device_resources, AsResources, DeviceResources, DeviceScalar, DeviceVec, Error, ErrorKind, GemmScalar,
-    HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, PendingReleases,
-    RaftResourcesPtr, Reason, Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
+    current_device, current_device_resources, device_count, driver_version, gemm, installed_default, memory, memory_pools_supported,
+    runtime_version, stats, with_device_resources, ArenaOptions, AsResources, AsyncPoolBytes, AsyncPoolOptions, DeviceResources,
+    DeviceScalar, DeviceVec, Error, ErrorKind, GemmScalar, HandleKind, JobHandle, Layout, LimitUsage, MatrixView, MatrixViewMut,
+    MemoryResource, MemoryResourceKind, MemoryStatistics, PendingReleases, PoolOptions, RaftResourcesPtr, Reason, Result, RmmOptions,
+    Scoped, Stats, TrackedAllocations, WeakResources,
+};
+/// Names of earlier issues, kept as deprecated aliases of the value API ([`memory`]).
+#[allow(deprecated)]
+pub use raft_core::{
+    current_memory_resource, enable_memory_statistics, memory_statistics, reinitialize, reset_memory_resource, set_memory_resource,
 };
 pub use raft_core::{
     AsDevice, CopyScope, DeviceToDevice, HostStores, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost, Transfer,

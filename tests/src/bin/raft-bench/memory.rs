@@ -33,9 +33,10 @@ fn fragmentation(t: &mut Table) {
         for (name, make) in [
             (
                 "pool",
-                (|up: &raft::MemoryResource| up.pool(Some(0), None)) as fn(&raft::MemoryResource) -> raft::Result<raft::MemoryResource>,
+                (|up: &raft::MemoryResource| up.pool(raft::PoolOptions::initial(0)))
+                    as fn(&raft::MemoryResource) -> raft::Result<raft::MemoryResource>,
             ),
-            ("arena", |up: &raft::MemoryResource| up.arena(Some(8 << 30))),
+            ("arena", |up: &raft::MemoryResource| up.arena(raft::ArenaOptions::size(8 << 30))),
             ("cuda_async", |_up: &raft::MemoryResource| raft::MemoryResource::cuda_async(0)),
         ] {
             let upstream = raft::MemoryResource::cuda(0).unwrap().with_statistics().unwrap();
@@ -188,8 +189,8 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
 
     // Issue 15: the same allocation through RMM's pool and arena, made from Rust, against C++
     // calling the same kind of resource (each over cudaMalloc, made once, warm).
-    let pool = raft::MemoryResource::cuda(0).unwrap().pool(Some(256 << 20), None).unwrap();
-    let arena = raft::MemoryResource::cuda(0).unwrap().arena(Some(1 << 30)).unwrap();
+    let pool = raft::MemoryResource::cuda(0).unwrap().pool(raft::PoolOptions::initial(256 << 20)).unwrap();
+    let arena = raft::MemoryResource::cuda(0).unwrap().arena(raft::ArenaOptions::size(1 << 30)).unwrap();
     for (label, mr, cpp) in [
         ("1 MiB allocate + free, pool over cudaMalloc (in turns)", &pool, bl_alloc_free_pool as unsafe extern "C" fn(usize) -> i32),
         ("1 MiB allocate + free, arena over cudaMalloc (in turns)", &arena, bl_alloc_free_arena as unsafe extern "C" fn(usize) -> i32),
