@@ -171,10 +171,10 @@ impl Communicator {
     /// As [`init`](Self::init); `Logic` naming a missing or malformed variable.
     pub fn from_env(resources: &DeviceResources) -> Result<Communicator> {
         let launch = Launch::from_env()?;
-        Self::init(resources, launch.rank, launch.world_size, &launch.rendezvous_addr(), timeout_from_env()?)
+        Self::init(resources, launch.rank, launch.size, &launch.rendezvous_addr(), timeout_from_env()?)
     }
 
-    /// Rank `rank` of `world` on `resources`' device: rank 0 makes the unique id and serves it at
+    /// Rank `rank` of `size` ranks on `resources`' device: rank 0 makes the unique id and serves it at
     /// `addr` (`host:port`) over TCP; the others fetch it from there, each side proving to the
     /// other that it holds the job's secret (`RAFT_COMMS_SECRET`, see [`Secret`]; without one,
     /// `addr` must be a loopback address); then a non-blocking
@@ -183,46 +183,46 @@ impl Communicator {
     /// is aborted (`ncclCommAbort`).
     ///
     /// # Errors
-    /// `Logic` for a rank not below `world`, released resources, another rank's mismatching
+    /// `Logic` for a rank not below `size`, released resources, another rank's mismatching
     /// world size, a call inside a group, a peer without the job's secret, or no secret for an
     /// address that is not loopback; `Generic` when the rendezvous or NCCL fails or runs out of
     /// time.
-    pub fn init(resources: &DeviceResources, rank: usize, world: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
+    pub fn init(resources: &DeviceResources, rank: usize, size: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
         const WHO: &str = "Communicator::init";
         group::refuse_inside(WHO)?;
-        if world == 0 || rank >= world {
-            return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a world of {world}")));
+        if size == 0 || rank >= size {
+            return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a size of {size}")));
         }
         let secret = Secret::from_env().map_err(|e| e.with_who(WHO))?;
         let deadline = rendezvous::deadline_after(timeout);
         let id = if rank == 0 {
             // Bound before the id is made: an address of another host, or one without a secret
             // that is not loopback, fails before NCCL starts its bootstrap root.
-            let listener = if world > 1 { Some(rendezvous::bind(WHO, addr, secret.as_ref())?) } else { None };
+            let listener = if size > 1 { Some(rendezvous::bind(WHO, addr, secret.as_ref())?) } else { None };
             let id = UniqueId::new().map_err(|e| e.with_who(WHO))?;
             if let Some(listener) = listener {
-                rendezvous::serve_on(WHO, &listener, id.as_bytes(), world, secret.as_ref(), deadline, timeout)?;
+                rendezvous::serve_on(WHO, &listener, id.as_bytes(), size, secret.as_ref(), deadline, timeout)?;
             }
             id
         } else {
-            UniqueId::from_bytes(rendezvous::fetch_until(WHO, addr, rank, world, secret.as_ref(), deadline, timeout)?)
+            UniqueId::from_bytes(rendezvous::fetch_until(WHO, addr, rank, size, secret.as_ref(), deadline, timeout)?)
         };
         let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-        Self::init_until(WHO, resources, &id, rank, world, left, timeout)
+        Self::init_until(WHO, resources, &id, rank, size, left, timeout)
     }
 
-    /// Rank `rank` of `world` with an id shared by the program's own means (rank 0's
+    /// Rank `rank` of `size` ranks with an id shared by the program's own means (rank 0's
     /// [`UniqueId::new`]), bounded by `timeout`.
     ///
     /// # Errors
     /// As [`init`](Self::init), without the rendezvous.
-    pub fn init_with_id(resources: &DeviceResources, id: &UniqueId, rank: usize, world: usize, timeout: Duration) -> Result<Communicator> {
+    pub fn init_with_id(resources: &DeviceResources, id: &UniqueId, rank: usize, size: usize, timeout: Duration) -> Result<Communicator> {
         const WHO: &str = "Communicator::init_with_id";
         group::refuse_inside(WHO)?;
-        if world == 0 || rank >= world {
-            return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a world of {world}")));
+        if size == 0 || rank >= size {
+            return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a size of {size}")));
         }
-        Self::init_until(WHO, resources, id, rank, world, timeout, timeout)
+        Self::init_until(WHO, resources, id, rank, size, timeout, timeout)
     }
 
     fn init_until(
@@ -250,7 +250,8 @@ impl Communicator {
         self.shared.rank
     }
 
-    /// The number of ranks.
+    /// The number of ranks (the world size: `WORLD_SIZE`, [`Launch::size`](crate::Launch::size),
+    /// the `size` of [`init`](Self::init); one name for it across the crate).
     pub fn size(&self) -> usize {
         self.shared.size
     }
