@@ -264,3 +264,24 @@ fn a_missing_shim_is_a_missing_library() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.contains("1 passed"), "{text}");
 }
+
+/// Issue 34, item 5: a panicking job keeps its payload. `join` reports it as a `Generic` error
+/// (reason `Panicked`) with the panic's text; `join_unwind` resumes the very payload on the
+/// caller, so a program can downcast it or let it unwind on (before, `join` was the only way,
+/// and the payload was dropped on the worker thread).
+#[test]
+fn a_panicking_job_keeps_its_payload_for_resume_unwind() {
+    require_gpu!();
+    let _serial = serial();
+    #[derive(Debug, PartialEq)]
+    struct Payload(&'static str, u32);
+    let r = DeviceResources::new().unwrap();
+    let e = r.spawn(|| -> u32 { panic!("job failed") }).unwrap().join().unwrap_err();
+    assert_eq!((e.kind(), e.reason()), (ErrorKind::Generic, Reason::Panicked), "{e}");
+    assert!(e.message().ends_with("panicked: job failed"), "{e}");
+    let job = r.spawn(|| -> u32 { std::panic::panic_any(Payload("custom", 7)) }).unwrap();
+    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.join_unwind())).unwrap_err();
+    assert_eq!(payload.downcast_ref::<Payload>(), Some(&Payload("custom", 7)));
+    // The worker goes on after both.
+    assert_eq!(r.spawn(|| 6 * 7).unwrap().join_unwind().unwrap(), 42);
+}
