@@ -244,7 +244,8 @@ mod tests {
     /// Issue 34, item 4: what the async pool would have ignored is refused, naming both variables.
     #[test]
     fn contradictory_variables_are_a_logic_error_naming_them() {
-        let cases: [(&[(&str, &str)], [&str; 2]); 5] = [
+        type Case = (&'static [(&'static str, &'static str)], [&'static str; 2]);
+        let cases: [Case; 5] = [
             (&[("RAFT_RMM_ASYNC", "1"), ("RAFT_RMM_POOL", "1")], ["RAFT_RMM_ASYNC", "RAFT_RMM_POOL"]),
             (&[("RAFT_RMM_ASYNC", "1"), ("RAFT_RMM_MANAGED", "1")], ["RAFT_RMM_ASYNC", "RAFT_RMM_MANAGED"]),
             (&[("RAFT_RMM_ASYNC", "1"), ("RAFT_RMM_MAXIMUM_POOL_SIZE", "4GiB")], ["RAFT_RMM_ASYNC", "RAFT_RMM_MAXIMUM_POOL_SIZE"]),
