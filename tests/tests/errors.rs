@@ -1,7 +1,7 @@
 //! Seed 2.2.4 "Errors": dispatching on the kind, recovering `who` from the message, the
 //! out-of-memory kind with the process carrying on, `who` naming the API the user called, and
 //! texts that say in words what failed.
-use raft::{current_device_resources, DeviceResources, DeviceVec, Error, ErrorKind};
+use raft::{current_device_resources, DeviceResources, DeviceVec, Error, ErrorKind, Reason};
 use raft_tests::{require_gpu, run_scenario};
 use std::time::Duration;
 
@@ -197,4 +197,91 @@ fn error_texts_say_in_words_what_failed_and_keep_the_cuda_error_name() {
             }
         }
     }
+}
+
+/// Issue 34, item 5: each reason a program acts on, reached by a real failing call. Without a
+/// driver (CI): the CUDA runtime's code 35 as `NoDriver`, on every constructor; with a GPU: a
+/// device that does not exist, a bad size and released resources (`InvalidArgument`,
+/// `Released`), out of memory. On both: a bad value refused before any native call.
+#[test]
+fn each_reason_is_reached_by_a_real_failing_call() {
+    let bad_wait: Error = raft::exit::with_exit_wait(-1.0, || ()).unwrap_err().into();
+    assert_eq!((bad_wait.kind(), bad_wait.reason()), (ErrorKind::Logic, Reason::InvalidArgument), "{bad_wait}");
+    let bad_size = raft::RmmOptions::from_vars(|name| (name == "RAFT_RMM_POOL_SIZE").then(|| "lots".to_string())).unwrap_err();
+    assert_eq!(bad_size.reason(), Reason::InvalidArgument, "{bad_size}");
+    match raft::device_count() {
+        Err(e) => {
+            for e in [
+                e,
+                DeviceResources::new().map(drop).unwrap_err(),
+                DeviceResources::on_device(5).map(drop).unwrap_err(),
+                raft::memory::current(0).map(drop).unwrap_err(),
+            ] {
+                assert_eq!((e.kind(), e.reason(), e.cuda_code()), (ErrorKind::Cuda, Reason::NoDriver, Some(35)), "{e}");
+                assert_eq!(e.nccl_code(), None);
+            }
+        }
+        Ok(n) => {
+            let _serial = serial();
+            let absent = DeviceResources::on_device(n).map(drop).unwrap_err();
+            assert_eq!((absent.kind(), absent.reason(), absent.cuda_code()), (ErrorKind::Logic, Reason::InvalidArgument, None));
+            let r = DeviceResources::new().unwrap();
+            let too_big = DeviceVec::<f64>::new(&r, usize::MAX).map(drop).unwrap_err();
+            assert_eq!((too_big.kind(), too_big.reason()), (ErrorKind::Logic, Reason::InvalidArgument), "{too_big}");
+            let oom = DeviceVec::<u8>::new(&r, 1 << 50).map(drop).unwrap_err();
+            assert_eq!((oom.kind(), oom.reason()), (ErrorKind::OutOfMemory, Reason::OutOfMemory), "{oom}");
+            r.release().unwrap();
+            for e in [r.sync().unwrap_err(), DeviceVec::<f32>::zeros(&r, 4).map(drop).unwrap_err()] {
+                assert_eq!((e.kind(), e.reason()), (ErrorKind::Logic, Reason::Released), "{e}");
+            }
+        }
+    }
+}
+
+/// A shim that is not there is `Cuda` / `LibraryMissing` with the loader's error as the source,
+/// as a missing libnccl (raft-comms' `a_missing_shim_is_a_cuda_error_naming_the_variable`) or
+/// libcuvs (raft-cuvs' `without_libcuvs_the_first_call_is_a_clear_error`) is. A child process:
+/// the shim is loaded once per process.
+#[test]
+fn a_missing_shim_is_a_missing_library() {
+    const CHILD: &str = "RAFT_TEST_MISSING_SHIM_CHILD";
+    const MISSING: &str = "/nonexistent/raft/libraftrs_shim.so";
+    if std::env::var_os(CHILD).is_some() {
+        for e in [raft::device_count().unwrap_err(), DeviceResources::new().map(drop).unwrap_err(), raft::runtime_version().unwrap_err()] {
+            assert_eq!((e.kind(), e.reason(), e.cuda_code()), (ErrorKind::Cuda, Reason::LibraryMissing, None), "{e}");
+            assert!(e.message().contains(&format!("{MISSING} (absent)")), "{e}");
+            let source = std::error::Error::source(&e).expect("the loader's error is the source");
+            assert_eq!(source.to_string(), e.message());
+        }
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_missing_shim_is_a_missing_library", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env("RAFT_RS_SHIM", MISSING)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
+/// Issue 34, item 5: a panicking job keeps its payload. `join` reports it as a `Generic` error
+/// (reason `Panicked`) with the panic's text; `join_unwind` resumes the very payload on the
+/// caller, so a program can downcast it or let it unwind on (before, `join` was the only way,
+/// and the payload was dropped on the worker thread).
+#[test]
+fn a_panicking_job_keeps_its_payload_for_resume_unwind() {
+    require_gpu!();
+    let _serial = serial();
+    #[derive(Debug, PartialEq)]
+    struct Payload(&'static str, u32);
+    let r = DeviceResources::new().unwrap();
+    let e = r.spawn(|| -> u32 { panic!("job failed") }).unwrap().join().unwrap_err();
+    assert_eq!((e.kind(), e.reason()), (ErrorKind::Generic, Reason::Panicked), "{e}");
+    assert!(e.message().ends_with("panicked: job failed"), "{e}");
+    let job = r.spawn(|| -> u32 { std::panic::panic_any(Payload("custom", 7)) }).unwrap();
+    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.join_unwind())).unwrap_err();
+    assert_eq!(payload.downcast_ref::<Payload>(), Some(&Payload("custom", 7)));
+    // The worker goes on after both.
+    assert_eq!(r.spawn(|| 6 * 7).unwrap().join_unwind().unwrap(), 42);
 }

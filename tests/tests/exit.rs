@@ -174,6 +174,21 @@ fn bad_exit_waits_are_refused_with_the_seed_text() {
     assert_eq!(raft::exit::with_exit_wait(1e300, raft::exit::current_exit_wait).unwrap().unwrap(), 1e300);
 }
 
+/// Issue 34, item 8: a `Duration` is the same wait as its seconds, in the scope and as the
+/// default; the seconds of the seed still work beside it.
+#[test]
+fn exit_waits_can_be_given_as_durations() {
+    use std::time::Duration;
+    let scoped = raft::exit::with_exit_wait(Duration::from_millis(1500), raft::exit::current_exit_wait).unwrap().unwrap();
+    assert_eq!(scoped, 1.5);
+    let forever = raft::exit::with_exit_wait(raft::exit::ExitWait::FOREVER, raft::exit::current_exit_wait).unwrap().unwrap();
+    assert_eq!(forever, f64::INFINITY);
+    let before = raft::exit::default_exit_wait().unwrap();
+    raft::exit::set_default_exit_wait(Duration::from_secs(7)).unwrap();
+    assert_eq!(raft::exit::default_exit_wait().unwrap(), 7.0);
+    raft::exit::set_default_exit_wait(before).unwrap();
+}
+
 #[test]
 fn a_thread_made_inside_the_scope_keeps_the_value() {
     let (tx, rx) = std::sync::mpsc::channel();

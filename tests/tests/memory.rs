@@ -4,10 +4,7 @@
 //! runs in a fresh process (`scenarios`). The owned-resource cases run here, one at a time
 //! ([`one_at_a_time`]): they replace device 0's resource, which the others read. What happens
 //! at exit runs in a child process of its own (`tls-exit`).
-use raft::{
-    enable_memory_statistics, reset_memory_resource, set_memory_resource, DeviceResources, DeviceVec, ErrorKind, MemoryResource,
-    MemoryResourceKind,
-};
+use raft::{memory, DeviceResources, DeviceVec, ErrorKind, MemoryResource, MemoryResourceKind};
 use raft_tests::{require_gpu, run_scenario, Child};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -60,11 +57,12 @@ fn allocations_use_the_current_resource_and_statistics_count_them() {
     require_gpu!();
     let _one = one_at_a_time();
     let r = raft::DeviceResources::new().unwrap();
-    raft::enable_memory_statistics(0).unwrap();
-    assert_eq!(raft::current_memory_resource(0).unwrap(), raft::MemoryResourceKind::Statistics);
-    let before = raft::memory_statistics(0).unwrap();
+    let counted = memory::current(0).unwrap().with_statistics().unwrap();
+    memory::set_current(0, &counted).unwrap();
+    assert_eq!(memory::current(0).unwrap().kind(), raft::MemoryResourceKind::Statistics);
+    let before = counted.statistics().unwrap();
     let v = raft::DeviceVec::<u8>::zeros(&r, 8 << 20).unwrap();
-    let during = raft::memory_statistics(0).unwrap();
+    let during = counted.statistics().unwrap();
     assert!(during.current_bytes - before.current_bytes >= 8 << 20, "{before:?} -> {during:?}");
     assert!(during.peak_bytes >= during.current_bytes);
     drop(v);
@@ -75,7 +73,7 @@ fn allocations_use_the_current_resource_and_statistics_count_them() {
     while raft::stats().releases_pending > 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    let after = raft::memory_statistics(0).unwrap();
+    let after = counted.statistics().unwrap();
     assert_eq!(after.current_bytes, before.current_bytes);
 }
 
@@ -83,10 +81,56 @@ fn allocations_use_the_current_resource_and_statistics_count_them() {
 fn queries_on_a_device_that_does_not_exist_are_logic_errors() {
     require_gpu!();
     let n = raft::device_count().unwrap();
-    let e = raft::current_memory_resource(n).unwrap_err();
+    let e = memory::current(n).unwrap_err();
     assert_eq!(e.kind(), raft::ErrorKind::Logic);
-    assert_eq!(e.to_string(), format!("current_memory_resource: no device {n} among {n}"));
-    assert_eq!(raft::set_memory_resource(0, raft::MemoryResourceKind::Other).unwrap_err().kind(), raft::ErrorKind::Logic);
+    assert_eq!(e.to_string(), format!("raft::memory::current: no device {n} among {n}"));
+    let e = MemoryResource::cuda(n).unwrap_err();
+    assert_eq!(e.to_string(), format!("MemoryResource::cuda: no device {n} among {n}"));
+}
+
+/// The names of earlier issues (issue 34, item 3: deprecated aliases of the value API) still do
+/// what they did, with their own names in errors: one check per alias. Without a driver, each
+/// reports the missing driver as itself; with a GPU, each changes or reads device 0's resource.
+#[test]
+#[allow(deprecated)]
+fn the_deprecated_memory_aliases_still_work() {
+    if !raft_tests::gpu() {
+        let calls: [(&str, raft::Result<()>); 6] = [
+            ("current_memory_resource", raft::current_memory_resource(0).map(drop)),
+            ("set_memory_resource", raft::set_memory_resource(0, MemoryResourceKind::Managed)),
+            ("reset_memory_resource", raft::reset_memory_resource(0)),
+            ("enable_memory_statistics", raft::enable_memory_statistics(0)),
+            ("memory_statistics", raft::memory_statistics(0).map(drop)),
+            ("raft::memory::reinitialize", raft::reinitialize(0, &raft::RmmOptions::default()).map(drop)),
+        ];
+        for (who, outcome) in calls {
+            let e = outcome.unwrap_err();
+            assert_eq!((e.who(), e.kind(), e.reason()), (who, ErrorKind::Cuda, raft::Reason::NoDriver), "{e}");
+        }
+        return;
+    }
+    let _one = one_at_a_time();
+    let _restore = Restore::device_0();
+    let n = raft::device_count().unwrap();
+    assert_eq!(raft::current_memory_resource(n).unwrap_err().to_string(), format!("current_memory_resource: no device {n} among {n}"));
+    let e = raft::set_memory_resource(0, MemoryResourceKind::Other).unwrap_err();
+    assert_eq!(e.to_string(), "set_memory_resource: cannot install another memory resource on its own");
+    raft::set_memory_resource(0, MemoryResourceKind::Managed).unwrap();
+    assert_eq!(raft::current_memory_resource(0).unwrap(), MemoryResourceKind::Managed);
+    raft::reset_memory_resource(0).unwrap();
+    assert_eq!(raft::current_memory_resource(0).unwrap(), MemoryResourceKind::Cuda);
+    assert_eq!(raft::memory_statistics(0).unwrap_err().to_string(), "memory_statistics: statistics are not enabled on device 0");
+    raft::enable_memory_statistics(0).unwrap();
+    raft::enable_memory_statistics(0).unwrap(); // idempotent: one adaptor, not two
+    let counted = memory::current(0).unwrap();
+    assert_eq!(counted.kind(), MemoryResourceKind::Statistics);
+    let res = DeviceResources::on_device(0).unwrap();
+    let v = DeviceVec::<u8>::new(&res, MIB).unwrap();
+    assert!(raft::memory_statistics(0).unwrap().current_bytes >= MIB as i64);
+    drop(v);
+    let previous = raft::reinitialize(0, &raft::RmmOptions { statistics: true, ..Default::default() }).unwrap();
+    assert!(previous.same_as(&counted).unwrap(), "reinitialize returns the resource it replaced");
+    res.sync().unwrap();
 }
 
 #[test]
@@ -128,30 +172,26 @@ fn arrays_stay_valid_and_free_cleanly_after_the_resource_that_made_them_was_repl
     // the one the previous step installed), an array from it, then the call that replaces it
     // and the kind current after.
     let steps: [(Option<MemoryResourceKind>, &str, Call, MemoryResourceKind); 3] = [
+        (Some(MemoryResourceKind::CudaAsync), "set_current(0, cuda)", set_cuda, MemoryResourceKind::Cuda),
+        (None, "set_current(0, cuda) again (the old reset_memory_resource)", set_cuda, MemoryResourceKind::Cuda),
         (
             Some(MemoryResourceKind::CudaAsync),
-            "set_memory_resource(0, Cuda)",
-            || set_memory_resource(0, MemoryResourceKind::Cuda),
-            MemoryResourceKind::Cuda,
-        ),
-        (None, "reset_memory_resource(0)", || reset_memory_resource(0), MemoryResourceKind::Cuda),
-        (
-            Some(MemoryResourceKind::CudaAsync),
-            "enable_memory_statistics(0)",
-            || enable_memory_statistics(0),
+            "set_current(0, current.with_statistics())",
+            || memory::set_current(0, &memory::current(0)?.with_statistics()?).map(drop),
             MemoryResourceKind::Statistics,
         ),
     ];
     let mut arrays: Vec<(String, Vec<u32>, DeviceVec<u32>)> = Vec::new();
     for (i, (install, call, replace, after)) in steps.into_iter().enumerate() {
         if let Some(kind) = install {
-            set_memory_resource(0, kind).unwrap();
+            assert_eq!(kind, MemoryResourceKind::CudaAsync);
+            memory::set_current(0, &MemoryResource::cuda_async(0).unwrap()).unwrap();
         }
-        let made_by = raft::current_memory_resource(0).unwrap();
+        let made_by = memory::current(0).unwrap().kind();
         let host: Vec<u32> = (0..(MIB / 4) as u32).map(|e| e.wrapping_mul(2_654_435_761) ^ i as u32).collect();
         let array = DeviceVec::from_host(&res, &host).unwrap();
         replace().unwrap();
-        assert_eq!(raft::current_memory_resource(0).unwrap(), after, "{call} did not replace the {made_by:?} resource");
+        assert_eq!(memory::current(0).unwrap().kind(), after, "{call} did not replace the {made_by:?} resource");
         arrays.push((format!("the array from the {made_by:?} resource that {call} replaced"), host, array));
         // Every array so far, after every replacement since it was made.
         for (what, host, array) in &arrays {
@@ -162,7 +202,7 @@ fn arrays_stay_valid_and_free_cleanly_after_the_resource_that_made_them_was_repl
     let (_, _, first) = arrays.remove(0);
     drop(first);
     let elsewhere = std::thread::spawn(move || {
-        reset_memory_resource(0).unwrap();
+        set_cuda().unwrap();
         drop(arrays);
     });
     elsewhere.join().expect("the thread that freed the arrays");
@@ -190,7 +230,7 @@ fn a_free_goes_through_the_adaptor_that_made_it_after_the_device_s_resource_was_
     let array = DeviceVec::<u8>::new(&res, MIB).unwrap();
     let during = stats.statistics().unwrap();
     assert!(during.current_bytes >= MIB as i64, "the array did not come from the current resource: {during:?}");
-    reset_memory_resource(0).unwrap();
+    set_cuda().unwrap();
     assert!(!MemoryResource::current(0).unwrap().same_as(&stats).unwrap(), "RMM's map still holds the adaptor");
     drop(array);
     wait_until("the adaptor counts the array's free", || stats.statistics().unwrap().current_bytes == 0);
@@ -368,8 +408,8 @@ fn a_failure_callback_deep_down_the_chain_still_refuses_a_pool_over_it() {
         chain = chain.with_statistics().unwrap();
     }
     for (what, made) in [
-        ("pool", chain.pool(Some(32 * MIB), None)),
-        ("arena", chain.arena(Some(64 * MIB))),
+        ("pool", chain.pool(raft::PoolOptions::initial(32 * MIB))),
+        ("arena", chain.arena(raft::ArenaOptions::size(64 * MIB))),
         ("binning", chain.binning(10, 12)),
         ("thread_safe", chain.thread_safe()),
     ] {
@@ -404,7 +444,7 @@ fn a_pool_of_default_size_takes_half_the_free_memory_of_its_own_device() {
     let (free1, _) = r1.context().mem_get_info().unwrap();
     r0.context().bind_to_thread().unwrap();
     assert_eq!(raft::current_device().unwrap(), 0, "the thread is on device 0 when the pool is made");
-    let pool = cuda1.pool(None, None).unwrap();
+    let pool = cuda1.pool(raft::PoolOptions::default()).unwrap();
     let (free1_after, _) = r1.context().mem_get_info().unwrap();
     let taken = free1.saturating_sub(free1_after);
     eprintln!(
@@ -441,15 +481,18 @@ impl Drop for Restore {
     fn drop(&mut self) {
         let Some(previous) = self.0.take() else { return };
         // A cuda_memory_resource is stateless: RMM's initial one stands for any of them.
-        let put_back = if previous.kind() == MemoryResourceKind::Cuda {
-            reset_memory_resource(0)
-        } else {
-            raft::memory::set_current(0, &previous).map(drop)
-        };
+        let put_back =
+            if previous.kind() == MemoryResourceKind::Cuda { set_cuda() } else { raft::memory::set_current(0, &previous).map(drop) };
         if let Err(e) = put_back {
             let _ = writeln!(std::io::stderr(), "could not put device 0's memory resource back: {e}");
         }
     }
+}
+
+/// Makes a new `cuda_memory_resource` device 0's current: RMM's initial resource is one, and
+/// every one compares equal to it.
+fn set_cuda() -> raft::Result<()> {
+    memory::set_current(0, &MemoryResource::cuda(0)?).map(drop)
 }
 
 /// Prints a visible skip line for the running test (past the harness's capture).

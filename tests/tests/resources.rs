@@ -477,7 +477,7 @@ fn without_a_driver_every_constructor_is_a_cuda_error() {
         DeviceResources::on_device(0).map(|_| ()).unwrap_err(),
         current_device_resources(0).map(|_| ()).unwrap_err(),
         0usize.as_resources().map(|_| ()).unwrap_err(),
-        raft::current_memory_resource(0).map(|_| ()).unwrap_err(),
+        raft::memory::current(0).map(|_| ()).unwrap_err(),
         raft::memory::trim_retired_pools().map(|_| ()).unwrap_err(),
     ];
     for e in errors {

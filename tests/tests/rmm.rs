@@ -30,11 +30,14 @@ fn every_base_resource_and_adaptor_allocates_frees_and_reports_its_kind() {
     let made: Vec<(MemoryResource, MemoryResourceKind)> = vec![
         (cuda.clone(), MemoryResourceKind::Cuda),
         (MemoryResource::cuda_async(0).unwrap(), MemoryResourceKind::CudaAsync),
-        (MemoryResource::cuda_async_with(0, Some(64 * MIB), Some(32 * MIB)).unwrap(), MemoryResourceKind::CudaAsync),
+        (
+            MemoryResource::cuda_async_with(0, raft::AsyncPoolOptions::initial(64 * MIB).release_threshold(32 * MIB)).unwrap(),
+            MemoryResourceKind::CudaAsync,
+        ),
         (MemoryResource::managed(0).unwrap(), MemoryResourceKind::Managed),
         (MemoryResource::pinned_host(0).unwrap(), MemoryResourceKind::PinnedHost),
-        (cuda.pool(Some(64 * MIB), Some(256 * MIB)).unwrap(), MemoryResourceKind::Pool),
-        (cuda.arena(Some(64 * MIB)).unwrap(), MemoryResourceKind::Arena),
+        (cuda.pool(raft::PoolOptions::initial(64 * MIB).maximum(256 * MIB)).unwrap(), MemoryResourceKind::Pool),
+        (cuda.arena(raft::ArenaOptions::size(64 * MIB)).unwrap(), MemoryResourceKind::Arena),
         (cuda.binning(10, 20).unwrap(), MemoryResourceKind::Binning),
         (cuda.with_limit(64 * MIB).unwrap(), MemoryResourceKind::Limiting),
         (cuda.with_statistics().unwrap(), MemoryResourceKind::Statistics),
@@ -48,8 +51,14 @@ fn every_base_resource_and_adaptor_allocates_frees_and_reports_its_kind() {
         round_trip(&res, mr, 3 * MIB + 5);
     }
     // Adaptors compose: a pool over managed memory, counted and tracked.
-    let stacked =
-        MemoryResource::managed(0).unwrap().pool(Some(32 * MIB), None).unwrap().with_tracking().unwrap().with_statistics().unwrap();
+    let stacked = MemoryResource::managed(0)
+        .unwrap()
+        .pool(raft::PoolOptions::initial(32 * MIB))
+        .unwrap()
+        .with_tracking()
+        .unwrap()
+        .with_statistics()
+        .unwrap();
     round_trip(&res, &stacked, MIB);
     let s = stacked.statistics().unwrap();
     assert_eq!((s.current_bytes, s.current_count, s.total_count), (0, 0, 1));
@@ -84,7 +93,7 @@ fn a_limit_becomes_out_of_memory_and_freeing_recovers() {
     let e = DeviceVec::<u8>::new_in(&res, 6 * MIB, &limited).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
     assert_eq!(e.who(), "DeviceVec::new_in");
-    let (allocated, limit) = limited.limit().unwrap();
+    let raft::LimitUsage { allocated, limit } = limited.limit().unwrap();
     assert_eq!(limit, 8 * MIB);
     assert!(allocated >= 6 * MIB);
     drop(first);
@@ -182,9 +191,7 @@ fn reinitialize_builds_what_the_options_describe() {
     let _one = current_resource_lock();
     let res = DeviceResources::on_device(0).unwrap();
     let options = RmmOptions {
-        pool: true,
-        initial_pool_size: Some(64 * MIB),
-        maximum_pool_size: Some(512 * MIB),
+        allocator: memory::Allocator::Pool(memory::Base::Device, raft::PoolOptions::initial(64 * MIB).maximum(512 * MIB)),
         statistics: true,
         ..Default::default()
     };
@@ -207,7 +214,7 @@ fn a_pool_on_one_device_and_an_async_resource_on_another_stay_on_their_devices()
     let ordinal = raft_tests::device_of::<u8>;
     // Made from device 0's thread context: each resource must still allocate on its own device
     // (NVIDIA/raft#3077 made the pool on whatever device was current).
-    let pool1 = MemoryResource::cuda(1).unwrap().pool(Some(64 * MIB), None).unwrap();
+    let pool1 = MemoryResource::cuda(1).unwrap().pool(raft::PoolOptions::initial(64 * MIB)).unwrap();
     let async0 = MemoryResource::cuda_async(0).unwrap();
     let (r0, r1) = (DeviceResources::on_device(0).unwrap(), DeviceResources::on_device(1).unwrap());
     let a = DeviceVec::<u8>::new_in(&r1, MIB, &pool1).unwrap();
@@ -234,19 +241,20 @@ fn a_pool_over_a_failure_callback_is_refused_since_the_callback_would_run_under_
     require_gpu!();
     let cb = MemoryResource::cuda(0).unwrap().with_limit(64 * MIB).unwrap().with_failure_callback(|_| false).unwrap();
     for (what, made) in [
-        ("pool", cb.pool(Some(32 * MIB), None)),
-        ("arena", cb.arena(Some(64 * MIB))),
+        ("pool", cb.pool(raft::PoolOptions::initial(32 * MIB))),
+        ("arena", cb.arena(raft::ArenaOptions::size(64 * MIB))),
         ("binning", cb.binning(10, 20)),
         ("thread_safe", cb.thread_safe()),
         // Also further down the chain, and through the device's current resource.
-        ("pool over statistics over it", cb.with_statistics().unwrap().pool(Some(32 * MIB), None)),
+        ("pool over statistics over it", cb.with_statistics().unwrap().pool(raft::PoolOptions::initial(32 * MIB))),
     ] {
         let e = made.err().unwrap_or_else(|| panic!("{what}: accepted"));
         assert_eq!(e.kind(), ErrorKind::Logic, "{what}: {e}");
         assert!(e.message().contains("failure-callback"), "{what}: {e}");
     }
     // The other way round is fine: the callback on top sees the pool's failures.
-    let top = MemoryResource::cuda(0).unwrap().pool(Some(32 * MIB), None).unwrap().with_failure_callback(|_| false).unwrap();
+    let top =
+        MemoryResource::cuda(0).unwrap().pool(raft::PoolOptions::initial(32 * MIB)).unwrap().with_failure_callback(|_| false).unwrap();
     let res = DeviceResources::on_device(0).unwrap();
     round_trip(&res, &top, MIB);
 }

@@ -41,9 +41,10 @@ fn thirty_two_threads_mixing_everything_leave_nothing_behind() {
         return;
     };
     require_gpu!();
-    raft::enable_memory_statistics(0).unwrap();
+    let counted = raft::memory::current(0).unwrap().with_statistics().unwrap();
+    raft::memory::set_current(0, &counted).unwrap();
     let (base, _) = settle();
-    let base_bytes = raft::memory_statistics(0).unwrap().current_bytes;
+    let base_bytes = counted.statistics().unwrap().current_bytes;
     let ops = Arc::new(AtomicU64::new(0));
     let until = Instant::now() + Duration::from_secs_f64(secs);
     let threads: Vec<_> = (0..32u64)
@@ -113,7 +114,7 @@ fn thirty_two_threads_mixing_everything_leave_nothing_behind() {
     let stopped = raft::stats();
     let (end, settled) = settle();
     let drain = settled.saturating_duration_since(until);
-    let end_bytes = raft::memory_statistics(0).unwrap().current_bytes;
+    let end_bytes = counted.statistics().unwrap().current_bytes;
     let n = ops.load(Ordering::Relaxed);
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),

@@ -78,7 +78,7 @@ fn a_pool_dropped_under_running_gemms_keeps_its_memory_until_they_end() {
     }
     // The pool's one upstream block is exactly C: given back early, it is the first block the
     // async pool can hand out for an allocation of C's size.
-    let pool = upstream.pool(Some(N * N * 4), None).unwrap();
+    let pool = upstream.pool(raft::PoolOptions::initial(N * N * 4)).unwrap();
     drop(upstream);
     let (c, c_address) = queue_gemms(&res, &pool);
     let started = Instant::now();
@@ -96,7 +96,7 @@ fn the_last_array_of_a_pool_drops_without_waiting_for_its_gemms() {
     let _one = one_at_a_time();
     let res = DeviceResources::new().unwrap();
     let upstream = memory::current(0).unwrap();
-    let pool = upstream.pool(Some(N * N * 4), None).unwrap();
+    let pool = upstream.pool(raft::PoolOptions::initial(N * N * 4)).unwrap();
     drop(upstream);
     let (c, c_address) = queue_gemms(&res, &pool);
     drop(pool); // C now holds the last copy

@@ -118,7 +118,7 @@ fn query(who: &'static str, api: &sys::RaftrsShim, call: impl FnOnce(*mut i32) -
 /// what to set) or the runtime does not answer.
 pub fn running() -> Result<Running> {
     const WHO: &str = "raft::running";
-    let api = sys::shim().map_err(|e| Error::new(ErrorKind::Cuda, WHO, e.message()))?;
+    let api = sys::shim().map_err(|e| Error::library_missing(WHO, e.clone()))?;
     // SAFETY: writes one int through a valid pointer; needs no device.
     let runtime = query(WHO, api, |out| unsafe { api.raftrs_runtime_version(out) })?;
     // SAFETY: as above; 0 when no driver is installed.

@@ -12,7 +12,7 @@ use crate::unique_id::UniqueId;
 use crate::watchdog;
 use cudarc::driver::CudaStream;
 use raft_core::DeviceResources;
-use raft_error::{Error, ErrorKind, Result};
+use raft_error::{Error, ErrorKind, Reason, Result};
 use raft_exit::ReleaseToken;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -171,10 +171,10 @@ impl Communicator {
     /// As [`init`](Self::init); `Logic` naming a missing or malformed variable.
     pub fn from_env(resources: &DeviceResources) -> Result<Communicator> {
         let launch = Launch::from_env()?;
-        Self::init(resources, launch.rank, launch.world_size, &launch.rendezvous_addr(), timeout_from_env()?)
+        Self::init(resources, launch.rank, launch.size, &launch.rendezvous_addr(), timeout_from_env()?)
     }
 
-    /// Rank `rank` of `world` on `resources`' device: rank 0 makes the unique id and serves it at
+    /// Rank `rank` of `size` ranks on `resources`' device: rank 0 makes the unique id and serves it at
     /// `addr` (`host:port`) over TCP; the others fetch it from there, each side proving to the
     /// other that it holds the job's secret (`RAFT_COMMS_SECRET`, see [`Secret`]; without one,
     /// `addr` must be a loopback address); then a non-blocking
@@ -183,46 +183,46 @@ impl Communicator {
     /// is aborted (`ncclCommAbort`).
     ///
     /// # Errors
-    /// `Logic` for a rank not below `world`, released resources, another rank's mismatching
+    /// `Logic` for a rank not below `size`, released resources, another rank's mismatching
     /// world size, a call inside a group, a peer without the job's secret, or no secret for an
     /// address that is not loopback; `Generic` when the rendezvous or NCCL fails or runs out of
     /// time.
-    pub fn init(resources: &DeviceResources, rank: usize, world: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
+    pub fn init(resources: &DeviceResources, rank: usize, size: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
         const WHO: &str = "Communicator::init";
         group::refuse_inside(WHO)?;
-        if world == 0 || rank >= world {
-            return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a world of {world}")));
+        if size == 0 || rank >= size {
+            return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a size of {size}")));
         }
         let secret = Secret::from_env().map_err(|e| e.with_who(WHO))?;
         let deadline = rendezvous::deadline_after(timeout);
         let id = if rank == 0 {
             // Bound before the id is made: an address of another host, or one without a secret
             // that is not loopback, fails before NCCL starts its bootstrap root.
-            let listener = if world > 1 { Some(rendezvous::bind(WHO, addr, secret.as_ref())?) } else { None };
+            let listener = if size > 1 { Some(rendezvous::bind(WHO, addr, secret.as_ref())?) } else { None };
             let id = UniqueId::new().map_err(|e| e.with_who(WHO))?;
             if let Some(listener) = listener {
-                rendezvous::serve_on(WHO, &listener, id.as_bytes(), world, secret.as_ref(), deadline, timeout)?;
+                rendezvous::serve_on(WHO, &listener, id.as_bytes(), size, secret.as_ref(), deadline, timeout)?;
             }
             id
         } else {
-            UniqueId::from_bytes(rendezvous::fetch_until(WHO, addr, rank, world, secret.as_ref(), deadline, timeout)?)
+            UniqueId::from_bytes(rendezvous::fetch_until(WHO, addr, rank, size, secret.as_ref(), deadline, timeout)?)
         };
         let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-        Self::init_until(WHO, resources, &id, rank, world, left, timeout)
+        Self::init_until(WHO, resources, &id, rank, size, left, timeout)
     }
 
-    /// Rank `rank` of `world` with an id shared by the program's own means (rank 0's
+    /// Rank `rank` of `size` ranks with an id shared by the program's own means (rank 0's
     /// [`UniqueId::new`]), bounded by `timeout`.
     ///
     /// # Errors
     /// As [`init`](Self::init), without the rendezvous.
-    pub fn init_with_id(resources: &DeviceResources, id: &UniqueId, rank: usize, world: usize, timeout: Duration) -> Result<Communicator> {
+    pub fn init_with_id(resources: &DeviceResources, id: &UniqueId, rank: usize, size: usize, timeout: Duration) -> Result<Communicator> {
         const WHO: &str = "Communicator::init_with_id";
         group::refuse_inside(WHO)?;
-        if world == 0 || rank >= world {
-            return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a world of {world}")));
+        if size == 0 || rank >= size {
+            return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a size of {size}")));
         }
-        Self::init_until(WHO, resources, id, rank, world, timeout, timeout)
+        Self::init_until(WHO, resources, id, rank, size, timeout, timeout)
     }
 
     fn init_until(
@@ -238,9 +238,10 @@ impl Communicator {
             return Err(Error::released(who, resources.device()));
         }
         let native = NativeComm::init(who, id.as_bytes(), world, rank, resources.device(), timeout)?;
-        native
-            .wait(who, left)
-            .map_err(|e| Error::new(e.kind(), who, format!("rank {rank} of {world}: NCCL's initialisation failed: {}", e.message())))?;
+        native.wait(who, left).map_err(|e| {
+            let message = format!("rank {rank} of {world}: NCCL's initialisation failed: {}", e.message());
+            e.with_who(who).with_message(message)
+        })?;
         Self::new(native, resources.clone(), timeout)
     }
 
@@ -249,7 +250,8 @@ impl Communicator {
         self.shared.rank
     }
 
-    /// The number of ranks.
+    /// The number of ranks (the world size: `WORLD_SIZE`, [`Launch::size`](crate::Launch::size),
+    /// the `size` of [`init`](Self::init); one name for it across the crate).
     pub fn size(&self) -> usize {
         self.shared.size
     }
@@ -347,8 +349,7 @@ impl Communicator {
                     }
                     Ok(false) if start.elapsed() <= timeout => {}
                     Ok(false) => {
-                        let e = Error::new(
-                            ErrorKind::Generic,
+                        let e = Error::timeout(
                             who,
                             format!(
                                 "the collectives did not finish within {:.1} s (a rank died, or never made the matching call); the \
@@ -359,7 +360,8 @@ impl Communicator {
                         return Err(sh.end_with(&mut st, who, e));
                     }
                     Err(e) => {
-                        let e = Error::new(e.kind(), who, format!("the communicator was aborted: {}", e.message()));
+                        let message = format!("the communicator was aborted: {}", e.message());
+                        let e = e.with_who(who).with_message(message);
                         return Err(sh.end_with(&mut st, who, e));
                     }
                 }
@@ -565,7 +567,7 @@ impl Communicator {
             let mut st = sh.lock();
             match r.and_then(|()| sh.native.destroy(WHO)) {
                 Ok(()) => {
-                    st.ended = Some(Error::logic(WHO, "the communicator was released"));
+                    st.ended = Some(Error::logic(WHO, "the communicator was released").with_reason(Reason::Released));
                     st.token = None;
                 }
                 Err(e) => note(Err(sh.end_with(&mut st, WHO, e))),
@@ -574,7 +576,7 @@ impl Communicator {
         for c in &comms {
             let mut st = c.shared.lock();
             st.token = None;
-            st.ended.get_or_insert_with(|| Error::logic(WHO, "the communicator was released"));
+            st.ended.get_or_insert_with(|| Error::logic(WHO, "the communicator was released").with_reason(Reason::Released));
         }
         drop(comms);
         first.map_or(Ok(()), Err)

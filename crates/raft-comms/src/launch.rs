@@ -33,8 +33,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 pub struct Launch {
     /// `RANK` (or a launcher's own name for it, see the module's table): this process's rank, from 0.
     pub rank: usize,
-    /// `WORLD_SIZE` (or the launcher's own name): the number of ranks.
-    pub world_size: usize,
+    /// `WORLD_SIZE` (or the launcher's own name): the number of ranks, as
+    /// [`Communicator::size`](crate::Communicator::size) names it.
+    pub size: usize,
     /// `LOCAL_RANK` (or the launcher's own name): the rank among the processes of this host (the
     /// GPU to use), when set.
     pub local_rank: Option<usize>,
@@ -101,6 +102,12 @@ pub(crate) fn first_host(list: &str) -> Option<String> {
 }
 
 impl Launch {
+    /// The number of ranks: [`size`](Self::size).
+    #[deprecated(note = "use the field `size`: one name for the number of ranks, as Communicator::size()")]
+    pub fn world_size(&self) -> usize {
+        self.size
+    }
+
     /// Reads the rank, world size and local rank from the first launcher family present (see the
     /// module's table), and `MASTER_ADDR`, `MASTER_PORT` (with Slurm's fallback).
     ///
@@ -226,7 +233,7 @@ impl Launch {
             }
             None => master_port,
         };
-        Ok(Launch { rank, world_size, local_rank, master_addr, master_port, rendezvous_port, launcher: family.launcher })
+        Ok(Launch { rank, size: world_size, local_rank, master_addr, master_port, rendezvous_port, launcher: family.launcher })
     }
 
     /// `MASTER_ADDR:<rendezvous port>` (brackets around an IPv6 address).
@@ -279,7 +286,7 @@ mod tests {
             l,
             Launch {
                 rank: 1,
-                world_size: 2,
+                size: 2,
                 local_rank: Some(1),
                 master_addr: "127.0.0.1".into(),
                 master_port: 29500,
@@ -339,7 +346,7 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!((l.rank, l.world_size, l.local_rank, l.launcher), (3, 4, Some(1), "Open MPI"));
+        assert_eq!((l.rank, l.size, l.local_rank, l.launcher), (3, 4, Some(1), "Open MPI"));
         assert_eq!(l.rendezvous_addr(), "h:29500");
     }
 
@@ -347,7 +354,10 @@ mod tests {
     fn reads_pmi_variables_with_the_local_rank_when_set() {
         let base = [("PMI_RANK", "2"), ("PMI_SIZE", "3"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")];
         let l = Launch::from_vars("t", table(&base)).unwrap();
-        assert_eq!((l.rank, l.world_size, l.local_rank, l.launcher), (2, 3, None, "PMI"));
+        assert_eq!((l.rank, l.size, l.local_rank, l.launcher), (2, 3, None, "PMI"));
+        #[allow(deprecated)] // the name of earlier issues still answers
+        let world_size = l.world_size();
+        assert_eq!(world_size, 3);
         let mut with_local = base.to_vec();
         with_local.push(("MPI_LOCALRANKID", "0"));
         assert_eq!(Launch::from_vars("t", table(&with_local)).unwrap().local_rank, Some(0));
@@ -370,7 +380,7 @@ mod tests {
             l,
             Launch {
                 rank: 5,
-                world_size: 8,
+                size: 8,
                 local_rank: Some(1),
                 master_addr: "gpu007".into(),
                 master_port: 23456,
@@ -441,7 +451,7 @@ mod tests {
         )
         .unwrap();
         // The local rank is the chosen family's: torchrun's, unset here.
-        assert_eq!((l.rank, l.world_size, l.local_rank, l.launcher), (1, 2, None, "torchrun"));
+        assert_eq!((l.rank, l.size, l.local_rank, l.launcher), (1, 2, None, "torchrun"));
         // Open MPI before PMI.
         let l = Launch::from_vars(
             "t",
@@ -496,7 +506,7 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!((l.rank, l.world_size, l.launcher), (5, 8, "torchrun"));
+        assert_eq!((l.rank, l.size, l.launcher), (5, 8, "torchrun"));
     }
 
     #[test]
@@ -561,7 +571,7 @@ mod tests {
     #[test]
     fn a_world_beyond_an_int_is_refused() {
         let vars = |world: &'static str| table(&[("RANK", "0"), ("WORLD_SIZE", world), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")]);
-        assert_eq!(Launch::from_vars("t", vars("2147483647")).unwrap().world_size, i32::MAX as usize);
+        assert_eq!(Launch::from_vars("t", vars("2147483647")).unwrap().size, i32::MAX as usize);
         let e = Launch::from_vars("t", vars("2147483648")).unwrap_err();
         assert!(e.message().contains("WORLD_SIZE=2147483648") && e.message().contains("2147483647"), "{e}");
     }
@@ -570,7 +580,7 @@ mod tests {
     fn ipv6_addresses_get_brackets() {
         let l = Launch {
             rank: 0,
-            world_size: 1,
+            size: 1,
             local_rank: None,
             master_addr: "::1".into(),
             master_port: 7,

@@ -3,7 +3,7 @@
 //! search, the RUNPATH rules and the message are raft-sys's one loader; what is particular here
 //! is the symbol table and opening libnccl through the shim.
 use crate::sys::RaftcommsShim;
-use raft_error::{Error, ErrorKind, Result};
+use raft_error::{Error, Result};
 use raft_sys::load::{self, LoadError, Spec};
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
@@ -41,7 +41,7 @@ static LOADED: OnceLock<std::result::Result<Loaded, LoadError>> = OnceLock::new(
 /// `Cuda` (the kind of a missing library everywhere in raft-rs) naming what is missing and what
 /// to install or set.
 pub(crate) fn loaded(who: &'static str) -> Result<&'static Loaded> {
-    LOADED.get_or_init(load).as_ref().map_err(|e| Error::new(ErrorKind::Cuda, who, e.message()))
+    LOADED.get_or_init(load).as_ref().map_err(|e| Error::library_missing(who, e.clone()))
 }
 
 /// Reads and clears the calling thread's message of the last failed shim call.

@@ -330,7 +330,7 @@ pub(crate) fn serve_on(
             break;
         }
         let Some(left) = remaining(deadline) else {
-            return Err(generic(
+            return Err(Error::timeout(
                 who,
                 format!(
                     "rank 0 waited {:.1} s at {here} for {} rank(s); missing: {} (not started, started with another MASTER_ADDR / \
@@ -408,7 +408,7 @@ pub(crate) fn fetch_until(
     let mut last_error = String::from("no attempt");
     loop {
         let Some(left) = remaining(deadline) else {
-            return Err(generic(
+            return Err(Error::timeout(
                 who,
                 format!(
                     "rank {rank} of {world} could not get the id from rank 0 at {addr} within {:.1} s: {last_error}",

@@ -33,7 +33,7 @@ fn check(who: &'static str, api: &RaftcommsShim, status: sys::raftcomms_status) 
     if status == sys::RAFTCOMMS_STATUS_OK {
         return Ok(());
     }
-    Err(Error::new(ErrorKind::from_shim_status(status), who, take_last_error(api)))
+    Err(Error::nccl(ErrorKind::from_shim_status(status), who, take_last_error(api)))
 }
 
 fn seconds(d: Duration) -> f64 {

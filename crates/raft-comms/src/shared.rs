@@ -7,7 +7,7 @@ use crate::result::NativeComm;
 use crate::watchdog::{self, Watched};
 use cudarc::driver::CudaStream;
 use raft_core::DeviceResources;
-use raft_error::{Error, ErrorKind, Result};
+use raft_error::{Error, ErrorKind, Reason, Result};
 use raft_exit::{JobToken, Label, ReleaseToken};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
@@ -269,8 +269,7 @@ impl Watched for Shared {
                 Ok(false) => {
                     let timeout = self.timeout();
                     if st.last_enqueue.elapsed() > timeout {
-                        let e = Error::new(
-                            ErrorKind::Generic,
+                        let e = Error::timeout(
                             WHO,
                             format!(
                                 "a collective did not finish within {:.1} s of being enqueued (a rank died, or never made the \
@@ -282,7 +281,8 @@ impl Watched for Shared {
                     }
                 }
                 Err(e) => {
-                    let e = Error::new(e.kind(), WHO, format!("NCCL reported an error, and the communicator was aborted: {}", e.message()));
+                    let message = format!("NCCL reported an error, and the communicator was aborted: {}", e.message());
+                    let e = e.with_who(WHO).with_message(message);
                     self.end_with(&mut st, WHO, e);
                 }
             }
@@ -318,7 +318,7 @@ impl Watched for Shared {
                             if let Err(e) = self.native.destroy(WHO) {
                                 log::warn!(target: "raft", "{e}");
                             }
-                            st.ended = Some(Error::logic(WHO, "the communicator was released"));
+                            st.ended = Some(Error::logic(WHO, "the communicator was released").with_reason(Reason::Released));
                             false
                         }
                         Ok(false) if since.elapsed() <= self.timeout() => {
@@ -326,7 +326,7 @@ impl Watched for Shared {
                             true
                         }
                         Ok(false) => {
-                            let e = Error::new(ErrorKind::Generic, WHO, "finalizing a dropped communicator timed out (other ranks gone?)");
+                            let e = Error::timeout(WHO, "finalizing a dropped communicator timed out (other ranks gone?)");
                             self.end_with(&mut st, WHO, e);
                             false
                         }

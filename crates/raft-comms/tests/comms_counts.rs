@@ -80,6 +80,8 @@ fn a_missing_shim_is_a_cuda_error_naming_the_variable() {
     if std::env::var_os(CHILD).is_some() {
         let e = raft_comms::nccl_info().unwrap_err();
         assert_eq!((e.kind(), e.who()), (ErrorKind::Cuda, "raft_comms::nccl_info"), "{e}");
+        assert_eq!(e.reason(), raft_error::Reason::LibraryMissing, "the reason of a missing raft shim or libcuvs too: {e}");
+        assert!(std::error::Error::source(&e).is_some(), "the loader's error is the source");
         assert!(e.message().starts_with("could not load raft-comms's shim (libraftcomms_shim.so): "), "{e}");
         assert!(e.message().contains(&format!("{MISSING} (absent)")) && e.message().contains("RAFT_COMMS_SHIM names it"), "{e}");
         return;

@@ -39,7 +39,7 @@ fn join() -> (Launch, DeviceResources, Communicator) {
     let launch = Launch::from_env().unwrap();
     let res = DeviceResources::on_device(launch.local_rank.unwrap()).unwrap();
     let comm = Communicator::from_env(&res).unwrap();
-    assert_eq!((comm.rank(), comm.size()), (launch.rank, launch.world_size));
+    assert_eq!((comm.rank(), comm.size()), (launch.rank, launch.size));
     (launch, res, comm)
 }
 

@@ -68,6 +68,7 @@ fn a_rank_that_never_arrives_is_named_within_the_bound() {
     let e = fake_id(5).serve(&addr, 3, Duration::from_millis(1500)).unwrap_err();
     let waited = start.elapsed();
     assert_eq!(e.kind(), ErrorKind::Generic);
+    assert_eq!(e.reason(), raft_error::Reason::Timeout, "{e}");
     assert_eq!(e.who(), "UniqueId::serve");
     assert!(e.message().contains("missing: 2") && !e.message().contains("missing: 1,"), "{e}");
     assert!(waited >= Duration::from_millis(1400) && waited < Duration::from_millis(1500) + *SLACK, "waited {waited:?}");
@@ -82,6 +83,7 @@ fn a_missing_rank_zero_is_an_error_within_the_bound() {
     let took = start.elapsed();
     assert!(took >= Duration::from_millis(800) && took < Duration::from_millis(800) + *SLACK, "took {took:?}");
     assert_eq!(e.kind(), ErrorKind::Generic);
+    assert_eq!(e.reason(), raft_error::Reason::Timeout, "{e}");
     assert!(e.message().contains("rank 1 of 2 could not get the id from rank 0"), "{e}");
 }
 

@@ -22,12 +22,10 @@ pub(crate) fn device_count_for(who: &'static str) -> Result<usize> {
         return Ok(*n);
     }
     match result::device_count(who) {
-        Ok(n) if n > 0 && !result::driver_present() => {
-            Err(Error::new(ErrorKind::Cuda, who, "no CUDA driver: libcuda.so could not be loaded"))
-        }
+        Ok(n) if n > 0 && !result::driver_present() => Err(Error::no_driver(who, "no CUDA driver: libcuda.so could not be loaded")),
         Ok(n) => Ok(*COUNT.get_or_init(|| n)),
         Err(e) if e.kind() == ErrorKind::Cuda && !result::driver_present() && !e.message().contains(raft_sys::SHIM_FILE) => {
-            Err(Error::new(ErrorKind::Cuda, who, format!("no CUDA driver: libcuda.so could not be loaded ({})", e.message())))
+            Err(Error::no_driver(who, format!("no CUDA driver: libcuda.so could not be loaded ({})", e.message())))
         }
         Err(e) => Err(e),
     }

@@ -130,17 +130,53 @@ fn panic_message(p: &(dyn Any + Send)) -> String {
     p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "a panic".into())
 }
 
+/// What a finished job gave: its value, its panic's payload, or an error.
+enum Outcome<T> {
+    Value(T),
+    Panicked(Box<dyn Any + Send + 'static>),
+    Failed(Error),
+}
+
 impl<T> JobHandle<T> {
     fn take(&self) -> Result<T> {
+        match self.take_outcome() {
+            Outcome::Value(v) => Ok(v),
+            Outcome::Panicked(p) => Err(self.panicked(&*p)),
+            Outcome::Failed(e) => Err(e),
+        }
+    }
+
+    fn take_outcome(&self) -> Outcome<T> {
         let result = self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).result.take();
         match result {
-            Some(Ok(v)) => Ok(v),
-            Some(Err(p)) => Err(Error::new(
-                ErrorKind::Generic,
-                "JobHandle::join",
-                format!("the job on device {} panicked: {}", self.device, panic_message(&*p)),
-            )),
-            None => Err(Error::logic("JobHandle::join", "the job's result was already taken")),
+            Some(Ok(v)) => Outcome::Value(v),
+            Some(Err(p)) => Outcome::Panicked(p),
+            None => Outcome::Failed(Error::logic("JobHandle::join", "the job's result was already taken")),
+        }
+    }
+
+    /// The `Generic` error (reason `Panicked`) of a job that panicked with `payload`.
+    fn panicked(&self, payload: &(dyn Any + Send)) -> Error {
+        Error::new(ErrorKind::Generic, "JobHandle::join", format!("the job on device {} panicked: {}", self.device, panic_message(payload)))
+            .with_reason(crate::error::Reason::Panicked)
+    }
+
+    /// [`join`](Self::join), except that a panic of the job carries on in the caller with the
+    /// job's own payload (`std::panic::resume_unwind`), as `std::thread::JoinHandle::join` lets
+    /// a caller do: a test's `#[should_panic(expected = …)]`, a payload type the program
+    /// downcasts, or a panic hook, sees the job's panic as if it had happened here.
+    ///
+    /// # Errors
+    /// As [`join`](Self::join), less the panic.
+    ///
+    /// # Panics
+    /// With the job's payload when the job panicked.
+    pub fn join_unwind(self) -> Result<T> {
+        self.wait()?;
+        match self.take_outcome() {
+            Outcome::Value(v) => Ok(v),
+            Outcome::Panicked(p) => std::panic::resume_unwind(p),
+            Outcome::Failed(e) => Err(e),
         }
     }
 
@@ -152,11 +188,18 @@ impl<T> JobHandle<T> {
     /// Blocks until the job ends and returns its value.
     ///
     /// # Errors
-    /// `Generic` when the job panicked (the panic is caught on the worker, which keeps running);
+    /// `Generic` (reason `Panicked`) when the job panicked (the panic is caught on the worker,
+    /// which keeps running; [`join_unwind`](Self::join_unwind) gives its payload back);
     /// `Logic` when called by a job of the same resources on an unfinished job (it would wait
     /// for a job queued behind itself, forever), or when the job's worker is itself waiting,
     /// through a chain of joins and releases, for the calling thread.
     pub fn join(self) -> Result<T> {
+        self.wait()?;
+        self.take()
+    }
+
+    /// Blocks until the job has finished.
+    fn wait(&self) -> Result<()> {
         if !self.is_finished() && std::thread::current().id() == self.worker {
             return Err(Error::logic(
                 "JobHandle::join",
@@ -166,7 +209,7 @@ impl<T> JobHandle<T> {
         // A short spin first: most jobs this waits for are short, and parking costs a few µs.
         for _ in 0..2000 {
             if self.is_finished() {
-                return self.take();
+                return Ok(());
             }
             std::hint::spin_loop();
         }
@@ -187,8 +230,7 @@ impl<T> JobHandle<T> {
         while !self.shared.done.load(Ordering::Acquire) {
             st = self.shared.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
-        drop(st);
-        self.take()
+        Ok(())
     }
 }
 
@@ -216,3 +258,32 @@ impl<T> std::fmt::Debug for JobHandle<T> {
 }
 
 static_assertions::assert_impl_all!(JobHandle<u32>: Send, Sync, Unpin);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handle on a job that has finished with `result`, as the worker leaves it.
+    fn finished<T>(result: std::thread::Result<T>) -> JobHandle<T> {
+        let shared = Shared::new();
+        shared.complete(result);
+        JobHandle { shared, device: 0, worker: std::thread::spawn(|| ()).thread().id() }
+    }
+
+    #[derive(Debug, PartialEq)]
+    struct Payload(u32);
+
+    #[test]
+    fn join_unwind_resumes_with_the_job_s_own_payload() {
+        let caught = std::panic::catch_unwind(|| finished::<u8>(Err(Box::new(Payload(7)))).join_unwind()).unwrap_err();
+        assert_eq!(caught.downcast_ref::<Payload>(), Some(&Payload(7)));
+        assert_eq!(finished(Ok(5u8)).join_unwind().unwrap(), 5);
+    }
+
+    #[test]
+    fn join_reports_a_panic_as_a_generic_error_with_its_text() {
+        let e = finished::<u8>(Err(Box::new("boom"))).join().unwrap_err();
+        assert_eq!((e.kind(), e.reason()), (ErrorKind::Generic, crate::Reason::Panicked));
+        assert_eq!(e.to_string(), "JobHandle::join: the job on device 0 panicked: boom");
+    }
+}

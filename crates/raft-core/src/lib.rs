@@ -3,7 +3,7 @@
 //! [`DeviceResources`] wraps `raft::device_resources` built on a CUDA stream of its own (a
 //! cudarc stream), with RAFT's lazily made cuBLAS, cuSOLVER and cuSPARSE handles, a job worker
 //! thread, per-thread defaults ([`current_device_resources`]), RMM's per-device memory resource
-//! ([`current_memory_resource`]), typed device arrays ([`DeviceVec`]) and [`gemm`]. Errors are
+//! ([`memory::current`]), typed device arrays ([`DeviceVec`]) and [`gemm`]. Errors are
 //! [`Error`] with an [`ErrorKind`]; exit safety comes from `raft-exit`.
 //!
 //! This is the only crate that calls `raft-sys` for resources.
@@ -31,7 +31,7 @@ mod waits;
 
 /// Errors: one type for the whole library (the `raft-error` crate).
 pub mod error {
-    pub use raft_error::{describe_driver_error, Error, ErrorKind, Result};
+    pub use raft_error::{describe_driver_error, Error, ErrorKind, Reason, Result};
 }
 
 pub use array::{DeviceVec, HostCopy};
@@ -39,7 +39,7 @@ pub use copy::{DeviceToDevice, Staging, ToDevice, ToHost, Transfer};
 pub use current::{current_device_resources, AsResources};
 pub use device::{current_device, device_count, memory_pools_supported};
 pub use dlpack::{gemm_dlpack, DlpackElement, DlpackExport, DlpackTensor};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Reason, Result};
 pub use gemm::gemm;
 /// The `half` crate whose `f16` / `bf16` are element types here (the same version, for users).
 pub use half;
@@ -48,9 +48,13 @@ pub use host::{HostSource, HostTarget, PageLocked, PinnedVec, RegisteredSlice};
 pub use job::JobHandle;
 pub use lend::RaftResourcesPtr;
 pub use matrix::{DeviceMatrix, Layout, MatrixView, MatrixViewMut};
+#[allow(deprecated)]
+pub use memory::deprecated::reinitialize;
+#[allow(deprecated)]
+pub use memory::{current_memory_resource, enable_memory_statistics, memory_statistics, reset_memory_resource, set_memory_resource};
 pub use memory::{
-    current_memory_resource, enable_memory_statistics, installed_default, memory_statistics, reinitialize, reset_memory_resource,
-    set_memory_resource, MemoryResource, MemoryResourceKind, MemoryStatistics, RmmOptions, TrackedAllocations,
+    installed_default, ArenaOptions, AsyncPoolBytes, AsyncPoolOptions, LimitUsage, MemoryResource, MemoryResourceKind, MemoryStatistics,
+    PoolOptions, RmmOptions, TrackedAllocations,
 };
 pub use release::PendingReleases;
 pub use resources::{DeviceResources, WeakResources};

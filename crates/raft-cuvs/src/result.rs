@@ -20,7 +20,7 @@ use std::ptr::NonNull;
 /// The loaded C API, or the `Cuda` error saying why it is not there (the kind raft-core gives a
 /// missing shim).
 pub(crate) fn api(who: &'static str) -> Result<&'static sys::CuvsApi> {
-    sys::api().map_err(|e| Error::new(ErrorKind::Cuda, who, e.message().to_string()))
+    sys::api().map_err(|e| Error::library_missing(who, e.clone()))
 }
 
 /// Turns a status into a result; a failure's message is read at once, on this thread.

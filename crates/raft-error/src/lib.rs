@@ -1,9 +1,13 @@
-//! `raft::Error`: every failure of raft-rs, with one of four kinds and the API that failed.
+//! `raft::Error`: every failure of raft-rs, with one of four kinds, a finer reason, the native
+//! code where there is one, and the API that failed.
 //!
 //! A leaf crate: every layer (`raft-sys` users, `raft-core`, `raft-abi`) reports through it, and it
 //! depends on none of them.
+mod cuda_codes;
+
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 /// What went wrong, for dispatch (the seed's `exn:fail:raft-kind`).
 #[non_exhaustive]
@@ -44,44 +48,229 @@ impl fmt::Display for ErrorKind {
     }
 }
 
+/// Why a call failed, finer than [`ErrorKind`], for a program that acts on it: retry after a
+/// [`Timeout`](Reason::Timeout), fall back to the CPU on [`NoDriver`](Reason::NoDriver) or
+/// [`LibraryMissing`](Reason::LibraryMissing), make new resources after
+/// [`Released`](Reason::Released). More reasons may come: match with a `_` arm.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The resources (or the communicator) were released before the call (kind `Logic`).
+    Released,
+    /// The call was refused for what it was given or when it was made: a device that does not
+    /// exist, a bad size or shape, a value out of range, a call in the wrong order (kind `Logic`).
+    InvalidArgument,
+    /// A wait ran past its bound: a rendezvous, a collective, a peer that never came.
+    Timeout,
+    /// A native library could not be loaded: the raft-rs shim, libnccl, libcuvs, or what they
+    /// need (kind `Cuda`, the kind of a missing CUDA stack). The message says what to set.
+    LibraryMissing,
+    /// No CUDA driver, or one too old for the runtime (kind `Cuda`, `cuda_code() == Some(35)`,
+    /// `cudaErrorInsufficientDriver`).
+    NoDriver,
+    /// An allocation failed (kind `OutOfMemory`): free memory and retry.
+    OutOfMemory,
+    /// Another CUDA failure; [`Error::cuda_code`] gives the code when CUDA reported one.
+    Cuda,
+    /// An NCCL failure; [`Error::nccl_code`] gives NCCL's `ncclResult_t`.
+    Nccl,
+    /// A job panicked (its payload: `JobHandle::join_unwind`).
+    Panicked,
+    /// Anything else.
+    Other,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Reason::Released => "released",
+            Reason::InvalidArgument => "invalid-argument",
+            Reason::Timeout => "timeout",
+            Reason::LibraryMissing => "library-missing",
+            Reason::NoDriver => "no-driver",
+            Reason::OutOfMemory => "out-of-memory",
+            Reason::Cuda => "cuda",
+            Reason::Nccl => "nccl",
+            Reason::Panicked => "panicked",
+            Reason::Other => "other",
+        })
+    }
+}
+
+/// `cudaErrorInsufficientDriver`: what the CUDA runtime answers without a driver.
+pub const CUDA_ERROR_INSUFFICIENT_DRIVER: i32 = 35;
+
+/// The error behind another, shared so that [`Error`] stays `Clone`.
+type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A failure of a raft call. `Display` is `who: message`, where `who` is the Rust API that failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// Beside the [`kind`](Self::kind) (the seed's four), an error carries a finer
+/// [`reason`](Self::reason), the native code when CUDA or NCCL gave one
+/// ([`cuda_code`](Self::cuda_code), [`nccl_code`](Self::nccl_code)) and, where one exists, the
+/// error it comes from (`std::error::Error::source`). Equality compares all but the source.
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{who}: {message}")]
 pub struct Error {
     kind: ErrorKind,
+    reason: Reason,
     who: Cow<'static, str>,
     message: String,
+    cuda_code: Option<i32>,
+    nccl_code: Option<i32>,
+    #[source]
+    source: Option<Source>,
 }
+
+impl PartialEq for Error {
+    fn eq(&self, other: &Self) -> bool {
+        (self.kind, self.reason, &self.who, &self.message, self.cuda_code, self.nccl_code)
+            == (other.kind, other.reason, &other.who, &other.message, other.cuda_code, other.nccl_code)
+    }
+}
+
+impl Eq for Error {}
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The first CUDA runtime error name in `message` (`cudaErrorNoDevice`), as its code.
+fn cuda_code_in(message: &str) -> Option<i32> {
+    let mut rest = message;
+    while let Some(at) = rest.find("cudaError") {
+        let tail = &rest[at..];
+        let end = tail.find(|c: char| !c.is_ascii_alphanumeric()).unwrap_or(tail.len());
+        if let Some(&(_, code)) = cuda_codes::RUNTIME_ERRORS.iter().find(|(name, _)| *name == &tail[..end]) {
+            return Some(code);
+        }
+        rest = &tail[end..];
+    }
+    None
+}
+
+/// NCCL's `ncclGetErrorString` texts and their `ncclResult_t`, as raft-comms' shim reports them
+/// (`"<what> failed: <text>"`).
+const NCCL_ERRORS: &[(&str, i32)] = &[
+    ("unhandled cuda error", 1),
+    ("unhandled system error", 2),
+    ("internal error", 3),
+    ("invalid argument", 4),
+    ("invalid usage", 5),
+    ("remote process exited or there was a network error", 6),
+    ("NCCL operation in progress", 7),
+];
+
+/// The `ncclResult_t` of a failure raft-comms' shim reported (`"… failed: <NCCL's text>"`).
+fn nccl_code_in(message: &str) -> Option<i32> {
+    message.match_indices("failed: ").find_map(|(at, sep)| {
+        let text = &message[at + sep.len()..];
+        NCCL_ERRORS.iter().find(|(words, _)| text.starts_with(words)).map(|&(_, code)| code)
+    })
+}
+
 impl Error {
-    /// A new error of `kind`, raised by `who`.
+    /// A new error of `kind`, raised by `who`. A CUDA runtime error name in the message
+    /// (`cudaErrorInsufficientDriver`, as the shims report failures) gives [`cuda_code`](Self::cuda_code);
+    /// the reason follows from the kind and the code (`Logic` is
+    /// [`InvalidArgument`](Reason::InvalidArgument), code 35 [`NoDriver`](Reason::NoDriver)).
     pub fn new(kind: ErrorKind, who: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
-        Error { kind, who: who.into(), message: message.into() }
+        let message = message.into();
+        let cuda_code = cuda_code_in(&message);
+        let mut e = Error { kind, reason: Reason::Other, who: who.into(), message, cuda_code, nccl_code: None, source: None };
+        e.reason = e.implied_reason();
+        e
     }
 
-    /// A `Logic` error.
+    /// The reason the kind and the codes imply.
+    fn implied_reason(&self) -> Reason {
+        match (self.kind, self.nccl_code, self.cuda_code) {
+            (ErrorKind::OutOfMemory, _, _) => Reason::OutOfMemory,
+            (_, Some(_), _) => Reason::Nccl,
+            (_, _, Some(CUDA_ERROR_INSUFFICIENT_DRIVER)) => Reason::NoDriver,
+            (_, _, Some(_)) | (ErrorKind::Cuda, _, _) => Reason::Cuda,
+            (ErrorKind::Logic, _, _) => Reason::InvalidArgument,
+            _ => Reason::Other,
+        }
+    }
+
+    /// A `Logic` error ([`Reason::InvalidArgument`]).
     pub fn logic(who: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Logic, who, message)
     }
 
-    /// The `Logic` error of an operation on released resources.
+    /// The `Logic` error of an operation on released resources ([`Reason::Released`]).
     pub fn released(who: impl Into<Cow<'static, str>>, device: usize) -> Self {
-        Self::logic(who, format!("the device resources on device {device} were released"))
+        Self::logic(who, format!("the device resources on device {device} were released")).with_reason(Reason::Released)
+    }
+
+    /// The `Generic` error of a wait that ran past its bound ([`Reason::Timeout`]).
+    pub fn timeout(who: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Generic, who, message).with_reason(Reason::Timeout)
+    }
+
+    /// The error of a native library that could not be loaded (the shim, libnccl, libcuvs):
+    /// kind `Cuda`, [`Reason::LibraryMissing`], `why`'s text as the message and `why` as the source.
+    /// Every loader of the workspace reports through this, so a missing library reads the same
+    /// whichever crate needed it.
+    pub fn library_missing<E>(who: impl Into<Cow<'static, str>>, why: E) -> Self
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        Self::new(ErrorKind::Cuda, who, why.to_string()).with_reason(Reason::LibraryMissing).with_source(why)
+    }
+
+    /// The `Cuda` error of a process without a CUDA driver ([`Reason::NoDriver`],
+    /// `cuda_code() == Some(35)`, what the runtime says then).
+    pub fn no_driver(who: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        let mut e = Self::new(ErrorKind::Cuda, who, message);
+        e.cuda_code = Some(CUDA_ERROR_INSUFFICIENT_DRIVER);
+        e.reason = Reason::NoDriver;
+        e
+    }
+
+    /// The error of a failure raft-comms' shim reported: as [`new`](Self::new), and NCCL's text
+    /// in the message (`"… failed: unhandled system error …"`) gives [`nccl_code`](Self::nccl_code)
+    /// and [`Reason::Nccl`] (an out-of-memory failure stays [`Reason::OutOfMemory`]).
+    pub fn nccl(kind: ErrorKind, who: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        let mut e = Self::new(kind, who, message);
+        e.nccl_code = nccl_code_in(&e.message);
+        e.reason = e.implied_reason();
+        e
     }
 
     /// The error of a failed cudarc (driver) call: `OutOfMemory` for `CUDA_ERROR_OUT_OF_MEMORY`,
-    /// `Cuda` otherwise.
+    /// `Cuda` otherwise; [`cuda_code`](Self::cuda_code) is the driver's `CUresult`.
     pub fn driver(who: impl Into<Cow<'static, str>>, e: cudarc::driver::DriverError) -> Self {
         let kind = if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY { ErrorKind::OutOfMemory } else { ErrorKind::Cuda };
-        Self::new(kind, who, describe_driver_error(&e))
+        let mut made = Self::new(kind, who, describe_driver_error(&e));
+        made.cuda_code = Some(e.0 as i32);
+        made.reason = made.implied_reason();
+        // No source: cudarc's `DriverError` asks libcuda for its text when displayed, and
+        // panics where there is no libcuda; the message holds that text already.
+        made
     }
 
     /// The kind, for dispatch.
     pub fn kind(&self) -> ErrorKind {
         self.kind
+    }
+
+    /// Why, finer than the kind.
+    pub fn reason(&self) -> Reason {
+        self.reason
+    }
+
+    /// The CUDA code of the failure, when CUDA gave one: the runtime's `cudaError_t` (35
+    /// `cudaErrorInsufficientDriver` without a driver, 2 `cudaErrorMemoryAllocation`), or the
+    /// driver's `CUresult` for a driver call ([`Error::driver`]).
+    pub fn cuda_code(&self) -> Option<i32> {
+        self.cuda_code
+    }
+
+    /// NCCL's `ncclResult_t` of the failure, when NCCL gave one (2 `ncclSystemError`, 6
+    /// `ncclRemoteError`, …).
+    pub fn nccl_code(&self) -> Option<i32> {
+        self.nccl_code
     }
 
     /// The Rust API that failed, e.g. `DeviceResources::sync`.
@@ -94,9 +283,31 @@ impl Error {
         &self.message
     }
 
-    /// The same error, reported by another API (a helper's error seen from its caller).
+    /// The same error, reported by another API (a helper's error seen from its caller); the
+    /// reason, codes and source stay.
     pub fn with_who(mut self, who: impl Into<Cow<'static, str>>) -> Self {
         self.who = who.into();
+        self
+    }
+
+    /// The same error with another message (context added); the reason, codes and source stay.
+    pub fn with_message(mut self, message: impl Into<String>) -> Self {
+        self.message = message.into();
+        self
+    }
+
+    /// The same error with a finer reason, set where the failure is understood.
+    pub fn with_reason(mut self, reason: Reason) -> Self {
+        self.reason = reason;
+        self
+    }
+
+    /// The same error, caused by `source` (`std::error::Error::source` returns it).
+    pub fn with_source<E>(mut self, source: E) -> Self
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        self.source = Some(Arc::new(source));
         self
     }
 }
@@ -152,6 +363,83 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::OutOfMemory);
         let e = Error::driver("DeviceResources::new", cudarc::driver::DriverError(CUresult::CUDA_ERROR_INVALID_VALUE));
         assert_eq!(e.kind(), ErrorKind::Cuda);
+    }
+
+    #[test]
+    fn reasons_follow_the_kind_and_the_code() {
+        let cases = [
+            (ErrorKind::Logic, "no device 3 among 1", Reason::InvalidArgument, None),
+            (ErrorKind::Generic, "something", Reason::Other, None),
+            (ErrorKind::OutOfMemory, "allocating failed: cudaErrorMemoryAllocation: out of memory", Reason::OutOfMemory, Some(2)),
+            (
+                ErrorKind::Cuda,
+                "counting the devices failed: cudaErrorInsufficientDriver: CUDA driver version is insufficient",
+                Reason::NoDriver,
+                Some(35),
+            ),
+            (ErrorKind::Cuda, "x failed: cudaErrorNoDevice: no CUDA-capable device is detected", Reason::Cuda, Some(100)),
+            (ErrorKind::Cuda, "cudaErrorNotAName then cudaErrorInvalidValue: invalid argument", Reason::Cuda, Some(1)),
+            (ErrorKind::Cuda, "CUDA said no", Reason::Cuda, None),
+        ];
+        for (kind, message, reason, code) in cases {
+            let e = Error::new(kind, "t", message);
+            assert_eq!((e.reason(), e.cuda_code(), e.nccl_code()), (reason, code, None), "{message}");
+        }
+    }
+
+    #[test]
+    fn nccl_texts_give_nccl_codes() {
+        let e = Error::nccl(
+            ErrorKind::Generic,
+            "Communicator::allreduce",
+            "ncclAllReduce failed: unhandled system error (run with NCCL_DEBUG=INFO for details): socket",
+        );
+        assert_eq!((e.reason(), e.nccl_code(), e.kind()), (Reason::Nccl, Some(2), ErrorKind::Generic));
+        let e = Error::nccl(ErrorKind::Logic, "t", "ncclCommSplit failed: invalid usage (run with NCCL_DEBUG=WARN for details)");
+        assert_eq!((e.reason(), e.nccl_code()), (Reason::Nccl, Some(5)));
+        // A CUDA failure inside the comms shim is not an NCCL code.
+        let e = Error::nccl(ErrorKind::Cuda, "t", "copying failed: cudaErrorInvalidValue: invalid argument");
+        assert_eq!((e.reason(), e.nccl_code(), e.cuda_code()), (Reason::Cuda, None, Some(1)));
+        let e = Error::nccl(ErrorKind::OutOfMemory, "t", "ncclCommInitRankConfig failed: unhandled cuda error: out of memory");
+        assert_eq!((e.reason(), e.nccl_code()), (Reason::OutOfMemory, Some(1)));
+    }
+
+    #[test]
+    fn constructors_set_their_reason_and_keep_the_display() {
+        #[derive(Debug)]
+        struct Missing;
+        impl fmt::Display for Missing {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("could not load libnccl.so.2")
+            }
+        }
+        impl std::error::Error for Missing {}
+        let e = Error::library_missing("Communicator::init", Missing);
+        assert_eq!((e.kind(), e.reason()), (ErrorKind::Cuda, Reason::LibraryMissing));
+        assert_eq!(e.to_string(), "Communicator::init: could not load libnccl.so.2");
+        let source = std::error::Error::source(&e).expect("the loader's error is the source");
+        assert_eq!(source.to_string(), "could not load libnccl.so.2");
+        let e = Error::no_driver("device_count", "no CUDA driver: libcuda.so could not be loaded");
+        assert_eq!((e.kind(), e.reason(), e.cuda_code()), (ErrorKind::Cuda, Reason::NoDriver, Some(35)));
+        let e = Error::timeout("UniqueId::fetch", "no id within 1.0 s");
+        assert_eq!((e.kind(), e.reason()), (ErrorKind::Generic, Reason::Timeout));
+        assert_eq!(Error::released("DeviceResources::sync", 0).reason(), Reason::Released);
+        // with_who and with_message keep what a program acts on.
+        let e = Error::released("a", 1).with_who("b").with_message("m");
+        assert_eq!((e.to_string().as_str(), e.reason(), e.kind()), ("b: m", Reason::Released, ErrorKind::Logic));
+        // Equality ignores the source; a clone shares it.
+        let a = Error::library_missing("w", Missing);
+        assert_eq!(a, Error::new(ErrorKind::Cuda, "w", "could not load libnccl.so.2").with_reason(Reason::LibraryMissing));
+        assert!(std::error::Error::source(&a.clone()).is_some());
+    }
+
+    #[test]
+    fn driver_errors_carry_the_driver_code() {
+        use cudarc::driver::sys::CUresult;
+        let e = Error::driver("t", cudarc::driver::DriverError(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!((e.cuda_code(), e.reason()), (Some(CUresult::CUDA_ERROR_INVALID_VALUE as i32), Reason::Cuda));
+        let e = Error::driver("t", cudarc::driver::DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(e.reason(), Reason::OutOfMemory);
     }
 
     #[test]

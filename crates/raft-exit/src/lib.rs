@@ -5,7 +5,8 @@
 //! libcuda) or to hang. This crate knows jobs, releases and the exit, not RAFT:
 //!
 //! - the **exit wait** ([`current_exit_wait`], [`with_exit_wait`], `RAFT_EXIT_WAIT`): how long
-//!   the exit may wait for a job, read when the job is made, on the calling thread;
+//!   the exit may wait for a job, read when the job is made, on the calling thread; given in
+//!   seconds or as a `Duration` ([`ExitWait`]);
 //! - the **registry** ([`JobToken`], [`ReleaseToken`]): what is in flight;
 //! - the **exit hook**, registered with `atexit` by the first job or release: it waits for the
 //!   jobs in flight up to the largest of their bounds, and for releases up to one second after
@@ -46,7 +47,8 @@ pub use hook::{ensure_registered as register_exit_hook, hook_registered, mark_li
 pub use phase::{exiting, native_release_allowed, phase, ExitDecided, Phase};
 pub use registry::Label;
 pub use wait::{
-    current_exit_wait, default_exit_wait, set_default_exit_wait, spawn_thread, validate, with_exit_wait, InvalidExitWait, DEFAULT_EXIT_WAIT,
+    current_exit_wait, default_exit_wait, set_default_exit_wait, spawn_thread, validate, with_exit_wait, ExitWait, InvalidExitWait,
+    DEFAULT_EXIT_WAIT,
 };
 
 use registry::REGISTRY;

@@ -5,6 +5,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// The default when `RAFT_EXIT_WAIT` is not set.
 pub const DEFAULT_EXIT_WAIT: f64 = 10.0;
@@ -24,6 +25,42 @@ pub struct InvalidExitWait {
 impl From<InvalidExitWait> for raft_error::Error {
     fn from(e: InvalidExitWait) -> Self {
         raft_error::Error::logic(e.who, format!("expected a non-negative real number of seconds, given {}", e.given))
+    }
+}
+
+/// An exit wait as given: seconds (the seed's real number, `f64::INFINITY` for "as long as it
+/// takes") or a [`Duration`]. [`with_exit_wait`] and [`set_default_exit_wait`] take either:
+/// `with_exit_wait(2.5, …)` and `with_exit_wait(Duration::from_millis(2500), …)` are the same.
+/// A number of seconds is checked where it is used (negative and NaN are refused, with the
+/// seed's text); a `Duration` is always valid.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExitWait(f64);
+
+impl ExitWait {
+    /// No bound: the exit waits for the job as long as it runs.
+    pub const FOREVER: ExitWait = ExitWait(f64::INFINITY);
+
+    /// The wait in seconds, as given.
+    pub fn seconds(self) -> f64 {
+        self.0
+    }
+
+    /// The wait as a `Duration`; `None` for [`FOREVER`](Self::FOREVER) and for a value that is
+    /// not a valid wait (negative, NaN) or does not fit.
+    pub fn duration(self) -> Option<Duration> {
+        Duration::try_from_secs_f64(self.0).ok()
+    }
+}
+
+impl From<f64> for ExitWait {
+    fn from(seconds: f64) -> Self {
+        ExitWait(seconds)
+    }
+}
+
+impl From<Duration> for ExitWait {
+    fn from(wait: Duration) -> Self {
+        ExitWait(wait.as_secs_f64())
     }
 }
 
@@ -70,9 +107,10 @@ pub fn default_exit_wait() -> Result<f64, InvalidExitWait> {
     }
 }
 
-/// Sets the process default (the seed's `(current-exit-wait 5)` outside any `parameterize`).
-pub fn set_default_exit_wait(seconds: f64) -> Result<(), InvalidExitWait> {
-    let seconds = validate("set_default_exit_wait", seconds)?;
+/// Sets the process default (the seed's `(current-exit-wait 5)` outside any `parameterize`), in
+/// seconds or as a [`Duration`] (see [`ExitWait`]).
+pub fn set_default_exit_wait(wait: impl Into<ExitWait>) -> Result<(), InvalidExitWait> {
+    let seconds = validate("set_default_exit_wait", wait.into().seconds())?;
     DEFAULT_BITS.store(seconds.to_bits(), Ordering::Relaxed);
     Ok(())
 }
@@ -87,9 +125,10 @@ pub fn current_exit_wait() -> Result<f64, InvalidExitWait> {
 
 /// Runs `body` with the exit wait set to `seconds` on this thread (the seed's `parameterize`):
 /// jobs made in `body`, and in threads started there through [`spawn_thread`], read it.
-/// The previous value comes back when `body` returns or panics.
-pub fn with_exit_wait<R>(seconds: f64, body: impl FnOnce() -> R) -> Result<R, InvalidExitWait> {
-    let seconds = validate("with_exit_wait", seconds)?;
+/// The previous value comes back when `body` returns or panics. The wait is seconds or a
+/// [`Duration`] (see [`ExitWait`]).
+pub fn with_exit_wait<R>(wait: impl Into<ExitWait>, body: impl FnOnce() -> R) -> Result<R, InvalidExitWait> {
+    let seconds = validate("with_exit_wait", wait.into().seconds())?;
     struct Restore(Option<f64>);
     impl Drop for Restore {
         fn drop(&mut self) {
@@ -144,6 +183,21 @@ mod tests {
         // A plain std thread does not inherit it.
         let plain = with_exit_wait(3.0, || std::thread::spawn(current_exit_wait).join().unwrap().unwrap()).unwrap();
         assert_eq!(plain, outside);
+    }
+
+    #[test]
+    fn a_duration_is_the_same_wait_as_its_seconds() {
+        let by_duration = with_exit_wait(Duration::from_millis(2500), current_exit_wait).unwrap().unwrap();
+        assert_eq!(by_duration, 2.5);
+        assert_eq!(with_exit_wait(Duration::ZERO, current_exit_wait).unwrap().unwrap(), 0.0);
+        assert_eq!(with_exit_wait(ExitWait::FOREVER, current_exit_wait).unwrap().unwrap(), f64::INFINITY);
+        assert_eq!(ExitWait::from(Duration::from_secs(3)).duration(), Some(Duration::from_secs(3)));
+        assert_eq!((ExitWait::FOREVER.duration(), ExitWait::from(-1.0).duration()), (None, None));
+        // Seconds keep the seed's checks and text, also through ExitWait.
+        assert_eq!(
+            with_exit_wait(ExitWait::from(f64::NAN), || ()).unwrap_err().to_string(),
+            "with_exit_wait: expected a non-negative real number of seconds, given NaN"
+        );
     }
 
     #[test]

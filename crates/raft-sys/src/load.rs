@@ -4,8 +4,9 @@
 //!
 //! A loader describes its library with a [`Spec`] and calls [`open`]; what is particular to it
 //! (the symbol table it binds, the build facts or version it checks) is the `accept` closure.
-//! Callers report a [`LoadError`] as `raft_error::ErrorKind::Cuda`, the kind of a missing CUDA
-//! stack.
+//! Callers report a [`LoadError`] through `raft_error::Error::library_missing` (kind `Cuda`, the
+//! kind of a missing CUDA stack; reason `LibraryMissing`; the `LoadError` as its source), so a
+//! missing shim, libnccl or libcuvs reads the same whichever crate needed it.
 use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
 use std::ffi::{c_void, CStr};
 use std::fmt;

@@ -37,7 +37,9 @@
 //! # Errors
 //! Every fallible call returns [`Error`]: [`ErrorKind::OutOfMemory`], [`ErrorKind::Cuda`]
 //! (including "no driver"), [`ErrorKind::Logic`] (refused before reaching the GPU) or
-//! [`ErrorKind::Generic`]; `Display` is `who: message`.
+//! [`ErrorKind::Generic`]; `Display` is `who: message`. A finer [`Reason`] (`err.reason()`:
+//! released, invalid argument, timeout, library missing, no driver, …), the native code
+//! (`cuda_code()`, `nccl_code()`) and `source()` tell a program what it can do about it.
 //!
 //! # Exit
 //! A process may exit (main returns, or `std::process::exit` from any thread) while jobs run:
@@ -46,12 +48,16 @@
 pub use cudarc;
 pub use raft_abi::{abi, raft_release, require_raft_release, running, version, Abi, AbiField, Release, Running};
 pub use raft_core::{
-    current_device, current_device_resources, current_memory_resource, device_count, driver_version, enable_memory_statistics, gemm,
-    installed_default, memory, memory_pools_supported, memory_statistics, reinitialize, reset_memory_resource, runtime_version,
-    set_memory_resource, stats, with_device_resources, AsResources, DeviceMatrix, DeviceResources, DeviceScalar, DeviceVec, DeviceView,
-    DeviceViewMut, Error, ErrorKind, GemmScalar, HandleKind, JobHandle, Layout, MatrixView, MatrixViewMut, MemoryResource,
-    MemoryResourceKind, MemoryStatistics, PendingReleases, RaftResourcesPtr, Result, RmmOptions, Scoped, Stats, TrackedAllocations,
-    WeakResources,
+    current_device, current_device_resources, device_count, driver_version, gemm, installed_default, memory, memory_pools_supported,
+    runtime_version, stats, with_device_resources, ArenaOptions, AsResources, AsyncPoolBytes, AsyncPoolOptions, DeviceMatrix,
+    DeviceResources, DeviceScalar, DeviceVec, DeviceView, DeviceViewMut, Error, ErrorKind, GemmScalar, HandleKind, JobHandle, Layout,
+    LimitUsage, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, PendingReleases, PoolOptions,
+    RaftResourcesPtr, Reason, Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
+};
+/// Names of earlier issues, kept as deprecated aliases of the value API ([`memory`]).
+#[allow(deprecated)]
+pub use raft_core::{
+    current_memory_resource, enable_memory_statistics, memory_statistics, reinitialize, reset_memory_resource, set_memory_resource,
 };
 pub use raft_core::{
     CopyScope, DeviceToDevice, HostSource, HostStores, HostTarget, PageLocked, PinnedVec, RegisteredSlice, Staging, ToDevice, ToHost,
@@ -69,6 +75,6 @@ pub use raft_cuvs as cuvs;
 pub mod exit {
     pub use raft_exit::{
         current_exit_wait, default_exit_wait, jobs_in_flight, phase, releases_in_flight, set_default_exit_wait, spawn_thread,
-        with_exit_wait, ExitDecided, InvalidExitWait, Phase, DEFAULT_EXIT_WAIT,
+        with_exit_wait, ExitDecided, ExitWait, InvalidExitWait, Phase, DEFAULT_EXIT_WAIT,
     };
 }

@@ -36,7 +36,7 @@ fn arrays_alive() {
         }
         held.push(DeviceVec::<f32>::zeros(&res, 1 << 16).expect("array"));
     }
-    println!("RESULT mr={}", raft::current_memory_resource(0).map(|k| k.to_string()).unwrap_or_else(|e| e.to_string()));
+    println!("RESULT mr={}", raft::memory::current(0).map(|m| m.kind().to_string()).unwrap_or_else(|e| e.to_string()));
     // Some arrays go on other threads, while the exit may already run.
     let tail: Vec<DeviceVec<f32>> = held.split_off(held.len() / 2);
     std::thread::spawn(move || {

@@ -103,7 +103,7 @@ fn teardown(mode: &str) -> ExitCode {
     // Added after the first resources added raft-core's steps: runs after them, inside the
     // hook, while CUDA and RMM are still up.
     raft_exit::on_teardown(report_after_teardown);
-    let now = raft::current_memory_resource(0).map(|k| format!("{k:?}")).unwrap_or_else(|_| "error".into());
+    let now = raft::memory::current(0).map(|m| format!("{:?}", m.kind())).unwrap_or_else(|_| "error".into());
     say(&format!("RESULT installed={} before_exit={now}\n", raft::installed_default(0)));
     ExitCode::SUCCESS
 }

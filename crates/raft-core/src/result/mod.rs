@@ -35,7 +35,7 @@ static_assertions::const_assert_eq!(sys::RAFTRS_EXPECTED_HANDLE_SIZE as usize, s
 
 /// The loaded shim, or the `Cuda` error saying why it is not there.
 pub(crate) fn api(who: &'static str) -> Result<&'static sys::RaftrsShim> {
-    sys::shim().map_err(|e| Error::new(ErrorKind::Cuda, who, e.message().to_string()))
+    sys::shim().map_err(|e| Error::library_missing(who, e.clone()))
 }
 
 /// Turns a shim status into a result; the thread-local message is read and cleared at once.
@@ -85,7 +85,7 @@ pub(crate) fn driver_present() -> bool {
 }
 
 fn no_driver(who: &'static str) -> Error {
-    Error::new(ErrorKind::Cuda, who, "no CUDA driver: libcuda.so could not be loaded")
+    Error::no_driver(who, "no CUDA driver: libcuda.so could not be loaded")
 }
 
 /// The calling thread's current context as a number (`cuCtxGetCurrent`); `None` when it has

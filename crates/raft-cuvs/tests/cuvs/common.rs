@@ -255,7 +255,7 @@ pub fn report<T>(key: &str, outcome: &raft_core::Result<T>) {
     match outcome {
         Ok(_) => println!("RESULT {key}=ok"),
         Err(e) => {
-            println!("RESULT {key}={} {key}_who={}", e.kind(), e.who());
+            println!("RESULT {key}={} {key}_who={} {key}_reason={}", e.kind(), e.who(), e.reason());
             println!("MESSAGE {key}={}", e.to_string().replace('\n', " "));
         }
     }

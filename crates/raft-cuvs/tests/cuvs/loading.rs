@@ -133,6 +133,7 @@ fn without_libcuvs_the_first_call_is_a_clear_error() {
     );
     assert_eq!(c.result("load").as_deref(), Some("cuda"), "{}", c.stdout);
     assert_eq!(c.result("load_who").as_deref(), Some("raft_cuvs::load"));
+    assert_eq!(c.result("load_reason").as_deref(), Some("library-missing"), "the reason of a missing shim or libnccl too");
     let m = c.message("load").unwrap();
     assert!(m.contains("could not load cuVS's C library (libcuvs_c.so): /nonexistent/libcuvs_c.so (absent)"), "{m}");
     assert!(m.contains("(RAFT_CUVS_LIB names it.)"), "{m}");

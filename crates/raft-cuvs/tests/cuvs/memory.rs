@@ -4,7 +4,7 @@
 //! process (this binary re-run with `RAFT_CUVS_CHILD`): statistics are per device, for the whole
 //! process, and the other tests' allocations would count too.
 use crate::common::{child_scenario, rerun, Rng};
-use raft_core::{enable_memory_statistics, memory_statistics, DeviceMatrix, DeviceResources, DeviceVec, Layout, MemoryResourceKind};
+use raft_core::{memory, DeviceMatrix, DeviceResources, DeviceVec, Layout, MemoryResourceKind};
 use raft_cuvs::{brute_force_knn, CagraIndex, CagraIndexParams};
 
 #[test]
@@ -40,14 +40,15 @@ fn counted() {
 
     // From now on the device's RMM resource counts; cuVS has not touched these resources yet,
     // so RAFT's workspace resource (made at cuVS's first use) stands on the counting one too.
-    enable_memory_statistics(device).unwrap();
-    assert_eq!(raft_core::current_memory_resource(device).unwrap(), MemoryResourceKind::Statistics);
-    let before = memory_statistics(device).unwrap();
+    let counting = memory::current(device).unwrap().with_statistics().unwrap();
+    memory::set_current(device, &counting).unwrap();
+    assert_eq!(memory::current(device).unwrap().kind(), MemoryResourceKind::Statistics);
+    let before = counting.statistics().unwrap();
     let found =
         brute_force_knn(&res, d.matrix(N_ROWS, DIM, Layout::RowMajor).unwrap(), q.matrix(N_QUERIES, DIM, Layout::RowMajor).unwrap(), K)
             .unwrap();
     res.sync().unwrap();
-    let after = memory_statistics(device).unwrap();
+    let after = counting.statistics().unwrap();
     let ours = (N_QUERIES * K * (8 + 4)) as i64; // the two result arrays raft-cuvs allocates
     eprintln!("brute force: before {before:?}\n             after  {after:?}");
     assert!(after.total_count - before.total_count > 2, "cuVS's own allocations were not counted: {before:?} -> {after:?}");
@@ -59,18 +60,18 @@ fn counted() {
 
     // A CAGRA index keeps its graph (rows × degree × 4 bytes) in device memory from the same
     // resource: counted while the index lives, and given back when it is released.
-    let before = memory_statistics(device).unwrap();
+    let before = counting.statistics().unwrap();
     let index =
         CagraIndex::build(DeviceMatrix::from_host(&res, &dataset, N_ROWS, DIM, Layout::RowMajor).unwrap(), &CagraIndexParams::default())
             .unwrap();
     res.sync().unwrap();
-    let built = memory_statistics(device).unwrap();
+    let built = counting.statistics().unwrap();
     let graph = (N_ROWS * index.graph_degree() * 4) as i64;
     let rows = (N_ROWS * DIM * 4) as i64; // the dataset array the index owns (raft-rs's)
     eprintln!("CAGRA: before {before:?}\n       built  {built:?}");
     assert!(built.current_bytes - before.current_bytes >= rows + graph, "the graph is not counted: {before:?} -> {built:?}");
     index.release().unwrap();
     res.sync().unwrap();
-    let released = memory_statistics(device).unwrap();
+    let released = counting.statistics().unwrap();
     assert!(released.current_bytes <= built.current_bytes - graph, "the graph was not given back: {built:?} -> {released:?}");
 }

@@ -45,7 +45,7 @@ fn device_info(r: &DeviceResources) -> raft::Result<Value> {
         "memory_free_bytes": free,
         "compute_capability": format!("{major}.{minor}"),
         "memory_pools": raft::memory_pools_supported(d)?,
-        "memory_resource": raft::current_memory_resource(d)?.to_string(),
+        "memory_resource": raft::memory::current(d)?.kind().to_string(),
         "pool_installed_by_raft": raft::installed_default(d),
     }))
 }
@@ -119,7 +119,7 @@ fn workload(report: &Report, r: &DeviceResources) -> raft::Result<Value> {
         "copy_64_MiB_equal": copy_ok,
         "gemm_4096_fp32_tflops": tflops,
         "first_gemm_with_handle_ms": first_ms,
-        "memory_resource_after": raft::current_memory_resource(d)?.to_string(),
+        "memory_resource_after": raft::memory::current(d)?.kind().to_string(),
     }))
 }
 

@@ -33,9 +33,10 @@ fn fragmentation(t: &mut Table) {
         for (name, make) in [
             (
                 "pool",
-                (|up: &raft::MemoryResource| up.pool(Some(0), None)) as fn(&raft::MemoryResource) -> raft::Result<raft::MemoryResource>,
+                (|up: &raft::MemoryResource| up.pool(raft::PoolOptions::initial(0)))
+                    as fn(&raft::MemoryResource) -> raft::Result<raft::MemoryResource>,
             ),
-            ("arena", |up: &raft::MemoryResource| up.arena(Some(8 << 30))),
+            ("arena", |up: &raft::MemoryResource| up.arena(raft::ArenaOptions::size(8 << 30))),
             ("cuda_async", |_up: &raft::MemoryResource| raft::MemoryResource::cuda_async(0)),
         ] {
             let upstream = raft::MemoryResource::cuda(0).unwrap().with_statistics().unwrap();
@@ -202,8 +203,8 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
     // Issue 30: every explicit resource at three sizes, against C++ calling the same kind of
     // resource (each over cudaMalloc, or the async pool, made once, warm), in turns.
     let cuda = raft::MemoryResource::cuda(0).unwrap();
-    let pool = cuda.pool(Some(256 << 20), None).unwrap();
-    let arena = cuda.arena(Some(1 << 30)).unwrap();
+    let pool = cuda.pool(raft::PoolOptions::initial(256 << 20)).unwrap();
+    let arena = cuda.arena(raft::ArenaOptions::size(1 << 30)).unwrap();
     let binning = cuda.binning(8, 20).unwrap();
     let async_pool = raft::MemoryResource::cuda_async(0).unwrap();
     type Cpp = unsafe extern "C" fn(usize) -> i32;

@@ -60,7 +60,7 @@ pub(crate) fn now_ms() -> u128 {
 }
 
 pub(crate) fn mr(device: usize) -> String {
-    format!("{:?}", raft::current_memory_resource(device).expect("memory resource"))
+    format!("{:?}", raft::memory::current(device).expect("memory resource").kind())
 }
 
 /// A user's logger that panics on warnings (and writes the rest to stderr): the exit hook logs

@@ -142,20 +142,20 @@ fn main() -> ExitCode {
         }
         // A user's resource installed beforehand is left alone.
         "mr-user-before" => {
-            raft::set_memory_resource(0, raft::MemoryResourceKind::Managed).expect("set");
+            raft::memory::set_current(0, &raft::MemoryResource::managed(0).expect("managed")).expect("set");
             let _r = raft::DeviceResources::new().expect("resources");
             println!("RESULT after={} installed={}", mr(0), raft::installed_default(0));
         }
         // A plain cuda_memory_resource installed beforehand equals the default and is replaced.
         "mr-cuda-before" => {
-            raft::set_memory_resource(0, raft::MemoryResourceKind::Cuda).expect("set");
+            raft::memory::set_current(0, &raft::MemoryResource::cuda(0).expect("cuda")).expect("set");
             let _r = raft::DeviceResources::new().expect("resources");
             println!("RESULT after={} installed={}", mr(0), raft::installed_default(0));
         }
         // A resource installed after the first resources is left alone by later ones.
         "mr-user-after" => {
             let _a = raft::DeviceResources::new().expect("resources");
-            raft::set_memory_resource(0, raft::MemoryResourceKind::Managed).expect("set");
+            raft::memory::set_current(0, &raft::MemoryResource::managed(0).expect("managed")).expect("set");
             let _b = raft::DeviceResources::new().expect("resources");
             println!("RESULT after={}", mr(0));
         }
@@ -166,7 +166,7 @@ fn main() -> ExitCode {
             let before = raft::stats().releases_done;
             drop(pooled);
             let inline = raft::stats().releases_done == before && raft::stats().releases_pending == 0;
-            raft::set_memory_resource(0, raft::MemoryResourceKind::Cuda).expect("set");
+            raft::memory::set_current(0, &raft::MemoryResource::cuda(0).expect("cuda")).expect("set");
             let blocking = raft::DeviceVec::<u8>::zeros(&r, 1 << 20).expect("array");
             drop(blocking);
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -182,7 +182,7 @@ fn main() -> ExitCode {
         // An array whose free blocks, dropped as main returns: the exit waits for its release.
         "array-drop-at-exit" => {
             let r = raft::DeviceResources::new().expect("resources");
-            raft::set_memory_resource(0, raft::MemoryResourceKind::Cuda).expect("set");
+            raft::memory::set_current(0, &raft::MemoryResource::cuda(0).expect("cuda")).expect("set");
             let arrays: Vec<_> = (0..64).map(|_| raft::DeviceVec::<f32>::zeros(&r, 1 << 20).expect("array")).collect();
             drop(arrays); // 64 releases queued as main returns
         }
@@ -195,7 +195,7 @@ fn main() -> ExitCode {
         // default is replaced.
         "mr-two-devices" => {
             let last = raft::device_count().expect("count") - 1;
-            raft::set_memory_resource(last, raft::MemoryResourceKind::Managed).expect("set");
+            raft::memory::set_current(last, &raft::MemoryResource::managed(last).expect("managed")).expect("set");
             let _all: Vec<_> = (0..=last).map(|d| raft::DeviceResources::on_device(d).expect("resources")).collect();
             println!("RESULT d0={} dlast={} last={last}", mr(0), mr(last));
         }

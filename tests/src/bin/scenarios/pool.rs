@@ -257,7 +257,8 @@ pub(crate) fn pool_destroy_race() {
             s.spawn(move || {
                 for _ in 0..rounds {
                     let res = raft::DeviceResources::new().expect("resources");
-                    let mr = raft::MemoryResource::cuda_async_with(0, None, Some(32 << 20)).expect("pool");
+                    let mr = raft::MemoryResource::cuda_async_with(0, raft::AsyncPoolOptions::default().release_threshold(32 << 20))
+                        .expect("pool");
                     let mut v = raft::DeviceVec::<u8>::new_in(&res, 1 << 20, &mr).expect("array");
                     v.fill_zero().expect("memset");
                     drop(v);
@@ -293,7 +294,8 @@ pub(crate) fn pool_last_copy_in_array() {
             s.spawn(move || {
                 let res = raft::DeviceResources::new().expect("resources");
                 for _ in 0..rounds {
-                    let mr = raft::MemoryResource::cuda_async_with(0, None, Some(32 << 20)).expect("pool");
+                    let mr = raft::MemoryResource::cuda_async_with(0, raft::AsyncPoolOptions::default().release_threshold(32 << 20))
+                        .expect("pool");
                     let mut v = raft::DeviceVec::<u8>::new_in(&res, 1 << 20, &mr).expect("array");
                     v.fill_zero().expect("memset");
                     drop(mr);
@@ -336,7 +338,7 @@ pub(crate) fn pool_reuse_settings() {
     let res = raft::DeviceResources::new().expect("resources");
     let settle = settle_releases;
     let start = raft::stats();
-    let a = raft::MemoryResource::cuda_async_with(0, Some(64 * MIB), Some(0)).expect("pool a");
+    let a = raft::MemoryResource::cuda_async_with(0, raft::AsyncPoolOptions::initial(64 * MIB).release_threshold(0)).expect("pool a");
     let mut v = raft::DeviceVec::<u8>::new_in(&res, MIB, &a).expect("array");
     v.fill_zero().expect("memset");
     drop(v);
@@ -344,12 +346,12 @@ pub(crate) fn pool_reuse_settings() {
     drop(a);
     settle();
     let mid = raft::stats();
-    let b = raft::MemoryResource::cuda_async_with(0, Some(64 * MIB), None).expect("pool b");
+    let b = raft::MemoryResource::cuda_async_with(0, raft::AsyncPoolOptions::initial(64 * MIB)).expect("pool b");
     res.sync().expect("sync");
     // A device-wide wait: any release a synchronisation triggers has happened.
     res.context().synchronize().expect("context sync");
     let end = raft::stats();
-    let (reserved, used) = b.async_pool_bytes().expect("pool bytes").expect("an async pool");
+    let raft::AsyncPoolBytes { reserved, in_use: used } = b.async_pool_bytes().expect("pool bytes").expect("an async pool");
     println!(
         "RESULT made={} retired={} reused={} reserved_mib={} used={}",
         end.async_pools_made - start.async_pools_made,
@@ -374,7 +376,8 @@ pub(crate) fn pool_dies_beside_live_streams() {
                 let res = raft::DeviceResources::new().expect("resources");
                 let host: Vec<u8> = (0..16 << 20).map(|i| (i % 251) as u8).collect();
                 for _ in 0..rounds {
-                    let mr = raft::MemoryResource::cuda_async_with(0, None, Some(32 << 20)).expect("pool");
+                    let mr = raft::MemoryResource::cuda_async_with(0, raft::AsyncPoolOptions::default().release_threshold(32 << 20))
+                        .expect("pool");
                     let mut v = raft::DeviceVec::<u8>::new_in(&res, 1 << 20, &mr).expect("array");
                     v.fill_zero().expect("memset");
                     drop(v);
@@ -441,7 +444,8 @@ pub(crate) fn pool_dies_default_path() {
             let mut slowest = Duration::ZERO;
             for _ in 0..rounds {
                 let round = Instant::now();
-                let pool = raft::MemoryResource::cuda_async_with(0, None, Some(32 << 20)).expect("pool");
+                let pool =
+                    raft::MemoryResource::cuda_async_with(0, raft::AsyncPoolOptions::default().release_threshold(32 << 20)).expect("pool");
                 let previous = raft::memory::set_current(0, &pool).expect("set_current");
                 let mut v = raft::DeviceVec::<u8>::new(&res, 1 << 20).expect("array");
                 v.fill_zero().expect("memset");

@@ -1,0 +1,152 @@
+//! RMM's per-device current resource as values (`current`, `set_current`, `reinitialize`), the
+//! default this library installs on a device's first resources, and its exit teardown.
+use super::kind::MemoryResourceKind;
+use super::options::RmmOptions;
+use super::resource::{self, MemoryResource};
+use crate::device::check_device;
+use crate::error::{Error, Result};
+use crate::result;
+use crate::result::mr::{self, NativeMr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, Once, OnceLock};
+
+/// `device`'s current RMM resource, shared (see [`MemoryResource::current`]).
+pub fn current(device: usize) -> Result<MemoryResource> {
+    MemoryResource::current(device).map_err(|e| e.with_who("raft::memory::current"))
+}
+
+/// Makes `resource` `device`'s current RMM resource (`rmm::mr::set_per_device_resource`) and
+/// returns the one it replaced. Allocations already made keep their own resource alive.
+///
+/// # Errors
+/// `Logic` when `resource` was made for another device, or the device does not exist.
+pub fn set_current(device: usize, resource: &MemoryResource) -> Result<MemoryResource> {
+    const WHO: &str = "raft::memory::set_current";
+    check_device(WHO, device)?;
+    if resource.device() != device {
+        return Err(Error::logic(WHO, format!("a memory resource of device {} cannot serve device {device}", resource.device())));
+    }
+    MemoryResource::wrap(WHO, resource.native.set_current(WHO)?)
+}
+
+/// What [`trim_retired_pools`] did: bytes given back to the driver, and bytes the retired pools
+/// still hold (memory whose stream-ordered free has not run yet: it goes back at the next
+/// synchronisation, or the next trim).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetiredPoolsTrim {
+    pub released: usize,
+    pub still_held: usize,
+}
+
+/// Gives the unused memory of every retired CUDA async pool back to the driver now, without
+/// waiting for anything (the closest thing to `torch.cuda.empty_cache()` for pools this library
+/// made and let go).
+///
+/// An async pool whose last copy (handle, array, adaptor, RMM's map entry) has gone is never
+/// destroyed: the driver crashes or hangs when a pool is destroyed while a stream-ordered free
+/// into it is still queued on a stream that goes on working (GPU runs 42, 45, 46, 48). It is
+/// retired instead: its release threshold set to 0 and trimmed, and the next async pool made on
+/// its device is that pool again (see [`crate::Stats::async_pools_reused`]). Allocations that fail
+/// with `OutOfMemory` trim them on their own before their retry.
+///
+/// # Errors
+/// `Cuda` when the driver refuses a trim (every pool is still tried).
+pub fn trim_retired_pools() -> Result<RetiredPoolsTrim> {
+    let (released, held) = mr::trim_retired("raft::memory::trim_retired_pools")?;
+    Ok(RetiredPoolsTrim { released: released as usize, still_held: held as usize })
+}
+
+/// The address of RMM's per-device resource map as this library binds it. Every library in the
+/// process that uses RMM (librmm itself, cuVS, a Python extension) should see the same address:
+/// then a resource one of them installs is the one the others allocate from.
+pub fn rmm_map_address() -> Result<usize> {
+    result::rmm_map_address("raft::memory::rmm_map_address")
+}
+
+struct PerDevice {
+    once: Once,
+    installed: AtomicBool,
+    /// The pool this library installed, to recognise it at exit (and only it).
+    ours: Mutex<Option<MemoryResource>>,
+}
+
+fn per_device() -> &'static [PerDevice] {
+    static DEVICES: OnceLock<Vec<PerDevice>> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        let n = crate::device::device_count_for("memory").unwrap_or(0);
+        (0..n).map(|_| PerDevice { once: Once::new(), installed: AtomicBool::new(false), ours: Mutex::new(None) }).collect()
+    })
+}
+
+/// Applies the default-resource rule on the first resources of `device` (once per process):
+/// the `RAFT_RMM_*` setup when any of those variables is set, else the async pool. A bad
+/// `RAFT_RMM_*` value is the `Logic` error of every `new()`.
+pub(crate) fn ensure_default(who: &'static str, device: usize) -> Result<()> {
+    route_releases(); // the default path's copies of the current resource are released there too
+    if per_device().get(device).is_some_and(|slot| slot.once.is_completed()) {
+        return Ok(()); // applied already (so the variables read well: they are read once)
+    }
+    let configured = RmmOptions::from_env().map_err(|e| e.with_who(who))?;
+    let Some(slot) = per_device().get(device) else { return Ok(()) };
+    slot.once.call_once(|| {
+        let installed = match &configured {
+            Some(options) if still_initial(device) => reinitialize(device, options).map(|_| true),
+            Some(_) => Ok(false),
+            None => result::install_default(who, device),
+        };
+        match installed {
+            Ok(true) => {
+                *slot.ours.lock().unwrap_or_else(|e| e.into_inner()) = MemoryResource::current(device).ok();
+                slot.installed.store(true, Ordering::Release);
+            }
+            Ok(false) => {}
+            Err(e) => log::warn!(target: "raft", "keeping the memory resource of device {device}: {e}"),
+        }
+    });
+    Ok(())
+}
+
+/// Whether RMM's initial resource is still current on `device` (nobody chose another).
+fn still_initial(device: usize) -> bool {
+    let initial = MemoryResource::cuda(device);
+    match (MemoryResource::current(device), initial) {
+        (Ok(current), Ok(initial)) => current.kind == MemoryResourceKind::Cuda && current.same_as(&initial).unwrap_or(false),
+        _ => false,
+    }
+}
+
+/// `rmm.reinitialize(...)` for one device: builds the resource `options` describe and makes it
+/// `device`'s current; returns the one it replaced. Arrays already allocated keep theirs.
+pub fn reinitialize(device: usize, options: &RmmOptions) -> Result<MemoryResource> {
+    const WHO: &str = "raft::memory::reinitialize";
+    let mr = options.build(device).map_err(|e| e.with_who(WHO))?;
+    set_current(device, &mr).map_err(|e| e.with_who(WHO))
+}
+
+/// Whether this library installed the async pool on `device`.
+pub fn installed_default(device: usize) -> bool {
+    per_device().get(device).is_some_and(|s| s.installed.load(Ordering::Acquire))
+}
+
+/// The exit teardown: where the pool this library installed is still current, puts RMM's
+/// initial resource back; then lets go of the pool, destroying it while CUDA is still up. A
+/// resource the user installed is left as it is.
+fn teardown() {
+    for (device, slot) in per_device().iter().enumerate() {
+        let ours = slot.ours.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(ours) = ours else { continue };
+        let still_current = MemoryResource::current(device).and_then(|c| c.same_as(&ours)).unwrap_or(false);
+        if still_current {
+            let _ = NativeMr::reset_current("exit", device);
+        }
+        drop(ours);
+    }
+}
+
+/// [`resource::register_teardown`], with the step that releases every live resources object
+/// and the per-device defaults' step of this file.
+pub(crate) fn register_teardown_releasing(release_all_live: fn()) {
+    resource::set_defaults_teardown(teardown);
+    resource::register_teardown_releasing(release_all_live);
+}

@@ -1,0 +1,261 @@
+//! [`RmmOptions`]: a whole RMM setup for one device, as `rmm.reinitialize(...)` and dask-cuda's
+//! `rmm_*` options describe it, read from the `RAFT_RMM_*` variables, and built.
+use super::resource::{AsyncPoolOptions, MemoryResource, PoolOptions};
+use crate::error::{Error, Result};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The memory a direct resource or a pool takes from: device memory or managed memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Base {
+    /// `cuda_memory_resource` (cudaMalloc).
+    #[default]
+    Device,
+    /// `managed_memory_resource` (cudaMallocManaged; `managed_memory=True`, `rmm_managed_memory`).
+    Managed,
+}
+
+/// How allocations are served. Each setup RMM takes is one value here, and nothing else can
+/// be written: the async pool has no base and no maximum; a pool's options belong to the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Allocator {
+    /// The base resource itself, one cudaMalloc (or cudaMallocManaged) per allocation.
+    Direct(Base),
+    /// A `pool_memory_resource` over the base (`pool_allocator=True`, `rmm_pool_size`).
+    Pool(Base, PoolOptions),
+    /// `cuda_async_memory_resource`, a cudaMallocAsync pool (`rmm_async`).
+    Async(AsyncPoolOptions),
+}
+
+impl Default for Allocator {
+    fn default() -> Self {
+        Allocator::Direct(Base::Device)
+    }
+}
+
+/// A whole RMM setup for one device, as `rmm.reinitialize(...)` and dask-cuda's `rmm_*` options
+/// describe it: the allocator, then adaptors on top.
+///
+/// ```
+/// use raft_core::memory::{Allocator, Base};
+/// use raft_core::{PoolOptions, RmmOptions};
+/// // rmm.reinitialize(pool_allocator=True, managed_memory=True, initial_pool_size=2**30)
+/// let options = RmmOptions { allocator: Allocator::Pool(Base::Managed, PoolOptions::initial(1 << 30)), ..Default::default() };
+/// # assert!(!options.statistics);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RmmOptions {
+    /// How allocations are served.
+    pub allocator: Allocator,
+    /// RMM's CSV log of every allocation, to this file (`logging=True, log_file_name=…`;
+    /// dask-cuda's `rmm_log_directory` names a directory: the file is `rmm_log_dev<N>.csv` there).
+    pub log_file: Option<PathBuf>,
+    /// A tracking adaptor on top (`rmm_track_allocations`).
+    pub track_allocations: bool,
+    /// A statistics adaptor on top (`rmm.statistics.enable_statistics()`).
+    pub statistics: bool,
+}
+
+/// Parses `8GiB`, `512 MB`, `1.5GB`, `1073741824` (binary and decimal units, as dask-cuda does).
+fn parse_bytes(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = (t[..split].trim(), t[split..].trim().to_ascii_lowercase());
+    let value: f64 = number.parse().ok()?;
+    let scale: f64 = match unit.as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" | "k" => 1024.0,
+        "mib" | "m" => 1024f64.powi(2),
+        "gib" | "g" => 1024f64.powi(3),
+        "tib" | "t" => 1024f64.powi(4),
+        _ => return None,
+    };
+    let bytes = value * scale;
+    (bytes.is_finite() && bytes >= 0.0 && bytes < usize::MAX as f64).then_some(bytes as usize)
+}
+
+impl RmmOptions {
+    /// The `RAFT_RMM_*` variables, read once per process: `RAFT_RMM_POOL_SIZE`,
+    /// `RAFT_RMM_MAXIMUM_POOL_SIZE`, `RAFT_RMM_RELEASE_THRESHOLD` (bytes: `8GiB`, `500MB`, a
+    /// number), `RAFT_RMM_POOL`, `RAFT_RMM_MANAGED`, `RAFT_RMM_ASYNC`, `RAFT_RMM_TRACK_ALLOCATIONS`,
+    /// `RAFT_RMM_STATISTICS` (`1`/`0`, `true`/`false`), `RAFT_RMM_LOG_DIRECTORY` (a directory:
+    /// `rmm_log_dev<N>.csv` in it). `None` when none is set.
+    ///
+    /// With `RAFT_RMM_ASYNC`, `RAFT_RMM_POOL_SIZE` is the async pool's initial size (as dask-cuda's
+    /// `rmm_pool_size` with `rmm_async`).
+    ///
+    /// # Errors
+    /// `Logic`, naming the variable, for a value that does not parse; naming both, for variables
+    /// that contradict each other (the async pool with `RAFT_RMM_POOL`, `RAFT_RMM_MANAGED` or
+    /// `RAFT_RMM_MAXIMUM_POOL_SIZE`; `RAFT_RMM_RELEASE_THRESHOLD` without the async pool;
+    /// `RAFT_RMM_MAXIMUM_POOL_SIZE` without a pool).
+    pub fn from_env() -> Result<Option<RmmOptions>> {
+        static FROM_ENV: OnceLock<Result<Option<RmmOptions>>> = OnceLock::new();
+        FROM_ENV.get_or_init(|| Self::from_vars(|name| std::env::var(name).ok())).clone()
+    }
+
+    /// The same from any lookup (tests, config files).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<RmmOptions>> {
+        const WHO: &str = "RmmOptions::from_env";
+        let mut any = false;
+        let mut get = |name: &str| {
+            let v = get(name).filter(|v| !v.trim().is_empty());
+            any |= v.is_some();
+            v
+        };
+        let size = |name: &str, v: Option<String>| -> Result<Option<usize>> {
+            v.map(|t| {
+                parse_bytes(&t).ok_or_else(|| {
+                    Error::logic(WHO, format!("{name}: expected a size in bytes (e.g. 8GiB, 500MB, 1073741824), given {t:?}"))
+                })
+            })
+            .transpose()
+        };
+        let flag = |name: &str, v: Option<String>| -> Result<bool> {
+            match v.as_deref().map(|t| t.trim().to_ascii_lowercase()) {
+                None => Ok(false),
+                Some(t) if ["1", "true", "yes", "on"].contains(&t.as_str()) => Ok(true),
+                Some(t) if ["0", "false", "no", "off"].contains(&t.as_str()) => Ok(false),
+                Some(t) => Err(Error::logic(WHO, format!("{name}: expected 1 or 0 (true or false), given {t:?}"))),
+            }
+        };
+        let pool_size = size("RAFT_RMM_POOL_SIZE", get("RAFT_RMM_POOL_SIZE"))?;
+        let pool = flag("RAFT_RMM_POOL", get("RAFT_RMM_POOL"))?;
+        let maximum = size("RAFT_RMM_MAXIMUM_POOL_SIZE", get("RAFT_RMM_MAXIMUM_POOL_SIZE"))?;
+        let managed = flag("RAFT_RMM_MANAGED", get("RAFT_RMM_MANAGED"))?;
+        let async_pool = flag("RAFT_RMM_ASYNC", get("RAFT_RMM_ASYNC"))?;
+        let release_threshold = size("RAFT_RMM_RELEASE_THRESHOLD", get("RAFT_RMM_RELEASE_THRESHOLD"))?;
+        let contradiction = |a: &str, b: &str, why: &str| Error::logic(WHO, format!("{a} and {b} exclude each other: {why}"));
+        let base = if managed { Base::Managed } else { Base::Device };
+        let allocator = if async_pool {
+            if pool {
+                return Err(contradiction("RAFT_RMM_ASYNC", "RAFT_RMM_POOL", "the async pool is not a pool_memory_resource"));
+            }
+            if managed {
+                return Err(contradiction("RAFT_RMM_ASYNC", "RAFT_RMM_MANAGED", "the async pool takes device memory only"));
+            }
+            if maximum.is_some() {
+                return Err(contradiction("RAFT_RMM_ASYNC", "RAFT_RMM_MAXIMUM_POOL_SIZE", "the async pool has no maximum"));
+            }
+            Allocator::Async(AsyncPoolOptions { initial: pool_size, release_threshold })
+        } else if release_threshold.is_some() {
+            return Err(Error::logic(WHO, "RAFT_RMM_RELEASE_THRESHOLD needs RAFT_RMM_ASYNC: only the async pool has a release threshold"));
+        } else if pool || pool_size.is_some() {
+            Allocator::Pool(base, PoolOptions { initial: pool_size, maximum })
+        } else if maximum.is_some() {
+            return Err(Error::logic(WHO, "RAFT_RMM_MAXIMUM_POOL_SIZE needs a pool: set RAFT_RMM_POOL_SIZE or RAFT_RMM_POOL as well"));
+        } else {
+            Allocator::Direct(base)
+        };
+        let options = RmmOptions {
+            allocator,
+            log_file: get("RAFT_RMM_LOG_DIRECTORY").map(PathBuf::from),
+            track_allocations: flag("RAFT_RMM_TRACK_ALLOCATIONS", get("RAFT_RMM_TRACK_ALLOCATIONS"))?,
+            statistics: flag("RAFT_RMM_STATISTICS", get("RAFT_RMM_STATISTICS"))?,
+        };
+        Ok(any.then_some(options))
+    }
+
+    /// The resource this setup describes, on `device` (the log file of a directory setting is
+    /// `rmm_log_dev<device>.csv`).
+    pub fn build(&self, device: usize) -> Result<MemoryResource> {
+        let base = |b: Base| match b {
+            Base::Device => MemoryResource::cuda(device),
+            Base::Managed => MemoryResource::managed(device),
+        };
+        let mut mr = match self.allocator {
+            Allocator::Direct(b) => base(b)?,
+            Allocator::Pool(b, options) => base(b)?.pool(options)?,
+            Allocator::Async(options) => MemoryResource::cuda_async_with(device, options)?,
+        };
+        if self.track_allocations {
+            mr = mr.with_tracking()?;
+        }
+        if let Some(log) = &self.log_file {
+            let path = if log.is_dir() { log.join(format!("rmm_log_dev{device}.csv")) } else { log.clone() };
+            mr = mr.with_logging(path, false)?;
+        }
+        if self.statistics {
+            mr = mr.with_statistics()?;
+        }
+        Ok(mr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let owned: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |name| owned.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn sizes_parse_like_dask_cuda() {
+        assert_eq!(parse_bytes("8GiB"), Some(8 << 30));
+        assert_eq!(parse_bytes("500MB"), Some(500_000_000));
+        assert_eq!(parse_bytes("1.5 GB"), Some(1_500_000_000));
+        assert_eq!(parse_bytes("1073741824"), Some(1 << 30));
+        assert_eq!(parse_bytes("12 parsecs"), None);
+        assert_eq!(parse_bytes("-1GB"), None);
+        assert_eq!(parse_bytes(""), None);
+    }
+
+    #[test]
+    fn no_variable_means_no_setup() {
+        assert_eq!(RmmOptions::from_vars(vars(&[])).unwrap(), None);
+    }
+
+    #[test]
+    fn variables_describe_a_pool_with_adaptors() {
+        let o = RmmOptions::from_vars(vars(&[
+            ("RAFT_RMM_POOL_SIZE", "2GiB"),
+            ("RAFT_RMM_MAXIMUM_POOL_SIZE", "4GiB"),
+            ("RAFT_RMM_MANAGED", "true"),
+            ("RAFT_RMM_TRACK_ALLOCATIONS", "1"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(o.allocator, Allocator::Pool(Base::Managed, PoolOptions::initial(2 << 30).maximum(4 << 30)));
+        assert!(o.track_allocations && !o.statistics && o.log_file.is_none());
+        let o =
+            RmmOptions::from_vars(vars(&[("RAFT_RMM_ASYNC", "1"), ("RAFT_RMM_POOL_SIZE", "1GiB"), ("RAFT_RMM_RELEASE_THRESHOLD", "2GiB")]))
+                .unwrap()
+                .unwrap();
+        assert_eq!(o.allocator, Allocator::Async(AsyncPoolOptions::initial(1 << 30).release_threshold(2 << 30)));
+        let o = RmmOptions::from_vars(vars(&[("RAFT_RMM_MANAGED", "1")])).unwrap().unwrap();
+        assert_eq!(o.allocator, Allocator::Direct(Base::Managed));
+    }
+
+    #[test]
+    fn a_bad_value_is_a_logic_error_naming_the_variable() {
+        let e = RmmOptions::from_vars(vars(&[("RAFT_RMM_POOL_SIZE", "lots")])).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Logic);
+        assert!(e.to_string().contains("RAFT_RMM_POOL_SIZE") && e.to_string().contains("\"lots\""), "{e}");
+        let e = RmmOptions::from_vars(vars(&[("RAFT_RMM_ASYNC", "maybe")])).unwrap_err();
+        assert!(e.to_string().contains("RAFT_RMM_ASYNC"), "{e}");
+    }
+
+    /// Issue 34, item 4: what the async pool would have ignored is refused, naming both variables.
+    #[test]
+    fn contradictory_variables_are_a_logic_error_naming_them() {
+        type Case = (&'static [(&'static str, &'static str)], [&'static str; 2]);
+        let cases: [Case; 5] = [
+            (&[("RAFT_RMM_ASYNC", "1"), ("RAFT_RMM_POOL", "1")], ["RAFT_RMM_ASYNC", "RAFT_RMM_POOL"]),
+            (&[("RAFT_RMM_ASYNC", "1"), ("RAFT_RMM_MANAGED", "1")], ["RAFT_RMM_ASYNC", "RAFT_RMM_MANAGED"]),
+            (&[("RAFT_RMM_ASYNC", "1"), ("RAFT_RMM_MAXIMUM_POOL_SIZE", "4GiB")], ["RAFT_RMM_ASYNC", "RAFT_RMM_MAXIMUM_POOL_SIZE"]),
+            (&[("RAFT_RMM_POOL_SIZE", "1GiB"), ("RAFT_RMM_RELEASE_THRESHOLD", "1GiB")], ["RAFT_RMM_RELEASE_THRESHOLD", "RAFT_RMM_ASYNC"]),
+            (&[("RAFT_RMM_MAXIMUM_POOL_SIZE", "4GiB")], ["RAFT_RMM_MAXIMUM_POOL_SIZE", "RAFT_RMM_POOL_SIZE"]),
+        ];
+        for (set, named) in cases {
+            let e = RmmOptions::from_vars(vars(set)).unwrap_err();
+            assert_eq!((e.kind(), e.reason()), (crate::ErrorKind::Logic, crate::Reason::InvalidArgument), "{e}");
+            assert!(named.iter().all(|n| e.message().contains(n)), "{set:?}: {e}");
+        }
+    }
+}
