@@ -143,7 +143,7 @@ fn round_trip<T: DeviceScalar + PartialEq + std::fmt::Debug>(r: &DeviceResources
     let v = DeviceVec::from_host(r, &host).unwrap();
     assert_eq!(v.to_host().unwrap(), host, "{}", std::any::type_name::<T>());
     let mut pinned = PinnedVec::<T>::new(r, host.len()).unwrap();
-    v.copy_to_pinned(&mut pinned).unwrap();
+    v.copy_to_host(&mut pinned).unwrap();
     assert_eq!(pinned.to_vec(), host, "{} through pinned memory", std::any::type_name::<T>());
     let z = DeviceVec::<T>::zeros(r, 3).unwrap();
     assert_eq!(z.to_host().unwrap(), vec![T::default(); 3]);

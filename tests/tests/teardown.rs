@@ -126,7 +126,7 @@ fn a_pool_fed_by_alternating_streams_keeps_its_memory_until_a_released_streams_g
     require_gpu!();
     let _one = one_at_a_time();
     let upstream = memory::current(0).unwrap();
-    let pool = upstream.pool(Some(N * N * 4), None).unwrap();
+    let pool = upstream.pool(raft::PoolOptions::initial(N * N * 4)).unwrap();
     drop(upstream);
     let (a, b) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
     for i in 0..64 {

@@ -11,9 +11,9 @@ fn main() -> std::process::ExitCode {
     match Launch::from_env() {
         Ok(l) => {
             println!(
-                "LAUNCH rank={} world={} local={:?} rendezvous={} launcher={:?}",
+                "LAUNCH rank={} size={} local={:?} rendezvous={} launcher={:?}",
                 l.rank,
-                l.world_size,
+                l.size,
                 l.local_rank,
                 l.rendezvous_addr(),
                 l.launcher

@@ -216,7 +216,7 @@ impl<T> JobHandle<T> {
         // The worker may itself be waiting, through releases and joins, for this thread.
         let Some(_waiting) = crate::waits::wait_for(self.worker) else {
             if self.is_finished() {
-                return self.take();
+                return Ok(());
             }
             return Err(Error::logic(
                 "JobHandle::join",

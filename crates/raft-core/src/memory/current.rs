@@ -2,7 +2,7 @@
 //! default this library installs on a device's first resources, and its exit teardown.
 use super::kind::MemoryResourceKind;
 use super::options::RmmOptions;
-use super::resource::{self, MemoryResource};
+use super::resource::{self, route_releases, MemoryResource};
 use crate::device::check_device;
 use crate::error::{Error, Result};
 use crate::result;
