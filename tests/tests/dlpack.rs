@@ -264,9 +264,17 @@ fn live_arrays() -> usize {
     raft::stats().live_arrays
 }
 
+/// The GPU tests count the process's live arrays: one at a time, so another test's arrays are
+/// not counted as theirs.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn an_export_round_trips_without_a_copy_and_its_deleter_frees_from_another_thread() {
     require_gpu!();
+    let _one = one_at_a_time();
     let r = DeviceResources::new().unwrap();
     let before = live_arrays();
     let v = DeviceVec::from_host(&r, &(0..12).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
@@ -302,6 +310,7 @@ fn an_export_round_trips_without_a_copy_and_its_deleter_frees_from_another_threa
 #[test]
 fn a_tensor_outliving_its_released_resources_still_frees() {
     require_gpu!();
+    let _one = one_at_a_time();
     let before = live_arrays();
     let r = DeviceResources::new().unwrap();
     let e = DeviceVec::<f32>::zeros(&r, 1 << 20).unwrap().into_dlpack().unwrap();
@@ -319,6 +328,7 @@ fn a_tensor_outliving_its_released_resources_still_frees() {
 #[test]
 fn gemm_on_imported_tensors_matches_gemm_on_arrays() {
     require_gpu!();
+    let _one = one_at_a_time();
     let r = DeviceResources::new().unwrap();
     let (m, k, n) = (37, 65, 29);
     let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! raft-run -n 2 cargo run --example allreduce_sum     # one process per GPU
+//! MASTER_ADDR=host0 MASTER_PORT=29500 mpirun -np 2 -x MASTER_ADDR -x MASTER_PORT target/debug/examples/allreduce_sum
 //! cargo run --example allreduce_sum                   # one process, every visible GPU
 //! ```
 use raft_comms::{group_scope, Communicator, Launch, ReduceOp};
@@ -27,9 +28,8 @@ fn check(total: &[i64]) {
 }
 
 fn main() -> raft_core::Result<()> {
-    if std::env::var_os("RANK").is_some() {
-        // One process per GPU, started by raft-run (or torchrun).
-        let launch = Launch::from_env()?;
+    if let Ok(launch) = Launch::from_env() {
+        // One process per GPU, started by a launcher (raft-run, torchrun, mpirun, srun).
         let res = DeviceResources::on_device(launch.local_rank.unwrap_or(0))?;
         let comm = Communicator::from_env(&res)?;
         let mut v = DeviceVec::from_host(&res, &part(comm.rank(), comm.size()))?;
