@@ -226,3 +226,50 @@ pub fn crash_report() {
         }
     });
 }
+
+/// A stream held shut from the host: [`Gate::close`] queues a host function on a stream that
+/// returns only once [`Gate::open`] is called (or after 30 s, so a failing test cannot hang),
+/// so the work queued behind it waits for the test, not for a guess at how long a kernel runs.
+pub struct Gate {
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Gate {
+    /// Shuts `stream` until [`open`](Self::open).
+    pub fn close(stream: &cudarc::driver::CudaStream) -> Gate {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        unsafe extern "C" fn hold(arg: *mut std::ffi::c_void) {
+            // SAFETY: `arg` is the `Arc<AtomicBool>` leaked below, reclaimed here once.
+            let open = unsafe { std::sync::Arc::from_raw(arg as *const AtomicBool) };
+            let start = std::time::Instant::now();
+            while !open.load(Ordering::Acquire) && start.elapsed() < std::time::Duration::from_secs(30) {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+        let open = std::sync::Arc::new(AtomicBool::new(false));
+        let arg = std::sync::Arc::into_raw(open.clone()) as *mut std::ffi::c_void;
+        // SAFETY: the stream is alive for the call; `hold` makes no CUDA call and owns `arg`.
+        unsafe { cudarc::driver::result::stream::launch_host_function(stream.cu_stream(), hold, arg) }.expect("cuLaunchHostFunc");
+        Gate { open }
+    }
+
+    /// Lets the stream go on.
+    pub fn open(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Opens the gate from another thread after `after`.
+    pub fn open_after(&self, after: std::time::Duration) -> std::thread::JoinHandle<()> {
+        let open = self.open.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            open.store(true, std::sync::atomic::Ordering::Release);
+        })
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+    }
+}

@@ -139,46 +139,6 @@ fn the_plain_copies_are_right_on_both_sides_of_the_staging_threshold() {
     same("f32 64 MiB + 4 B", &DeviceVec::from_host(&res, &words).unwrap().to_host().unwrap(), &words);
 }
 
-/// The blocking rule (issue 34): only what touches host memory blocks. `zeros` and `fill_zero`
-/// touch device memory only, so they queue on the array's stream and return without waiting for
-/// it: device copies queued first (tens of milliseconds of them) still run when they return,
-/// which an event recorded right after them shows. (Before, both synchronised the stream: the
-/// event was complete at once.) What they wrote is still zeros, ordered after that work.
-#[test]
-fn zeros_and_fill_zero_only_queue() {
-    require_gpu!();
-    let res = DeviceResources::new().unwrap();
-    let n = 256 << 20; // 1 GiB of f32: each copy below reads and writes 2 GiB
-    let src = DeviceVec::<f32>::zeros(&res, n).unwrap();
-    let mut busy = DeviceVec::<f32>::new(&res, n).unwrap();
-    let mut refilled = DeviceVec::from_host(&res, &pattern_f32(4096, 67)).unwrap();
-    let stream = res.stream().unwrap();
-    // About half a second of copies (2 GiB each; run 109 saw 40 of them drain before the
-    // check): the set-up itself is checked, so a fast card fails as "set-up", not as a wait.
-    let mut keep_busy = || {
-        for _ in 0..800 {
-            busy.copy_from_device(&src).unwrap();
-        }
-        let queued = stream.record_event(None).unwrap();
-        assert!(!queued.is_complete(), "set-up: the copies drained before the call under test; queue more");
-    };
-    keep_busy();
-    let called = std::time::Instant::now();
-    let zeros = DeviceVec::<f32>::zeros(&res, 4096).unwrap();
-    let took = called.elapsed();
-    let after_zeros = stream.record_event(None).unwrap();
-    assert!(!after_zeros.is_complete(), "DeviceVec::zeros waited for the work queued before it (it took {took:?})");
-    keep_busy();
-    let called = std::time::Instant::now();
-    refilled.fill_zero().unwrap();
-    let took = called.elapsed();
-    let after_fill = stream.record_event(None).unwrap();
-    assert!(!after_fill.is_complete(), "DeviceVec::fill_zero waited for the work queued before it (it took {took:?})");
-    assert!(zeros.to_host().unwrap().iter().all(|x| *x == 0.0), "zeros");
-    assert!(refilled.to_host().unwrap().iter().all(|x| *x == 0.0), "fill_zero");
-    assert!(DeviceVec::<f32>::zeros(&res, 0).unwrap().is_empty());
-}
-
 /// A `PinnedVec` read and written by value on the host (it gives no safe slice): `get`, `set`,
 /// `fill`, `iter`, `to_vec`, `copy_from_slice`, `copy_to_slice`, with `Logic` errors for an
 /// index past the end and lengths that differ.

@@ -115,13 +115,15 @@ fn the_last_array_of_a_pool_drops_without_waiting_for_its_gemms() {
 }
 
 /// Issue 30: the fence holds each stream that freed into the pool and records its event only when
-/// it lets the stream go or is destroyed. Frees alternate between two resources; then GEMMs into
-/// C on the first, C dropped, the first resources dropped (their release, on another thread,
-/// drains the stream: the GEMMs still run meanwhile), a third resources frees into the pool (a
-/// new stream), and the pool dropped. Its memory must not be handed out again before the GEMMs
-/// end. A fence that recorded only at a stream's first free, forgot a stream when another came,
-/// or let a stream go without a record would hand C's block back at once. (A stream whose
-/// resources were released has drained: the fence can be its last holder only after its work.)
+/// it lets the stream go or is destroyed. Frees alternate among three resources; then `a`'s
+/// stream is held shut from the host (a `Gate`) with GEMMs into C queued behind it, C is
+/// dropped, `a` dropped (its release, on another thread, waits for the gate), the third frees
+/// into the pool again, and the pool is dropped; then, gate still shut, an array of C's size is
+/// made from the device's resource and a pattern written into it. Its memory must not be C's
+/// block (the GEMMs, once the gate opens, would overwrite the pattern). A fence that recorded
+/// only at a stream's first free, or forgot a stream when another came, would hand C's block
+/// back at once. Each step is timed: none may wait for the shut stream. (Runs 109 to 111 relied
+/// on GEMMs outlasting the steps, and saw them end first, 1.07 s after the drop.)
 #[test]
 fn a_pool_fed_by_alternating_streams_keeps_its_memory_until_a_released_streams_gemms_end() {
     require_gpu!();
@@ -129,37 +131,67 @@ fn a_pool_fed_by_alternating_streams_keeps_its_memory_until_a_released_streams_g
     let upstream = memory::current(0).unwrap();
     let pool = upstream.pool(raft::PoolOptions::initial(N * N * 4)).unwrap();
     drop(upstream);
-    let (a, b) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
-    for i in 0..64 {
-        let on = if i % 2 == 0 { &a } else { &b };
+    let (a, b, third) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
+    for i in 0..96 {
+        let on = [&a, &b, &third][i % 3];
         drop(DeviceVec::<f32>::new_in(on, 1024, &pool).unwrap());
     }
-    let (c, c_address) = queue_gemms(&a, &pool);
-    // Waited for at the end, once `a` and its stream are gone (an event holds no stream).
-    let done = a.stream().unwrap().record_event(None).unwrap();
-    let started = Instant::now();
-    drop(c); // freed on a's stream
-    drop(DeviceVec::<f32>::new_in(&b, 1024, &pool).unwrap());
-    drop(a); // released on its worker or a release thread, which drains the GEMMs meanwhile
-    let third = DeviceResources::new().unwrap();
-    drop(DeviceVec::<f32>::new_in(&third, 1024, &pool).unwrap()); // a new stream: the orphan goes
-    drop(pool); // the last copy: destroyed once every recorded stream is done
-    std::thread::sleep(Duration::from_millis(100));
+    let ones = vec![1f32; N * N];
+    let (ma, mb) = (DeviceVec::from_host(&a, &ones).unwrap(), DeviceVec::from_host(&a, &ones).unwrap());
+    let mut c = DeviceVec::<f32>::new_in(&a, N * N, &pool).unwrap();
+    let c_address = address(&c);
+    let stream_a = a.stream().unwrap();
+    // What would wait for the whole device is done before the gate shuts (run 114: the first
+    // GEMM, making the cuBLAS handle, waited 10 s for it): the handle, and the page-locked
+    // buffers a staged copy of the pattern's size uses.
+    a.cublas_handle().unwrap();
     let pattern: Vec<f32> = (0..N * N).map(|i| -((i % 1000) as f32) - 1.0).collect();
-    let mut d = DeviceVec::<f32>::new(&b, N * N).unwrap();
-    d.copy_from_host(&pattern).unwrap();
-    let d_address = address(&d);
-    let waited = Instant::now();
+    DeviceVec::<f32>::new(&b, N * N).unwrap().copy_from_host(&pattern).unwrap();
+    let shut = raft_tests::Gate::close(&stream_a);
+    let safety = shut.open_after(Duration::from_secs(10)); // a step that waits still ends
+    let queueing = Instant::now();
+    for _ in 0..8 {
+        let (av, bv) = (ma.matrix(N, N, Layout::RowMajor).unwrap(), mb.matrix(N, N, Layout::RowMajor).unwrap());
+        gemm(1.0, av, bv, 0.0, c.matrix_mut(N, N, Layout::RowMajor).unwrap()).unwrap();
+    }
+    let queued_in = queueing.elapsed();
+    let done = stream_a.record_event(None).unwrap(); // an event holds no stream
+    let shut_at_first = done.try_is_complete();
+    drop(stream_a);
+    let mut steps: Vec<(&str, Duration)> = Vec::new();
+    let mut step = |name: &'static str, f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        steps.push((name, t.elapsed()));
+    };
+    let mut held = Some((c, ma, mb, a));
+    // C and the inputs are freed on a's shut stream (stream-ordered), then a's last handle goes.
+    step("drop C, the inputs and a (its release waits on another thread)", &mut || drop(held.take()));
+    step("a free on the third stream", &mut || drop(DeviceVec::<f32>::new_in(&third, 1024, &pool).unwrap()));
+    let mut pool = Some(pool);
+    step("drop the pool (destroyed once a's stream is done)", &mut || drop(pool.take()));
+    let mut d = None;
+    step("an array of C's size from the device's resource, the pattern written", &mut || {
+        let mut v = DeviceVec::<f32>::new(&b, N * N).unwrap();
+        v.copy_from_host(&pattern).unwrap();
+        d = Some(v);
+    });
+    let d = d.unwrap();
+    let still_shut = !done.is_complete();
+    shut.open();
     done.synchronize().unwrap();
-    let gemms_left = waited.elapsed();
+    safety.join().unwrap();
+    for (name, took) in &steps {
+        assert!(*took < Duration::from_secs(2), "{name} waited for the shut stream ({took:?}); steps: {steps:?}");
+    }
     assert!(
-        gemms_left > Duration::from_millis(50),
-        "the GEMMs ended {:?} after the drop, before the pattern was written: raise GEMMS",
-        started.elapsed()
+        still_shut,
+        "set-up: the gate opened before the steps ended (GEMMs queued in {queued_in:?}, done at first: {shut_at_first:?}): {steps:?}"
     );
+    let d_address = address(&d);
     let bytes = (N * N * 4) as u64;
     let overlaps = d_address < c_address + bytes && c_address < d_address + bytes;
-    assert!(!overlaps, "the pool's block ({c_address:#x}) was handed out again ({d_address:#x}) while GEMMs still wrote it");
+    assert!(!overlaps, "the pool's block ({c_address:#x}) was handed out again ({d_address:#x}) while GEMMs were queued into it");
     let back = d.to_host().unwrap();
     let wrong = back.iter().zip(&pattern).filter(|(x, y)| x != y).count();
     assert_eq!(wrong, 0, "{wrong} of {} elements were overwritten by the released stream's GEMMs", N * N);
