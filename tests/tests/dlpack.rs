@@ -5,7 +5,7 @@ use raft::dlpack::{
     KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED, KDL_FLOAT,
 };
 use raft::half::f16;
-use raft::{DeviceResources, DeviceVec, DlpackElement, DlpackTensor, ErrorKind, Layout};
+use raft::{DeviceMatrix, DeviceResources, DeviceVec, DlpackElement, DlpackTensor, ErrorKind, Layout};
 use raft_tests::require_gpu;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -280,7 +280,7 @@ fn an_export_round_trips_without_a_copy_and_its_deleter_frees_from_another_threa
     let v = DeviceVec::from_host(&r, &(0..12).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
     // SAFETY: a live array, borrowed for the read of its address only.
     let addr = unsafe { v.as_raw() } as u64;
-    let mut e = v.into_dlpack_matrix(3, 4, Layout::ColMajor).unwrap();
+    let mut e = DeviceMatrix::from_vec(v, 3, 4, Layout::ColMajor).unwrap().into_dlpack().unwrap();
     assert_eq!((e.data_ptr(), e.shape(), e.strides()), (addr, &[3i64, 4][..], Some(&[1i64, 3][..])));
     // SAFETY: the legacy default stream always exists.
     unsafe { e.order_before_stream(1) }.unwrap();
@@ -334,8 +334,8 @@ fn gemm_on_imported_tensors_matches_gemm_on_arrays() {
     let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
     let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0).collect();
     for lb in [Layout::RowMajor, Layout::ColMajor] {
-        let ta = DeviceVec::from_host(&r, &a).unwrap().into_dlpack_matrix(m, k, Layout::RowMajor).unwrap();
-        let tb = DeviceVec::from_host(&r, &b).unwrap().into_dlpack_matrix(k, n, lb).unwrap();
+        let ta = DeviceMatrix::from_host(&r, &a, m, k, Layout::RowMajor).unwrap().into_dlpack().unwrap();
+        let tb = DeviceMatrix::from_host(&r, &b, k, n, lb).unwrap().into_dlpack().unwrap();
         ta.synchronize().unwrap();
         tb.synchronize().unwrap();
         // SAFETY: tensors this library made, synchronised.

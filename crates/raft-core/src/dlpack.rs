@@ -1,7 +1,7 @@
 //! DLPack 1.x: device arrays handed to other libraries (PyTorch, CuPy, JAX, candle, …) and
 //! theirs taken in, without a copy.
 //!
-//! **Export.** [`DeviceVec::into_dlpack`] / [`into_dlpack_matrix`](DeviceVec::into_dlpack_matrix)
+//! **Export.** [`DeviceVec::into_dlpack`] / [`DeviceMatrix::into_dlpack`]
 //! move the array into a [`DlpackExport`]; [`into_raw`](DlpackExport::into_raw) (versioned) or
 //! [`into_raw_unversioned`](DlpackExport::into_raw_unversioned) hand it over as a managed tensor
 //! whose deleter drops the array the way any array drops (stream-ordered free, or a release
@@ -20,7 +20,7 @@
 //! synchronisation).
 use crate::array::DeviceVec;
 use crate::error::{Error, Result};
-use crate::matrix::Layout;
+use crate::matrix::{DeviceMatrix, Layout};
 use crate::result::dlpack::{self as dl, Checked, DLDataType, Exported, Foreign, Order};
 use crate::result::gemm::GemmScalar;
 use crate::result::DeviceScalar;
@@ -72,12 +72,9 @@ impl<T: DlpackElement> DeviceVec<T> {
     }
 
     /// The array as a 2-D `rows × cols` DLPack tensor in `layout` (row-major: C order, null
-    /// strides; column-major: strides `[1, rows]`), owning it.
-    ///
-    /// # Errors
-    /// `Logic` when `rows × cols` is not the array's length, or on released resources.
-    pub fn into_dlpack_matrix(self, rows: usize, cols: usize, layout: Layout) -> Result<DlpackExport> {
-        const WHO: &str = "DeviceVec::into_dlpack_matrix";
+    /// strides; column-major: strides `[1, rows]`), owning it: [`DeviceMatrix::into_dlpack`].
+    fn into_dlpack_2d(self, rows: usize, cols: usize, layout: Layout) -> Result<DlpackExport> {
+        const WHO: &str = "DeviceMatrix::into_dlpack";
         self.live(WHO)?;
         self.matrix(rows, cols, layout).map_err(|e| Error::logic(WHO, e.message().to_string()))?;
         let (r, c) = (extent(WHO, rows)?, extent(WHO, cols)?);
@@ -91,6 +88,18 @@ impl<T: DlpackElement> DeviceVec<T> {
     fn export(self, ndim: i32, shape: [i64; 2], strides: Option<[i64; 2]>) -> DlpackExport {
         let (stream, data, device) = (self.stream().clone(), self.native().address(), self.resources().device());
         DlpackExport { inner: Some(Exported::new(Box::new(self), stream, data, device, T::DTYPE, ndim, shape, strides)), read_only: false }
+    }
+}
+
+impl<T: DlpackElement> DeviceMatrix<T> {
+    /// The matrix as a 2-D DLPack tensor (row-major: C order, null strides; column-major:
+    /// strides `[1, rows]`), owning its array.
+    ///
+    /// # Errors
+    /// `Logic` on released resources.
+    pub fn into_dlpack(self) -> Result<DlpackExport> {
+        let (rows, cols, layout) = (self.rows(), self.cols(), self.layout());
+        self.into_vec().into_dlpack_2d(rows, cols, layout)
     }
 }
 
@@ -315,7 +324,7 @@ impl<T: DlpackElement> std::fmt::Debug for DlpackTensor<T> {
 }
 
 /// `alpha · A · B` of two imported matrices (1-D tensors are rows) into a new row-major `m × n`
-/// array on `resources`, through their cuBLAS handle. Returns once the product is done (the
+/// matrix on `resources`, through their cuBLAS handle. Returns once the product is done (the
 /// imports may then be dropped: their producers' frees are not ordered on this stream).
 ///
 /// # Errors
@@ -326,7 +335,7 @@ pub fn gemm_dlpack<T: GemmScalar + DlpackElement>(
     alpha: T,
     a: &DlpackTensor<T>,
     b: &DlpackTensor<T>,
-) -> Result<DeviceVec<T>> {
+) -> Result<DeviceMatrix<T>> {
     const WHO: &str = "gemm_dlpack";
     let dims = |t: &DlpackTensor<T>| {
         t.matrix_shape().ok_or_else(|| Error::logic(WHO, format!("a tensor of shape {:?} is not a matrix", t.shape())))
@@ -353,5 +362,5 @@ pub fn gemm_dlpack<T: GemmScalar + DlpackElement>(
         crate::result::gemm::gemm_foreign(WHO, native, n, m, k, alpha, &ob, &oa, c.native_mut(), n.max(1))?;
         crate::result::stream_sync(WHO, native.stream())
     })?;
-    Ok(c)
+    DeviceMatrix::from_vec(c, m, n, Layout::RowMajor)
 }

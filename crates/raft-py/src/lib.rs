@@ -18,7 +18,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use raft::dlpack::{DLManagedTensor, DLManagedTensorVersioned, DlDataType, KDL_CUDA, KDL_CUDA_MANAGED};
 use raft::half::{bf16, f16};
-use raft::{DeviceResources, DeviceVec, DlpackElement, DlpackExport, DlpackTensor, ErrorKind, Layout};
+use raft::{DeviceResources, DeviceVec, DlpackElement, DlpackExport, DlpackTensor, ErrorKind};
 use std::ffi::{c_void, CStr};
 use std::sync::Mutex;
 
@@ -261,8 +261,7 @@ fn gemm(py: Python<'_>, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<
             a: &DlpackTensor<T>,
             b: &DlpackTensor<T>,
         ) -> raft::Result<DlpackExport> {
-            let (m, n) = (a.matrix_shape().map_or(0, |s| s.0), b.matrix_shape().map_or(0, |s| s.1));
-            raft::gemm_dlpack(res, one, a, b)?.into_dlpack_matrix(m, n, Layout::RowMajor)
+            raft::gemm_dlpack(res, one, a, b)?.into_dlpack()
         }
         match (&ia, &ib) {
             (Imported::F32(a), Imported::F32(b)) => Ok(run(&res, 1.0f32, a, b)),
