@@ -85,8 +85,11 @@ impl<T: DlpackElement> DeviceVec<T> {
         Ok(self.export(2, [r, c], strides))
     }
 
-    fn export(self, ndim: i32, shape: [i64; 2], strides: Option<[i64; 2]>) -> DlpackExport {
-        let (stream, data, device) = (self.stream().clone(), self.native().address(), self.resources().device());
+    fn export(mut self, ndim: i32, shape: [i64; 2], strides: Option<[i64; 2]>) -> DlpackExport {
+        // Every use on other streams (reads included: the consumer may write) is ordered before
+        // the array's stream first; the consumer is then ordered after that stream.
+        let data = self.native_mut().address();
+        let (stream, device) = (self.stream().clone(), self.resources().device());
         DlpackExport { inner: Some(Exported::new(Box::new(self), stream, data, device, T::DTYPE, ndim, shape, strides)), read_only: false }
     }
 }

@@ -21,6 +21,8 @@ mod job;
 mod lend;
 mod matrix;
 pub mod memory;
+#[cfg(feature = "ndarray")]
+mod ndarray_io;
 mod release;
 mod resources;
 mod result;

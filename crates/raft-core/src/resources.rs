@@ -76,11 +76,27 @@ impl ResourcesState {
                 Releasing::By(by) => {
                     let on_worker = *self.worker_thread.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id());
                     // The thread doing the release may be waiting for this one.
-                    let Some(_waiting) = (!on_worker).then(|| waits::wait_for(by)).flatten() else {
+                    let Some(mut waiting) = (!on_worker).then(|| waits::wait_for(by)).flatten().map(|w| (by, w)) else {
                         return Ok(());
                     };
                     self.release_waiters.fetch_add(1, Ordering::Relaxed);
-                    while !matches!(*state, Releasing::Done) {
+                    loop {
+                        match *state {
+                            Releasing::Done => break,
+                            // The release moved to its worker (see below): the wait is now for
+                            // that thread, checked again for a circle.
+                            Releasing::By(now) if now != waiting.0 => {
+                                drop(waiting);
+                                match waits::wait_for(now) {
+                                    Some(w) => waiting = (now, w),
+                                    None => {
+                                        self.release_waiters.fetch_sub(1, Ordering::Relaxed);
+                                        return Ok(());
+                                    }
+                                }
+                            }
+                            _ => {}
+                        }
                         state = self.released_cv.wait(state).unwrap_or_else(|e| e.into_inner());
                     }
                     self.release_waiters.fetch_sub(1, Ordering::Relaxed);
@@ -104,7 +120,14 @@ impl ResourcesState {
                 // The worker's jobs wait for this thread: waiting for them would never end. The
                 // worker finishes the release itself, after its queued jobs; a second release
                 // waits for that worker (its `By`), and every use is already refused.
-                *self.releasing.lock().unwrap_or_else(|e| e.into_inner()) = Releasing::By(w.thread_id());
+                {
+                    let mut state = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+                    *state = Releasing::By(w.thread_id());
+                    // Waiters wait for the worker now: they check that wait for a circle again.
+                    if self.release_waiters.load(Ordering::Relaxed) > 0 {
+                        self.released_cv.notify_all();
+                    }
+                }
                 let held =
                     self.native.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(crate::handle_kind::held_by).unwrap_or_default();
                 let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
@@ -393,6 +416,12 @@ impl DeviceResources {
     /// handed, have nothing queued: their stream is not asked.) Idempotent: a second call
     /// returns `Ok` once the first release has finished (at once when made by a job on these
     /// resources' own worker, which the first release is waiting for).
+    ///
+    /// One exception, so that nothing waits in a circle: when these resources' jobs are
+    /// themselves waiting (through other jobs' releases or joins) for the calling thread, the
+    /// resources are marked released at once and their worker finishes the release after its
+    /// queued jobs; this call then returns `Ok` before the native objects are destroyed, and an
+    /// error of that later release is logged (`warn`, target `raft`) rather than returned.
     ///
     /// # Errors
     /// `Cuda` when draining the stream or destroying a handle failed (everything is released

@@ -134,6 +134,7 @@ pub fn installed_default(device: usize) -> bool {
 /// resource the user installed is left as it is.
 fn teardown() {
     for (device, slot) in per_device().iter().enumerate() {
+        mr::forget_current(device); // the kept copy of the current resource goes first
         let ours = slot.ours.lock().unwrap_or_else(|e| e.into_inner()).take();
         let Some(ours) = ours else { continue };
         let still_current = MemoryResource::current(device).and_then(|c| c.same_as(&ours)).unwrap_or(false);

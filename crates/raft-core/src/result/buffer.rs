@@ -1,13 +1,13 @@
 //! Device bytes from an RMM resource (`NativeBuffer`) and the size checks every allocation
 //! passes first: above the memory resources (`mr.rs`) a buffer keeps alive.
-use super::mr::NativeMr;
+use super::mr::{current_cache, NativeMr};
 use super::{already_gone, api, bind, check, refuse_capture, stream_sync, ContextGuard, DeviceScalar};
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::CudaStream;
 use raft_sys as sys;
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, Once, OnceLock};
+use std::sync::{Arc, Once};
 
 /// The most bytes one allocation may ask for: 2^48 (256 TiB), what a 48-bit virtual address
 /// space spans, and more than any device's memory or any host's page-locked memory. A larger
@@ -278,18 +278,6 @@ impl NativeBuffer {
     pub(crate) fn leak(self) {
         std::mem::forget(self);
     }
-}
-
-/// Per device, this crate's copy of the resource RMM's map held at the last default allocation
-/// that found it changed (see [`NativeBuffer::create_held`]).
-fn current_cache(device: usize) -> Option<&'static Mutex<Option<Arc<NativeMr>>>> {
-    static CACHE: OnceLock<Vec<Mutex<Option<Arc<NativeMr>>>>> = OnceLock::new();
-    CACHE
-        .get_or_init(|| {
-            let n = crate::result::device_count("DeviceVec::new").unwrap_or(0);
-            (0..n).map(|_| Mutex::new(None)).collect()
-        })
-        .get(device)
 }
 
 /// Tells the shim how a pool, arena or binning resource keeps a stream alive instead of recording

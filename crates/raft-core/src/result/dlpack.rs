@@ -119,6 +119,10 @@ impl Owned {
     /// host wait). Never panics (it runs inside an `extern "C"` deleter, on any thread).
     fn release(self) {
         let Owned { stream, owner, consumer, .. } = self;
+        // The per-thread default stream (2) is the handing-over thread's; the deleter may run on
+        // another thread, whose per-thread stream is another. The legacy default stream (1)
+        // waits for every blocking stream of the context, per-thread ones included.
+        let consumer = consumer.map(|c| if c == 2 { 1 } else { c });
         if let (Some(consumer), true) = (consumer, raft_exit::native_release_allowed()) {
             if let Err(e) = order(DELETER, stream.context(), consumer, stream.cu_stream() as usize) {
                 // Freed regardless: leaking device memory for every failed wait is worse than the
@@ -224,6 +228,11 @@ impl Exported {
     /// streams) that stays alive until the tensor's deleter has run.
     pub(crate) unsafe fn order_before(&mut self, who: &'static str, stream: usize) -> Result<()> {
         order(who, self.owned.stream.context(), self.owned.stream.cu_stream() as usize, stream)?;
+        if let Some(earlier) = self.owned.consumer.filter(|&c| c != stream) {
+            // Only the last consumer is kept for the free: the array's stream first waits for
+            // what the earlier one queued so far (a second handshake must not drop the first).
+            order(who, self.owned.stream.context(), earlier, self.owned.stream.cu_stream() as usize)?;
+        }
         self.owned.consumer = Some(stream);
         Ok(())
     }

@@ -273,6 +273,7 @@ impl NativeMr {
         let mut previous = std::ptr::null_mut();
         // SAFETY: `self` is alive for the borrow; `previous` receives the replaced resource.
         check(who, api, unsafe { api.raftrs_mr_set_current(self.ptr.as_ptr(), &mut previous) })?;
+        forget_current(self.device());
         mr_out(who, api, previous)
     }
 
@@ -283,6 +284,7 @@ impl NativeMr {
         let mut previous = std::ptr::null_mut();
         // SAFETY: `previous` receives the replaced resource; the shim checks the device.
         check(who, api, unsafe { api.raftrs_mr_reset_current(device as i32, &mut previous) })?;
+        forget_current(device);
         mr_out(who, api, previous)
     }
 
@@ -447,4 +449,26 @@ pub(crate) fn trim_async_pool(who: &'static str, device: usize, mr: Option<&Nati
     // makes the device current around the call.
     let trim = check(who, api, unsafe { api.raftrs_mr_trim_async(device as i32, raw, &mut trimmed) });
     trim.map(|()| trimmed != 0)
+}
+
+/// Per device, this crate's copy of the resource RMM's map held at the last default allocation
+/// that found it changed (see `NativeBuffer::create_held`).
+pub(crate) fn current_cache(device: usize) -> Option<&'static std::sync::Mutex<Option<std::sync::Arc<NativeMr>>>> {
+    use std::sync::{Arc, Mutex, OnceLock};
+    static CACHE: OnceLock<Vec<Mutex<Option<Arc<NativeMr>>>>> = OnceLock::new();
+    CACHE
+        .get_or_init(|| {
+            let n = super::device_count("DeviceVec::new").unwrap_or(0);
+            (0..n).map(|_| Mutex::new(None)).collect()
+        })
+        .get(device)
+}
+
+/// Lets go of the kept copy of `device`'s current resource: the map's entry was replaced through
+/// this crate, or the exit tears it down. Kept, the copy would hold the replaced resource (a
+/// pool and its memory, the streams its fence holds) until the next default allocation on the
+/// device, which may never come (the review of issue 30).
+pub(crate) fn forget_current(device: usize) {
+    let old = current_cache(device).and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+    drop(old); // outside the lock: the last handle of a resource queues its release
 }

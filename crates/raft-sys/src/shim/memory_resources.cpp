@@ -72,12 +72,29 @@ any_device_resource copy_current_held(int device)
   return copy;
 }
 
+namespace {
+/// Whether `r` holds a reference to a resource rather than the resource (a library that
+/// installed `any_resource{resource_ref{its_own_pool}}`): the referent may be destroyed while
+/// the reference is still held, so nothing may call through a kept copy of it. The type is read
+/// from the wrapper itself, never from the referent.
+bool wraps_a_reference(any_device_resource const& r)
+{
+  auto const& t = r.type();
+  return t == typeid(rmm::device_async_resource_ref) || t == typeid(rmm::device_resource_ref) ||
+         t == typeid(rmm::host_device_async_resource_ref) || t == typeid(rmm::host_device_resource_ref);
+}
+}  // namespace
+
 bool current_equals_held(int device, any_device_resource const& cached)
 {
+  // A kept copy of a reference may point at a resource its owner destroyed since (nothing of
+  // ours kept it alive): never compared, a fresh copy is taken instead, as before issue 30.
+  if (wraps_a_reference(cached)) { return false; }
   std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
   auto& map  = rmm::mr::detail::get_ref_map();
   auto found = map.find(device);
   if (found == map.end()) { return cached == any_device_resource{rmm::mr::detail::initial_resource()}; }
+  if (wraps_a_reference(found->second)) { return false; }
   return cached == found->second;
 }
 
