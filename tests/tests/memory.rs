@@ -611,3 +611,36 @@ fn run_child(mut cmd: Command, limit: Duration) -> Child {
         stderr: stderr.join().unwrap_or_default(),
     }
 }
+
+/// The review of issue 30: the default path keeps a copy of the device's current resource. When
+/// the current resource is replaced through this crate, that copy must go with it: kept, it held
+/// a replaced 8 GiB pool (its memory taken from the device) until the next default allocation,
+/// which may never come. Here none comes: the pool's memory must be back once it is replaced
+/// and every handle of it dropped.
+#[test]
+fn a_replaced_current_pool_is_let_go_without_another_allocation() {
+    require_gpu!();
+    let _one = one_at_a_time();
+    let res = DeviceResources::new().unwrap();
+    const BIG: usize = 8 << 30;
+    let free = || res.context().mem_get_info().unwrap().0;
+    let before = free();
+    let big = MemoryResource::cuda(0).unwrap().pool(raft::PoolOptions::initial(BIG)).unwrap();
+    let original = memory::set_current(0, &big).unwrap();
+    drop(DeviceVec::<u8>::new(&res, 4096).unwrap()); // the default path now keeps a copy of `big`
+    res.sync().unwrap();
+    let held = free();
+    assert!(before - held >= BIG - (256 << 20), "set-up: the pool took {} bytes, not {BIG}", before - held);
+    drop(memory::set_current(0, &original).unwrap());
+    drop(big);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while free() < before - (256 << 20) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = free();
+    assert!(
+        after >= before - (256 << 20),
+        "the replaced pool still holds {} bytes 10 s after its last handle went (free before {before}, with the pool {held}, after {after})",
+        before.saturating_sub(after)
+    );
+}
