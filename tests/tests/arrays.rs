@@ -283,3 +283,27 @@ fn a_device_matrix_owns_its_shape() {
     assert_eq!(e.kind(), ErrorKind::Logic);
     assert_eq!(DeviceMatrix::<f64>::new(&r, usize::MAX, 2, Layout::RowMajor).unwrap_err().kind(), ErrorKind::Logic);
 }
+
+/// Issue 31, `ndarray`: C order comes back row-major, Fortran order column-major, a strided view
+/// as its elements in C order; each back on the host equal to the array it came from.
+#[test]
+fn ndarray_arrays_round_trip_in_c_and_fortran_order_and_strided_views_are_copied() {
+    use ndarray::{s, Array2, ShapeBuilder};
+    require_gpu!();
+    let r = DeviceResources::new().unwrap();
+    let c = Array2::from_shape_fn((5, 7), |(i, j)| (100 * i + j) as f32);
+    let f = Array2::from_shape_vec((5, 7).f(), c.t().iter().copied().collect()).unwrap();
+    assert_eq!(f, c);
+    let m = DeviceMatrix::from_ndarray(&r, c.view()).unwrap();
+    assert_eq!(m.layout(), Layout::RowMajor);
+    assert_eq!(m.to_ndarray().unwrap(), c);
+    let m = DeviceMatrix::from_ndarray(&r, f.view()).unwrap();
+    assert_eq!(m.layout(), Layout::ColMajor);
+    let back = m.to_ndarray().unwrap();
+    assert_eq!(back, c);
+    assert!(back.t().is_standard_layout(), "a column-major matrix comes back in Fortran order");
+    let strided = c.slice(s![1..4;2, ..;3]);
+    let m = DeviceMatrix::from_ndarray(&r, strided).unwrap();
+    assert_eq!((m.rows(), m.cols(), m.layout()), (2, 3, Layout::RowMajor));
+    assert_eq!(m.to_ndarray().unwrap(), strided);
+}
