@@ -82,6 +82,10 @@ impl Worker {
 struct State<T> {
     result: Option<std::thread::Result<T>>,
     waker: Option<Waker>,
+    /// A joiner waits on the condition variable (set under the lock before it waits): only
+    /// then does the completion notify it. Most joins end while spinning, and a notify is a
+    /// system call even with nobody waiting (issue 30: the job round trip).
+    parked: bool,
 }
 
 pub(crate) struct Shared<T> {
@@ -92,17 +96,25 @@ pub(crate) struct Shared<T> {
 
 impl<T> Shared<T> {
     pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Shared { done: AtomicBool::new(false), state: Mutex::new(State { result: None, waker: None }), cv: Condvar::new() })
+        Arc::new(Shared {
+            done: AtomicBool::new(false),
+            state: Mutex::new(State { result: None, waker: None, parked: false }),
+            cv: Condvar::new(),
+        })
     }
 
     pub(crate) fn complete(&self, result: std::thread::Result<T>) {
-        let waker = {
+        let (waker, parked) = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             st.result = Some(result);
             self.done.store(true, Ordering::Release);
-            st.waker.take()
+            (st.waker.take(), st.parked)
         };
-        self.cv.notify_all();
+        // Read under the lock the joiner sets it under before waiting: a joiner that saw the
+        // job unfinished under that lock is parked, or about to be, and is notified.
+        if parked {
+            self.cv.notify_all();
+        }
         if let Some(w) = waker {
             w.wake();
         }
@@ -228,6 +240,7 @@ impl<T> JobHandle<T> {
         };
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         while !self.shared.done.load(Ordering::Acquire) {
+            st.parked = true;
             st = self.shared.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         Ok(())
@@ -278,6 +291,27 @@ mod tests {
         let caught = std::panic::catch_unwind(|| finished::<u8>(Err(Box::new(Payload(7)))).join_unwind()).unwrap_err();
         assert_eq!(caught.downcast_ref::<Payload>(), Some(&Payload(7)));
         assert_eq!(finished(Ok(5u8)).join_unwind().unwrap(), 5);
+    }
+
+    /// A join that parks (the job outlasts its spin) is woken by the completion, and one that
+    /// ends while spinning needs no notify: both return the value, many times over (a lost
+    /// wake-up would hang this test).
+    #[test]
+    fn joins_that_park_and_joins_that_spin_are_both_completed() {
+        for i in 0..200u32 {
+            let shared = Shared::new();
+            let done = shared.clone();
+            let late = i % 2 == 0;
+            let worker = std::thread::spawn(move || {
+                if late {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                done.complete(Ok(i));
+            });
+            let h = JobHandle { shared, device: 0, worker: worker.thread().id() };
+            assert_eq!(h.join().unwrap(), i);
+            worker.join().unwrap();
+        }
     }
 
     #[test]
