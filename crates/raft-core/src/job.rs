@@ -82,10 +82,6 @@ impl Worker {
 struct State<T> {
     result: Option<std::thread::Result<T>>,
     waker: Option<Waker>,
-    /// A joiner waits on the condition variable (set under the lock before it waits): only
-    /// then does the completion notify it. Most joins end while spinning, and a notify is a
-    /// system call even with nobody waiting (issue 30: the job round trip).
-    parked: bool,
 }
 
 pub(crate) struct Shared<T> {
@@ -96,25 +92,18 @@ pub(crate) struct Shared<T> {
 
 impl<T> Shared<T> {
     pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Shared {
-            done: AtomicBool::new(false),
-            state: Mutex::new(State { result: None, waker: None, parked: false }),
-            cv: Condvar::new(),
-        })
+        Arc::new(Shared { done: AtomicBool::new(false), state: Mutex::new(State { result: None, waker: None }), cv: Condvar::new() })
     }
 
     pub(crate) fn complete(&self, result: std::thread::Result<T>) {
-        let (waker, parked) = {
+        let waker = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             st.result = Some(result);
             self.done.store(true, Ordering::Release);
-            (st.waker.take(), st.parked)
+            st.waker.take()
         };
-        // Read under the lock the joiner sets it under before waiting: a joiner that saw the
-        // job unfinished under that lock is parked, or about to be, and is notified.
-        if parked {
-            self.cv.notify_all();
-        }
+        // Always (run 118: notifying only a parked joiner changed nothing measurable).
+        self.cv.notify_all();
         if let Some(w) = waker {
             w.wake();
         }
@@ -240,7 +229,6 @@ impl<T> JobHandle<T> {
         };
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         while !self.shared.done.load(Ordering::Acquire) {
-            st.parked = true;
             st = self.shared.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         Ok(())
