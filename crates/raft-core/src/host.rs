@@ -86,7 +86,7 @@ impl<T: DeviceScalar> PinnedVec<T> {
     /// # Errors
     /// `OutOfMemory` when the memory cannot be page-locked, and for more than 2^48 bytes;
     /// `Logic` for a device that does not exist, and for a length whose byte count overflows or
-    /// comes within 4096 bytes of `usize::MAX` (as [`DeviceVec::new`]); `Cuda` without a driver.
+    /// comes within 4096 bytes of `usize::MAX` (as [`DeviceVec::new`](crate::DeviceVec::new)); `Cuda` without a driver.
     pub fn new(device: impl AsResources, len: usize) -> Result<Self> {
         const WHO: &str = "PinnedVec::new";
         let bytes = bytes_for::<T>(WHO, len)?;
