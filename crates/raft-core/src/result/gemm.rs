@@ -325,6 +325,18 @@ mod cublas_ex {
     }
 }
 
+/// Refuses operands whose shapes after cuBLAS's `op` (each given as stored rows, stored columns
+/// and whether it is transposed) are not `op(A)` m×k and `op(B)` k×n: the one check of both
+/// entry points, an array's and another library's memory.
+fn chain(who: &'static str, a: (usize, usize, bool), b: (usize, usize, bool), m: usize, n: usize, k: usize) -> Result<()> {
+    let after_op = |(rows, cols, transposed): (usize, usize, bool)| if transposed { (cols, rows) } else { (rows, cols) };
+    let ((ar, ac), (br, bc)) = (after_op(a), after_op(b));
+    if (ar, ac, br, bc) != (m, k, k, n) {
+        return Err(Error::logic(who, format!("shapes do not chain: op(A) {ar}×{ac}, op(B) {br}×{bc}, C {m}×{n}")));
+    }
+    Ok(())
+}
+
 /// Column-major `C = alpha · op(A) · op(B) + beta · C` (C is m×n, not transposed) through the
 /// resources' cuBLAS handle, on their stream. Every extent is checked against its buffer first:
 /// a shape cuBLAS would read or write past an array is a `Logic` error, never a call. The
@@ -342,11 +354,7 @@ pub(crate) fn gemm<T: GemmScalar>(
     beta: T,
     c: &Operand<'_>,
 ) -> Result<()> {
-    let (ar, ac) = if a.transposed { (a.stored_cols, a.stored_rows) } else { (a.stored_rows, a.stored_cols) };
-    let (br, bc) = if b.transposed { (b.stored_cols, b.stored_rows) } else { (b.stored_rows, b.stored_cols) };
-    if (ar, ac, br, bc) != (m, k, k, n) {
-        return Err(Error::logic(who, format!("shapes do not chain: op(A) {ar}×{ac}, op(B) {br}×{bc}, C {m}×{n}")));
-    }
+    chain(who, (a.stored_rows, a.stored_cols, a.transposed), (b.stored_rows, b.stored_cols, b.transposed), m, n, k)?;
     if (c.stored_rows, c.stored_cols, c.transposed) != (m, n, false) {
         return Err(Error::logic(who, format!("C is {}×{}, the product {m}×{n}", c.stored_rows, c.stored_cols)));
     }
@@ -380,11 +388,7 @@ pub(crate) fn gemm_foreign<T: GemmScalar>(
     c: &mut NativeBuffer,
     ldc: usize,
 ) -> Result<()> {
-    let (ar, ac) = if a.transposed { (a.stored_cols, a.stored_rows) } else { (a.stored_rows, a.stored_cols) };
-    let (br, bc) = if b.transposed { (b.stored_cols, b.stored_rows) } else { (b.stored_rows, b.stored_cols) };
-    if (ar, ac, br, bc) != (m, k, k, n) {
-        return Err(Error::logic(who, format!("shapes do not chain: op(A) {ar}×{ac}, op(B) {br}×{bc}, C {m}×{n}")));
-    }
+    chain(who, (a.stored_rows, a.stored_cols, a.transposed), (b.stored_rows, b.stored_cols, b.transposed), m, n, k)?;
     extent_check::<T>(who, "A", a.view.bytes, 0, a.stored_rows, a.stored_cols, a.ld)?;
     extent_check::<T>(who, "B", b.view.bytes, 0, b.stored_rows, b.stored_cols, b.ld)?;
     extent_check::<T>(who, "C", c.bytes, 0, m, n, ldc)?;
@@ -402,6 +406,17 @@ pub(crate) fn gemm_foreign<T: GemmScalar>(
 mod tests {
     use super::*;
     use crate::error::ErrorKind;
+
+    #[test]
+    fn operands_chain_after_their_op_or_are_refused() {
+        // A stored 3×2 and transposed is op(A) 2×3; B stored 3×4 is op(B) 3×4: C is 2×4.
+        assert!(chain("gemm", (3, 2, true), (3, 4, false), 2, 4, 3).is_ok());
+        let e = chain("gemm", (3, 2, false), (3, 4, false), 3, 4, 2).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Logic);
+        assert_eq!(e.to_string(), "gemm: shapes do not chain: op(A) 3×2, op(B) 3×4, C 3×4");
+        assert!(chain("gemm", (2, 3, false), (4, 3, true), 2, 4, 3).is_ok());
+        assert!(chain("gemm", (2, 3, false), (4, 3, true), 2, 5, 3).is_err(), "C's columns");
+    }
 
     #[test]
     fn dimensions_past_cublas_int_are_refused_not_wrapped() {
