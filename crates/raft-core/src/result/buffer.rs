@@ -135,11 +135,9 @@ impl NativeBuffer {
                 &mut fresh,
             )
         });
-        // A fresh copy is owned from here on, whatever else happened.
-        let fresh = match NonNull::new(fresh) {
-            Some(p) => Some(Arc::new(NativeMr::from_shim(who, api, p)?)),
-            None => None,
-        };
+        // A fresh copy is owned from here on, whatever else happened (nothing between here and
+        // the buffer's construction can fail while the shim's buffer borrows it).
+        let fresh = NonNull::new(fresh).map(|p| Arc::new(NativeMr::from_shim(p, device)));
         made?;
         let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no buffer"))?;
         let held = match fresh {

@@ -78,9 +78,13 @@ fn mr_out(who: &'static str, api: &sys::RaftrsShim, raw: *mut sys::raftrs_mr) ->
 }
 
 impl NativeMr {
-    /// Owns a handle the shim just made (`raftrs_buffer_create_held`'s fresh copy).
-    pub(crate) fn from_shim(who: &'static str, api: &sys::RaftrsShim, ptr: NonNull<sys::raftrs_mr>) -> Result<NativeMr> {
-        mr_out(who, api, ptr.as_ptr())
+    /// Owns a handle the shim just made for `device` (`raftrs_buffer_create_held`'s fresh copy
+    /// of that device's current resource). Infallible on purpose: the buffer allocated from the
+    /// copy borrows it, so a failure here would leave both without an owner (the review's
+    /// finding 7: asking the shim for the device, as `mr_out` does, could fail after the
+    /// allocation).
+    pub(crate) fn from_shim(ptr: NonNull<sys::raftrs_mr>, device: usize) -> NativeMr {
+        NativeMr { ptr, device }
     }
 
     /// A shared handle to `device`'s current RMM resource.
