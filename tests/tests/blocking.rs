@@ -1,10 +1,14 @@
 //! The blocking rule (issue 34), in a process of its own: the test holds its stream shut from the
 //! host, and a neighbour test's device-wide synchronisation (`cudaFreeHost` of a staged copy's
 //! buffers, a handle's creation) would wait for that gate, and time out or fail on it.
-use raft::{DeviceResources, DeviceVec};
+use raft::{DeviceResources, DeviceVec, MemoryResource};
 use raft_tests::patterns::pattern_f32;
 use raft_tests::require_gpu;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// One gate at a time: a gate holds its stream shut, and the other test's work would wait for it.
+static GATED: Mutex<()> = Mutex::new(());
 
 /// The blocking rule (issue 34): only what touches host memory blocks. `zeros` and `fill_zero`
 /// touch device memory only, so they queue on the array's stream and return without waiting for
@@ -16,6 +20,7 @@ use std::time::{Duration, Instant};
 #[test]
 fn zeros_and_fill_zero_only_queue() {
     require_gpu!();
+    let _one = GATED.lock().unwrap_or_else(|e| e.into_inner());
     let res = DeviceResources::new().unwrap();
     let mut refilled = DeviceVec::from_host(&res, &pattern_f32(4096, 67)).unwrap();
     let stream = res.stream().unwrap();
@@ -37,4 +42,43 @@ fn zeros_and_fill_zero_only_queue() {
     assert!(zeros.to_host().unwrap().iter().all(|x| *x == 0.0), "zeros");
     assert!(refilled.to_host().unwrap().iter().all(|x| *x == 0.0), "fill_zero");
     assert!(DeviceVec::<f32>::zeros(&res, 0).unwrap().is_empty());
+}
+
+/// Issue 30: a binning resource (made by this library) frees a block that fits its largest bin
+/// into that bin's fixed-size pool, in stream order, where it is dropped, whatever its upstream:
+/// with the stream held shut, nothing is left pending for a release thread. A block past the
+/// largest bin goes to the upstream (`cudaFree`, which may block): that one still goes to a
+/// release thread, which waits for the stream first. (Before, the binning resource took its
+/// upstream's order for every size: the small block's drop queued a release too, run 110's
+/// binning row paid for it, 3.4x C++.)
+#[test]
+fn a_binning_resource_frees_its_bins_in_stream_order() {
+    require_gpu!();
+    let _one = GATED.lock().unwrap_or_else(|e| e.into_inner());
+    let res = DeviceResources::new().unwrap();
+    let binning = MemoryResource::cuda(0).unwrap().binning(8, 20).unwrap();
+    // Both made before the gate: the first block of a bin, and the large one, come from cudaMalloc.
+    let small = DeviceVec::<u8>::new_in(&res, 64 << 10, &binning).unwrap();
+    let large = DeviceVec::<u8>::new_in(&res, 4 << 20, &binning).unwrap();
+    let stream = res.stream().unwrap();
+    let shut = raft_tests::Gate::close(&stream);
+    let before = raft::stats().pending.bytes;
+    drop(small);
+    let after_small = raft::stats().pending.bytes;
+    drop(large);
+    let after_large = raft::stats().pending.bytes;
+    let still_shut = !stream.record_event(None).unwrap().is_complete();
+    shut.open();
+    let drained = Instant::now();
+    while raft::stats().pending.bytes > before && drained.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(still_shut, "set-up: the gate was open before the drops were looked at");
+    assert_eq!(after_small - before, 0, "a 64 KiB block of a bin left {} bytes pending for a release thread", after_small - before);
+    assert_eq!(
+        after_large - after_small,
+        4 << 20,
+        "a 4 MiB block (past the largest bin, 1 MiB) frees through cudaFree on a release thread"
+    );
+    assert_eq!(raft::stats().pending.bytes, before, "the release of the large block ran once the gate opened");
 }

@@ -503,8 +503,15 @@ class fenced {
 
   [[nodiscard]] R& inner() noexcept { return inner_; }
 
+  /// For a binning resource: the largest bin its constructor made (sizes up to it go to
+  /// fixed-size pools, whose frees never block; see `free_order_of`). 0 otherwise. Set once,
+  /// before the resource is handed out.
+  [[nodiscard]] std::size_t ordered_up_to() const noexcept { return ordered_up_to_; }
+  void set_ordered_up_to(std::size_t bytes) noexcept { ordered_up_to_ = bytes; }
+
  private:
   int device_;
+  std::size_t ordered_up_to_{0};
   std::unique_ptr<stream_fence> fence_;
   R inner_;
 };

@@ -4,6 +4,7 @@
 
 #include <cuda/memory_resource>
 
+#include <algorithm>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -59,23 +60,21 @@ struct shim_buffer {
 /// allocated on (never the legacy default stream: `on_own_stream`), never blocks the caller.
 bool frees_stream_ordered(free_order order, std::size_t bytes, bool on_own_stream)
 {
-  switch (order) {
-    case frees_stream_ordered_always: return true;
-    // RMM 26.08's arena (rmm/mr/detail/arena.hpp) synchronises the stream when it frees a block
-    // its global arena handles (over superblock::minimum_size, 1 MiB, after alignment) or one
-    // that belongs to another stream's arena. A block of at most 1 MiB freed on the (non-default)
-    // stream that allocated it goes back to that stream's own arena without waiting.
-    case frees_ordered_when_small:
-      return on_own_stream && rmm::align_up(bytes, rmm::CUDA_ALLOCATION_ALIGNMENT) <= (std::size_t{1} << 20);
-    default: return false;
-  }
+  if (order == frees_stream_ordered_always) { return true; }
+  // RMM 26.08's arena (rmm/mr/detail/arena.hpp) synchronises the stream when it frees a block
+  // its global arena handles (over superblock::minimum_size, 1 MiB, after alignment) or one
+  // that belongs to another stream's arena; a binning resource hands sizes past its largest bin
+  // to its upstream. A block within the size freed on the (non-default) stream that allocated it
+  // stays with the stream-ordered part.
+  return on_own_stream && order > 0 &&
+         rmm::align_up(bytes, rmm::CUDA_ALLOCATION_ALIGNMENT) <= static_cast<std::size_t>(order);
 }
 
 /// `m`'s free order, walked once per resource handle.
 free_order order_of(shim_mr const& m)
 {
   auto known = m.order.load(std::memory_order_relaxed);
-  if (known >= 0) { return static_cast<free_order>(known); }
+  if (known >= 0) { return known; }
   auto found = free_order_of(rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)});
   m.order.store(found, std::memory_order_relaxed);  // the same answer whoever stores it
   return found;
@@ -117,15 +116,25 @@ free_order free_order_of(rmm::device_async_resource_ref mr)
     switch (classify(*at)) {
       case RAFTRS_MR_CUDA_ASYNC:
       case RAFTRS_MR_POOL: return frees_stream_ordered_always;
-      case RAFTRS_MR_ARENA: return frees_ordered_when_small;
+      case RAFTRS_MR_ARENA: return free_order{1} << 20;
       case RAFTRS_MR_STATISTICS: at = upstream_of<statistics_mr>(*at); break;
       case RAFTRS_MR_LIMITING: at = upstream_of<limiting_mr>(*at); break;
       case RAFTRS_MR_TRACKING: at = upstream_of<tracking_mr>(*at); break;
       case RAFTRS_MR_LOGGING: at = upstream_of<rmm::mr::logging_resource_adaptor>(*at); break;
       case RAFTRS_MR_FAILURE_CALLBACK: at = upstream_of<failure_mr>(*at); break;
       case RAFTRS_MR_THREAD_SAFE: at = upstream_of<rmm::mr::thread_safe_resource_adaptor>(*at); break;
-      // Sizes past the largest bin go to the upstream.
-      case RAFTRS_MR_BINNING: at = upstream_of_pooled<rmm::mr::binning_memory_resource>(*at); break;
+      case RAFTRS_MR_BINNING: {
+        // Sizes up to this shim's own binning resource's largest bin go to the fixed-size pools
+        // its constructor made (RMM's `stream_ordered_memory_resource`: a free never blocks);
+        // larger ones to the upstream. A binning resource made elsewhere may hold bins of any
+        // resource (`add_bin`): only its upstream's order is known.
+        std::size_t bins = 0;
+        if (auto* f = cuda::mr::resource_cast<fenced_binning>(&*at)) { bins = f->get().ordered_up_to(); }
+        auto up       = upstream_of_pooled<rmm::mr::binning_memory_resource>(*at);
+        auto upstream = up.has_value() ? free_order_of(*up) : frees_may_block;
+        if (upstream == frees_stream_ordered_always) { return upstream; }
+        return std::max(upstream, static_cast<free_order>(bins));
+      }
       default: return frees_may_block;
     }
   }

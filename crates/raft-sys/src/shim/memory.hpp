@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -168,14 +169,21 @@ int32_t classify(rmm::device_async_resource_ref ref);
 struct shim_mr {
   int device;
   any_device_resource resource;
-  /// How frees through `resource` order (`free_order`), worked out at the first allocation:
+  /// How frees through `resource` order (a `free_order`), worked out at the first allocation:
   /// the resource never changes, so its adaptor chain is walked once, not per allocation.
-  mutable std::atomic<int32_t> order{-1};
+  /// Negative: not yet worked out.
+  mutable std::atomic<int64_t> order{-1};
 };
 
-/// How a resource's frees order: never without blocking, always stream-ordered, or
-/// stream-ordered for blocks of at most 1 MiB freed on their own stream (RMM's arena).
-enum free_order : int32_t { frees_may_block = 0, frees_stream_ordered_always = 1, frees_ordered_when_small = 2 };
+/// How a resource's frees order, as the largest block (after RMM's alignment) whose free on the
+/// stream that allocated it never blocks the caller: `frees_may_block` (0) when any free may
+/// block, `frees_stream_ordered_always` when every free is stream-ordered (on any stream), and
+/// in between a size: RMM's arena (1 MiB: larger blocks go to its global arena, which
+/// synchronises), this shim's binning resource (its largest bin: smaller sizes go to
+/// fixed-size pools) over an upstream that may block.
+using free_order = int64_t;
+inline constexpr free_order frees_may_block             = 0;
+inline constexpr free_order frees_stream_ordered_always = std::numeric_limits<int64_t>::max();
 
 /// The `free_order` of the resource behind `mr` (a walk down its adaptors; buffers.cpp).
 free_order free_order_of(rmm::device_async_resource_ref mr);

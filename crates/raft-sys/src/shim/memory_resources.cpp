@@ -338,8 +338,15 @@ raftrs_status raftrs_mr_new_binning(const raftrs_mr* upstream, int32_t min_expon
                                   std::to_string(min_exponent) + " and " + std::to_string(max_exponent));
     }
     refuse_over_failure_callback(upstream, "binning resource");
-    *out = adapt_fenced<rmm::mr::binning_memory_resource>(
+    auto* made = adapt_fenced<rmm::mr::binning_memory_resource>(
       upstream, static_cast<int8_t>(min_exponent), static_cast<int8_t>(max_exponent));
+    // The bins RMM's constructor adds: 2^min .. 2^max, each aligned up (add_bin), fixed-size
+    // pools all; sizes up to the largest free without blocking whatever the upstream.
+    // (Not found, the size stays 0: every free takes the upstream's order, as before.)
+    if (auto* f = cast<fenced_binning>(made)) {
+      f->get().set_ordered_up_to(rmm::align_up(std::size_t{1} << max_exponent, rmm::CUDA_ALLOCATION_ALIGNMENT));
+    }
+    *out = made;
   });
 }
 
