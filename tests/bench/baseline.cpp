@@ -388,3 +388,69 @@ int32_t bl_arena_threads(int32_t threads, int32_t iters, size_t bytes, int64_t* 
   }
 }
 }
+
+#include <shared_mutex>
+
+extern "C" {
+// Issue 30's floor for an allocation through an explicit arena: C++ doing the steps this
+// library's soundness requires of one, and nothing else, on the arena of bl_alloc_free_bench_arena:
+// the resources object's "not released" check (a shared lock taken and let go), the device check
+// (one cuCtxGetCurrent compared with the context the resources hold), a heap record of the
+// allocation holding a reference to the resource (a shared_ptr copy: the resource outlives the
+// block) and to the stream (another: the stream outlives the free), a live-allocation count,
+// the allocation and its free through the type-erased resource (as any resource of any kind is
+// held), and the record dropped. No device switch, no map lookup, no fence.
+int32_t bl_alloc_free_held_arena(size_t bytes)
+{
+  using any_device_resource = cuda::mr::any_resource<cuda::mr::device_accessible>;
+  using get_fn              = CUresult (*)(CUcontext*);
+  struct record {
+    std::shared_ptr<any_device_resource> mr;
+    std::shared_ptr<cudaStream_t> stream;
+    void* ptr;
+  };
+  static auto const get_current = [] {
+    void* f{};
+    cudaDriverEntryPointQueryResult q{};
+    cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
+    return reinterpret_cast<get_fn>(f);
+  }();
+  static auto const mr       = std::make_shared<any_device_resource>(bench_arena());
+  static auto const stream   = std::make_shared<cudaStream_t>(bench_stream());
+  static CUcontext const ctx = [] {
+    CUcontext c{};
+    if (get_current != nullptr) { get_current(&c); }
+    return c;
+  }();
+  static std::shared_mutex released;
+  static std::atomic<int64_t> live{0};
+  try {
+    if (get_current == nullptr) { return 2; }
+    std::shared_lock<std::shared_mutex> alive{released};
+    CUcontext c{};
+    if (get_current(&c) != CUDA_SUCCESS || c != ctx) { return 3; }
+    auto r = std::make_unique<record>(record{mr, stream, nullptr});
+    live.fetch_add(1, std::memory_order_relaxed);
+    rmm::device_async_resource_ref ref{*r->mr};
+    r->ptr = ref.allocate(cuda::stream_ref{*r->stream}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    ref.deallocate(cuda::stream_ref{*r->stream}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    live.fetch_sub(1, std::memory_order_relaxed);
+    r.reset();
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+}
+
+extern "C" {
+// The floor of returning an owned handle to a per-thread default, in C++: a thread-local
+// shared_ptr copied out and the copy destroyed (one atomic increment, one decrement), what
+// `current_device_resources` does at the least while it returns an owned `DeviceResources`.
+int32_t bl_tls_shared_ptr_copy()
+{
+  thread_local std::shared_ptr<int> const held = std::make_shared<int>(7);
+  std::shared_ptr<int> copy = held;
+  return *copy == 7 ? 0 : 1;
+}
+}

@@ -176,6 +176,11 @@ pub mod baseline {
         pub fn bl_alloc_free_binning(bytes: usize) -> i32;
         /// Allocate + free through the arena `bl_arena_threads` shares (1 GiB over cudaMalloc).
         pub fn bl_alloc_free_bench_arena(bytes: usize) -> i32;
+        /// The steps this library's soundness requires of an allocation, in C++, through the same
+        /// arena (issue 30's floor; see baseline.cpp).
+        pub fn bl_alloc_free_held_arena(bytes: usize) -> i32;
+        /// A thread-local `shared_ptr` copied out and dropped: the C++ floor of an owned handle.
+        pub fn bl_tls_shared_ptr_copy() -> i32;
         /// `threads` threads, a stream each, allocating and freeing `bytes` `iters` times from one
         /// arena; `ns` from their common start to the last one's end.
         pub fn bl_arena_threads(threads: i32, iters: i32, bytes: usize, ns: *mut i64) -> i32;

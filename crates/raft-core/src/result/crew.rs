@@ -45,11 +45,18 @@ pub(crate) fn watch_time(who: &'static str) -> Result<Duration> {
 }
 
 fn parse_watch(v: Option<&str>) -> std::result::Result<Duration, String> {
+    parse_micros("RAFT_STAGING_SPIN_US", v, Duration::from_millis(1))
+}
+
+/// A watch in microseconds from the environment variable `name` (its value `v`): 0 to
+/// 1 000 000, `default` when unset or blank; the error names the variable. The staging crew's
+/// and the job workers' watches (`job.rs`) read theirs with it.
+pub(crate) fn parse_micros(name: &str, v: Option<&str>, default: Duration) -> std::result::Result<Duration, String> {
     match v.map(str::trim).filter(|t| !t.is_empty()) {
-        None => Ok(Duration::from_millis(1)),
+        None => Ok(default),
         Some(t) => match t.parse::<u64>() {
             Ok(us) if us <= 1_000_000 => Ok(Duration::from_micros(us)),
-            _ => Err(format!("RAFT_STAGING_SPIN_US: expected microseconds from 0 to 1000000, given {t:?}")),
+            _ => Err(format!("{name}: expected microseconds from 0 to 1000000, given {t:?}")),
         },
     }
 }

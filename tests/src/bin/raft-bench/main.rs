@@ -98,11 +98,17 @@ fn main() {
     // returns `DeviceResources` by value (SPEC).
     thread_local! { static HELD: std::sync::Arc<u64> = std::sync::Arc::new(7); }
     let arc_floor = measure(1000, 2000, 1000, || drop(black_box(HELD.with(std::sync::Arc::clone))));
+    // SAFETY: a plain C function of the baseline.
+    let cpp_floor = measure(1000, 2000, 1000, || assert_eq!(unsafe { bl_tls_shared_ptr_copy() }, 0));
     t.add(
         "default lookup (made already)",
         "current_device_resources(0)",
         ours,
-        vec![("thread-local read", tls), ("thread-local Arc clone + drop (the floor of an owned handle)", arc_floor)],
+        vec![
+            ("thread-local read", tls),
+            ("thread-local Arc clone + drop (the floor of an owned handle)", arc_floor),
+            ("C++: a thread-local shared_ptr copied out and destroyed (the same floor, in C++)", cpp_floor),
+        ],
         "thread-local read",
         "<= 10 ns (issue 30)",
         |a, _| a <= 10.0,

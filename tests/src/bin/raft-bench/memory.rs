@@ -236,9 +236,69 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
             );
         }
     }
+    arena_steps(t, r, &arena);
     threads_on_one_arena(t, &arena);
     drop((pool, arena, binning, async_pool, cuda));
     fragmentation(t);
+}
+
+/// Where an allocation through an explicit arena goes (issue 30), 64 KiB, in turns: ours, the
+/// shim's create + free called directly on an arena of its own (its C++ side: the device scope,
+/// the buffer's heap record, the fence's hint at the free), C++ RMM's arena alone, and C++ doing
+/// the steps soundness requires (`bl_alloc_free_held_arena`: the floor the goal is held to).
+fn arena_steps(t: &mut Table, r: &DeviceResources, arena: &raft::MemoryResource) {
+    let bytes = 64 << 10;
+    let stream = r.stream().unwrap();
+    let api = raft_sys::shim().unwrap_or_else(|e| fail(&e.to_string()));
+    let (mut cuda_mr, mut shim_arena) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: each writes one handle, destroyed at the end of this function.
+    unsafe {
+        assert_eq!(api.raftrs_mr_new(0, raft_sys::RAFTRS_MR_CUDA, &mut cuda_mr), 0);
+        assert_eq!(api.raftrs_mr_new_arena(cuda_mr, 1 << 30, &mut shim_arena), 0);
+    }
+    let owner = std::sync::Arc::as_ptr(&stream) as *const std::ffi::c_void;
+    let mut shim_direct = || {
+        let (mut buf, mut data, mut ordered, mut fresh) = (std::ptr::null_mut(), std::ptr::null_mut(), 0, std::ptr::null_mut());
+        let s = stream.cu_stream() as *mut std::ffi::c_void;
+        // SAFETY: the stream is alive (held above, and `owner` is its `Arc`, which a fence may
+        // retain through the keeper the library registered); the arena lives until the end of
+        // this function; out-pointers are locals; the buffer is freed right after, on its stream.
+        unsafe {
+            assert_eq!(api.raftrs_buffer_create_held(0, shim_arena, 0, s, bytes, &mut buf, &mut data, &mut ordered, &mut fresh), 0);
+            assert_eq!(api.raftrs_buffer_free(buf, s, owner), 0);
+        }
+    };
+    let [ours, shim, cpp_arena, cpp_floor] = measure_turns(
+        200,
+        5000,
+        [
+            &mut || drop(DeviceVec::<u8>::new_in(r, bytes, arena).unwrap()),
+            &mut shim_direct,
+            // SAFETY: plain C functions of the baseline.
+            &mut || assert_eq!(unsafe { bl_alloc_free_bench_arena(bytes) }, 0),
+            // SAFETY: as above.
+            &mut || assert_eq!(unsafe { bl_alloc_free_held_arena(bytes) }, 0),
+        ],
+    );
+    const FLOOR: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent, heap record holding the resource and the stream (two shared_ptr copies), live count, allocate + free through the type-erased resource";
+    t.add(
+        "64 KiB allocate + free, arena over cudaMalloc, against its floor (in turns)",
+        "DeviceVec::new_in + drop",
+        ours,
+        vec![
+            (FLOOR, cpp_floor),
+            ("the shim's create_held + free on an arena of its own, called directly", shim),
+            ("C++ RMM's arena alone (the goal row's baseline)", cpp_arena),
+        ],
+        FLOOR,
+        "<= 1.10x",
+        |a, b| a <= 1.10 * b,
+    );
+    // SAFETY: the handles made above, no longer used (the buffers were freed).
+    unsafe {
+        assert_eq!(api.raftrs_mr_destroy(shim_arena), 0);
+        assert_eq!(api.raftrs_mr_destroy(cuda_mr), 0);
+    }
 }
 
 /// Issue 30: 8 and 16 threads (a resources object each, so a stream each) allocating and freeing
