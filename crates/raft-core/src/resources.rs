@@ -456,7 +456,8 @@ impl DeviceResources {
     /// how long an exit waits for this job.
     ///
     /// # Errors
-    /// `Logic` on released resources, a bad `RAFT_EXIT_WAIT`, or once the process's exit has
+    /// `Logic` on released resources, a bad `RAFT_EXIT_WAIT` or `RAFT_WORKER_SPIN_US` (the
+    /// worker's watch for its next job, microseconds, 50 by default), or once the process's exit has
     /// decided; `Cuda` when the worker thread cannot bind the device's context; `Generic` when
     /// no worker thread could be started.
     pub fn spawn<F, T>(&self, job: F) -> Result<JobHandle<T>>
