@@ -11,6 +11,10 @@
 //! - [`stack`]: [`Stack`] and [`find`], in `RAFT_SYS_PREFIX`, the cache, a Python environment,
 //!   `CONDA_PREFIX`; [`Stack::from_dep_metadata`] for crates that build after `raft-sys`.
 //! - [`cuvs`]: where cuVS may be, relative to the stack ([`cuvs_roots`]).
+
+// It reads paths and environment variables: nothing here needs `unsafe`.
+#![forbid(unsafe_code)]
+
 pub mod cache;
 pub mod cuvs;
 pub mod pins;

@@ -10,10 +10,13 @@ use crate::pins::{pip_line, PINNED};
 /// Headers and libraries of one install.
 #[derive(Debug, Clone)]
 pub struct Stack {
+    /// The directory it was found at (a prefix, or the wheels' site-packages-like root).
     pub root: PathBuf,
     /// How it was found (`RAFT_SYS_PREFIX`, `the cargo xtask deps cache`, …).
     pub source: String,
+    /// Header directories, in the order the compiler must search them.
     pub includes: Vec<PathBuf>,
+    /// Library directories: what the shims link against and name in their RUNPATH.
     pub lib_dirs: Vec<PathBuf>,
 }
 
