@@ -9,54 +9,10 @@
 //! use of a communicator reports that the NCCL headers were not found at build time and how to
 //! get them (`cargo xtask deps`, or `RAFT_COMMS_NCCL_PREFIX`); the next build finds a header
 //! that appeared in any place it looked (see `watch_for_header`).
+use raft_build::{env_var_rerun, Stack};
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// Reads a knob and reruns the build when it changes.
-fn env_var_rerun(name: &str) -> Option<String> {
-    println!("cargo:rerun-if-env-changed={name}");
-    env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// What raft-sys's build found (its `cargo:` metadata).
-struct Stack {
-    root: PathBuf,
-    includes: Vec<PathBuf>,
-    lib_dirs: Vec<PathBuf>,
-}
-
-impl Stack {
-    fn from_raft_sys() -> Option<Stack> {
-        let paths = |name: &str| env::var_os(name).map(|v| env::split_paths(&v).collect::<Vec<_>>());
-        Some(Stack {
-            root: PathBuf::from(env::var_os("DEP_RAFTRS_ROOT")?),
-            includes: paths("DEP_RAFTRS_INCLUDES")?,
-            lib_dirs: paths("DEP_RAFTRS_LIB_DIRS")?,
-        })
-    }
-
-    /// `libcudart.so`, else a versioned `libcudart.so.13…` (the CUDA wheels ship only those).
-    fn cudart(&self) -> Option<PathBuf> {
-        for dir in &self.lib_dirs {
-            if dir.join("libcudart.so").exists() {
-                return Some(dir.join("libcudart.so"));
-            }
-        }
-        for dir in &self.lib_dirs {
-            let Ok(entries) = std::fs::read_dir(dir) else { continue };
-            let mut found: Vec<PathBuf> = entries
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.file_name().and_then(|f| f.to_str()).is_some_and(|f| f.starts_with("libcudart.so.")))
-                .collect();
-            found.sort();
-            if let Some(f) = found.into_iter().next() {
-                return Some(f);
-            }
-        }
-        None
-    }
-}
 
 /// The shim's translation units, by what they do: libnccl and errors, communicators,
 /// collectives and groups, RAFT's comms_iface.
@@ -88,7 +44,7 @@ fn main() {
         return;
     }
 
-    let Some(stack) = Stack::from_raft_sys() else {
+    let Some(stack) = Stack::from_dep_metadata() else {
         // raft-sys builds no shim in a documentation build and prints no metadata then.
         no_shim("raft-sys built no shim (a documentation build?)", "");
         return;

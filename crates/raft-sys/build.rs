@@ -1,14 +1,12 @@
-//! Finds RAFT, RMM and the CUDA 13.2 libraries, and builds the C++ shim against them as a shared
-//! object, `libraftrs_shim.so`, whose own RUNPATH names the library directories found here.
+//! Finds RAFT, RMM and the CUDA 13.2 libraries (the `raft-build` crate's rules, shared with the
+//! other build scripts and xtask), and builds the C++ shim against them as a shared object,
+//! `libraftrs_shim.so`, whose own RUNPATH names the library directories found here.
 //!
 //! Nothing native is linked into Rust binaries: `raft-sys` loads the shim at first use
 //! (`src/load.rs`), so a binary starts without RAFT, RMM or CUDA and reports a clear error where
 //! they are missing. The build-time facts (versions, where the shim and the libraries are) reach
 //! the crate as `rustc-env` variables and a generated `build_info.rs`.
-#[path = "build/stack.rs"]
-mod stack;
-
-use stack::{env_var_rerun, Stack, LIBRARIES, PINNED};
+use raft_build::{env_var_rerun, Stack, LIBRARIES, PINNED};
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,7 +19,6 @@ const SHIM_FILE: &str = "libraftrs_shim.so";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=build/stack.rs");
     println!("cargo:rerun-if-changed=src/shim");
     println!("cargo:rerun-if-changed=src/fence.hpp");
     println!("cargo:rerun-if-changed=include/raftrs.h");
@@ -38,7 +35,7 @@ fn main() {
         return;
     }
 
-    let stack = match stack::find() {
+    let stack = match raft_build::find() {
         Ok(stack) => stack,
         Err(message) => {
             // One clear message, not a backtrace: cargo shows a build script's stderr on failure.
@@ -96,7 +93,7 @@ fn watch_stack(stack: &Stack) {
     if stack.source == "RAFT_SYS_PREFIX" || stack.source == "the cargo xtask deps cache" {
         return;
     }
-    if let (Some(prefix), Some(cache)) = (stack::cache_prefix(), stack::cache_dir()) {
+    if let (Some(prefix), Some(cache)) = (raft_build::cache_prefix(), raft_build::cache_dir()) {
         if let Some(dir) = prefix.parent().into_iter().chain([cache.as_path()]).find(|d| d.is_dir()) {
             println!("cargo:rerun-if-changed={}", dir.display());
         }
@@ -147,7 +144,7 @@ fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64) -> P
                     stack.root.display(),
                     stack.source,
                     stack.lib_dirs,
-                    stack::pip_line()
+                    raft_build::pip_line()
                 );
                 std::process::exit(1);
             }

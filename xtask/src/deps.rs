@@ -10,7 +10,7 @@ use std::process::Command;
 pub const CCCL_VERSION: &str = "3004003";
 
 /// The cache (`RAFT_RS_CACHE`, else `$XDG_CACHE_HOME/raft-rs`, else `~/.cache/raft-rs`): the
-/// rule of `crates/raft-sys/build/stack.rs`, which raft-sys's build script follows too.
+/// rule of the `raft-build` crate (`crates/raft-build/src/cache.rs`), which the build scripts follow too.
 pub fn cache_dir() -> Result<PathBuf> {
     stack::cache_dir().ok_or_else(|| "neither RAFT_RS_CACHE nor HOME is set: set RAFT_RS_CACHE to a writable directory".into())
 }
@@ -168,9 +168,9 @@ pub const CUVS_WHEELS: &[(&str, &str)] = &[
 
 /// Where `--cuvs` unpacks: beside the base prefix (`<cache>/26.08.00/cuvs`), in the wheels' own
 /// layout, so libcuvs's RPATH (`$ORIGIN/../../nvidia/...`) finds its libraries. raft-cuvs's build
-/// script looks there (`$DEP_RAFTRS_ROOT/../cuvs`).
+/// script looks there by the same rule (`raft_build::cuvs_beside`, one of `cuvs_roots`).
 pub fn cuvs_prefix(prefix: &Path) -> PathBuf {
-    prefix.with_file_name("cuvs")
+    stack::cuvs_beside(prefix).expect("the cache prefix is <cache>/<release>/prefix, never a root")
 }
 
 /// `cargo xtask deps --cuvs`: main.rs hands `deps` no flag but `--nccl`, so this one is read here.

@@ -1,5 +1,5 @@
 //! `cargo xtask install-line [--check]`: the README's `pip install` line, generated from the pins
-//! in `crates/raft-sys/build/stack.rs` (the build script's and `cargo xtask deps`'s one source),
+//! in `crates/raft-build/src/pins.rs` (the build script's and `cargo xtask deps`'s one source),
 //! and the resolver check that keeps those pins installable.
 //!
 //! `cargo xtask deps` downloads with `--no-deps`, which never asks whether pip's resolver accepts
@@ -46,7 +46,7 @@ pub fn run(check: bool) -> Result<()> {
     let have = readme_line(&readme)?;
     if have != want {
         return Err(format!(
-            "README.md's install line is not the pinned stack's (crates/raft-sys/build/stack.rs).\n  README: {have}\n  pinned: {want}\n\
+            "README.md's install line is not the pinned stack's (crates/raft-build/src/pins.rs).\n  README: {have}\n  pinned: {want}\n\
              Replace it with the output of `cargo xtask install-line`."
         ));
     }
@@ -84,7 +84,7 @@ pub fn resolve(python: &str, dir: &Path, pins: &[(&str, &str)], what: &str) -> R
         let missing: Vec<&String> = want.iter().filter(|p| !installed.contains(p)).collect();
         return Err(format!(
             "pip's resolver installs more or other than the pinned {what}: it adds {extra:?} and leaves out {missing:?}; \
-             pin exactly what it installs in crates/raft-sys/build/stack.rs"
+             pin exactly what it installs in crates/raft-build/src/pins.rs"
         ));
     }
     Ok(())

@@ -18,10 +18,9 @@ mod deps;
 mod install_line;
 mod layers;
 mod package;
-/// Where the native stack is and what it holds: the same file raft-sys's build script includes,
-/// so `cargo xtask deps` and the build never disagree.
-#[path = "../../crates/raft-sys/build/stack.rs"]
-mod stack;
+/// Where the native stack is and what it holds: the crate the build scripts use, so
+/// `cargo xtask deps` and the build never disagree.
+use raft_build as stack;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};

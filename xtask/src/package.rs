@@ -15,15 +15,15 @@ use std::process::Command;
 
 /// The published crates, each after the ones it depends on.
 pub const PUBLISHED: &[&str] =
-    &["raft-error", "raft-exit", "raft-sys", "rapids-raft-core", "raft-abi", "raft-comms", "raft-cuvs", "rapids-raft"];
+    &["raft-build", "raft-error", "raft-exit", "raft-sys", "rapids-raft-core", "raft-abi", "raft-comms", "raft-cuvs", "rapids-raft"];
 
 /// Where the verifying builds go (emptied before each run; see `forget_unpacked_copies`).
 const VERIFY_TARGET: &str = "target/package-verify";
 
-/// Files the native crate cannot build without (its build script includes them).
+/// Files the native crate cannot build without (its build script and shim read them; where the
+/// stack is comes from the raft-build crate).
 const RAFT_SYS_FILES: &[&str] = &[
     "build.rs",
-    "build/stack.rs",
     "build/probe.cpp",
     "src/fence.hpp",
     "src/shim/common.hpp",

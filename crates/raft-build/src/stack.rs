@@ -1,83 +1,22 @@
-//! Where the native stack (RAFT, RMM, rapids-logger, the CUDA 13.2 runtime and libraries, NCCL) is,
-//! and what it must hold. One copy of these rules: `raft-sys/build.rs` includes this file as a
-//! module, and so does `xtask` (`#[path]`), so the build and `cargo xtask deps` never disagree.
-#![allow(dead_code)] // each includer uses its own part
-
+//! One install of the stack ([`Stack`]) and the search for it ([`find`]).
 use std::env;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The pinned release whose wheels `cargo xtask deps` unpacks.
-pub const PINNED: &str = "26.08.00";
-
-/// The wheels, by exact version: everything pip's resolver installs for [`pip_line`] in a fresh
-/// virtualenv, and nothing else, so the README's line and the cache hold the same files.
-/// `cargo xtask deps` runs pip's resolver over them (offline, on the fetched wheels) and fails
-/// when the set is not exactly what it resolves to; CI runs the README's line against PyPI.
-/// What forces each one: libraft-cu13 asks `cuda-toolkit[cublas,curand,cusolver,cusparse]==13.*`,
-/// `nvidia-nvjitlink>=13.3,<14` (libraft.so calls its `_13_3` entry points) and
-/// `nvidia-nccl-cu13>=2.19`; cuda-toolkit 13.2.2 is the toolkit of the 13.2 runtime the ABI tag
-/// records, and its extras pin cuBLAS, cuSOLVER, cuSPARSE and cuRAND exactly (and NVRTC, which
-/// cuBLAS asks for). NCCL is the GPU image's torch's.
-pub const WHEELS: &[(&str, &str)] = &[
-    ("libraft-cu13", "26.8.0"),
-    ("librmm-cu13", "26.8.0"),
-    ("rapids-logger", "0.2.3"),
-    ("cuda-toolkit", "13.2.2"),
-    ("nvidia-cuda-runtime", "13.2.86"),
-    ("nvidia-cuda-crt", "13.2.86"),
-    ("nvidia-cublas", "13.4.1.3"),
-    ("nvidia-cuda-nvrtc", "13.2.86"),
-    ("nvidia-cusolver", "12.2.0.11"),
-    ("nvidia-cusparse", "12.7.10.12"),
-    ("nvidia-curand", "10.4.2.66"),
-    ("nvidia-nvjitlink", "13.3.33"),
-    ("nvidia-nccl-cu13", "2.28.9"),
-];
-/// NCCL's wheel (raft-comms's `nccl.h`, `libnccl.so.2`): one of [`WHEELS`], since libraft asks for it.
-pub const NCCL_WHEEL: (&str, &str) = ("nvidia-nccl-cu13", "2.28.9");
-
-/// The one `pip install` line that lays out in a Python environment exactly what the cache holds.
-pub fn pip_line() -> String {
-    let pins: Vec<String> = WHEELS.iter().map(|(n, v)| format!("{n}=={v}")).collect();
-    format!("pip install {}", pins.join(" "))
-}
-
-/// The libraries the shim links, in load order (a library after what it needs).
-pub const LIBRARIES: &[&str] = &["rapids_logger", "rmm", "cudart", "cublas", "cusparse", "cusolver"];
-
-/// Reads a knob and asks cargo to rerun when it changes (a no-op outside build scripts).
-pub fn env_var_rerun(name: &str) -> Option<String> {
-    if env::var_os("CARGO_MANIFEST_DIR").is_some() && env::var_os("OUT_DIR").is_some() {
-        println!("cargo:rerun-if-env-changed={name}");
-    }
-    env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// The cache `cargo xtask deps` fills: `RAFT_RS_CACHE`, else `$XDG_CACHE_HOME/raft-rs`, else
-/// `~/.cache/raft-rs`.
-pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = env_var_rerun("RAFT_RS_CACHE") {
-        return Some(PathBuf::from(dir));
-    }
-    if let Some(dir) = env_var_rerun("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(dir).join("raft-rs"));
-    }
-    env_var_rerun("HOME").map(|h| PathBuf::from(h).join(".cache/raft-rs"))
-}
-
-/// Where `cargo xtask deps` unpacks the wheels.
-pub fn cache_prefix() -> Option<PathBuf> {
-    cache_dir().map(|c| c.join(PINNED).join("prefix"))
-}
+use crate::cache::{cache_prefix, env_var_rerun};
+use crate::pins::{pip_line, PINNED};
 
 /// Headers and libraries of one install.
 #[derive(Debug, Clone)]
 pub struct Stack {
+    /// The directory it was found at (a prefix, or the wheels' site-packages-like root).
     pub root: PathBuf,
     /// How it was found (`RAFT_SYS_PREFIX`, `the cargo xtask deps cache`, …).
     pub source: String,
+    /// Header directories, in the order the compiler must search them.
     pub includes: Vec<PathBuf>,
+    /// Library directories: what the shims link against and name in their RUNPATH.
     pub lib_dirs: Vec<PathBuf>,
 }
 
@@ -117,8 +56,26 @@ impl Stack {
         Some(Stack { root: root.to_path_buf(), source: source.to_string(), includes, lib_dirs })
     }
 
+    /// The install at `root`, in the wheels' layout or a prefix's; `None` when it holds no RAFT.
     pub fn at(root: &Path, source: &str) -> Option<Stack> {
         Stack::wheels(root, source).or_else(|| Stack::prefix(root, source))
+    }
+
+    /// The stack raft-sys built against, from its build metadata (`cargo:root`, `cargo:includes`,
+    /// `cargo:lib_dirs`, seen by the build scripts of crates that depend on it as
+    /// `DEP_RAFTRS_ROOT`, `_INCLUDES`, `_LIB_DIRS`), so they build against the very same files.
+    /// `None` when any is absent: raft-sys's documentation builds find no stack and print none.
+    pub fn from_dep_metadata() -> Option<Stack> {
+        Stack::from_dep_values(env::var_os("DEP_RAFTRS_ROOT"), env::var_os("DEP_RAFTRS_INCLUDES"), env::var_os("DEP_RAFTRS_LIB_DIRS"))
+    }
+
+    fn from_dep_values(root: Option<OsString>, includes: Option<OsString>, lib_dirs: Option<OsString>) -> Option<Stack> {
+        Some(Stack {
+            root: PathBuf::from(root?),
+            source: "raft-sys".into(),
+            includes: env::split_paths(&includes?).collect(),
+            lib_dirs: env::split_paths(&lib_dirs?).collect(),
+        })
     }
 
     /// The file to link for `lib<name>`: the plain `.so` when there is one, else a versioned one
@@ -140,6 +97,12 @@ impl Stack {
             }
         }
         None
+    }
+
+    /// The CUDA runtime's file: `libcudart.so`, else a versioned `libcudart.so.13…` (what a shim
+    /// that calls the runtime links, the same one raft-sys's shim links).
+    pub fn cudart(&self) -> Option<PathBuf> {
+        self.library("cudart").map(|(dir, file)| dir.join(file))
     }
 }
 
@@ -207,4 +170,78 @@ pub fn find() -> Result<Stack, String> {
         if tried.is_empty() { "nowhere (no cache directory, no Python, no CONDA_PREFIX)".to_string() } else { tried.join("; ") },
         pip_line()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory of this test's own, holding `files` (empty files at those paths).
+    fn tree(name: &str, files: &[&str]) -> PathBuf {
+        let dir = env::temp_dir().join(format!("raft-build-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for f in files {
+            let path = dir.join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, b"").unwrap();
+        }
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn unpacked_wheels_are_read_in_their_layout_with_rmms_cccl_first() {
+        let root = tree("wheels", &["libraft/include/raft/core/device_resources.hpp"]);
+        let stack = Stack::at(&root, "here").unwrap();
+        assert_eq!(stack.source, "here");
+        assert_eq!(stack.includes[0], root.join("libraft/include"));
+        let rmm = stack.includes.iter().position(|p| p.ends_with("librmm/include/rapids")).unwrap();
+        let cuda = stack.includes.iter().position(|p| p.ends_with("nvidia/cu13/include")).unwrap();
+        assert!(rmm < cuda, "{:?}", stack.includes);
+        assert_eq!(stack.lib_dirs, ["librmm/lib64", "rapids_logger/lib64", "nvidia/cu13/lib"].map(|d| root.join(d)));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_prefix_keeps_only_the_directories_it_has() {
+        let root = tree("prefix", &["include/raft/core/device_resources.hpp", "lib/libx.so", "targets/x86_64-linux/lib/liby.so"]);
+        let stack = Stack::at(&root, "CONDA_PREFIX").unwrap();
+        // include/rapids, lib64 and targets/…/include do not exist.
+        assert_eq!(stack.includes, vec![root.join("include")]);
+        assert_eq!(stack.lib_dirs, vec![root.join("lib"), root.join("targets/x86_64-linux/lib")]);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_directory_without_raft_is_no_stack() {
+        let root = tree("empty", &["include/rmm/version.hpp"]);
+        assert!(Stack::at(&root, "x").is_none());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_plain_library_wins_over_any_versioned_one_else_the_first_versioned() {
+        let root = tree("libs", &["a/libcudart.so.13.2", "a/libcudart.so.13", "b/libcudart.so", "a/libcublas.so.13", "a/libcudartx.so"]);
+        let stack = Stack { root: root.clone(), source: "t".into(), includes: vec![], lib_dirs: vec![root.join("a"), root.join("b")] };
+        assert_eq!(stack.library("cudart"), Some((root.join("b"), "libcudart.so".to_string())));
+        assert_eq!(stack.cudart(), Some(root.join("b/libcudart.so")));
+        assert_eq!(stack.library("cublas"), Some((root.join("a"), "libcublas.so.13".to_string())));
+        assert_eq!(stack.library("cusolver"), None);
+        std::fs::remove_file(root.join("b/libcudart.so")).unwrap();
+        assert_eq!(stack.cudart(), Some(root.join("a/libcudart.so.13")));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn dep_metadata_needs_all_three_values_and_splits_the_path_lists() {
+        let v = |s: &str| Some(OsString::from(s));
+        let stack = Stack::from_dep_values(v("/r"), v("/r/a:/r/b"), v("/r/lib")).unwrap();
+        assert_eq!(stack.root, PathBuf::from("/r"));
+        assert_eq!(stack.source, "raft-sys");
+        assert_eq!(stack.includes, vec![PathBuf::from("/r/a"), PathBuf::from("/r/b")]);
+        assert_eq!(stack.lib_dirs, vec![PathBuf::from("/r/lib")]);
+        assert!(Stack::from_dep_values(None, v("/a"), v("/b")).is_none());
+        assert!(Stack::from_dep_values(v("/r"), None, v("/b")).is_none());
+        assert!(Stack::from_dep_values(v("/r"), v("/a"), None).is_none());
+    }
 }

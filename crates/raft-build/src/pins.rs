@@ -1,0 +1,62 @@
+//! The pinned stack: the release, the exact wheels, and the libraries the shim links.
+
+/// The pinned release whose wheels `cargo xtask deps` unpacks.
+pub const PINNED: &str = "26.08.00";
+
+/// The wheels, by exact version: everything pip's resolver installs for [`pip_line`] in a fresh
+/// virtualenv, and nothing else, so the README's line and the cache hold the same files.
+/// `cargo xtask deps` runs pip's resolver over them (offline, on the fetched wheels) and fails
+/// when the set is not exactly what it resolves to; CI runs the README's line against PyPI.
+/// What forces each one: libraft-cu13 asks `cuda-toolkit[cublas,curand,cusolver,cusparse]==13.*`,
+/// `nvidia-nvjitlink>=13.3,<14` (libraft.so calls its `_13_3` entry points) and
+/// `nvidia-nccl-cu13>=2.19`; cuda-toolkit 13.2.2 is the toolkit of the 13.2 runtime the ABI tag
+/// records, and its extras pin cuBLAS, cuSOLVER, cuSPARSE and cuRAND exactly (and NVRTC, which
+/// cuBLAS asks for). NCCL is the GPU image's torch's.
+pub const WHEELS: &[(&str, &str)] = &[
+    ("libraft-cu13", "26.8.0"),
+    ("librmm-cu13", "26.8.0"),
+    ("rapids-logger", "0.2.3"),
+    ("cuda-toolkit", "13.2.2"),
+    ("nvidia-cuda-runtime", "13.2.86"),
+    ("nvidia-cuda-crt", "13.2.86"),
+    ("nvidia-cublas", "13.4.1.3"),
+    ("nvidia-cuda-nvrtc", "13.2.86"),
+    ("nvidia-cusolver", "12.2.0.11"),
+    ("nvidia-cusparse", "12.7.10.12"),
+    ("nvidia-curand", "10.4.2.66"),
+    ("nvidia-nvjitlink", "13.3.33"),
+    ("nvidia-nccl-cu13", "2.28.9"),
+];
+/// NCCL's wheel (raft-comms's `nccl.h`, `libnccl.so.2`): one of [`WHEELS`], since libraft asks for it.
+pub const NCCL_WHEEL: (&str, &str) = ("nvidia-nccl-cu13", "2.28.9");
+
+/// The one `pip install` line that lays out in a Python environment exactly what the cache holds.
+pub fn pip_line() -> String {
+    let pins: Vec<String> = WHEELS.iter().map(|(n, v)| format!("{n}=={v}")).collect();
+    format!("pip install {}", pins.join(" "))
+}
+
+/// The libraries the shim links, in load order (a library after what it needs).
+pub const LIBRARIES: &[&str] = &["rapids_logger", "rmm", "cudart", "cublas", "cusparse", "cusolver"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pip_line_pins_every_wheel_exactly_in_order() {
+        let line = pip_line();
+        assert!(line.starts_with("pip install libraft-cu13==26.8.0 librmm-cu13==26.8.0 "), "{line}");
+        assert_eq!(line.split(' ').count(), 2 + WHEELS.len(), "{line}");
+        assert!(line.ends_with(" nvidia-nccl-cu13==2.28.9"), "{line}");
+    }
+
+    #[test]
+    fn nccl_is_one_of_the_wheels_and_the_release_matches_libraft() {
+        assert!(WHEELS.contains(&NCCL_WHEEL));
+        // libraft's wheel version 26.8.0 is the release 26.08.00.
+        let (_, raft) = WHEELS[0];
+        let parts: Vec<u32> = raft.split('.').map(|p| p.parse().unwrap()).collect();
+        assert_eq!(format!("{:02}.{:02}.{:02}", parts[0], parts[1], parts[2]), PINNED);
+    }
+}
