@@ -122,31 +122,43 @@ fn next_task(rx: &mpsc::Receiver<Task>, watch: Duration) -> Option<Task> {
     rx.recv().ok()
 }
 
-struct State<T> {
-    result: Option<std::thread::Result<T>>,
-    waker: Option<Waker>,
-}
-
 pub(crate) struct Shared<T> {
     done: AtomicBool,
     state: Mutex<State<T>>,
     cv: Condvar,
 }
 
+struct State<T> {
+    result: Option<std::thread::Result<T>>,
+    waker: Option<Waker>,
+    /// Joiners parked (or about to park) on `cv`: counted under the lock, as `done` is set.
+    parked: usize,
+}
+
 impl<T> Shared<T> {
     pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Shared { done: AtomicBool::new(false), state: Mutex::new(State { result: None, waker: None }), cv: Condvar::new() })
+        Arc::new(Shared {
+            done: AtomicBool::new(false),
+            state: Mutex::new(State { result: None, waker: None, parked: 0 }),
+            cv: Condvar::new(),
+        })
     }
 
     pub(crate) fn complete(&self, result: std::thread::Result<T>) {
-        let waker = {
+        let (waker, parked) = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             st.result = Some(result);
             self.done.store(true, Ordering::Release);
-            st.waker.take()
+            (st.waker.take(), st.parked)
         };
-        // Always (run 118: notifying only a parked joiner changed nothing measurable).
-        self.cv.notify_all();
+        // Only a joiner that parked needs the wake: a notify is a system call even with nobody
+        // waiting, which the worker would make before it looks for its next job. A joiner counts
+        // itself under the lock before it checks `done` and parks, so one counted after this
+        // critical section sees `done` and never parks. (Run 118 tried this while the worker
+        // slept between jobs, which hid it; with the worker watching it is on the round trip.)
+        if parked > 0 {
+            self.cv.notify_all();
+        }
         if let Some(w) = waker {
             w.wake();
         }
@@ -271,9 +283,11 @@ impl<T> JobHandle<T> {
             ));
         };
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.parked += 1;
         while !self.shared.done.load(Ordering::Acquire) {
             st = self.shared.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
+        st.parked -= 1;
         Ok(())
     }
 }

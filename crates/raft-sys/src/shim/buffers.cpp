@@ -255,7 +255,7 @@ raftrs_status raftrs_buffer_create_held(int32_t device,
       // equal (RMM's equality: each frees what the other allocated), checked under RMM's lock;
       // otherwise a copy of the entry is taken, as every allocation did before.
       rmm_map_use alive;
-      if (use == nullptr || !current_equals_held(device, use->resource)) {
+      if (use == nullptr || !current_equals_held(device, *use)) {
         made.reset(new shim_mr{device, copy_current_held(device)});
         use = made.get();
       }

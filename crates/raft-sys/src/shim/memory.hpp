@@ -173,6 +173,9 @@ struct shim_mr {
   /// the resource never changes, so its adaptor chain is walked once, not per allocation.
   /// Negative: not yet worked out.
   mutable std::atomic<int64_t> order{-1};
+  /// Whether `resource` wraps a reference to a resource (`current_equals_held`): 1 or 0, -1
+  /// until first asked (its type never changes).
+  mutable std::atomic<int8_t> by_reference{-1};
 };
 
 /// How a resource's frees order, as the largest block (after RMM's alignment) whose free on the
@@ -190,7 +193,7 @@ free_order free_order_of(rmm::device_async_resource_ref mr);
 
 /// Whether `device`'s entry in RMM's per-device map compares equal to `cached` (read under
 /// RMM's lock, so the entry cannot be replaced meanwhile). The caller holds an `rmm_map_use`.
-bool current_equals_held(int device, any_device_resource const& cached);
+bool current_equals_held(int device, shim_mr const& cached);
 
 inline shim_mr const& unwrap(raftrs_mr const* mr)
 {

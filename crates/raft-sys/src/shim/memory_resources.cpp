@@ -85,17 +85,26 @@ bool wraps_a_reference(any_device_resource const& r)
 }
 }  // namespace
 
-bool current_equals_held(int device, any_device_resource const& cached)
+bool current_equals_held(int device, shim_mr const& cached)
 {
   // A kept copy of a reference may point at a resource its owner destroyed since (nothing of
   // ours kept it alive): never compared, a fresh copy is taken instead, as before issue 30.
-  if (wraps_a_reference(cached)) { return false; }
+  // Asked once per handle, not at every allocation (eight type comparisons were on the default
+  // path: issue 29's before/after, run 119).
+  auto by_reference = cached.by_reference.load(std::memory_order_relaxed);
+  if (by_reference < 0) {
+    by_reference = wraps_a_reference(cached.resource) ? 1 : 0;
+    cached.by_reference.store(by_reference, std::memory_order_relaxed);  // the same answer whoever stores it
+  }
+  if (by_reference != 0) { return false; }
   std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
   auto& map  = rmm::mr::detail::get_ref_map();
   auto found = map.find(device);
-  if (found == map.end()) { return cached == any_device_resource{rmm::mr::detail::initial_resource()}; }
-  if (wraps_a_reference(found->second)) { return false; }
-  return cached == found->second;
+  if (found == map.end()) { return cached.resource == any_device_resource{rmm::mr::detail::initial_resource()}; }
+  // `cached` wraps no reference, and any_resource's equality compares the wrapped types before it
+  // calls anything: an entry that wraps a reference (another type) is unequal without a call
+  // through it, whatever became of its referent.
+  return cached.resource == found->second;
 }
 
 /// [`copy_current_held`] with its own map use.
