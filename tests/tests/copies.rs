@@ -522,6 +522,10 @@ fn a_dropped_or_forgotten_transfer_never_frees_what_its_copy_uses() {
                 dev.copy_from_host(&incoming).unwrap();
             }
             let host = PinnedVec::<f32>::from_slice(&res, &incoming).unwrap();
+            // The stream held shut from the host until the checks below: the copy is still
+            // pending when they run, however long the drop and the checks take (run 120 saw a
+            // 1 GiB copy end first on a busy host).
+            let gate = raft_tests::Gate::close(&stream);
             let copy: Box<dyn std::any::Any> = if to_host {
                 Box::new(res.transfer_to_host(dev, host).unwrap())
             } else {
@@ -533,11 +537,12 @@ fn a_dropped_or_forgotten_transfer_never_frees_what_its_copy_uses() {
             } else {
                 drop(copy);
             }
-            // Read while the copy runs (the event after it still pending when asked afterwards),
-            // before anything slow: page-locking the fresh buffers takes about as long as the
-            // copy (GPU run 103 saw it end first).
+            // Read while the copy is pending (the event after it still pending when asked
+            // afterwards), before anything that waits for the whole device (page-locking the
+            // fresh buffers would wait for the gate).
             let live_during = mr.statistics().unwrap().current_bytes;
             let running = !after_copy.is_complete();
+            gate.open();
             let fresh: Vec<PinnedVec<f32>> = (0..2).map(|_| PinnedVec::from_slice(&res, &mine).unwrap()).collect();
             res.sync().unwrap();
             settle_releases();

@@ -110,15 +110,17 @@ impl NativeBuffer {
         check_allocation(who, bytes)?;
         let api = api(who)?;
         register_stream_keeper(api);
-        let cached = match mr {
-            Some(_) => None,
+        // The handle the new buffer will hold: taken once, here, and moved into the buffer (a
+        // second count taken after the call and this one dropped were two more atomic operations
+        // on every default allocation).
+        let held = match mr {
+            Some(m) => Some(m.clone()),
             None => current_cache(device).and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).clone()),
         };
-        let held = mr.or(cached.as_ref());
         let mut raw = std::ptr::null_mut();
         let mut fresh = std::ptr::null_mut();
         let (mut data, mut ordered) = (std::ptr::null_mut(), 0);
-        let mr_ptr = held.map_or(std::ptr::null(), |m| m.ptr.as_ptr() as *const _);
+        let mr_ptr = held.as_ref().map_or(std::ptr::null(), |m| m.ptr.as_ptr() as *const _);
         // SAFETY: the stream is alive (borrowed, and held by the new buffer); `mr_ptr` is null or
         // a resource kept alive by `held`, which the new buffer keeps until its free; a fresh
         // copy comes back owned and is kept likewise; the out-pointers are locals.
@@ -149,7 +151,9 @@ impl NativeBuffer {
                 }
                 fresh
             }
-            None => held.cloned().ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim used no resource"))?,
+            // (None cannot happen: without a handle the shim makes a fresh copy. Were it to, the
+            // buffer is leaked by the error, never left borrowing nothing.)
+            None => held.ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim used no resource"))?,
         };
         Ok(NativeBuffer { ptr, held: Some(held), data, bytes, device, stream_ordered: ordered != 0, stream: stream.clone() })
     }
