@@ -21,7 +21,11 @@ def key(case):
 def rows(side, i):
     got = {}
     for r in json.load(open(f"{out}/{side}-{i}.json"))["rows"]:
-        got.setdefault(key(r["case"]), (r["ours_stat"]["median_ns"], r.get("ratio"), r.get("against", "")))
+        k = key(r["case"])
+        if k in got:
+            print(f"warning: {side} round {i}: two rows read as {k!r}; the first is kept", file=sys.stderr)
+            continue
+        got[k] = (r["ours_stat"]["median_ns"], r.get("ratio"), r.get("against", ""))
     return got
 
 before = [rows("before", i) for i in range(1, rounds + 1)]

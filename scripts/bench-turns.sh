@@ -18,8 +18,9 @@ for i in $(seq 1 "$rounds"); do
   for side in before after; do
     dir=$before; [ "$side" = after ] && dir=$after
     LD_LIBRARY_PATH="$dir/lib:$root/gpu-bundle/lib:$cuda_libs" RAFT_RS_SHIM="$dir/lib/libraftrs_shim.so" \
-      "${pin[@]}" "$dir/bin/raft-bench" "$out/$side-$i.json" > "$out/$side-$i.md" 2> "$out/$side-$i.err" || status=1
-    echo "$side round $i rc=$? ($(date +%T))"
+      "${pin[@]}" "$dir/bin/raft-bench" "$out/$side-$i.json" > "$out/$side-$i.md" 2> "$out/$side-$i.err"
+    rc=$?; [ $rc -eq 0 ] || status=1
+    echo "$side round $i rc=$rc ($(date +%T))"
   done
 done
 python3 "$root/scripts/bench-compare.py" "$out" "$rounds" > "$out/compare.md" || status=1

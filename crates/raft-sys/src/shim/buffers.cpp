@@ -122,7 +122,14 @@ free_order free_order_of(rmm::device_async_resource_ref mr)
       case RAFTRS_MR_TRACKING: at = upstream_of<tracking_mr>(*at); break;
       case RAFTRS_MR_LOGGING: at = upstream_of<rmm::mr::logging_resource_adaptor>(*at); break;
       case RAFTRS_MR_FAILURE_CALLBACK: at = upstream_of<failure_mr>(*at); break;
-      case RAFTRS_MR_THREAD_SAFE: at = upstream_of<rmm::mr::thread_safe_resource_adaptor>(*at); break;
+      case RAFTRS_MR_THREAD_SAFE: {
+        // One mutex around every upstream call: a free that blocks (a large block's cudaFree on
+        // a release thread) holds it, so a small free behind it would wait for the whole device
+        // too. Inline only when no free of the upstream ever blocks.
+        auto up = upstream_of<rmm::mr::thread_safe_resource_adaptor>(*at);
+        auto upstream = up.has_value() ? free_order_of(*up) : frees_may_block;
+        return upstream == frees_stream_ordered_always ? upstream : frees_may_block;
+      }
       case RAFTRS_MR_BINNING: {
         // Sizes up to this shim's own binning resource's largest bin go to the fixed-size pools
         // its constructor made (RMM's `stream_ordered_memory_resource`: a free never blocks);

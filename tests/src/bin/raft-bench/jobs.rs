@@ -15,7 +15,8 @@ const JOIN_SPINS: usize = 2000;
 /// and a condvar for a caller that stopped spinning.
 struct Done {
     flag: AtomicBool,
-    lock: Mutex<()>,
+    /// Callers parked on `cv` (counted under the lock, as `JobHandle::join` counts itself).
+    lock: Mutex<usize>,
     cv: Condvar,
 }
 
@@ -50,10 +51,15 @@ fn done_thread(watch: Duration) -> (mpsc::Sender<Arc<Done>>, std::thread::JoinHa
     let worker = std::thread::spawn(move || {
         while let Some(done) = next(&rx, watch) {
             black_box(1);
-            let guard = done.lock.lock().unwrap();
-            done.flag.store(true, Ordering::Release);
-            drop(guard);
-            done.cv.notify_all();
+            let parked = {
+                let guard = done.lock.lock().unwrap();
+                done.flag.store(true, Ordering::Release);
+                *guard
+            };
+            // As `Shared::complete`: the wake (a system call) only for a caller that parked.
+            if parked > 0 {
+                done.cv.notify_all();
+            }
         }
     });
     (tx, worker)
@@ -62,7 +68,7 @@ fn done_thread(watch: Duration) -> (mpsc::Sender<Arc<Done>>, std::thread::JoinHa
 /// One round trip to such a thread, waited for as `join` waits: spin `JOIN_SPINS` hints on the
 /// flag, then park on the condvar.
 fn round_trip(tx: &mpsc::Sender<Arc<Done>>) {
-    let done = Arc::new(Done { flag: AtomicBool::new(false), lock: Mutex::new(()), cv: Condvar::new() });
+    let done = Arc::new(Done { flag: AtomicBool::new(false), lock: Mutex::new(0), cv: Condvar::new() });
     tx.send(done.clone()).unwrap();
     for _ in 0..JOIN_SPINS {
         if done.flag.load(Ordering::Acquire) {
@@ -71,6 +77,7 @@ fn round_trip(tx: &mpsc::Sender<Arc<Done>>) {
         std::hint::spin_loop();
     }
     let mut guard = done.lock.lock().unwrap();
+    *guard += 1; // counted as parked under the lock, as `JobHandle::join`
     while !done.flag.load(Ordering::Acquire) {
         guard = done.cv.wait(guard).unwrap();
     }
