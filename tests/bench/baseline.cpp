@@ -458,3 +458,62 @@ int32_t bl_tls_shared_ptr_copy()
   return *copy == 7 ? 0 : 1;
 }
 }
+
+#include <vector>
+
+extern "C" {
+// The same steps as bl_alloc_free_held_arena plus the two this library's design adds to every
+// array: a third counted handle (the array holds its resources object, which
+// `DeviceVec::resources` returns) and the thread's record of the resources in use (a
+// thread-local stack pushed and popped around the call: a memory failure callback that calls back
+// into the same resources must not wait for its own read lock). The objects are counted exactly
+// as `DeviceVec::new_in` + drop counts its own: what is left between the two is the layer's waste.
+int32_t bl_alloc_free_held_arena_as_designed(size_t bytes)
+{
+  using any_device_resource = cuda::mr::any_resource<cuda::mr::device_accessible>;
+  using get_fn              = CUresult (*)(CUcontext*);
+  struct record {
+    std::shared_ptr<any_device_resource> mr;
+    std::shared_ptr<cudaStream_t> stream;
+    std::shared_ptr<int> resources;
+    void* ptr;
+  };
+  static auto const get_current = [] {
+    void* f{};
+    cudaDriverEntryPointQueryResult q{};
+    cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
+    return reinterpret_cast<get_fn>(f);
+  }();
+  static auto const mr        = std::make_shared<any_device_resource>(bench_arena());
+  static auto const stream    = std::make_shared<cudaStream_t>(bench_stream());
+  static auto const resources = std::make_shared<int>(0);
+  static CUcontext const ctx  = [] {
+    CUcontext c{};
+    if (get_current != nullptr) { get_current(&c); }
+    return c;
+  }();
+  static std::shared_mutex released;
+  static std::atomic<int64_t> live{0};
+  thread_local std::vector<std::pair<uint64_t, void const*>> in_use;
+  try {
+    if (get_current == nullptr) { return 2; }
+    std::shared_lock<std::shared_mutex> alive{released};
+    in_use.emplace_back(1, resources.get());
+    CUcontext c{};
+    if (get_current(&c) != CUDA_SUCCESS || c != ctx) { return 3; }
+    auto r = std::make_unique<record>(record{mr, stream, resources, nullptr});
+    rmm::device_async_resource_ref ref{*r->mr};
+    // Allocated under the read lock, as `DeviceVec::new_in` does; freed without it, as its drop.
+    if (bytes != 0) { r->ptr = ref.allocate(cuda::stream_ref{*r->stream}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
+    in_use.pop_back();
+    alive.unlock();
+    live.fetch_add(1, std::memory_order_relaxed);
+    live.fetch_sub(1, std::memory_order_relaxed);
+    if (bytes != 0) { ref.deallocate(cuda::stream_ref{*r->stream}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
+    r.reset();
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+}
