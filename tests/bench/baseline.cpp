@@ -391,6 +391,48 @@ int32_t bl_arena_threads(int32_t threads, int32_t iters, size_t bytes, int64_t* 
 }
 
 #include <shared_mutex>
+#include <vector>
+
+namespace {
+using any_device_resource = cuda::mr::any_resource<cuda::mr::device_accessible>;
+
+/// What both floor rows below hold, made once: `cuCtxGetCurrent` (an entry point from the
+/// runtime), counted handles to the arena of bl_alloc_free_bench_arena, to its stream and to a
+/// stand-in for the resources object, the context the handles belong to, the "not released" lock
+/// and the live count.
+struct held_state {
+  using get_fn = CUresult (*)(CUcontext*);
+  get_fn get_current{};
+  std::shared_ptr<any_device_resource> mr{std::make_shared<any_device_resource>(bench_arena())};
+  std::shared_ptr<cudaStream_t> stream{std::make_shared<cudaStream_t>(bench_stream())};
+  std::shared_ptr<int> resources{std::make_shared<int>(0)};
+  CUcontext ctx{};
+  std::shared_mutex released;
+  std::atomic<int64_t> live{0};
+
+  held_state()
+  {
+    void* f{};
+    cudaDriverEntryPointQueryResult q{};
+    cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
+    get_current = reinterpret_cast<get_fn>(f);
+    if (get_current != nullptr) { get_current(&ctx); }
+  }
+
+  /// The device check of both rows: the calling thread's context is the handles' own.
+  [[nodiscard]] bool on_device() const
+  {
+    CUcontext c{};
+    return get_current(&c) == CUDA_SUCCESS && c == ctx;
+  }
+};
+
+held_state& floor_state()
+{
+  static held_state s;
+  return s;
+}
+}  // namespace
 
 extern "C" {
 // Issue 30's floor for an allocation through an explicit arena: C++ doing the steps this
@@ -403,117 +445,76 @@ extern "C" {
 // held), and the record dropped. No device switch, no map lookup, no fence.
 int32_t bl_alloc_free_held_arena(size_t bytes)
 {
-  using any_device_resource = cuda::mr::any_resource<cuda::mr::device_accessible>;
-  using get_fn              = CUresult (*)(CUcontext*);
   struct record {
     std::shared_ptr<any_device_resource> mr;
     std::shared_ptr<cudaStream_t> stream;
     void* ptr;
   };
-  static auto const get_current = [] {
-    void* f{};
-    cudaDriverEntryPointQueryResult q{};
-    cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
-    return reinterpret_cast<get_fn>(f);
-  }();
-  static auto const mr       = std::make_shared<any_device_resource>(bench_arena());
-  static auto const stream   = std::make_shared<cudaStream_t>(bench_stream());
-  static CUcontext const ctx = [] {
-    CUcontext c{};
-    if (get_current != nullptr) { get_current(&c); }
-    return c;
-  }();
-  static std::shared_mutex released;
-  static std::atomic<int64_t> live{0};
+  auto& h = floor_state();
   try {
-    if (get_current == nullptr) { return 2; }
-    std::shared_lock<std::shared_mutex> alive{released};
-    CUcontext c{};
-    if (get_current(&c) != CUDA_SUCCESS || c != ctx) { return 3; }
-    auto r = std::make_unique<record>(record{mr, stream, nullptr});
-    live.fetch_add(1, std::memory_order_relaxed);
+    if (h.get_current == nullptr) { return 2; }
+    std::shared_lock<std::shared_mutex> alive{h.released};
+    if (!h.on_device()) { return 3; }
+    auto r = std::make_unique<record>(record{h.mr, h.stream, nullptr});
+    h.live.fetch_add(1, std::memory_order_relaxed);
     rmm::device_async_resource_ref ref{*r->mr};
     // 0 bytes: no RMM call, as the shim skips it (the row that isolates the steps' own cost).
     if (bytes != 0) {
       r->ptr = ref.allocate(cuda::stream_ref{*r->stream}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
       ref.deallocate(cuda::stream_ref{*r->stream}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
     }
-    live.fetch_sub(1, std::memory_order_relaxed);
+    h.live.fetch_sub(1, std::memory_order_relaxed);
     r.reset();
     return 0;
   } catch (...) {
     return 1;
   }
 }
-}
 
-extern "C" {
-// The floor of returning an owned handle to a per-thread default, in C++: a thread-local
-// shared_ptr copied out and the copy destroyed (one atomic increment, one decrement), what
-// `current_device_resources` does at the least while it returns an owned `DeviceResources`.
-int32_t bl_tls_shared_ptr_copy()
-{
-  thread_local std::shared_ptr<int> const held = std::make_shared<int>(7);
-  std::shared_ptr<int> copy = held;
-  return *copy == 7 ? 0 : 1;
-}
-}
-
-#include <vector>
-
-extern "C" {
-// The same steps as bl_alloc_free_held_arena plus the two this library's design adds to every
-// array: a third counted handle (the array holds its resources object, which
-// `DeviceVec::resources` returns) and the thread's record of the resources in use (a
-// thread-local stack pushed and popped around the call: a memory failure callback that calls back
-// into the same resources must not wait for its own read lock). The objects are counted exactly
-// as `DeviceVec::new_in` + drop counts its own: what is left between the two is the layer's waste.
+// The same steps plus the two this library's design adds to every array: a third counted handle
+// (the array holds its resources object, which `DeviceVec::resources` returns) and the thread's
+// record of the resources in use (a thread-local stack pushed and popped around the call: a
+// memory failure callback that calls back into the same resources must not wait for its own read
+// lock). The objects are counted exactly as `DeviceVec::new_in` + drop counts its own: what is
+// left between the two is the layer's waste.
 int32_t bl_alloc_free_held_arena_as_designed(size_t bytes)
 {
-  using any_device_resource = cuda::mr::any_resource<cuda::mr::device_accessible>;
-  using get_fn              = CUresult (*)(CUcontext*);
   struct record {
     std::shared_ptr<any_device_resource> mr;
     std::shared_ptr<cudaStream_t> stream;
     std::shared_ptr<int> resources;
     void* ptr;
   };
-  static auto const get_current = [] {
-    void* f{};
-    cudaDriverEntryPointQueryResult q{};
-    cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
-    return reinterpret_cast<get_fn>(f);
-  }();
-  static auto const mr        = std::make_shared<any_device_resource>(bench_arena());
-  static auto const stream    = std::make_shared<cudaStream_t>(bench_stream());
-  static auto const resources = std::make_shared<int>(0);
-  static CUcontext const ctx  = [] {
-    CUcontext c{};
-    if (get_current != nullptr) { get_current(&c); }
-    return c;
-  }();
-  static std::shared_mutex released;
-  static std::atomic<int64_t> live{0};
   thread_local std::vector<std::pair<uint64_t, void const*>> in_use;
+  auto& h = floor_state();
   try {
-    if (get_current == nullptr) { return 2; }
-    std::shared_lock<std::shared_mutex> alive{released};
-    in_use.emplace_back(1, resources.get());
-    CUcontext c{};
-    if (get_current(&c) != CUDA_SUCCESS || c != ctx) { return 3; }
-    auto r = std::make_unique<record>(record{mr, stream, resources, nullptr});
+    if (h.get_current == nullptr) { return 2; }
+    std::shared_lock<std::shared_mutex> alive{h.released};
+    in_use.emplace_back(1, h.resources.get());
+    if (!h.on_device()) { return 3; }
+    auto r = std::make_unique<record>(record{h.mr, h.stream, h.resources, nullptr});
     rmm::device_async_resource_ref ref{*r->mr};
     // Allocated under the read lock, as `DeviceVec::new_in` does; freed without it, as its drop.
     if (bytes != 0) { r->ptr = ref.allocate(cuda::stream_ref{*r->stream}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
     in_use.pop_back();
     alive.unlock();
-    live.fetch_add(1, std::memory_order_relaxed);
-    live.fetch_sub(1, std::memory_order_relaxed);
+    h.live.fetch_add(1, std::memory_order_relaxed);
+    h.live.fetch_sub(1, std::memory_order_relaxed);
     if (bytes != 0) { ref.deallocate(cuda::stream_ref{*r->stream}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
     r.reset();
     return 0;
   } catch (...) {
     return 1;
   }
+}
+
+// The floor of returning an owned handle to a per-thread default, in C++: a thread-local
+// shared_ptr copied out and the copy destroyed (one atomic increment, one decrement), what
+// `current_device_resources` does at the least while it returns an owned `DeviceResources`.
+int32_t bl_tls_shared_ptr_copy()
+{
+  thread_local std::shared_ptr<int> const held_ptr = std::make_shared<int>(7);
+  std::shared_ptr<int> copy = held_ptr;
+  return *copy == 7 ? 0 : 1;
 }
 }
