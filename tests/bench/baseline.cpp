@@ -52,6 +52,13 @@ rmm::mr::cuda_async_memory_resource& async_mr()
   return mr;
 }
 
+/// The pool of bl_alloc_free_pool (256 MiB to start), made once.
+rmm::mr::pool_memory_resource& bench_pool()
+{
+  static rmm::mr::pool_memory_resource mr{rmm::mr::cuda_memory_resource{}, std::size_t{256} << 20};
+  return mr;
+}
+
 /// Allocate + free `bytes` through `mr` on the bench stream; 0 on success.
 template <typename Resource>
 int32_t alloc_free(Resource& mr, size_t bytes)
@@ -184,11 +191,7 @@ int32_t bl_alloc_free_cuda(size_t bytes)
 }
 
 // The same through a pool_memory_resource over cudaMalloc (256 MiB to start), made once.
-int32_t bl_alloc_free_pool(size_t bytes)
-{
-  static rmm::mr::pool_memory_resource mr{rmm::mr::cuda_memory_resource{}, std::size_t{256} << 20};
-  return alloc_free(mr, bytes);
-}
+int32_t bl_alloc_free_pool(size_t bytes) { return alloc_free(bench_pool(), bytes); }
 
 // The same through an arena_memory_resource over cudaMalloc (1 GiB arena), made once.
 int32_t bl_alloc_free_arena(size_t bytes)
@@ -327,6 +330,13 @@ rmm::mr::arena_memory_resource& bench_arena()
   return mr;
 }
 
+/// The binning resource of bl_alloc_free_binning, made once.
+rmm::mr::binning_memory_resource& bench_binning()
+{
+  static rmm::mr::binning_memory_resource mr{rmm::mr::cuda_memory_resource{}, 8, 20};
+  return mr;
+}
+
 /// Non-blocking streams for the threaded rows, made once (the arena keeps an arena per stream).
 cudaStream_t thread_stream(int i)
 {
@@ -341,11 +351,7 @@ cudaStream_t thread_stream(int i)
 
 extern "C" {
 // The same through a binning_memory_resource over cudaMalloc, bins 2^8 .. 2^20 bytes, made once.
-int32_t bl_alloc_free_binning(size_t bytes)
-{
-  static rmm::mr::binning_memory_resource mr{rmm::mr::cuda_memory_resource{}, 8, 20};
-  return alloc_free(mr, bytes);
-}
+int32_t bl_alloc_free_binning(size_t bytes) { return alloc_free(bench_binning(), bytes); }
 
 // The same through the arena of bl_alloc_free_arena.
 int32_t bl_alloc_free_bench_arena(size_t bytes) { return alloc_free(bench_arena(), bytes); }
@@ -396,19 +402,24 @@ int32_t bl_arena_threads(int32_t threads, int32_t iters, size_t bytes, int64_t* 
 namespace {
 using any_device_resource = cuda::mr::any_resource<cuda::mr::device_accessible>;
 
-/// What both floor rows below hold, made once: `cuCtxGetCurrent` (an entry point from the
-/// runtime), counted handles to the arena of bl_alloc_free_bench_arena, to its stream and to a
-/// stand-in for the resources object, the context the handles belong to, the "not released" lock
-/// and the live count.
+/// What the floor rows below hold, made once: `cuCtxGetCurrent` (an entry point from the
+/// runtime), counted handles to the resources of the explicit-resource rows (the pool, the
+/// arena, the binning resource and the async pool of bl_alloc_free_pool, _bench_arena, _binning
+/// and _async), to a copy of device 0's current resource (what the default path keeps), to the
+/// bench stream and to a stand-in for the resources object, the context the handles belong to
+/// and the "not released" lock.
 struct held_state {
   using get_fn = CUresult (*)(CUcontext*);
   get_fn get_current{};
-  std::shared_ptr<any_device_resource> mr{std::make_shared<any_device_resource>(bench_arena())};
+  std::shared_ptr<any_device_resource> kinds[4]{std::make_shared<any_device_resource>(bench_pool()),
+                                                 std::make_shared<any_device_resource>(bench_arena()),
+                                                 std::make_shared<any_device_resource>(bench_binning()),
+                                                 std::make_shared<any_device_resource>(async_mr())};
+  std::shared_ptr<any_device_resource> current;
   std::shared_ptr<cudaStream_t> stream{std::make_shared<cudaStream_t>(bench_stream())};
   std::shared_ptr<int> resources{std::make_shared<int>(0)};
   CUcontext ctx{};
   std::shared_mutex released;
-  std::atomic<int64_t> live{0};
 
   held_state()
   {
@@ -417,13 +428,31 @@ struct held_state {
     cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
     get_current = reinterpret_cast<get_fn>(f);
     if (get_current != nullptr) { get_current(&ctx); }
+    std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
+    auto& map  = rmm::mr::detail::get_ref_map();
+    auto found = map.find(0);
+    if (found != map.end()) { current = std::make_shared<any_device_resource>(found->second); }
   }
 
-  /// The device check of both rows: the calling thread's context is the handles' own.
+  /// The device check of the rows: the calling thread's context is the handles' own.
   [[nodiscard]] bool on_device() const
   {
     CUcontext c{};
     return get_current(&c) == CUDA_SUCCESS && c == ctx;
+  }
+
+  /// The resource of `kind` (0 pool, 1 arena, 2 binning, 3 async pool; 4 the current resource,
+  /// revalidated: compared with device 0's map entry under RMM's lock, as the library's default
+  /// path compares its kept copy at each allocation), or null.
+  [[nodiscard]] std::shared_ptr<any_device_resource> const* resource(int32_t kind)
+  {
+    if (kind >= 0 && kind < 4) { return &kinds[kind]; }
+    if (kind != 4 || current == nullptr) { return nullptr; }
+    std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
+    auto& map  = rmm::mr::detail::get_ref_map();
+    auto found = map.find(0);
+    if (found == map.end() || !(*current == found->second)) { return nullptr; }  // replaced: not in the bench
+    return &current;
   }
 };
 
@@ -432,18 +461,27 @@ held_state& floor_state()
   static held_state s;
   return s;
 }
+
+/// The live-allocation count of the rows, as the library keeps it since issue 30's second part:
+/// per thread, written only by its thread (a load and a store, no read-modify-write).
+void count_live(int64_t delta)
+{
+  thread_local std::atomic<int64_t> live{0};
+  live.store(live.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+}
 }  // namespace
 
 extern "C" {
-// Issue 30's floor for an allocation through an explicit arena: C++ doing the steps this
-// library's soundness requires of one, and nothing else, on the arena of bl_alloc_free_bench_arena:
-// the resources object's "not released" check (a shared lock taken and let go), the device check
-// (one cuCtxGetCurrent compared with the context the resources hold), a heap record of the
-// allocation holding a reference to the resource (a shared_ptr copy: the resource outlives the
-// block) and to the stream (another: the stream outlives the free), a live-allocation count,
-// the allocation and its free through the type-erased resource (as any resource of any kind is
-// held), and the record dropped. No device switch, no map lookup, no fence.
-int32_t bl_alloc_free_held_arena(size_t bytes)
+// Issue 30's floor of an allocation: C++ doing the steps this library's soundness requires of
+// one, and nothing else, through resource `kind` (see held_state::resource; 4 is the default
+// path: the kept copy revalidated under RMM's lock): the resources object's "not released" check
+// (a shared lock taken and let go), the device check (one cuCtxGetCurrent compared with the
+// context the resources hold), a heap record of the allocation holding a reference to the
+// resource (a shared_ptr copy: the resource outlives the block) and to the stream (another: the
+// stream outlives the free), a live-allocation count (per thread, as the library keeps it), the
+// allocation and its free through the type-erased resource (as any resource of any kind is
+// held), and the record dropped. No device switch, no fence.
+int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
 {
   struct record {
     std::shared_ptr<any_device_resource> mr;
@@ -455,15 +493,17 @@ int32_t bl_alloc_free_held_arena(size_t bytes)
     if (h.get_current == nullptr) { return 2; }
     std::shared_lock<std::shared_mutex> alive{h.released};
     if (!h.on_device()) { return 3; }
-    auto r = std::make_unique<record>(record{h.mr, h.stream, nullptr});
-    h.live.fetch_add(1, std::memory_order_relaxed);
+    auto const* mr = h.resource(kind);
+    if (mr == nullptr) { return 4; }
+    auto r = std::make_unique<record>(record{*mr, h.stream, nullptr});
+    count_live(1);
     rmm::device_async_resource_ref ref{*r->mr};
     // 0 bytes: no RMM call, as the shim skips it (the row that isolates the steps' own cost).
     if (bytes != 0) {
       r->ptr = ref.allocate(cuda::stream_ref{*r->stream}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
       ref.deallocate(cuda::stream_ref{*r->stream}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
     }
-    h.live.fetch_sub(1, std::memory_order_relaxed);
+    count_live(-1);
     r.reset();
     return 0;
   } catch (...) {
@@ -477,7 +517,7 @@ int32_t bl_alloc_free_held_arena(size_t bytes)
 // memory failure callback that calls back into the same resources must not wait for its own read
 // lock). The objects are counted exactly as `DeviceVec::new_in` + drop counts its own: what is
 // left between the two is the layer's waste.
-int32_t bl_alloc_free_held_arena_as_designed(size_t bytes)
+int32_t bl_alloc_free_held_as_designed(int32_t kind, size_t bytes)
 {
   struct record {
     std::shared_ptr<any_device_resource> mr;
@@ -492,14 +532,16 @@ int32_t bl_alloc_free_held_arena_as_designed(size_t bytes)
     std::shared_lock<std::shared_mutex> alive{h.released};
     in_use.emplace_back(1, h.resources.get());
     if (!h.on_device()) { return 3; }
-    auto r = std::make_unique<record>(record{h.mr, h.stream, h.resources, nullptr});
+    auto const* mr = h.resource(kind);
+    if (mr == nullptr) { return 4; }
+    auto r = std::make_unique<record>(record{*mr, h.stream, h.resources, nullptr});
     rmm::device_async_resource_ref ref{*r->mr};
     // Allocated under the read lock, as `DeviceVec::new_in` does; freed without it, as its drop.
     if (bytes != 0) { r->ptr = ref.allocate(cuda::stream_ref{*r->stream}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
     in_use.pop_back();
     alive.unlock();
-    h.live.fetch_add(1, std::memory_order_relaxed);
-    h.live.fetch_sub(1, std::memory_order_relaxed);
+    count_live(1);
+    count_live(-1);
     if (bytes != 0) { ref.deallocate(cuda::stream_ref{*r->stream}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
     r.reset();
     return 0;

@@ -176,12 +176,13 @@ pub mod baseline {
         pub fn bl_alloc_free_binning(bytes: usize) -> i32;
         /// Allocate + free through the arena `bl_arena_threads` shares (1 GiB over cudaMalloc).
         pub fn bl_alloc_free_bench_arena(bytes: usize) -> i32;
-        /// The steps this library's soundness requires of an allocation, in C++, through the same
-        /// arena (issue 30's floor; see baseline.cpp).
-        pub fn bl_alloc_free_held_arena(bytes: usize) -> i32;
+        /// The steps this library's soundness requires of an allocation, in C++, through the
+        /// resource of `kind` (0 pool, 1 arena, 2 binning, 3 async pool of the rows above; 4 the
+        /// current resource, revalidated under RMM's lock): issue 30's floor (see baseline.cpp).
+        pub fn bl_alloc_free_held(kind: i32, bytes: usize) -> i32;
         /// The same plus the two steps this library's design adds (a third counted handle, the
         /// thread's record of the resources in use): the floor of the design (see baseline.cpp).
-        pub fn bl_alloc_free_held_arena_as_designed(bytes: usize) -> i32;
+        pub fn bl_alloc_free_held_as_designed(kind: i32, bytes: usize) -> i32;
         /// A thread-local `shared_ptr` copied out and dropped: the C++ floor of an owned handle.
         pub fn bl_tls_shared_ptr_copy() -> i32;
         /// `threads` threads, a stream each, allocating and freeing `bytes` `iters` times from one

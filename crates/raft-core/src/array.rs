@@ -9,7 +9,6 @@ use crate::result::foreign::ForeignUses;
 use crate::result::DeviceScalar;
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use std::marker::PhantomData;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// `len` elements of `T` in device memory, on a resources object's stream.
@@ -107,7 +106,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
                 }
             }
         })?;
-        crate::stats::LIVE_ARRAYS.fetch_add(1, Ordering::Relaxed);
+        crate::stats::live_arrays::add(1);
         Ok(DeviceVec { buffer: Some(buffer), len, resources: resources.clone(), foreign: ForeignUses::default(), _t: PhantomData })
     }
 
@@ -226,7 +225,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
 
 impl<T: DeviceScalar> Drop for DeviceVec<T> {
     fn drop(&mut self) {
-        crate::stats::LIVE_ARRAYS.fetch_sub(1, Ordering::Relaxed);
+        crate::stats::live_arrays::add(-1);
         let Some(buffer) = self.buffer.take() else { return };
         if !raft_exit::native_release_allowed() {
             buffer.leak(); // no CUDA call once the exit has decided: leaked to the OS

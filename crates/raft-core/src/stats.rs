@@ -2,12 +2,79 @@
 use crate::handle_kind::HandleKind;
 use crate::release::PendingReleases;
 use crate::resources::live_registry;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Weak;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-/// Device arrays alive: counted where they are made and dropped (`array.rs`), read here.
-pub(crate) static LIVE_ARRAYS: AtomicUsize = AtomicUsize::new(0);
+/// Device arrays alive: counted where they are made and dropped (`array.rs`), summed here.
+///
+/// Counted per thread (issue 30): each thread adds to a count only it writes (a plain load and
+/// store, no read-modify-write), so allocating threads share no cache line through it (one
+/// process-wide atomic was two read-modify-writes per array, contended between threads). An
+/// array made on one thread and dropped on another leaves +1 on the first and -1 on the second:
+/// the sum is exact. A thread's count joins `RETIRED` when the thread ends.
+pub(crate) mod live_arrays {
+    use super::*;
+
+    /// One thread's count: written by that thread only, read by [`total`].
+    #[derive(Default)]
+    struct Count(AtomicIsize);
+
+    /// The counts of the running threads that made or dropped an array.
+    fn counts() -> &'static Mutex<Vec<Arc<Count>>> {
+        static COUNTS: Mutex<Vec<Arc<Count>>> = Mutex::new(Vec::new());
+        &COUNTS
+    }
+
+    /// The counts of threads that ended, and changes made where a thread's count was gone (in
+    /// its thread-local destructors).
+    static RETIRED: AtomicIsize = AtomicIsize::new(0);
+
+    /// This thread's count, registered at its first use; at the thread's end it moves into
+    /// `RETIRED` under the registry's lock, so [`total`] never sees it twice or not at all.
+    struct Mine(Arc<Count>);
+
+    impl Mine {
+        fn new() -> Mine {
+            let count = Arc::new(Count::default());
+            counts().lock().unwrap_or_else(|e| e.into_inner()).push(count.clone());
+            Mine(count)
+        }
+    }
+
+    impl Drop for Mine {
+        fn drop(&mut self) {
+            let mut all = counts().lock().unwrap_or_else(|e| e.into_inner());
+            RETIRED.fetch_add(self.0 .0.load(Ordering::Relaxed), Ordering::Relaxed);
+            all.retain(|c| !Arc::ptr_eq(c, &self.0));
+        }
+    }
+
+    thread_local! {
+        static MINE: Mine = Mine::new();
+    }
+
+    /// Adds `delta` (+1 made, -1 dropped) to the count.
+    #[inline]
+    pub(crate) fn add(delta: isize) {
+        let counted = MINE.try_with(|m| {
+            // Only this thread writes its count: a load and a store cannot lose an update.
+            let c = &m.0 .0;
+            c.store(c.load(Ordering::Relaxed) + delta, Ordering::Relaxed);
+        });
+        if counted.is_err() {
+            // This thread's count is gone (its thread-local destructors are running).
+            RETIRED.fetch_add(delta, Ordering::Relaxed);
+        }
+    }
+
+    /// Arrays alive now (a snapshot: threads may be making and dropping arrays meanwhile).
+    pub(crate) fn total() -> usize {
+        let all = counts().lock().unwrap_or_else(|e| e.into_inner());
+        let sum = all.iter().map(|c| c.0.load(Ordering::Relaxed)).sum::<isize>() + RETIRED.load(Ordering::Relaxed);
+        sum.max(0) as usize
+    }
+}
 
 /// What the library holds now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -78,7 +145,7 @@ pub fn stats() -> Stats {
             s.live_handles += HandleKind::ALL.iter().filter(|k| r.has_handle(**k).unwrap_or(false)).count();
         }
     }
-    s.live_arrays = LIVE_ARRAYS.load(Ordering::Relaxed);
+    s.live_arrays = live_arrays::total();
     s.releases_pending = raft_exit::releases_in_flight();
     s.pending = crate::release::pending_total();
     let limits = crate::release::limits();
@@ -91,4 +158,37 @@ pub fn stats() -> Stats {
     (s.release_time, s.release_wait) = crate::release::release_times();
     (s.async_pools_made, s.async_pools_retired, s.async_pools_reused) = crate::result::mr::async_pools();
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::live_arrays;
+
+    /// Counts made on one thread and dropped on others, and threads that end with a non-zero
+    /// count, sum exactly (no array of the library is made on the CPU machine: only this test
+    /// changes the count there; on a GPU machine other tests may, so the checks hold the
+    /// process-wide count still while no other test in this binary allocates).
+    #[test]
+    fn the_live_count_sums_over_threads_that_made_dropped_and_ended() {
+        let before = live_arrays::total() as isize;
+        std::thread::scope(|s| {
+            s.spawn(|| (0..1000).for_each(|_| live_arrays::add(1))).join().unwrap(); // ended with +1000
+            s.spawn(|| (0..400).for_each(|_| live_arrays::add(-1))).join().unwrap(); // ended with -400
+        });
+        assert_eq!(live_arrays::total() as isize - before, 600, "the ended threads' counts retired exactly");
+        // A running thread's count is seen while it runs, and still after it ends.
+        let (made, go) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                (0..50).for_each(|_| live_arrays::add(1));
+                made.wait();
+                go.wait();
+            });
+            made.wait();
+            assert_eq!(live_arrays::total() as isize - before, 650, "a running thread's count is summed");
+            live_arrays::add(-650); // this thread drops what the others made
+            go.wait();
+        });
+        assert_eq!(live_arrays::total() as isize, before);
+    }
 }

@@ -7,7 +7,7 @@ use cudarc::driver::CudaStream;
 use raft_sys as sys;
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Once, Weak};
 
 /// The most bytes one allocation may ask for: 2^48 (256 TiB), what a 48-bit virtual address
 /// space spans, and more than any device's memory or any host's page-locked memory. A larger
@@ -115,7 +115,7 @@ impl NativeBuffer {
         // on every default allocation).
         let held = match mr {
             Some(m) => Some(m.clone()),
-            None => current_cache(device).and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+            None => current_kept(device),
         };
         let mut raw = std::ptr::null_mut();
         let mut fresh = std::ptr::null_mut();
@@ -149,6 +149,7 @@ impl NativeBuffer {
                     let old = slot.lock().unwrap_or_else(|e| e.into_inner()).replace(fresh.clone());
                     drop(old); // outside the lock: the last handle of a resource queues its release
                 }
+                remember_current(device, &fresh);
                 fresh
             }
             // (None cannot happen: without a handle the shim makes a fresh copy. Were it to, the
@@ -280,6 +281,40 @@ impl NativeBuffer {
     pub(crate) fn leak(self) {
         std::mem::forget(self);
     }
+}
+
+thread_local! {
+    /// Per device, the kept copy of the current resource this thread last allocated from
+    /// (`current_cache`), held weakly: it never keeps a replaced resource alive.
+    static SEEN: std::cell::RefCell<Vec<Weak<NativeMr>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A handle to the kept copy of `device`'s current resource, for the shim to revalidate: the
+/// one this thread used last while it is alive (one reference count taken, no lock: issue 30),
+/// else the process-wide kept copy (`current_cache`, under its lock). Which copy is handed over
+/// only decides whether the shim has to make a fresh one: the shim compares it with RMM's map
+/// entry under RMM's lock at every allocation, so a stale copy is never allocated from.
+fn current_kept(device: usize) -> Option<Arc<NativeMr>> {
+    let seen = SEEN.try_with(|s| s.borrow().get(device).and_then(Weak::upgrade)).ok().flatten();
+    if seen.is_some() {
+        return seen;
+    }
+    let kept = current_cache(device).and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).clone());
+    if let Some(kept) = &kept {
+        remember_current(device, kept);
+    }
+    kept
+}
+
+/// Makes `mr` the copy of `device`'s current resource this thread hands over next.
+fn remember_current(device: usize, mr: &Arc<NativeMr>) {
+    let _ = SEEN.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() <= device {
+            s.resize_with(device + 1, Weak::new);
+        }
+        s[device] = Arc::downgrade(mr);
+    });
 }
 
 /// Tells the shim how a pool, arena or binning resource keeps a stream alive instead of recording

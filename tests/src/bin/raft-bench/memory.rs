@@ -86,11 +86,19 @@ fn fragmentation(t: &mut Table) {
 }
 
 /// Case 5: 1 MiB allocate + free, through the default resource, below RMM, and through pool and arena.
+/// C++ doing the steps soundness requires of an allocation (`bl_alloc_free_held`).
+const FLOOR: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent, heap record holding the resource and the stream (two shared_ptr copies), a per-thread live count, allocate + free through the type-erased resource";
+/// The same for the default path: the kept copy of the current resource compared with RMM's map
+/// entry under RMM's lock first.
+const FLOOR_DEFAULT: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent, the kept copy of the current resource compared with RMM's map entry under RMM's lock, heap record holding it and the stream (two shared_ptr copies), a per-thread live count, allocate + free through it";
+/// The floor plus what this design adds (`bl_alloc_free_held_as_designed`).
+const DESIGNED: &str = "the same C++ plus the two steps this design adds: a third counted handle (the array's resources object) and the thread's record of resources in use";
+
 pub fn rows(t: &mut Table, r: &DeviceResources) {
     // 5. 1 MiB allocate + free.
     let mib = 1 << 20;
     // Ours and the C++ rows in turns (each sample runs each); cudaMalloc's row apart (slow).
-    let [ours, cpp_async, cpp_lookup] = measure_turns(
+    let [ours, cpp_async, cpp_lookup, default_floor, default_designed] = measure_turns(
         200,
         5000,
         [
@@ -99,6 +107,10 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
             &mut || assert_eq!(unsafe { bl_alloc_free_async(mib) }, 0),
             // SAFETY: as above.
             &mut || assert_eq!(unsafe { bl_alloc_free_per_device(mib) }, 0),
+            // SAFETY: as above (kind 4: the current resource, revalidated under RMM's lock).
+            &mut || assert_eq!(unsafe { bl_alloc_free_held(4, mib) }, 0),
+            // SAFETY: as above.
+            &mut || assert_eq!(unsafe { bl_alloc_free_held_as_designed(4, mib) }, 0),
         ],
     );
     // SAFETY: as above.
@@ -115,6 +127,19 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
         "C++ cuda_async_memory_resource",
         "<= 1.10x pool, >= 2x faster than cudaMalloc",
         move |a, b| a <= 1.10 * b && 2.0 * a <= cpp_cuda.median_ns,
+    );
+    t.add(
+        "1 MiB allocate + free, the default path, against its floor (in turns with the row above)",
+        "DeviceVec::new + drop (default resource)",
+        ours,
+        vec![
+            (FLOOR_DEFAULT, default_floor),
+            (DESIGNED, default_designed),
+            ("C++ through get_per_device_resource_ref (the goal's baseline)", cpp_lookup),
+        ],
+        FLOOR_DEFAULT,
+        "<= 1.10x",
+        |a, b| a <= 1.10 * b,
     );
     // Where the allocation's time goes: the shim's create + destroy called directly (its C++
     // side: device scope, RMM's map lock and resource copy, allocate, free) against the same
@@ -214,29 +239,43 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
         ("binning (2^8..2^20) over cudaMalloc", &binning, bl_alloc_free_binning),
         ("async pool", &async_pool, bl_alloc_free_async),
     ];
-    for (kind, mr, cpp) in kinds {
+    for (index, (kind, mr, cpp)) in kinds.into_iter().enumerate() {
         for (size, bytes) in [("256 B", 256usize), ("64 KiB", 64 << 10), ("1 MiB", 1 << 20)] {
-            let [ours, base] = measure_turns(
+            let [ours, base, floor, designed] = measure_turns(
                 200,
                 5000,
                 [
                     &mut || drop(DeviceVec::<u8>::new_in(r, bytes, mr).unwrap()),
                     // SAFETY: plain C functions of the baseline.
                     &mut || assert_eq!(unsafe { cpp(bytes) }, 0),
+                    // SAFETY: as above; `index` is the kind's number in baseline.cpp's order.
+                    &mut || assert_eq!(unsafe { bl_alloc_free_held(index as i32, bytes) }, 0),
+                    // SAFETY: as above.
+                    &mut || assert_eq!(unsafe { bl_alloc_free_held_as_designed(index as i32, bytes) }, 0),
                 ],
             );
             t.add(
                 &format!("{size} allocate + free, {kind} (in turns)"),
                 "DeviceVec::new_in + drop",
                 ours,
-                vec![("C++, the same resource kind", base)],
+                vec![("C++, the same resource kind", base), (FLOOR, floor), (DESIGNED, designed)],
                 "C++, the same resource kind",
+                "<= 1.10x",
+                |a, b| a <= 1.10 * b,
+            );
+            t.add(
+                &format!("{size} allocate + free, {kind}, against its floor (the row above's turns)"),
+                "DeviceVec::new_in + drop",
+                ours,
+                vec![(FLOOR, floor), (DESIGNED, designed), ("C++, the same resource kind", base)],
+                FLOOR,
                 "<= 1.10x",
                 |a, b| a <= 1.10 * b,
             );
         }
     }
     arena_steps(t, r, &arena);
+    rust_steps(t);
     threads_on_one_arena(t, &arena);
     drop((pool, arena, binning, async_pool, cuda));
     fragmentation(t);
@@ -245,7 +284,7 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
 /// Where an allocation through an explicit arena goes (issue 30), in turns: ours, the shim's
 /// create + free called directly on an arena of its own (its C++ side: the device scope, the
 /// buffer's heap record, the fence's hint at the free), C++ RMM's arena alone, and C++ doing the
-/// steps soundness requires (`bl_alloc_free_held_arena`: the floor the goal is held to). At
+/// steps soundness requires (`bl_alloc_free_held`: the floor the goal is held to). At
 /// 64 KiB, then at 0 bytes, where no side calls RMM (the shim skips it): what is left is each
 /// layer's own cost.
 fn arena_steps(t: &mut Table, r: &DeviceResources, arena: &raft::MemoryResource) {
@@ -258,9 +297,7 @@ fn arena_steps(t: &mut Table, r: &DeviceResources, arena: &raft::MemoryResource)
         assert_eq!(api.raftrs_mr_new_arena(cuda_mr, 1 << 30, &mut shim_arena), 0);
     }
     let owner = std::sync::Arc::as_ptr(&stream) as *const std::ffi::c_void;
-    const FLOOR: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent, heap record holding the resource and the stream (two shared_ptr copies), live count, allocate + free through the type-erased resource";
     const SHIM: &str = "the shim's create_held + free on an arena of its own, called directly";
-    const DESIGNED: &str = "the same C++ plus the two steps this design adds: a third counted handle (the array's resources object) and the thread's record of resources in use";
     for (size, bytes) in [("64 KiB", 64usize << 10), ("0 bytes (no RMM call on any side)", 0)] {
         let mut shim_direct = || {
             let (mut buf, mut data, mut ordered, mut fresh) = (std::ptr::null_mut(), std::ptr::null_mut(), 0, std::ptr::null_mut());
@@ -283,9 +320,9 @@ fn arena_steps(t: &mut Table, r: &DeviceResources, arena: &raft::MemoryResource)
                 // SAFETY: plain C functions of the baseline.
                 &mut || assert_eq!(unsafe { bl_alloc_free_bench_arena(bytes) }, 0),
                 // SAFETY: as above.
-                &mut || assert_eq!(unsafe { bl_alloc_free_held_arena(bytes) }, 0),
+                &mut || assert_eq!(unsafe { bl_alloc_free_held(1, bytes) }, 0),
                 // SAFETY: as above.
-                &mut || assert_eq!(unsafe { bl_alloc_free_held_arena_as_designed(bytes) }, 0),
+                &mut || assert_eq!(unsafe { bl_alloc_free_held_as_designed(1, bytes) }, 0),
             ],
         );
         let case = format!("{size} allocate + free, arena over cudaMalloc, against its floor (in turns)");
@@ -310,6 +347,58 @@ fn arena_steps(t: &mut Table, r: &DeviceResources, arena: &raft::MemoryResource)
         assert_eq!(api.raftrs_mr_destroy(shim_arena), 0);
         assert_eq!(api.raftrs_mr_destroy(cuda_mr), 0);
     }
+}
+
+/// What the Rust layer's own steps cost on this host's CPU (issue 30's accounting of the 0-byte
+/// rows): each primitive an allocate + free of `DeviceVec` performs, timed in batches of 1000
+/// (no per-call clock read), on objects only this thread touches.
+fn rust_steps(t: &mut Table) {
+    use std::cell::{Cell, RefCell};
+    use std::sync::{Arc, Mutex, RwLock};
+    let lock = RwLock::new(7u64);
+    let arc = Arc::new(7u64);
+    let weak = Arc::downgrade(&arc);
+    let mutex = Mutex::new(Some(arc.clone()));
+    let counter = std::sync::atomic::AtomicUsize::new(0);
+    thread_local! {
+        static STACK: RefCell<Vec<(u64, usize)>> = const { RefCell::new(Vec::new()) };
+        static COUNT: Cell<isize> = const { Cell::new(0) };
+    }
+    let batch = |f: &mut dyn FnMut()| measure(1000, 2000, 1000, f);
+    let rw = batch(&mut || drop(black_box(lock.read().unwrap())));
+    let arc_pair = batch(&mut || drop(black_box(arc.clone())));
+    let weak_up = batch(&mut || drop(black_box(weak.upgrade())));
+    let mutex_clone = batch(&mut || drop(black_box(mutex.lock().unwrap().clone())));
+    let global = batch(&mut || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        counter.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    let local = batch(&mut || {
+        COUNT.with(|c| c.set(black_box(c.get() + 1)));
+        COUNT.with(|c| c.set(black_box(c.get() - 1)));
+    });
+    let stack = batch(&mut || {
+        STACK.with(|s| black_box(s.borrow().iter().rev().any(|(id, _)| *id == 9)));
+        STACK.with(|s| s.borrow_mut().push((1, 2)));
+        STACK.with(|s| black_box(s.borrow_mut().pop()));
+    });
+    let boxed = batch(&mut || drop(black_box(Box::new([0u64; 8]))));
+    t.report(
+        "the Rust layer's steps alone, on this host's CPU (batches of 1000; no clock read per call)",
+        "RwLock read + unlock (the resources' released check)",
+        rw,
+        vec![
+            ("Arc clone + drop (one counted handle)", arc_pair),
+            ("Weak upgrade + drop (the default path's kept copy, per thread)", weak_up),
+            ("Mutex lock + Arc clone + unlock + drop (the default path's kept copy, process-wide)", mutex_clone),
+            ("a process-wide atomic +1 and -1 (the live count before)", global),
+            ("a thread-local count +1 and -1 (the live count now)", local),
+            ("the thread's in-use record: search, push, pop", stack),
+            ("a 64-byte Box made and dropped", boxed),
+        ],
+        "Arc clone + drop (one counted handle)",
+        "reported",
+    );
 }
 
 /// Issue 30: 8 and 16 threads (a resources object each, so a stream each) allocating and freeing
