@@ -13,6 +13,10 @@ fn main() {
     let Some(found) = Stack::from_dep_metadata() else { return };
     let mut build = cc::Build::new();
     build.cpp(true).std("c++20").file("bench/baseline.cpp").opt_level(2).debug(false);
+    // The shim's fence (crates/raft-sys/src/fence.hpp), which the floor rows put on their
+    // pool-like resources as the shim does.
+    build.include(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/raft-sys/src"));
+    println!("cargo:rerun-if-changed=../crates/raft-sys/src/fence.hpp");
     for dir in &found.includes {
         build.flag(format!("-isystem{}", dir.display()));
     }

@@ -399,22 +399,44 @@ int32_t bl_arena_threads(int32_t threads, int32_t iters, size_t bytes, int64_t* 
 #include <shared_mutex>
 #include <vector>
 
+// The fence the shim puts on every pool-like resource (pool, arena, binning: the same header,
+// compiled here a second time; its namespace is hidden, so this copy and the shim's never meet).
+#include "fence.hpp"
+
 namespace {
 using any_device_resource = cuda::mr::any_resource<cuda::mr::device_accessible>;
 
+/// The floor's stream keeper: the bench stream lives for the whole process, so holding it is a
+/// no-op (the shim's keeper counts the stream's Rust `Arc`).
+void floor_retain(void const*) {}
+void floor_release(void const*) {}
+int32_t floor_sole(void const*) { return 0; }
+raftrs_fence::stream_keeper const floor_keeper{floor_retain, floor_release, floor_sole};
+
+/// `R` over a type-erased cudaMalloc resource, fenced exactly as the shim makes it
+/// (`adapt_fenced` in memory_resources.cpp), held as any resource is held.
+template <typename R, typename... Args>
+std::shared_ptr<any_device_resource> fenced_like_the_shim(Args&&... args)
+{
+  return std::make_shared<any_device_resource>(cuda::mr::make_shared_resource<raftrs_fence::fenced<R>>(
+    0, any_device_resource{rmm::mr::cuda_memory_resource{}}, std::forward<Args>(args)...));
+}
+
 /// What the floor rows below hold, made once: `cuCtxGetCurrent` (an entry point from the
-/// runtime), counted handles to the resources of the explicit-resource rows (the pool, the
-/// arena, the binning resource and the async pool of bl_alloc_free_pool, _bench_arena, _binning
-/// and _async), to a copy of device 0's current resource (what the default path keeps), to the
-/// bench stream and to a stand-in for the resources object, the context the handles belong to
-/// and the "not released" lock.
+/// runtime), counted handles to the resources of the explicit-resource rows (a pool of 256 MiB,
+/// a 1 GiB arena and a 2^8..2^20 binning resource over cudaMalloc, each fenced as the shim fences
+/// its own, as soundness requires of a pool-like resource; the async pool of bl_alloc_free_async),
+/// to a copy of device 0's current resource (what the default path keeps), to the bench stream
+/// and to a stand-in for the resources object, the context the handles belong to and the "not
+/// released" lock.
 struct held_state {
   using get_fn = CUresult (*)(CUcontext*);
   get_fn get_current{};
-  std::shared_ptr<any_device_resource> kinds[4]{std::make_shared<any_device_resource>(bench_pool()),
-                                                 std::make_shared<any_device_resource>(bench_arena()),
-                                                 std::make_shared<any_device_resource>(bench_binning()),
-                                                 std::make_shared<any_device_resource>(async_mr())};
+  std::shared_ptr<any_device_resource> kinds[4]{
+    fenced_like_the_shim<rmm::mr::pool_memory_resource>(std::size_t{256} << 20, std::optional<std::size_t>{}),
+    fenced_like_the_shim<rmm::mr::arena_memory_resource>(std::optional<std::size_t>{std::size_t{1} << 30}),
+    fenced_like_the_shim<rmm::mr::binning_memory_resource>(int8_t{8}, int8_t{20}),
+    std::make_shared<any_device_resource>(async_mr())};
   std::shared_ptr<any_device_resource> current;
   std::shared_ptr<cudaStream_t> stream{std::make_shared<cudaStream_t>(bench_stream())};
   std::shared_ptr<int> resources{std::make_shared<int>(0)};
@@ -428,6 +450,7 @@ struct held_state {
     cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
     get_current = reinterpret_cast<get_fn>(f);
     if (get_current != nullptr) { get_current(&ctx); }
+    raftrs_fence::the_keeper.store(&floor_keeper, std::memory_order_release);
     std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
     auto& map  = rmm::mr::detail::get_ref_map();
     auto found = map.find(0);
@@ -480,7 +503,8 @@ extern "C" {
 // resource (a shared_ptr copy: the resource outlives the block) and to the stream (another: the
 // stream outlives the free), a live-allocation count (per thread, as the library keeps it), the
 // allocation and its free through the type-erased resource (as any resource of any kind is
-// held), and the record dropped. No device switch, no fence.
+// held; a pool-like one fenced, its free taking the fence's hint path), and the record dropped.
+// No device switch.
 int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
 {
   struct record {
@@ -501,6 +525,8 @@ int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
     // 0 bytes: no RMM call, as the shim skips it (the row that isolates the steps' own cost).
     if (bytes != 0) {
       r->ptr = ref.allocate(cuda::stream_ref{*r->stream}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      // The free names the stream's keeping handle, so a fence takes its hint path (fence.hpp).
+      raftrs_fence::freeing_on freeing{*r->stream, r->stream.get()};
       ref.deallocate(cuda::stream_ref{*r->stream}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
     }
     count_live(-1);
@@ -542,7 +568,10 @@ int32_t bl_alloc_free_held_as_designed(int32_t kind, size_t bytes)
     alive.unlock();
     count_live(1);
     count_live(-1);
-    if (bytes != 0) { ref.deallocate(cuda::stream_ref{*r->stream}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
+    if (bytes != 0) {
+      raftrs_fence::freeing_on freeing{*r->stream, r->stream.get()};
+      ref.deallocate(cuda::stream_ref{*r->stream}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    }
     r.reset();
     return 0;
   } catch (...) {

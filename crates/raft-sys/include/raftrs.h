@@ -282,22 +282,6 @@ raftrs_status raftrs_buffer_create(int32_t device,
                                    raftrs_buffer** out,
                                    void** data,
                                    int32_t* stream_ordered);
-/** Allocates `bytes` on `stream` from `mr`, which the buffer borrows: the caller keeps `mr`
- *  alive until the buffer is freed (no copy of the resource per buffer). With `current` set,
- *  `mr` (may be NULL) is the caller's copy of `device`'s current resource, used while it compares
- *  equal to the entry of RMM's per-device map (read under RMM's lock); otherwise a copy of the
- *  entry is made, used, and returned in `*fresh`, which the caller owns (raftrs_mr_destroy) and
- *  keeps alive until the buffer is freed. `*fresh` is NULL when `mr` was used. Sizes, `*data` and
- *  `*stream_ordered` as raftrs_buffer_create. */
-raftrs_status raftrs_buffer_create_held(int32_t device,
-                                        const raftrs_mr* mr,
-                                        int32_t current,
-                                        void* stream,
-                                        size_t bytes,
-                                        raftrs_buffer** out,
-                                        void** data,
-                                        int32_t* stream_ordered,
-                                        raftrs_mr** fresh);
 /** Frees the buffer stream-ordered on `stream`, through the resource that made it. */
 raftrs_status raftrs_buffer_destroy(raftrs_buffer* buf, void* stream);
 /** raftrs_buffer_destroy, naming the handle that keeps `stream` alive (a non-NULL `stream`
@@ -315,6 +299,29 @@ raftrs_status raftrs_buffer_on_streams(void (*retain)(const void*),
  *  (cudaMemPoolSetAccess on the pool, unless cudaMemPoolGetAccess says it has it): peer copies then go over the
  *  devices' link instead of through the host. `granted` is 1 for such a pool, else 0. */
 raftrs_status raftrs_buffer_grant_peer(const raftrs_buffer* buf, int32_t peer, int32_t* granted);
+
+/** Allocates `bytes` on `stream` from `mr` without a buffer record (issue 30: no heap object per
+ *  allocation): the caller keeps the block's pointer and size and keeps `mr` alive until it frees
+ *  the block with raftrs_mr_deallocate_held. With `current` set, `mr` (may be NULL) is the
+ *  caller's copy of `device`'s current resource, used while it compares equal to the entry of
+ *  RMM's per-device map (read under RMM's lock); otherwise a copy of the entry is made, used, and
+ *  returned in `*fresh`, which the caller owns (raftrs_mr_destroy), keeps alive until the free and
+ *  frees the block through. `*fresh` is NULL when `mr` was used. `*data` is NULL for 0 bytes
+ *  (nothing is allocated); sizes and `*stream_ordered` as raftrs_buffer_create. */
+raftrs_status raftrs_mr_allocate_held(int32_t device,
+                                     const raftrs_mr* mr,
+                                     int32_t current,
+                                     void* stream,
+                                     size_t bytes,
+                                     void** data,
+                                     int32_t* stream_ordered,
+                                     raftrs_mr** fresh);
+/** Frees `bytes` at `data` (from raftrs_mr_allocate_held through `mr`, or through the `*fresh` it
+ *  returned, passed here as `mr`) stream-ordered on `stream`, on `mr`'s device; `stream_owner` as
+ *  raftrs_buffer_free. A NULL `data` frees nothing. */
+raftrs_status raftrs_mr_deallocate_held(const raftrs_mr* mr, void* stream, const void* stream_owner, void* data, size_t bytes);
+/** raftrs_buffer_grant_peer for memory of `mr`. */
+raftrs_status raftrs_mr_grant_peer(const raftrs_mr* mr, int32_t peer, int32_t* granted);
 
 /* ---- work through the resources' handles -------------------------------------------------- */
 

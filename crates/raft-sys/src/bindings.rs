@@ -178,17 +178,6 @@ pub struct RaftrsShim {
         data: *mut *mut ::core::ffi::c_void,
         stream_ordered: *mut i32,
     ) -> raftrs_status,
-    pub raftrs_buffer_create_held: unsafe extern "C" fn(
-        device: i32,
-        mr: *const raftrs_mr,
-        current: i32,
-        stream: *mut ::core::ffi::c_void,
-        bytes: usize,
-        out: *mut *mut raftrs_buffer,
-        data: *mut *mut ::core::ffi::c_void,
-        stream_ordered: *mut i32,
-        fresh: *mut *mut raftrs_mr,
-    ) -> raftrs_status,
     pub raftrs_buffer_destroy: unsafe extern "C" fn(buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status,
     pub raftrs_buffer_free: unsafe extern "C" fn(
         buf: *mut raftrs_buffer,
@@ -201,6 +190,24 @@ pub struct RaftrsShim {
         sole: ::core::option::Option<unsafe extern "C" fn(arg1: *const ::core::ffi::c_void) -> i32>,
     ) -> raftrs_status,
     pub raftrs_buffer_grant_peer: unsafe extern "C" fn(buf: *const raftrs_buffer, peer: i32, granted: *mut i32) -> raftrs_status,
+    pub raftrs_mr_allocate_held: unsafe extern "C" fn(
+        device: i32,
+        mr: *const raftrs_mr,
+        current: i32,
+        stream: *mut ::core::ffi::c_void,
+        bytes: usize,
+        data: *mut *mut ::core::ffi::c_void,
+        stream_ordered: *mut i32,
+        fresh: *mut *mut raftrs_mr,
+    ) -> raftrs_status,
+    pub raftrs_mr_deallocate_held: unsafe extern "C" fn(
+        mr: *const raftrs_mr,
+        stream: *mut ::core::ffi::c_void,
+        stream_owner: *const ::core::ffi::c_void,
+        data: *mut ::core::ffi::c_void,
+        bytes: usize,
+    ) -> raftrs_status,
+    pub raftrs_mr_grant_peer: unsafe extern "C" fn(mr: *const raftrs_mr, peer: i32, granted: *mut i32) -> raftrs_status,
     pub raftrs_gemm_f32: unsafe extern "C" fn(
         res: *mut raftrs_resources,
         trans_a: i32,
@@ -300,11 +307,13 @@ impl RaftrsShim {
         let raftrs_mr_trim_async = __library.get(b"raftrs_mr_trim_async\0").map(|sym| *sym)?;
         let raftrs_rmm_map_address = __library.get(b"raftrs_rmm_map_address\0").map(|sym| *sym)?;
         let raftrs_buffer_create = __library.get(b"raftrs_buffer_create\0").map(|sym| *sym)?;
-        let raftrs_buffer_create_held = __library.get(b"raftrs_buffer_create_held\0").map(|sym| *sym)?;
         let raftrs_buffer_destroy = __library.get(b"raftrs_buffer_destroy\0").map(|sym| *sym)?;
         let raftrs_buffer_free = __library.get(b"raftrs_buffer_free\0").map(|sym| *sym)?;
         let raftrs_buffer_on_streams = __library.get(b"raftrs_buffer_on_streams\0").map(|sym| *sym)?;
         let raftrs_buffer_grant_peer = __library.get(b"raftrs_buffer_grant_peer\0").map(|sym| *sym)?;
+        let raftrs_mr_allocate_held = __library.get(b"raftrs_mr_allocate_held\0").map(|sym| *sym)?;
+        let raftrs_mr_deallocate_held = __library.get(b"raftrs_mr_deallocate_held\0").map(|sym| *sym)?;
+        let raftrs_mr_grant_peer = __library.get(b"raftrs_mr_grant_peer\0").map(|sym| *sym)?;
         let raftrs_gemm_f32 = __library.get(b"raftrs_gemm_f32\0").map(|sym| *sym)?;
         let raftrs_gemm_f64 = __library.get(b"raftrs_gemm_f64\0").map(|sym| *sym)?;
         Ok(RaftrsShim {
@@ -362,11 +371,13 @@ impl RaftrsShim {
             raftrs_mr_trim_async,
             raftrs_rmm_map_address,
             raftrs_buffer_create,
-            raftrs_buffer_create_held,
             raftrs_buffer_destroy,
             raftrs_buffer_free,
             raftrs_buffer_on_streams,
             raftrs_buffer_grant_peer,
+            raftrs_mr_allocate_held,
+            raftrs_mr_deallocate_held,
+            raftrs_mr_grant_peer,
             raftrs_gemm_f32,
             raftrs_gemm_f64,
         })
@@ -664,21 +675,6 @@ impl RaftrsShim {
     ) -> raftrs_status {
         (self.raftrs_buffer_create)(device, mr, stream, bytes, out, data, stream_ordered)
     }
-    #[doc = " Allocates `bytes` on `stream` from `mr`, which the buffer borrows: the caller keeps `mr`\n  alive until the buffer is freed (no copy of the resource per buffer). With `current` set,\n  `mr` (may be NULL) is the caller's copy of `device`'s current resource, used while it compares\n  equal to the entry of RMM's per-device map (read under RMM's lock); otherwise a copy of the\n  entry is made, used, and returned in `*fresh`, which the caller owns (raftrs_mr_destroy) and\n  keeps alive until the buffer is freed. `*fresh` is NULL when `mr` was used. Sizes, `*data` and\n  `*stream_ordered` as raftrs_buffer_create."]
-    pub unsafe fn raftrs_buffer_create_held(
-        &self,
-        device: i32,
-        mr: *const raftrs_mr,
-        current: i32,
-        stream: *mut ::core::ffi::c_void,
-        bytes: usize,
-        out: *mut *mut raftrs_buffer,
-        data: *mut *mut ::core::ffi::c_void,
-        stream_ordered: *mut i32,
-        fresh: *mut *mut raftrs_mr,
-    ) -> raftrs_status {
-        (self.raftrs_buffer_create_held)(device, mr, current, stream, bytes, out, data, stream_ordered, fresh)
-    }
     #[doc = " Frees the buffer stream-ordered on `stream`, through the resource that made it."]
     pub unsafe fn raftrs_buffer_destroy(&self, buf: *mut raftrs_buffer, stream: *mut ::core::ffi::c_void) -> raftrs_status {
         (self.raftrs_buffer_destroy)(buf, stream)
@@ -704,6 +700,35 @@ impl RaftrsShim {
     #[doc = " Lets device `peer` access the buffer's memory where it comes from a CUDA async pool\n  (cudaMemPoolSetAccess on the pool, unless cudaMemPoolGetAccess says it has it): peer copies then go over the\n  devices' link instead of through the host. `granted` is 1 for such a pool, else 0."]
     pub unsafe fn raftrs_buffer_grant_peer(&self, buf: *const raftrs_buffer, peer: i32, granted: *mut i32) -> raftrs_status {
         (self.raftrs_buffer_grant_peer)(buf, peer, granted)
+    }
+    #[doc = " Allocates `bytes` on `stream` from `mr` without a buffer record (issue 30: no heap object per\n  allocation): the caller keeps the block's pointer and size and keeps `mr` alive until it frees\n  the block with raftrs_mr_deallocate_held. With `current` set, `mr` (may be NULL) is the\n  caller's copy of `device`'s current resource, used while it compares equal to the entry of\n  RMM's per-device map (read under RMM's lock); otherwise a copy of the entry is made, used, and\n  returned in `*fresh`, which the caller owns (raftrs_mr_destroy), keeps alive until the free and\n  frees the block through. `*fresh` is NULL when `mr` was used. `*data` is NULL for 0 bytes\n  (nothing is allocated); sizes and `*stream_ordered` as raftrs_buffer_create."]
+    pub unsafe fn raftrs_mr_allocate_held(
+        &self,
+        device: i32,
+        mr: *const raftrs_mr,
+        current: i32,
+        stream: *mut ::core::ffi::c_void,
+        bytes: usize,
+        data: *mut *mut ::core::ffi::c_void,
+        stream_ordered: *mut i32,
+        fresh: *mut *mut raftrs_mr,
+    ) -> raftrs_status {
+        (self.raftrs_mr_allocate_held)(device, mr, current, stream, bytes, data, stream_ordered, fresh)
+    }
+    #[doc = " Frees `bytes` at `data` (from raftrs_mr_allocate_held through `mr`, or through the `*fresh` it\n  returned, passed here as `mr`) stream-ordered on `stream`, on `mr`'s device; `stream_owner` as\n  raftrs_buffer_free. A NULL `data` frees nothing."]
+    pub unsafe fn raftrs_mr_deallocate_held(
+        &self,
+        mr: *const raftrs_mr,
+        stream: *mut ::core::ffi::c_void,
+        stream_owner: *const ::core::ffi::c_void,
+        data: *mut ::core::ffi::c_void,
+        bytes: usize,
+    ) -> raftrs_status {
+        (self.raftrs_mr_deallocate_held)(mr, stream, stream_owner, data, bytes)
+    }
+    #[doc = " raftrs_buffer_grant_peer for memory of `mr`."]
+    pub unsafe fn raftrs_mr_grant_peer(&self, mr: *const raftrs_mr, peer: i32, granted: *mut i32) -> raftrs_status {
+        (self.raftrs_mr_grant_peer)(mr, peer, granted)
     }
     #[doc = " Column-major C = alpha * op(A) * op(B) + beta * C through the resources' cuBLAS handle,\n  on its stream (cublasSgemm). trans_*: 0 = N, 1 = T."]
     pub unsafe fn raftrs_gemm_f32(

@@ -57,7 +57,11 @@
 #include <utility>
 #include <vector>
 
-namespace raftrs_fence {
+// Hidden, as the shim's own namespace: the process-wide state below (the keeper, the hints, the
+// deferred list) is this shared object's alone, never unified with another copy of this header
+// elsewhere in the process (exported, its inline variables were GNU unique symbols, which the
+// dynamic loader binds to the first definition loaded: the benchmark's C++ baseline has one).
+namespace raftrs_fence __attribute__((visibility("hidden"))) {
 
 /// The calling thread's stream-capture mode set to relaxed for a scope: in global (or the
 /// thread's own thread-local) capture mode the driver refuses event waits and queries at once,

@@ -53,10 +53,9 @@ pub(crate) fn allocation_bytes<T>(who: &'static str, len: usize) -> Result<usize
 /// (the `NativeMr` it was allocated from, or a shared copy inside the shim) and the stream they
 /// are ordered on.
 pub(crate) struct NativeBuffer {
-    pub(super) ptr: NonNull<sys::raftrs_buffer>,
-    /// The resource the shim's buffer borrows (`raftrs_buffer_create_held`): dropped only after
-    /// the free. `None` when the shim's buffer holds its own copy.
-    held: Option<Arc<NativeMr>>,
+    /// What frees the bytes: the shim's record (with its own copy of the resource), or the
+    /// resource itself, held here until after the free (a held allocation: no record).
+    owner: Owner,
     pub(super) data: *mut c_void,
     pub(super) bytes: usize,
     pub(super) device: usize,
@@ -64,7 +63,17 @@ pub(crate) struct NativeBuffer {
     pub(super) stream: Arc<CudaStream>,
 }
 
-// SAFETY: the buffer is a pointer, a size and an owned resource copy; the device memory is only
+/// What a [`NativeBuffer`]'s bytes are freed through.
+enum Owner {
+    /// The shim's buffer record (`raftrs_buffer_create`), which holds its own copy of the
+    /// resource.
+    Record(NonNull<sys::raftrs_buffer>),
+    /// The resource the bytes came from (`raftrs_mr_allocate_held`), kept alive until after the
+    /// free: the same guarantee as a copy, for a reference count instead of a heap record.
+    Held(Arc<NativeMr>),
+}
+
+// SAFETY: the buffer is a pointer, a size and an owned resource copy or handle; the device memory is only
 // touched by the GPU in stream order, through the checked calls below. Freeing consumes `self`.
 unsafe impl Send for NativeBuffer {}
 // SAFETY: shared use only reads the fields or queues reads of the device memory.
@@ -91,15 +100,16 @@ impl NativeBuffer {
         made?;
         let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no buffer"))?;
         let stream_ordered = ordered != 0;
-        Ok(NativeBuffer { ptr, held: None, data, bytes, device, stream_ordered, stream: stream.clone() })
+        Ok(NativeBuffer { owner: Owner::Record(ptr), data, bytes, device, stream_ordered, stream: stream.clone() })
     }
 
     /// `bytes` from `mr`, or from `device`'s current resource (`None`), on `stream`, holding the
     /// `NativeMr` it came from rather than a fresh copy of the resource (issue 30): the same
     /// guarantee (the resource lives until the free) for a reference count instead of a heap
-    /// copy in the shim. The current resource is this crate's copy of what RMM's map held, used
-    /// while the map's entry still compares equal to it (checked under RMM's lock at every
-    /// allocation: any library may replace it at any moment), replaced by a new copy otherwise.
+    /// copy, and no record in the shim. The current resource is this crate's copy of what RMM's
+    /// map held, used while the map's entry still compares equal to it (checked under RMM's lock
+    /// at every allocation: any library may replace it at any moment), replaced by a new copy
+    /// otherwise.
     pub(crate) fn create_held(
         who: &'static str,
         device: usize,
@@ -117,7 +127,6 @@ impl NativeBuffer {
             Some(m) => Some(m.clone()),
             None => current_kept(device),
         };
-        let mut raw = std::ptr::null_mut();
         let mut fresh = std::ptr::null_mut();
         let (mut data, mut ordered) = (std::ptr::null_mut(), 0);
         let mr_ptr = held.as_ref().map_or(std::ptr::null(), |m| m.ptr.as_ptr() as *const _);
@@ -125,23 +134,21 @@ impl NativeBuffer {
         // a resource kept alive by `held`, which the new buffer keeps until its free; a fresh
         // copy comes back owned and is kept likewise; the out-pointers are locals.
         let made = check(who, api, unsafe {
-            api.raftrs_buffer_create_held(
+            api.raftrs_mr_allocate_held(
                 device as i32,
                 mr_ptr,
                 mr.is_none() as i32,
                 stream.cu_stream() as *mut c_void,
                 bytes,
-                &mut raw,
                 &mut data,
                 &mut ordered,
                 &mut fresh,
             )
         });
-        // A fresh copy is owned from here on, whatever else happened (nothing between here and
-        // the buffer's construction can fail while the shim's buffer borrows it).
+        // A fresh copy is owned from here on, whatever else happened: on success the block
+        // belongs to it, and nothing between here and the buffer's construction can fail.
         let fresh = NonNull::new(fresh).map(|p| Arc::new(NativeMr::from_shim(p, device)));
         made?;
-        let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no buffer"))?;
         let held = match fresh {
             Some(fresh) => {
                 // The map held another resource: this copy stands for it from now on.
@@ -152,11 +159,11 @@ impl NativeBuffer {
                 remember_current(device, &fresh);
                 fresh
             }
-            // (None cannot happen: without a handle the shim makes a fresh copy. Were it to, the
-            // buffer is leaked by the error, never left borrowing nothing.)
+            // Without a handle the shim makes a fresh copy, so `held` is there; were it not, the
+            // block is leaked by the error, never left to be freed through nothing.
             None => held.ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim used no resource"))?,
         };
-        Ok(NativeBuffer { ptr, held: Some(held), data, bytes, device, stream_ordered: ordered != 0, stream: stream.clone() })
+        Ok(NativeBuffer { owner: Owner::Held(held), data, bytes, device, stream_ordered: ordered != 0, stream: stream.clone() })
     }
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
@@ -233,8 +240,14 @@ impl NativeBuffer {
         let api = api(who)?;
         let _keep = ContextGuard::save(who)?;
         let mut granted = 0i32;
-        // SAFETY: the buffer is alive for the borrow; writes one int; the shim checks `peer`.
-        check(who, api, unsafe { api.raftrs_buffer_grant_peer(self.ptr.as_ptr(), peer as i32, &mut granted) })
+        // SAFETY: the buffer (and so its record or resource) is alive for the borrow; writes one
+        // int; the shim checks `peer`.
+        check(who, api, unsafe {
+            match &self.owner {
+                Owner::Record(ptr) => api.raftrs_buffer_grant_peer(ptr.as_ptr(), peer as i32, &mut granted),
+                Owner::Held(mr) => api.raftrs_mr_grant_peer(mr.ptr.as_ptr(), peer as i32, &mut granted),
+            }
+        })
     }
 
     /// Frees the buffer stream-ordered on its own stream, through the resource that made it.
@@ -259,17 +272,24 @@ impl NativeBuffer {
                 }
             }
         }
-        let owner = Arc::as_ptr(&self.stream) as *const c_void;
-        // SAFETY: the buffer is freed exactly once (self is consumed), on the stream it is
-        // ordered on (alive: held by self until after the call); `owner` is that stream's `Arc`,
-        // alive for the call, which a fence may retain through the registered keeper; the held
-        // resource is dropped only after the call.
-        let status = unsafe { api.raftrs_buffer_free(self.ptr.as_ptr(), self.stream.cu_stream() as *mut c_void, owner) };
+        let keeper = Arc::as_ptr(&self.stream) as *const c_void;
+        let raw_stream = self.stream.cu_stream() as *mut c_void;
+        // SAFETY: the bytes are freed exactly once (self is consumed), on the stream they are
+        // ordered on (alive: held by self until after the call), through what they came from: the
+        // shim's record, or the resource of a held allocation (alive: held by self until after
+        // the call) with the pointer and size it returned; `keeper` is the stream's `Arc`, alive
+        // for the call, which a fence may retain through the registered keeper.
+        let status = unsafe {
+            match &self.owner {
+                Owner::Record(ptr) => api.raftrs_buffer_free(ptr.as_ptr(), raw_stream, keeper),
+                Owner::Held(mr) => api.raftrs_mr_deallocate_held(mr.ptr.as_ptr(), raw_stream, keeper, self.data, self.bytes),
+            }
+        };
         // The stream's last handle may go here (`into_inner` tells exactly one holder it is the
         // last): cudarc binds the stream's context to destroy it, so a guard puts the caller's
         // context back.
-        let NativeBuffer { stream, held, .. } = self;
-        drop(held); // a resource's last handle queues its destruction (`NativeMr`'s drop)
+        let NativeBuffer { stream, owner, .. } = self;
+        drop(owner); // a resource's last handle queues its destruction (`NativeMr`'s drop)
         if let Some(last) = Arc::into_inner(stream) {
             let _restore = if _keep.is_none() { ContextGuard::save(who).ok() } else { None };
             drop(last);

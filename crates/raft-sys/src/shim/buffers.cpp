@@ -1,5 +1,6 @@
-// Device memory behind raftrs_buffer, each holding the resource that frees it (its own copy, or
-// a handle the caller keeps alive for it), and the copies, memsets and peer grants on it.
+// Device memory behind raftrs_buffer, each holding its own copy of the resource that frees it;
+// held allocations (the caller keeps the resource alive) without such a record; and the copies,
+// memsets and peer grants on device memory.
 #include "memory.hpp"
 
 #include <cuda/memory_resource>
@@ -37,22 +38,20 @@ void refuse_unservable(std::size_t bytes)
   }
 }
 
-/// The device memory behind raftrs_buffer: the pointer and the resource that must free it,
-/// either its own copy (`owned`) or a handle the caller keeps alive until the free (`borrowed`,
-/// the Rust side's `Arc<NativeMr>`). Replacing the per-device resource, or dropping every other
-/// handle to it, never invalidates a live buffer.
+/// The device memory behind raftrs_buffer: the pointer and its own copy of the resource that
+/// must free it. Replacing the per-device resource, or dropping every other handle to it, never
+/// invalidates a live buffer. (A held allocation, raftrs_mr_allocate_held, has no such record:
+/// the caller keeps the pointer, the size and the resource that frees it.)
 struct shim_buffer {
   int device;
   void* ptr;
   std::size_t bytes;
   any_device_resource owned;
-  shim_mr const* borrowed;
   bool stream_ordered;
 
   rmm::device_async_resource_ref ref() const
   {
-    return rmm::device_async_resource_ref{
-      const_cast<any_device_resource&>(borrowed != nullptr ? borrowed->resource : owned)};
+    return rmm::device_async_resource_ref{const_cast<any_device_resource&>(owned)};
   }
 };
 
@@ -103,6 +102,58 @@ void free_buffer(raftrs_buffer* buf, void* stream, void const* owner)
   // its device and the caller's context is put back after it (the Rust side takes no context
   // guard around this).
   b.reset();
+}
+
+/// Lets device `peer` access memory of `mr` (made for `device`) where it comes from a CUDA async
+/// pool; whether it does. Memory of an async pool is visible to another device only once the
+/// pool grants it (cudaMemPoolSetAccess), whatever the contexts' peer access says. Asked each
+/// time (a query): a cache keyed by pool handle would miss a new pool at a reused handle.
+bool grant_peer_of(rmm::device_async_resource_ref mr, int device, int32_t peer)
+{
+  check_device(peer);
+  std::optional<rmm::device_async_resource_ref> at{mr};
+  for (int depth = 0; at.has_value() && depth < 32; ++depth) {
+    if (auto* async = as_async(*at)) {
+      cudaMemPool_t pool = async->pool_handle();
+      device_scope scope{device};
+      cudaMemLocation where{};
+      where.type = cudaMemLocationTypeDevice;
+      where.id   = peer;
+      cudaMemAccessFlags flags{};
+      check(cudaMemPoolGetAccess(&flags, pool, &where), "asking whether a peer device may access the async pool");
+      if (flags != cudaMemAccessFlagsProtReadWrite) {
+        cudaMemAccessDesc desc{};
+        desc.location = where;
+        desc.flags    = cudaMemAccessFlagsProtReadWrite;
+        check(cudaMemPoolSetAccess(pool, &desc, 1), "giving a peer device access to the async pool");
+      }
+      return true;
+    }
+    at = upstream_any(*at);
+  }
+  return false;
+}
+
+/// The resource a held allocation on `device` uses: `mr`, or, with `current`, the caller's copy
+/// of the current resource (`mr`, may be null) while it compares equal to RMM's map entry (RMM's
+/// equality: each frees what the other allocated), checked under RMM's lock; otherwise a fresh
+/// copy of the entry, left in `made` for the caller to hand over.
+shim_mr const* held_resource(int32_t device, raftrs_mr const* mr, int32_t current, std::unique_ptr<shim_mr>& made)
+{
+  if (mr == nullptr && current == 0) { throw std::invalid_argument("null memory resource"); }
+  shim_mr const* use = mr == nullptr ? nullptr : &unwrap(mr);
+  if (use != nullptr && use->device != device) {
+    throw std::invalid_argument("a memory resource of device " + std::to_string(use->device) +
+                                " cannot allocate on device " + std::to_string(device));
+  }
+  if (current != 0) {
+    rmm_map_use alive;
+    if (use == nullptr || !current_equals_held(device, *use)) {
+      made.reset(new shim_mr{device, copy_current_held(device)});
+      use = made.get();
+    }
+  }
+  return use;
 }
 
 }  // namespace
@@ -174,32 +225,18 @@ raftrs_status raftrs_buffer_grant_peer(const raftrs_buffer* buf, int32_t peer, i
   return guard([&] {
     *granted = 0;
     if (buf == nullptr) { throw std::invalid_argument("null buffer"); }
-    check_device(peer);
     auto const& b = *reinterpret_cast<shim_buffer const*>(buf);
-    // Memory of a CUDA async pool is visible to another device only once the pool grants it
-    // (cudaMemPoolSetAccess), whatever the contexts' peer access says. Asked each time (a
-    // query): a cache keyed by pool handle would miss a new pool at a reused handle.
-    std::optional<rmm::device_async_resource_ref> at{b.ref()};
-    for (int depth = 0; at.has_value() && depth < 32; ++depth) {
-      if (auto* async = as_async(*at)) {
-        cudaMemPool_t pool = async->pool_handle();
-        device_scope scope{b.device};
-        cudaMemLocation where{};
-        where.type = cudaMemLocationTypeDevice;
-        where.id   = peer;
-        cudaMemAccessFlags flags{};
-        check(cudaMemPoolGetAccess(&flags, pool, &where), "asking whether a peer device may access the async pool");
-        if (flags != cudaMemAccessFlagsProtReadWrite) {
-          cudaMemAccessDesc desc{};
-          desc.location = where;
-          desc.flags    = cudaMemAccessFlagsProtReadWrite;
-          check(cudaMemPoolSetAccess(pool, &desc, 1), "giving a peer device access to the async pool");
-        }
-        *granted = 1;
-        return;
-      }
-      at = upstream_any(*at);
-    }
+    *granted      = grant_peer_of(b.ref(), b.device, peer) ? 1 : 0;
+  });
+}
+
+raftrs_status raftrs_mr_grant_peer(const raftrs_mr* mr, int32_t peer, int32_t* granted)
+{
+  return guard([&] {
+    *granted = 0;
+    if (mr == nullptr) { throw std::invalid_argument("null memory resource"); }
+    auto const& m = unwrap(mr);
+    *granted      = grant_peer_of(rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)}, m.device, peer) ? 1 : 0;
   });
 }
 
@@ -217,7 +254,7 @@ raftrs_status raftrs_buffer_create(int32_t device,
     // device.
     refuse_unservable(bytes);
     device_scope scope{device};
-    auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, nullptr, false});
+    auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, false});
     if (mr == nullptr) {
       owned->owned = copy_current(device);
     } else {
@@ -235,44 +272,42 @@ raftrs_status raftrs_buffer_create(int32_t device,
   });
 }
 
-raftrs_status raftrs_buffer_create_held(int32_t device,
-                                        const raftrs_mr* mr,
-                                        int32_t current,
-                                        void* stream,
-                                        size_t bytes,
-                                        raftrs_buffer** out,
-                                        void** data,
-                                        int32_t* stream_ordered,
-                                        raftrs_mr** fresh)
+raftrs_status raftrs_mr_allocate_held(int32_t device,
+                                     const raftrs_mr* mr,
+                                     int32_t current,
+                                     void* stream,
+                                     size_t bytes,
+                                     void** data,
+                                     int32_t* stream_ordered,
+                                     raftrs_mr** fresh)
 {
   return guard([&] {
-    *out   = nullptr;
-    *fresh = nullptr;
+    *data           = nullptr;
+    *stream_ordered = 0;
+    *fresh          = nullptr;
     refuse_unservable(bytes);
-    if (mr == nullptr && current == 0) { throw std::invalid_argument("null memory resource"); }
     device_scope scope{device};
-    shim_mr const* use = mr == nullptr ? nullptr : &unwrap(mr);
-    if (use != nullptr && use->device != device) {
-      throw std::invalid_argument("a memory resource of device " + std::to_string(use->device) +
-                                  " cannot allocate on device " + std::to_string(device));
-    }
     std::unique_ptr<shim_mr> made;
-    if (current != 0) {
-      // The caller's copy of what the map held stands for the map's entry while they compare
-      // equal (RMM's equality: each frees what the other allocated), checked under RMM's lock;
-      // otherwise a copy of the entry is taken, as every allocation did before.
-      rmm_map_use alive;
-      if (use == nullptr || !current_equals_held(device, *use)) {
-        made.reset(new shim_mr{device, copy_current_held(device)});
-        use = made.get();
-      }
+    shim_mr const* use = held_resource(device, mr, current, made);
+    *stream_ordered    = frees_stream_ordered(order_of(*use), bytes, stream != nullptr) ? 1 : 0;
+    if (bytes != 0) {
+      *data = rmm::device_async_resource_ref{const_cast<any_device_resource&>(use->resource)}.allocate(
+        cuda::stream_ref{static_cast<cudaStream_t>(stream)}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
     }
-    auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, use, false});
-    allocate_into(*owned, order_of(*use), stream, bytes);
-    *data           = owned->ptr;
-    *stream_ordered = owned->stream_ordered ? 1 : 0;
-    *out            = reinterpret_cast<raftrs_buffer*>(owned.release());
-    *fresh          = made != nullptr ? wrap(made.release()) : nullptr;
+    *fresh = made != nullptr ? wrap(made.release()) : nullptr;
+  });
+}
+
+raftrs_status raftrs_mr_deallocate_held(const raftrs_mr* mr, void* stream, const void* stream_owner, void* data, size_t bytes)
+{
+  return guard([&] {
+    if (mr == nullptr) { throw std::invalid_argument("null memory resource"); }
+    if (data == nullptr) { return; }  // a 0-byte allocation took nothing
+    auto const& m = unwrap(mr);
+    device_scope scope{m.device};
+    raftrs_fence::freeing_on freeing{static_cast<cudaStream_t>(stream), stream != nullptr ? stream_owner : nullptr};
+    rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)}.deallocate(
+      cuda::stream_ref{static_cast<cudaStream_t>(stream)}, data, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
   });
 }
 

@@ -153,14 +153,15 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
     assert_eq!(unsafe { api.raftrs_mr_current(0, &mut current_mr) }, 0);
     let current_mr = current_mr as *const raft_sys::raftrs_mr;
     let mut shim_direct = || {
-        let (mut buf, mut data, mut ordered) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        let (mut data, mut ordered) = (std::ptr::null_mut(), 0);
         let s = stream.cu_stream() as *mut std::ffi::c_void;
         // SAFETY: the stream is alive (held above); `current_mr` lives until the end of `rows`;
         // out-pointers are locals; the buffer is freed right after, on the same stream.
         unsafe {
             let mut fresh = std::ptr::null_mut();
-            assert_eq!(api.raftrs_buffer_create_held(0, current_mr, 1, s, mib, &mut buf, &mut data, &mut ordered, &mut fresh), 0);
-            assert_eq!(api.raftrs_buffer_free(buf, s, std::ptr::null()), 0);
+            assert_eq!(api.raftrs_mr_allocate_held(0, current_mr, 1, s, mib, &mut data, &mut ordered, &mut fresh), 0);
+            let through = if fresh.is_null() { current_mr } else { fresh as *const raft_sys::raftrs_mr };
+            assert_eq!(api.raftrs_mr_deallocate_held(through, s, std::ptr::null(), data, mib), 0);
             if !fresh.is_null() {
                 assert_eq!(api.raftrs_mr_destroy(fresh), 0); // the device's resource changed meanwhile
             }
@@ -209,7 +210,7 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
     });
     t.report(
         "1 MiB allocate + free, where the time goes",
-        "the shim's default path (create_held with the cached current resource + free), called directly (in turns with the two C++ step rows)",
+        "the shim's default path (allocate_held with the kept current resource + deallocate_held), called directly (in turns with the two C++ step rows)",
         shim_direct,
         vec![
             ("C++ through get_per_device_resource_ref", cpp_lookup),
@@ -297,18 +298,18 @@ fn arena_steps(t: &mut Table, r: &DeviceResources, arena: &raft::MemoryResource)
         assert_eq!(api.raftrs_mr_new_arena(cuda_mr, 1 << 30, &mut shim_arena), 0);
     }
     let owner = std::sync::Arc::as_ptr(&stream) as *const std::ffi::c_void;
-    const SHIM: &str = "the shim's create_held + free on an arena of its own, called directly";
+    const SHIM: &str = "the shim's allocate_held + deallocate_held on an arena of its own, called directly";
     for (size, bytes) in [("64 KiB", 64usize << 10), ("0 bytes (no RMM call on any side)", 0)] {
         let mut shim_direct = || {
-            let (mut buf, mut data, mut ordered, mut fresh) = (std::ptr::null_mut(), std::ptr::null_mut(), 0, std::ptr::null_mut());
+            let (mut data, mut ordered, mut fresh) = (std::ptr::null_mut(), 0, std::ptr::null_mut());
             let s = stream.cu_stream() as *mut std::ffi::c_void;
             // SAFETY: the stream is alive (held above, and `owner` is its `Arc`, which a fence may
             // retain through the keeper the library registered); the arena lives until the end of
             // this function; out-pointers are locals; the buffer is freed right after, on its
             // stream.
             unsafe {
-                assert_eq!(api.raftrs_buffer_create_held(0, shim_arena, 0, s, bytes, &mut buf, &mut data, &mut ordered, &mut fresh), 0);
-                assert_eq!(api.raftrs_buffer_free(buf, s, owner), 0);
+                assert_eq!(api.raftrs_mr_allocate_held(0, shim_arena, 0, s, bytes, &mut data, &mut ordered, &mut fresh), 0);
+                assert_eq!(api.raftrs_mr_deallocate_held(shim_arena, s, owner, data, bytes), 0);
             }
         };
         let [ours, shim, cpp_arena, cpp_floor, cpp_designed] = measure_turns(
