@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <utility>
 #include <stdexcept>
@@ -499,7 +500,8 @@ extern "C" {
 // one, and nothing else, through resource `kind` (see held_state::resource; 4 is the default
 // path: the kept copy revalidated under RMM's lock): the resources object's "not released" check
 // (a shared lock taken and let go), the device check (one cuCtxGetCurrent compared with the
-// context the resources hold), a heap record of the allocation holding a reference to the
+// context the resources hold), a record of the allocation (inline: the array holds its parts
+// in itself, no heap object since issue 30's third part) holding a reference to the
 // resource (a shared_ptr copy: the resource outlives the block) and to the stream (another: the
 // stream outlives the free), a live-allocation count (per thread, as the library keeps it), the
 // allocation and its free through the type-erased resource (as any resource of any kind is
@@ -519,7 +521,7 @@ int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
     if (!h.on_device()) { return 3; }
     auto const* mr = h.resource(kind);
     if (mr == nullptr) { return 4; }
-    auto r = std::make_unique<record>(record{*mr, h.stream, nullptr});
+    std::optional<record> r{record{*mr, h.stream, nullptr}};  // inline, as the array holds its parts
     count_live(1);
     rmm::device_async_resource_ref ref{*r->mr};
     // 0 bytes: no RMM call, as the shim skips it (the row that isolates the steps' own cost).
@@ -560,7 +562,7 @@ int32_t bl_alloc_free_held_as_designed(int32_t kind, size_t bytes)
     if (!h.on_device()) { return 3; }
     auto const* mr = h.resource(kind);
     if (mr == nullptr) { return 4; }
-    auto r = std::make_unique<record>(record{*mr, h.stream, h.resources, nullptr});
+    std::optional<record> r{record{*mr, h.stream, h.resources, nullptr}};
     rmm::device_async_resource_ref ref{*r->mr};
     // Allocated under the read lock, as `DeviceVec::new_in` does; freed without it, as its drop.
     if (bytes != 0) { r->ptr = ref.allocate(cuda::stream_ref{*r->stream}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }

@@ -526,11 +526,13 @@ fn a_dropped_or_forgotten_transfer_never_frees_what_its_copy_uses() {
             // pending when they run, however long the drop and the checks take (run 120 saw a
             // 1 GiB copy end first on a busy host).
             let gate = raft_tests::Gate::close(&stream);
+            let closed_at = Instant::now();
             let copy: Box<dyn std::any::Any> = if to_host {
                 Box::new(res.transfer_to_host(dev, host).unwrap())
             } else {
                 Box::new(res.transfer_to_device(host, dev).unwrap())
             };
+            let queued_after = closed_at.elapsed();
             let after_copy = stream.record_event(None).unwrap();
             if forget {
                 std::mem::forget(copy);
@@ -542,13 +544,19 @@ fn a_dropped_or_forgotten_transfer_never_frees_what_its_copy_uses() {
             // fresh buffers would wait for the gate).
             let live_during = mr.statistics().unwrap().current_bytes;
             let running = !after_copy.is_complete();
+            let checked_after = closed_at.elapsed();
             gate.open();
             let fresh: Vec<PinnedVec<f32>> = (0..2).map(|_| PinnedVec::from_slice(&res, &mine).unwrap()).collect();
             res.sync().unwrap();
             settle_releases();
             let live_after = mr.statistics().unwrap().current_bytes;
             let what = format!("a {how} {} transfer", if to_host { "device -> host" } else { "host -> device" });
-            assert!(running, "{what}: the copy ended before the check; the test proves nothing");
+            // The gate holds the stream for up to 30 s: a copy that ended before the check means
+            // something here took that long (run 127 saw it once); the times say where.
+            assert!(
+                running,
+                "{what}: the copy ended before the check; the test proves nothing (queued {queued_after:?} and checked {checked_after:?} after the gate closed)"
+            );
             assert_eq!(live_during, bytes, "{what}: the device end was freed while the copy ran");
             assert_eq!(live_after, if forget { bytes } else { 0 }, "{what}: after the copy (leaked when forgotten, freed when dropped)");
             for f in &fresh {

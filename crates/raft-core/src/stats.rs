@@ -16,8 +16,10 @@ use std::time::Duration;
 pub(crate) mod live_arrays {
     use super::*;
 
-    /// One thread's count: written by that thread only, read by [`total`].
+    /// One thread's count: written by that thread only, read by [`total`]. A line of its own, so
+    /// two threads' counts never share one.
     #[derive(Default)]
+    #[repr(align(128))]
     struct Count(AtomicIsize);
 
     /// The counts of the running threads that made or dropped an array.
@@ -68,7 +70,9 @@ pub(crate) mod live_arrays {
         }
     }
 
-    /// Arrays alive now (a snapshot: threads may be making and dropping arrays meanwhile).
+    /// Arrays alive now. Exact when no array is being made or dropped meanwhile; otherwise the
+    /// counts are read one after another and an array moving between threads in between may be
+    /// missed or seen twice.
     pub(crate) fn total() -> usize {
         let all = counts().lock().unwrap_or_else(|e| e.into_inner());
         let sum = all.iter().map(|c| c.0.load(Ordering::Relaxed)).sum::<isize>() + RETIRED.load(Ordering::Relaxed);
@@ -85,7 +89,8 @@ pub struct Stats {
     pub unreleased_resources: usize,
     /// cuBLAS / cuSOLVER / cuSPARSE handles RAFT has made on unreleased resources.
     pub live_handles: usize,
-    /// Device arrays alive.
+    /// Device arrays alive (exact while no thread is making or dropping arrays; counted per
+    /// thread, so a snapshot taken meanwhile may be off by the arrays in flight).
     pub live_arrays: usize,
     /// Releases queued or running on the library's threads (as the exit machinery counts them).
     pub releases_pending: usize,
@@ -173,7 +178,8 @@ mod tests {
         let before = live_arrays::total() as isize;
         std::thread::scope(|s| {
             s.spawn(|| (0..1000).for_each(|_| live_arrays::add(1))).join().unwrap(); // ended with +1000
-            s.spawn(|| (0..400).for_each(|_| live_arrays::add(-1))).join().unwrap(); // ended with -400
+            s.spawn(|| (0..400).for_each(|_| live_arrays::add(-1))).join().unwrap();
+            // ended with -400
         });
         assert_eq!(live_arrays::total() as isize - before, 600, "the ended threads' counts retired exactly");
         // A running thread's count is seen while it runs, and still after it ends.

@@ -13,7 +13,8 @@
 //
 // When the event is recorded (issue 30: an event record, a wait and a capture query on every
 // free cost ~1.3 µs, more than the arena's whole allocation):
-// - A free whose stream's owner is known (`raftrs_buffer_free` names the Rust `Arc<CudaStream>`
+// - A free whose stream's owner is known (`raftrs_buffer_free` and `raftrs_mr_deallocate_held`
+//   name the Rust `Arc<CudaStream>`
 //   that keeps the stream alive, through `freeing`) records nothing. The fence takes its own
 //   reference to that stream on the stream's first such free (`held`) and records the event
 //   only when it lets the stream go: when the fence is destroyed, or when the fence is the
@@ -61,6 +62,9 @@
 // deferred list) is this shared object's alone, never unified with another copy of this header
 // elsewhere in the process (exported, its inline variables were GNU unique symbols, which the
 // dynamic loader binds to the first definition loaded: the benchmark's C++ baseline has one).
+// The types stay the same by name, though (libstdc++ compares type_info names): a resource
+// fenced by another copy of this header must never reach the shim (none does; the benchmark's
+// stay in the benchmark).
 namespace raftrs_fence __attribute__((visibility("hidden"))) {
 
 /// The calling thread's stream-capture mode set to relaxed for a scope: in global (or the
@@ -106,7 +110,7 @@ struct stream_keeper {
 /// Registered once by the Rust side (`raftrs_buffer_on_streams`); never freed.
 inline std::atomic<stream_keeper const*> the_keeper{nullptr};
 
-/// The free `raftrs_buffer_free` is running on this thread: its stream and the handle that keeps
+/// The free `raftrs_buffer_free` or `raftrs_mr_deallocate_held` is running on this thread: its stream and the handle that keeps
 /// that stream alive (null when unknown). Read by every fence the free passes through.
 struct freeing_stream {
   cudaStream_t stream{nullptr};

@@ -7,6 +7,7 @@ use cudarc::driver::CudaStream;
 use raft_sys as sys;
 use std::ffi::c_void;
 use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Once, Weak};
 
 /// The most bytes one allocation may ask for: 2^48 (256 TiB), what a 48-bit virtual address
@@ -127,6 +128,8 @@ impl NativeBuffer {
             Some(m) => Some(m.clone()),
             None => current_kept(device),
         };
+        // Read before the shim looks at RMM's map (see `KeptCurrent::generation`).
+        let generation = mr.is_none().then(|| current_cache(device).map(|k| k.generation.load(Ordering::Relaxed))).flatten();
         let mut fresh = std::ptr::null_mut();
         let (mut data, mut ordered) = (std::ptr::null_mut(), 0);
         let mr_ptr = held.as_ref().map_or(std::ptr::null(), |m| m.ptr.as_ptr() as *const _);
@@ -152,8 +155,12 @@ impl NativeBuffer {
         let held = match fresh {
             Some(fresh) => {
                 // The map held another resource: this copy stands for it from now on.
-                if let Some(slot) = current_cache(device) {
-                    let old = slot.lock().unwrap_or_else(|e| e.into_inner()).replace(fresh.clone());
+                if let Some(kept) = current_cache(device) {
+                    let mut slot = kept.slot.lock().unwrap_or_else(|e| e.into_inner());
+                    // Not when the map's entry was replaced through this crate meanwhile: the
+                    // copy may be of the replaced resource, which the forgetting let go.
+                    let old = (Some(kept.generation.load(Ordering::Relaxed)) == generation).then(|| slot.replace(fresh.clone()));
+                    drop(slot);
                     drop(old); // outside the lock: the last handle of a resource queues its release
                 }
                 remember_current(device, &fresh);
@@ -256,7 +263,15 @@ impl NativeBuffer {
     /// CUDA documents that cudaFree *may* synchronise, not that it does (the CUDA 13 runtime
     /// documentation of cudaFree), so the wait is made here (such frees run on release threads).
     pub(crate) fn free(self, who: &'static str) -> Result<()> {
-        let api = api(who)?;
+        let api = match api(who) {
+            Ok(api) => api,
+            Err(e) => {
+                // Never dropped without its free: the resource could go while the stream still
+                // uses the block (cannot happen once the shim is loaded, as it was to allocate).
+                self.leak();
+                return Err(e);
+            }
+        };
         // Page-locked host buffers name the legacy default stream (null) and are only ever
         // used by copies that wait for themselves: nothing to wait for there.
         let waits = !self.stream_ordered && !self.stream.cu_stream().is_null();
@@ -319,7 +334,7 @@ fn current_kept(device: usize) -> Option<Arc<NativeMr>> {
     if seen.is_some() {
         return seen;
     }
-    let kept = current_cache(device).and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).clone());
+    let kept = current_cache(device).and_then(|kept| kept.slot.lock().unwrap_or_else(|e| e.into_inner()).clone());
     if let Some(kept) = &kept {
         remember_current(device, kept);
     }

@@ -78,11 +78,11 @@ fn mr_out(who: &'static str, api: &sys::RaftrsShim, raw: *mut sys::raftrs_mr) ->
 }
 
 impl NativeMr {
-    /// Owns a handle the shim just made for `device` (`raftrs_buffer_create_held`'s fresh copy
-    /// of that device's current resource). Infallible on purpose: the buffer allocated from the
-    /// copy borrows it, so a failure here would leave both without an owner (the review's
-    /// finding 7: asking the shim for the device, as `mr_out` does, could fail after the
-    /// allocation).
+    /// Owns a handle the shim just made for `device` (`raftrs_mr_allocate_held`'s fresh copy of
+    /// that device's current resource). Infallible on purpose: the block allocated from the copy
+    /// is freed through it (`Owner::Held`), so a failure here would leave both without an owner
+    /// (the review's finding 7: asking the shim for the device, as `mr_out` does, could fail
+    /// after the allocation).
     pub(crate) fn from_shim(ptr: NonNull<sys::raftrs_mr>, device: usize) -> NativeMr {
         NativeMr { ptr, device }
     }
@@ -455,15 +455,25 @@ pub(crate) fn trim_async_pool(who: &'static str, device: usize, mr: Option<&Nati
     trim.map(|()| trimmed != 0)
 }
 
-/// Per device, this crate's copy of the resource RMM's map held at the last default allocation
-/// that found it changed (see `NativeBuffer::create_held`).
-pub(crate) fn current_cache(device: usize) -> Option<&'static std::sync::Mutex<Option<std::sync::Arc<NativeMr>>>> {
-    use std::sync::{Arc, Mutex, OnceLock};
-    static CACHE: OnceLock<Vec<Mutex<Option<Arc<NativeMr>>>>> = OnceLock::new();
+/// One device's kept copy of its current resource (see [`current_cache`]).
+pub(crate) struct KeptCurrent {
+    /// This crate's copy of the resource RMM's map held at the last default allocation that found
+    /// it changed.
+    pub(crate) slot: std::sync::Mutex<Option<std::sync::Arc<NativeMr>>>,
+    /// Bumped by [`forget_current`]: a default allocation that made a fresh copy keeps it only
+    /// when no replacement through this crate came between its start and its end (otherwise the
+    /// copy, of the replaced resource, would be put back after the forgetting).
+    pub(crate) generation: std::sync::atomic::AtomicU64,
+}
+
+/// Per device, the kept copy of the current resource (see `NativeBuffer::create_held`).
+pub(crate) fn current_cache(device: usize) -> Option<&'static KeptCurrent> {
+    use std::sync::{Mutex, OnceLock};
+    static CACHE: OnceLock<Vec<KeptCurrent>> = OnceLock::new();
     CACHE
         .get_or_init(|| {
             let n = super::device_count("DeviceVec::new").unwrap_or(0);
-            (0..n).map(|_| Mutex::new(None)).collect()
+            (0..n).map(|_| KeptCurrent { slot: Mutex::new(None), generation: Default::default() }).collect()
         })
         .get(device)
 }
@@ -473,6 +483,11 @@ pub(crate) fn current_cache(device: usize) -> Option<&'static std::sync::Mutex<O
 /// pool and its memory, the streams its fence holds) until the next default allocation on the
 /// device, which may never come (the review of issue 30).
 pub(crate) fn forget_current(device: usize) {
-    let old = current_cache(device).and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+    let old = current_cache(device).and_then(|kept| {
+        let mut slot = kept.slot.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock: an allocation storing its fresh copy reads the generation there too.
+        kept.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        slot.take()
+    });
     drop(old); // outside the lock: the last handle of a resource queues its release
 }

@@ -87,10 +87,10 @@ fn fragmentation(t: &mut Table) {
 
 /// Case 5: 1 MiB allocate + free, through the default resource, below RMM, and through pool and arena.
 /// C++ doing the steps soundness requires of an allocation (`bl_alloc_free_held`).
-const FLOOR: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent, heap record holding the resource and the stream (two shared_ptr copies), a per-thread live count, allocate + free through the type-erased resource";
+const FLOOR: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent, a record holding the resource and the stream (two shared_ptr copies; inline, as the array's), a per-thread live count, allocate + free through the type-erased resource (a pool-like one fenced as the shim fences it)";
 /// The same for the default path: the kept copy of the current resource compared with RMM's map
 /// entry under RMM's lock first.
-const FLOOR_DEFAULT: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent, the kept copy of the current resource compared with RMM's map entry under RMM's lock, heap record holding it and the stream (two shared_ptr copies), a per-thread live count, allocate + free through it";
+const FLOOR_DEFAULT: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent, the kept copy of the current resource compared with RMM's map entry under RMM's lock, a record holding it and the stream (two shared_ptr copies; inline), a per-thread live count, allocate + free through it";
 /// The floor plus what this design adds (`bl_alloc_free_held_as_designed`).
 const DESIGNED: &str = "the same C++ plus the two steps this design adds: a third counted handle (the array's resources object) and the thread's record of resources in use";
 
@@ -141,9 +141,9 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
         "<= 1.10x",
         |a, b| a <= 1.10 * b,
     );
-    // Where the allocation's time goes: the shim's create + destroy called directly (its C++
-    // side: device scope, RMM's map lock and resource copy, allocate, free) against the same
-    // C++ lookup, and the context guard the result layer adds around each call.
+    // Where the allocation's time goes: the shim's held allocate + free called directly (its C++
+    // side: device scope, the kept copy compared under RMM's map lock, allocate, free) against
+    // the same C++ lookup, and the context guard the result layer adds around each call.
     let stream = r.stream().unwrap();
     let api = raft_sys::shim().unwrap_or_else(|e| fail(&e.to_string()));
     // The shim's default path as `DeviceVec::new` takes it: a handle to the current resource
@@ -283,8 +283,8 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
 }
 
 /// Where an allocation through an explicit arena goes (issue 30), in turns: ours, the shim's
-/// create + free called directly on an arena of its own (its C++ side: the device scope, the
-/// buffer's heap record, the fence's hint at the free), C++ RMM's arena alone, and C++ doing the
+/// held allocate + free called directly on an arena of its own (its C++ side: the device scope,
+/// the fence's hint at the free), C++ RMM's arena alone, and C++ doing the
 /// steps soundness requires (`bl_alloc_free_held`: the floor the goal is held to). At
 /// 64 KiB, then at 0 bytes, where no side calls RMM (the shim skips it): what is left is each
 /// layer's own cost.
