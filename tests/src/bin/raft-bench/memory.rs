@@ -404,8 +404,9 @@ fn rust_steps(t: &mut Table) {
 
 /// Issue 30: 8 and 16 threads (a resources object each, so a stream each) allocating and freeing
 /// 64 KiB from one arena, against C++ threads doing the same on streams of their own from one
-/// arena; in turns, five rounds each. Each sample is the wall time from the threads' common
-/// start to the last one's end, per allocation (its inverse is the aggregate rate).
+/// arena; in turns, fifteen rounds each (five read 0.5x to 1.2x from run to run). Each sample is
+/// the wall time from the threads' common start to the last one's end, per allocation (its
+/// inverse is the aggregate rate).
 fn threads_on_one_arena(t: &mut Table, arena: &raft::MemoryResource) {
     const ITERS: usize = 2000;
     const BYTES: usize = 64 << 10;
@@ -438,7 +439,7 @@ fn threads_on_one_arena(t: &mut Table, arena: &raft::MemoryResource) {
         ours_once();
         cpp_once();
         let (mut ours, mut cpp) = (Vec::new(), Vec::new());
-        for _ in 0..5 {
+        for _ in 0..15 {
             ours.push(ours_once());
             cpp.push(cpp_once());
         }
