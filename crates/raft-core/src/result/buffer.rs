@@ -74,8 +74,9 @@ enum Owner {
     Held(Arc<NativeMr>),
 }
 
-// SAFETY: the buffer is a pointer, a size and an owned resource copy or handle; the device memory is only
-// touched by the GPU in stream order, through the checked calls below. Freeing consumes `self`.
+// SAFETY: the buffer is a pointer, a size and an owned resource copy or handle; the device memory
+// is only touched by the GPU in stream order, through the checked calls below. Freeing consumes
+// `self`.
 unsafe impl Send for NativeBuffer {}
 // SAFETY: shared use only reads the fields or queues reads of the device memory.
 unsafe impl Sync for NativeBuffer {}
