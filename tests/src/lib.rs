@@ -180,6 +180,8 @@ pub mod baseline {
         /// resource of `kind` (0 pool, 1 arena, 2 binning, 3 async pool of the rows above; 4 the
         /// current resource, revalidated under RMM's lock): issue 30's floor (see baseline.cpp).
         pub fn bl_alloc_free_held(kind: i32, bytes: usize) -> i32;
+        /// `bl_alloc_free_held` on `stream` (a `cudaStream_t`; null: the bench stream).
+        pub fn bl_alloc_free_held_on(kind: i32, bytes: usize, stream: *mut std::ffi::c_void) -> i32;
         /// The same plus the two steps this library's design adds (a third counted handle, the
         /// thread's record of the resources in use): the floor of the design (see baseline.cpp).
         pub fn bl_alloc_free_held_as_designed(kind: i32, bytes: usize) -> i32;

@@ -276,6 +276,7 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
         }
     }
     arena_steps(t, r, &arena);
+    async_stream_rows(t, r, &async_pool);
     rust_steps(t);
     threads_on_one_arena(t, &arena);
     drop((pool, arena, binning, async_pool, cuda));
@@ -347,6 +348,47 @@ fn arena_steps(t: &mut Table, r: &DeviceResources, arena: &raft::MemoryResource)
     unsafe {
         assert_eq!(api.raftrs_mr_destroy(shim_arena), 0);
         assert_eq!(api.raftrs_mr_destroy(cuda_mr), 0);
+    }
+}
+
+/// The async pool at 256 B and 1 MiB: ours against the C++ floor on the bench's stream and on
+/// the very stream ours uses (the resources' own), in turns; the default path likewise. Run 129
+/// read ours ~30 ns above the floor at 256 B but ~250-320 ns at 1 MiB: this says whether that
+/// is the stream's or the path's.
+fn async_stream_rows(t: &mut Table, r: &DeviceResources, async_pool: &raft::MemoryResource) {
+    let stream = r.stream().unwrap();
+    let own = stream.cu_stream() as *mut std::ffi::c_void;
+    for (size, bytes) in [("256 B", 256usize), ("1 MiB", 1 << 20)] {
+        for (kind, what) in [(3, "async pool"), (4, "the default path")] {
+            let [ours, floor, floor_own] = measure_turns(
+                200,
+                5000,
+                [
+                    &mut || {
+                        if kind == 3 {
+                            drop(DeviceVec::<u8>::new_in(r, bytes, async_pool).unwrap())
+                        } else {
+                            drop(DeviceVec::<u8>::new(r, bytes).unwrap())
+                        }
+                    },
+                    // SAFETY: plain C functions of the baseline.
+                    &mut || assert_eq!(unsafe { bl_alloc_free_held(kind, bytes) }, 0),
+                    // SAFETY: as above; `own` is the resources' stream, alive (held above).
+                    &mut || assert_eq!(unsafe { bl_alloc_free_held_on(kind, bytes, own) }, 0),
+                ],
+            );
+            t.report(
+                &format!("{size} allocate + free, {what}: the floor on the bench's stream and on ours (in turns)"),
+                if kind == 3 { "DeviceVec::new_in + drop" } else { "DeviceVec::new + drop" },
+                ours,
+                vec![
+                    ("C++ floor on the bench's stream", floor),
+                    ("C++ floor on the resources' own stream", floor_own),
+                ],
+                "C++ floor on the resources' own stream",
+                "reported",
+            );
+        }
     }
 }
 
