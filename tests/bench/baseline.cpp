@@ -15,6 +15,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -75,8 +76,15 @@ int32_t alloc_free(Resource& mr, size_t bytes)
   }
 }
 
+/// The stream the allocation rows use instead of their own (`bl_use_stream`): null, their own.
+std::atomic<cudaStream_t> stream_override{nullptr};
+
+/// The stream of the C++ allocation rows: ours (the resources' own, set by `bl_use_stream`) so
+/// both sides allocate and free on the same stream, else one of their own. (Run 132: the async
+/// pool's allocate + free differed by ~100 ns at 256 B between two idle streams.)
 cudaStream_t bench_stream()
 {
+  if (auto s = stream_override.load(std::memory_order_acquire); s != nullptr) { return s; }
   static cudaStream_t s = [] {
     cudaStream_t t{};
     cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking);
@@ -87,6 +95,9 @@ cudaStream_t bench_stream()
 }  // namespace
 
 extern "C" {
+/// Makes `stream` (a `cudaStream_t` that outlives the rows; null: their own again) the stream
+/// of the C++ allocation rows.
+void bl_use_stream(void* stream) { stream_override.store(static_cast<cudaStream_t>(stream), std::memory_order_release); }
 
 /// RAFT C++ code on a lent `raft::resources*` (tests/tests/lend.rs): its stream and its cuBLAS
 /// handle, as RAFT's own accessors give them.
@@ -529,7 +540,7 @@ int32_t bl_alloc_free_held_on(int32_t kind, size_t bytes, void* stream)
     std::optional<record> r{record{*mr, h.stream, nullptr}};  // inline, as the array holds its parts
     count_live(1);
     rmm::device_async_resource_ref ref{*r->mr};
-    cudaStream_t on = stream != nullptr ? static_cast<cudaStream_t>(stream) : *r->stream;
+    cudaStream_t on = stream != nullptr ? static_cast<cudaStream_t>(stream) : bench_stream();
     // 0 bytes: no RMM call, as the shim skips it (the row that isolates the steps' own cost).
     if (bytes != 0) {
       r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
@@ -571,14 +582,15 @@ int32_t bl_alloc_free_held_as_designed(int32_t kind, size_t bytes)
     std::optional<record> r{record{*mr, h.stream, h.resources, nullptr}};
     rmm::device_async_resource_ref ref{*r->mr};
     // Allocated under the read lock, as `DeviceVec::new_in` does; freed without it, as its drop.
-    if (bytes != 0) { r->ptr = ref.allocate(cuda::stream_ref{*r->stream}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
+    cudaStream_t on = bench_stream();
+    if (bytes != 0) { r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
     in_use.pop_back();
     alive.unlock();
     count_live(1);
     count_live(-1);
     if (bytes != 0) {
-      raftrs_fence::freeing_on freeing{*r->stream, r->stream.get()};
-      ref.deallocate(cuda::stream_ref{*r->stream}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      raftrs_fence::freeing_on freeing{on, r->stream.get()};
+      ref.deallocate(cuda::stream_ref{on}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
     }
     r.reset();
     return 0;

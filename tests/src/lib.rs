@@ -179,6 +179,9 @@ pub mod baseline {
         /// The steps this library's soundness requires of an allocation, in C++, through the
         /// resource of `kind` (0 pool, 1 arena, 2 binning, 3 async pool of the rows above; 4 the
         /// current resource, revalidated under RMM's lock): issue 30's floor (see baseline.cpp).
+        /// Makes `stream` (a `cudaStream_t`; null: their own) the stream of the C++ allocation
+        /// rows, so they allocate on the stream ours do.
+        pub fn bl_use_stream(stream: *mut std::ffi::c_void);
         pub fn bl_alloc_free_held(kind: i32, bytes: usize) -> i32;
         /// `bl_alloc_free_held` on `stream` (a `cudaStream_t`; null: the bench stream).
         pub fn bl_alloc_free_held_on(kind: i32, bytes: usize, stream: *mut std::ffi::c_void) -> i32;

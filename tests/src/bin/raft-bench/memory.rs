@@ -95,6 +95,12 @@ const FLOOR_DEFAULT: &str = "C++ doing the steps soundness requires: released ch
 const DESIGNED: &str = "the same C++ plus the two steps this design adds: a third counted handle (the array's resources object) and the thread's record of resources in use";
 
 pub fn rows(t: &mut Table, r: &DeviceResources) {
+    // Like with like: the C++ allocation rows allocate and free on the stream ours use (run 132:
+    // two idle streams differed by ~100 ns for the async pool at 256 B).
+    let own = r.stream().unwrap();
+    // SAFETY: the stream outlives the rows (held until the end of this function, where the
+    // baseline is given its own back).
+    unsafe { bl_use_stream(own.cu_stream() as *mut std::ffi::c_void) };
     // 5. 1 MiB allocate + free.
     let mib = 1 << 20;
     // Ours and the C++ rows in turns (each sample runs each); cudaMalloc's row apart (slow).
@@ -281,6 +287,9 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
     threads_on_one_arena(t, &arena);
     drop((pool, arena, binning, async_pool, cuda));
     fragmentation(t);
+    // SAFETY: the baseline's own stream again (`own` is dropped after this).
+    unsafe { bl_use_stream(std::ptr::null_mut()) };
+    drop(own);
 }
 
 /// Where an allocation through an explicit arena goes (issue 30), in turns: ours, the shim's
@@ -382,7 +391,7 @@ fn async_stream_rows(t: &mut Table, r: &DeviceResources, async_pool: &raft::Memo
                 if kind == 3 { "DeviceVec::new_in + drop" } else { "DeviceVec::new + drop" },
                 ours,
                 vec![
-                    ("C++ floor on the bench's stream", floor),
+                    ("C++ floor on the stream the rows use (ours since run 133)", floor),
                     ("C++ floor on the resources' own stream", floor_own),
                 ],
                 "C++ floor on the resources' own stream",
