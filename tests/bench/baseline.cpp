@@ -518,12 +518,7 @@ extern "C" {
 // allocation and its free through the type-erased resource (as any resource of any kind is
 // held; a pool-like one fenced, its free taking the fence's hint path), and the record dropped.
 // No device switch.
-int32_t bl_alloc_free_held_on(int32_t kind, size_t bytes, void* stream);
-int32_t bl_alloc_free_held(int32_t kind, size_t bytes) { return bl_alloc_free_held_on(kind, bytes, nullptr); }
-
-// bl_alloc_free_held on `stream` (null: the bench stream), for a row that sets the C++ floor on
-// the stream ours uses: whether a difference between the two is the stream's or the path's.
-int32_t bl_alloc_free_held_on(int32_t kind, size_t bytes, void* stream)
+int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
 {
   struct record {
     std::shared_ptr<any_device_resource> mr;
@@ -540,7 +535,7 @@ int32_t bl_alloc_free_held_on(int32_t kind, size_t bytes, void* stream)
     std::optional<record> r{record{*mr, h.stream, nullptr}};  // inline, as the array holds its parts
     count_live(1);
     rmm::device_async_resource_ref ref{*r->mr};
-    cudaStream_t on = stream != nullptr ? static_cast<cudaStream_t>(stream) : bench_stream();
+    cudaStream_t on = bench_stream();  // the resources' own, as ours (bl_use_stream)
     // 0 bytes: no RMM call, as the shim skips it (the row that isolates the steps' own cost).
     if (bytes != 0) {
       r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);

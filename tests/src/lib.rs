@@ -183,8 +183,6 @@ pub mod baseline {
         /// rows, so they allocate on the stream ours do.
         pub fn bl_use_stream(stream: *mut std::ffi::c_void);
         pub fn bl_alloc_free_held(kind: i32, bytes: usize) -> i32;
-        /// `bl_alloc_free_held` on `stream` (a `cudaStream_t`; null: the bench stream).
-        pub fn bl_alloc_free_held_on(kind: i32, bytes: usize, stream: *mut std::ffi::c_void) -> i32;
         /// The same plus the two steps this library's design adds (a third counted handle, the
         /// thread's record of the resources in use): the floor of the design (see baseline.cpp).
         pub fn bl_alloc_free_held_as_designed(kind: i32, bytes: usize) -> i32;

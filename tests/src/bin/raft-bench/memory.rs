@@ -85,7 +85,6 @@ fn fragmentation(t: &mut Table) {
     }
 }
 
-/// Case 5: 1 MiB allocate + free, through the default resource, below RMM, and through pool and arena.
 /// C++ doing the steps soundness requires of an allocation (`bl_alloc_free_held`).
 const FLOOR: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent, a record holding the resource and the stream (two shared_ptr copies; inline, as the array's), a per-thread live count, allocate + free through the type-erased resource (a pool-like one fenced as the shim fences it)";
 /// The same for the default path: the kept copy of the current resource compared with RMM's map
@@ -94,6 +93,7 @@ const FLOOR_DEFAULT: &str = "C++ doing the steps soundness requires: released ch
 /// The floor plus what this design adds (`bl_alloc_free_held_as_designed`).
 const DESIGNED: &str = "the same C++ plus the two steps this design adds: a third counted handle (the array's resources object) and the thread's record of resources in use";
 
+/// Case 5: 1 MiB allocate + free, through the default resource, below RMM, and through pool and arena.
 pub fn rows(t: &mut Table, r: &DeviceResources) {
     // Like with like: the C++ allocation rows allocate and free on the stream ours use (run 132:
     // two idle streams differed by ~100 ns for the async pool at 256 B).
@@ -150,7 +150,7 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
     // Where the allocation's time goes: the shim's held allocate + free called directly (its C++
     // side: device scope, the kept copy compared under RMM's map lock, allocate, free) against
     // the same C++ lookup, and the context guard the result layer adds around each call.
-    let stream = r.stream().unwrap();
+    let stream = &own;
     let api = raft_sys::shim().unwrap_or_else(|e| fail(&e.to_string()));
     // The shim's default path as `DeviceVec::new` takes it: a handle to the current resource
     // (the crate's cache), revalidated under RMM's lock at each allocation.
@@ -282,7 +282,6 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
         }
     }
     arena_steps(t, r, &arena);
-    async_stream_rows(t, r, &async_pool);
     rust_steps(t);
     threads_on_one_arena(t, &arena);
     drop((pool, arena, binning, async_pool, cuda));
@@ -357,47 +356,6 @@ fn arena_steps(t: &mut Table, r: &DeviceResources, arena: &raft::MemoryResource)
     unsafe {
         assert_eq!(api.raftrs_mr_destroy(shim_arena), 0);
         assert_eq!(api.raftrs_mr_destroy(cuda_mr), 0);
-    }
-}
-
-/// The async pool at 256 B and 1 MiB: ours against the C++ floor on the bench's stream and on
-/// the very stream ours uses (the resources' own), in turns; the default path likewise. Run 129
-/// read ours ~30 ns above the floor at 256 B but ~250-320 ns at 1 MiB: this says whether that
-/// is the stream's or the path's.
-fn async_stream_rows(t: &mut Table, r: &DeviceResources, async_pool: &raft::MemoryResource) {
-    let stream = r.stream().unwrap();
-    let own = stream.cu_stream() as *mut std::ffi::c_void;
-    for (size, bytes) in [("256 B", 256usize), ("1 MiB", 1 << 20)] {
-        for (kind, what) in [(3, "async pool"), (4, "the default path")] {
-            let [ours, floor, floor_own] = measure_turns(
-                200,
-                5000,
-                [
-                    &mut || {
-                        if kind == 3 {
-                            drop(DeviceVec::<u8>::new_in(r, bytes, async_pool).unwrap())
-                        } else {
-                            drop(DeviceVec::<u8>::new(r, bytes).unwrap())
-                        }
-                    },
-                    // SAFETY: plain C functions of the baseline.
-                    &mut || assert_eq!(unsafe { bl_alloc_free_held(kind, bytes) }, 0),
-                    // SAFETY: as above; `own` is the resources' stream, alive (held above).
-                    &mut || assert_eq!(unsafe { bl_alloc_free_held_on(kind, bytes, own) }, 0),
-                ],
-            );
-            t.report(
-                &format!("{size} allocate + free, {what}: the floor on the bench's stream and on ours (in turns)"),
-                if kind == 3 { "DeviceVec::new_in + drop" } else { "DeviceVec::new + drop" },
-                ours,
-                vec![
-                    ("C++ floor on the stream the rows use (ours since run 133)", floor),
-                    ("C++ floor on the resources' own stream", floor_own),
-                ],
-                "C++ floor on the resources' own stream",
-                "reported",
-            );
-        }
     }
 }
 
