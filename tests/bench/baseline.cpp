@@ -418,8 +418,9 @@ int32_t bl_arena_threads(int32_t threads, int32_t iters, size_t bytes, int64_t* 
 namespace {
 using any_device_resource = cuda::mr::any_resource<cuda::mr::device_accessible>;
 
-/// The floor's stream keeper: the bench stream lives for the whole process, so holding it is a
-/// no-op (the shim's keeper counts the stream's Rust `Arc`).
+/// The floor's stream keeper: the streams the rows free on (the bench's own, or the resources'
+/// stream `bl_use_stream` names) live for the whole run and the fenced floor resources are never
+/// destroyed, so holding a stream is a no-op (the shim's keeper counts the stream's Rust `Arc`).
 void floor_retain(void const*) {}
 void floor_release(void const*) {}
 int32_t floor_sole(void const*) { return 0; }
