@@ -605,3 +605,122 @@ int32_t bl_tls_shared_ptr_copy()
   return *copy == 7 ? 0 : 1;
 }
 }
+
+namespace {
+/// The state a resources object needs in C++ for `new()` + `release()` to be sound (the floor
+/// of bl_create_release_floor): the native object under a reader-writer lock (a use holds it
+/// shared, a release takes it exclusively), the release's progress under a mutex (a second
+/// release waits for the first), and the object's slot in the registry of live objects (the
+/// exit releases what is still alive).
+struct floor_resources {
+  std::shared_mutex native_lock;
+  std::mutex releasing;
+  int phase{0};  // 0 alive, 1 releasing, 2 released
+  cudaStream_t stream{};
+  raft::device_resources* res{};
+  std::size_t slot{};
+};
+
+/// The registry of live objects: a slot each, reused once freed (as the library keeps it).
+struct floor_registry {
+  std::mutex lock;
+  std::vector<std::weak_ptr<floor_resources>> slots;
+  std::vector<std::size_t> free;
+};
+
+floor_registry& live_floor_resources()
+{
+  static floor_registry r;
+  return r;
+}
+
+/// `cuCtxGetCurrent` (an entry point from the runtime) and the context of the thread that first
+/// asked (the bench's thread, on device 0): apart from `floor_state`, which must not be made
+/// before the library installs device 0's default resource.
+struct context_check {
+  using get_fn = CUresult (*)(CUcontext*);
+  get_fn get_current{};
+  CUcontext ctx{};
+
+  context_check()
+  {
+    void* f{};
+    cudaDriverEntryPointQueryResult q{};
+    cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
+    get_current = reinterpret_cast<get_fn>(f);
+    if (get_current != nullptr) { get_current(&ctx); }
+  }
+
+  /// One read of the thread's context, compared with the expected one.
+  [[nodiscard]] bool on_device() const
+  {
+    CUcontext c{};
+    return get_current != nullptr && get_current(&c) == CUDA_SUCCESS && c == ctx;
+  }
+};
+}  // namespace
+
+extern "C" {
+// Issue 30's floor of `DeviceResources::new()` + `release()` + drop: C++ doing the steps this
+// library's soundness requires of them, and nothing else. new: the thread's context read (which
+// device; the device's context bound for the creation), a non-blocking stream, RAFT's object on
+// it with its device recorded (so RAFT never guesses it later from whichever device is current),
+// the shared state made and its slot taken in the registry of live objects. release: the state
+// marked releasing under its mutex, the native object taken under the exclusive lock, the thread's
+// context read again (a release binds the stream's device: it may run on any thread), RAFT's
+// object and the stream destroyed, the state marked released. drop: the slot freed, the state
+// freed.
+int32_t bl_create_release_floor()
+{
+  try {
+    static context_check const h;
+    if (!h.on_device()) { return 1; }
+    auto s = std::make_shared<floor_resources>();
+    if (cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking) != cudaSuccess) { return 1; }
+    s->res = new raft::device_resources(rmm::cuda_stream_view{s->stream});
+    (void)raft::resource::get_device_id(*s->res);
+    auto& reg = live_floor_resources();
+    {
+      std::lock_guard<std::mutex> lock{reg.lock};
+      if (reg.free.empty()) {
+        s->slot = reg.slots.size();
+        reg.slots.emplace_back(s);
+      } else {
+        s->slot = reg.free.back();
+        reg.free.pop_back();
+        reg.slots[s->slot] = s;
+      }
+    }
+    // release
+    {
+      std::lock_guard<std::mutex> lock{s->releasing};
+      if (s->phase != 0) { return 1; }
+      s->phase = 1;
+    }
+    raft::device_resources* res{};
+    cudaStream_t stream{};
+    {
+      std::unique_lock<std::shared_mutex> lock{s->native_lock};
+      res    = std::exchange(s->res, nullptr);
+      stream = std::exchange(s->stream, nullptr);
+    }
+    if (!h.on_device()) { return 1; }
+    delete res;
+    if (cudaStreamDestroy(stream) != cudaSuccess) { return 1; }
+    {
+      std::lock_guard<std::mutex> lock{s->releasing};
+      s->phase = 2;
+    }
+    // drop
+    {
+      std::lock_guard<std::mutex> lock{reg.lock};
+      reg.slots[s->slot].reset();
+      reg.free.push_back(s->slot);
+    }
+    s.reset();
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+}

@@ -148,6 +148,8 @@ pub mod baseline {
     extern "C" {
         /// cudaStreamCreateWithFlags(NonBlocking) + raft::device_resources on it + destroy both.
         pub fn bl_create_release() -> i32;
+        /// What this library's soundness requires of `new()` + `release()` + drop, in C++.
+        pub fn bl_create_release_floor() -> i32;
         pub fn bl_stream_create_destroy() -> i32;
         pub fn bl_make(out: *mut *mut std::ffi::c_void) -> i32;
         pub fn bl_destroy(made: *mut std::ffi::c_void) -> i32;

@@ -587,6 +587,38 @@ fn a_failure_callback_syncing_its_resources_during_a_release_returns() {
     assert!(res.is_released());
 }
 
+/// Issue 30 (the in-use record only where an allocation may run a user's code): a failure
+/// callback on a chain made here, with no current resource in it, still runs inside the
+/// allocation's recorded use: a release of those resources from the callback is refused with
+/// `Logic` (it would wait for its own allocation), never a hang.
+#[test]
+fn a_failure_callback_on_a_chain_made_here_runs_inside_the_recorded_use() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let inside = res.clone();
+    let (tx, rx) = mpsc::channel::<raft::Result<()>>();
+    let tx = std::sync::Mutex::new(tx);
+    let mr = raft::MemoryResource::cuda(0)
+        .unwrap()
+        .with_limit(1 << 20)
+        .unwrap()
+        .with_failure_callback(move |_| {
+            let _ = tx.lock().unwrap().send(inside.release());
+            false
+        })
+        .unwrap();
+    let allocating = {
+        let res = res.clone();
+        std::thread::spawn(move || raft::DeviceVec::<u8>::new_in(&res, 2 << 20, &mr).map(drop))
+    };
+    let released = rx.recv_timeout(Duration::from_secs(20)).expect("a release inside the callback waited for its own allocation");
+    let e = released.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.to_string().contains("in use on this thread"), "{e}");
+    assert_eq!(allocating.join().unwrap().unwrap_err().kind(), ErrorKind::OutOfMemory);
+    assert!(!res.is_released());
+}
+
 /// Issue 33 item 4: a job joining a later job of its own resources waited for a job queued
 /// behind itself: a hang. It is refused with `Logic`, and both jobs still run.
 #[test]

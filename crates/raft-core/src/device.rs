@@ -37,6 +37,13 @@ pub fn current_device() -> Result<usize> {
 }
 
 pub(crate) fn current_device_for(who: &'static str) -> Result<usize> {
+    current_device_bound(who).map(|(device, _)| device)
+}
+
+/// The calling thread's current device, and the thread's current context when it is that
+/// device's primary context, retained here (then the caller knows what the thread is bound to
+/// without asking the driver again).
+pub(crate) fn current_device_bound(who: &'static str) -> Result<(usize, Option<usize>)> {
     let count = device_count_for(who)?; // the clearer error when there is no driver
     if count == 0 {
         return Err(Error::new(ErrorKind::Cuda, who, "no CUDA device"));
@@ -44,10 +51,10 @@ pub(crate) fn current_device_for(who: &'static str) -> Result<usize> {
     // A thread on a primary context this library retained is on that context's device: the
     // runtime answers with the current context's device, so this skips its call (~0.1 µs of
     // every `new()`).
-    if let Some(device) = result::current_context().and_then(retained_device) {
-        return Ok(device);
+    if let Some((device, ctx)) = result::current_context().and_then(|ctx| Some((retained_device(ctx)?, ctx))) {
+        return Ok((device, Some(ctx)));
     }
-    result::current_device(who)
+    Ok((result::current_device(who)?, None))
 }
 
 /// Primary contexts retained so far, per device (see [`context`]).

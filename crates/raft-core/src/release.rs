@@ -546,8 +546,9 @@ fn send(pool: &'static Pool, q: Queued) {
 /// Backpressure, called before making what a release will later have to free (a stream, a
 /// handle): while the releases pending on `device` hold more than the limits, runs the oldest
 /// queued ones on the calling thread. Two atomic loads when under the limits.
-pub(crate) fn make_room(device: usize) {
-    pool().make_room(device);
+/// Returns whether it ran any release on this thread.
+pub(crate) fn make_room(device: usize) -> bool {
+    pool().make_room(device) > 0
 }
 
 /// Whether the releases pending on `device` hold more than the limits (a handle lookup checks

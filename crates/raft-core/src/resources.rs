@@ -1,13 +1,12 @@
 //! `DeviceResources`: a RAFT `raft::device_resources` on a stream of its own, owned from Rust:
 //! making, syncing, releasing, jobs. Handles are in `handles.rs`, scoped release in `scoped.rs`,
 //! per-thread defaults in `current.rs`.
-use crate::device::{context, current_device_for};
+use crate::device::{context, current_device_bound};
 use crate::error::{Error, ErrorKind, Result};
 use crate::job::{JobHandle, Shared, Worker};
 use crate::result::{self, ContextGuard, NativeResources};
 use crate::{memory, release, waits};
 use cudarc::driver::{CudaContext, CudaStream};
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
@@ -24,6 +23,8 @@ enum Releasing {
 /// Everything one resources object owns, shared by its handles.
 pub(crate) struct ResourcesState {
     id: u64,
+    /// Its slot in the live registry.
+    slot: usize,
     device: usize,
     ctx: Arc<CudaContext>,
     released: AtomicBool,
@@ -189,7 +190,7 @@ impl ResourcesState {
 
 impl Drop for ResourcesState {
     fn drop(&mut self) {
-        live_registry().lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        live_registry().lock().unwrap_or_else(|e| e.into_inner()).remove(self.slot);
         let native = self.native.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         let worker = self.worker.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         if native.is_none() && worker.is_none() {
@@ -265,10 +266,43 @@ impl Drop for Holding {
     }
 }
 
-/// Every resources object alive, for the exit teardown and for [`crate::stats`].
-pub(crate) fn live_registry() -> &'static Mutex<HashMap<u64, Weak<ResourcesState>>> {
-    static LIVE: std::sync::OnceLock<Mutex<HashMap<u64, Weak<ResourcesState>>>> = std::sync::OnceLock::new();
-    LIVE.get_or_init(|| Mutex::new(HashMap::new()))
+/// Every resources object alive, for the exit teardown and for [`crate::stats`]: a slot each,
+/// which the object keeps (`ResourcesState::slot`), reused once its object is gone. Making and
+/// dropping resources costs a lock and a slot, no hashing.
+pub(crate) struct LiveRegistry {
+    slots: Vec<Option<Weak<ResourcesState>>>,
+    free: Vec<usize>,
+}
+
+impl LiveRegistry {
+    fn insert(&mut self, state: Weak<ResourcesState>) -> usize {
+        match self.free.pop() {
+            Some(at) => {
+                self.slots[at] = Some(state);
+                at
+            }
+            None => {
+                self.slots.push(Some(state));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn remove(&mut self, at: usize) {
+        if self.slots.get_mut(at).and_then(Option::take).is_some() {
+            self.free.push(at);
+        }
+    }
+
+    /// The objects still alive, a handle each.
+    pub(crate) fn alive(&self) -> Vec<Arc<ResourcesState>> {
+        self.slots.iter().flatten().filter_map(Weak::upgrade).collect()
+    }
+}
+
+pub(crate) fn live_registry() -> &'static Mutex<LiveRegistry> {
+    static LIVE: Mutex<LiveRegistry> = Mutex::new(LiveRegistry { slots: Vec::new(), free: Vec::new() });
+    &LIVE
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -314,8 +348,8 @@ impl DeviceResources {
     /// for a stream even after its pending releases ran.
     pub fn new() -> Result<Self> {
         const WHO: &str = "DeviceResources::new";
-        let device = current_device_for(WHO)?;
-        Self::create(WHO, device)
+        let (device, bound) = current_device_bound(WHO)?;
+        Self::create_bound(WHO, device, bound)
     }
 
     /// New, independent resources on `device` (with the same backpressure as [`new`](Self::new)).
@@ -328,14 +362,23 @@ impl DeviceResources {
     }
 
     pub(crate) fn create(who: &'static str, device: usize) -> Result<Self> {
+        Self::create_bound(who, device, None)
+    }
+
+    /// `bound`: the context the caller has just read as the thread's current one, if any.
+    fn create_bound(who: &'static str, device: usize, bound: Option<usize>) -> Result<Self> {
         // context() checks that the device exists.
         let ctx = context(who, device)?;
         // Backpressure: new resources are a stream a release will have to destroy; while the
         // releases pending on this device hold too much, this thread runs some of them first.
-        release::make_room(device);
-        // One read of the thread's context for the whole creation: every step below leaves the
-        // device's context current (see `ContextGuard::bind`).
-        let guard = ContextGuard::bind(who, &ctx)?;
+        let ran = release::make_room(device);
+        // One read of the thread's context for the whole creation (none when the caller's read
+        // found the device's context and no release ran here since): every step below leaves
+        // the device's context current (see `ContextGuard::bind`).
+        let guard = match bound {
+            Some(current) if !ran && current == ctx.cu_ctx() as usize => ContextGuard::bound_already(&ctx),
+            _ => ContextGuard::bind(who, &ctx)?,
+        };
         memory::ensure_default(who, device)?;
         let make = || NativeResources::create(who, device, result::new_stream(who, &ctx)?, &guard);
         // Memory only waiting for a pending release is not missing: run or wait for them, then
@@ -345,8 +388,11 @@ impl DeviceResources {
             made => made,
         }?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(ResourcesState {
+        // Registered as it is made (its `Weak` upgrades only once the object exists: no reader
+        // of the registry sees it half made).
+        let state = Arc::new_cyclic(|me| ResourcesState {
             id,
+            slot: live_registry().lock().unwrap_or_else(|e| e.into_inner()).insert(me.clone()),
             device,
             ctx,
             released: AtomicBool::new(false),
@@ -358,7 +404,6 @@ impl DeviceResources {
             release_waiters: AtomicUsize::new(0),
             worker_thread: Mutex::new(None),
         });
-        live_registry().lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&state));
         memory::register_teardown_releasing(release_all_live);
         Ok(DeviceResources { state })
     }
@@ -375,6 +420,20 @@ impl DeviceResources {
 
     /// Runs `f` on the live native resources, or gives the `Logic` error of released resources.
     pub(crate) fn with_native<R>(&self, who: &'static str, f: impl FnOnce(&NativeResources) -> Result<R>) -> Result<R> {
+        self.with_native_recorded(who, true, f)
+    }
+
+    /// [`with_native`](Self::with_native), with the thread's record that these resources are in
+    /// use (what a use of them inside `f`, on this thread, finds) only when `record`. Without
+    /// it, a use inside `f` would wait for a release waiting for this one, and a release inside
+    /// `f` for itself: pass `false` only where `f` runs no code but this crate's and RMM's (an
+    /// allocation through a resource that cannot call back, `NativeMr::calls_back`).
+    pub(crate) fn with_native_recorded<R>(
+        &self,
+        who: &'static str,
+        record: bool,
+        f: impl FnOnce(&NativeResources) -> Result<R>,
+    ) -> Result<R> {
         let id = self.state.id;
         if let Some(native) = held_native(id) {
             // A use inside a use on the same thread (a memory failure callback calling `sync`, a
@@ -391,7 +450,7 @@ impl DeviceResources {
         match native.as_ref() {
             Some(n) => {
                 // Declared after the guard: dropped before it, so the entry never outlives it.
-                let _held = Holding::enter(id, n as *const NativeResources);
+                let _held = record.then(|| Holding::enter(id, n as *const NativeResources));
                 if !self.state.used.load(Ordering::Relaxed) {
                     self.state.used.store(true, Ordering::Relaxed);
                 }
@@ -572,11 +631,30 @@ impl fmt::Debug for DeviceResources {
 
 /// Releases every live resources object: the exit teardown, once everything drained.
 pub(crate) fn release_all_live() {
-    let all: Vec<Arc<ResourcesState>> =
-        live_registry().lock().unwrap_or_else(|e| e.into_inner()).values().filter_map(Weak::upgrade).collect();
+    let all = live_registry().lock().unwrap_or_else(|e| e.into_inner()).alive();
     for state in all {
         if let Err(e) = state.release(TEARDOWN) {
             log::debug!(target: "raft", "{e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_live_registry_reuses_a_freed_slot_and_frees_each_slot_once() {
+        let mut r = LiveRegistry { slots: Vec::new(), free: Vec::new() };
+        let [a, b, c] = [(); 3].map(|()| r.insert(Weak::new()));
+        assert_eq!([a, b, c], [0, 1, 2]);
+        r.remove(b);
+        r.remove(b); // a second removal of the same slot frees nothing more
+        r.remove(7); // nor does one of a slot never handed out
+        assert_eq!(r.free, vec![b]);
+        assert_eq!(r.insert(Weak::new()), b);
+        assert_eq!(r.insert(Weak::new()), 3);
+        // Objects that are gone are not alive (a `Weak` that never upgrades).
+        assert!(r.alive().is_empty());
     }
 }

@@ -3,7 +3,7 @@ use crate::handle_kind::HandleKind;
 use crate::release::PendingReleases;
 use crate::resources::live_registry;
 use std::sync::atomic::{AtomicIsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Device arrays alive: counted where they are made and dropped (`array.rs`), summed here.
@@ -141,7 +141,7 @@ pub fn pending_releases(device: usize) -> PendingReleases {
 
 /// The counts now (takes the registry lock and asks RAFT about each handle: not for hot paths).
 pub fn stats() -> Stats {
-    let all: Vec<_> = live_registry().lock().unwrap_or_else(|e| e.into_inner()).values().filter_map(Weak::upgrade).collect();
+    let all = live_registry().lock().unwrap_or_else(|e| e.into_inner()).alive();
     let mut s = Stats { live_resources: all.len(), ..Stats::default() };
     for inner in all {
         let r = crate::resources::DeviceResources::from_state(inner);

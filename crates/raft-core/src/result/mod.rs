@@ -168,6 +168,15 @@ impl ContextGuard {
     }
 }
 
+impl ContextGuard {
+    /// The guard [`bind`](Self::bind) gives when the thread is on `ctx` already, for a caller
+    /// that has just read the thread's context and found `ctx` (nothing since could change it):
+    /// no second read.
+    pub(crate) fn bound_already(ctx: &CudaContext) -> Self {
+        ContextGuard { previous: Some(ctx.cu_ctx()), restore: false, switched: false, bound: 0 }
+    }
+}
+
 impl Drop for ContextGuard {
     fn drop(&mut self) {
         if !self.restore {

@@ -124,6 +124,33 @@ pub fn create_release(t: &mut Table) -> (Arc<CudaStream>, Arc<CudaStream>) {
         "<= 1.25x",
         |a, b| a <= 1.25 * b,
     );
+    // Issue 30's floor of create + release: C++ doing the steps this library's soundness
+    // requires (bl_create_release_floor), in turns with ours and the bare C++.
+    let [ours_f, floor, cpp_f] = measure_turns(
+        200,
+        2000,
+        [
+            &mut || DeviceResources::new().unwrap().release().unwrap(),
+            // SAFETY: plain C functions of the baseline.
+            &mut || assert_eq!(unsafe { bl_create_release_floor() }, 0),
+            // SAFETY: as above.
+            &mut || assert_eq!(unsafe { bl_create_release() }, 0),
+        ],
+    );
+    t.report(
+        "create + release, against its floor (in turns)",
+        "DeviceResources::new + release",
+        ours_f,
+        vec![
+            (
+                "C++ doing the steps soundness requires: the thread's context read, stream, RAFT object with its device recorded, a shared state (reader-writer lock, release mutex) in a registry slot; release marked, exclusive lock, context read, both destroyed, marked done; slot and state freed",
+                floor,
+            ),
+            ("C++ stream + raft::device_resources + destroy", cpp_f),
+        ],
+        "C++ doing the steps soundness requires: the thread's context read, stream, RAFT object with its device recorded, a shared state (reader-writer lock, release mutex) in a registry slot; release marked, exclusive lock, context read, both destroyed, marked done; slot and state freed",
+        "reported",
+    );
     // Where create + release's time goes: the stream alone on each side, and the shim's RAFT
     // object made and destroyed directly on a cudarc stream (no Rust bookkeeping, no sync).
     // SAFETY: plain C function of the baseline.
