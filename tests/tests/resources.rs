@@ -587,12 +587,12 @@ fn a_failure_callback_syncing_its_resources_during_a_release_returns() {
     assert!(res.is_released());
 }
 
-/// Issue 30 (the in-use record only where an allocation may run a user's code): a failure
-/// callback on a chain made here, with no current resource in it, still runs inside the
-/// allocation's recorded use: a release of those resources from the callback is refused with
-/// `Logic` (it would wait for its own allocation), never a hang.
+/// A failure callback runs inside the allocation's use of its resources, also on a chain made
+/// here with no current resource in it: a release of those resources from the callback is
+/// refused with `Logic` (it would wait for its own allocation), never a hang. (Run 136: a build
+/// that left that use unrecorded for such chains hung here.)
 #[test]
-fn a_failure_callback_on_a_chain_made_here_runs_inside_the_recorded_use() {
+fn a_release_inside_a_failure_callback_is_refused_not_hung() {
     require_gpu!();
     let res = DeviceResources::new().unwrap();
     let inside = res.clone();

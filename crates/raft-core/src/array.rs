@@ -78,13 +78,9 @@ impl<T: DeviceScalar> DeviceVec<T> {
                 ));
             }
         }
-        // The in-use record only where the allocation may run a user's code (a failure callback,
-        // or the current resource, which any library may have installed): ~15 ns of each.
-        let record = mr.is_none_or(|m| m.native().calls_back());
         let make = || {
-            resources.with_native_recorded(who, record, |n| {
-                NativeBuffer::create_held(who, resources.device(), mr.map(|m| m.native_arc()), n.stream(), bytes)
-            })
+            resources
+                .with_native(who, |n| NativeBuffer::create_held(who, resources.device(), mr.map(|m| m.native_arc()), n.stream(), bytes))
         };
         // Out of memory only after the releases pending on this device had their chance to
         // give memory back: run or wait for them, then try once more. A final failure gives

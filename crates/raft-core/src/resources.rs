@@ -420,20 +420,6 @@ impl DeviceResources {
 
     /// Runs `f` on the live native resources, or gives the `Logic` error of released resources.
     pub(crate) fn with_native<R>(&self, who: &'static str, f: impl FnOnce(&NativeResources) -> Result<R>) -> Result<R> {
-        self.with_native_recorded(who, true, f)
-    }
-
-    /// [`with_native`](Self::with_native), with the thread's record that these resources are in
-    /// use (what a use of them inside `f`, on this thread, finds) only when `record`. Without
-    /// it, a use inside `f` would wait for a release waiting for this one, and a release inside
-    /// `f` for itself: pass `false` only where `f` runs no code but this crate's and RMM's (an
-    /// allocation through a resource that cannot call back, `NativeMr::calls_back`).
-    pub(crate) fn with_native_recorded<R>(
-        &self,
-        who: &'static str,
-        record: bool,
-        f: impl FnOnce(&NativeResources) -> Result<R>,
-    ) -> Result<R> {
         let id = self.state.id;
         if let Some(native) = held_native(id) {
             // A use inside a use on the same thread (a memory failure callback calling `sync`, a
@@ -450,7 +436,7 @@ impl DeviceResources {
         match native.as_ref() {
             Some(n) => {
                 // Declared after the guard: dropped before it, so the entry never outlives it.
-                let _held = record.then(|| Holding::enter(id, n as *const NativeResources));
+                let _held = Holding::enter(id, n as *const NativeResources);
                 if !self.state.used.load(Ordering::Relaxed) {
                     self.state.used.store(true, Ordering::Relaxed);
                 }

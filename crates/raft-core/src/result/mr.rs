@@ -61,11 +61,6 @@ pub(crate) fn reclaim_retired_pools() -> bool {
 pub(crate) struct NativeMr {
     pub(super) ptr: NonNull<sys::raftrs_mr>,
     device: usize,
-    /// Whether an allocation through it may run code of this library's users on the allocating
-    /// thread: a failure callback anywhere in its chain, or a resource this crate did not make
-    /// (a device's current resource, which any library may have installed). See
-    /// [`calls_back`](Self::calls_back).
-    calls_back: bool,
 }
 
 // SAFETY: RMM's resources are thread-safe (their allocate/deallocate lock or are stateless); the
@@ -74,12 +69,12 @@ unsafe impl Send for NativeMr {}
 // SAFETY: as above.
 unsafe impl Sync for NativeMr {}
 
-fn mr_out(who: &'static str, api: &sys::RaftrsShim, raw: *mut sys::raftrs_mr, calls_back: bool) -> Result<NativeMr> {
+fn mr_out(who: &'static str, api: &sys::RaftrsShim, raw: *mut sys::raftrs_mr) -> Result<NativeMr> {
     let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no memory resource"))?;
     let mut device = 0;
     // SAFETY: `ptr` was just made by the shim.
     check(who, api, unsafe { api.raftrs_mr_device(ptr.as_ptr(), &mut device) })?;
-    Ok(NativeMr { ptr, device: device.max(0) as usize, calls_back })
+    Ok(NativeMr { ptr, device: device.max(0) as usize })
 }
 
 impl NativeMr {
@@ -89,16 +84,7 @@ impl NativeMr {
     /// (the review's finding 7: asking the shim for the device, as `mr_out` does, could fail
     /// after the allocation).
     pub(crate) fn from_shim(ptr: NonNull<sys::raftrs_mr>, device: usize) -> NativeMr {
-        NativeMr { ptr, device, calls_back: true } // a current resource: anyone's
-    }
-
-    /// Whether an allocation through this resource may run code of this library's users on the
-    /// allocating thread (a failure callback in its chain, or a resource made elsewhere, such
-    /// as a device's current one). When it cannot, an allocation needs no record that its
-    /// resources are in use on the thread (`DeviceResources::with_native_recorded`): nothing it
-    /// runs can use them again.
-    pub(crate) fn calls_back(&self) -> bool {
-        self.calls_back
+        NativeMr { ptr, device }
     }
 
     /// A shared handle to `device`'s current RMM resource.
@@ -107,7 +93,7 @@ impl NativeMr {
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` receives a new handle; the shim checks the device.
         check(who, api, unsafe { api.raftrs_mr_current(device as i32, &mut raw) })?;
-        mr_out(who, api, raw, true)
+        mr_out(who, api, raw)
     }
 
     /// A new resource of `kind` (`RAFTRS_MR_CUDA`, `_CUDA_ASYNC`, `_MANAGED`) on `device`.
@@ -117,7 +103,7 @@ impl NativeMr {
         let mut raw = std::ptr::null_mut();
         // SAFETY: plain values; `raw` receives a new handle; the shim refuses other kinds.
         check(who, api, unsafe { api.raftrs_mr_new(device as i32, kind, &mut raw) })?;
-        mr_out(who, api, raw, false)
+        mr_out(who, api, raw)
     }
 
     /// A statistics adaptor over (a shared copy of) `self`.
@@ -127,7 +113,7 @@ impl NativeMr {
         let mut raw = std::ptr::null_mut();
         // SAFETY: `self` is alive for the borrow; `raw` receives a new handle.
         check(who, api, unsafe { api.raftrs_mr_new_statistics(self.ptr.as_ptr(), &mut raw) })?;
-        mr_out(who, api, raw, self.calls_back)
+        mr_out(who, api, raw)
     }
 
     /// A new `pinned_host_memory_resource` for `device`.
@@ -137,7 +123,7 @@ impl NativeMr {
         let mut raw = std::ptr::null_mut();
         // SAFETY: plain values; `raw` receives a new handle.
         check(who, api, unsafe { api.raftrs_mr_new_pinned_host(device as i32, &mut raw) })?;
-        mr_out(who, api, raw, false)
+        mr_out(who, api, raw)
     }
 
     /// A new `cuda_async_memory_resource` with optional initial size and release threshold.
@@ -153,7 +139,7 @@ impl NativeMr {
         let (i, r) = (signed(who, initial)?, signed(who, release_threshold)?);
         // SAFETY: plain values; `raw` receives a new handle.
         check(who, api, unsafe { api.raftrs_mr_new_cuda_async(device as i32, i, r, &mut raw) })?;
-        mr_out(who, api, raw, false)
+        mr_out(who, api, raw)
     }
 
     /// An adaptor or pool over (a shared copy of) `self`, made by `make` through the shim.
@@ -167,7 +153,7 @@ impl NativeMr {
         let _keep = ContextGuard::save(who)?;
         let mut raw = std::ptr::null_mut();
         check(who, api, make(api, self.ptr.as_ptr(), &mut raw))?;
-        mr_out(who, api, raw, self.calls_back)
+        mr_out(who, api, raw)
     }
 
     /// `pool_memory_resource` over `self`.
@@ -240,10 +226,7 @@ impl NativeMr {
         let arg = Box::into_raw(Box::new(callback)) as *mut c_void;
         // SAFETY: as for `pool`; the shim owns `arg` from here on and frees it with `drop_arg`
         // exactly once, also when the call fails.
-        let mut made =
-            self.adapt(who, |api, up, out| unsafe { api.raftrs_mr_new_failure_callback(up, Some(call), arg, Some(drop_arg), out) })?;
-        made.calls_back = true;
-        Ok(made)
+        self.adapt(who, |api, up, out| unsafe { api.raftrs_mr_new_failure_callback(up, Some(call), arg, Some(drop_arg), out) })
     }
 
     /// Count and bytes of a tracking adaptor's live allocations.
@@ -295,7 +278,7 @@ impl NativeMr {
         // SAFETY: `self` is alive for the borrow; `previous` receives the replaced resource.
         check(who, api, unsafe { api.raftrs_mr_set_current(self.ptr.as_ptr(), &mut previous) })?;
         forget_current(self.device());
-        mr_out(who, api, previous, true)
+        mr_out(who, api, previous)
     }
 
     /// Puts RMM's initial resource back on `device`; returns the one it replaced.
@@ -306,7 +289,7 @@ impl NativeMr {
         // SAFETY: `previous` receives the replaced resource; the shim checks the device.
         check(who, api, unsafe { api.raftrs_mr_reset_current(device as i32, &mut previous) })?;
         forget_current(device);
-        mr_out(who, api, previous, true)
+        mr_out(who, api, previous)
     }
 
     /// The `RAFTRS_MR_*` kind.
