@@ -451,6 +451,8 @@ struct held_state {
     fenced_like_the_shim<rmm::mr::binning_memory_resource>(int8_t{8}, int8_t{20}),
     std::make_shared<any_device_resource>(async_mr())};
   std::shared_ptr<any_device_resource> current;
+  /// Kind 5: this library's own async pool, seen through a view (`bl_async_share_pool_of`).
+  std::shared_ptr<any_device_resource> shared_async;
   std::shared_ptr<cudaStream_t> stream{std::make_shared<cudaStream_t>(bench_stream())};
   std::shared_ptr<int> resources{std::make_shared<int>(0)};
   CUcontext ctx{};
@@ -483,6 +485,7 @@ struct held_state {
   [[nodiscard]] std::shared_ptr<any_device_resource> const* resource(int32_t kind)
   {
     if (kind >= 0 && kind < 4) { return &kinds[kind]; }
+    if (kind == 5) { return shared_async != nullptr ? &shared_async : nullptr; }
     if (kind != 4 || current == nullptr) { return nullptr; }
     std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
     auto& map  = rmm::mr::detail::get_ref_map();
@@ -722,5 +725,52 @@ int32_t bl_create_release_floor()
   } catch (...) {
     return 1;
   }
+}
+}
+
+#include <rmm/mr/cuda_async_view_memory_resource.hpp>
+
+namespace {
+/// A view of this library's async pool (`bl_async_share_pool_of`), for the C++ rows that must
+/// allocate from the very pool ours uses.
+std::optional<rmm::mr::cuda_async_view_memory_resource>& shared_async_view()
+{
+  static std::optional<rmm::mr::cuda_async_view_memory_resource> v;
+  return v;
+}
+}  // namespace
+
+extern "C" {
+// Points the C++ "same pool" rows at the CUDA memory pool `ptr` was allocated from (this
+// library's async pool: `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)`), seen through
+// RMM's `cuda_async_view_memory_resource`: ours and C++ then allocate from one pool on one stream,
+// with one history. Also floor kind 5 (bl_alloc_free_held). 0 on success.
+int32_t bl_async_share_pool_of(void const* ptr)
+{
+  using attr_fn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+  void* f{};
+  cudaDriverEntryPointQueryResult q{};
+  cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &f, 12000, cudaEnableDefault, &q);
+  if (f == nullptr) { return 2; }
+  CUmemoryPool pool{};
+  if (reinterpret_cast<attr_fn>(f)(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS ||
+      pool == nullptr) {
+    return 1;
+  }
+  try {
+    auto& view = shared_async_view().emplace(reinterpret_cast<cudaMemPool_t>(pool));
+    floor_state().shared_async = std::make_shared<any_device_resource>(view);
+    return 0;
+  } catch (...) {
+    return 3;
+  }
+}
+
+// `bytes` allocate + free through the view of bl_async_share_pool_of, on the rows' stream.
+int32_t bl_alloc_free_async_shared(size_t bytes)
+{
+  auto& view = shared_async_view();
+  if (!view.has_value()) { return 2; }
+  return alloc_free(*view, bytes);
 }
 }

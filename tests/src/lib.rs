@@ -185,6 +185,10 @@ pub mod baseline {
         /// rows, so they allocate on the stream ours do.
         pub fn bl_use_stream(stream: *mut std::ffi::c_void);
         pub fn bl_alloc_free_held(kind: i32, bytes: usize) -> i32;
+        /// Points the C++ same-pool rows (and floor kind 5) at the CUDA pool `ptr` came from.
+        pub fn bl_async_share_pool_of(ptr: *const std::ffi::c_void) -> i32;
+        /// `bytes` allocate + free through RMM's view of that pool.
+        pub fn bl_alloc_free_async_shared(bytes: usize) -> i32;
         /// The same plus the two steps this library's design adds (a third counted handle, the
         /// thread's record of the resources in use): the floor of the design (see baseline.cpp).
         pub fn bl_alloc_free_held_as_designed(kind: i32, bytes: usize) -> i32;

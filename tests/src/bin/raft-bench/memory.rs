@@ -281,6 +281,7 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
             );
         }
     }
+    one_async_pool(t, r, &async_pool);
     arena_steps(t, r, &arena);
     rust_steps(t);
     threads_on_one_arena(t, &arena);
@@ -289,6 +290,64 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
     // SAFETY: the baseline's own stream again (`own` is dropped after this).
     unsafe { bl_use_stream(std::ptr::null_mut()) };
     drop(own);
+}
+
+/// The async pool and the default path like with like (issue 30): the C++ rows above allocate
+/// from a pool of their own, whose history (the 1 MiB rows before them, RMM's and the runtime's
+/// and the driver's) is not ours; here C++ allocates from this library's very pool, through RMM's
+/// `cuda_async_view_memory_resource` over its handle (bl_async_share_pool_of), on the same stream,
+/// at the three sizes; and the default path (our installed async pool on both sides) at the same
+/// three sizes against its floor.
+fn one_async_pool(t: &mut Table, r: &DeviceResources, async_pool: &raft::MemoryResource) {
+    let probe = DeviceVec::<u8>::new_in(r, 256, async_pool).unwrap();
+    // SAFETY: the address of a live allocation of this library's async pool (only read by the
+    // driver's pointer query).
+    assert_eq!(unsafe { bl_async_share_pool_of(probe.device_address() as *const std::ffi::c_void) }, 0);
+    drop(probe);
+    const SAME: &str = "C++ RMM's view of the same pool (cuda_async_view_memory_resource), same stream";
+    for (size, bytes) in [("256 B", 256usize), ("64 KiB", 64 << 10), ("1 MiB", 1 << 20)] {
+        let [ours, same, floor, designed] = measure_turns(
+            200,
+            5000,
+            [
+                &mut || drop(DeviceVec::<u8>::new_in(r, bytes, async_pool).unwrap()),
+                // SAFETY: plain C functions of the baseline (the view was made above).
+                &mut || assert_eq!(unsafe { bl_alloc_free_async_shared(bytes) }, 0),
+                // SAFETY: as above; kind 5 is the view of this library's pool.
+                &mut || assert_eq!(unsafe { bl_alloc_free_held(5, bytes) }, 0),
+                // SAFETY: as above.
+                &mut || assert_eq!(unsafe { bl_alloc_free_held_as_designed(5, bytes) }, 0),
+            ],
+        );
+        t.add(
+            &format!("{size} allocate + free, async pool, C++ on the same pool (in turns)"),
+            "DeviceVec::new_in + drop",
+            ours,
+            vec![(SAME, same), (FLOOR, floor), (DESIGNED, designed)],
+            SAME,
+            "<= 1.10x",
+            |a, b| a <= 1.10 * b,
+        );
+        let [ours, floor, designed] = measure_turns(
+            200,
+            5000,
+            [
+                &mut || drop(DeviceVec::<u8>::new(r, bytes).unwrap()),
+                // SAFETY: plain C functions of the baseline; kind 4 is the default path.
+                &mut || assert_eq!(unsafe { bl_alloc_free_held(4, bytes) }, 0),
+                // SAFETY: as above.
+                &mut || assert_eq!(unsafe { bl_alloc_free_held_as_designed(4, bytes) }, 0),
+            ],
+        );
+        t.report(
+            &format!("{size} allocate + free, the default path against its floor, all sizes (in turns)"),
+            "DeviceVec::new + drop (default resource)",
+            ours,
+            vec![(FLOOR_DEFAULT, floor), (DESIGNED, designed)],
+            FLOOR_DEFAULT,
+            "reported",
+        );
+    }
 }
 
 /// Where an allocation through an explicit arena goes (issue 30), in turns: ours, the shim's
