@@ -515,7 +515,9 @@ extern "C" {
 // one, and nothing else, through resource `kind` (see held_state::resource; 4 is the default
 // path: the kept copy revalidated under RMM's lock): the resources object's "not released" check
 // (a shared lock taken and let go), the device check (one cuCtxGetCurrent compared with the
-// context the resources hold), a record of the allocation (inline: the array holds its parts
+// context the resources hold; again at the free, which must run on the block's device: RMM's
+// device_buffer sets its device to free, the shim's free scopes it), a record of the allocation
+// (inline: the array holds its parts
 // in itself, no heap object since issue 30's third part) holding a reference to the
 // resource (a shared_ptr copy: the resource outlives the block) and to the stream (another: the
 // stream outlives the free), a live-allocation count (per thread, as the library keeps it), the
@@ -543,6 +545,9 @@ int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
     // 0 bytes: no RMM call, as the shim skips it (the row that isolates the steps' own cost).
     if (bytes != 0) {
       r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      // The free on the block's device: checked (one context read compared), as the shim's
+      // free scopes its device and as RMM's own device_buffer sets its device to free.
+      if (!h.on_device()) { return 5; }
       // The free names the stream's keeping handle, so a fence takes its hint path (fence.hpp).
       raftrs_fence::freeing_on freeing{on, r->stream.get()};
       ref.deallocate(cuda::stream_ref{on}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
@@ -588,6 +593,9 @@ int32_t bl_alloc_free_held_as_designed(int32_t kind, size_t bytes)
     count_live(1);
     count_live(-1);
     if (bytes != 0) {
+      // The free on the block's device: checked (one context read compared), as the shim's
+      // free scopes its device and as RMM's own device_buffer sets its device to free.
+      if (!h.on_device()) { return 5; }
       raftrs_fence::freeing_on freeing{on, r->stream.get()};
       ref.deallocate(cuda::stream_ref{on}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
     }
