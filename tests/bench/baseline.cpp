@@ -630,6 +630,16 @@ struct floor_resources {
   cudaStream_t stream{};
   raft::device_resources* res{};
   std::size_t slot{};
+
+  floor_resources() = default;
+  floor_resources(floor_resources const&)            = delete;
+  floor_resources& operator=(floor_resources const&) = delete;
+  ~floor_resources()
+  {
+    // What a failed step left (nothing after a release).
+    delete res;
+    if (stream != nullptr) { static_cast<void>(cudaStreamDestroy(stream)); }
+  }
 };
 
 /// The registry of live objects: a slot each, reused once freed (as the library keeps it).
@@ -644,6 +654,35 @@ floor_registry& live_floor_resources()
   static floor_registry r;
   return r;
 }
+
+/// An object's slot in the registry, freed when the object is dropped (or a step failed).
+struct floor_slot {
+  std::size_t at;
+
+  explicit floor_slot(std::shared_ptr<floor_resources> const& s)
+  {
+    auto& reg = live_floor_resources();
+    std::lock_guard<std::mutex> lock{reg.lock};
+    if (reg.free.empty()) {
+      at = reg.slots.size();
+      reg.slots.emplace_back(s);
+    } else {
+      at = reg.free.back();
+      reg.free.pop_back();
+      reg.slots[at] = s;
+    }
+    s->slot = at;
+  }
+  floor_slot(floor_slot const&)            = delete;
+  floor_slot& operator=(floor_slot const&) = delete;
+  ~floor_slot()
+  {
+    auto& reg = live_floor_resources();
+    std::lock_guard<std::mutex> lock{reg.lock};
+    reg.slots[at].reset();
+    reg.free.push_back(at);
+  }
+};
 
 /// `cuCtxGetCurrent` (an entry point from the runtime) and the context of the thread that first
 /// asked (the bench's thread, on device 0): apart from `floor_state`, which must not be made
@@ -687,21 +726,15 @@ int32_t bl_create_release_floor()
     static context_check const h;
     if (!h.on_device()) { return 1; }
     auto s = std::make_shared<floor_resources>();
-    if (cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking) != cudaSuccess) { return 1; }
-    s->res = new raft::device_resources(rmm::cuda_stream_view{s->stream});
-    (void)raft::resource::get_device_id(*s->res);
-    auto& reg = live_floor_resources();
-    {
-      std::lock_guard<std::mutex> lock{reg.lock};
-      if (reg.free.empty()) {
-        s->slot = reg.slots.size();
-        reg.slots.emplace_back(s);
-      } else {
-        s->slot = reg.free.back();
-        reg.free.pop_back();
-        reg.slots[s->slot] = s;
-      }
+    if (cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking) != cudaSuccess) {
+      s->stream = nullptr;
+      return 1;
     }
+    s->res = new raft::device_resources(rmm::cuda_stream_view{s->stream});  // the stream is s's until released
+    (void)raft::resource::get_device_id(*s->res);
+    // Declared after `s`: the slot is freed first when this scope ends (the drop below), also
+    // when a step fails.
+    floor_slot const slot{s};
     // release
     {
       std::lock_guard<std::mutex> lock{s->releasing};
@@ -715,21 +748,15 @@ int32_t bl_create_release_floor()
       res    = std::exchange(s->res, nullptr);
       stream = std::exchange(s->stream, nullptr);
     }
-    if (!h.on_device()) { return 1; }
+    bool const bound = h.on_device();
     delete res;
-    if (cudaStreamDestroy(stream) != cudaSuccess) { return 1; }
+    bool const destroyed = cudaStreamDestroy(stream) == cudaSuccess;
     {
       std::lock_guard<std::mutex> lock{s->releasing};
       s->phase = 2;
     }
-    // drop
-    {
-      std::lock_guard<std::mutex> lock{reg.lock};
-      reg.slots[s->slot].reset();
-      reg.free.push_back(s->slot);
-    }
-    s.reset();
-    return 0;
+    // drop: the slot, then the state (end of scope)
+    return bound && destroyed ? 0 : 1;
   } catch (...) {
     return 1;
   }
@@ -752,9 +779,16 @@ extern "C" {
 // Points the C++ "same pool" rows at the CUDA memory pool `ptr` was allocated from (this
 // library's async pool: `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)`), seen through
 // RMM's `cuda_async_view_memory_resource`: ours and C++ then allocate from one pool on one stream,
-// with one history. Also floor kind 5 (bl_alloc_free_held). 0 on success.
+// with one history. Also floor kind 5 (bl_alloc_free_held). Null forgets the view (before the
+// pool is dropped). 0 on success.
 int32_t bl_async_share_pool_of(void const* ptr)
 {
+  if (ptr == nullptr) {
+    // Forgotten before the pool goes: no view of a destroyed pool is kept.
+    shared_async_view().reset();
+    floor_state().shared_async.reset();
+    return 0;
+  }
   using attr_fn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
   void* f{};
   cudaDriverEntryPointQueryResult q{};

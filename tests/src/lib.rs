@@ -185,7 +185,8 @@ pub mod baseline {
         /// rows, so they allocate on the stream ours do.
         pub fn bl_use_stream(stream: *mut std::ffi::c_void);
         pub fn bl_alloc_free_held(kind: i32, bytes: usize) -> i32;
-        /// Points the C++ same-pool rows (and floor kind 5) at the CUDA pool `ptr` came from.
+        /// Points the C++ same-pool rows (and floor kind 5) at the CUDA pool `ptr` came from;
+        /// null forgets it (before that pool is dropped).
         pub fn bl_async_share_pool_of(ptr: *const std::ffi::c_void) -> i32;
         /// `bytes` allocate + free through RMM's view of that pool.
         pub fn bl_alloc_free_async_shared(bytes: usize) -> i32;

@@ -611,7 +611,11 @@ fn a_release_inside_a_failure_callback_is_refused_not_hung() {
         let res = res.clone();
         std::thread::spawn(move || raft::DeviceVec::<u8>::new_in(&res, 2 << 20, &mr).map(drop))
     };
-    let released = rx.recv_timeout(Duration::from_secs(20)).expect("a release inside the callback waited for its own allocation");
+    let released = match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(released) => released,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("a release inside the callback waited for its own allocation"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the allocation ended without running the failure callback"),
+    };
     let e = released.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
     assert!(e.to_string().contains("in use on this thread"), "{e}");

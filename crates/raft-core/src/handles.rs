@@ -28,7 +28,7 @@ impl DeviceResources {
     fn handle_for(&self, who: &'static str, kind: HandleKind) -> Result<*mut std::ffi::c_void> {
         let device = self.device();
         if release::over_limits(device) && !self.has_handle(kind).unwrap_or(true) {
-            let _ = release::make_room(device);
+            release::make_room(device);
         }
         match self.with_native(who, |n| n.handle(who, kind.code())) {
             Err(e) if e.kind() == ErrorKind::OutOfMemory && release::drain_device(device, release::OOM_WAIT) => {

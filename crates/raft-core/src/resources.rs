@@ -373,8 +373,10 @@ impl DeviceResources {
         // releases pending on this device hold too much, this thread runs some of them first.
         let ran = release::make_room(device);
         // One read of the thread's context for the whole creation (none when the caller's read
-        // found the device's context and no release ran here since): every step below leaves
-        // the device's context current (see `ContextGuard::bind`).
+        // found the device's context and no release ran here since: between that read and this
+        // point only `context()`'s fast path and `make_room` run, and nothing may be added here
+        // that binds another context): every step below leaves the device's context current
+        // (see `ContextGuard::bind`).
         let guard = match bound {
             Some(current) if !ran && current == ctx.cu_ctx() as usize => ContextGuard::bound_already(&ctx),
             _ => ContextGuard::bind(who, &ctx)?,
@@ -390,19 +392,23 @@ impl DeviceResources {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         // Registered as it is made (its `Weak` upgrades only once the object exists: no reader
         // of the registry sees it half made).
-        let state = Arc::new_cyclic(|me| ResourcesState {
-            id,
-            slot: live_registry().lock().unwrap_or_else(|e| e.into_inner()).insert(me.clone()),
-            device,
-            ctx,
-            released: AtomicBool::new(false),
-            native: RwLock::new(Some(native)),
-            used: AtomicBool::new(false),
-            worker: Mutex::new(None),
-            releasing: Mutex::new(Releasing::No),
-            released_cv: Condvar::new(),
-            release_waiters: AtomicUsize::new(0),
-            worker_thread: Mutex::new(None),
+        let state = Arc::new_cyclic(|me| {
+            // The registry's lock is let go before the state is built.
+            let slot = live_registry().lock().unwrap_or_else(|e| e.into_inner()).insert(me.clone());
+            ResourcesState {
+                id,
+                slot,
+                device,
+                ctx,
+                released: AtomicBool::new(false),
+                native: RwLock::new(Some(native)),
+                used: AtomicBool::new(false),
+                worker: Mutex::new(None),
+                releasing: Mutex::new(Releasing::No),
+                released_cv: Condvar::new(),
+                release_waiters: AtomicUsize::new(0),
+                worker_thread: Mutex::new(None),
+            }
         });
         memory::register_teardown_releasing(release_all_live);
         Ok(DeviceResources { state })

@@ -169,10 +169,11 @@ impl ContextGuard {
 }
 
 impl ContextGuard {
-    /// The guard [`bind`](Self::bind) gives when the thread is on `ctx` already, for a caller
-    /// that has just read the thread's context and found `ctx` (nothing since could change it):
-    /// no second read.
+    /// The guard [`bind`](Self::bind) gives when the thread is on `ctx` already (nothing to put
+    /// back when dropped), for a caller that has just read the thread's context and found `ctx`
+    /// (nothing since could change it): no second read, except in debug builds, which check.
     pub(crate) fn bound_already(ctx: &CudaContext) -> Self {
+        debug_assert_eq!(current_context(), Some(ctx.cu_ctx() as usize), "the thread left the context its caller read");
         ContextGuard { previous: Some(ctx.cu_ctx()), restore: false, switched: false, bound: 0 }
     }
 }

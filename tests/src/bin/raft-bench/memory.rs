@@ -281,10 +281,13 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
             );
         }
     }
-    one_async_pool(t, r, &async_pool);
     arena_steps(t, r, &arena);
     rust_steps(t);
     threads_on_one_arena(t, &arena);
+    // Last of the explicit-resource rows: the rows above ran before it since run 129.
+    one_async_pool(t, r, &async_pool);
+    // SAFETY: a null pointer only makes the baseline forget its view of the pool dropped below.
+    assert_eq!(unsafe { bl_async_share_pool_of(std::ptr::null()) }, 0);
     drop((pool, arena, binning, async_pool, cuda));
     fragmentation(t);
     // SAFETY: the baseline's own stream again (`own` is dropped after this).
