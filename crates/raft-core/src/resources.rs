@@ -246,6 +246,7 @@ fn holding(id: u64) -> bool {
 
 /// The native object of resources this thread is already inside a use of (read-locked further
 /// up this thread's stack).
+#[inline]
 fn held_native(id: u64) -> Option<*const NativeResources> {
     HOLDING.try_with(|h| h.borrow().iter().rev().find(|(held, _)| *held == id).map(|(_, n)| *n)).ok().flatten()
 }
@@ -254,6 +255,7 @@ fn held_native(id: u64) -> Option<*const NativeResources> {
 struct Holding;
 
 impl Holding {
+    #[inline]
     fn enter(id: u64, native: *const NativeResources) -> Holding {
         let _ = HOLDING.try_with(|h| h.borrow_mut().push((id, native)));
         Holding
@@ -261,6 +263,7 @@ impl Holding {
 }
 
 impl Drop for Holding {
+    #[inline]
     fn drop(&mut self) {
         let _ = HOLDING.try_with(|h| h.borrow_mut().pop());
     }

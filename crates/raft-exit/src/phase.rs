@@ -37,6 +37,7 @@ impl PhaseCell {
         PhaseCell(AtomicU8::new(Phase::Running as u8))
     }
 
+    #[inline]
     pub(crate) fn get(&self) -> Phase {
         match self.0.load(Ordering::Acquire) {
             0 => Phase::Running,
@@ -56,6 +57,7 @@ impl PhaseCell {
 pub(crate) static PHASE: PhaseCell = PhaseCell::new();
 
 /// Where the process is in its exit.
+#[inline]
 pub fn phase() -> Phase {
     PHASE.get()
 }
@@ -68,6 +70,7 @@ pub(crate) fn set_phase(p: Phase) {
 
 /// Whether a release may still call into CUDA: not once the exit has decided (a release made
 /// after that would run under the C++ static destructors), except the teardown's own.
+#[inline]
 pub fn native_release_allowed() -> bool {
     matches!(phase(), Phase::Running | Phase::Waiting | Phase::TearingDown)
 }

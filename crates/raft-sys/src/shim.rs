@@ -86,6 +86,7 @@ static SHIM: OnceLock<Result<Loaded, LoadError>> = OnceLock::new();
 ///
 /// The shim is never unloaded. Its build facts are checked against this crate's
 /// ([`build_info`](crate::build_info)): a shim built against another stack is refused.
+#[inline]
 pub fn shim() -> Result<&'static RaftrsShim, &'static LoadError> {
     match SHIM.get_or_init(load_shim) {
         Ok(loaded) => Ok(&loaded.api),

@@ -26,6 +26,7 @@ pub(crate) const ROUNDING_SLACK: usize = 4096;
 
 /// Refuses an allocation of `bytes` that no resource can serve (see [`MAX_ALLOCATION_BYTES`]),
 /// before any CUDA call.
+#[inline]
 pub(crate) fn check_allocation(who: &'static str, bytes: usize) -> Result<()> {
     if bytes > usize::MAX - ROUNDING_SLACK {
         return Err(Error::logic(who, format!("{bytes} bytes: rounding the size up to an allocation's alignment wraps around")));
@@ -355,6 +356,7 @@ fn remember_current(device: usize, mr: &Arc<NativeMr>) {
 
 /// Tells the shim how a pool, arena or binning resource keeps a stream alive instead of recording
 /// an event at every free into it (the shim's fence.hpp): through the buffer's `Arc<CudaStream>`.
+#[inline]
 fn register_stream_keeper(api: &sys::RaftrsShim) {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {

@@ -105,11 +105,17 @@ impl ForeignUses {
     /// under a shared borrow, a view (`views.rs`) may hold a guard, of a read or of a write to
     /// its own part, whose event is recorded after this wait, and a use marked done would then
     /// be one the free no longer waits for.
+    #[inline]
     fn settle(&self, who: &'static str, own: &CudaStream, writes_only: bool, done: bool) -> Result<()> {
         let flag = if writes_only { &self.writes } else { &self.any };
         if !flag.load(Ordering::Acquire) {
             return Ok(());
         }
+        self.settle_pending(who, own, writes_only, done)
+    }
+
+    /// `settle` once some use is pending (out of line: the common case is none).
+    fn settle_pending(&self, who: &'static str, own: &CudaStream, writes_only: bool, done: bool) -> Result<()> {
         let _keep = super::ContextGuard::save(who)?; // cudarc's wait binds `own`'s context
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
         let mut first = Ok(());
@@ -148,6 +154,7 @@ impl ForeignUses {
     /// Before an exclusive use, or the free: ordered after every use on other streams (no guard
     /// is alive: the caller holds the array exclusively), which are then done. An error: `own`
     /// could not be ordered, and the array's memory must not be freed.
+    #[inline]
     pub(crate) fn settle_all(&mut self, who: &'static str, own: &CudaStream) -> Result<()> {
         self.settle(who, own, false, true)
     }

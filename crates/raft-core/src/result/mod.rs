@@ -34,15 +34,23 @@ static_assertions::const_assert_eq!(sys::RAFTRS_STATUS_LOGIC, 3);
 static_assertions::const_assert_eq!(sys::RAFTRS_EXPECTED_HANDLE_SIZE as usize, sys::build_info::HANDLE_SIZE);
 
 /// The loaded shim, or the `Cuda` error saying why it is not there.
+#[inline]
 pub(crate) fn api(who: &'static str) -> Result<&'static sys::RaftrsShim> {
     sys::shim().map_err(|e| Error::library_missing(who, e.clone()))
 }
 
 /// Turns a shim status into a result; the thread-local message is read and cleared at once.
+#[inline]
 fn check(who: &'static str, api: &sys::RaftrsShim, status: sys::raftrs_status) -> Result<()> {
     if status == sys::RAFTRS_STATUS_OK {
         return Ok(());
     }
+    failed(who, api, status)
+}
+
+/// The error of a failed shim call (out of line: `check`'s success path stays small).
+#[cold]
+fn failed(who: &'static str, api: &sys::RaftrsShim, status: sys::raftrs_status) -> Result<()> {
     Err(Error::new(ErrorKind::from_shim_status(status), who, sys::take_last_error(api)))
 }
 
