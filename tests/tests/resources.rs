@@ -526,16 +526,25 @@ fn release_drains_work_queued_on_the_stream_it_handed_out() {
     require_gpu!();
     let r = DeviceResources::new().unwrap();
     let s = r.stream().unwrap();
-    // 20 device copies of 256 MiB: milliseconds of work, still running when release begins.
+    // Device copies of 256 MiB (~0.12 ms each on an H200), queued until the last is still
+    // running when release begins: 20 were once all done by the time the host asked (run 139,
+    // a host delayed by more than their ~2.5 ms), so the batch doubles until the premise holds.
     let n = 64 << 20;
     let src = s.alloc_zeros::<f32>(n).unwrap();
     let mut dst = s.alloc_zeros::<f32>(n).unwrap();
     s.synchronize().unwrap();
-    for _ in 0..20 {
-        s.memcpy_dtod(&src, &mut dst).unwrap();
-    }
-    let done = s.record_event(None).unwrap();
-    assert!(!done.is_complete(), "the copies should still run when release begins (make them longer)");
+    let mut batch = 20;
+    let done = loop {
+        for _ in 0..batch {
+            s.memcpy_dtod(&src, &mut dst).unwrap();
+        }
+        let done = s.record_event(None).unwrap();
+        if !done.is_complete() {
+            break done;
+        }
+        assert!(batch < 2560, "{batch} copies were done before the host could ask: the premise cannot be set up");
+        batch *= 2;
+    };
     r.release().unwrap();
     assert!(done.is_complete(), "release returned before the work queued on its stream had finished");
 }
