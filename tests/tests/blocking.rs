@@ -1,8 +1,9 @@
-//! The blocking rule (issue 34), in a process of its own: the test holds its stream shut from the
-//! host, and a neighbour test's device-wide synchronisation (`cudaFreeHost` of a staged copy's
-//! buffers, a handle's creation) would wait for that gate, and time out or fail on it.
-use raft::{DeviceResources, DeviceVec, MemoryResource};
-use raft_tests::patterns::pattern_f32;
+//! The tests that hold a stream shut from the host (the blocking rule of issue 34; a copy whose
+//! transfer is dropped while it runs), in a process of their own, one gate at a time: a
+//! neighbour test's device-wide synchronisation (`cudaFreeHost` of a staged copy's buffers, a
+//! handle's creation) would wait for the gate, and time out or fail on it.
+use raft::{DeviceResources, DeviceVec, MemoryResource, PinnedVec};
+use raft_tests::patterns::{pattern_f32, same};
 use raft_tests::require_gpu;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -81,4 +82,86 @@ fn a_binning_resource_frees_its_bins_in_stream_order() {
         "a 4 MiB block (past the largest bin, 1 MiB) frees through cudaFree on a release thread"
     );
     assert_eq!(raft::stats().pending.bytes, before, "the release of the large block ran once the gate opened");
+}
+
+/// Waits until the library's release threads have nothing left (a dropped transfer's release).
+fn settle_releases() {
+    let start = Instant::now();
+    while raft::stats().releases_pending > 0 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A transfer dropped (or forgotten) while its copy runs never frees what the copy uses: the
+/// device end comes from a resource that counts its live bytes, which must still hold it while
+/// the copy runs (checked: an event after the copy has not completed), and after the copy no
+/// longer (dropped) or still (forgotten: leaked). Both directions. Fresh page-locked buffers
+/// made right after keep their own pattern (a copy writing freed, reused memory would not).
+///
+/// Here, not among the copy tests: beside them, a neighbour's device-wide wait (page-locking,
+/// `cudaFreeHost`) waited for this test's gate while holding the driver up, and this test's
+/// next driver call waited for that neighbour: both stood until the gate's own 30 s timeout
+/// (the copies binary took 41–44 s in runs 126–129; run 140 saw the check made 30.02 s after the
+/// gate closed, the copy long done).
+#[test]
+fn a_dropped_or_forgotten_transfer_never_frees_what_its_copy_uses() {
+    require_gpu!();
+    let _one = GATED.lock().unwrap_or_else(|e| e.into_inner());
+    let res = DeviceResources::new().unwrap();
+    let stream = res.stream().unwrap();
+    let n = 256 << 20; // 1 GiB of f32: a copy of tens of milliseconds, far longer than a drop
+    let bytes = (n * 4) as i64;
+    let incoming = pattern_f32(n, 41);
+    let mine = pattern_f32(1 << 20, 43);
+    for forget in [false, true] {
+        let how = if forget { "forgotten" } else { "dropped" };
+        for to_host in [true, false] {
+            let mr = raft::MemoryResource::cuda_async(0).unwrap().with_statistics().unwrap();
+            let mut dev = DeviceVec::<f32>::new_in(&res, n, &mr).unwrap();
+            if to_host {
+                dev.copy_from_host(&incoming).unwrap();
+            }
+            let host = PinnedVec::<f32>::from_slice(&res, &incoming).unwrap();
+            // The stream held shut from the host until the checks below: the copy is still
+            // pending when they run, however long the drop and the checks take (run 120 saw a
+            // 1 GiB copy end first on a busy host).
+            let gate = raft_tests::Gate::close(&stream);
+            let closed_at = Instant::now();
+            let copy: Box<dyn std::any::Any> = if to_host {
+                Box::new(res.transfer_to_host(dev, host).unwrap())
+            } else {
+                Box::new(res.transfer_to_device(host, dev).unwrap())
+            };
+            let queued_after = closed_at.elapsed();
+            let after_copy = stream.record_event(None).unwrap();
+            if forget {
+                std::mem::forget(copy);
+            } else {
+                drop(copy);
+            }
+            // Read while the copy is pending (the event after it still pending when asked
+            // afterwards), before anything that waits for the whole device (page-locking the
+            // fresh buffers would wait for the gate).
+            let live_during = mr.statistics().unwrap().current_bytes;
+            let running = !after_copy.is_complete();
+            let checked_after = closed_at.elapsed();
+            gate.open();
+            let fresh: Vec<PinnedVec<f32>> = (0..2).map(|_| PinnedVec::from_slice(&res, &mine).unwrap()).collect();
+            res.sync().unwrap();
+            settle_releases();
+            let live_after = mr.statistics().unwrap().current_bytes;
+            let what = format!("a {how} {} transfer", if to_host { "device -> host" } else { "host -> device" });
+            // The gate holds the stream for up to 30 s: a copy that ended before the check means
+            // something here took that long (run 127 saw it once); the times say where.
+            assert!(
+                running,
+                "{what}: the copy ended before the check; the test proves nothing (queued {queued_after:?} and checked {checked_after:?} after the gate closed)"
+            );
+            assert_eq!(live_during, bytes, "{what}: the device end was freed while the copy ran");
+            assert_eq!(live_after, if forget { bytes } else { 0 }, "{what}: after the copy (leaked when forgotten, freed when dropped)");
+            for f in &fresh {
+                same(&format!("a fresh page-locked buffer after {what}"), &f.to_vec(), &mine);
+            }
+        }
+    }
 }
