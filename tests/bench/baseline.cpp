@@ -435,6 +435,32 @@ std::shared_ptr<any_device_resource> fenced_like_the_shim(Args&&... args)
     0, any_device_resource{rmm::mr::cuda_memory_resource{}}, std::forward<Args>(args)...));
 }
 
+/// `cuCtxGetCurrent` (an entry point from the runtime) and the context of the thread that first
+/// asked (the bench's thread, on device 0): the floors' device check. `held_state` is one;
+/// `bl_create_release_floor` makes its own, as `floor_state` must not be made before the library
+/// installs device 0's default resource.
+struct context_check {
+  using get_fn = CUresult (*)(CUcontext*);
+  get_fn get_current{};
+  CUcontext ctx{};
+
+  context_check()
+  {
+    void* f{};
+    cudaDriverEntryPointQueryResult q{};
+    cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
+    get_current = reinterpret_cast<get_fn>(f);
+    if (get_current != nullptr) { get_current(&ctx); }
+  }
+
+  /// One read of the thread's context, compared with the expected one.
+  [[nodiscard]] bool on_device() const
+  {
+    CUcontext c{};
+    return get_current != nullptr && get_current(&c) == CUDA_SUCCESS && c == ctx;
+  }
+};
+
 /// What the floor rows below hold, made once: `cuCtxGetCurrent` (an entry point from the
 /// runtime), counted handles to the resources of the explicit-resource rows (a pool of 256 MiB,
 /// a 1 GiB arena and a 2^8..2^20 binning resource over cudaMalloc, each fenced as the shim fences
@@ -442,9 +468,7 @@ std::shared_ptr<any_device_resource> fenced_like_the_shim(Args&&... args)
 /// to a copy of device 0's current resource (what the default path keeps), to the bench stream
 /// and to a stand-in for the resources object, the context the handles belong to and the "not
 /// released" lock.
-struct held_state {
-  using get_fn = CUresult (*)(CUcontext*);
-  get_fn get_current{};
+struct held_state : context_check {
   std::shared_ptr<any_device_resource> kinds[4]{
     fenced_like_the_shim<rmm::mr::pool_memory_resource>(std::size_t{256} << 20, std::optional<std::size_t>{}),
     fenced_like_the_shim<rmm::mr::arena_memory_resource>(std::optional<std::size_t>{std::size_t{1} << 30}),
@@ -455,28 +479,15 @@ struct held_state {
   std::shared_ptr<any_device_resource> shared_async;
   std::shared_ptr<cudaStream_t> stream{std::make_shared<cudaStream_t>(bench_stream())};
   std::shared_ptr<int> resources{std::make_shared<int>(0)};
-  CUcontext ctx{};
   std::shared_mutex released;
 
   held_state()
   {
-    void* f{};
-    cudaDriverEntryPointQueryResult q{};
-    cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
-    get_current = reinterpret_cast<get_fn>(f);
-    if (get_current != nullptr) { get_current(&ctx); }
     raftrs_fence::the_keeper.store(&floor_keeper, std::memory_order_release);
     std::lock_guard<std::mutex> lock{rmm::mr::detail::ref_map_lock()};
     auto& map  = rmm::mr::detail::get_ref_map();
     auto found = map.find(0);
     if (found != map.end()) { current = std::make_shared<any_device_resource>(found->second); }
-  }
-
-  /// The device check of the rows: the calling thread's context is the handles' own.
-  [[nodiscard]] bool on_device() const
-  {
-    CUcontext c{};
-    return get_current(&c) == CUDA_SUCCESS && c == ctx;
   }
 
   /// The resource of `kind` (0 pool, 1 arena, 2 binning, 3 async pool; 4 the current resource,
@@ -681,31 +692,6 @@ struct floor_slot {
     std::lock_guard<std::mutex> lock{reg.lock};
     reg.slots[at].reset();
     reg.free.push_back(at);
-  }
-};
-
-/// `cuCtxGetCurrent` (an entry point from the runtime) and the context of the thread that first
-/// asked (the bench's thread, on device 0): apart from `floor_state`, which must not be made
-/// before the library installs device 0's default resource.
-struct context_check {
-  using get_fn = CUresult (*)(CUcontext*);
-  get_fn get_current{};
-  CUcontext ctx{};
-
-  context_check()
-  {
-    void* f{};
-    cudaDriverEntryPointQueryResult q{};
-    cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
-    get_current = reinterpret_cast<get_fn>(f);
-    if (get_current != nullptr) { get_current(&ctx); }
-  }
-
-  /// One read of the thread's context, compared with the expected one.
-  [[nodiscard]] bool on_device() const
-  {
-    CUcontext c{};
-    return get_current != nullptr && get_current(&c) == CUDA_SUCCESS && c == ctx;
   }
 };
 }  // namespace
