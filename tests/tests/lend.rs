@@ -56,3 +56,55 @@ fn a_release_from_inside_the_lend_on_the_same_thread_is_refused_not_a_deadlock()
     res.release().unwrap();
     assert!(res.is_released());
 }
+
+/// The exclusive lend (for C++ code that changes RAFT's object, `raft::resource::set_*`) waits
+/// for a shared lend on another thread, holds new uses back until it ends, is refused inside a
+/// use on its own thread (it would wait for itself) and on released resources; and RAFT's
+/// accessors see the same object through it.
+#[test]
+fn the_exclusive_lend_waits_for_other_uses_and_holds_new_ones_back() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let ours = res.stream().unwrap().cu_stream() as usize;
+    // SAFETY: a C++ RAFT accessor on a raft::resources* that is alive for the closure.
+    let seen = res.with_raft_resources_mut(|raft_res| unsafe { bl_lent_stream(raft_res.as_ptr()) as usize }).unwrap();
+    assert_eq!(seen, ours);
+    let (entered, ended) = (std::sync::Barrier::new(2), std::sync::Mutex::new(None::<std::time::Instant>));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            res.with_raft_resources(|_| {
+                entered.wait();
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                *ended.lock().unwrap() = Some(std::time::Instant::now());
+            })
+            .unwrap();
+        });
+        entered.wait();
+        let started = res.with_raft_resources_mut(|_| std::time::Instant::now()).unwrap();
+        let lend_end = ended.lock().unwrap().expect("the exclusive lend ran beside another thread's lend");
+        assert!(lend_end <= started);
+    });
+    // New uses wait for it: a sync from another thread starts only after the exclusive lend.
+    let (tx, rx) = std::sync::mpsc::channel();
+    res.with_raft_resources_mut(|_| {
+        let other = res.clone();
+        let t = std::thread::spawn(move || {
+            other.sync().unwrap();
+            tx.send(()).unwrap();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(rx.try_recv().is_err(), "a sync ran inside the exclusive lend");
+        t
+    })
+    .unwrap()
+    .join()
+    .unwrap();
+    rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the sync runs once the exclusive lend ended");
+    let e = res.with_raft_resources(|_| res.with_raft_resources_mut(|_| ())).unwrap().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.message().contains("would wait for itself"), "{e}");
+    res.release().unwrap();
+    let e = res.with_raft_resources_mut(|_| ()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.message().contains("released"), "{e}");
+}

@@ -12,7 +12,10 @@ use std::ptr::NonNull;
 ///
 /// Using the pointer is the caller's `unsafe`: hand it only to code that treats it as a borrowed
 /// `raft::resources` (never deletes it, never keeps it past the closure), on any thread while the
-/// closure runs.
+/// closure runs. Through a shared lend ([`DeviceResources::with_raft_resources`]) the object is
+/// only read (RAFT's `get_*` accessors, algorithms): other threads may use it at the same time.
+/// Changes (`raft::resource::set_*`) need the exclusive lend,
+/// [`DeviceResources::with_raft_resources_mut`].
 #[derive(Debug, Clone, Copy)]
 pub struct RaftResourcesPtr<'a> {
     ptr: NonNull<c_void>,
@@ -33,6 +36,10 @@ impl DeviceResources {
     /// which report a failed create as an error), their device. Nothing is copied: RAFT code
     /// given the pointer works on these very resources, on their stream.
     ///
+    /// The lend is shared: other threads may use (and lend) the resources meanwhile, so the C++
+    /// code given the pointer may only read the object; changing it (`raft::resource::set_*`)
+    /// needs [`with_raft_resources_mut`](Self::with_raft_resources_mut).
+    ///
     /// A release of these resources from inside `f`, on this thread, is refused with a `Logic`
     /// error (it would wait for the lend, which waits for it); on another thread it waits until
     /// the lend ends. At exit, the teardown waits up to a second for a lend on another thread,
@@ -43,6 +50,27 @@ impl DeviceResources {
     pub fn with_raft_resources<R>(&self, f: impl FnOnce(RaftResourcesPtr<'_>) -> R) -> Result<R> {
         const WHO: &str = "DeviceResources::with_raft_resources";
         self.with_native(WHO, |native| {
+            let ptr = native.raft_resources(WHO)?;
+            Ok(f(RaftResourcesPtr { ptr, _borrow: PhantomData, _not_send: PhantomData }))
+        })
+    }
+
+    /// Runs `f` with the `raft::resources*` lent exclusively: no other use of these resources
+    /// (a lend, an allocation, a sync, a job's use) runs meanwhile on any thread. For C++ code
+    /// that changes the object, such as `raft::resource::set_comms` or any other `set_*`: RAFT
+    /// replaces a resource cell there, which its documentation allows only with no concurrent
+    /// use of the object (a reader meanwhile races the cell's replacement and can be left with a
+    /// reference into the freed cell). [`with_raft_resources`](Self::with_raft_resources) is for
+    /// reading (RAFT's `get_*` accessors, algorithms).
+    ///
+    /// Waits for the uses in progress to end, and holds new ones back until `f` returns.
+    ///
+    /// # Errors
+    /// `Logic` on released resources, and when called inside a use of the same resources on this
+    /// thread (a lend, a memory failure callback), which it would wait for.
+    pub fn with_raft_resources_mut<R>(&self, f: impl FnOnce(RaftResourcesPtr<'_>) -> R) -> Result<R> {
+        const WHO: &str = "DeviceResources::with_raft_resources_mut";
+        self.with_native_exclusive(WHO, |native| {
             let ptr = native.raft_resources(WHO)?;
             Ok(f(RaftResourcesPtr { ptr, _borrow: PhantomData, _not_send: PhantomData }))
         })

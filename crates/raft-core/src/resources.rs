@@ -455,6 +455,32 @@ impl DeviceResources {
         }
     }
 
+    /// Runs `f` on the live native resources with no other use of them running, on any thread:
+    /// for changes to RAFT's object (`raft::resource::set_comms` replaces a resource cell, which
+    /// RAFT documents as unsafe beside any concurrent use of the object). Waits for the uses in
+    /// progress (the write lock a release takes); refused inside a use of the same resources on
+    /// this thread, which it would wait for.
+    pub(crate) fn with_native_exclusive<R>(&self, who: &'static str, f: impl FnOnce(&NativeResources) -> Result<R>) -> Result<R> {
+        let id = self.state.id;
+        if held_native(id).is_some() {
+            return Err(Error::logic(
+                who,
+                "called inside a use of the same resources on this thread (a lend, a job's or a callback's use): it would wait for itself",
+            ));
+        }
+        let native = self.state.native.write().unwrap_or_else(|e| e.into_inner());
+        match native.as_ref() {
+            Some(n) => {
+                // A use of the same resources from inside `f` on this thread (the read lock would
+                // wait for this write lock) takes the held pointer instead, as a nested use does.
+                let _held = Holding::enter(id, n as *const NativeResources);
+                self.state.used.store(true, Ordering::Relaxed);
+                f(n)
+            }
+            None => Err(Error::released(who, self.state.device)),
+        }
+    }
+
     /// Blocks until the stream has drained (`cuStreamSynchronize`). Callable from any thread.
     ///
     /// # Errors
