@@ -64,8 +64,10 @@ use std::time::{Duration, Instant};
 /// must make the same order on every rank (one issuing thread per communicator, or a lock of the
 /// program's around each issue). Calls issued in different orders on different ranks are a
 /// mismatch like any other (see the crate docs): the ranks wait until the timeout aborts the
-/// communicator. Aborting one rank of a clique ([`clique`](Self::clique),
-/// [`split_all`](Self::split_all)) aborts the clique's other ranks too.
+/// communicator. Aborting one rank of this process's ranks of a communicator (a
+/// [`clique`](Self::clique), the children of one split of those ranks, ranks initialised here
+/// with one [`UniqueId`](crate::UniqueId)) aborts the others too, whoever aborts it: this API,
+/// the watchdog, a failed group, or RAFT's `sync_stream` in C++.
 pub struct Communicator {
     shared: Arc<Shared>,
 }
@@ -90,7 +92,6 @@ impl Communicator {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             timeout_ns: AtomicU64::new(nanos(timeout)),
             groups: AtomicUsize::new(0),
-            peers: std::sync::OnceLock::new(),
             state: Mutex::new(State {
                 token: None,
                 last_enqueue: Instant::now(),
@@ -150,9 +151,8 @@ impl Communicator {
             }
             return Err(e);
         }
-        let comms = natives.into_iter().zip(resources).map(|(n, r)| Self::new(n, r.clone(), timeout)).collect::<Result<Vec<_>>>()?;
-        link_clique(&comms);
-        Ok(comms)
+        // One clique in the shim already (an abort of one aborts the others).
+        natives.into_iter().zip(resources).map(|(n, r)| Self::new(n, r.clone(), timeout)).collect()
     }
 
     /// This process's rank among several, from the launcher's environment (`RANK`,
@@ -459,19 +459,8 @@ impl Communicator {
             .zip(parts)
             .map(|(child, (c, _, _))| child.map(|n| Self::new(n, c.shared.resources.clone(), c.timeout())).transpose())
             .collect::<Result<_>>()?;
-        // Children of one color, split in this process, are a clique of their own.
-        let mut by_color: Vec<(u64, Vec<&Communicator>)> = Vec::new();
-        for (child, (_, color, _)) in made.iter().zip(parts) {
-            if let (Some(child), Some(color)) = (child, color) {
-                match by_color.iter_mut().find(|(c, _)| *c == u64::from(*color)) {
-                    Some((_, v)) => v.push(child),
-                    None => by_color.push((u64::from(*color), vec![child])),
-                }
-            }
-        }
-        for (_, members) in by_color {
-            link_clique_refs(&members);
-        }
+        // The shim made the children of one color a clique of their own (as for any split of a
+        // clique's ranks in this process).
         Ok(made)
     }
 
@@ -480,8 +469,13 @@ impl Communicator {
     /// `raft::resource::get_comms`, with its barrier on their stream. The resources may be these
     /// (see [`resources`](Self::resources)) or others on the same device.
     ///
+    /// The installation has the resources to itself: it waits for their uses on other threads
+    /// (a lend, a collective through RAFT, an allocation) to end, and holds new ones back
+    /// meanwhile.
+    ///
     /// # Errors
-    /// `Logic` for resources on another device, released resources or an ended communicator.
+    /// `Logic` for resources on another device, released resources, an ended communicator, or a
+    /// call inside a use of the same resources on this thread (a lend), which it would wait for.
     pub fn install(&self, resources: &DeviceResources) -> Result<()> {
         const WHO: &str = "Communicator::install";
         if resources.device() != self.device() {
@@ -491,11 +485,16 @@ impl Communicator {
             ));
         }
         let stream = resources.stream().map_err(|e| e.with_who(WHO))?;
-        let st = self.shared.lock();
-        if let Some(e) = Shared::ended_error(&st, WHO) {
+        // Not held across the wait below: a lend on another thread that syncs this communicator
+        // would wait for it while the installation waits for the lend. (The shim checks again,
+        // under the cell's lock, that the communicator has not ended.)
+        if let Some(e) = Shared::ended_error(&self.shared.lock(), WHO) {
             return Err(e);
         }
-        resources.with_raft_resources(|raft| self.shared.native.install(WHO, raft, &stream)).map_err(|e| e.with_who(WHO))?
+        // Exclusive: `set_comms` replaces RAFT's comms cell, which a concurrent reader of the
+        // object (another thread's lend: `installed`, `through_raft`, cuVS) could be left
+        // holding a reference into once it is freed.
+        resources.with_raft_resources_mut(|raft| self.shared.native.install(WHO, raft, &stream)).map_err(|e| e.with_who(WHO))?
     }
 
     /// Ends the communicator now (`ncclCommAbort`): work in flight is cut short; other ranks in
@@ -513,10 +512,9 @@ impl Communicator {
         if st.ended.is_some() {
             return Ok(());
         }
+        // The shim aborts its clique with it.
         let outcome = sh.native.abort(WHO, "it was aborted by Communicator::abort");
-        let error = Error::logic(WHO, "the communicator was aborted by Communicator::abort");
-        sh.abort_peers(WHO, &error);
-        st.ended = Some(error);
+        st.ended = Some(Error::logic(WHO, "the communicator was aborted by Communicator::abort"));
         outcome
     }
 
@@ -580,18 +578,6 @@ impl Communicator {
         }
         drop(comms);
         first.map_or(Ok(()), Err)
-    }
-}
-
-/// Makes the communicators one clique: an abort of one aborts the others (see [`Shared::peers`]).
-fn link_clique(comms: &[Communicator]) {
-    link_clique_refs(&comms.iter().collect::<Vec<_>>());
-}
-
-fn link_clique_refs(comms: &[&Communicator]) {
-    for c in comms {
-        let others = comms.iter().filter(|o| !Arc::ptr_eq(&o.shared, &c.shared)).map(|o| Arc::downgrade(&o.shared)).collect();
-        let _ = c.shared.peers.set(others);
     }
 }
 

@@ -57,11 +57,6 @@ pub(crate) struct Shared {
     /// leaves it alone meanwhile (its calls are not launched yet).
     pub(crate) groups: AtomicUsize,
     pub(crate) state: Mutex<State>,
-    /// The other ranks of its clique (made together in this process), once set. Within a process
-    /// NCCL's kernels reach the peers' arrays directly: aborting one rank while the others'
-    /// kernels run would leave its arrays, freed or reused, under their reads and writes; so an
-    /// abort of one aborts them all.
-    pub(crate) peers: std::sync::OnceLock<Vec<Weak<Shared>>>,
 }
 
 /// Every communicator made, for the exit teardown: one still alive then (leaked, or kept in a
@@ -107,30 +102,18 @@ impl Shared {
         Label { what, id: self.id, device: Some(self.resources.device()) }
     }
 
-    /// Ends the communicator with `error`: aborts it (a no-op when the shim already did), keeps
-    /// the error for every later call, and ends the exit-wait job. Returns the error.
+    /// Ends the communicator with `error`: aborts it (a no-op when the shim already did; the
+    /// shim aborts its clique with it, see `clique` in the shim's common.hpp), keeps the error
+    /// for every later call, and ends the exit-wait job. Returns the error.
     pub(crate) fn end_with(&self, st: &mut State, who: &'static str, error: Error) -> Error {
         if st.ended.is_none() {
             if let Err(e) = self.native.abort(who, error.message()) {
                 log::debug!(target: "raft", "{e}");
             }
             st.ended = Some(error.clone());
-            self.abort_peers(who, &error);
         }
         st.token = None;
         error
-    }
-
-    /// Aborts the clique's other ranks (see [`Shared::peers`]) in the shim only: their Rust state
-    /// learns it at its next look (every call on them then fails, saying why). No peer's state
-    /// lock is taken here, so two ranks ending at once cannot deadlock.
-    pub(crate) fn abort_peers(&self, who: &'static str, error: &Error) {
-        for peer in self.peers.get().into_iter().flatten().filter_map(Weak::upgrade) {
-            let why = format!("rank {} of its clique was aborted ({})", self.rank, error.message());
-            if let Err(e) = peer.native.abort(who, &why) {
-                log::debug!(target: "raft", "{e}");
-            }
-        }
     }
 
     /// A failure of a call on the communicator: refused arguments (`Logic`) leave it as it was;
@@ -215,6 +198,7 @@ impl Shared {
         let mut st = self.lock();
         st.group_thread = None;
         if let Some(e) = failed {
+            // The shim aborted the group's communicators, and with them their cliques.
             st.ended.get_or_insert_with(|| e.clone());
             st.token = None;
             return;

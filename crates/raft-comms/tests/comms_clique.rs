@@ -514,6 +514,115 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
     Communicator::release_all(comms).unwrap();
 }
 
+/// Installing a communicator has the resources to itself: it waits for a lend of them on
+/// another thread to end, since RAFT's `set_comms` replaces the comms cell, which a reader there
+/// (`installed`, `through_raft`, cuVS) could be left holding a reference into once it is freed.
+/// Inside a lend on the installing thread it would wait for itself: refused. One GPU: a clique
+/// of one. (Before the fix the installation ran beside the other thread's lend, under the same
+/// shared lock, and returned while that lend was still running.)
+#[test]
+fn installing_waits_for_a_lend_of_the_resources_on_another_thread() {
+    if !common::have(1, "installing_waits_for_a_lend_of_the_resources_on_another_thread") {
+        return;
+    }
+    let _gpus = serial();
+    let res = DeviceResources::on_device(0).unwrap();
+    let comms = Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap();
+    let c = &comms[0];
+    let entered = std::sync::Barrier::new(2);
+    let lend_ended: Mutex<Option<Instant>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            res.with_raft_resources(|_| {
+                entered.wait();
+                std::thread::sleep(Duration::from_millis(300));
+                *lend_ended.lock().unwrap() = Some(Instant::now());
+            })
+            .unwrap();
+        });
+        entered.wait();
+        c.install(&res).unwrap();
+        let installed = Instant::now();
+        let ended = lend_ended.lock().unwrap().expect("the installation returned while another thread's lend was still running");
+        assert!(ended <= installed);
+    });
+    assert_eq!(raft_comms::installed(&res).unwrap(), Some((0, 1)));
+    let e = res.with_raft_resources(|_| c.install(&res)).unwrap().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic);
+    assert!(e.message().contains("would wait for itself"), "{e}");
+    Communicator::release_all(comms).unwrap();
+}
+
+/// A rank of a clique aborted while another thread's open group holds calls on its peer: the
+/// peer's `ncclCommAbort` waits for that group's end. NCCL lists the peer in the owning thread's
+/// group, and an abort from another thread (here the clique's rule, "abort one, abort all")
+/// freed it under the `ncclGroupEnd` that walks that list: a use after free. The group's end
+/// now fails, saying the clique was aborted, and rank 0's stream drains. Two GPUs.
+#[test]
+fn aborting_a_rank_while_its_peer_is_in_another_threads_group_waits_for_that_group() {
+    if !common::have(2, "aborting_a_rank_while_its_peer_is_in_another_threads_group_waits_for_that_group") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    warm_up(&res, &comms);
+    let mut it = comms.into_iter();
+    let (c0, c1) = (it.next().unwrap(), it.next().unwrap());
+    let mut a: DeviceVec<f32> = up(&res[0], &data(0, 1 << 16));
+    let grouped = group_scope(|g| {
+        g.on(&c0).allreduce_in_place(&mut a, ReduceOp::Sum)?;
+        std::thread::spawn(move || c1.abort()).join().unwrap()
+    });
+    let e = grouped.expect_err("the group ended well on a communicator whose clique was aborted");
+    assert!(e.message().contains("aborted"), "{e}");
+    assert!(c0.ended().is_some(), "rank 0 was left running after its clique's abort");
+    assert!(common::drains_within(&res[0], Duration::from_secs(10)), "rank 0's stream still runs after the clique's abort");
+    drop(a);
+    c0.abort().unwrap();
+}
+
+/// The ranks split from a clique one thread per rank (`split`, not `split_all`) are a clique of
+/// their own, as are ranks initialised in one process with one unique id: an abort of one ends
+/// the other. (Before: only `clique` and `split_all` linked their ranks, and the other rank was
+/// left running, its kernels still reaching the aborted rank's arrays.) Two GPUs.
+#[test]
+fn ranks_split_per_thread_or_made_from_one_id_in_a_process_abort_together() {
+    if !common::have(2, "ranks_split_per_thread_or_made_from_one_id_in_a_process_abort_together") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = setup();
+    let children: Vec<Communicator> = std::thread::scope(|s| {
+        let made: Vec<_> = comms.iter().map(|c| s.spawn(move || c.split(Some(0), 0))).collect();
+        made.into_iter().map(|t| t.join().unwrap().unwrap().expect("a color gives a communicator")).collect()
+    });
+    let mut it = children.into_iter();
+    let (k0, k1) = (it.next().unwrap(), it.next().unwrap());
+    k0.abort().unwrap();
+    let e = k1.ended().expect("the other child of the split was left running after rank 0's abort");
+    assert!(e.message().contains("of its clique was aborted"), "{e}");
+    assert!(comms[0].ended().is_none() && comms[1].ended().is_none(), "the split's abort reached its parents");
+    k1.abort().unwrap();
+    Communicator::release_all(comms).unwrap();
+
+    let id = raft_comms::UniqueId::new().unwrap();
+    let made: Vec<Communicator> = std::thread::scope(|s| {
+        let ranks: Vec<_> = (0..2)
+            .map(|r| {
+                let (res, id) = (&res[r], &id);
+                s.spawn(move || Communicator::init_with_id(res, id, r, 2, Duration::from_secs(60)))
+            })
+            .collect();
+        ranks.into_iter().map(|t| t.join().unwrap().unwrap()).collect()
+    });
+    let mut it = made.into_iter();
+    let (r0, r1) = (it.next().unwrap(), it.next().unwrap());
+    r1.abort().unwrap();
+    let e = r0.ended().expect("rank 0 of one id was left running after rank 1's abort");
+    assert!(e.message().contains("rank 1 of its clique was aborted"), "{e}");
+    r0.abort().unwrap();
+}
+
 /// Sets the clique's connections up (a first collective does), so that a lone call later is
 /// enqueued and waits on the GPU for its peer.
 fn warm_up(res: &[DeviceResources], comms: &[Communicator]) {
@@ -566,6 +675,10 @@ fn an_abort_by_rafts_sync_stream_is_seen_by_ended() {
     let e = raft_comms::through_raft::allreduce(&res[0], &send, &mut recv, ReduceOp::Sum).unwrap_err();
     assert!(comms[0].ended().is_some(), "ended() missed the abort: {e}");
     assert!(comms[0].ended().unwrap().message().contains("sync_stream"), "{:?}", comms[0].ended());
+    // An abort made in C++ alone ends the clique too. (Before: only the Rust side aborted the
+    // peers, and rank 1 was left running.)
+    let peer = comms[1].ended().expect("rank 1 was left running after RAFT's sync_stream aborted rank 0");
+    assert!(peer.message().contains("rank 0 of its clique was aborted"), "{peer}");
     let mut it = comms.into_iter();
     it.next().unwrap().abort().unwrap();
     it.next().unwrap().abort().unwrap();

@@ -48,12 +48,16 @@ ncclRedOp_t nccl_op(int32_t op)
 
 /// Ends the calling thread's hold on `c` once its outermost group has ended (ncclGroupEnd
 /// returned, or failed and aborted it): until then another thread's call is refused, never
-/// folded into this thread's group.
+/// folded into this thread's group. An abort that waited for the group's end (`abort_locked`)
+/// happens here, on the thread whose group listed the communicator.
 void release_group_owner(comm_cell& c) noexcept
 {
   try {
     std::lock_guard<std::mutex> hold(c.lock);
-    if (c.group_owner == std::this_thread::get_id()) { c.group_owner = std::thread::id{}; }
+    if (c.group_owner == std::this_thread::get_id()) {
+      c.group_owner = std::thread::id{};
+      if (c.ended && c.comm != nullptr) { abort_now(c); }
+    }
   } catch (...) {
     // Locking failed (std::system_error, never seen): the hold stays, and other threads' calls
     // keep being refused, the safe side. Called from a destructor: nothing may escape.

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -68,9 +69,25 @@ struct timed_out : std::runtime_error {
 void check_cuda(cudaError_t code, char const* doing);
 bool says_out_of_memory(char const* what) noexcept;
 
+/// Runs the clique aborts scheduled by `abort_locked` (see `clique`). Called with no cell's lock
+/// held; not inside an open NCCL group on this thread (they wait for its end, or for another
+/// thread). Never throws.
+void abort_scheduled_peers() noexcept;
+
+/// Runs the scheduled clique aborts when it goes out of scope: the first statement of every
+/// entry point, C (`guard`) or C++ (`nccl_comms`), and of the paths that may abort (`run_op`,
+/// `wait_ready`, splits), so it runs after each of their cell locks was let go.
+struct peers_after {
+  peers_after() = default;
+  ~peers_after() { abort_scheduled_peers(); }
+  peers_after(peers_after const&)            = delete;
+  peers_after& operator=(peers_after const&) = delete;
+};
+
 template <typename F>
 raftcomms_status guard(F&& body) noexcept
 {
+  peers_after after;
   try {
     body();
     return RAFTCOMMS_STATUS_OK;
@@ -219,6 +236,28 @@ extern thread_local int group_depth;
 
 // ---- communicators -------------------------------------------------------------------------------
 
+struct comm_cell;
+
+/// The ranks of one NCCL communicator that live in this process: made together (a clique), split
+/// together from the ranks of one (per color), or initialised here with one unique id. Within a
+/// process NCCL's kernels read and write the peers' buffers directly (`NCCL_P2P_DIRECT_DISABLE`
+/// describes it): a rank aborted while a peer's kernel still runs would leave its arrays, freed
+/// or reused, under that kernel. So an abort of one aborts them all, whoever makes it (the Rust
+/// side, the watchdog, RAFT's `sync_stream`, a failed group): `abort_locked` schedules the
+/// peers, `abort_scheduled_peers` aborts them once no cell's lock is held.
+struct clique {
+  std::mutex lock;
+  std::vector<std::weak_ptr<comm_cell>> members;
+  /// Unique in the process (what keys its splits' cliques; an address could be reused).
+  std::uint64_t serial{next_serial()};
+
+  static std::uint64_t next_serial()
+  {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
 /// One NCCL communicator, shared by the Rust handle and every comms_iface installed from it.
 struct comm_cell {
   std::mutex lock;
@@ -244,9 +283,21 @@ struct comm_cell {
   /// be gone (RAFT's C++ code reaches the communicator through get_comms, past the Rust side's
   /// own check).
   std::thread::id group_owner{};
+  /// The ranks of this process it is linked with (see `clique`); none when it is the only one.
+  /// Set before the cell is shared, never changed.
+  std::shared_ptr<clique> peers;
+  /// The splits made from it so far (under its lock): every rank splits in the same order, so
+  /// the n-th splits of a clique's ranks make one communicator per color.
+  int splits{0};
 };
 
 using cell_ptr = std::shared_ptr<comm_cell>;
+
+/// Makes `c` (not shared yet) a member of `q`.
+void join_clique(cell_ptr const& c, std::shared_ptr<clique> const& q);
+/// Makes `c` (not shared yet) a member of the clique registered under `key`, made if none is
+/// alive. Never under a cell's lock.
+void join_clique(cell_ptr const& c, std::string const& key);
 
 }  // namespace raftcomms
 
@@ -267,6 +318,7 @@ namespace raftcomms {
 comm_cell& cell_of(raftcomms_comm* h);
 void live(comm_cell& c, char const* doing);
 void release_device_objects(comm_cell& c) noexcept;
+ncclResult_t abort_now(comm_cell& c) noexcept;
 ncclResult_t abort_locked(comm_cell& c, std::string const& reason) noexcept;
 void make_device_objects(comm_cell& c);
 cell_ptr new_cell(int device, double timeout_s, bool bare = false);
@@ -314,6 +366,7 @@ struct owners_release {
 template <typename F>
 void run_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, F&& call)
 {
+  peers_after after;
   ncclResult_t r = ncclSuccess;
   {
     std::lock_guard<std::mutex> hold(c.lock);

@@ -3,6 +3,9 @@
 
 #include "common.hpp"
 
+#include <algorithm>
+#include <cstdint>
+
 #pragma GCC visibility push(hidden)  // internal to the shim, as in common.hpp
 
 namespace raftcomms {
@@ -32,10 +35,9 @@ void release_device_objects(comm_cell& c) noexcept
   c.event = nullptr;
 }
 
-/// ncclCommAbort, once; the reason is kept. Under the cell's lock.
-ncclResult_t abort_locked(comm_cell& c, std::string const& reason) noexcept
+/// ncclCommAbort now, of a cell marked ended. Under the cell's lock.
+ncclResult_t abort_now(comm_cell& c) noexcept
 {
-  if (c.ended) { return ncclSuccess; }
   ncclResult_t r = ncclSuccess;
   if (c.comm != nullptr) {
     device_scope scope{c.device, std::nothrow};
@@ -45,11 +47,142 @@ ncclResult_t abort_locked(comm_cell& c, std::string const& reason) noexcept
       r = ncclInternalError;
     }
   }
-  c.comm  = nullptr;
-  c.ended = true;
-  c.why   = "was aborted: " + reason;
+  c.comm = nullptr;
   release_device_objects(c);
   return r;
+}
+
+namespace {
+
+/// A clique abort waiting to run: the peer, and why.
+struct scheduled_abort {
+  std::weak_ptr<comm_cell> peer;
+  std::string why;
+};
+
+/// The clique aborts scheduled by any thread, run by whichever thread next leaves an entry point
+/// (a plain heap object, never destroyed: the exit's teardown may still abort).
+std::mutex& scheduled_lock()
+{
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::vector<scheduled_abort>& scheduled()
+{
+  static auto* v = new std::vector<scheduled_abort>;
+  return *v;
+}
+
+/// The cliques of ranks initialised here with one unique id, or split from one clique, by key.
+std::mutex& cliques_lock()
+{
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::vector<std::pair<std::string, std::weak_ptr<clique>>>& cliques()
+{
+  static auto* v = new std::vector<std::pair<std::string, std::weak_ptr<clique>>>;
+  return *v;
+}
+
+/// Schedules the abort of `c`'s clique peers, saying that `c` was aborted and why. Under `c`'s
+/// lock (the clique's lock is taken after a cell's, never the other way round).
+void schedule_peer_aborts(comm_cell& c, std::string const& reason) noexcept
+{
+  if (!c.peers) { return; }
+  try {
+    std::string why = (c.rank >= 0 ? "rank " + std::to_string(c.rank) : std::string("a rank")) + " of its clique was aborted (" +
+                      reason + ")";
+    std::vector<scheduled_abort> mine;
+    {
+      std::lock_guard<std::mutex> hold(c.peers->lock);
+      for (auto const& w : c.peers->members) {
+        auto p = w.lock();
+        if (p && p.get() != &c) { mine.push_back(scheduled_abort{w, why}); }
+      }
+    }
+    std::lock_guard<std::mutex> hold(scheduled_lock());
+    for (auto& a : mine) { scheduled().push_back(std::move(a)); }
+  } catch (...) {
+    // No memory to schedule them: the peers' own watchdogs and timeouts still end them.
+  }
+}
+
+}  // namespace
+
+void join_clique(cell_ptr const& c, std::shared_ptr<clique> const& q)
+{
+  std::lock_guard<std::mutex> hold(q->lock);
+  q->members.erase(std::remove_if(q->members.begin(), q->members.end(), [](auto const& w) { return w.expired(); }),
+                   q->members.end());
+  q->members.push_back(c);
+  c->peers = q;
+}
+
+void join_clique(cell_ptr const& c, std::string const& key)
+{
+  std::shared_ptr<clique> q;
+  {
+    std::lock_guard<std::mutex> hold(cliques_lock());
+    auto& all = cliques();
+    all.erase(std::remove_if(all.begin(), all.end(), [](auto const& e) { return e.second.expired(); }), all.end());
+    for (auto const& [k, w] : all) {
+      if (k == key) {
+        q = w.lock();
+        break;
+      }
+    }
+    if (!q) {
+      q = std::make_shared<clique>();
+      all.emplace_back(key, q);
+    }
+  }
+  join_clique(c, q);
+}
+
+void abort_scheduled_peers() noexcept
+{
+  // Inside this thread's open group an abort of a communicator the group does not hold would
+  // run between ncclGroupStart and ncclGroupEnd: left to the group's end, or to another thread.
+  if (group_depth > 0) { return; }
+  try {
+    for (;;) {
+      std::vector<scheduled_abort> batch;
+      {
+        std::lock_guard<std::mutex> hold(scheduled_lock());
+        batch.swap(scheduled());
+      }
+      if (batch.empty()) { return; }
+      for (auto& a : batch) {
+        if (auto p = a.peer.lock()) {
+          std::lock_guard<std::mutex> hold(p->lock);
+          abort_locked(*p, a.why);  // schedules that peer's own peers: each cell ends once
+        }
+      }
+    }
+  } catch (...) {
+    // Locking failed (std::system_error, never seen): what is left stays scheduled.
+  }
+}
+
+/// Ends the communicator, once; the reason is kept. Under the cell's lock. While an open NCCL
+/// group holds calls on it (`group_owner`, on any thread) the ncclCommAbort waits for that group's
+/// end: NCCL lists the communicator in the owning thread's group, and an abort now (a clique
+/// peer's, the watchdog's, from another thread) would free it under the ncclGroupEnd that walks
+/// that list, a use after free. Marked ended at once, so nothing new reaches it; the owner's
+/// group end aborts it (`release_group_owner`).
+ncclResult_t abort_locked(comm_cell& c, std::string const& reason) noexcept
+{
+  if (c.ended) { return ncclSuccess; }
+  c.ended = true;
+  try {
+    c.why = "was aborted: " + reason;
+  } catch (...) {
+    // No memory for the reason: `live` says "has ended".
+  }
+  schedule_peer_aborts(c, reason);
+  if (c.group_owner != std::thread::id{}) { return ncclSuccess; }
+  return abort_now(c);
 }
 
 /// Creates the cell's event on its device.
@@ -74,18 +207,29 @@ cell_ptr new_cell(int device, double timeout_s, bool bare)
 /// state left ncclInProgress.
 cell_ptr start_split(comm_cell& parent, int color, int key, char const* doing)
 {
+  peers_after after;
   auto child           = new_cell(parent.device, parent.timeout_s, true);
   child->split_slot    = new ncclComm_t(nullptr);
   child->split_colored = color >= 0;
-  std::lock_guard<std::mutex> hold(parent.lock);
-  live(parent, doing);
-  device_scope scope{parent.device};
-  ncclResult_t r = nccl().CommSplit(parent.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, child->split_slot, nullptr);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    std::string what = nccl_message(r, doing);
-    if (!leaves_comm_usable(r)) { abort_locked(parent, what); }
-    throw nccl_failure(r, what);
+  std::string clique_key;
+  {
+    std::lock_guard<std::mutex> hold(parent.lock);
+    live(parent, doing);
+    device_scope scope{parent.device};
+    ncclResult_t r = nccl().CommSplit(parent.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, child->split_slot, nullptr);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      std::string what = nccl_message(r, doing);
+      if (!leaves_comm_usable(r)) { abort_locked(parent, what); }
+      throw nccl_failure(r, what);
+    }
+    // The n-th split of each rank of the parent's clique, per color: the children's clique.
+    if (parent.peers && color >= 0) {
+      clique_key = "split " + std::to_string(parent.peers->serial) + " " +
+                   std::to_string(parent.splits) + " " + std::to_string(color);
+    }
+    ++parent.splits;
   }
+  if (!clique_key.empty()) { join_clique(child, clique_key); }
   return child;
 }
 
@@ -95,6 +239,7 @@ cell_ptr start_split(comm_cell& parent, int color, int key, char const* doing)
 /// for no color; gives the child its event. Returns whether there is one.
 bool finish_split(comm_cell& child)
 {
+  peers_after after;
   std::lock_guard<std::mutex> hold(child.lock);
   if (child.split_slot == nullptr) { return child.comm != nullptr; }
   if (!child.split_colored) {
@@ -148,6 +293,7 @@ double seconds_since(std::chrono::steady_clock::time_point start)
 /// `timeout_s`. Takes the lock for each look only.
 void wait_ready(comm_cell& c, double timeout_s, char const* doing)
 {
+  peers_after after;
   auto start = std::chrono::steady_clock::now();
   for (;;) {
     {
@@ -205,6 +351,7 @@ int32_t query_locked(comm_cell& c, cudaStream_t stream, bool use_stream, char co
 /// comms_iface owns (RAFT's comm_split), never for the Rust side's.
 void close_owned(comm_cell& c) noexcept
 {
+  peers_after after;
   try {
     {
       std::lock_guard<std::mutex> hold(c.lock);
@@ -253,6 +400,8 @@ raftcomms_status raftcomms_comm_init(const uint8_t* id, int32_t nranks, int32_t 
     ncclUniqueId uid;
     std::memcpy(&uid, id, sizeof(uid));
     auto cell   = new_cell(device, timeout_s);
+    // The ranks initialised in this process with this id are one clique.
+    join_clique(cell, std::string("id ") + std::string(reinterpret_cast<char const*>(id), sizeof(uid)));
     auto handle = std::make_unique<raftcomms_comm>(raftcomms_comm{cell});
     std::lock_guard<std::mutex> hold(cell->lock);
     device_scope scope{device};
@@ -288,8 +437,10 @@ raftcomms_status raftcomms_comm_init_clique(int32_t n, const int32_t* devices, d
         }
       }
     } cleanup{cells};
+    auto together = std::make_shared<clique>();
     for (int32_t i = 0; i < n; ++i) {
       cells.push_back(new_cell(devices[i], timeout_s));
+      join_clique(cells.back(), together);
     }
     ncclUniqueId uid;
     check_nccl(nccl().GetUniqueId(&uid), "making an NCCL unique id");

@@ -77,6 +77,7 @@ class nccl_comms final : public raft::comms::comms_iface {
 
   raft::comms::status_t sync_stream(cudaStream_t stream) const override
   {
+    peers_after after;  // an abort here ends the clique (RAFT's C++ code calls this directly)
     auto start = std::chrono::steady_clock::now();
     for (;;) {
       {
@@ -228,6 +229,7 @@ class nccl_comms final : public raft::comms::comms_iface {
 
   void group_end() const override
   {
+    peers_after after;
     --group_depth;
     owners_release release{group_depth == 0 ? 1 : 0, &cell_};
     ncclResult_t r = check_nccl(nccl().GroupEnd(), "group_end");
