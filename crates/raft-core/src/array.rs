@@ -31,7 +31,11 @@ use std::sync::Arc;
 /// its `memcpy_dtod` between two devices queues the copy on the destination's stream but asks
 /// the source for its pointer on the source's own stream (cudarc 0.19), so the source's drop is
 /// not ordered after the copy (cudarc's own slices have the same gap). Between devices, copy
-/// with [`copy_from_device`](Self::copy_from_device) or the resources' copies instead.
+/// with [`copy_from_device`](Self::copy_from_device) or the resources' copies instead. Another,
+/// in cudarc 0.19.10: `CudaStream::memcpy_dtoh(&src, &mut dst)` checks only that `dst` is at
+/// least as long as `src`, then copies `dst.len()` elements, reading past the end of the array
+/// (or of a view, into memory it does not own) when `dst` is longer: give it a destination of
+/// exactly the array's length, or use [`copy_to_host`](Self::copy_to_host), which checks.
 ///
 /// # Thread safety
 /// `Send + Sync`; writes need `&mut self`.

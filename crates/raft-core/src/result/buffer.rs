@@ -213,7 +213,7 @@ impl NativeBuffer {
             )
         });
         // Wait even when queueing failed half-way: the host borrow must outlive any copy.
-        let waited = stream_sync(who, &self.stream);
+        let waited = super::waited_for_borrow(who, stream_sync(who, &self.stream));
         queued.and(waited)
     }
 
@@ -239,7 +239,7 @@ impl NativeBuffer {
                 self.stream.cu_stream() as *mut c_void,
             )
         });
-        let waited = stream_sync(who, &self.stream);
+        let waited = super::waited_for_borrow(who, stream_sync(who, &self.stream));
         queued.and(waited)
     }
 

@@ -324,8 +324,8 @@ fn check_copy(who: &'static str, stream_device: usize, ends: &Ends<'_>) -> Resul
     Ok(())
 }
 
-/// Why a queue failed, and whether the copy may still run (its stream could not be drained):
-/// then nothing it touches may be freed or reused, ever.
+/// Why a queue failed, and whether the copy may still run (its stream could not be drained, and
+/// not because its context is dead): then nothing it touches may be freed or reused, ever.
 pub(crate) struct QueueError {
     pub(crate) error: Error,
     pub(crate) maybe_in_flight: bool,
@@ -335,6 +335,12 @@ impl From<Error> for QueueError {
     fn from(error: Error) -> Self {
         QueueError { error, maybe_in_flight: false }
     }
+}
+
+/// Drains `stream` after a failed step of a copy; whether the copy may still run (the drain
+/// failed, and not because the context is dead, which stops all its work).
+fn drain_failed(who: &'static str, stream: &CudaStream) -> bool {
+    stream_sync(who, stream).is_err_and(|e| !super::context_is_dead(&e))
 }
 
 /// Checks a copy, then queues it on `stream` after the work queued so far on the streams of its
@@ -406,7 +412,7 @@ fn queue(
                 // call and kept by every caller until the copy is done), equal sizes checked.
                 if let Err(error) = unsafe { queue_host_pieces(who, &p, stream) } {
                     // A host copy in pieces may have queued some: drained before the ends go back.
-                    let maybe_in_flight = stream_sync(who, stream).is_err();
+                    let maybe_in_flight = drain_failed(who, stream);
                     return Err(QueueError { error, maybe_in_flight });
                 }
                 cusys::CUresult::CUDA_SUCCESS
@@ -414,7 +420,7 @@ fn queue(
         };
         if let Err(e) = queued.result() {
             // A host copy in pieces may have queued some: drained before the ends go back.
-            let maybe_in_flight = stream_sync(who, stream).is_err();
+            let maybe_in_flight = drain_failed(who, stream);
             return Err(QueueError { error: Error::driver(who, e), maybe_in_flight });
         }
     }
@@ -438,7 +444,7 @@ fn queue(
     }
     if let Err(error) = after {
         // The copy is queued but cannot be waited for as planned: wait for it here.
-        let maybe_in_flight = stream_sync(who, stream).is_err();
+        let maybe_in_flight = drain_failed(who, stream);
         return Err(QueueError { error, maybe_in_flight });
     }
     Ok(event)
@@ -571,13 +577,7 @@ pub(crate) fn run_scope<'env, R>(
     // fault stops all its work) may end the borrows; any other failure (a capture refusing the
     // wait) says nothing about the copies, and must not.
     let last = scope.last.lock().unwrap_or_else(|e| e.into_inner()).take();
-    let waited = last.map_or(Ok(()), |event| event.wait(who));
-    if let Err(e) = &waited {
-        if !super::context_is_dead(e) {
-            eprintln!("{e}: a copy scope could not wait for its copies; aborting rather than end their borrows");
-            std::process::abort();
-        }
-    }
+    let waited = super::waited_for_borrow(who, last.map_or(Ok(()), |event| event.wait(who)));
     match outcome {
         Ok(r) => waited.map(|()| r),
         Err(panic) => std::panic::resume_unwind(panic),
@@ -595,6 +595,9 @@ impl<'scope, 'env> CopyScope<'scope, 'env> {
                 }
                 Ok(())
             }
+            // The scope's end waits for the event of its latest queued copy only: a failed copy
+            // that may still run would outlive the borrows.
+            Err(q) if q.maybe_in_flight => super::in_flight_under_borrow(who, &q.error),
             Err(q) => Err(q.error),
         }
     }
@@ -665,8 +668,9 @@ pub(crate) fn copy_page_locked(who: &'static str, ends: Ends<'_>) -> Result<()> 
         Ends::ToHost(s, _) | Ends::Device(s, _) => s.stream.clone(),
     };
     match queue(who, &stream, &ends, true, false) {
-        Ok(Some(event)) => event.wait(who),
+        Ok(Some(event)) => super::waited_for_borrow(who, event.wait(who)),
         Ok(None) => Ok(()),
+        Err(q) if q.maybe_in_flight => super::in_flight_under_borrow(who, &q.error),
         Err(q) => Err(q.error),
     }
 }

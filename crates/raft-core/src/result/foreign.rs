@@ -34,6 +34,10 @@ pub(crate) struct ForeignUses {
     any: AtomicBool,
     /// Some write is pending (what a shared use of the array must wait for).
     writes: AtomicBool,
+    /// A use on another stream was handed out with no event to order the array after it (the
+    /// event could not be made): nothing can order the array's own stream after that use, so
+    /// every later settle fails and the array is leaked rather than freed under it.
+    unordered: AtomicBool,
     uses: Mutex<Vec<Use>>,
 }
 
@@ -76,7 +80,12 @@ impl ForeignUses {
                     uses.len() - 1
                 }
                 Err(e) => {
+                    // The guard's host wait below may be refused (a capture) and cudarc
+                    // swallows that: the array cannot count on it, and is leaked at its drop.
                     stream.context().record_err::<()>(Err(e));
+                    self.unordered.store(true, Ordering::Release);
+                    self.any.store(true, Ordering::Release);
+                    self.writes.store(true, Ordering::Release);
                     return SyncOnDrop::sync_stream(stream);
                 }
             },
@@ -116,6 +125,13 @@ impl ForeignUses {
 
     /// `settle` once some use is pending (out of line: the common case is none).
     fn settle_pending(&self, who: &'static str, own: &CudaStream, writes_only: bool, done: bool) -> Result<()> {
+        if self.unordered.load(Ordering::Acquire) {
+            return Err(Error::logic(
+                who,
+                "a use of the array on another stream could not be ordered (its event could not be made): the array's own \
+                 stream cannot wait for it",
+            ));
+        }
         let _keep = super::ContextGuard::save(who)?; // cudarc's wait binds `own`'s context
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
         let mut first = Ok(());

@@ -61,6 +61,27 @@ pub(crate) fn already_gone(e: &Error) -> bool {
     m.contains("CUDA_ERROR_DEINITIALIZED") || m.contains("cudaErrorCudartUnloading")
 }
 
+/// The rule for a wait that a borrow's end depends on (the caller's borrow of the memory a copy
+/// uses ends when it returns), as a copy scope keeps it: a wait that failed because the context is
+/// dead lets the borrow end (nothing it queued runs any more); any other failure (a capture
+/// refusing it) says nothing about the copy, which may still use the memory: the process stops
+/// rather than end the borrow under it.
+pub(crate) fn waited_for_borrow(who: &'static str, waited: Result<()>) -> Result<()> {
+    if let Err(e) = &waited {
+        if !context_is_dead(e) {
+            in_flight_under_borrow(who, e)?;
+        }
+    }
+    waited
+}
+
+/// A copy that may still run while the borrow of its memory is about to end: stops the process.
+#[cold]
+pub(crate) fn in_flight_under_borrow(who: &'static str, e: &Error) -> Result<()> {
+    eprintln!("{who}: {e}: a copy may still use borrowed memory and could not be waited for; aborting rather than end the borrow");
+    std::process::abort()
+}
+
 /// Whether a failure means the context can run no work any more (a sticky fault of one of its
 /// kernels, or a context or driver gone): then nothing it queued still touches memory, and a
 /// borrow that waited for such work may end. Any other failed wait (a capture refusing it, a bad
