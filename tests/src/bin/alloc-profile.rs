@@ -1,0 +1,144 @@
+//! A sampling profile of the allocation hot path (issue 30), for machines without a profiler:
+//! `DeviceVec::new_in` + drop through an arena, and C++ doing the same steps as designed
+//! (`bl_alloc_free_held_as_designed`), each looped for a few seconds under `SIGPROF`. The handler
+//! records the interrupted instruction's address; at the end each phase's addresses and the
+//! process's mappings are written out, for `scripts/symbolize-profile.py` to name on a machine
+//! that has the same binaries.
+//!
+//!     alloc-profile OUT_DIR [SECONDS_PER_PHASE]
+use raft::{DeviceResources, DeviceVec};
+use raft_tests::baseline::{bl_alloc_free_held_as_designed, bl_use_stream};
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const MAX: usize = 1 << 20;
+/// The samples' addresses, written only by the handler (one thread is profiled: `SIGPROF` of a
+/// process timer goes to a thread that is running, and only the main thread runs the loops).
+static SAMPLES: [AtomicUsize; MAX] = [const { AtomicUsize::new(0) }; MAX];
+static TAKEN: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_prof(_sig: libc::c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a `ucontext_t` to an SA_SIGINFO handler; reading a register of
+    // it is async-signal-safe, as are the atomics.
+    let rip = unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] } as usize;
+    let i = TAKEN.fetch_add(1, Ordering::Relaxed);
+    if i < MAX {
+        SAMPLES[i].store(rip, Ordering::Relaxed);
+    }
+}
+
+/// Writes `n` in hex to stderr (async-signal-safe: no allocation).
+fn write_hex(n: usize) {
+    let mut buf = [b'0'; 18];
+    buf[1] = b'x';
+    for i in 0..16 {
+        let d = (n >> ((15 - i) * 4)) & 0xf;
+        buf[2 + i] = if d < 10 { b'0' + d as u8 } else { b'a' + d as u8 - 10 };
+    }
+    // SAFETY: writes a local buffer to fd 2.
+    unsafe { libc::write(2, buf.as_ptr() as *const libc::c_void, buf.len()) };
+}
+
+/// A crash after the phases (the process's exit) names where it happened, for symbolizing.
+extern "C" fn on_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a siginfo_t and a ucontext_t to an SA_SIGINFO handler.
+    let (rip, addr) =
+        unsafe { ((*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] as usize, (*info).si_addr() as usize) };
+    let msg = b"\nalloc-profile: SIGSEGV at rip ";
+    // SAFETY: writes static bytes to fd 2, then exits without running handlers.
+    unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
+    write_hex(rip);
+    let msg = b" address ";
+    unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
+    write_hex(addr);
+    unsafe {
+        libc::write(2, b"\n".as_ptr() as *const libc::c_void, 1);
+        libc::_exit(139);
+    }
+}
+
+fn start_timer(hz: i64) {
+    // SAFETY: installs a handler that only touches atomics; the itimerval is a local.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_prof as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        assert_eq!(libc::sigaction(libc::SIGPROF, &sa, std::ptr::null_mut()), 0);
+        let period = libc::timeval { tv_sec: 0, tv_usec: 1_000_000 / hz };
+        let t = libc::itimerval { it_interval: period, it_value: period };
+        assert_eq!(libc::setitimer(libc::ITIMER_PROF, &t, std::ptr::null_mut()), 0);
+    }
+}
+
+fn stop_timer() {
+    // SAFETY: a zero itimerval disarms the timer.
+    unsafe {
+        let t: libc::itimerval = std::mem::zeroed();
+        libc::setitimer(libc::ITIMER_PROF, &t, std::ptr::null_mut());
+    }
+}
+
+/// Runs `f` in a loop for `secs` with the timer armed; returns (calls, the phase's addresses).
+fn phase(secs: f64, f: &mut dyn FnMut()) -> (u64, Vec<usize>) {
+    for _ in 0..10_000 {
+        f(); // warm
+    }
+    TAKEN.store(0, Ordering::Relaxed);
+    let mut calls = 0u64;
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    start_timer(4000);
+    while Instant::now() < end {
+        for _ in 0..1000 {
+            f();
+        }
+        calls += 1000;
+    }
+    stop_timer();
+    let n = TAKEN.load(Ordering::Relaxed).min(MAX);
+    (calls, (0..n).map(|i| SAMPLES[i].load(Ordering::Relaxed)).collect())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let out = std::path::PathBuf::from(args.get(1).expect("usage: alloc-profile OUT_DIR [SECONDS_PER_PHASE]"));
+    let secs: f64 = args.get(2).map_or(4.0, |s| s.parse().expect("seconds"));
+    std::fs::create_dir_all(&out).unwrap();
+    // SAFETY: installs a handler that only writes to fd 2 and exits.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_segv as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
+    }
+    let r = DeviceResources::new().unwrap();
+    let own = r.stream().unwrap();
+    // SAFETY: the stream outlives the C++ phases (held until after them, then given back).
+    unsafe { bl_use_stream(own.cu_stream() as *mut std::ffi::c_void) };
+    let cuda = raft::MemoryResource::cuda(0).unwrap();
+    let arena = cuda.arena(raft::ArenaOptions::size(1 << 30)).unwrap();
+    let mut summary = String::new();
+    for bytes in [0usize, 64 << 10] {
+        let phases: [(&str, &mut dyn FnMut()); 2] = [
+            ("ours", &mut || drop(std::hint::black_box(DeviceVec::<u8>::new_in(&r, bytes, &arena).unwrap()))),
+            ("cpp-as-designed", &mut || assert_eq!(unsafe { bl_alloc_free_held_as_designed(1, bytes) }, 0)),
+        ];
+        for (name, f) in phases {
+            let t = Instant::now();
+            let (calls, samples) = phase(secs, f);
+            let ns = t.elapsed().as_nanos() as f64 / calls as f64;
+            let line = format!("{name} {bytes} B: {calls} calls, {ns:.1} ns per call (with the sampling), {} samples\n", samples.len());
+            print!("{line}");
+            summary.push_str(&line);
+            let mut file = std::fs::File::create(out.join(format!("{name}-{bytes}.txt"))).unwrap();
+            for a in samples {
+                writeln!(file, "{a:x}").unwrap();
+            }
+        }
+    }
+    // SAFETY: the baseline's own stream again, before `own` goes.
+    unsafe { bl_use_stream(std::ptr::null_mut()) };
+    drop(own);
+    std::fs::write(out.join("summary.txt"), summary).unwrap();
+    std::fs::copy("/proc/self/maps", out.join("maps.txt")).unwrap();
+}
