@@ -62,7 +62,9 @@ fn main() {
         return;
     };
 
-    let shim = build_shim(&manifest, &out, &stack, &nccl);
+    let header_hash = raft_build::header_hash(&std::fs::read(manifest.join("include/raftcomms.h")).expect("read include/raftcomms.h"));
+    println!("cargo:rustc-env=RAFT_COMMS_HEADER_HASH={header_hash}");
+    let shim = build_shim(&manifest, &out, &stack, &nccl, header_hash);
     let nccl_lib = nccl.lib.as_ref().map(|d| d.display().to_string()).unwrap_or_default();
     println!("cargo:rustc-env=RAFT_COMMS_SHIM_PATH={}", shim.display());
     println!("cargo:rustc-env=RAFT_COMMS_BUILD_NOTE=");
@@ -75,6 +77,7 @@ fn main() {
 /// The environment of a build with no shim: the reason reaches the run-time error.
 fn no_shim(note: &str, nccl_lib: &str) {
     println!("cargo:rustc-env=RAFT_COMMS_SHIM_PATH=");
+    println!("cargo:rustc-env=RAFT_COMMS_HEADER_HASH=0");
     println!("cargo:rustc-env=RAFT_COMMS_BUILD_NOTE={note}");
     println!("cargo:rustc-env=RAFT_COMMS_NCCL_LIB_DIR={nccl_lib}");
     println!("cargo:rustc-env=RAFT_COMMS_NCCL_INCLUDE=");
@@ -142,9 +145,10 @@ fn watch_for_header(root: &Path, include: &str, whole_root: bool) {
 /// Compiles the shim's sources position-independent and links `OUT_DIR/libraftcomms_shim.so` with
 /// the CUDA runtime (the same `libcudart.so.13` raft-sys's shim uses) and RUNPATH `$ORIGIN`, the
 /// stack's library directories and NCCL's (where libnccl.so.2 is looked for at run time).
-fn build_shim(manifest: &Path, out: &Path, stack: &Stack, nccl: &Nccl) -> PathBuf {
+fn build_shim(manifest: &Path, out: &Path, stack: &Stack, nccl: &Nccl, header_hash: u64) -> PathBuf {
     let mut build = cc::Build::new();
     build.cpp(true).std("c++20").pic(true).files(SHIM_SOURCES.iter().map(|f| manifest.join(f))).include(manifest.join("include"));
+    build.define("RAFTCOMMS_HEADER_HASH", Some(format!("{header_hash}ULL").as_str()));
     build.flag(format!("-isystem{}", nccl.include.display()));
     for dir in &stack.includes {
         build.flag(format!("-isystem{}", dir.display()));

@@ -46,7 +46,7 @@ fn main() {
 
     watch_stack(&stack);
 
-    let header_hash = fnv1a(&std::fs::read(manifest.join("include/raftrs.h")).expect("read include/raftrs.h"));
+    let header_hash = raft_build::header_hash(&std::fs::read(manifest.join("include/raftrs.h")).expect("read include/raftrs.h"));
     println!("cargo:rustc-env=RAFT_SYS_HEADER_HASH={header_hash}");
     let shim = build_shim(&manifest, &out, &stack, header_hash);
     let info = read_build_info(&manifest, &stack);
@@ -160,10 +160,6 @@ fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64) -> P
 }
 
 /// FNV-1a (64 bits) of the shim's header: the loader compares the shim's with the bindings'.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
-}
-
 /// What the headers say: versions, CCCL, the CUDA runtime, RMM's inline ABI namespace.
 struct Info {
     raft: (u32, u32, u32),

@@ -11,6 +11,9 @@
 //! - [`stack`]: [`Stack`] and [`find`], in `RAFT_SYS_PREFIX`, the cache, a Python environment,
 //!   `CONDA_PREFIX`; [`Stack::from_dep_metadata`] for crates that build after `raft-sys`.
 //! - [`cuvs`]: where cuVS may be, relative to the stack ([`cuvs_roots`]).
+//! - [`header_hash`]: the hash a shim is built with and its Rust side checks at load, so a shim
+//!   built from another version of its C header is refused, not called through the wrong
+//!   signatures.
 
 // It reads paths and environment variables: nothing here needs `unsafe`.
 #![forbid(unsafe_code)]
@@ -24,3 +27,19 @@ pub use cache::{cache_dir, cache_prefix, env_var_rerun};
 pub use cuvs::{cuvs_beside, cuvs_roots, cuvs_roots_from_env};
 pub use pins::{pip_line, LIBRARIES, NCCL_WHEEL, PINNED, WHEELS};
 pub use stack::{find, Stack};
+
+/// FNV-1a (64 bits) of a C header's bytes: what a shim is built with (a `*_HEADER_HASH` define it
+/// returns at run time) and what its Rust side, built from the same header, compares at load.
+pub fn header_hash(header: &[u8]) -> u64 {
+    header.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_header_hash_is_fnv1a_and_sees_every_byte() {
+        assert_eq!(super::header_hash(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(super::header_hash(b"a"), 0xaf63_dc4c_8601_ec8c); // FNV-1a 64's published value
+        assert_ne!(super::header_hash(b"int f(int);"), super::header_hash(b"int f(long);"));
+    }
+}

@@ -52,6 +52,11 @@ void raftcomms_clear_error(void);
 
 /* ---- NCCL ---------------------------------------------------------------------------------- */
 
+/** FNV-1a (64 bits) of this header's bytes as the shim was built from it: the Rust side, built
+ *  from the same header, refuses a shim that answers otherwise (one of another version, whose
+ *  functions may take other arguments). */
+uint64_t raftcomms_header_hash(void);
+
 /** NCCL_VERSION_CODE of the nccl.h the shim was compiled against (e.g. 22809). */
 int32_t raftcomms_header_nccl_version(void);
 

@@ -74,6 +74,21 @@ fn shim_advice() -> String {
     }
 }
 
+/// The hash of `include/raftcomms.h` this crate was built from (0: no shim was built).
+fn build_header_hash() -> u64 {
+    env!("RAFT_COMMS_HEADER_HASH").parse().unwrap_or(0)
+}
+
+/// Refuses a shim built from another `raftcomms.h` than these bindings: its functions may take
+/// other arguments than `src/sys.rs` says.
+fn same_header(theirs: u64, ours: u64) -> std::result::Result<(), String> {
+    if theirs == ours {
+        Ok(())
+    } else {
+        Err(format!("built from another raftcomms.h (hash {theirs:#x}, these bindings {ours:#x}): a shim of another raft-comms version"))
+    }
+}
+
 fn load() -> std::result::Result<Loaded, LoadError> {
     // raft-sys's shim first: it preloads the CUDA libraries RAFT_RS_LIB_PATH names, and this shim
     // must bind to the same libcudart. Its own failure is reported by the calls that need it.
@@ -93,7 +108,11 @@ fn load() -> std::result::Result<Loaded, LoadError> {
     let shim = load::open(&spec, |lib, _| {
         // SAFETY: a raftcomms shim: its functions have the signatures of src/sys.rs, which a
         // test checks against the header it was built from; the table keeps the library loaded.
-        unsafe { RaftcommsShim::from_library(lib.into()) }.map_err(|e| format!("not this raft-comms version's shim ({e})"))
+        // A shim built from another header is refused just below, before any other call.
+        let api = unsafe { RaftcommsShim::from_library(lib.into()) }.map_err(|e| format!("not this raft-comms version's shim ({e})"))?;
+        // SAFETY: takes nothing, returns a number: callable whatever the rest of the shim is.
+        same_header(unsafe { (api.raftcomms_header_hash)() }, build_header_hash())?;
+        Ok(api)
     })?;
     let api = shim.api;
     let explicit_nccl = std::env::var("RAFT_COMMS_NCCL_LIB").ok().filter(|p| !p.is_empty());
@@ -129,4 +148,23 @@ pub(crate) fn nccl_facts(who: &'static str) -> Result<(i32, String, PathBuf)> {
 /// time, or in a documentation build), and if not why.
 pub(crate) fn build_note() -> Option<&'static str> {
     (BUILT_SHIM.is_empty() && std::env::var_os("RAFT_COMMS_SHIM").is_none()).then_some(BUILD_NOTE)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_shim_from_another_header_is_refused_by_name() {
+        assert!(super::same_header(7, 7).is_ok());
+        let e = super::same_header(7, 8).unwrap_err();
+        assert!(e.contains("another raftcomms.h") && e.contains("0x7") && e.contains("0x8"), "{e}");
+    }
+
+    /// The hash the build gave the shim is the one of the header in the tree (when it built one).
+    #[test]
+    fn the_build_hashes_the_header_in_the_tree() {
+        let built = super::build_header_hash();
+        if built != 0 {
+            assert_eq!(built, raft_build::header_hash(include_bytes!("../include/raftcomms.h")));
+        }
+    }
 }

@@ -75,6 +75,7 @@ macro_rules! shim_functions {
 shim_functions! {
     fn raftcomms_last_error() -> *const c_char;
     fn raftcomms_clear_error();
+    fn raftcomms_header_hash() -> u64;
     fn raftcomms_header_nccl_version() -> i32;
     fn raftcomms_nccl_load(path: *const c_char, version: *mut i32) -> raftcomms_status;
     fn raftcomms_nccl_path(buf: *mut c_char, size: usize) -> raftcomms_status;

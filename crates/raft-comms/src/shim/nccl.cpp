@@ -156,6 +156,8 @@ const char* raftcomms_last_error(void) { return last_error; }
 
 void raftcomms_clear_error(void) { last_error[0] = '\0'; }
 
+uint64_t raftcomms_header_hash(void) { return RAFTCOMMS_HEADER_HASH; }
+
 int32_t raftcomms_header_nccl_version(void) { return NCCL_VERSION_CODE; }
 
 raftcomms_status raftcomms_nccl_load(const char* path, int32_t* version)
