@@ -508,8 +508,11 @@ struct held_state : context_check {
 
 held_state& floor_state()
 {
-  static held_state s;
-  return s;
+  // Never destroyed: its fenced resources hold deferred frees on the stream the rows used, which
+  // may be a resources object's stream destroyed before the exit (bl_use_stream); a destructor
+  // at exit let them go through that dead handle, inside libcuda (alloc-profile, run 145).
+  static held_state* s = new held_state;
+  return *s;
 }
 
 /// The live-allocation count of the rows, as the library keeps it since issue 30's second part:

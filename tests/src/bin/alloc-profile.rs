@@ -5,7 +5,7 @@
 //! process's mappings are written out, for `scripts/symbolize-profile.py` to name on a machine
 //! that has the same binaries.
 //!
-//!     alloc-profile OUT_DIR [SECONDS_PER_PHASE]
+//!     alloc-profile OUT_DIR [SECONDS_PER_PHASE]     (ALLOC_PROFILE_PHASES=ours,cpp-as-designed: a subset)
 use raft::{DeviceResources, DeviceVec};
 use raft_tests::baseline::{bl_alloc_free_held_as_designed, bl_use_stream};
 use std::io::Write;
@@ -52,6 +52,17 @@ extern "C" fn on_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
     let msg = b" address ";
     unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
     write_hex(addr);
+    // The frames above it (glibc's unwinder: not async-signal-safe in general, but the process
+    // is going down anyway), one address a line, for symbolizing with the maps.
+    let mut frames = [std::ptr::null_mut::<libc::c_void>(); 48];
+    // SAFETY: `backtrace` writes at most the array's length of frame addresses into it.
+    let n = unsafe { libc::backtrace(frames.as_mut_ptr(), frames.len() as libc::c_int) };
+    for f in frames.iter().take(n.max(0) as usize) {
+        // SAFETY: writes static bytes to fd 2.
+        unsafe { libc::write(2, b"\nframe ".as_ptr() as *const libc::c_void, 7) };
+        write_hex(*f as usize);
+    }
+    // SAFETY: writes a newline, then exits without running handlers.
     unsafe {
         libc::write(2, b"\n".as_ptr() as *const libc::c_void, 1);
         libc::_exit(139);
@@ -124,6 +135,10 @@ fn main() {
             ("cpp-as-designed", &mut || assert_eq!(unsafe { bl_alloc_free_held_as_designed(1, bytes) }, 0)),
         ];
         for (name, f) in phases {
+            // ALLOC_PROFILE_PHASES: a comma-separated subset of the phases' names (all when unset).
+            if std::env::var("ALLOC_PROFILE_PHASES").is_ok_and(|only| !only.split(',').any(|p| p == name)) {
+                continue;
+            }
             let t = Instant::now();
             let (calls, samples) = phase(secs, f);
             let ns = t.elapsed().as_nanos() as f64 / calls as f64;
@@ -141,4 +156,5 @@ fn main() {
     drop(own);
     std::fs::write(out.join("summary.txt"), summary).unwrap();
     std::fs::copy("/proc/self/maps", out.join("maps.txt")).unwrap();
+    eprintln!("alloc-profile: main returns");
 }
