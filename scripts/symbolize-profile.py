@@ -4,7 +4,7 @@ here: addr2line for the profiled binary and the shim (built with line tables), t
 name for everything else. Prints, per phase, where the samples fall: by function (the outermost
 frame of an inlined chain), by innermost source line, and by library.
 
-    scripts/symbolize-profile.py OUT_DIR BINARY SHIM_SO [TOP]
+    scripts/symbolize-profile.py OUT_DIR BINARY SHIM_SO [TOP] [--insns]   (--insns: the hottest instructions too)
 """
 import collections
 import os
@@ -77,9 +77,33 @@ def addr2line(binary, offsets):
     return named
 
 
+def instruction(binary, vaddr):
+    """The instruction at `vaddr` of `binary`, as objdump writes it."""
+    out = subprocess.run(['objdump', '-d', '--no-show-raw-insn', '-C', f'--start-address={vaddr}', f'--stop-address={vaddr + 16}', binary],
+                         capture_output=True, text=True).stdout.splitlines()
+    for line in out:
+        if line.strip().startswith(f'{vaddr:x}:'):
+            return ' '.join(line.split(':', 1)[1].split())
+    return '?'
+
+
+def hot_instructions(binary, offsets, n, top):
+    """The `top` hottest instructions of the profiled binary: share, address, instruction, line."""
+    convert = to_vaddr(binary)
+    counts = collections.Counter(offsets)
+    named = addr2line(binary, [o for o, _ in counts.most_common(top)])
+    print('### hottest instructions of the binary (a sample names the instruction about to run)')
+    for off, c in counts.most_common(top):
+        va = convert(off)
+        where = named.get(off, ('??', '??'))[1]
+        print(f'{100.0 * c / n:5.1f}%  {va:#x}  {instruction(binary, va)[:60]:60}  {where[:90]}')
+
+
 def main():
-    d, binary, shim = sys.argv[1], sys.argv[2], sys.argv[3]
-    top = int(sys.argv[4]) if len(sys.argv) > 4 else 25
+    insns = '--insns' in sys.argv
+    args = [a for a in sys.argv[1:] if a != '--insns']
+    d, binary, shim = args[0], args[1], args[2]
+    top = int(args[3]) if len(args) > 3 else 25
     maps = load_maps(os.path.join(d, 'maps.txt'))
     print(open(os.path.join(d, 'summary.txt')).read())
     for name in sorted(f for f in os.listdir(d) if f.endswith('.txt') and f not in ('maps.txt', 'summary.txt')):
@@ -107,6 +131,8 @@ def main():
                 by_line[f'[{lib}]'] += 1
         n = len(addrs)
         print(f'## {name[:-4]}: {n} samples')
+        if insns:
+            hot_instructions(binary, local['bin'], n, top)
         for title, counter in (('library', by_lib), ('function (outermost frame)', by_fn), ('innermost line', by_line)):
             print(f'### by {title}')
             for k, c in counter.most_common(top):

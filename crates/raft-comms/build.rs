@@ -38,6 +38,10 @@ fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:include={}", manifest.join("include").display());
+    // Also in a build without a shim: a shim given at run time (RAFT_COMMS_SHIM) is checked
+    // against this header all the same.
+    let header_hash = raft_build::header_hash(&std::fs::read(manifest.join("include/raftcomms.h")).expect("read include/raftcomms.h"));
+    println!("cargo:rustc-env=RAFT_COMMS_HEADER_HASH={header_hash}");
 
     if env_var_rerun("DOCS_RS").is_some() || env::var_os("CARGO_FEATURE_DOC_ONLY").is_some() {
         no_shim("this is a documentation build (no native code)", "");
@@ -62,8 +66,6 @@ fn main() {
         return;
     };
 
-    let header_hash = raft_build::header_hash(&std::fs::read(manifest.join("include/raftcomms.h")).expect("read include/raftcomms.h"));
-    println!("cargo:rustc-env=RAFT_COMMS_HEADER_HASH={header_hash}");
     let shim = build_shim(&manifest, &out, &stack, &nccl, header_hash);
     let nccl_lib = nccl.lib.as_ref().map(|d| d.display().to_string()).unwrap_or_default();
     println!("cargo:rustc-env=RAFT_COMMS_SHIM_PATH={}", shim.display());
@@ -77,7 +79,6 @@ fn main() {
 /// The environment of a build with no shim: the reason reaches the run-time error.
 fn no_shim(note: &str, nccl_lib: &str) {
     println!("cargo:rustc-env=RAFT_COMMS_SHIM_PATH=");
-    println!("cargo:rustc-env=RAFT_COMMS_HEADER_HASH=0");
     println!("cargo:rustc-env=RAFT_COMMS_BUILD_NOTE={note}");
     println!("cargo:rustc-env=RAFT_COMMS_NCCL_LIB_DIR={nccl_lib}");
     println!("cargo:rustc-env=RAFT_COMMS_NCCL_INCLUDE=");

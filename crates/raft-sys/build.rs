@@ -159,7 +159,6 @@ fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64) -> P
     shim
 }
 
-/// FNV-1a (64 bits) of the shim's header: the loader compares the shim's with the bindings'.
 /// What the headers say: versions, CCCL, the CUDA runtime, RMM's inline ABI namespace.
 struct Info {
     raft: (u32, u32, u32),

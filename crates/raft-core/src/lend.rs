@@ -56,14 +56,20 @@ impl DeviceResources {
     }
 
     /// Runs `f` with the `raft::resources*` lent exclusively: no other use of these resources
-    /// (a lend, an allocation, a sync, a job's use) runs meanwhile on any thread. For C++ code
-    /// that changes the object, such as `raft::resource::set_comms` or any other `set_*`: RAFT
-    /// replaces a resource cell there, which its documentation allows only with no concurrent
-    /// use of the object (a reader meanwhile races the cell's replacement and can be left with a
-    /// reference into the freed cell). [`with_raft_resources`](Self::with_raft_resources) is for
-    /// reading (RAFT's `get_*` accessors, algorithms).
+    /// through this library (a lend, an allocation, a sync, a job's use of them) runs meanwhile
+    /// on any thread. For C++ code that changes the object, such as `raft::resource::set_comms`
+    /// or any other `set_*`: RAFT replaces a resource cell there, which its documentation allows
+    /// only with no concurrent use of the object (a reader meanwhile races the cell's
+    /// replacement and can be left with a reference into the freed cell).
+    /// [`with_raft_resources`](Self::with_raft_resources) is for reading (RAFT's `get_*`
+    /// accessors, algorithms). Work already queued on the stream, and a stream or handle taken
+    /// out earlier (`stream()`, `cublas_handle()`), are not held back: they never read RAFT's
+    /// object.
     ///
-    /// Waits for the uses in progress to end, and holds new ones back until `f` returns.
+    /// Waits for a moment with no use in progress (polling: other threads' uses are never held
+    /// back while it waits, so a use that waits for another cannot deadlock with it; under a
+    /// steady stream of uses from many threads the wait can be long), then holds new uses back
+    /// until `f` returns.
     ///
     /// # Errors
     /// `Logic` on released resources, and when called inside a use of the same resources on this

@@ -436,8 +436,9 @@ impl DeviceResources {
             // waiting for the write lock (std's RwLock queues new readers behind a waiting
             // writer), which waits for the outer use: a deadlock. The outer read lock is held.
             let _held = Holding::enter(id, native);
-            // SAFETY: `native` points into `self.state.native`, read-locked by the outer
-            // `with_native` further up this thread's stack; that guard outlives this call (its
+            // SAFETY: `native` points into `self.state.native`, locked by the outer use further
+            // up this thread's stack (read-locked by `with_native`, or write-locked by
+            // `with_native_exclusive`); that guard outlives this call (its
             // `Holding` entry is removed before it is dropped), so no release can take it out.
             return f(unsafe { &*native });
         }
@@ -457,9 +458,9 @@ impl DeviceResources {
 
     /// Runs `f` on the live native resources with no other use of them running, on any thread:
     /// for changes to RAFT's object (`raft::resource::set_comms` replaces a resource cell, which
-    /// RAFT documents as unsafe beside any concurrent use of the object). Waits for the uses in
-    /// progress (the write lock a release takes); refused inside a use of the same resources on
-    /// this thread, which it would wait for.
+    /// RAFT documents as unsafe beside any concurrent use of the object). Takes the write lock a
+    /// release takes, at the first moment no use is in progress (polled); refused inside a use of
+    /// the same resources on this thread, which it would wait for.
     pub(crate) fn with_native_exclusive<R>(&self, who: &'static str, f: impl FnOnce(&NativeResources) -> Result<R>) -> Result<R> {
         let id = self.state.id;
         if held_native(id).is_some() {
@@ -468,7 +469,21 @@ impl DeviceResources {
                 "called inside a use of the same resources on this thread (a lend, a job's or a callback's use): it would wait for itself",
             ));
         }
-        let native = self.state.native.write().unwrap_or_else(|e| e.into_inner());
+        // Polled, never queued as a waiting writer: std's RwLock holds new readers back behind
+        // a waiting writer, so a use on another thread that waits (outside the lock) for a third
+        // use of these resources would deadlock with this call while it waited. Polling, the
+        // other uses go on, and this call takes the first moment with none in progress.
+        let start = std::time::Instant::now();
+        let native = loop {
+            match self.state.native.try_write() {
+                Ok(guard) => break guard,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if start.elapsed() < std::time::Duration::from_millis(1) => {
+                    std::thread::yield_now()
+                }
+                Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_micros(50)),
+            }
+        };
         match native.as_ref() {
             Some(n) => {
                 // A use of the same resources from inside `f` on this thread (the read lock would

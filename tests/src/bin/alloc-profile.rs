@@ -13,15 +13,31 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const MAX: usize = 1 << 20;
-/// The samples' addresses, written only by the handler (one thread is profiled: `SIGPROF` of a
-/// process timer goes to a thread that is running, and only the main thread runs the loops).
+/// The samples' addresses, written only by the handler. `SIGPROF` of the process's CPU timer goes
+/// to whichever thread is running when it fires: in these loops almost always the main thread
+/// (the library's and CUDA's threads sleep); a sample taken on another names that thread's
+/// instruction.
 static SAMPLES: [AtomicUsize; MAX] = [const { AtomicUsize::new(0) }; MAX];
 static TAKEN: AtomicUsize = AtomicUsize::new(0);
 
+/// The interrupted instruction's address in a signal's context (x86-64 Linux, the GPU machines'
+/// platform; 0 elsewhere).
+fn interrupted_at(ctx: *mut libc::c_void) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the kernel passes a `ucontext_t` to an SA_SIGINFO handler; reading a register
+        // of it is async-signal-safe.
+        unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] as usize }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ctx;
+        0
+    }
+}
+
 extern "C" fn on_prof(_sig: libc::c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a `ucontext_t` to an SA_SIGINFO handler; reading a register of
-    // it is async-signal-safe, as are the atomics.
-    let rip = unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] } as usize;
+    let rip = interrupted_at(ctx);
     let i = TAKEN.fetch_add(1, Ordering::Relaxed);
     if i < MAX {
         SAMPLES[i].store(rip, Ordering::Relaxed);
@@ -42,14 +58,15 @@ fn write_hex(n: usize) {
 
 /// A crash after the phases (the process's exit) names where it happened, for symbolizing.
 extern "C" fn on_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a siginfo_t and a ucontext_t to an SA_SIGINFO handler.
-    let (rip, addr) =
-        unsafe { ((*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] as usize, (*info).si_addr() as usize) };
+    let rip = interrupted_at(ctx);
+    // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler.
+    let addr = unsafe { (*info).si_addr() as usize };
     let msg = b"\nalloc-profile: SIGSEGV at rip ";
-    // SAFETY: writes static bytes to fd 2, then exits without running handlers.
+    // SAFETY: writes static bytes to fd 2.
     unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
     write_hex(rip);
     let msg = b" address ";
+    // SAFETY: writes static bytes to fd 2.
     unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
     write_hex(addr);
     // The frames above it (glibc's unwinder: not async-signal-safe in general, but the process
@@ -132,6 +149,7 @@ fn main() {
     for bytes in [0usize, 64 << 10] {
         let phases: [(&str, &mut dyn FnMut()); 2] = [
             ("ours", &mut || drop(std::hint::black_box(DeviceVec::<u8>::new_in(&r, bytes, &arena).unwrap()))),
+            // SAFETY: a plain C function of the baseline, on the stream set above (alive).
             ("cpp-as-designed", &mut || assert_eq!(unsafe { bl_alloc_free_held_as_designed(1, bytes) }, 0)),
         ];
         for (name, f) in phases {

@@ -46,6 +46,44 @@ ncclRedOp_t nccl_op(int32_t op)
   }
 }
 
+namespace {
+
+/// The communicators this thread's open group holds (a plain pointer to a heap vector, never
+/// freed: no thread-local destructor, which glibc would run before the exit's handlers).
+std::vector<std::weak_ptr<comm_cell>>& group_held()
+{
+  thread_local std::vector<std::weak_ptr<comm_cell>>* held = nullptr;
+  if (held == nullptr) { held = new std::vector<std::weak_ptr<comm_cell>>; }
+  return *held;
+}
+
+}  // namespace
+
+void hold_for_group(comm_cell& c, char const* doing)
+{
+  if (c.group_owner == std::this_thread::get_id()) { return; }
+  if (c.group_owner != std::thread::id{}) {
+    throw std::logic_error(std::string(doing) +
+                           ": the communicator has calls in an open NCCL group on another thread; call it from that "
+                           "thread, or after that group has ended");
+  }
+  group_held().push_back(c.weak_from_this());  // first: a failed push leaves no hold behind
+  c.group_owner = std::this_thread::get_id();
+}
+
+void release_group_held() noexcept
+{
+  try {
+    std::vector<std::weak_ptr<comm_cell>> held;
+    held.swap(group_held());
+    for (auto const& w : held) {
+      if (auto c = w.lock()) { release_group_owner(*c); }
+    }
+  } catch (...) {
+    // Only the list's first allocation can throw, and then nothing was held.
+  }
+}
+
 /// Ends the calling thread's hold on `c` once its outermost group has ended (ncclGroupEnd
 /// returned, or failed and aborted it): until then another thread's call is refused, never
 /// folded into this thread's group. An abort that waited for the group's end (`abort_locked`)
@@ -142,11 +180,7 @@ raftcomms_status raftcomms_group_end(int32_t n, raftcomms_comm* const* comms, vo
 {
   return guard([&] {
     --group_depth;
-    std::vector<cell_ptr const*> cells;
-    if (group_depth == 0) {
-      for (int32_t i = 0; i < n; ++i) { cells.push_back(&comms[i]->cell); }
-    }
-    owners_release release{static_cast<int32_t>(cells.size()), cells.data()};
+    group_held_release release;  // after the outermost end, on every path out
     ncclResult_t r = nccl().GroupEnd();
     if (r != ncclSuccess && r != ncclInProgress) {
       // The group's calls may have been launched on some communicators and not others: none of

@@ -259,7 +259,8 @@ struct clique {
 };
 
 /// One NCCL communicator, shared by the Rust handle and every comms_iface installed from it.
-struct comm_cell {
+/// Always made by `std::make_shared` (`new_cell`): an open group keeps a weak reference to it.
+struct comm_cell : std::enable_shared_from_this<comm_cell> {
   std::mutex lock;
   ncclComm_t comm{nullptr};
   /// Set once the communicator was aborted or destroyed; `why` says which and why.
@@ -340,23 +341,26 @@ std::size_t type_size(ncclDataType_t t);
 ncclRedOp_t nccl_op(int32_t op);
 void release_group_owner(comm_cell& c) noexcept;
 
-/// Releases the calling thread's hold on `n` communicators when it goes out of scope: after
-/// the group's end, on every path out of it.
-struct owners_release {
-  int32_t n;
-  cell_ptr const* const* cells;
-  owners_release(int32_t count, cell_ptr const* const* list) : n{count}, cells{list} {}
-  owners_release(int32_t count, cell_ptr const* one) : n{count}, cells{nullptr}, single{one} {}
-  ~owners_release()
-  {
-    if (single != nullptr && n > 0) { release_group_owner(**single); }
-    for (int32_t i = 0; cells != nullptr && i < n; ++i) { release_group_owner(**cells[i]); }
-  }
-  owners_release(owners_release const&)            = delete;
-  owners_release& operator=(owners_release const&) = delete;
+/// Under `c`'s lock, inside this thread's open group (`group_depth > 0`), before a call that NCCL
+/// may list `c` in that group for: refuses a communicator another thread's open group holds, and
+/// makes this thread's group its holder (`group_owner`), released at the group's outermost end
+/// whether or not the call succeeds. From then on an abort of `c` waits for that end.
+void hold_for_group(comm_cell& c, char const* doing);
 
- private:
-  cell_ptr const* single{nullptr};
+/// Releases every communicator this thread's open group holds (`release_group_owner`, which
+/// carries out the aborts that waited for it). At the outermost group end, no cell lock held.
+void release_group_held() noexcept;
+
+/// Runs `release_group_held` when it goes out of scope after the outermost group's end (on every
+/// path out of it).
+struct group_held_release {
+  group_held_release() = default;
+  ~group_held_release()
+  {
+    if (group_depth == 0) { release_group_held(); }
+  }
+  group_held_release(group_held_release const&)            = delete;
+  group_held_release& operator=(group_held_release const&) = delete;
 };
 
 /// Runs one enqueueing NCCL call (or a group of them: `call` may start and end its own group)
@@ -376,6 +380,9 @@ void run_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, F&&
                              ": the communicator has calls in an open NCCL group on another thread; call it from that "
                              "thread, or after that group has ended");
     }
+    // Held before the call: a call that fails may still have listed the communicator in the
+    // group, and an abort (this failure's, a peer's) must then wait for the group's end.
+    if (group_depth > 0) { hold_for_group(c, doing); }
     device_scope scope{c.device};
     r = call(c.comm);
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -383,10 +390,7 @@ void run_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, F&&
       if (!leaves_comm_usable(r)) { abort_locked(c, what); }
       throw nccl_failure(r, what);
     }
-    if (group_depth > 0) {
-      c.group_owner = std::this_thread::get_id();
-      return;  // deferred to the group's end
-    }
+    if (group_depth > 0) { return; }  // deferred to the group's end
     if (r == ncclSuccess) {
       // Launched: the common case records the event under the same lock and device.
       if (mark) { check_cuda(cudaEventRecord(c.event, stream), "recording the communicator's event"); }

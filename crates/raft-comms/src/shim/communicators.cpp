@@ -60,17 +60,15 @@ struct scheduled_abort {
   std::string why;
 };
 
-/// The clique aborts scheduled by any thread, run by whichever thread next leaves an entry point
-/// (a plain heap object, never destroyed: the exit's teardown may still abort).
-std::mutex& scheduled_lock()
-{
-  static auto* m = new std::mutex;
-  return *m;
-}
+/// The clique aborts this thread scheduled, run when it leaves the entry point (or the open
+/// group) it scheduled them in: an abort has reached the whole clique when the call that made
+/// it returns. A plain pointer to a heap vector, never freed: no thread-local destructor, which
+/// glibc would run before the exit's teardown still aborts.
 std::vector<scheduled_abort>& scheduled()
 {
-  static auto* v = new std::vector<scheduled_abort>;
-  return *v;
+  thread_local std::vector<scheduled_abort>* mine = nullptr;
+  if (mine == nullptr) { mine = new std::vector<scheduled_abort>; }
+  return *mine;
 }
 
 /// The cliques of ranks initialised here with one unique id, or split from one clique, by key.
@@ -101,8 +99,8 @@ void schedule_peer_aborts(comm_cell& c, std::string const& reason) noexcept
         if (p && p.get() != &c) { mine.push_back(scheduled_abort{w, why}); }
       }
     }
-    std::lock_guard<std::mutex> hold(scheduled_lock());
-    for (auto& a : mine) { scheduled().push_back(std::move(a)); }
+    auto& queue = scheduled();
+    for (auto& a : mine) { queue.push_back(std::move(a)); }
   } catch (...) {
     // No memory to schedule them: the peers' own watchdogs and timeouts still end them.
   }
@@ -148,20 +146,25 @@ void abort_scheduled_peers() noexcept
   try {
     for (;;) {
       std::vector<scheduled_abort> batch;
-      {
-        std::lock_guard<std::mutex> hold(scheduled_lock());
-        batch.swap(scheduled());
-      }
+      batch.swap(scheduled());
       if (batch.empty()) { return; }
-      for (auto& a : batch) {
-        if (auto p = a.peer.lock()) {
-          std::lock_guard<std::mutex> hold(p->lock);
-          abort_locked(*p, a.why);  // schedules that peer's own peers: each cell ends once
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (auto p = batch[i].peer.lock()) {
+          try {
+            std::lock_guard<std::mutex> hold(p->lock);
+            abort_locked(*p, batch[i].why);  // schedules that peer's own peers: each cell ends once
+          } catch (...) {
+            // Locking failed (std::system_error, never seen): the rest stays scheduled.
+            auto& queue = scheduled();
+            queue.insert(queue.end(), std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(i)),
+                         std::make_move_iterator(batch.end()));
+            return;
+          }
         }
       }
     }
   } catch (...) {
-    // Locking failed (std::system_error, never seen): what is left stays scheduled.
+    // The queue's first allocation failed: nothing was scheduled.
   }
 }
 
@@ -173,7 +176,12 @@ void abort_scheduled_peers() noexcept
 /// group end aborts it (`release_group_owner`).
 ncclResult_t abort_locked(comm_cell& c, std::string const& reason) noexcept
 {
-  if (c.ended) { return ncclSuccess; }
+  if (c.ended) {
+    // Ended, yet a communicator is left with no group holding it: an abort that waited for a
+    // group whose end has passed, or one made before NCCL handed the communicator over.
+    if (c.comm != nullptr && c.group_owner == std::thread::id{}) { return abort_now(c); }
+    return ncclSuccess;
+  }
   c.ended = true;
   try {
     c.why = "was aborted: " + reason;
@@ -215,6 +223,8 @@ cell_ptr start_split(comm_cell& parent, int color, int key, char const* doing)
   {
     std::lock_guard<std::mutex> hold(parent.lock);
     live(parent, doing);
+    // Inside a group (split_all) NCCL lists the parent there: an abort must wait for the end.
+    if (group_depth > 0) { hold_for_group(parent, doing); }
     device_scope scope{parent.device};
     ncclResult_t r = nccl().CommSplit(parent.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, child->split_slot, nullptr);
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -240,34 +250,49 @@ cell_ptr start_split(comm_cell& parent, int color, int key, char const* doing)
 bool finish_split(comm_cell& child)
 {
   peers_after after;
-  std::lock_guard<std::mutex> hold(child.lock);
-  if (child.split_slot == nullptr) { return child.comm != nullptr; }
-  if (!child.split_colored) {
-    child.split_slot = nullptr;  // NCCL writes NULL there: left to it
-    child.ended      = true;
-    child.why        = "was never made (no color)";
-    return false;
-  }
-  auto start      = std::chrono::steady_clock::now();
-  ncclComm_t made = nullptr;
-  while ((made = __atomic_load_n(child.split_slot, __ATOMIC_ACQUIRE)) == nullptr) {
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > child.timeout_s) {
-      child.split_slot = nullptr;
-      child.ended      = true;
-      child.why        = "was not made in time by the split";
-      throw timed_out("ncclCommSplit gave no communicator within " + std::to_string(child.timeout_s) + " s");
+  auto start = std::chrono::steady_clock::now();
+  // The lock is taken for each look only: a clique abort of the child (from another thread)
+  // must not wait out the split's timeout.
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> hold(child.lock);
+      if (child.split_slot == nullptr) { return child.comm != nullptr; }
+      if (!child.split_colored) {
+        child.split_slot = nullptr;  // NCCL writes NULL there: left to it
+        child.ended      = true;
+        child.why        = "was never made (no color)";
+        return false;
+      }
+      ncclComm_t made = __atomic_load_n(child.split_slot, __ATOMIC_ACQUIRE);
+      if (made != nullptr) {
+        child.split_slot = nullptr;
+        child.comm       = made;
+        if (child.ended) {
+          // Its clique was aborted while NCCL made it: it goes at once, with the reason.
+          abort_now(child);
+          live(child, "ncclCommSplit");  // throws, saying why
+        }
+        try {
+          make_device_objects(child);
+        } catch (...) {
+          abort_locked(child, "creating its event failed");
+          throw;
+        }
+        return true;
+      }
+      if (seconds_since(start) > child.timeout_s) {
+        child.split_slot = nullptr;  // left to NCCL's job, which may still write it
+        std::string what = "ncclCommSplit gave no communicator within " + std::to_string(child.timeout_s) + " s";
+        if (!child.ended) {
+          child.ended = true;
+          child.why   = "was not made in time by the split";
+          schedule_peer_aborts(child, what);
+        }
+        throw timed_out(what);
+      }
     }
     backoff(start);
   }
-  child.split_slot = nullptr;
-  child.comm       = made;
-  try {
-    make_device_objects(child);
-  } catch (...) {
-    abort_locked(child, "creating its event failed");
-    throw;
-  }
-  return true;
 }
 
 /// Waits a little longer each time: yields for the first 2 ms (a nonblocking communicator's
@@ -355,7 +380,10 @@ void close_owned(comm_cell& c) noexcept
   try {
     {
       std::lock_guard<std::mutex> hold(c.lock);
-      if (c.ended || c.comm == nullptr) { return; }
+      if (c.ended || c.comm == nullptr) {
+        abort_locked(c, "released");  // completes an abort left pending, else nothing
+        return;
+      }
       device_scope scope{c.device};
       check_nccl(nccl().CommFinalize(c.comm), "finalizing a split communicator");
     }
@@ -404,6 +432,8 @@ raftcomms_status raftcomms_comm_init(const uint8_t* id, int32_t nranks, int32_t 
     join_clique(cell, std::string("id ") + std::string(reinterpret_cast<char const*>(id), sizeof(uid)));
     auto handle = std::make_unique<raftcomms_comm>(raftcomms_comm{cell});
     std::lock_guard<std::mutex> hold(cell->lock);
+    // A rank of the same id in this process aborted before this one was made: none is made.
+    if (cell->ended) { throw std::logic_error("ncclCommInitRankConfig: the communicator " + cell->why); }
     device_scope scope{device};
     ncclConfig_t config = nonblocking_config();
     ncclResult_t r      = nccl().CommInitRankConfig(&cell->comm, nranks, uid, rank, &config);
@@ -549,7 +579,10 @@ raftcomms_status raftcomms_comm_destroy(raftcomms_comm* comm)
   return guard([&] {
     auto& c = cell_of(comm);
     std::lock_guard<std::mutex> hold(c.lock);
-    if (c.ended) { return; }
+    if (c.ended) {
+      abort_locked(c, "released");  // completes an abort left pending, else nothing
+      return;
+    }
     live(c, "ncclCommDestroy");
     device_scope scope{c.device};
     ncclResult_t r = nccl().CommDestroy(c.comm);

@@ -231,7 +231,7 @@ class nccl_comms final : public raft::comms::comms_iface {
   {
     peers_after after;
     --group_depth;
-    owners_release release{group_depth == 0 ? 1 : 0, &cell_};
+    group_held_release release;  // after the outermost end, on every path out
     ncclResult_t r = check_nccl(nccl().GroupEnd(), "group_end");
     if (r == ncclInProgress && group_depth == 0) { wait_ready(*cell_, cell_->timeout_s, "group_end"); }
   }

@@ -125,13 +125,6 @@ impl ForeignUses {
 
     /// `settle` once some use is pending (out of line: the common case is none).
     fn settle_pending(&self, who: &'static str, own: &CudaStream, writes_only: bool, done: bool) -> Result<()> {
-        if self.unordered.load(Ordering::Acquire) {
-            return Err(Error::logic(
-                who,
-                "a use of the array on another stream could not be ordered (its event could not be made): the array's own \
-                 stream cannot wait for it",
-            ));
-        }
         let _keep = super::ContextGuard::save(who)?; // cudarc's wait binds `own`'s context
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
         let mut first = Ok(());
@@ -145,6 +138,14 @@ impl ForeignUses {
                 Ok(()) => {}
                 Err(e) => first = first.and(Err(e)),
             }
+        }
+        if self.unordered.load(Ordering::Acquire) {
+            // The uses that have events were waited for above; this one cannot be.
+            return first.and(Err(Error::logic(
+                who,
+                "a use of the array on another stream could not be ordered (its event could not be made): the array's own \
+                 stream cannot wait for it",
+            )));
         }
         if done {
             self.writes.store(uses.iter().any(|u| u.write), Ordering::Release);

@@ -87,7 +87,14 @@ pub(crate) fn in_flight_under_borrow(who: &'static str, e: &Error) -> Result<()>
 /// borrow that waited for such work may end. Any other failed wait (a capture refusing it, a bad
 /// handle) says nothing about the work, which may still run.
 pub(crate) fn context_is_dead(e: &Error) -> bool {
-    const DEAD: [&str; 11] = [
+    const DEAD: [&str; 15] = [
+        // A fatal error of the device or its link (an Xid), or a context reset under the
+        // process (a third party's cudaDeviceReset): no work of the context runs any more.
+        "CUDA_ERROR_UNKNOWN",
+        "CUDA_ERROR_NVLINK_UNCORRECTABLE",
+        "CUDA_ERROR_EXTERNAL_DEVICE",
+        "CUDA_ERROR_INVALID_CONTEXT",
+        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
         "CUDA_ERROR_ILLEGAL_ADDRESS",
         "CUDA_ERROR_LAUNCH_FAILED",
         "CUDA_ERROR_ILLEGAL_INSTRUCTION",
@@ -97,7 +104,6 @@ pub(crate) fn context_is_dead(e: &Error) -> bool {
         "CUDA_ERROR_HARDWARE_STACK_ERROR",
         "CUDA_ERROR_ASSERT",
         "CUDA_ERROR_ECC_UNCORRECTABLE",
-        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
         "CUDA_ERROR_LAUNCH_TIMEOUT",
     ];
     already_gone(e) || DEAD.iter().any(|d| e.message().contains(d))
@@ -536,7 +542,13 @@ mod tests {
     #[test]
     fn only_a_dead_context_lets_a_failed_wait_end_a_borrow() {
         let e = |m: &str| Error::new(ErrorKind::Cuda, "t", m);
-        for dead in ["CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access", "CUDA_ERROR_DEINITIALIZED: x", "cudaErrorCudartUnloading"] {
+        for dead in [
+            "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access",
+            "CUDA_ERROR_DEINITIALIZED: x",
+            "cudaErrorCudartUnloading",
+            "CUDA_ERROR_UNKNOWN: unknown error",
+            "CUDA_ERROR_INVALID_CONTEXT: invalid device context",
+        ] {
             assert!(context_is_dead(&e(dead)), "{dead}");
         }
         for alive in [
