@@ -109,23 +109,57 @@ type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 /// [`reason`](Self::reason), the native code when CUDA or NCCL gave one
 /// ([`cuda_code`](Self::cuda_code), [`nccl_code`](Self::nccl_code)) and, where one exists, the
 /// error it comes from (`std::error::Error::source`). Equality compares all but the source.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{who}: {message}")]
+///
+/// One pointer wide (the fields are boxed): a `Result<T, Error>` is no larger than `T` needs, and
+/// `Result<(), Error>` comes back in a register. Errors are the slow path; every successful call
+/// returned and moved the whole error's size before.
+#[derive(Clone)]
 pub struct Error {
+    inner: Box<Inner>,
+}
+
+#[derive(Debug, Clone)]
+struct Inner {
     kind: ErrorKind,
     reason: Reason,
     who: Cow<'static, str>,
     message: String,
     cuda_code: Option<i32>,
     nccl_code: Option<i32>,
-    #[source]
     source: Option<Source>,
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        f.debug_struct("Error")
+            .field("kind", &i.kind)
+            .field("reason", &i.reason)
+            .field("who", &i.who)
+            .field("message", &i.message)
+            .field("cuda_code", &i.cuda_code)
+            .field("nccl_code", &i.nccl_code)
+            .field("source", &i.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.inner.who, self.inner.message)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner.source.as_ref().map(|s| &**s as &(dyn std::error::Error + 'static))
+    }
 }
 
 impl PartialEq for Error {
     fn eq(&self, other: &Self) -> bool {
-        (self.kind, self.reason, &self.who, &self.message, self.cuda_code, self.nccl_code)
-            == (other.kind, other.reason, &other.who, &other.message, other.cuda_code, other.nccl_code)
+        (self.inner.kind, self.inner.reason, &self.inner.who, &self.inner.message, self.inner.cuda_code, self.inner.nccl_code)
+            == (other.inner.kind, other.inner.reason, &other.inner.who, &other.inner.message, other.inner.cuda_code, other.inner.nccl_code)
     }
 }
 
@@ -176,14 +210,14 @@ impl Error {
     pub fn new(kind: ErrorKind, who: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         let message = message.into();
         let cuda_code = cuda_code_in(&message);
-        let mut e = Error { kind, reason: Reason::Other, who: who.into(), message, cuda_code, nccl_code: None, source: None };
-        e.reason = e.implied_reason();
+        let mut e = Error { inner: Box::new(Inner { kind, reason: Reason::Other, who: who.into(), message, cuda_code, nccl_code: None, source: None }) };
+        e.inner.reason = e.implied_reason();
         e
     }
 
     /// The reason the kind and the codes imply.
     fn implied_reason(&self) -> Reason {
-        match (self.kind, self.nccl_code, self.cuda_code) {
+        match (self.inner.kind, self.inner.nccl_code, self.inner.cuda_code) {
             (ErrorKind::OutOfMemory, _, _) => Reason::OutOfMemory,
             (_, Some(_), _) => Reason::Nccl,
             (_, _, Some(CUDA_ERROR_INSUFFICIENT_DRIVER)) => Reason::NoDriver,
@@ -223,8 +257,8 @@ impl Error {
     /// `cuda_code() == Some(35)`, what the runtime says then).
     pub fn no_driver(who: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         let mut e = Self::new(ErrorKind::Cuda, who, message);
-        e.cuda_code = Some(CUDA_ERROR_INSUFFICIENT_DRIVER);
-        e.reason = Reason::NoDriver;
+        e.inner.cuda_code = Some(CUDA_ERROR_INSUFFICIENT_DRIVER);
+        e.inner.reason = Reason::NoDriver;
         e
     }
 
@@ -233,8 +267,8 @@ impl Error {
     /// and [`Reason::Nccl`] (an out-of-memory failure stays [`Reason::OutOfMemory`]).
     pub fn nccl(kind: ErrorKind, who: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         let mut e = Self::new(kind, who, message);
-        e.nccl_code = nccl_code_in(&e.message);
-        e.reason = e.implied_reason();
+        e.inner.nccl_code = nccl_code_in(&e.inner.message);
+        e.inner.reason = e.implied_reason();
         e
     }
 
@@ -243,8 +277,8 @@ impl Error {
     pub fn driver(who: impl Into<Cow<'static, str>>, e: cudarc::driver::DriverError) -> Self {
         let kind = if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY { ErrorKind::OutOfMemory } else { ErrorKind::Cuda };
         let mut made = Self::new(kind, who, describe_driver_error(&e));
-        made.cuda_code = Some(e.0 as i32);
-        made.reason = made.implied_reason();
+        made.inner.cuda_code = Some(e.0 as i32);
+        made.inner.reason = made.implied_reason();
         // No source: cudarc's `DriverError` asks libcuda for its text when displayed, and
         // panics where there is no libcuda; the message holds that text already.
         made
@@ -252,53 +286,53 @@ impl Error {
 
     /// The kind, for dispatch.
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        self.inner.kind
     }
 
     /// Why, finer than the kind.
     pub fn reason(&self) -> Reason {
-        self.reason
+        self.inner.reason
     }
 
     /// The CUDA code of the failure, when CUDA gave one: the runtime's `cudaError_t` (35
     /// `cudaErrorInsufficientDriver` without a driver, 2 `cudaErrorMemoryAllocation`), or the
     /// driver's `CUresult` for a driver call ([`Error::driver`]).
     pub fn cuda_code(&self) -> Option<i32> {
-        self.cuda_code
+        self.inner.cuda_code
     }
 
     /// NCCL's `ncclResult_t` of the failure, when NCCL gave one (2 `ncclSystemError`, 6
     /// `ncclRemoteError`, …).
     pub fn nccl_code(&self) -> Option<i32> {
-        self.nccl_code
+        self.inner.nccl_code
     }
 
     /// The Rust API that failed, e.g. `DeviceResources::sync`.
     pub fn who(&self) -> &str {
-        &self.who
+        &self.inner.who
     }
 
     /// The message, without `who`.
     pub fn message(&self) -> &str {
-        &self.message
+        &self.inner.message
     }
 
     /// The same error, reported by another API (a helper's error seen from its caller); the
     /// reason, codes and source stay.
     pub fn with_who(mut self, who: impl Into<Cow<'static, str>>) -> Self {
-        self.who = who.into();
+        self.inner.who = who.into();
         self
     }
 
     /// The same error with another message (context added); the reason, codes and source stay.
     pub fn with_message(mut self, message: impl Into<String>) -> Self {
-        self.message = message.into();
+        self.inner.message = message.into();
         self
     }
 
     /// The same error with a finer reason, set where the failure is understood.
     pub fn with_reason(mut self, reason: Reason) -> Self {
-        self.reason = reason;
+        self.inner.reason = reason;
         self
     }
 
@@ -307,7 +341,7 @@ impl Error {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        self.source = Some(Arc::new(source));
+        self.inner.source = Some(Arc::new(source));
         self
     }
 }
@@ -339,6 +373,12 @@ pub fn describe_driver_error(e: &cudarc::driver::DriverError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_is_one_pointer_wide() {
+        assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
+        assert_eq!(std::mem::size_of::<Result<()>>(), std::mem::size_of::<usize>());
+    }
 
     #[test]
     fn display_is_who_colon_message() {
