@@ -210,7 +210,9 @@ impl Error {
     pub fn new(kind: ErrorKind, who: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         let message = message.into();
         let cuda_code = cuda_code_in(&message);
-        let mut e = Error { inner: Box::new(Inner { kind, reason: Reason::Other, who: who.into(), message, cuda_code, nccl_code: None, source: None }) };
+        let mut e = Error {
+            inner: Box::new(Inner { kind, reason: Reason::Other, who: who.into(), message, cuda_code, nccl_code: None, source: None }),
+        };
         e.inner.reason = e.implied_reason();
         e
     }
