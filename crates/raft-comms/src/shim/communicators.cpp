@@ -141,7 +141,8 @@ void join_clique(cell_ptr const& c, std::string const& key)
 void abort_scheduled_peers() noexcept
 {
   // Inside this thread's open group an abort of a communicator the group does not hold would
-  // run between ncclGroupStart and ncclGroupEnd: left to the group's end, or to another thread.
+  // run between ncclGroupStart and ncclGroupEnd: left in this thread's queue until the group's
+  // outermost end (its entry point's `peers_after` runs them then).
   if (group_depth > 0) { return; }
   try {
     for (;;) {
