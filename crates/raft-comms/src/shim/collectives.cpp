@@ -59,16 +59,35 @@ std::vector<std::weak_ptr<comm_cell>>& group_held()
 
 }  // namespace
 
-void hold_for_group(comm_cell& c, char const* doing)
+void refuse_held_elsewhere(comm_cell const& c, char const* doing)
 {
-  if (c.group_owner == std::this_thread::get_id()) { return; }
-  if (c.group_owner != std::thread::id{}) {
+  if (c.group_owner != std::thread::id{} && c.group_owner != std::this_thread::get_id()) {
     throw std::logic_error(std::string(doing) +
                            ": the communicator has calls in an open NCCL group on another thread; call it from that "
                            "thread, or after that group has ended");
   }
+}
+
+void hold_for_group(comm_cell& c, char const* doing)
+{
+  if (c.group_owner == std::this_thread::get_id()) { return; }
+  refuse_held_elsewhere(c, doing);
   group_held().push_back(c.weak_from_this());  // first: a failed push leaves no hold behind
   c.group_owner = std::this_thread::get_id();
+}
+
+void abort_group_held(std::string const& what) noexcept
+{
+  try {
+    for (auto const& w : group_held()) {
+      if (auto c = w.lock()) {
+        std::lock_guard<std::mutex> hold(c->lock);
+        abort_locked(*c, what);  // held by this group: carried out at the release
+      }
+    }
+  } catch (...) {
+    // Locking failed (never seen): the release still releases them.
+  }
 }
 
 void release_group_held() noexcept
@@ -95,6 +114,11 @@ void release_group_owner(comm_cell& c) noexcept
     if (c.group_owner == std::this_thread::get_id()) {
       c.group_owner = std::thread::id{};
       if (c.ended && c.comm != nullptr) { abort_now(c); }
+      if (c.abort_deferred) {
+        // Its kernels stop only now: its clique peers, whose arrays they may reach, follow now.
+        c.abort_deferred = false;
+        schedule_peer_aborts(c, c.why);
+      }
     }
   } catch (...) {
     // Locking failed (std::system_error, never seen): the hold stays, and other threads' calls
@@ -179,18 +203,21 @@ raftcomms_status raftcomms_group_start(void)
 raftcomms_status raftcomms_group_end(int32_t n, raftcomms_comm* const* comms, void* const* streams)
 {
   return guard([&] {
+    if (group_depth <= 0) { throw std::logic_error("ncclGroupEnd: no group is open on this thread"); }
     --group_depth;
     group_held_release release;  // after the outermost end, on every path out
     ncclResult_t r = nccl().GroupEnd();
     if (r != ncclSuccess && r != ncclInProgress) {
       // The group's calls may have been launched on some communicators and not others: none of
-      // them can be trusted to agree with its peers any more.
+      // them can be trusted to agree with its peers any more, listed or only held (a call the
+      // group refused may still have put it there).
       std::string what = nccl_message(r, "ncclGroupEnd");
       for (int32_t i = 0; i < n; ++i) {
         auto& c = cell_of(comms[i]);
         std::lock_guard<std::mutex> hold(c.lock);
         abort_locked(c, what);
       }
+      abort_group_held(what);
       throw nccl_failure(r, what);
     }
     if (group_depth > 0) { return; }

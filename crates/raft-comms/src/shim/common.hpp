@@ -284,6 +284,9 @@ struct comm_cell : std::enable_shared_from_this<comm_cell> {
   /// be gone (RAFT's C++ code reaches the communicator through get_comms, past the Rust side's
   /// own check).
   std::thread::id group_owner{};
+  /// Ended while a group held it: its abort, and its clique peers' (whose arrays its kernels may
+  /// still reach until then), wait for that group's end (`release_group_owner`).
+  bool abort_deferred{false};
   /// The ranks of this process it is linked with (see `clique`); none when it is the only one.
   /// Set before the cell is shared, never changed.
   std::shared_ptr<clique> peers;
@@ -320,6 +323,10 @@ comm_cell& cell_of(raftcomms_comm* h);
 void live(comm_cell& c, char const* doing);
 void release_device_objects(comm_cell& c) noexcept;
 ncclResult_t abort_now(comm_cell& c) noexcept;
+/// Schedules the abort of `c`'s clique peers (under `c`'s lock), saying that `c` was aborted.
+void schedule_peer_aborts(comm_cell& c, std::string const& reason) noexcept;
+/// Refuses a communicator another thread's open group holds (`doing` names the call).
+void refuse_held_elsewhere(comm_cell const& c, char const* doing);
 ncclResult_t abort_locked(comm_cell& c, std::string const& reason) noexcept;
 void make_device_objects(comm_cell& c);
 cell_ptr new_cell(int device, double timeout_s, bool bare = false);
@@ -351,6 +358,11 @@ void hold_for_group(comm_cell& c, char const* doing);
 /// carries out the aborts that waited for it). At the outermost group end, no cell lock held.
 void release_group_held() noexcept;
 
+/// Ends every communicator this thread's open group holds, after its ncclGroupEnd failed (the
+/// group's calls may have been launched on some and not others); their aborts then happen at
+/// the release. No cell lock held.
+void abort_group_held(std::string const& what) noexcept;
+
 /// Runs `release_group_held` when it goes out of scope after the outermost group's end (on every
 /// path out of it).
 struct group_held_release {
@@ -375,11 +387,7 @@ void run_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, F&&
   {
     std::lock_guard<std::mutex> hold(c.lock);
     live(c, doing);
-    if (c.group_owner != std::thread::id{} && c.group_owner != std::this_thread::get_id()) {
-      throw std::logic_error(std::string(doing) +
-                             ": the communicator has calls in an open NCCL group on another thread; call it from that "
-                             "thread, or after that group has ended");
-    }
+    refuse_held_elsewhere(c, doing);
     // Held before the call: a call that fails may still have listed the communicator in the
     // group, and an abort (this failure's, a peer's) must then wait for the group's end.
     if (group_depth > 0) { hold_for_group(c, doing); }

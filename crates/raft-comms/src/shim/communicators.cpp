@@ -64,9 +64,11 @@ struct scheduled_abort {
 /// group) it scheduled them in: an abort has reached the whole clique when the call that made
 /// it returns. A plain pointer to a heap vector, never freed: no thread-local destructor, which
 /// glibc would run before the exit's teardown still aborts.
+std::vector<scheduled_abort>*& queue_of_this_thread();
+
 std::vector<scheduled_abort>& scheduled()
 {
-  thread_local std::vector<scheduled_abort>* mine = nullptr;
+  auto*& mine = queue_of_this_thread();
   if (mine == nullptr) { mine = new std::vector<scheduled_abort>; }
   return *mine;
 }
@@ -85,7 +87,7 @@ std::vector<std::pair<std::string, std::weak_ptr<clique>>>& cliques()
 
 /// Schedules the abort of `c`'s clique peers, saying that `c` was aborted and why. Under `c`'s
 /// lock (the clique's lock is taken after a cell's, never the other way round).
-void schedule_peer_aborts(comm_cell& c, std::string const& reason) noexcept
+void schedule_peers(comm_cell& c, std::string const& reason) noexcept
 {
   if (!c.peers) { return; }
   try {
@@ -106,7 +108,30 @@ void schedule_peer_aborts(comm_cell& c, std::string const& reason) noexcept
   }
 }
 
+/// Aborts scheduled on a thread inside its own open group, which that thread cannot run before
+/// the group's end (an abort between ncclGroupStart and ncclGroupEnd): any thread outside a
+/// group runs them (a cell that group holds still waits for its end, through `group_owner`).
+std::mutex& handed_on_lock()
+{
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::vector<scheduled_abort>& handed_on()
+{
+  static auto* v = new std::vector<scheduled_abort>;
+  return *v;
+}
+/// Whether `handed_on` may hold some: every entry point looks, so the lock is taken only then.
+std::atomic<bool> handed_on_pending{false};
+
+/// This thread's queue, when it has one (none is made for a thread that never scheduled).
+thread_local std::vector<scheduled_abort>* this_threads_queue = nullptr;
+
+std::vector<scheduled_abort>*& queue_of_this_thread() { return this_threads_queue; }
+
 }  // namespace
+
+void schedule_peer_aborts(comm_cell& c, std::string const& reason) noexcept { schedule_peers(c, reason); }
 
 void join_clique(cell_ptr const& c, std::shared_ptr<clique> const& q)
 {
@@ -140,14 +165,31 @@ void join_clique(cell_ptr const& c, std::string const& key)
 
 void abort_scheduled_peers() noexcept
 {
-  // Inside this thread's open group an abort of a communicator the group does not hold would
-  // run between ncclGroupStart and ncclGroupEnd: left in this thread's queue until the group's
-  // outermost end (its entry point's `peers_after` runs them then).
-  if (group_depth > 0) { return; }
   try {
+    auto* mine = queue_of_this_thread();
+    if (group_depth > 0) {
+      // Inside this thread's open group an abort would run between ncclGroupStart and
+      // ncclGroupEnd: handed on to the threads outside a group (should this group never end,
+      // they still run), and run by this one after its group's end.
+      if (mine != nullptr && !mine->empty()) {
+        std::lock_guard<std::mutex> hold(handed_on_lock());
+        auto& on = handed_on();
+        on.insert(on.end(), std::make_move_iterator(mine->begin()), std::make_move_iterator(mine->end()));
+        mine->clear();
+        handed_on_pending.store(true, std::memory_order_release);
+      }
+      return;
+    }
     for (;;) {
       std::vector<scheduled_abort> batch;
-      batch.swap(scheduled());
+      if (mine != nullptr) { batch.swap(*mine); }
+      if (handed_on_pending.load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> hold(handed_on_lock());
+        auto& on = handed_on();
+        batch.insert(batch.end(), std::make_move_iterator(on.begin()), std::make_move_iterator(on.end()));
+        on.clear();
+        handed_on_pending.store(false, std::memory_order_release);
+      }
       if (batch.empty()) { return; }
       for (std::size_t i = 0; i < batch.size(); ++i) {
         if (auto p = batch[i].peer.lock()) {
@@ -161,11 +203,12 @@ void abort_scheduled_peers() noexcept
                          std::make_move_iterator(batch.end()));
             return;
           }
+          mine = queue_of_this_thread();  // made by the abort's own scheduling, if it was not
         }
       }
     }
   } catch (...) {
-    // The queue's first allocation failed: nothing was scheduled.
+    // Out of memory, or a lock that failed (never seen): what was not moved stays where it was.
   }
 }
 
@@ -189,8 +232,12 @@ ncclResult_t abort_locked(comm_cell& c, std::string const& reason) noexcept
   } catch (...) {
     // No memory for the reason: `live` says "has ended".
   }
-  schedule_peer_aborts(c, reason);
-  if (c.group_owner != std::thread::id{}) { return ncclSuccess; }
+  if (c.group_owner != std::thread::id{}) {
+    // Its kernels run until the group's end: its peers, whose arrays they may reach, wait too.
+    c.abort_deferred = true;
+    return ncclSuccess;
+  }
+  schedule_peers(c, reason);
   return abort_now(c);
 }
 
@@ -381,8 +428,10 @@ void close_owned(comm_cell& c) noexcept
   try {
     {
       std::lock_guard<std::mutex> hold(c.lock);
-      if (c.ended || c.comm == nullptr) {
-        abort_locked(c, "released");  // completes an abort left pending, else nothing
+      if (c.ended || c.comm == nullptr || c.group_owner != std::thread::id{}) {
+        // Completes an abort left pending; one held by an open group (RAFT's code) is ended
+        // and aborted at that group's end instead of finalized under it.
+        abort_locked(c, "released");
         return;
       }
       device_scope scope{c.device};
@@ -565,6 +614,9 @@ raftcomms_status raftcomms_comm_finalize(raftcomms_comm* comm)
     auto& c = cell_of(comm);
     std::lock_guard<std::mutex> hold(c.lock);
     live(c, "ncclCommFinalize");
+    // NCCL lists it in that thread's group: finalized (then destroyed) now, it would be freed
+    // under the group's end.
+    refuse_held_elsewhere(c, "ncclCommFinalize");
     device_scope scope{c.device};
     ncclResult_t r = nccl().CommFinalize(c.comm);
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -585,6 +637,7 @@ raftcomms_status raftcomms_comm_destroy(raftcomms_comm* comm)
       return;
     }
     live(c, "ncclCommDestroy");
+    refuse_held_elsewhere(c, "ncclCommDestroy");
     device_scope scope{c.device};
     ncclResult_t r = nccl().CommDestroy(c.comm);
     c.comm         = nullptr;

@@ -230,9 +230,16 @@ class nccl_comms final : public raft::comms::comms_iface {
   void group_end() const override
   {
     peers_after after;
+    if (group_depth <= 0) { throw raft::logic_error("group_end: no group is open on this thread"); }
     --group_depth;
     group_held_release release;  // after the outermost end, on every path out
-    ncclResult_t r = check_nccl(nccl().GroupEnd(), "group_end");
+    ncclResult_t r = nccl().GroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) {
+      // As raftcomms_group_end: every communicator the group held is ended.
+      std::string what = nccl_message(r, "group_end");
+      abort_group_held(what);
+      throw nccl_failure(r, what);
+    }
     if (r == ncclInProgress && group_depth == 0) { wait_ready(*cell_, cell_->timeout_s, "group_end"); }
   }
 
