@@ -469,9 +469,9 @@ impl Communicator {
     /// `raft::resource::get_comms`, with its barrier on their stream. The resources may be these
     /// (see [`resources`](Self::resources)) or others on the same device.
     ///
-    /// The installation has the resources to itself: it waits for their uses on other threads
-    /// (a lend, a collective through RAFT, an allocation) to end, and holds new ones back
-    /// meanwhile.
+    /// The installation has the resources to itself: it waits for a moment when no use of them
+    /// is in progress on another thread (a lend, a collective through RAFT, an allocation), and
+    /// holds new ones back while it installs.
     ///
     /// # Errors
     /// `Logic` for resources on another device, released resources, an ended communicator, or a
