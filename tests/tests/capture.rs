@@ -235,3 +235,42 @@ fn registering_a_slice_page_locks_none_of_its_neighbours() {
     assert!(!page_locked(inside), "unregistered");
     assert!(before.iter().chain(after.iter()).all(|&b| b == 0), "a byte outside the slice was written");
 }
+
+/// A GEMM is refused while the resources' stream is being captured into a CUDA graph (the fifth
+/// audit, H1): captured, cuBLAS would write C at each launch of the graph, after the arrays (and,
+/// after a release, the handle's workspace) may be gone. Nothing enters the graph; after the
+/// capture the same GEMM runs. (Before: the GEMM was accepted and captured.)
+#[test]
+fn a_gemm_is_refused_while_the_stream_is_captured() {
+    require_gpu!();
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    use raft::{gemm, Layout};
+    let res = DeviceResources::new().unwrap();
+    let n = 8;
+    let a = DeviceVec::from_host(&res, &vec![1.0f32; n * n]).unwrap();
+    let b = DeviceVec::from_host(&res, &vec![2.0f32; n * n]).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&res, n * n).unwrap();
+    let stream = res.stream().unwrap();
+    stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let refused = gemm(
+        1.0,
+        a.matrix(n, n, Layout::ColMajor).unwrap(),
+        b.matrix(n, n, Layout::ColMajor).unwrap(),
+        0.0,
+        c.matrix_mut(n, n, Layout::ColMajor).unwrap(),
+    );
+    let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    let e = refused.expect_err("a GEMM on a capturing stream was accepted (and captured)");
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "gemm"), "{e}");
+    assert!(e.to_string().contains("captured into a CUDA graph"), "{e}");
+    drop(graph.unwrap());
+    gemm(
+        1.0,
+        a.matrix(n, n, Layout::ColMajor).unwrap(),
+        b.matrix(n, n, Layout::ColMajor).unwrap(),
+        0.0,
+        c.matrix_mut(n, n, Layout::ColMajor).unwrap(),
+    )
+    .unwrap();
+    assert!(c.to_host().unwrap().iter().all(|&x| x == 2.0 * n as f32));
+}

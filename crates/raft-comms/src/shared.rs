@@ -168,8 +168,16 @@ impl Shared {
         } else {
             None
         };
+        refuse_capture(who, &stream)?;
         if let Err(e) = call(&self.native, &stream, !in_group) {
             return Err(self.fail_unless_refused(&mut st, who, e));
+        }
+        if refuse_capture(who, &stream).is_err() {
+            // A capture begun meanwhile on another thread may have taken the collective into its
+            // graph, which would then read and write the arrays at each launch: as for a copy
+            // in raft-core, the process stops.
+            eprintln!("{who}: a CUDA graph capture began on the stream while a collective was queued on it; aborting");
+            std::process::abort();
         }
         if let Some(t) = fresh {
             st.token = Some(t);
@@ -221,6 +229,21 @@ impl Shared {
         if start_watching {
             watchdog::watch(self.clone());
         }
+    }
+}
+
+/// A collective queued on a stream being captured into a CUDA graph would run at each launch of
+/// the graph, after its arrays may be gone (NCCL's calls can be captured): refused (`Logic`), as
+/// raft-core refuses copies, zeroing and GEMMs. A failed query is the driver's error.
+pub(crate) fn refuse_capture(who: &'static str, stream: &CudaStream) -> Result<()> {
+    match stream.capture_status() {
+        Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) => Ok(()),
+        Ok(_) => Err(Error::logic(
+            who,
+            "the resources' stream is being captured into a CUDA graph: the graph would run the collective at each launch, \
+             after its arrays may be gone; call it before the capture begins or after it ends",
+        )),
+        Err(e) => Err(Error::driver(who, e)),
     }
 }
 

@@ -623,6 +623,38 @@ fn ranks_split_per_thread_or_made_from_one_id_in_a_process_abort_together() {
     r0.abort().unwrap();
 }
 
+/// A collective is refused while the resources' stream is being captured into a CUDA graph
+/// (NCCL's calls can be captured: the graph would run the collective at each launch, after its
+/// arrays may be gone). Nothing enters the graph; after the capture the collective runs. One GPU:
+/// a clique of one. (Before: the allreduce was accepted and captured.)
+#[test]
+fn a_collective_is_refused_while_the_stream_is_captured() {
+    if !common::have(1, "a_collective_is_refused_while_the_stream_is_captured") {
+        return;
+    }
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    let _gpus = serial();
+    let res = DeviceResources::on_device(0).unwrap();
+    let comms = Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap();
+    let c = &comms[0];
+    let n = 8;
+    let input = up::<f32>(&res, &data(0, n));
+    let mut out = zeros::<f32>(&res, n);
+    let stream = res.stream().unwrap();
+    stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let refused = c.allreduce(&input, &mut out, ReduceOp::Sum);
+    let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    let e = refused.expect_err("an allreduce on a capturing stream was accepted (and captured)");
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.message().contains("captured into a CUDA graph"), "{e}");
+    drop(graph.unwrap());
+    assert!(c.ended().is_none(), "a refused call ended the communicator");
+    c.allreduce(&input, &mut out, ReduceOp::Sum).unwrap();
+    c.sync().unwrap();
+    assert_eq!(out.to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, 1)));
+    Communicator::release_all(comms).unwrap();
+}
+
 /// Sets the clique's connections up (a first collective does), so that a lone call later is
 /// enqueued and waits on the GPU for its peer.
 fn warm_up(res: &[DeviceResources], comms: &[Communicator]) {

@@ -74,7 +74,31 @@ pub(crate) fn lend<R>(who: &'static str, res: &DeviceResources, f: impl FnOnce(C
     let device = res.device();
     // Taken before the lend: inside it, calls that take the resources may wait on a release.
     let stream = res.stream().map_err(|e| e.with_who(who))?;
-    res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device, &stream))).map_err(|e| e.with_who(who))?
+    refuse_capture(who, &stream)?;
+    let out = res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device, &stream))).map_err(|e| e.with_who(who))?;
+    if refuse_capture(who, &stream).is_err() {
+        // A capture begun meanwhile on another thread may have taken cuVS's kernels into its
+        // graph, which would then use the index and the arrays at each launch: the process stops,
+        // as raft-core's copies do.
+        eprintln!("{who}: a CUDA graph capture began on the resources' stream while cuVS worked on it; aborting");
+        std::process::abort();
+    }
+    out
+}
+
+/// cuVS's work queued on a stream being captured into a CUDA graph would run at each launch of
+/// the graph, after the index and the arrays may be gone: refused (`Logic`) before the lend, as
+/// raft-core refuses copies and GEMMs.
+fn refuse_capture(who: &'static str, stream: &CudaStream) -> Result<()> {
+    match stream.capture_status() {
+        Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) => Ok(()),
+        Ok(_) => Err(raft_core::Error::logic(
+            who,
+            "the resources' stream is being captured into a CUDA graph: the graph would run cuVS's work at each launch, \
+             after the index and the arrays may be gone; call it before the capture begins or after it ends",
+        )),
+        Err(e) => Err(raft_core::Error::driver(who, e)),
+    }
 }
 
 /// Destroys a cuVS object that holds device memory of `res`'s (an index, a padded copy): while

@@ -367,9 +367,35 @@ pub(crate) fn gemm<T: GemmScalar>(
         }
     }
     let api = api(who)?;
+    refuse_capture_of_gemm(who, &res.stream)?;
     let _keep = ContextGuard::save(who)?;
     let args = GemmArgs { res, m, n, k, a: a.raw::<T>(), b: b.raw::<T>(), c: c.raw::<T>().data as *mut c_void, ldc: c.ld };
-    T::run(who, api, &args, alpha, beta)
+    let ran = T::run(who, api, &args, alpha, beta);
+    stop_if_captured_meanwhile(who, &res.stream);
+    ran
+}
+
+/// A GEMM queued on a stream being captured into a CUDA graph would run at each launch of the
+/// graph, reading and writing the arrays after they may be gone (and through a cuBLAS handle, and
+/// its workspace, a release destroys): refused, as copies and zeroing are.
+fn refuse_capture_of_gemm(who: &'static str, stream: &cudarc::driver::CudaStream) -> Result<()> {
+    super::refuse_capture(who, [stream]).map_err(|e| match e.kind() {
+        crate::error::ErrorKind::Logic => Error::logic(
+            who,
+            "the stream is being captured into a CUDA graph: the graph would run the GEMM at each launch, after its \
+             arrays may be gone; run it before the capture begins or after it ends",
+        ),
+        _ => e,
+    })
+}
+
+/// A capture begun meanwhile on another thread may have taken the GEMM into its graph, which
+/// would then write the array at each launch: as for a copy or a memset, the process stops.
+fn stop_if_captured_meanwhile(who: &'static str, stream: &cudarc::driver::CudaStream) {
+    if super::refuse_capture(who, [stream]).is_err() {
+        eprintln!("{who}: a CUDA graph capture began on a stream while a GEMM was queued on it; aborting");
+        std::process::abort();
+    }
 }
 
 /// `C = alpha · op(A) · op(B)` (C overwritten) with A and B in another library's memory (see
@@ -396,10 +422,13 @@ pub(crate) fn gemm_foreign<T: GemmScalar>(
         return Err(Error::logic(who, "C must be ordered on the resources' stream"));
     }
     let api = api(who)?;
+    refuse_capture_of_gemm(who, &res.stream)?;
     let _keep = ContextGuard::save(who)?;
     let raw = |f: &Foreign<'_>| Raw { data: f.view.data as *const c_void, ld: f.ld, transposed: f.transposed };
     let args = GemmArgs { res, m, n, k, a: raw(a), b: raw(b), c: c.data, ldc };
-    T::run(who, api, &args, alpha, T::default())
+    let ran = T::run(who, api, &args, alpha, T::default());
+    stop_if_captured_meanwhile(who, &res.stream);
+    ran
 }
 
 #[cfg(test)]

@@ -240,3 +240,28 @@ fn argument_checks_refuse_before_any_native_call() {
     assert_eq!(c.result("good").as_deref(), Some("cuda"));
     assert!(c.message("good").unwrap().contains("could not load cuVS's C library"), "{}", c.stdout);
 }
+
+/// cuVS's work is refused while the resources' stream is being captured into a CUDA graph (the
+/// fifth audit): every call of this crate lends the resources through `with_cuvs`'s path, and
+/// captured, cuVS's kernels would run at each launch of the graph, after the index and the
+/// arrays may be gone. Nothing enters the graph; after the capture the lend and a search run.
+/// (Before: the lend went ahead on the capturing stream.)
+#[test]
+fn cuvs_work_is_refused_while_the_stream_is_captured() {
+    require_gpu!();
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    let res = DeviceResources::new().unwrap();
+    let stream = res.stream().unwrap();
+    stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let refused = with_cuvs(&res, |_| Ok(()));
+    let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    let e = refused.expect_err("cuVS was lent a capturing stream");
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "raft_cuvs::with_cuvs"), "{e}");
+    assert!(e.message().contains("captured into a CUDA graph"), "{e}");
+    drop(graph.unwrap());
+    with_cuvs(&res, |_| Ok(())).unwrap();
+    let (dataset, queries) = data();
+    let d = DeviceVec::from_host(&res, &dataset).unwrap();
+    let q = DeviceVec::from_host(&res, &queries).unwrap();
+    brute_force_knn(&res, rows(&d, N_ROWS), rows(&q, N_QUERIES), K).unwrap();
+}
