@@ -550,6 +550,12 @@ impl DeviceResources {
     /// queued before it. The exit wait in force on the calling thread is read now and bounds
     /// how long an exit waits for this job.
     ///
+    /// A job may call `std::process::exit` (see `raft::exit`), but not while the process is
+    /// already exiting (main returned, or another thread called exit): Rust lets one thread exit,
+    /// so the job's call then blocks for good, the exit waits out this job's exit wait and ends
+    /// with the first status, and under `ExitWait::FOREVER` never ends. Return an error from the
+    /// job instead.
+    ///
     /// # Errors
     /// `Logic` on released resources, a bad `RAFT_EXIT_WAIT` or `RAFT_WORKER_SPIN_US` (the
     /// worker's watch for its next job, microseconds, 50 by default), or once the process's exit has

@@ -305,13 +305,21 @@ impl NativeBuffer {
         // The stream's last handle may go here (`into_inner` tells exactly one holder it is the
         // last): cudarc binds the stream's context to destroy it, so a guard puts the caller's
         // context back.
+        // Read first: the drops below may call the shim, which keeps one last error per thread.
+        let freed = check(who, api, status).or_else(|e| if already_gone(&e) { Ok(()) } else { Err(e) });
         let NativeBuffer { stream, owner, .. } = self;
-        drop(owner); // a resource's last handle queues its destruction (`NativeMr`'s drop)
+        if freed.is_ok() {
+            drop(owner); // a resource's last handle queues its destruction (`NativeMr`'s drop)
+        } else {
+            // Not freed (the device scope or the free itself failed): the resource that owns the
+            // block is kept for the process's life, never destroyed while work may use the block.
+            std::mem::forget(owner);
+        }
         if let Some(last) = Arc::into_inner(stream) {
             let _restore = if _keep.is_none() { ContextGuard::save(who).ok() } else { None };
             drop(last);
         }
-        check(who, api, status).or_else(|e| if already_gone(&e) { Ok(()) } else { Err(e) })
+        freed
     }
 
     /// Leaks the memory to the OS (at exit, once the exit has decided).

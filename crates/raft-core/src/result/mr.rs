@@ -221,7 +221,12 @@ impl NativeMr {
         }
         extern "C" fn drop_arg(arg: *mut c_void) {
             // SAFETY: the shim calls this exactly once, for the pointer leaked below.
-            drop(unsafe { Box::from_raw(arg as *mut Box<FailureCallback>) });
+            let callback = unsafe { Box::from_raw(arg as *mut Box<FailureCallback>) };
+            // A value the closure captured may panic in its drop: caught here, as in `call`, for
+            // a panic must not cross into the shim's C++ destructor (the process would abort).
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(callback))).is_err() {
+                log::warn!(target: "raft", "dropping a memory failure callback panicked");
+            }
         }
         let arg = Box::into_raw(Box::new(callback)) as *mut c_void;
         // SAFETY: as for `pool`; the shim owns `arg` from here on and frees it with `drop_arg`

@@ -93,10 +93,18 @@ void free_buffer(raftrs_buffer* buf, void* stream, void const* owner)
 {
   if (buf == nullptr) { return; }
   std::unique_ptr<shim_buffer> b{reinterpret_cast<shim_buffer*>(buf)};
-  device_scope scope{b->device};
-  if (b->ptr != nullptr) {
-    raftrs_fence::freeing_on freeing{static_cast<cudaStream_t>(stream), owner};
-    b->ref().deallocate(cuda::stream_ref{static_cast<cudaStream_t>(stream)}, b->ptr, b->bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+  std::optional<device_scope> scope;
+  try {
+    scope.emplace(b->device);
+    if (b->ptr != nullptr) {
+      raftrs_fence::freeing_on freeing{static_cast<cudaStream_t>(stream), owner};
+      b->ref().deallocate(cuda::stream_ref{static_cast<cudaStream_t>(stream)}, b->ptr, b->bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    }
+  } catch (...) {
+    // Not freed: the record and its copy of the resource are kept for the process's life, never
+    // destroyed while work may still use the block.
+    static_cast<void>(b.release());
+    throw;
   }
   // Destroyed here, inside the device scope, so a pool's destructor (its own last copy) runs on
   // its device and the caller's context is put back after it (the Rust side takes no context

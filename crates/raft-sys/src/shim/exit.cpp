@@ -62,7 +62,10 @@ extern "C" {
 
 raftrs_status raftrs_rmm_map_address(void** out)
 {
-  return guard([&] { *out = static_cast<void*>(&rmm::mr::detail::get_ref_map()); });
+  return guard([&] {
+    register_map_exit();  // the map exists from here on: its exit handler with it
+    *out = static_cast<void*>(&rmm::mr::detail::get_ref_map());
+  });
 }
 
 }  // extern "C"

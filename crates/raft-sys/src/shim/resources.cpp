@@ -363,6 +363,9 @@ raftrs_status raftrs_resources_sync(raftrs_resources* res)
 {
   return guard([&] {
     auto& r = unwrap(res);
+    // RAFT's sync_stream polls through the runtime, which binds device 0's primary context to a
+    // thread that has none (a process that only uses device 1 would wake device 0).
+    device_scope scope{r.device()};
     r.sync_stream();
   });
 }
