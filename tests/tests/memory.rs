@@ -44,6 +44,24 @@ fn a_plain_cuda_memory_resource_installed_before_looks_like_the_default_and_is_r
     assert_eq!(c.result("installed").as_deref(), Some("true"));
 }
 
+/// The default pool replaced by `set_current` gives its memory back once the caller's handle of
+/// it goes (the fifth audit, M1: the library's own copy, kept for the exit, held it reserved until
+/// the exit, and a later large allocation of another resource failed for want of it). In a
+/// process of its own: the current resource is process-wide.
+#[test]
+fn the_default_pool_gives_its_memory_back_once_replaced_and_let_go() {
+    require_gpu!();
+    if !raft::memory_pools_supported(0).unwrap() {
+        eprintln!("the_default_pool_gives_its_memory_back_once_replaced_and_let_go: skipped: no async pools");
+        return;
+    }
+    let c = run_scenario!("mr-default-replaced", &[], LIMIT);
+    c.assert_code(0);
+    assert_eq!(c.result("was_default").as_deref(), Some("true"), "{}", c.stderr);
+    let back: usize = c.result("mib_back").and_then(|v| v.parse().ok()).expect("mib_back");
+    assert!(back >= 900, "only {back} MiB of the pool's 1 GiB came back once it was replaced and let go");
+}
+
 #[test]
 fn a_resource_installed_after_the_first_resources_is_left_alone() {
     require_gpu!();

@@ -26,7 +26,25 @@ pub fn set_current(device: usize, resource: &MemoryResource) -> Result<MemoryRes
     if resource.device() != device {
         return Err(Error::logic(WHO, format!("a memory resource of device {} cannot serve device {device}", resource.device())));
     }
-    MemoryResource::wrap(WHO, resource.native.set_current(WHO)?)
+    let previous = MemoryResource::wrap(WHO, resource.native.set_current(WHO)?)?;
+    let _ = forget_ours_if_replaced(device, &previous);
+    Ok(previous)
+}
+
+/// Lets go of the copy of the default pool this library keeps for the exit's teardown once that
+/// pool is replaced: the caller's handle (`previous`) is then its last but the arrays', so the
+/// pool is retired and its memory given back when they go, instead of staying reserved to the
+/// exit (its release threshold is the device's size). Returns whether it was.
+fn forget_ours_if_replaced(device: usize, previous: &MemoryResource) -> bool {
+    let Some(slot) = per_device().get(device) else { return false };
+    let mut ours = slot.ours.lock().unwrap_or_else(|e| e.into_inner());
+    if !ours.as_ref().is_some_and(|o| o.same_as(previous).unwrap_or(false)) {
+        return false;
+    }
+    let gone = ours.take();
+    drop(ours); // the lock first: the last handle of a resource queues its release
+    drop(gone);
+    true
 }
 
 /// What [`trim_retired_pools`] did: bytes given back to the driver, and bytes the retired pools

@@ -153,6 +153,34 @@ fn main() -> ExitCode {
             println!("RESULT after={} installed={}", mr(0), raft::installed_default(0));
         }
         // A resource installed after the first resources is left alone by later ones.
+        // The default pool, replaced: once the caller's handle of it goes, its memory goes back
+        // to the driver (the library's own copy, kept for the exit, is let go with the
+        // replacement); before, the pool kept what it had reserved until the exit.
+        "mr-default-replaced" => {
+            let r = raft::DeviceResources::new().expect("resources");
+            let free = || {
+                r.context().bind_to_thread().expect("bind");
+                cudarc::driver::result::mem_get_info().expect("mem_get_info").0
+            };
+            drop(raft::DeviceVec::<u8>::new(&r, 1 << 30).expect("1 GiB from the default pool"));
+            r.sync().expect("sync");
+            let reserved = free();
+            let previous = raft::memory::set_current(0, &raft::MemoryResource::cuda(0).expect("cuda")).expect("set");
+            let was_default = previous.kind() == raft::MemoryResourceKind::CudaAsync;
+            drop(previous);
+            r.sync().expect("sync");
+            // The pool's last handle queues its retirement on a release thread: give it 10 s.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let back = loop {
+                let _ = raft::memory::trim_retired_pools();
+                let back = free().saturating_sub(reserved);
+                if back >= 900 << 20 || std::time::Instant::now() > deadline {
+                    break back;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            println!("RESULT was_default={was_default} mib_back={}", back >> 20);
+        }
         "mr-user-after" => {
             let _a = raft::DeviceResources::new().expect("resources");
             raft::memory::set_current(0, &raft::MemoryResource::managed(0).expect("managed")).expect("set");
