@@ -172,7 +172,9 @@ impl Shared {
         if let Err(e) = call(&self.native, &stream, !in_group) {
             return Err(self.fail_unless_refused(&mut st, who, e));
         }
-        if refuse_capture(who, &stream).is_err() {
+        // Inside a group nothing is launched until the group's end (whose own check is still
+        // open: docs/RELIABILITY.md).
+        if !in_group && raft_core::stream_is_capturing(&stream).unwrap_or(false) {
             // A capture begun meanwhile on another thread may have taken the collective into its
             // graph, which would then read and write the arrays at each launch: as for a copy
             // in raft-core, the process stops.
@@ -236,14 +238,14 @@ impl Shared {
 /// the graph, after its arrays may be gone (NCCL's calls can be captured): refused (`Logic`), as
 /// raft-core refuses copies, zeroing and GEMMs. A failed query is the driver's error.
 pub(crate) fn refuse_capture(who: &'static str, stream: &CudaStream) -> Result<()> {
-    match stream.capture_status() {
-        Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) => Ok(()),
-        Ok(_) => Err(Error::logic(
+    match raft_core::stream_is_capturing(stream) {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(Error::logic(
             who,
             "the resources' stream is being captured into a CUDA graph: the graph would run the collective at each launch, \
              after its arrays may be gone; call it before the capture begins or after it ends",
         )),
-        Err(e) => Err(Error::driver(who, e)),
+        Err(e) => Err(e.with_who(who)),
     }
 }
 

@@ -108,3 +108,14 @@ pub(crate) fn context(who: &'static str, device: usize) -> Result<Arc<CudaContex
     result::note_primary(who, device, &made.ctx);
     Ok(made.ctx.clone())
 }
+
+/// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`). Unlike
+/// cudarc's `CudaStream::capture_status`, it binds no context and leaves cudarc's recorded
+/// context error where it is. What the crates above raft-core ask before queuing work that must
+/// never enter a graph (a collective, cuVS's kernels).
+///
+/// # Errors
+/// `Cuda` when the driver cannot say (a sticky error of earlier work on the context).
+pub fn stream_is_capturing(stream: &CudaStream) -> Result<bool> {
+    result::capturing("raft::stream_is_capturing", stream)
+}

@@ -60,8 +60,13 @@ impl CuvsResources<'_> {
 /// lend holds the resources' read lock, and a release waiting on another thread would make such a
 /// nested call wait for the lend to end, which waits for the call. Take what you need before.
 ///
+/// A capture of the resources' stream into a CUDA graph must not be open when this is called
+/// (`Logic`: cuVS's work would run at each launch of the graph, after the index and the arrays
+/// may be gone), nor be begun by `f` and left open: the process stops then, as it does for a copy.
+///
 /// # Errors
-/// `Cuda` when cuVS cannot be loaded; `Logic` on released resources; else the closure's error.
+/// `Cuda` when cuVS cannot be loaded; `Logic` on released resources or a capturing stream; else
+/// the closure's error.
 pub fn with_cuvs<R>(res: &DeviceResources, f: impl FnOnce(CuvsResources<'_>) -> Result<R>) -> Result<R> {
     const WHO: &str = "raft_cuvs::with_cuvs";
     result::api(WHO)?;
@@ -76,7 +81,7 @@ pub(crate) fn lend<R>(who: &'static str, res: &DeviceResources, f: impl FnOnce(C
     let stream = res.stream().map_err(|e| e.with_who(who))?;
     refuse_capture(who, &stream)?;
     let out = res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device, &stream))).map_err(|e| e.with_who(who))?;
-    if refuse_capture(who, &stream).is_err() {
+    if raft_core::stream_is_capturing(&stream).unwrap_or(false) {
         // A capture begun meanwhile on another thread may have taken cuVS's kernels into its
         // graph, which would then use the index and the arrays at each launch: the process stops,
         // as raft-core's copies do.
@@ -90,14 +95,14 @@ pub(crate) fn lend<R>(who: &'static str, res: &DeviceResources, f: impl FnOnce(C
 /// the graph, after the index and the arrays may be gone: refused (`Logic`) before the lend, as
 /// raft-core refuses copies and GEMMs.
 fn refuse_capture(who: &'static str, stream: &CudaStream) -> Result<()> {
-    match stream.capture_status() {
-        Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) => Ok(()),
-        Ok(_) => Err(raft_core::Error::logic(
+    match raft_core::stream_is_capturing(stream) {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(raft_core::Error::logic(
             who,
             "the resources' stream is being captured into a CUDA graph: the graph would run cuVS's work at each launch, \
              after the index and the arrays may be gone; call it before the capture begins or after it ends",
         )),
-        Err(e) => Err(raft_core::Error::driver(who, e)),
+        Err(e) => Err(e.with_who(who)),
     }
 }
 

@@ -117,7 +117,7 @@ void release_group_owner(comm_cell& c) noexcept
       if (c.abort_deferred) {
         // Its kernels stop only now: its clique peers, whose arrays they may reach, follow now.
         c.abort_deferred = false;
-        schedule_peer_aborts(c, c.why);
+        schedule_peer_aborts(c, c.abort_reason);
       }
     }
   } catch (...) {

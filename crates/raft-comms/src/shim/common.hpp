@@ -287,6 +287,8 @@ struct comm_cell : std::enable_shared_from_this<comm_cell> {
   /// Ended while a group held it: its abort, and its clique peers' (whose arrays its kernels may
   /// still reach until then), wait for that group's end (`release_group_owner`).
   bool abort_deferred{false};
+  /// Why it was aborted, as given (`why` adds "was aborted: "): what its peers are told.
+  std::string abort_reason;
   /// The ranks of this process it is linked with (see `clique`); none when it is the only one.
   /// Set before the cell is shared, never changed.
   std::shared_ptr<clique> peers;

@@ -233,8 +233,14 @@ ncclResult_t abort_locked(comm_cell& c, std::string const& reason) noexcept
     // No memory for the reason: `live` says "has ended".
   }
   if (c.group_owner != std::thread::id{}) {
-    // Its kernels run until the group's end: its peers, whose arrays they may reach, wait too.
+    // Its kernels run until the group's end: its peers, whose arrays they may reach, wait too
+    // (a group that never ends keeps them waiting: docs/RELIABILITY.md).
     c.abort_deferred = true;
+    try {
+      c.abort_reason = reason;
+    } catch (...) {
+      // No memory for it: the peers are told "".
+    }
     return ncclSuccess;
   }
   schedule_peers(c, reason);

@@ -27,7 +27,7 @@ pub fn set_current(device: usize, resource: &MemoryResource) -> Result<MemoryRes
         return Err(Error::logic(WHO, format!("a memory resource of device {} cannot serve device {device}", resource.device())));
     }
     let previous = MemoryResource::wrap(WHO, resource.native.set_current(WHO)?)?;
-    let _ = forget_ours_if_replaced(device, &previous);
+    let _ = forget_ours_if_replaced(device, &previous, resource);
     Ok(previous)
 }
 
@@ -35,10 +35,12 @@ pub fn set_current(device: usize, resource: &MemoryResource) -> Result<MemoryRes
 /// pool is replaced: the caller's handle (`previous`) is then its last but the arrays', so the
 /// pool is retired and its memory given back when they go, instead of staying reserved to the
 /// exit (its release threshold is the device's size). Returns whether it was.
-fn forget_ours_if_replaced(device: usize, previous: &MemoryResource) -> bool {
+fn forget_ours_if_replaced(device: usize, previous: &MemoryResource, now: &MemoryResource) -> bool {
     let Some(slot) = per_device().get(device) else { return false };
     let mut ours = slot.ours.lock().unwrap_or_else(|e| e.into_inner());
-    if !ours.as_ref().is_some_and(|o| o.same_as(previous).unwrap_or(false)) {
+    let is_ours = |r: &MemoryResource| ours.as_ref().is_some_and(|o| o.same_as(r).unwrap_or(false));
+    // Replaced by another resource (`set_current(d, &current(d)?)` replaces it by itself).
+    if !is_ours(previous) || is_ours(now) {
         return false;
     }
     let gone = ours.take();

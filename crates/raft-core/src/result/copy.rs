@@ -438,7 +438,7 @@ fn queue(
     // A capture begun meanwhile on another thread may have taken the copy, or the event after
     // it, into its graph: then whether the copy ran, and when it ends, cannot be known, and the
     // borrow of its ends must not end. Such a race is the caller's; the process stops.
-    if super::refuse_capture(who, streams()).is_err() {
+    if streams().into_iter().any(super::captured_meanwhile) {
         eprintln!("{who}: a CUDA graph capture began on a stream while a copy was queued on it; aborting");
         std::process::abort();
     }
@@ -696,7 +696,7 @@ pub(crate) fn zero_ordered(who: &'static str, buf: &mut NativeBuffer) -> Result<
     });
     // A capture begun meanwhile on another thread may have taken the memset into its graph,
     // which would write the memory at each launch: as for a copy, the process stops.
-    if super::refuse_capture(who, [&*buf.stream]).is_err() {
+    if super::captured_meanwhile(&buf.stream) {
         eprintln!("{who}: a CUDA graph capture began on a stream while a memset was queued on it; aborting");
         std::process::abort();
     }

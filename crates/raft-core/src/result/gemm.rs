@@ -392,7 +392,7 @@ fn refuse_capture_of_gemm(who: &'static str, stream: &cudarc::driver::CudaStream
 /// A capture begun meanwhile on another thread may have taken the GEMM into its graph, which
 /// would then write the array at each launch: as for a copy or a memset, the process stops.
 fn stop_if_captured_meanwhile(who: &'static str, stream: &cudarc::driver::CudaStream) {
-    if super::refuse_capture(who, [stream]).is_err() {
+    if super::captured_meanwhile(stream) {
         eprintln!("{who}: a CUDA graph capture began on a stream while a GEMM was queued on it; aborting");
         std::process::abort();
     }

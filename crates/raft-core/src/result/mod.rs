@@ -277,16 +277,29 @@ pub(crate) fn relaxed<R>(wait: impl FnOnce() -> R) -> R {
 /// graph, after the memory's borrow (or the array) has ended (a wait on the stream or on an
 /// event recorded during the capture waits for nothing). Each stream whose work the copy joins
 /// is asked.
+/// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`): binds no
+/// context and leaves cudarc's recorded context error alone (cudarc's `capture_status` does both).
+pub(crate) fn capturing(who: &'static str, stream: &CudaStream) -> Result<bool> {
+    let mut status = cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the stream is alive for the borrow; the call writes one status and needs no
+    // current context.
+    let rc = unsafe { cusys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
+    if rc != cusys::CUresult::CUDA_SUCCESS {
+        return Err(Error::driver(who, cudarc::driver::DriverError(rc)));
+    }
+    Ok(status != cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// After work was queued on `stream`: whether a capture began meanwhile (on another thread), which
+/// may have taken the work into its graph. A failed query (a sticky error of earlier work) is no
+/// capture: the work's own result reports it.
+pub(crate) fn captured_meanwhile(stream: &CudaStream) -> bool {
+    capturing("captured_meanwhile", stream).unwrap_or(false)
+}
+
 pub(crate) fn refuse_capture<'s>(who: &'static str, streams: impl IntoIterator<Item = &'s CudaStream>) -> Result<()> {
     for stream in streams {
-        let mut status = cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: the stream is alive for the borrow; the call writes one status and needs no
-        // current context.
-        let rc = unsafe { cusys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
-        if rc != cusys::CUresult::CUDA_SUCCESS {
-            return Err(Error::driver(who, cudarc::driver::DriverError(rc)));
-        }
-        if status != cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        if capturing(who, stream)? {
             return Err(Error::logic(
                 who,
                 "the stream is being captured into a CUDA graph: the copy would run at each launch of the graph, after \

@@ -492,7 +492,7 @@ impl Queued {
         };
         rc.result().map_err(driver(who))?;
         let recorded = slot.event.record(who, end.stream, guard);
-        if super::refuse_capture(who, [end.stream]).is_err() {
+        if super::captured_meanwhile(end.stream) {
             eprintln!("{who}: a CUDA graph capture began on the stream during a staged copy; aborting");
             std::process::abort(); // the piece may be in the graph: its end cannot be known
         }
