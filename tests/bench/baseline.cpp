@@ -440,8 +440,10 @@ std::shared_ptr<any_device_resource> fenced_like_the_shim(Args&&... args)
 /// `bl_create_release_floor` makes its own, as `floor_state` must not be made before the library
 /// installs device 0's default resource.
 struct context_check {
-  using get_fn = CUresult (*)(CUcontext*);
+  using get_fn       = CUresult (*)(CUcontext*);
+  using capturing_fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
   get_fn get_current{};
+  capturing_fn is_capturing{};
   CUcontext ctx{};
 
   context_check()
@@ -451,6 +453,19 @@ struct context_check {
     cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
     get_current = reinterpret_cast<get_fn>(f);
     if (get_current != nullptr) { get_current(&ctx); }
+    void* g{};
+    cudaGetDriverEntryPointByVersion("cuStreamIsCapturing", &g, 12000, cudaEnableDefault, &q);
+    is_capturing = reinterpret_cast<capturing_fn>(g);
+  }
+
+  /// Whether `s` is being captured into a CUDA graph: the query the shim makes before every
+  /// allocation and free on a stream, and after one through a resource a capture can take
+  /// (`stream_capturing`, the shim's common.cpp: the same driver entry point).
+  [[nodiscard]] bool capturing(cudaStream_t s) const
+  {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return is_capturing == nullptr || (is_capturing(reinterpret_cast<CUstream>(s), &status) == CUDA_SUCCESS &&
+                                       status != CU_STREAM_CAPTURE_STATUS_NONE);
   }
 
   /// One read of the thread's context, compared with the expected one.
@@ -506,6 +521,12 @@ struct held_state : context_check {
   }
 };
 
+/// Whether the floor resource of `kind` is one whose allocation or free a capture can take: the
+/// async pools (3, 5, and 4, the current resource: the library's async pool in the bench), as the
+/// shim's `may_be_captured` says of them; the fenced pool, arena and binning resource over
+/// cudaMalloc are not.
+bool may_be_captured(int32_t kind) { return kind >= 3; }
+
 held_state& floor_state()
 {
   // Never destroyed: its fenced resources hold deferred frees on the stream the rows used, which
@@ -537,7 +558,9 @@ extern "C" {
 // stream outlives the free), a live-allocation count (per thread, as the library keeps it), the
 // allocation and its free through the type-erased resource (as any resource of any kind is
 // held; a pool-like one fenced, its free taking the fence's hint path), and the record dropped.
-// No device switch.
+// No device switch. The capture checks (the fifth audit's follow-up): the stream asked whether
+// it is being captured into a CUDA graph before the allocation and before the free, and again
+// after each through a resource a capture can take (the async pools: kinds 3, 4 and 5).
 int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
 {
   struct record {
@@ -556,15 +579,19 @@ int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
     count_live(1);
     rmm::device_async_resource_ref ref{*r->mr};
     cudaStream_t on = bench_stream();  // the resources' own, as ours (bl_use_stream)
+    if (h.capturing(on)) { return 6; }
     // 0 bytes: no RMM call, as the shim skips it (the row that isolates the steps' own cost).
     if (bytes != 0) {
       r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      if (may_be_captured(kind) && h.capturing(on)) { return 7; }
+      if (h.capturing(on)) { return 8; }
       // The free on the block's device: checked (one context read compared), as the shim's
       // free scopes its device and as RMM's own device_buffer sets its device to free.
       if (!h.on_device()) { return 5; }
       // The free names the stream's keeping handle, so a fence takes its hint path (fence.hpp).
       raftrs_fence::freeing_on freeing{on, r->stream.get()};
       ref.deallocate(cuda::stream_ref{on}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      if (may_be_captured(kind) && h.capturing(on)) { return 9; }
     }
     count_live(-1);
     r.reset();
@@ -601,17 +628,23 @@ int32_t bl_alloc_free_held_as_designed(int32_t kind, size_t bytes)
     rmm::device_async_resource_ref ref{*r->mr};
     // Allocated under the read lock, as `DeviceVec::new_in` does; freed without it, as its drop.
     cudaStream_t on = bench_stream();
-    if (bytes != 0) { r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT); }
+    if (h.capturing(on)) { return 6; }
+    if (bytes != 0) {
+      r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      if (may_be_captured(kind) && h.capturing(on)) { return 7; }
+    }
     in_use.pop_back();
     alive.unlock();
     count_live(1);
     count_live(-1);
     if (bytes != 0) {
+      if (h.capturing(on)) { return 8; }
       // The free on the block's device: checked (one context read compared), as the shim's
       // free scopes its device and as RMM's own device_buffer sets its device to free.
       if (!h.on_device()) { return 5; }
       raftrs_fence::freeing_on freeing{on, r->stream.get()};
       ref.deallocate(cuda::stream_ref{on}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      if (may_be_captured(kind) && h.capturing(on)) { return 9; }
     }
     r.reset();
     return 0;

@@ -1,6 +1,7 @@
-//! Copies and CUDA graph capture (issue 33, items 5-8): every copy refused on a capturing
-//! stream, a copy scope that waits for its host copies whatever its body captured, arrays used on
-//! other streams freed only after that use, and registrations that page-lock no neighbour.
+//! Copies, allocations and CUDA graph capture (issue 33, items 5-8; the fifth audit): every copy
+//! refused on a capturing stream, a copy scope that waits for its host copies whatever its body
+//! captured, arrays used on other streams freed only after that use, registrations that
+//! page-lock no neighbour, GEMMs refused, and arrays neither allocated nor freed into a capture.
 use raft::{DeviceResources, DeviceVec, ErrorKind, PinnedVec, RegisteredSlice};
 use raft_tests::patterns::{pattern_f32, pattern_u32, pattern_u8, same};
 use raft_tests::require_gpu;
@@ -273,4 +274,77 @@ fn a_gemm_is_refused_while_the_stream_is_captured() {
     )
     .unwrap();
     assert!(c.to_host().unwrap().iter().all(|&x| x == 2.0 * n as f32));
+}
+
+/// Arrays are neither allocated nor freed into a CUDA graph captured on their stream (the fifth
+/// audit's open item). Through the async pool, an allocation on a capturing stream became a node
+/// of the graph (its address backed only while the graph runs) and a drop became a free node,
+/// run at each launch; through a pool, an arena or a binning resource the allocation was served
+/// and the free recorded the pool's stream event into the graph. Now each allocation is refused
+/// (`Logic`), each array dropped during the capture is kept (not freed: its resource's
+/// statistics still count it), the graph is empty, and after the capture both run again.
+/// (Before: every allocation below was accepted, and the async pools' drops added free nodes.)
+#[test]
+fn arrays_are_neither_allocated_nor_freed_into_a_capture_of_their_stream() {
+    require_gpu!();
+    use cudarc::driver::sys;
+    use raft::MemoryResource;
+    const MIB: usize = 1 << 20;
+    let res = DeviceResources::new().unwrap();
+    let stream = res.stream().unwrap();
+    let cuda = MemoryResource::cuda(0).unwrap();
+    // Each under a statistics adaptor, which counts what the library frees through it.
+    let resources: Vec<(&str, Option<MemoryResource>)> = vec![
+        ("the current resource (the async pool)", None),
+        ("an async pool", Some(MemoryResource::cuda_async(0).unwrap().with_statistics().unwrap())),
+        ("a pool", Some(cuda.pool(raft::PoolOptions::initial(32 * MIB)).unwrap().with_statistics().unwrap())),
+        ("an arena", Some(cuda.arena(raft::ArenaOptions::size(64 * MIB)).unwrap().with_statistics().unwrap())),
+        ("a binning resource", Some(cuda.binning(8, 20).unwrap().with_statistics().unwrap())),
+    ];
+    let n = 64 << 10; // 256 KiB of f32: freed inline by every resource above (no release thread)
+    let make = |mr: &Option<MemoryResource>| match mr {
+        Some(mr) => DeviceVec::<f32>::new_in(&res, n, mr),
+        None => DeviceVec::<f32>::new(&res, n),
+    };
+    let kept: Vec<DeviceVec<f32>> = resources.iter().map(|(_, mr)| make(mr).unwrap()).collect();
+    let live_before: Vec<Option<i64>> =
+        resources.iter().map(|(_, mr)| mr.as_ref().map(|m| m.statistics().unwrap().current_count)).collect();
+    stream.context().bind_to_thread().unwrap();
+    // SAFETY: the stream is alive (held by `res`); relaxed, so the other tests' calls of this
+    // process are not refused meanwhile.
+    unsafe { sys::cuStreamBeginCapture_v2(stream.cu_stream(), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }.result().unwrap();
+    let refused: Vec<raft::Result<DeviceVec<f32>>> = resources.iter().map(|(_, mr)| make(mr)).collect();
+    drop(kept);
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above on the same stream; the graph comes back owned.
+    unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result().unwrap();
+    let mut nodes = 0usize;
+    if !graph.is_null() {
+        // SAFETY: `graph` is the captured graph, destroyed once after its nodes are counted.
+        unsafe {
+            sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes).result().unwrap();
+            sys::cuGraphDestroy(graph).result().unwrap();
+        }
+    }
+    for (((what, mr), r), before) in resources.iter().zip(refused).zip(&live_before) {
+        let e = r.expect_err(&format!("{what}: an allocation on a capturing stream was accepted"));
+        assert_eq!(e.kind(), ErrorKind::Logic, "{what}: {e}");
+        assert!(e.to_string().contains("captured into a CUDA graph"), "{what}: {e}");
+        if let (Some(mr), Some(before)) = (mr, before) {
+            let now = mr.statistics().unwrap().current_count;
+            assert_eq!(now, *before, "{what}: an array dropped during the capture was freed (or another allocated)");
+        }
+    }
+    assert_eq!(nodes, 0, "the capture took {nodes} node(s): an allocation or a free entered the graph");
+    // After the capture: allocations, copies and frees run again through each resource.
+    for (i, (what, mr)) in resources.iter().enumerate() {
+        let want = pattern_f32(n, 80 + i as u32);
+        let mut v = make(mr).unwrap_or_else(|e| panic!("{what}: after the capture: {e}"));
+        v.copy_from_host(&want).unwrap();
+        same(&format!("{what} after the capture"), &v.to_host().unwrap(), &want);
+        drop(v);
+        if let (Some(mr), Some(before)) = (mr, live_before[i]) {
+            assert_eq!(mr.statistics().unwrap().current_count, before, "{what}: an array made after the capture was not freed");
+        }
+    }
 }

@@ -37,6 +37,12 @@ use std::sync::Arc;
 /// (or of a view, into memory it does not own) when `dst` is longer: give it a destination of
 /// exactly the array's length, or use [`copy_to_host`](Self::copy_to_host), which checks.
 ///
+/// CUDA graphs: an array is neither allocated nor freed on a stream being captured into a graph
+/// (through the async pool either would become a node of the graph, run at each launch rather
+/// than now). Allocating is refused (`Logic`); an array dropped while its stream is captured is
+/// not freed: it stays allocated, with its resource, until the process ends (a warning is
+/// logged). Make and drop arrays before the capture begins or after it ends.
+///
 /// # Thread safety
 /// `Send + Sync`; writes need `&mut self`.
 pub struct DeviceVec<T: DeviceScalar> {
@@ -55,9 +61,10 @@ impl<T: DeviceScalar> DeviceVec<T> {
     ///
     /// # Errors
     /// `OutOfMemory` when the allocation fails, and for more than 2^48 bytes (256 TiB, more than
-    /// any device holds), refused before RMM sees them; `Logic` on released resources, and for a
-    /// length whose byte count overflows or comes within 4096 bytes of `usize::MAX` (RMM's
-    /// rounding to its alignment would wrap).
+    /// any device holds), refused before RMM sees them; `Logic` on released resources, while the
+    /// resources' stream is being captured into a CUDA graph, and for a length whose byte count
+    /// overflows or comes within 4096 bytes of `usize::MAX` (RMM's rounding to its alignment
+    /// would wrap).
     pub fn new(resources: &DeviceResources, len: usize) -> Result<Self> {
         Self::alloc("DeviceVec::new", resources, None, len)
     }
@@ -65,8 +72,9 @@ impl<T: DeviceScalar> DeviceVec<T> {
     /// `len` elements with unspecified contents, from `mr` (made for the resources' device).
     ///
     /// # Errors
-    /// `Logic` when `mr` belongs to another device or the resources were released;
-    /// `OutOfMemory` when the allocation fails; sizes as [`new`](Self::new).
+    /// `Logic` when `mr` belongs to another device, the resources were released or their stream
+    /// is being captured into a CUDA graph; `OutOfMemory` when the allocation fails; sizes as
+    /// [`new`](Self::new).
     pub fn new_in(resources: &DeviceResources, len: usize, mr: &MemoryResource) -> Result<Self> {
         Self::alloc("DeviceVec::new_in", resources, Some(mr), len)
     }

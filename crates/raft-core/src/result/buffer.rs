@@ -277,6 +277,19 @@ impl NativeBuffer {
         // Page-locked host buffers name the legacy default stream (null) and are only ever
         // used by copies that wait for themselves: nothing to wait for there.
         let waits = !self.stream_ordered && !self.stream.cu_stream().is_null();
+        // A stream being captured into a CUDA graph cannot be waited for (the driver refuses, and
+        // invalidates the capture): asked first, and refused as the shim refuses the free itself
+        // on such a stream (the block, its resource and its stream are kept for the process's
+        // life, never freed while work queued before the capture may still use the block).
+        if waits && super::capturing(who, &self.stream).unwrap_or(false) {
+            self.leak();
+            return Err(Error::logic(
+                who,
+                "the stream is being captured into a CUDA graph: the block is not freed (its free would become a node \
+                 of the graph) and stays allocated, with its resource, until the process ends; drop arrays before the \
+                 capture begins or after it ends",
+            ));
+        }
         // Binding a context is the only thing here that changes the caller's (the shim restores
         // its own switch): guarded where it happens, not on the stream-ordered fast path.
         let _keep = if waits { ContextGuard::save(who).ok() } else { None };

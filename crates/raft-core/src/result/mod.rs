@@ -271,12 +271,6 @@ pub(crate) fn relaxed<R>(wait: impl FnOnce() -> R) -> R {
     out
 }
 
-/// Refuses a copy (with host memory, or between device arrays) on a stream being captured into a
-/// CUDA graph (`cuStreamBeginCapture`, e.g. cudarc's `begin_capture` on the resources' stream):
-/// the copy would be recorded into the graph rather than run, and run at each launch of the
-/// graph, after the memory's borrow (or the array) has ended (a wait on the stream or on an
-/// event recorded during the capture waits for nothing). Each stream whose work the copy joins
-/// is asked.
 /// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`): binds no
 /// context and leaves cudarc's recorded context error alone (cudarc's `capture_status` does both).
 pub(crate) fn capturing(who: &'static str, stream: &CudaStream) -> Result<bool> {
@@ -297,6 +291,12 @@ pub(crate) fn captured_meanwhile(stream: &CudaStream) -> bool {
     capturing("captured_meanwhile", stream).unwrap_or(false)
 }
 
+/// Refuses a copy (with host memory, or between device arrays) on a stream being captured into a
+/// CUDA graph (`cuStreamBeginCapture`, e.g. cudarc's `begin_capture` on the resources' stream):
+/// the copy would be recorded into the graph rather than run, and run at each launch of the
+/// graph, after the memory's borrow (or the array) has ended (a wait on the stream or on an
+/// event recorded during the capture waits for nothing). Each stream whose work the copy joins
+/// is asked.
 pub(crate) fn refuse_capture<'s>(who: &'static str, streams: impl IntoIterator<Item = &'s CudaStream>) -> Result<()> {
     for stream in streams {
         if capturing(who, stream)? {

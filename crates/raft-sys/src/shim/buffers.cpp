@@ -79,12 +79,79 @@ free_order order_of(shim_mr const& m)
   return found;
 }
 
-/// Allocates `bytes` on `stream` through `b`'s resource (the device is current).
+/// Whether an allocation or a free through `mr` may be taken into a CUDA graph when its stream
+/// is being captured: a CUDA async pool anywhere down the chain (`cudaMallocFromPoolAsync` and
+/// `cudaFreeAsync` become graph nodes; a pool or a bin grows from its upstream on the caller's
+/// stream), or a resource this shim cannot see into. `cudaMalloc`, managed and page-locked
+/// memory cannot be captured (in global capture mode they fail instead), and RMM 26.08's arena
+/// takes its whole global arena from its upstream when it is made (`allocate_sync`), never on a
+/// stream afterwards.
+bool may_be_captured(rmm::device_async_resource_ref mr)
+{
+  for (std::optional<rmm::device_async_resource_ref> at{mr}; at.has_value();) {
+    switch (classify(*at)) {
+      case RAFTRS_MR_CUDA:
+      case RAFTRS_MR_MANAGED:
+      case RAFTRS_MR_PINNED_HOST:
+      case RAFTRS_MR_ARENA: return false;
+      case RAFTRS_MR_CUDA_ASYNC:
+      case RAFTRS_MR_OTHER: return true;
+      default: {
+        at = upstream_any(*at);
+        if (!at.has_value()) { return true; }  // an adaptor whose upstream this shim cannot see
+      }
+    }
+  }
+  return true;
+}
+
+/// `m`'s `may_be_captured`, walked once per resource handle.
+bool captures_of(shim_mr const& m)
+{
+  auto known = m.captures.load(std::memory_order_relaxed);
+  if (known >= 0) { return known != 0; }
+  bool found = may_be_captured(rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)});
+  m.captures.store(found ? 1 : 0, std::memory_order_relaxed);  // the same answer whoever stores it
+  return found;
+}
+
+/// Refuses an allocation on a stream being captured into a CUDA graph. Through a CUDA async pool
+/// the allocation would become a node of the graph, its address backed only while the graph
+/// runs (a copy into it outside the graph faults, or writes memory the graph's launches reuse);
+/// a pool or a bin growing from such an upstream would keep that address in its free lists.
+/// Refused for every resource, so the rule does not depend on what the resource is built from.
+void refuse_capturing_allocation(void* stream)
+{
+  if (stream_capturing(stream)) {
+    throw std::logic_error(
+      "the stream is being captured into a CUDA graph: an allocation on it could become a node of the graph, its "
+      "memory valid only while the graph runs; allocate before the capture begins or after it ends");
+  }
+}
+
+/// Refuses a free on a stream being captured into a CUDA graph: through a CUDA async pool the
+/// free would become a node of the graph, run at each launch (a second launch frees the block
+/// again, after it may have been handed out anew), and not now; a pool's free would record its
+/// stream's event into the graph, where the next allocation on another stream cannot wait for
+/// it. The caller keeps the block, and the resource that owns it, for the process's life.
+void refuse_capturing_free(void* stream)
+{
+  if (stream_capturing(stream)) {
+    throw std::logic_error(
+      "the stream is being captured into a CUDA graph: the block is not freed (its free would become a node of "
+      "the graph) and stays allocated, with its resource, until the process ends; drop arrays before the "
+      "capture begins or after it ends");
+  }
+}
+
+/// Allocates `bytes` on `stream` through `b`'s resource (the device is current; the stream was
+/// found not capturing).
 void allocate_into(shim_buffer& b, free_order order, void* stream, std::size_t bytes)
 {
   b.stream_ordered = frees_stream_ordered(order, bytes, stream != nullptr);
   if (bytes != 0) {
     b.ptr = b.ref().allocate(cuda::stream_ref{static_cast<cudaStream_t>(stream)}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    if (stream_capturing(stream) && may_be_captured(b.ref())) { stop_captured_meanwhile("an allocation"); }
   }
 }
 
@@ -95,10 +162,12 @@ void free_buffer(raftrs_buffer* buf, void* stream, void const* owner)
   std::unique_ptr<shim_buffer> b{reinterpret_cast<shim_buffer*>(buf)};
   std::optional<device_scope> scope;
   try {
+    if (b->ptr != nullptr) { refuse_capturing_free(stream); }
     scope.emplace(b->device);
     if (b->ptr != nullptr) {
       raftrs_fence::freeing_on freeing{static_cast<cudaStream_t>(stream), owner};
       b->ref().deallocate(cuda::stream_ref{static_cast<cudaStream_t>(stream)}, b->ptr, b->bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      if (stream_capturing(stream) && may_be_captured(b->ref())) { stop_captured_meanwhile("a free"); }
     }
   } catch (...) {
     // Not freed: the record and its copy of the resource are kept for the process's life, never
@@ -258,9 +327,10 @@ raftrs_status raftrs_buffer_create(int32_t device,
 {
   return guard([&] {
     *out = nullptr;
-    // First: the resources' own arithmetic must never see such a size, and the check needs no
+    // First: the resources' own arithmetic must never see such a size, and the checks need no
     // device.
     refuse_unservable(bytes);
+    refuse_capturing_allocation(stream);
     device_scope scope{device};
     auto owned = std::make_unique<shim_buffer>(shim_buffer{device, nullptr, bytes, any_device_resource{}, false});
     if (mr == nullptr) {
@@ -294,6 +364,7 @@ raftrs_status raftrs_mr_allocate_held(int32_t device,
     *stream_ordered = 0;
     *fresh          = nullptr;
     refuse_unservable(bytes);
+    refuse_capturing_allocation(stream);
     device_scope scope{device};
     std::unique_ptr<shim_mr> made;
     shim_mr const* use = held_resource(device, mr, current, made);
@@ -301,6 +372,8 @@ raftrs_status raftrs_mr_allocate_held(int32_t device,
     if (bytes != 0) {
       *data = rmm::device_async_resource_ref{const_cast<any_device_resource&>(use->resource)}.allocate(
         cuda::stream_ref{static_cast<cudaStream_t>(stream)}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      // Asked only of a resource whose allocation a capture can take (one cached walk).
+      if (captures_of(*use) && stream_capturing(stream)) { stop_captured_meanwhile("an allocation"); }
     }
     *fresh = made != nullptr ? wrap(made.release()) : nullptr;
   });
@@ -312,10 +385,12 @@ raftrs_status raftrs_mr_deallocate_held(const raftrs_mr* mr, void* stream, const
     if (mr == nullptr) { throw std::invalid_argument("null memory resource"); }
     if (data == nullptr) { return; }  // a 0-byte allocation took nothing
     auto const& m = unwrap(mr);
+    refuse_capturing_free(stream);  // the caller keeps `mr` (and the block) on failure
     device_scope scope{m.device};
     raftrs_fence::freeing_on freeing{static_cast<cudaStream_t>(stream), stream != nullptr ? stream_owner : nullptr};
     rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)}.deallocate(
       cuda::stream_ref{static_cast<cudaStream_t>(stream)}, data, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    if (captures_of(m) && stream_capturing(stream)) { stop_captured_meanwhile("a free"); }
   });
 }
 

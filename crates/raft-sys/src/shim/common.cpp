@@ -2,6 +2,8 @@
 // noted primary contexts, the driver's context calls, and the device count.
 #include "common.hpp"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace {
@@ -46,6 +48,38 @@ device_scope::driver_ctx const* device_scope::driver_ctx_api()
                           reinterpret_cast<driver_ctx::state_fn>(fns[3])};
   }();
   return api;
+}
+
+bool stream_capturing(void* stream) noexcept
+{
+  if (stream == nullptr) { return false; }
+  using is_capturing_fn = int (*)(void*, int*);
+  static is_capturing_fn const query = []() -> is_capturing_fn {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamIsCapturing", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return reinterpret_cast<is_capturing_fn>(fn);
+  }();
+  if (query != nullptr) {
+    int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+    return query(stream, &status) == 0 && status != 0;
+  }
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void stop_captured_meanwhile(char const* what) noexcept
+{
+  std::fprintf(stderr, "raft-rs: a CUDA graph capture began on a stream while %s was queued on it; aborting\n", what);
+  std::abort();
 }
 
 int device_count()

@@ -187,6 +187,17 @@ class device_scope {
 /// The number of devices (0 where the driver has none); common.cpp.
 int device_count();
 
+/// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`, through the
+/// driver's entry point: binds no context; common.cpp). The legacy default stream (null) cannot
+/// be captured: false without a call. A failed query (a sticky error of earlier work) is no
+/// capture: the call it guards reports that error itself.
+bool stream_capturing(void* stream) noexcept;
+
+/// Stops the process: a capture began on `stream` (on another thread) while `what` was queued
+/// on it, so the graph may hold the allocation or free, and whether it ran cannot be known. As
+/// the Rust side does for copies and GEMMs (`stop_if_captured_meanwhile`); common.cpp.
+[[noreturn]] void stop_captured_meanwhile(char const* what) noexcept;
+
 /// Refuses a device number that is not one of the machine's (common.cpp).
 void check_device(int32_t device);
 

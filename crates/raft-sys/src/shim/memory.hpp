@@ -176,6 +176,9 @@ struct shim_mr {
   /// Whether `resource` wraps a reference to a resource (`current_equals_held`): 1 or 0, -1
   /// until first asked (its type never changes).
   mutable std::atomic<int8_t> by_reference{-1};
+  /// Whether an allocation or free through `resource` may be taken into a CUDA graph when its
+  /// stream is being captured (`may_be_captured`, buffers.cpp): 1 or 0, -1 until first asked.
+  mutable std::atomic<int8_t> captures{-1};
 };
 
 /// How a resource's frees order, as the largest block (after RMM's alignment) whose free on the
