@@ -185,6 +185,23 @@ impl Open {
         }
         let list: Vec<(&crate::result::NativeComm, Option<Arc<CudaStream>>)> =
             used.iter().map(|(s, stream)| (s.native(), Some(stream.clone()))).collect();
+        // The group's calls were checked against a capture when they were made, but NCCL
+        // launches them only here: a capture begun on one of their streams since (by the group's
+        // body, or by another thread) would take them into its graph, which would then read and
+        // write the arrays at each launch, after the group's borrows end. They cannot be
+        // withdrawn from NCCL's group (ending the group launches them; leaving it open leaves
+        // NCCL's thread state open), so, as for a capture begun during a copy, the process stops
+        // before they are launched.
+        if let Some((_, Some(stream))) =
+            list.iter().find(|(_, s)| s.as_ref().is_some_and(|s| raft_core::stream_is_capturing(s).unwrap_or(false)))
+        {
+            eprintln!(
+                "{WHO}: a CUDA graph capture began on a stream ({:p}) after the group's collectives were queued on it, \
+                 before the group's end launched them; aborting",
+                stream.cu_stream()
+            );
+            std::process::abort();
+        }
         let ended = result::group_end(WHO, &list);
         for (member, _) in &used {
             member.clone().group_ended(ended.as_ref().err());

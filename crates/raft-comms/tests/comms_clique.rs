@@ -655,6 +655,51 @@ fn a_collective_is_refused_while_the_stream_is_captured() {
     Communicator::release_all(comms).unwrap();
 }
 
+/// A capture begun on the stream after a group's collective was queued, before the group's end:
+/// the process stops before NCCL launches the collective (the fifth audit's open item). NCCL
+/// launches a group's calls only at `ncclGroupEnd`, so the launch went into the capture and the
+/// graph held the allreduce, run at each launch after the group's arrays were gone. In a child
+/// process, as the stop ends it. (Before: the child's group ended, the graph came back, and the
+/// child exited 0.)
+#[test]
+fn a_capture_begun_before_a_groups_end_stops_the_process_before_the_launch() {
+    const NAME: &str = "a_capture_begun_before_a_groups_end_stops_the_process_before_the_launch";
+    const CHILD: &str = "RAFT_COMMS_TEST_GROUP_CAPTURE_CHILD";
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    if std::env::var_os(CHILD).is_some() {
+        let res = DeviceResources::on_device(0).unwrap();
+        let comms = Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap();
+        let mut buf = up::<f32>(&res, &data(0, 8));
+        let stream = res.stream().unwrap();
+        let ended = group_scope(|g| {
+            g.on(&comms[0]).allreduce_in_place(&mut buf, ReduceOp::Sum)?;
+            stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+            Ok(())
+        });
+        // Reached only when the group's end launched the collective into the capture.
+        let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        println!("child: the group ended ({ended:?}); the capture gave a graph: {:?}", graph.map(|g| g.is_some()));
+        return;
+    }
+    if !common::have(1, NAME) {
+        return;
+    }
+    let _gpus = serial();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(6), "the child was not stopped (SIGABRT) at the group's end: {:?}\n{stdout}{stderr}", out.status);
+    assert!(
+        stderr.contains("a CUDA graph capture began on a stream") && stderr.contains("before the group's end launched them"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("child: the group ended"), "{stdout}");
+}
+
 /// Sets the clique's connections up (a first collective does), so that a lone call later is
 /// enqueued and waits on the GPU for its peer.
 fn warm_up(res: &[DeviceResources], comms: &[Communicator]) {
