@@ -49,7 +49,7 @@ rm -f "$json"
 for lib in librmm/lib64/librmm.so rapids_logger/lib64/librapids_logger.so nvidia/cu13/lib/libcudart.so.13; do
   cp "$prefix/$lib" "$out/lib/"
 done
-cp crates/raft-comms/bench/torch_allreduce.py "$out/bench/"
+cp crates/raft-comms/bench/torch_allreduce.py crates/raft-comms/bench/compare_allreduce.py "$out/bench/"
 find "$out/tests" "$out/bin" -type f -exec strip --strip-debug {} \;
 for f in lib/libraftrs_shim.so lib/libraftcomms_shim.so bin/raft-run bin/comms-bench bin/allreduce_sum tests/comms_clique tests/comms_processes; do
   [ -e "$out/$f" ] || { echo "comms-bundle: $f is missing" >&2; exit 1; }
@@ -60,7 +60,12 @@ cat >"$out/comms.sh" <<'RUN'
 #   ./comms.sh tests [LOGDIR]     raft-comms's tests under RAFT_REQUIRE_GPU=1 (2 GPUs needed)
 #   ./comms.sh example            the distributed sum: 2 processes × 1 GPU, then 1 process × 2 GPUs
 #   ./comms.sh bench [LOGDIR]     comms-bench and torch_allreduce.py, 8 B to 1 GiB, JSON lines
-#   ./comms.sh all [LOGDIR]       the three
+#   ./comms.sh mpirun [LOGDIR]    every collective and dtype, and the example, under Open MPI's
+#                                 `mpirun -np 2` (issue 32)
+#   ./comms.sh net [LOGDIR]       the socket transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, as
+#                                 across two hosts): every collective and dtype, then comms-bench
+#                                 and torch in turns (two each), compared (issue 32)
+#   ./comms.sh all [LOGDIR]       tests, example and bench
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 site=${RAFT_TORCH_SITE:-/opt/torch/.venv/lib/python3.12/site-packages}
@@ -91,12 +96,49 @@ bench() {
   "$here/bin/raft-run" -n 2 "$here/bin/comms-bench" | tee "$logs/comms-bench.jsonl" || failed=1
   "$here/bin/raft-run" -n 2 python3 "$here/bench/torch_allreduce.py" | tee "$logs/torch-allreduce.jsonl" || failed=1
 }
+# Every collective for every dtype (comms_processes' "collectives" role: counts not divisible
+# by the world size included), two ranks started by `launcher`; RANK_OK from both or a failure.
+collectives() { # label, then the launcher's words up to the program
+  label=$1; shift
+  start=$SECONDS
+  RAFT_COMMS_CHILD=collectives RAFT_COMMS_TIMEOUT=60 "$@" "$here/tests/comms_processes" \
+    two_processes_every_collective_for_every_type --exact --nocapture --test-threads=1 >"$logs/collectives-$label.log" 2>&1
+  rc=$?
+  oks=$(grep -c '^RANK_OK' "$logs/collectives-$label.log")
+  echo "collectives ($label): rc=$rc, $oks of 2 ranks RANK_OK ($((SECONDS - start)) s)"
+  [ $rc -eq 0 ] && [ "$oks" = 2 ] || failed=1
+}
+mpi() {
+  command -v mpirun >/dev/null || { echo "mpirun: not on this machine"; failed=1; return; }
+  # Open MPI gives each rank OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK}; the rendezvous address is
+  # ours to give (docs/COMMS.md). -x passes a variable to every rank.
+  port=$((29500 + RANDOM % 400))
+  mpi_run=(mpirun -np 2 --allow-run-as-root --oversubscribe -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port
+    -x LD_LIBRARY_PATH -x RAFT_COMMS_NCCL_LIB -x NCCL_NVLS_ENABLE -x RAFT_REQUIRE_GPU -x RAFT_COMMS_CHILD -x RAFT_COMMS_TIMEOUT)
+  collectives mpirun "${mpi_run[@]}"
+  port=$((port + 1))
+  mpirun -np 2 --allow-run-as-root --oversubscribe -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port \
+    -x LD_LIBRARY_PATH -x RAFT_COMMS_NCCL_LIB -x NCCL_NVLS_ENABLE "$here/bin/allreduce_sum" || failed=1
+}
+net() {
+  export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
+  collectives sockets "$here/bin/raft-run" -n 2
+  for turn in 1 2; do
+    "$here/bin/raft-run" -n 2 "$here/bin/comms-bench" >"$logs/net-comms-bench-$turn.jsonl" || failed=1
+    "$here/bin/raft-run" -n 2 python3 "$here/bench/torch_allreduce.py" >"$logs/net-torch-allreduce-$turn.jsonl" || failed=1
+  done
+  python3 "$here/bench/compare_allreduce.py" "$logs"/net-comms-bench-1.jsonl "$logs"/net-torch-allreduce-1.jsonl \
+    "$logs"/net-comms-bench-2.jsonl "$logs"/net-torch-allreduce-2.jsonl | tee "$logs/net-compare.md" || failed=1
+  unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE
+}
 case "${1:-all}" in
   tests) tests ;;
   example) example ;;
   bench) bench ;;
+  mpirun) mpi ;;
+  net) net ;;
   all) tests; example; bench ;;
-  *) echo "usage: comms.sh tests|example|bench|all [LOGDIR]" >&2; exit 2 ;;
+  *) echo "usage: comms.sh tests|example|bench|mpirun|net|all [LOGDIR]" >&2; exit 2 ;;
 esac
 exit $failed
 RUN

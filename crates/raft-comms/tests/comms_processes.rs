@@ -200,6 +200,83 @@ fn a_rank_killed_mid_run_gives_the_other_an_error_within_the_bound() {
     eprintln!("{}", run.stdout.lines().find(|l| l.contains("SURVIVOR_ERROR")).unwrap_or(""));
 }
 
+fn child_killed_in_1gib() {
+    let (launch, res, comm) = join();
+    println!("PID {} {}", launch.rank, std::process::id());
+    let n = 256 << 20; // 1 GiB of f32
+    let mut big: DeviceVec<f32> = zeros(&res, n);
+    // Connections up first (a first collective makes them), so the kill lands in a transfer.
+    let mut warm: DeviceVec<f32> = up(&res, &data(launch.rank, 1024));
+    comm.allreduce_in_place(&mut warm, ReduceOp::Sum).unwrap();
+    comm.barrier().unwrap();
+    let bound = Duration::from_secs(10);
+    comm.set_timeout(bound).unwrap();
+    // Ten 1 GiB allreduces back to back: tens of milliseconds each over NVLink, far more over
+    // sockets; rank 1 dies 30 ms into them, in the middle of one.
+    for _ in 0..10 {
+        comm.allreduce_in_place(&mut big, ReduceOp::Sum).unwrap();
+    }
+    let start = Instant::now();
+    if launch.rank == 1 {
+        std::thread::sleep(Duration::from_millis(30));
+        // SAFETY: raise takes a signal number; SIGKILL ends this process at once.
+        unsafe { libc::raise(libc::SIGKILL) };
+    }
+    let outcome = comm.sync();
+    let took = start.elapsed();
+    let e = outcome.expect_err("allreduces with a rank killed in the middle cannot all succeed");
+    println!("SURVIVOR_ERROR after {:.3} s: {e}", took.as_secs_f64());
+    assert!(took <= bound + Duration::from_secs(5), "the error took {took:?}, beyond the {bound:?} timeout");
+    assert!(comm.ended().is_some(), "the communicator did not end with the error");
+    // Released (communicator, array, resources), then a non-zero exit, as a job would.
+    let released = comm.release();
+    drop((big, warm));
+    let res_released = res.release();
+    println!("SURVIVOR_RELEASED communicator {released:?} resources {res_released:?}");
+    std::process::exit(3);
+}
+
+/// Issue 32's failure case: a rank killed (SIGKILL) in the middle of a 1 GiB allreduce. The
+/// survivor gets an error within its configured timeout (10 s), releases its communicator and
+/// resources and exits with a non-zero status (3, its choice); afterwards no rank process is left
+/// and each GPU's free memory is back to what it was before the job (within 256 MiB).
+#[test]
+fn a_rank_killed_in_a_1_gib_allreduce_leaves_an_erring_survivor_and_free_gpus() {
+    const NAME: &str = "a_rank_killed_in_a_1_gib_allreduce_leaves_an_erring_survivor_and_free_gpus";
+    if let Ok(role) = std::env::var(CHILD) {
+        assert_eq!(role, "killed-1gib");
+        return child_killed_in_1gib();
+    }
+    if !common::have(2, NAME) {
+        return;
+    }
+    let _gpus = serial();
+    let contexts: Vec<_> = (0..2).map(|d| cudarc::driver::CudaContext::new(d).unwrap()).collect();
+    let free = |d: usize| contexts[d].mem_get_info().unwrap().0;
+    let before: Vec<usize> = (0..2).map(free).collect();
+    let run = ranks(&["--keep-going"], NAME, "killed-1gib", &[]);
+    assert_eq!(run.status.and_then(|s| s.code()), Some(128 + libc::SIGKILL), "rank 1's SIGKILL is raft-run's status: {}", run.show());
+    assert!(run.stdout.contains("SURVIVOR_ERROR") && run.stdout.contains("SURVIVOR_RELEASED"), "{}", run.show());
+    assert!(run.stderr.contains("rank 0 (pid") && run.stderr.contains("exited with status 3"), "rank 0's own status: {}", run.show());
+    for line in run.stdout.lines().filter(|l| l.starts_with("PID ")) {
+        let pid = line.rsplit(' ').next().unwrap();
+        let gone = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(true, |stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')));
+        assert!(gone, "rank process {pid} is still there after the job: {}", run.show());
+    }
+    // The driver gives a dead process's memory back shortly after it is reaped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (d, &was) in before.iter().enumerate() {
+        let slack = 256 << 20;
+        while free(d) + slack < was && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let after = free(d);
+        assert!(after + slack >= was, "GPU {d}: {} MiB free after the job, {} MiB before", after >> 20, was >> 20);
+    }
+    eprintln!("{} ({:?} for the job)", run.stdout.lines().find(|l| l.contains("SURVIVOR_ERROR")).unwrap_or(""), run.took);
+}
+
 fn child_exit_in_flight() {
     let (launch, res, comm) = join();
     let mut v: DeviceVec<f32> = up(&res, &data(launch.rank, 64 << 20));
