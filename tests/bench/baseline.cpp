@@ -521,11 +521,11 @@ struct held_state : context_check {
   }
 };
 
-/// Whether the floor resource of `kind` is one whose allocation or free a capture can take: the
-/// async pools (3, 5, and 4, the current resource: the library's async pool in the bench), as the
-/// shim's `may_be_captured` says of them; the fenced pool, arena and binning resource over
-/// cudaMalloc are not.
-bool may_be_captured(int32_t kind) { return kind >= 3; }
+/// Whether the floor resource of `kind` is one whose allocation or free a capture can take, as
+/// the shim's `may_be_captured` says of it: the pool (0) and the binning resource (2), whose
+/// frees record stream events, and the async pools (3, 5, and 4, the current resource: the
+/// library's async pool in the bench); not the arena (1).
+bool may_be_captured(int32_t kind) { return kind != 1; }
 
 held_state& floor_state()
 {
@@ -560,7 +560,7 @@ extern "C" {
 // held; a pool-like one fenced, its free taking the fence's hint path), and the record dropped.
 // No device switch. The capture checks (the fifth audit's follow-up): the stream asked whether
 // it is being captured into a CUDA graph before the allocation and before the free, and again
-// after each through a resource a capture can take (the async pools: kinds 3, 4 and 5).
+// after each through a resource a capture can take (every kind but the arena: may_be_captured).
 int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
 {
   struct record {

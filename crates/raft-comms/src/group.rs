@@ -203,6 +203,17 @@ impl Open {
             std::process::abort();
         }
         let ended = result::group_end(WHO, &list);
+        // And after: a capture begun since the question (on another thread) may have taken the
+        // launch.
+        if let Some((_, Some(stream))) =
+            list.iter().find(|(_, s)| s.as_ref().is_some_and(|s| raft_core::stream_is_capturing(s).unwrap_or(false)))
+        {
+            eprintln!(
+                "{WHO}: a CUDA graph capture began on a stream ({:p}) while the group's end launched its collectives; aborting",
+                stream.cu_stream()
+            );
+            std::process::abort();
+        }
         for (member, _) in &used {
             member.clone().group_ended(ended.as_ref().err());
         }

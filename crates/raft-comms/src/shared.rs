@@ -172,8 +172,8 @@ impl Shared {
         if let Err(e) = call(&self.native, &stream, !in_group) {
             return Err(self.fail_unless_refused(&mut st, who, e));
         }
-        // Inside a group nothing is launched until the group's end (whose own check is still
-        // open: docs/RELIABILITY.md).
+        // Inside a group nothing is launched until the group's end, which asks the group's
+        // streams before and after the launch (`group.rs`, `Open::end`).
         if !in_group && raft_core::stream_is_capturing(&stream).unwrap_or(false) {
             // A capture begun meanwhile on another thread may have taken the collective into its
             // graph, which would then read and write the arrays at each launch: as for a copy

@@ -657,10 +657,10 @@ fn a_collective_is_refused_while_the_stream_is_captured() {
 
 /// A capture begun on the stream after a group's collective was queued, before the group's end:
 /// the process stops before NCCL launches the collective (the fifth audit's open item). NCCL
-/// launches a group's calls only at `ncclGroupEnd`, so the launch went into the capture and the
-/// graph held the allreduce, run at each launch after the group's arrays were gone. In a child
-/// process, as the stop ends it. (Before: the child's group ended, the graph came back, and the
-/// child exited 0.)
+/// launches a group's calls only at `ncclGroupEnd`, so the launch went into the capture (with
+/// several ranks, a graph running the collective at each launch after the group's arrays were
+/// gone). In a child process, as the stop ends it, bounded to three minutes. (Before: the
+/// child's group ended, the capture gave its graph back, and the child exited 0.)
 #[test]
 fn a_capture_begun_before_a_groups_end_stops_the_process_before_the_launch() {
     const NAME: &str = "a_capture_begun_before_a_groups_end_stops_the_process_before_the_launch";
@@ -685,14 +685,13 @@ fn a_capture_begun_before_a_groups_end_stops_the_process_before_the_launch() {
         return;
     }
     let _gpus = serial();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", NAME, "--nocapture", "--test-threads=1"]).env(CHILD, "1");
+    let run = common::run_bounded(cmd, Duration::from_secs(180));
+    let (stdout, stderr) = (&run.stdout, &run.stderr);
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), Some(6), "the child was not stopped (SIGABRT) at the group's end: {:?}\n{stdout}{stderr}", out.status);
+    let signal = run.status.and_then(|s| s.signal());
+    assert_eq!(signal, Some(libc::SIGABRT), "the child was not stopped (SIGABRT) at the group's end: {}", run.show());
     assert!(
         stderr.contains("a CUDA graph capture began on a stream") && stderr.contains("before the group's end launched them"),
         "{stderr}"

@@ -41,7 +41,9 @@ use std::sync::Arc;
 /// (through the async pool either would become a node of the graph, run at each launch rather
 /// than now). Allocating is refused (`Logic`); an array dropped while its stream is captured is
 /// not freed: it stays allocated, with its resource, until the process ends (a warning is
-/// logged). Make and drop arrays before the capture begins or after it ends.
+/// logged). A free that runs on a release thread (a resource whose free may block) waits up to
+/// a second for a capture of its stream to end first. Make and drop arrays before the capture
+/// begins or after it ends.
 ///
 /// # Thread safety
 /// `Send + Sync`; writes need `&mut self`.

@@ -82,6 +82,11 @@ unsafe impl Send for NativeBuffer {}
 // SAFETY: shared use only reads the fields or queues reads of the device memory.
 unsafe impl Sync for NativeBuffer {}
 
+/// How long a free on a release thread waits for a capture of its stream to end before it keeps
+/// the block for the process's life instead (`NativeBuffer::free`): captures that build a graph
+/// of queued work usually end within milliseconds.
+const CAPTURE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl NativeBuffer {
     /// `bytes` from `mr`, or from `device`'s current resource, on `stream`; the shim's buffer keeps
     /// its own copy of the resource. Every allocation of the crate, device or page-locked, comes
@@ -278,17 +283,25 @@ impl NativeBuffer {
         // used by copies that wait for themselves: nothing to wait for there.
         let waits = !self.stream_ordered && !self.stream.cu_stream().is_null();
         // A stream being captured into a CUDA graph cannot be waited for (the driver refuses, and
-        // invalidates the capture): asked first, and refused as the shim refuses the free itself
-        // on such a stream (the block, its resource and its stream are kept for the process's
-        // life, never freed while work queued before the capture may still use the block).
-        if waits && super::capturing(who, &self.stream).unwrap_or(false) {
-            self.leak();
-            return Err(Error::logic(
-                who,
-                "the stream is being captured into a CUDA graph: the block is not freed (its free would become a node \
-                 of the graph) and stays allocated, with its resource, until the process ends; drop arrays before the \
-                 capture begins or after it ends",
-            ));
+        // invalidates the capture). Such a free runs on a release thread, and the array may have
+        // been dropped before the capture began: it waits for the capture to end, a while
+        // (`CAPTURE_WAIT`); past that, it is refused as the shim refuses a free on a capturing
+        // stream (the block, its resource and its stream are kept for the process's life, never
+        // freed while work queued before the capture may still use the block).
+        if waits {
+            let give_up = std::time::Instant::now() + CAPTURE_WAIT;
+            while super::capturing(who, &self.stream).unwrap_or(false) {
+                if std::time::Instant::now() >= give_up || !raft_exit::native_release_allowed() {
+                    self.leak();
+                    return Err(Error::logic(
+                        who,
+                        "the stream is being captured into a CUDA graph: the block is not freed (its free would become \
+                         a node of the graph) and stays allocated, with its resource, until the process ends; drop \
+                         arrays before the capture begins or after it ends",
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
         // Binding a context is the only thing here that changes the caller's (the shim restores
         // its own switch): guarded where it happens, not on the stream-ordered fast path.
@@ -296,9 +309,15 @@ impl NativeBuffer {
         if waits {
             let waited = bind(who, self.stream.context()).and_then(|()| stream_sync(who, &self.stream));
             if let Err(e) = waited {
-                if !already_gone(&e) {
-                    // The stream failed (a fault): its work is over, the free may proceed.
+                if already_gone(&e) || super::context_is_dead(&e) {
+                    // The context is gone or dead (a fault): nothing queued runs any more, the
+                    // free may proceed.
                     log::debug!(target: "raft", "{e}");
+                } else {
+                    // Anything else (a capture begun since the question refused the wait) says
+                    // nothing about the work still using the block: kept, as above.
+                    self.leak();
+                    return Err(e);
                 }
             }
         }

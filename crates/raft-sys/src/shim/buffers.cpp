@@ -79,13 +79,16 @@ free_order order_of(shim_mr const& m)
   return found;
 }
 
-/// Whether an allocation or a free through `mr` may be taken into a CUDA graph when its stream
+/// Whether an allocation or a free through `mr` may put work into a CUDA graph when its stream
 /// is being captured: a CUDA async pool anywhere down the chain (`cudaMallocFromPoolAsync` and
-/// `cudaFreeAsync` become graph nodes; a pool or a bin grows from its upstream on the caller's
-/// stream), or a resource this shim cannot see into. `cudaMalloc`, managed and page-locked
-/// memory cannot be captured (in global capture mode they fail instead), and RMM 26.08's arena
-/// takes its whole global arena from its upstream when it is made (`allocate_sync`), never on a
-/// stream afterwards.
+/// `cudaFreeAsync` become graph nodes); a pool or a binning resource (RMM's
+/// `stream_ordered_memory_resource`, which a pool and each fixed-size bin are: a free records
+/// its stream's event, an allocation that takes a block freed on another stream waits for that
+/// stream's event, and a growth allocates from the upstream on the caller's stream; a binning
+/// resource made elsewhere may also hold bins of any resource); or a resource this shim cannot
+/// see into. `cudaMalloc`, managed and page-locked memory cannot be captured (in global capture
+/// mode they fail instead), and RMM 26.08's arena takes its whole global arena from its
+/// upstream when it is made (`allocate_sync`), never on a stream afterwards.
 bool may_be_captured(rmm::device_async_resource_ref mr)
 {
   for (std::optional<rmm::device_async_resource_ref> at{mr}; at.has_value();) {
@@ -95,6 +98,8 @@ bool may_be_captured(rmm::device_async_resource_ref mr)
       case RAFTRS_MR_PINNED_HOST:
       case RAFTRS_MR_ARENA: return false;
       case RAFTRS_MR_CUDA_ASYNC:
+      case RAFTRS_MR_POOL:
+      case RAFTRS_MR_BINNING:
       case RAFTRS_MR_OTHER: return true;
       default: {
         at = upstream_any(*at);
