@@ -90,8 +90,39 @@ impl<T: DlpackElement> DeviceVec<T> {
         // the array's stream first; the consumer is then ordered after that stream.
         let data = self.native_mut().address();
         let (stream, device) = (self.stream().clone(), self.resources().device());
-        DlpackExport { inner: Some(Exported::new(Box::new(self), stream, data, device, T::DTYPE, ndim, shape, strides)), read_only: false }
+        let inner = Exported::new(Box::new(self), release_after_device, stream, data, device, T::DTYPE, ndim, shape, strides);
+        DlpackExport { inner: Some(inner), read_only: false }
     }
+}
+
+/// The free of an exported array whose consumer named a stream of its own, whose handle the
+/// deleter must not use (it may be destroyed by then): on a release thread, once the array's
+/// context has finished the work queued so far (the consumer's included), the array goes (its
+/// own `Drop` frees it). A wait that failed for another reason than a dead context keeps the
+/// array for the process's life.
+fn release_after_device(stream: std::sync::Arc<cudarc::driver::CudaStream>, owner: Box<dyn Send>) {
+    const WHO: &str = "DLPack deleter";
+    let label = raft_exit::Label { what: "release of a DLPack tensor", id: raft_exit::next_id(), device: Some(stream.context().ordinal()) };
+    crate::release::enqueue(
+        label,
+        Box::new(move || {
+            if !raft_exit::native_release_allowed() {
+                std::mem::forget(owner); // no CUDA call once the exit has decided
+                return;
+            }
+            match dl::wait_for_context(WHO, &stream) {
+                Ok(()) => {
+                    drop(stream);
+                    drop(owner);
+                }
+                Err(e) => {
+                    log::warn!(target: "raft", "{e} (the array is kept: the consumer's work may still use it)");
+                    drop(stream);
+                    std::mem::forget(owner);
+                }
+            }
+        }),
+    );
 }
 
 impl<T: DlpackElement> DeviceMatrix<T> {
@@ -152,15 +183,18 @@ impl DlpackExport {
 
     /// Orders the consumer's `stream` (a raw `CUstream`, as `__dlpack__(stream=...)` gives it;
     /// 1 and 2 name the legacy and per-thread default streams) after the array's work so far,
-    /// on the device (no host wait), and the array's eventual free after what the consumer
-    /// queued on `stream` before its deleter runs.
+    /// on the device (no host wait), and the array's eventual free after the consumer's work up
+    /// to its deleter. `stream` is used during this call only: the deleter never names a stream
+    /// of the consumer's own (it may be destroyed by then), so after such a handshake the free
+    /// waits, on a release thread, for all the work of the array's context queued before the
+    /// deleter ran; after 1 or 2 it is ordered on the device.
     ///
     /// # Safety
-    /// `stream` is a live stream of the array's device and stays alive until the tensor's
-    /// deleter has run (PyTorch's and CuPy's streams are never destroyed while in use).
+    /// `stream` is 1, 2 or a live stream of the array's device, for the duration of the call.
     ///
     /// # Errors
-    /// `Cuda` when the driver refuses the event or the wait.
+    /// `Logic` for stream 0 (ambiguous for CUDA); `Cuda` when the driver refuses the event or
+    /// the wait.
     pub unsafe fn order_before_stream(&mut self, stream: usize) -> Result<()> {
         const WHO: &str = "DlpackExport::order_before_stream";
         let inner = self.inner.as_mut().expect("a DlpackExport holds its tensor until handed over");
@@ -363,7 +397,9 @@ pub fn gemm_dlpack<T: GemmScalar + DlpackElement>(
         }
         let (ob, oa) = (op(b.view(), k, n, lb), op(a.view(), m, k, la));
         crate::result::gemm::gemm_foreign(WHO, native, n, m, k, alpha, &ob, &oa, c.native_mut(), n.max(1))?;
-        crate::result::stream_sync(WHO, native.stream())
+        // The producers' memory may go once this returns (their deleters): a wait that failed
+        // for another reason than a dead context stops the process (`waited_for_borrow`).
+        crate::result::waited_for_borrow(WHO, crate::result::stream_sync(WHO, native.stream()))
     })?;
     DeviceMatrix::from_vec(c, m, n, Layout::RowMajor)
 }

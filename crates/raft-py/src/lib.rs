@@ -103,29 +103,71 @@ impl Tensor {
                 )));
             }
         }
-        let mut export = self
-            .export
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .ok_or_else(|| PyBufferError::new_err("raft_py.Tensor.__dlpack__: the tensor was already handed over"))?;
+        // The stream, checked before the tensor is taken (a refusal leaves it for the next call).
+        // A handle is a pointer into the driver's memory: 0 is ambiguous, other negatives and
+        // small or unaligned values are never one. Beyond that, no driver call can tell a live
+        // handle from a stale one: the value is trusted for the handshake only, as the DLPack
+        // protocol trusts it (PyTorch and CuPy as producers do too), and never kept: the free
+        // waits for the whole context instead (`DlpackExport::order_before_stream`).
         match stream {
-            // The consumer will synchronise itself (or uses the data on the host side of a wait).
-            Some(-1) => {}
+            None | Some(-1 | 1 | 2) => {}
             Some(0) => return Err(PyValueError::new_err("raft_py.Tensor.__dlpack__: stream 0 is ambiguous for CUDA (use 1 or 2)")),
-            // SAFETY: the consumer's stream of the tensor's device (the protocol's contract);
-            // PyTorch's and CuPy's streams outlive the tensors made on them.
-            Some(s) => unsafe { export.order_before_stream(s as usize) }.map_err(py_err)?,
-            None => export.synchronize().map_err(py_err)?,
+            Some(s) if s < 0 || s < 4096 || s % 8 != 0 => {
+                return Err(PyValueError::new_err(format!(
+                    "raft_py.Tensor.__dlpack__: stream {s} is not a CUDA stream (None, -1, 1, 2 or a cudaStream_t)"
+                )))
+            }
+            Some(_) => {}
+        }
+        // Taken out, and the lock let go at once: the wait below runs without the GIL, and a
+        // thread holding the GIL must never wait for this lock meanwhile.
+        let taken = self.export.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let mut export = taken.ok_or_else(|| PyBufferError::new_err("raft_py.Tensor.__dlpack__: the tensor was already handed over"))?;
+        let ordered = match stream {
+            // The consumer will synchronise itself (or uses the data on the host side of a wait).
+            Some(-1) => Ok(()),
+            // SAFETY: 1, 2, or (checked above to look like one) the consumer's live stream of the
+            // tensor's device, which the protocol has the consumer name for this call; it is
+            // used during the call only.
+            Some(s) => unsafe { export.order_before_stream(s as usize) },
+            // A host wait: without the GIL, so other Python threads run meanwhile.
+            None => {
+                let (back, waited) = py.detach(move || {
+                    let waited = export.synchronize();
+                    (export, waited)
+                });
+                export = back;
+                waited
+            }
+        };
+        if let Err(e) = ordered {
+            // Not handed over: the tensor stays with this object for the next call.
+            *self.export.lock().unwrap_or_else(|e| e.into_inner()) = Some(export);
+            return Err(py_err(e));
         }
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);
         // SAFETY: the capsule takes the tensor's pointer; its destructor deletes it unless a
-        // consumer renamed it (took it); the names are 'static.
+        // consumer renamed it (took it); the names are 'static. A capsule that could not be made
+        // (null, a Python error set) took nothing: the tensor is deleted here, once.
         let capsule = unsafe {
             if versioned {
-                ffi::PyCapsule_New(export.into_raw() as *mut c_void, VERSIONED.as_ptr(), Some(drop_versioned_capsule))
+                let raw = export.into_raw();
+                let capsule = ffi::PyCapsule_New(raw as *mut c_void, VERSIONED.as_ptr(), Some(drop_versioned_capsule));
+                if capsule.is_null() {
+                    if let Some(delete) = (*raw).deleter {
+                        delete(raw);
+                    }
+                }
+                capsule
             } else {
-                ffi::PyCapsule_New(export.into_raw_unversioned() as *mut c_void, UNVERSIONED.as_ptr(), Some(drop_unversioned_capsule))
+                let raw = export.into_raw_unversioned();
+                let capsule = ffi::PyCapsule_New(raw as *mut c_void, UNVERSIONED.as_ptr(), Some(drop_unversioned_capsule));
+                if capsule.is_null() {
+                    if let Some(delete) = (*raw).deleter {
+                        delete(raw);
+                    }
+                }
+                capsule
             }
         };
         // SAFETY: a new reference, or null with the Python error set.
@@ -162,12 +204,14 @@ enum Imported {
 /// # Safety
 /// `p` is a valid versioned (`versioned`) or unversioned managed tensor.
 unsafe fn raw_dtype(p: *mut c_void, versioned: bool) -> Option<DlDataType> {
-    // SAFETY: the caller's contract; only the version and dtype are read, and the dtype only
-    // under the major version this library reads.
+    // SAFETY: the caller's contract; the version (the leading field every major version keeps)
+    // is read through a raw place, and the rest of the struct only under the major version this
+    // library reads (no reference to the whole struct is made before).
     unsafe {
         if versioned {
-            let t = &*(p as *const DLManagedTensorVersioned);
-            (t.version.major == 1).then_some(t.dl_tensor.dtype)
+            let t = p as *const DLManagedTensorVersioned;
+            let major = std::ptr::addr_of!((*t).version.major).read();
+            (major == 1).then(|| std::ptr::addr_of!((*t).dl_tensor.dtype).read())
         } else {
             Some((*(p as *const DLManagedTensor)).dl_tensor.dtype)
         }

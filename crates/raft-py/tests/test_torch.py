@@ -110,10 +110,28 @@ def test_no_leak():
           f"live arrays {arrays0}->{arrays1}, torch allocated {torch0}->{torch1}, device free {free0}->{free1}")
 
 
+def test_stream_argument_checked():
+    """`__dlpack__(stream=...)` refuses what is no stream (0, other negatives than -1, small or
+    unaligned values) with ValueError before touching the driver, and a refusal leaves the
+    tensor with its object: the next consumer still gets it (helper-35's first and fifth
+    findings: the value went to cuStreamWaitEvent as a handle, and a refusal dropped the array)."""
+    t = raft_py.zeros(16)
+    for bad in (0, -2, 0x10, 4097, (1 << 20) + 4):
+        try:
+            t.__dlpack__(stream=bad)
+        except ValueError:
+            continue
+        check(f"stream_{bad}_refused", False, "accepted")
+    x = torch.from_dlpack(t)
+    torch.cuda.synchronize()
+    check("stream_arguments_refused_and_the_tensor_kept", x.numel() == 16 and float(x.sum()) == 0.0, f"{x}")
+
+
 if __name__ == "__main__":
     print(f"INFO torch {torch.__version__}, device {torch.cuda.get_device_name()}, pid {os.getpid()}", flush=True)
     test_one_rmm()
     test_gemm_matches_torch()
     test_no_copy()
     test_no_leak()
+    test_stream_argument_checked()
     print("RESULT all ok", flush=True)
