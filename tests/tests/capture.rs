@@ -336,6 +336,21 @@ fn arrays_are_neither_allocated_nor_freed_into_a_capture_of_their_stream() {
         }
     }
     assert_eq!(nodes, 0, "the capture took {nodes} node(s): an allocation or a free entered the graph");
+    // cudaMalloc itself cannot be captured, but relaxed it was served during the capture all the
+    // same: refused too, whatever the resource.
+    stream.context().bind_to_thread().unwrap();
+    // SAFETY: as above.
+    unsafe { sys::cuStreamBeginCapture_v2(stream.cu_stream(), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }.result().unwrap();
+    let plain = DeviceVec::<f32>::new_in(&res, n, &cuda);
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: as above.
+    unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result().unwrap();
+    if !graph.is_null() {
+        // SAFETY: as above.
+        unsafe { sys::cuGraphDestroy(graph) }.result().unwrap();
+    }
+    let e = plain.expect_err("a cudaMalloc allocation on a capturing stream was accepted");
+    assert!(e.kind() == ErrorKind::Logic && e.to_string().contains("captured into a CUDA graph"), "{e}");
     // After the capture: allocations, copies and frees run again through each resource.
     for (i, (what, mr)) in resources.iter().enumerate() {
         let want = pattern_f32(n, 80 + i as u32);
