@@ -366,6 +366,39 @@ fn an_export_whose_consumer_stream_is_destroyed_before_the_deleter_is_freed_afte
     drop(src);
 }
 
+/// `gemm_dlpack` asks the driver what an imported tensor's memory is before cuBLAS reads it
+/// (helper-35's third finding): host memory labelled CUDA is refused (`Logic`), where before
+/// cuBLAS read it as device memory (a fault that ends the context, or host bytes read through
+/// the address space). A real array's tensor passes the same check.
+#[test]
+fn gemm_dlpack_refuses_memory_the_driver_does_not_know_as_the_devices() {
+    require_gpu!();
+    let _one = one_at_a_time();
+    let r = DeviceResources::new().unwrap();
+    let host = vec![1.0f32; 16];
+    let mut s = spec(&[4, 4]);
+    s.data = host.as_ptr() as u64;
+    let (p, deleted) = versioned(&s);
+    // SAFETY: a fresh fake whose ownership passes; it claims host memory is the device's (the
+    // lie under test: `gemm_dlpack` must find it out before anything reads the memory).
+    let fake = unsafe { DlpackTensor::<f32>::from_raw(p, r.device()) }.unwrap();
+    let real = DeviceVec::from_host(&r, &[2.0f32; 16]).unwrap().into_dlpack().unwrap();
+    // SAFETY: a tensor this library made; ownership passes to the import.
+    let real = unsafe { DlpackTensor::<f32>::from_raw(real.into_raw(), r.device()) }.unwrap();
+    for (what, e) in [("host as A", raft::gemm_dlpack(&r, 1.0, &fake, &real)), ("host as B", raft::gemm_dlpack(&r, 1.0, &real, &fake))]
+        .map(|(w, g)| (w, g.map(drop).expect_err(w)))
+    {
+        assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "gemm_dlpack"), "{what}: {e}");
+        assert!(e.to_string().contains("is not device memory"), "{what}: {e}");
+    }
+    // Both operands real: the check passes and the product is right (4 × 2·2 = 16).
+    let c = raft::gemm_dlpack(&r, 1.0, &real, &real).unwrap();
+    assert!(c.to_host().unwrap().iter().all(|&x| x == 16.0), "{:?}", c.to_host().unwrap());
+    drop(fake);
+    assert_eq!(deleted.load(Ordering::SeqCst), 1);
+    drop(host);
+}
+
 #[test]
 fn a_tensor_outliving_its_released_resources_still_frees() {
     require_gpu!();

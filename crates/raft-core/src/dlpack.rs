@@ -366,7 +366,9 @@ impl<T: DlpackElement> std::fmt::Debug for DlpackTensor<T> {
 ///
 /// # Errors
 /// `Logic` when the shapes do not chain, a tensor has more than 2 dimensions or is on another
-/// device than the resources; as [`gemm`](crate::gemm) otherwise.
+/// device than the resources, or when the driver does not know the first or last byte of a
+/// tensor as device memory of that device (or managed memory); as [`gemm`](crate::gemm)
+/// otherwise.
 pub fn gemm_dlpack<T: GemmScalar + DlpackElement>(
     resources: &crate::DeviceResources,
     alpha: T,
@@ -387,6 +389,11 @@ pub fn gemm_dlpack<T: GemmScalar + DlpackElement>(
         }
     }
     let len = m.checked_mul(n).ok_or_else(|| Error::logic(WHO, format!("a {m}×{n} product overflows")))?;
+    // What the producers say their memory is, asked of the driver before cuBLAS reads it.
+    let ctx = resources.stream().map_err(|e| e.with_who(WHO))?.context().clone();
+    for t in [a, b] {
+        dl::check_memory(WHO, &ctx, t.view(), resources.device())?;
+    }
     let mut c = DeviceVec::<T>::alloc(WHO, resources, None, len)?;
     resources.with_native(WHO, |native| {
         // Row-major C is column-major Cᵀ = Bᵀ·Aᵀ; a row-major operand is, stored, its transpose.

@@ -521,6 +521,57 @@ pub(crate) struct Checked {
     pub(crate) read_only: bool,
 }
 
+/// Asks the driver what the first and the last byte of `view` are (`cuPointerGetAttributes`,
+/// which answers "unknown" rather than fail for memory CUDA does not know): each must be device
+/// memory of `device`, or managed memory, else `Logic`. The rest of the producer's description
+/// is trusted (an import is an `unsafe fn`); this catches, before cuBLAS reads it, host memory
+/// labelled CUDA, memory of another device, and a range that runs past the producer's mapping.
+pub(crate) fn check_memory(who: &'static str, ctx: &Arc<CudaContext>, view: &Checked, device: usize) -> Result<()> {
+    if view.bytes == 0 {
+        return Ok(());
+    }
+    let last = view
+        .data
+        .checked_add(view.bytes as u64 - 1)
+        .ok_or_else(|| Error::logic(who, format!("a tensor of {} bytes at {:#x} wraps the address space", view.bytes, view.data)))?;
+    let _keep = ContextGuard::save(who)?;
+    bind(who, ctx)?;
+    for (which, at) in [("first", view.data), ("last", last)] {
+        let (mut kind, mut ordinal, mut managed) = (0u32, -1i32, 0u32);
+        let mut attributes = [
+            cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        ];
+        let mut out =
+            [&mut kind as *mut u32 as *mut c_void, &mut ordinal as *mut i32 as *mut c_void, &mut managed as *mut u32 as *mut c_void];
+        // SAFETY: three attributes, each written into a local of its documented size (an
+        // unsigned int, an int, a boolean into a zeroed unsigned int); `at` is only looked up,
+        // never dereferenced; the context is bound above.
+        unsafe { cusys::cuPointerGetAttributes(3, attributes.as_mut_ptr(), out.as_mut_ptr(), at) }
+            .result()
+            .map_err(|e| Error::driver(who, e))?;
+        if managed != 0 {
+            continue;
+        }
+        if kind != cusys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            return Err(Error::logic(
+                who,
+                format!(
+                    "the tensor's {which} byte ({at:#x}) is not device memory (the driver says memory type {kind}), though labelled CUDA"
+                ),
+            ));
+        }
+        if ordinal != device as i32 {
+            return Err(Error::logic(
+                who,
+                format!("the tensor's {which} byte ({at:#x}) is memory of device {ordinal}, not of device {device}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn device_name(t: i32) -> String {
     match t {
         KDL_CPU => "kDLCPU (host memory)".into(),
