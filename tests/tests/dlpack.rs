@@ -308,54 +308,55 @@ fn an_export_round_trips_without_a_copy_and_its_deleter_frees_from_another_threa
 }
 
 /// An export ordered before a stream of the consumer's own, which the consumer destroys before
-/// its deleter runs (CuPy destroys its streams when collected): the deleter never names that
-/// stream, and the array is freed only after the work the consumer queued on it (helper-35's
-/// first finding). Before, the deleter recorded an event on the destroyed handle, and when that
-/// failed freed the array at once, under the consumer's copy still queued behind a backlog: the
-/// next array, given the same block, was overwritten.
+/// its deleter runs (CuPy destroys its streams when collected; CuPy's streams are blocking
+/// ones): the deleter never names that stream (helper-35's first finding: it recorded an event
+/// on the handle, whatever had become of it), yet the free still waits for the work the
+/// consumer queued there, through the legacy default stream, which waits for every blocking
+/// stream. A copy into the export, queued behind a backlog on that stream, must not reach the
+/// next array given the same block. (On the code before, this passed too while the destroyed
+/// stream still had work, the driver keeping it until then: it shows that the new ordering
+/// holds, not the old fault.)
 #[test]
 fn an_export_whose_consumer_stream_is_destroyed_before_the_deleter_is_freed_after_its_work() {
     require_gpu!();
+    use cudarc::driver::result as cu;
     let _one = one_at_a_time();
     let r = DeviceResources::new().unwrap();
     let before = live_arrays();
     let ctx = r.stream().unwrap().context().clone();
-    let consumer = ctx.new_stream().unwrap();
     let n = 256 << 20; // 1 GiB of f32
     let src = DeviceVec::from_host(&r, &raft_tests::patterns::pattern_f32(n, 91)).unwrap();
-    // A backlog on the consumer's stream (tens of milliseconds of copies), so its copy into the
-    // exported array runs long after the deleter.
-    let mut x = consumer.alloc_zeros::<f32>(n).unwrap();
-    let mut y = consumer.alloc_zeros::<f32>(n).unwrap();
-    // (The stream is destroyed only once `x`, `y` and `consumer` are all gone: each holds it.)
+    let (x, y) = (DeviceVec::<f32>::zeros(&r, n).unwrap(), DeviceVec::<f32>::zeros(&r, n).unwrap());
+    r.sync().unwrap(); // `src`, `x` and `y` are ready for any stream
+    ctx.bind_to_thread().unwrap();
+    // A blocking stream of the consumer's own, as CuPy makes them.
+    let consumer = cu::stream::create(cu::stream::StreamKind::Default).unwrap();
+    // A backlog there (tens of milliseconds of copies), so its copy into the export runs long
+    // after the deleter.
     for _ in 0..16 {
-        consumer.memcpy_dtod(&x, &mut y).unwrap();
-        consumer.memcpy_dtod(&y, &mut x).unwrap();
+        // SAFETY: 1 GiB each, live device memory (the arrays outlive the work: the final read
+        // below waits for it); queued on the consumer's live stream, in the bound context.
+        unsafe {
+            cu::memcpy_dtod_async(y.device_address(), x.device_address(), n * 4, consumer).unwrap();
+            cu::memcpy_dtod_async(x.device_address(), y.device_address(), n * 4, consumer).unwrap();
+        }
     }
     let mut e = DeviceVec::<f32>::zeros(&r, n).unwrap().into_dlpack().unwrap();
     let freed_at = e.data_ptr();
     // SAFETY: a live stream of the array's device, for the call.
-    unsafe { e.order_before_stream(consumer.cu_stream() as usize) }.unwrap();
+    unsafe { e.order_before_stream(consumer as usize) }.unwrap();
     let raw = e.into_raw();
-    // The consumer writes the tensor on its stream (after its backlog), then lets its stream go.
     ctx.bind_to_thread().unwrap();
-    // SAFETY: both ranges are 1 GiB of live device memory (the tensor is owned until its
-    // deleter; `src` lives to the end); the copy is queued on the consumer's live stream, in
-    // the bound context.
+    // SAFETY: the tensor is owned until its deleter and `src` lives to the end; queued on the
+    // consumer's live stream, in the bound context; then the stream is destroyed (its queued
+    // work still runs) and never named again.
     unsafe {
-        cudarc::driver::result::memcpy_dtod_async(freed_at, src.device_address(), n * 4, consumer.cu_stream()).unwrap();
+        cu::memcpy_dtod_async(freed_at, src.device_address(), n * 4, consumer).unwrap();
+        cu::stream::destroy(consumer).unwrap();
     }
-    // The stream's last handles (cudarc's arrays hold it too; their frees queue behind the
-    // backlog): destroyed, its queued work still runs.
-    drop((x, y, consumer));
     // SAFETY: a tensor this library made, deleted once.
     unsafe { ((*raw).deleter.unwrap())(raw) };
-    // The free runs on a release thread once the context's work is done: wait for it.
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while live_arrays() > before + 1 && std::time::Instant::now() < give_up {
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    assert_eq!(live_arrays(), before + 1, "the exported array was not freed within 60 s");
+    assert_eq!(live_arrays(), before + 3, "the exported array was not let go by its deleter");
     let mut fresh = DeviceVec::<f32>::new(&r, n).unwrap();
     fresh.fill_zero().unwrap();
     let got = fresh.to_host().unwrap();
@@ -363,7 +364,7 @@ fn an_export_whose_consumer_stream_is_destroyed_before_the_deleter_is_freed_afte
     if let Some(i) = got.iter().position(|v| *v != 0.0) {
         panic!("element {i} of an array zeroed after it was allocated holds {}: the consumer's copy wrote it after the free", got[i]);
     }
-    drop(src);
+    drop((src, x, y));
 }
 
 /// `gemm_dlpack` asks the driver what an imported tensor's memory is before cuBLAS reads it

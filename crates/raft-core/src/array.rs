@@ -228,6 +228,15 @@ impl<T: DeviceScalar> DeviceVec<T> {
         (self.buffer.as_ref().expect("a DeviceVec holds its buffer until dropped"), &self.foreign)
     }
 
+    /// Keeps the array's memory (with the resource and stream handles its buffer holds) for the
+    /// process's life and lets the rest go as a drop does (its resources, its counts): for a
+    /// free that could not be ordered after work that may still use the memory.
+    pub(crate) fn leak_memory(mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            buffer.leak();
+        }
+    }
+
     pub(crate) fn native(&self) -> &NativeBuffer {
         self.buf()
     }

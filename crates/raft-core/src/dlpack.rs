@@ -90,39 +90,17 @@ impl<T: DlpackElement> DeviceVec<T> {
         // the array's stream first; the consumer is then ordered after that stream.
         let data = self.native_mut().address();
         let (stream, device) = (self.stream().clone(), self.resources().device());
-        let inner = Exported::new(Box::new(self), release_after_device, stream, data, device, T::DTYPE, ndim, shape, strides);
+        let inner = Exported::new(Box::new(self), stream, data, device, T::DTYPE, ndim, shape, strides);
         DlpackExport { inner: Some(inner), read_only: false }
     }
 }
 
-/// The free of an exported array whose consumer named a stream of its own, whose handle the
-/// deleter must not use (it may be destroyed by then): on a release thread, once the array's
-/// context has finished the work queued so far (the consumer's included), the array goes (its
-/// own `Drop` frees it). A wait that failed for another reason than a dead context keeps the
-/// array for the process's life.
-fn release_after_device(stream: std::sync::Arc<cudarc::driver::CudaStream>, owner: Box<dyn Send>) {
-    const WHO: &str = "DLPack deleter";
-    let label = raft_exit::Label { what: "release of a DLPack tensor", id: raft_exit::next_id(), device: Some(stream.context().ordinal()) };
-    crate::release::enqueue(
-        label,
-        Box::new(move || {
-            if !raft_exit::native_release_allowed() {
-                std::mem::forget(owner); // no CUDA call once the exit has decided
-                return;
-            }
-            match dl::wait_for_context(WHO, &stream) {
-                Ok(()) => {
-                    drop(stream);
-                    drop(owner);
-                }
-                Err(e) => {
-                    log::warn!(target: "raft", "{e} (the array is kept: the consumer's work may still use it)");
-                    drop(stream);
-                    std::mem::forget(owner);
-                }
-            }
-        }),
-    );
+/// What an export owns, as the result layer sees it: kept after a failed order, only the
+/// array's memory stays (its resources, stream and counts go as in any drop).
+impl<T: DeviceScalar> dl::KeepMemory for DeviceVec<T> {
+    fn keep_memory(self: Box<Self>) {
+        (*self).leak_memory();
+    }
 }
 
 impl<T: DlpackElement> DeviceMatrix<T> {
@@ -183,11 +161,14 @@ impl DlpackExport {
 
     /// Orders the consumer's `stream` (a raw `CUstream`, as `__dlpack__(stream=...)` gives it;
     /// 1 and 2 name the legacy and per-thread default streams) after the array's work so far,
-    /// on the device (no host wait), and the array's eventual free after the consumer's work up
-    /// to its deleter. `stream` is used during this call only: the deleter never names a stream
-    /// of the consumer's own (it may be destroyed by then), so after such a handshake the free
-    /// waits, on a release thread, for all the work of the array's context queued before the
-    /// deleter ran; after 1 or 2 it is ordered on the device.
+    /// on the device (no host wait). `stream` is used during this call only: the deleter never
+    /// names it (DLPack has the consumer keep it alive for the handshake only; CuPy destroys its
+    /// streams when collected). The free is then ordered, on the device, after the legacy
+    /// default stream at the deleter, which waits for the work queued so far on every blocking
+    /// stream of the context: the default streams (PyTorch's default stream) and streams made
+    /// without `CU_STREAM_NON_BLOCKING` (CuPy's). A consumer working on a non-blocking stream
+    /// of its own (a PyTorch side stream) finishes or orders that work before it lets the
+    /// tensor go, as DLPack leaves it to the consumer.
     ///
     /// # Safety
     /// `stream` is 1, 2 or a live stream of the array's device, for the duration of the call.
@@ -403,10 +384,16 @@ pub fn gemm_dlpack<T: GemmScalar + DlpackElement>(
             crate::result::gemm::Foreign { view: v, stored_rows: sr, stored_cols: sc, ld: sr.max(1), transposed: !row }
         }
         let (ob, oa) = (op(b.view(), k, n, lb), op(a.view(), m, k, la));
-        crate::result::gemm::gemm_foreign(WHO, native, n, m, k, alpha, &ob, &oa, c.native_mut(), n.max(1))?;
-        // The producers' memory may go once this returns (their deleters): a wait that failed
-        // for another reason than a dead context stops the process (`waited_for_borrow`).
-        crate::result::waited_for_borrow(WHO, crate::result::stream_sync(WHO, native.stream()))
+        let ran = crate::result::gemm::gemm_foreign(WHO, native, n, m, k, alpha, &ob, &oa, c.native_mut(), n.max(1));
+        // The producers' memory may go once this returns (their deleters), also after a GEMM that
+        // failed in cuBLAS, which may have launched part of its work: waited for either way, and
+        // a wait that failed for another reason than a dead context stops the process
+        // (`waited_for_borrow`). A refusal (`Logic`: checks, a capturing stream) queued nothing.
+        if ran.as_ref().is_err_and(|e| e.kind() == crate::error::ErrorKind::Logic) {
+            return ran;
+        }
+        let waited = crate::result::waited_for_borrow(WHO, crate::result::stream_sync(WHO, native.stream()));
+        ran.and(waited)
     })?;
     DeviceMatrix::from_vec(c, m, n, Layout::RowMajor)
 }

@@ -107,12 +107,12 @@ impl Tensor {
         // A handle is a pointer into the driver's memory: 0 is ambiguous, other negatives and
         // small or unaligned values are never one. Beyond that, no driver call can tell a live
         // handle from a stale one: the value is trusted for the handshake only, as the DLPack
-        // protocol trusts it (PyTorch and CuPy as producers do too), and never kept: the free
-        // waits for the whole context instead (`DlpackExport::order_before_stream`).
+        // protocol trusts it (PyTorch and CuPy as producers do too), and never kept: the free is
+        // ordered after the legacy default stream instead (`DlpackExport::order_before_stream`).
         match stream {
             None | Some(-1 | 1 | 2) => {}
             Some(0) => return Err(PyValueError::new_err("raft_py.Tensor.__dlpack__: stream 0 is ambiguous for CUDA (use 1 or 2)")),
-            Some(s) if s < 0 || s < 4096 || s % 8 != 0 => {
+            Some(s) if s < 4096 || s % 8 != 0 => {
                 return Err(PyValueError::new_err(format!(
                     "raft_py.Tensor.__dlpack__: stream {s} is not a CUDA stream (None, -1, 1, 2 or a cudaStream_t)"
                 )))

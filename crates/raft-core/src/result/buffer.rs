@@ -284,12 +284,16 @@ impl NativeBuffer {
         let waits = !self.stream_ordered && !self.stream.cu_stream().is_null();
         // A stream being captured into a CUDA graph cannot be waited for (the driver refuses, and
         // invalidates the capture). Such a free runs on a release thread, and the array may have
-        // been dropped before the capture began: it waits for the capture to end, a while
-        // (`CAPTURE_WAIT`); past that, it is refused as the shim refuses a free on a capturing
+        // been dropped before the capture began: a release thread waits for the capture to end,
+        // a while (`CAPTURE_WAIT`); past that, it is refused as the shim refuses a free on a capturing
         // stream (the block, its resource and its stream are kept for the process's life, never
         // freed while work queued before the capture may still use the block).
         if waits {
-            let give_up = std::time::Instant::now() + CAPTURE_WAIT;
+            // Only a library thread (a release thread) waits: a user's thread running releases
+            // (backpressure, an out-of-memory retry) may be the one capturing, which would wait
+            // for itself.
+            let wait = if raft_exit::on_library_thread() { CAPTURE_WAIT } else { std::time::Duration::ZERO };
+            let give_up = std::time::Instant::now() + wait;
             while super::capturing(who, &self.stream).unwrap_or(false) {
                 if std::time::Instant::now() >= give_up || !raft_exit::native_release_allowed() {
                     self.leak();

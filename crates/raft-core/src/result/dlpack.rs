@@ -106,80 +106,49 @@ struct Owned {
     /// before the array, so the array's own drop holds the stream's last handle, and binds and
     /// restores contexts as it does for any array.
     stream: Arc<CudaStream>,
-    owner: Option<Box<dyn Send>>,
+    owner: Option<Box<dyn KeepMemory>>,
     shape: [i64; 2],
     strides: [i64; 2],
-    /// Whom the free is ordered after, when a consumer named a stream.
-    consumer: Option<Consumer>,
-    /// Lets the array go once its context has finished the work queued so far, off the
-    /// deleter's thread (given by the layer that can reach the release threads).
-    after_device: AfterDevice,
+    /// A consumer named a stream other than the array's own: the free is ordered after the
+    /// legacy default stream at the deleter (see [`Owned::release`]).
+    consumed: bool,
 }
 
-/// Lets `owner` go (on a release thread) once the context of `stream` has finished all the work
-/// queued so far: the free of an array whose consumer named a stream of its own.
-pub(crate) type AfterDevice = fn(Arc<CudaStream>, Box<dyn Send>);
-
-/// The consumer stream an exported array's free is ordered after.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Consumer {
-    /// A default stream: 1, the legacy one, or 2, the per-thread one (taken as 1 at the deleter:
-    /// the deleter may run on another thread, whose per-thread stream is another; the legacy
-    /// stream waits for every blocking stream of the context). Handles valid for the process's
-    /// life: the free is ordered after them on the device.
-    Default(usize),
-    /// A stream of the consumer's own, named only for the handshake: it may be destroyed before
-    /// the deleter runs (CuPy destroys its streams when collected, a
-    /// `torch.cuda.ExternalStream` is anyone's), so the deleter never names it; the free waits
-    /// for the whole context instead, on a release thread.
-    Own,
+/// The array an export owns, as this layer sees it: dropped, it frees its memory (its own
+/// `Drop`); kept, it keeps only its memory, for the process's life, and lets everything else go.
+pub(crate) trait KeepMemory: Send {
+    fn keep_memory(self: Box<Self>);
 }
 
 impl Owned {
-    /// Lets the array go after the consumer's work so far: after a default stream's on the
-    /// device (no host wait), after the whole context's on a release thread for a stream of the
-    /// consumer's own. Never panics (it runs inside an `extern "C"` deleter, on any thread).
+    /// Lets the array go after its consumers' work so far. The deleter never names a stream a
+    /// consumer gave at the handshake: DLPack has the consumer keep that stream alive for the
+    /// `__dlpack__` call only (CuPy destroys its streams when collected; a
+    /// `torch.cuda.ExternalStream` is anyone's), and a destroyed handle cannot be told from a
+    /// live one. The free is ordered, on the device, after an event recorded on the legacy
+    /// default stream (1), which waits for the work queued so far on every blocking stream of
+    /// the context: the legacy and per-thread default streams (PyTorch's default stream) and
+    /// streams made without `CU_STREAM_NON_BLOCKING` (CuPy's). Work a consumer queued on a
+    /// non-blocking stream of its own (a PyTorch side stream) is the consumer's to finish or
+    /// order before it lets the tensor go, as DLPack leaves it. A failed order keeps the
+    /// array's memory (not the rest) for the process's life, unless the context is dead.
+    /// Never panics (it runs inside an `extern "C"` deleter, on any thread).
     fn release(self) {
-        let Owned { stream, owner, consumer, after_device, .. } = self;
-        let allowed = raft_exit::native_release_allowed();
-        match consumer {
-            Some(Consumer::Own) if allowed => {
-                if let Some(owner) = owner {
-                    after_device(stream, owner);
-                }
-                return;
-            }
-            Some(Consumer::Default(c)) if allowed => {
-                let c = if c == 2 { 1 } else { c };
-                if let Err(e) = order(DELETER, stream.context(), c, stream.cu_stream() as usize) {
-                    if !super::context_is_dead(&e) && !super::already_gone(&e) {
-                        // Not ordered after the consumer's work, which may still use the array:
-                        // kept for the process's life rather than freed under it.
-                        log::warn!(target: "raft", "{e} (the array is kept: the consumer's work may still use it)");
-                        drop(stream);
-                        std::mem::forget(owner);
-                        return;
+        let Owned { stream, owner, consumed, .. } = self;
+        if consumed && raft_exit::native_release_allowed() {
+            if let Err(e) = order(DELETER, stream.context(), 1, stream.cu_stream() as usize) {
+                if !super::context_is_dead(&e) && !super::already_gone(&e) {
+                    log::warn!(target: "raft", "{e} (the array's memory is kept: the consumer's work may still use it)");
+                    drop(stream);
+                    if let Some(owner) = owner {
+                        owner.keep_memory();
                     }
+                    return;
                 }
             }
-            _ => {}
         }
         drop(stream);
         drop(owner);
-    }
-}
-
-/// Waits, relaxed (`super::relaxed`: a capture elsewhere does not refuse it), until `stream`'s
-/// context has finished all the work queued so far on any of its streams. A dead context
-/// counts as finished (nothing queued runs any more).
-pub(crate) fn wait_for_context(who: &'static str, stream: &CudaStream) -> Result<()> {
-    let _keep = ContextGuard::save(who)?;
-    bind(who, stream.context())?;
-    // SAFETY: the context is bound to this thread (above); synchronising it takes no pointer.
-    let waited = super::relaxed(|| unsafe { cusys::cuCtxSynchronize() }.result()).map_err(|e| Error::driver(who, e));
-    match waited {
-        Err(e) if !super::context_is_dead(&e) && !super::already_gone(&e) => Err(e),
-        _ => Ok(()),
     }
 }
 
@@ -243,8 +212,7 @@ impl Exported {
     /// caller checked).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        owner: Box<dyn Send>,
-        after_device: AfterDevice,
+        owner: Box<dyn KeepMemory>,
         stream: Arc<CudaStream>,
         data: u64,
         device: usize,
@@ -253,7 +221,7 @@ impl Exported {
         shape: [i64; 2],
         strides: Option<[i64; 2]>,
     ) -> Self {
-        let owned = Owned { stream, owner: Some(owner), shape, strides: strides.unwrap_or([0; 2]), consumer: None, after_device };
+        let owned = Owned { stream, owner: Some(owner), shape, strides: strides.unwrap_or([0; 2]), consumed: false };
         Exported { owned, data, device: device as i32, dtype, ndim, explicit_strides: strides.is_some() }
     }
 
@@ -269,30 +237,22 @@ impl Exported {
         self.explicit_strides.then(|| &self.owned.strides[..self.ndim as usize])
     }
 
-    /// Orders the consumer's `stream` after the array's work so far, and the array's eventual
-    /// free after the consumer's work up to its deleter: on the device for a default stream (1,
-    /// 2), by a wait for the whole context for any other (whose handle is used only here, never
-    /// kept: see [`Consumer::Own`]).
+    /// Orders the consumer's `stream` after the array's work so far (on the device), and marks
+    /// the array's eventual free to be ordered after its consumers (see [`Owned::release`]).
+    /// The array's own stream needs neither.
     ///
     /// # Safety
-    /// `stream` is 1, 2 or a live `CUstream` of the array's device, for the duration of the call.
+    /// `stream` is 1, 2 or a live `CUstream` of the array's device, for the duration of the call
+    /// (it is not used after it).
     pub(crate) unsafe fn order_before(&mut self, who: &'static str, stream: usize) -> Result<()> {
         if stream == 0 {
             return Err(Error::logic(who, "stream 0 is ambiguous for CUDA (1 names the legacy default stream, 2 the per-thread one)"));
         }
+        if stream == self.owned.stream.cu_stream() as usize {
+            return Ok(()); // the array's own order suffices, both ways
+        }
         order(who, self.owned.stream.context(), self.owned.stream.cu_stream() as usize, stream)?;
-        let new = if stream <= 2 { Consumer::Default(stream) } else { Consumer::Own };
-        self.owned.consumer = Some(match (self.owned.consumer, new) {
-            (Some(Consumer::Default(earlier)), Consumer::Default(now)) if earlier != now => {
-                // Only one default stream is kept for the free: the array's stream first waits
-                // for what the earlier one queued so far (a second handshake must not drop it).
-                order(who, self.owned.stream.context(), earlier, self.owned.stream.cu_stream() as usize)?;
-                new
-            }
-            // A wait for the whole context covers every stream.
-            (Some(Consumer::Own), _) | (_, Consumer::Own) => Consumer::Own,
-            _ => new,
-        });
+        self.owned.consumed = true;
         Ok(())
     }
 
