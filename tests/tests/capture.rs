@@ -363,3 +363,39 @@ fn arrays_are_neither_allocated_nor_freed_into_a_capture_of_their_stream() {
         }
     }
 }
+
+/// An array whose free goes to a release thread (cudaMalloc's may block), dropped while its
+/// stream is being captured: the release thread waits for the capture to end, then frees it
+/// (review of the capture commits: the free was refused at once and the block kept for the
+/// process's life, though the capture lasted a tenth of a second).
+#[test]
+fn an_array_dropped_during_a_short_capture_is_freed_by_its_release_thread_after_it() {
+    require_gpu!();
+    use cudarc::driver::sys;
+    use raft::MemoryResource;
+    let res = DeviceResources::new().unwrap();
+    let stream = res.stream().unwrap();
+    let mr = MemoryResource::cuda(0).unwrap().with_statistics().unwrap();
+    let v = DeviceVec::<f32>::new_in(&res, 1 << 20, &mr).unwrap();
+    let live = mr.statistics().unwrap().current_count;
+    assert_eq!(live, 1);
+    stream.context().bind_to_thread().unwrap();
+    // SAFETY: the stream is alive (held by `res`); relaxed, as in the test above.
+    unsafe { sys::cuStreamBeginCapture_v2(stream.cu_stream(), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }.result().unwrap();
+    drop(v); // handed to a release thread, which finds the stream captured
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let during = mr.statistics().unwrap().current_count;
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above; the graph comes back owned and is destroyed once.
+    unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result().unwrap();
+    if !graph.is_null() {
+        // SAFETY: as above.
+        unsafe { sys::cuGraphDestroy(graph) }.result().unwrap();
+    }
+    assert_eq!(during, 1, "the array was freed while its stream was being captured");
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while mr.statistics().unwrap().current_count != 0 && std::time::Instant::now() < give_up {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(mr.statistics().unwrap().current_count, 0, "the array was not freed after the capture ended (kept for good)");
+}
