@@ -383,7 +383,7 @@ fn gemm_dlpack_refuses_memory_the_driver_does_not_know_as_the_devices() {
     // SAFETY: a fresh fake whose ownership passes; it claims host memory is the device's (the
     // lie under test: `gemm_dlpack` must find it out before anything reads the memory).
     let fake = unsafe { DlpackTensor::<f32>::from_raw(p, r.device()) }.unwrap();
-    let real = DeviceVec::from_host(&r, &[2.0f32; 16]).unwrap().into_dlpack().unwrap();
+    let real = DeviceMatrix::from_host(&r, &[2.0f32; 16], 4, 4, Layout::RowMajor).unwrap().into_dlpack().unwrap();
     // SAFETY: a tensor this library made; ownership passes to the import.
     let real = unsafe { DlpackTensor::<f32>::from_raw(real.into_raw(), r.device()) }.unwrap();
     for (what, e) in [("host as A", raft::gemm_dlpack(&r, 1.0, &fake, &real)), ("host as B", raft::gemm_dlpack(&r, 1.0, &real, &fake))]

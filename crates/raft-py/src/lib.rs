@@ -11,8 +11,11 @@
 //!
 //! The stream handshake: importing, this extension passes its resources' stream to the
 //! producer's `__dlpack__(stream=...)`, so the producer orders its work before it; exporting,
-//! `Tensor.__dlpack__(stream=s)` makes the consumer's stream `s` wait for the array's work, and
-//! the array's free wait for `s`'s work up to the consumer's deleter.
+//! `Tensor.__dlpack__(stream=s)` makes the consumer's stream `s` wait for the array's work (`s`
+//! is used during the call only), and the array's free, at the consumer's deleter, wait for the
+//! work queued so far on every blocking stream (the legacy default stream's order: PyTorch's
+//! default stream, CuPy's streams); work on a non-blocking stream of the consumer's own is the
+//! consumer's to finish before it lets the tensor go.
 use pyo3::exceptions::{PyBufferError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;

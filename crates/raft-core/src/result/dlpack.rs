@@ -130,13 +130,23 @@ impl Owned {
     /// the context: the legacy and per-thread default streams (PyTorch's default stream) and
     /// streams made without `CU_STREAM_NON_BLOCKING` (CuPy's). Work a consumer queued on a
     /// non-blocking stream of its own (a PyTorch side stream) is the consumer's to finish or
-    /// order before it lets the tensor go, as DLPack leaves it. A failed order keeps the
-    /// array's memory (not the rest) for the process's life, unless the context is dead.
+    /// order before it lets the tensor go, as DLPack leaves it. A failed order, or one a capture
+    /// in progress on the context stands in the way of, keeps the array's memory (not the rest)
+    /// for the process's life, unless the context is dead.
     /// Never panics (it runs inside an `extern "C"` deleter, on any thread).
     fn release(self) {
         let Owned { stream, owner, consumed, .. } = self;
         if consumed && raft_exit::native_release_allowed() {
-            if let Err(e) = order(DELETER, stream.context(), 1, stream.cu_stream() as usize) {
+            let ordered = match capture_in_the_way(DELETER, &stream) {
+                Ok(false) => order(DELETER, stream.context(), 1, stream.cu_stream() as usize),
+                Ok(true) => Err(Error::logic(
+                    DELETER,
+                    "a stream of the array's context is being captured into a CUDA graph: the free cannot be ordered after \
+                     the consumer's work without joining or breaking that capture",
+                )),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = ordered {
                 if !super::context_is_dead(&e) && !super::already_gone(&e) {
                     log::warn!(target: "raft", "{e} (the array's memory is kept: the consumer's work may still use it)");
                     drop(stream);
@@ -316,6 +326,27 @@ impl Exported {
     /// stream if one was given).
     pub(crate) fn release(self) {
         self.owned.release();
+    }
+}
+
+/// Whether ordering the free after the legacy default stream now would meet a capture: a
+/// blocking stream of the context being captured makes the legacy stream unusable (a record on
+/// it fails and invalidates that capture; `cuStreamIsCapturing` of the legacy stream says
+/// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` without touching it), and the array's own stream being
+/// captured would take the wait into its graph.
+fn capture_in_the_way(who: &'static str, own: &CudaStream) -> Result<bool> {
+    if super::capturing(who, own)? {
+        return Ok(true);
+    }
+    let _keep = ContextGuard::save(who)?;
+    bind(who, own.context())?;
+    let mut status = cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the legacy default stream of the bound context (handle 1) always exists; the call
+    // writes one status into a local.
+    match unsafe { cusys::cuStreamIsCapturing(1 as cusys::CUstream, &mut status) } {
+        cusys::CUresult::CUDA_SUCCESS => Ok(status != cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE),
+        cusys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Ok(true),
+        rc => Err(Error::driver(who, cudarc::driver::DriverError(rc))),
     }
 }
 
