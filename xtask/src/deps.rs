@@ -36,23 +36,37 @@ fn wheel_file(dir: &Path, name: &str, version: &str) -> Option<PathBuf> {
 
 /// `pip download` of the `name==version` pins missing from `wheels` (one call for all of them),
 /// for CPython 3.12 on x86-64 Linux, whatever this machine's Python is. `what` says in the
-/// progress line and the error what they are for.
+/// progress line and the error what they are for. A registry can fail a request now and then:
+/// three tries, 20 s apart, each fetching what is still missing.
 fn fetch(wheels: &Path, pins: &[(&str, &str)], what: &str) -> Result<()> {
+    const TRIES: usize = 3;
     std::fs::create_dir_all(wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
-    let missing: Vec<String> = pins.iter().filter(|(n, v)| wheel_file(wheels, n, v).is_none()).map(|(n, v)| format!("{n}=={v}")).collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    eprintln!("xtask deps: fetching {} wheel(s) ({what}) into {}", missing.len(), wheels.display());
     let python = python();
-    let mut pip = Command::new(&python);
-    pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]);
-    for platform in install_line::PLATFORMS {
-        pip.args(["--platform", platform]);
+    for attempt in 1..=TRIES {
+        let missing: Vec<String> =
+            pins.iter().filter(|(n, v)| wheel_file(wheels, n, v).is_none()).map(|(n, v)| format!("{n}=={v}")).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        eprintln!("xtask deps: fetching {} wheel(s) ({what}) into {}", missing.len(), wheels.display());
+        let mut pip = Command::new(&python);
+        pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]);
+        for platform in install_line::PLATFORMS {
+            pip.args(["--platform", platform]);
+        }
+        pip.arg("-d").arg(wheels).args(&missing);
+        match crate::run(&mut pip) {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < TRIES => {
+                eprintln!("xtask deps: pip failed (try {attempt} of {TRIES}): {e}; again in 20 s");
+                std::thread::sleep(std::time::Duration::from_secs(20));
+            }
+            Err(e) => {
+                return Err(format!("{e}\n(pip must reach PyPI to fetch {what}; install python3-pip if `{python} -m pip` is missing)"))
+            }
+        }
     }
-    pip.arg("-d").arg(wheels).args(&missing);
-    crate::run(&mut pip)
-        .map_err(|e| format!("{e}\n(pip must reach PyPI to fetch {what}; install python3-pip if `{python} -m pip` is missing)"))
+    unreachable!("the last try returns")
 }
 
 /// Unpacks the pinned wheels from `wheels` into `into` (Python's own zipfile: no unzip needed).
