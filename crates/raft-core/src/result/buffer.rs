@@ -284,10 +284,10 @@ impl NativeBuffer {
         let waits = !self.stream_ordered && !self.stream.cu_stream().is_null();
         // A stream being captured into a CUDA graph cannot be waited for (the driver refuses, and
         // invalidates the capture). Such a free runs on a release thread, and the array may have
-        // been dropped before the capture began: a release thread waits for the capture to end,
-        // a while (`CAPTURE_WAIT`); past that, it is refused as the shim refuses a free on a capturing
-        // stream (the block, its resource and its stream are kept for the process's life, never
-        // freed while work queued before the capture may still use the block).
+        // been dropped before the capture began: a release thread waits for the capture to end, a
+        // while (`CAPTURE_WAIT`); past that, it is refused as the shim refuses a free on a
+        // capturing stream (the block, its resource and its stream are kept for the process's
+        // life, never freed while work queued before the capture may still use the block).
         if waits {
             // Only a library thread (a release thread) waits: a user's thread running releases
             // (backpressure, an out-of-memory retry) may be the one capturing, which would wait
