@@ -38,6 +38,31 @@ const UNVERSIONED: &CStr = c"dltensor";
 const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
 const USED_UNVERSIONED: &CStr = c"used_dltensor";
 
+/// A capsule owning the raw tensor `raw` under `name`; its destructor deletes the tensor unless a
+/// consumer renamed it (took it). Where no capsule could be made (null, a Python error set), it
+/// took nothing: the tensor is deleted here, once.
+///
+/// # Safety
+/// `raw` is a fresh tensor owned by the caller, whose ownership passes here; `delete` is its
+/// deleter; `destructor` deletes a tensor of `raw`'s kind under `name`.
+unsafe fn capsule_of<M>(
+    raw: *mut M,
+    name: &'static CStr,
+    destructor: unsafe extern "C" fn(*mut ffi::PyObject),
+    delete: Option<unsafe extern "C" fn(*mut M)>,
+) -> *mut ffi::PyObject {
+    // SAFETY: the caller's contract; the name is 'static.
+    unsafe {
+        let capsule = ffi::PyCapsule_New(raw as *mut c_void, name.as_ptr(), Some(destructor));
+        if capsule.is_null() {
+            if let Some(delete) = delete {
+                delete(raw);
+            }
+        }
+        capsule
+    }
+}
+
 /// A capsule nobody consumed still owns its tensor (DLPack's Python rule: a consumer renames it
 /// `used_…`): its destructor deletes it.
 unsafe extern "C" fn drop_versioned_capsule(capsule: *mut ffi::PyObject) {
@@ -149,28 +174,15 @@ impl Tensor {
             return Err(py_err(e));
         }
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);
-        // SAFETY: the capsule takes the tensor's pointer; its destructor deletes it unless a
-        // consumer renamed it (took it); the names are 'static. A capsule that could not be made
-        // (null, a Python error set) took nothing: the tensor is deleted here, once.
+        // SAFETY: each raw tensor is fresh, owned, and handed to `capsule_of` once with its own
+        // name, destructor and deleter.
         let capsule = unsafe {
             if versioned {
                 let raw = export.into_raw();
-                let capsule = ffi::PyCapsule_New(raw as *mut c_void, VERSIONED.as_ptr(), Some(drop_versioned_capsule));
-                if capsule.is_null() {
-                    if let Some(delete) = (*raw).deleter {
-                        delete(raw);
-                    }
-                }
-                capsule
+                capsule_of(raw, VERSIONED, drop_versioned_capsule, (*raw).deleter)
             } else {
                 let raw = export.into_raw_unversioned();
-                let capsule = ffi::PyCapsule_New(raw as *mut c_void, UNVERSIONED.as_ptr(), Some(drop_unversioned_capsule));
-                if capsule.is_null() {
-                    if let Some(delete) = (*raw).deleter {
-                        delete(raw);
-                    }
-                }
-                capsule
+                capsule_of(raw, UNVERSIONED, drop_unversioned_capsule, (*raw).deleter)
             }
         };
         // SAFETY: a new reference, or null with the Python error set.
