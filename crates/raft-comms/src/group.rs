@@ -191,29 +191,17 @@ impl Open {
         // write the arrays at each launch, after the group's borrows end. They cannot be
         // withdrawn from NCCL's group (ending the group launches them; leaving it open leaves
         // NCCL's thread state open), so, as for a capture begun during a copy, the process stops
-        // before they are launched.
-        if let Some((_, Some(stream))) =
-            list.iter().find(|(_, s)| s.as_ref().is_some_and(|s| raft_core::stream_is_capturing(s).unwrap_or(false)))
-        {
-            eprintln!(
-                "{WHO}: a CUDA graph capture began on a stream ({:p}) after the group's collectives were queued on it, \
-                 before the group's end launched them; aborting",
-                stream.cu_stream()
-            );
-            std::process::abort();
-        }
+        // before they are launched; and after, for a capture begun meanwhile on another thread.
+        let stop_if_captured = |when: &str| {
+            let captured = |s: &Option<Arc<CudaStream>>| s.as_ref().is_some_and(|s| raft_core::stream_is_capturing(s).unwrap_or(false));
+            if let Some((_, Some(stream))) = list.iter().find(|(_, s)| captured(s)) {
+                eprintln!("{WHO}: a CUDA graph capture began on a stream ({:p}) {when}; aborting", stream.cu_stream());
+                std::process::abort();
+            }
+        };
+        stop_if_captured("after the group's collectives were queued on it, before the group's end launched them");
         let ended = result::group_end(WHO, &list);
-        // And after: a capture begun since the question (on another thread) may have taken the
-        // launch.
-        if let Some((_, Some(stream))) =
-            list.iter().find(|(_, s)| s.as_ref().is_some_and(|s| raft_core::stream_is_capturing(s).unwrap_or(false)))
-        {
-            eprintln!(
-                "{WHO}: a CUDA graph capture began on a stream ({:p}) while the group's end launched its collectives; aborting",
-                stream.cu_stream()
-            );
-            std::process::abort();
-        }
+        stop_if_captured("while the group's end launched its collectives");
         for (member, _) in &used {
             member.clone().group_ended(ended.as_ref().err());
         }
