@@ -61,20 +61,26 @@ fn parse_bytes(text: &str) -> Option<usize> {
     let t = text.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (number, unit) = (t[..split].trim(), t[split..].trim().to_ascii_lowercase());
-    let value: f64 = number.parse().ok()?;
-    let scale: f64 = match unit.as_str() {
-        "" | "b" => 1.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        "kib" | "k" => 1024.0,
-        "mib" | "m" => 1024f64.powi(2),
-        "gib" | "g" => 1024f64.powi(3),
-        "tib" | "t" => 1024f64.powi(4),
+    // Exact scales (`powi`'s precision is unspecified: Miri rounds it differently, and `2GiB`
+    // came out one byte short there); a whole number is multiplied as an integer, exact at any
+    // size, a fraction as a float.
+    let scale: u64 = match unit.as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "kib" | "k" => 1 << 10,
+        "mib" | "m" => 1 << 20,
+        "gib" | "g" => 1 << 30,
+        "tib" | "t" => 1 << 40,
         _ => return None,
     };
-    let bytes = value * scale;
+    if let Ok(whole) = number.parse::<u64>() {
+        return whole.checked_mul(scale).and_then(|b| usize::try_from(b).ok());
+    }
+    let value: f64 = number.parse().ok()?;
+    let bytes = value * scale as f64;
     (bytes.is_finite() && bytes >= 0.0 && bytes < usize::MAX as f64).then_some(bytes as usize)
 }
 
@@ -204,6 +210,11 @@ mod tests {
         assert_eq!(parse_bytes("12 parsecs"), None);
         assert_eq!(parse_bytes("-1GB"), None);
         assert_eq!(parse_bytes(""), None);
+        // Whole numbers exactly, past f64's 2^53 (rounded to 2^53 when every size went through a
+        // float), and an overflow refused rather than saturated.
+        assert_eq!(parse_bytes("9007199254740993"), Some(9_007_199_254_740_993));
+        assert_eq!(parse_bytes("16777217 GiB"), Some(16_777_217 << 30));
+        assert_eq!(parse_bytes("18446744073709551615 KiB"), None);
     }
 
     #[test]
