@@ -6,6 +6,11 @@ use std::io::Write;
 /// Whether a GPU is there. Without one, prints a visible skip line (straight to stderr, past
 /// the test harness's capture) and returns false; under `RAFT_REQUIRE_GPU=1` it panics instead.
 pub fn gpu() -> bool {
+    if cfg!(miri) {
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let _ = writeln!(std::io::stderr(), "SKIP {test}: Miri cannot call the CUDA driver");
+        return false;
+    }
     crash_report();
     let reason = match raft::device_count() {
         Ok(n) if n > 0 => return true,

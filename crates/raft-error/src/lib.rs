@@ -399,6 +399,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "loads libcuda (dlopen) to name the driver's error")]
     fn driver_out_of_memory_is_out_of_memory() {
         use cudarc::driver::sys::CUresult;
         let e = Error::driver("DeviceResources::new", cudarc::driver::DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
@@ -476,6 +477,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "loads libcuda (dlopen) to name the driver's error")]
     fn driver_errors_carry_the_driver_code() {
         use cudarc::driver::sys::CUresult;
         let e = Error::driver("t", cudarc::driver::DriverError(CUresult::CUDA_ERROR_INVALID_VALUE));

@@ -464,6 +464,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "loads the shim (dlopen)")]
     fn without_the_shim_s_cublas_in_the_process_gemm_ex_is_an_error_not_a_panic() {
         // cudarc's own loader would panic, or load another cuBLAS than the one that made RAFT's
         // handle; the unit test process never loads the shim (nor cuBLAS).

@@ -50,7 +50,7 @@ pub(crate) unsafe fn copy_host_bytes(dst: *mut u8, src: *const u8, len: usize, s
 #[cfg(target_arch = "x86_64")]
 unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
     debug_assert!(len >= 64, "copy_streaming needs at least 64 bytes, given {len}");
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128};
     // Up to the destination's next 64-byte boundary with plain stores, so every streaming store
     // is aligned (movntdq requires 16) and whole cache lines are written.
     let head = (64 - (dst as usize & 63)) & 63;
@@ -64,10 +64,10 @@ unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
             let s = src.add(head + 64 * i) as *const __m128i;
             let d = dst.add(head + 64 * i) as *mut __m128i;
             let (a, b, c, e) = (_mm_loadu_si128(s), _mm_loadu_si128(s.add(1)), _mm_loadu_si128(s.add(2)), _mm_loadu_si128(s.add(3)));
-            _mm_stream_si128(d, a);
-            _mm_stream_si128(d.add(1), b);
-            _mm_stream_si128(d.add(2), c);
-            _mm_stream_si128(d.add(3), e);
+            stream_store(d, a);
+            stream_store(d.add(1), b);
+            stream_store(d.add(2), c);
+            stream_store(d.add(3), e);
         }
     }
     let done = head + 64 * lines;
@@ -77,6 +77,39 @@ unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
     // requires of them.
     unsafe {
         std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), len - done);
-        _mm_sfence();
+        store_fence();
     }
+}
+
+/// `movntdq` of `v` at `d`; under Miri, which cannot run its inline assembly, an aligned plain
+/// store of the same 16 bytes, so Miri still checks every access's bounds and alignment.
+///
+/// # Safety
+/// `d` is valid for a 16-byte write and 16-byte aligned.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn stream_store(d: *mut std::arch::x86_64::__m128i, v: std::arch::x86_64::__m128i) {
+    // SAFETY: the caller's contract; SSE2 is part of x86-64.
+    #[cfg(not(miri))]
+    unsafe {
+        std::arch::x86_64::_mm_stream_si128(d, v)
+    };
+    // SAFETY: the caller's contract (an aligned write, as movntdq requires).
+    #[cfg(miri)]
+    unsafe {
+        d.write(v)
+    };
+}
+
+/// `sfence` after the streaming stores; under Miri a sequentially consistent fence.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn store_fence() {
+    // SAFETY: sfence takes no operands; SSE is part of x86-64.
+    #[cfg(not(miri))]
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+    #[cfg(miri)]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
