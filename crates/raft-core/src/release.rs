@@ -114,9 +114,12 @@ impl Ledger {
         self.releases.fetch_sub(1, Ordering::SeqCst);
     }
 
+    /// `releases` is read first, with `Acquire`: `add` and `remove` change it last (a release
+    /// store), so a snapshot that sees a release gone also sees what it held gone (Miri's weak
+    /// memory showed a snapshot with no release pending and its handle still counted).
     fn snapshot(&self) -> PendingReleases {
         PendingReleases {
-            releases: self.releases.load(Ordering::Relaxed),
+            releases: self.releases.load(Ordering::Acquire),
             queued: self.queued.load(Ordering::Relaxed),
             on_workers: self.on_workers.load(Ordering::Relaxed),
             streams: self.streams.load(Ordering::Relaxed),
