@@ -287,7 +287,6 @@ fn a_gemm_is_refused_while_the_stream_is_captured() {
 #[test]
 fn arrays_are_neither_allocated_nor_freed_into_a_capture_of_their_stream() {
     require_gpu!();
-    use cudarc::driver::sys;
     use raft::MemoryResource;
     const MIB: usize = 1 << 20;
     let res = DeviceResources::new().unwrap();
@@ -309,23 +308,11 @@ fn arrays_are_neither_allocated_nor_freed_into_a_capture_of_their_stream() {
     let kept: Vec<DeviceVec<f32>> = resources.iter().map(|(_, mr)| make(mr).unwrap()).collect();
     let live_before: Vec<Option<i64>> =
         resources.iter().map(|(_, mr)| mr.as_ref().map(|m| m.statistics().unwrap().current_count)).collect();
-    stream.context().bind_to_thread().unwrap();
-    // SAFETY: the stream is alive (held by `res`); relaxed, so the other tests' calls of this
-    // process are not refused meanwhile.
-    unsafe { sys::cuStreamBeginCapture_v2(stream.cu_stream(), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }.result().unwrap();
-    let refused: Vec<raft::Result<DeviceVec<f32>>> = resources.iter().map(|(_, mr)| make(mr)).collect();
-    drop(kept);
-    let mut graph = std::ptr::null_mut();
-    // SAFETY: ends the capture begun above on the same stream; the graph comes back owned.
-    unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result().unwrap();
-    let mut nodes = 0usize;
-    if !graph.is_null() {
-        // SAFETY: `graph` is the captured graph, destroyed once after its nodes are counted.
-        unsafe {
-            sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes).result().unwrap();
-            sys::cuGraphDestroy(graph).result().unwrap();
-        }
-    }
+    let (refused, nodes) = captured(&stream, || {
+        let refused: Vec<raft::Result<DeviceVec<f32>>> = resources.iter().map(|(_, mr)| make(mr)).collect();
+        drop(kept);
+        refused
+    });
     for (((what, mr), r), before) in resources.iter().zip(refused).zip(&live_before) {
         let e = r.expect_err(&format!("{what}: an allocation on a capturing stream was accepted"));
         assert_eq!(e.kind(), ErrorKind::Logic, "{what}: {e}");
@@ -338,17 +325,7 @@ fn arrays_are_neither_allocated_nor_freed_into_a_capture_of_their_stream() {
     assert_eq!(nodes, 0, "the capture took {nodes} node(s): an allocation or a free entered the graph");
     // cudaMalloc itself cannot be captured, but relaxed it was served during the capture all the
     // same: refused too, whatever the resource.
-    stream.context().bind_to_thread().unwrap();
-    // SAFETY: as above.
-    unsafe { sys::cuStreamBeginCapture_v2(stream.cu_stream(), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }.result().unwrap();
-    let plain = DeviceVec::<f32>::new_in(&res, n, &cuda);
-    let mut graph = std::ptr::null_mut();
-    // SAFETY: as above.
-    unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result().unwrap();
-    if !graph.is_null() {
-        // SAFETY: as above.
-        unsafe { sys::cuGraphDestroy(graph) }.result().unwrap();
-    }
+    let (plain, _) = captured(&stream, || DeviceVec::<f32>::new_in(&res, n, &cuda));
     let e = plain.expect_err("a cudaMalloc allocation on a capturing stream was accepted");
     assert!(e.kind() == ErrorKind::Logic && e.to_string().contains("captured into a CUDA graph"), "{e}");
     // After the capture: allocations, copies and frees run again through each resource.
@@ -371,7 +348,6 @@ fn arrays_are_neither_allocated_nor_freed_into_a_capture_of_their_stream() {
 #[test]
 fn an_array_dropped_during_a_short_capture_is_freed_by_its_release_thread_after_it() {
     require_gpu!();
-    use cudarc::driver::sys;
     use raft::MemoryResource;
     let res = DeviceResources::new().unwrap();
     let stream = res.stream().unwrap();
@@ -379,23 +355,39 @@ fn an_array_dropped_during_a_short_capture_is_freed_by_its_release_thread_after_
     let v = DeviceVec::<f32>::new_in(&res, 1 << 20, &mr).unwrap();
     let live = mr.statistics().unwrap().current_count;
     assert_eq!(live, 1);
-    stream.context().bind_to_thread().unwrap();
-    // SAFETY: the stream is alive (held by `res`); relaxed, as in the test above.
-    unsafe { sys::cuStreamBeginCapture_v2(stream.cu_stream(), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }.result().unwrap();
-    drop(v); // handed to a release thread, which finds the stream captured
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    let during = mr.statistics().unwrap().current_count;
-    let mut graph = std::ptr::null_mut();
-    // SAFETY: ends the capture begun above; the graph comes back owned and is destroyed once.
-    unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result().unwrap();
-    if !graph.is_null() {
-        // SAFETY: as above.
-        unsafe { sys::cuGraphDestroy(graph) }.result().unwrap();
-    }
+    let (during, _) = captured(&stream, || {
+        drop(v); // handed to a release thread, which finds the stream captured
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        mr.statistics().unwrap().current_count
+    });
     assert_eq!(during, 1, "the array was freed while its stream was being captured");
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while mr.statistics().unwrap().current_count != 0 && std::time::Instant::now() < give_up {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     assert_eq!(mr.statistics().unwrap().current_count, 0, "the array was not freed after the capture ended (kept for good)");
+}
+
+/// Runs `body` while `stream` is being captured (relaxed, so the other tests' calls in this
+/// process are not refused meanwhile), through the driver's own calls so the graph can be
+/// inspected: returns `body`'s result and how many nodes the capture took.
+fn captured<R>(stream: &cudarc::driver::CudaStream, body: impl FnOnce() -> R) -> (R, usize) {
+    use cudarc::driver::sys;
+    stream.context().bind_to_thread().unwrap();
+    // SAFETY: the stream is alive for the borrow; its context is bound above.
+    unsafe { sys::cuStreamBeginCapture_v2(stream.cu_stream(), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }.result().unwrap();
+    let out = body();
+    stream.context().bind_to_thread().unwrap();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above on the same stream; the graph comes back owned.
+    unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result().unwrap();
+    let mut nodes = 0usize;
+    if !graph.is_null() {
+        // SAFETY: `graph` is the captured graph, destroyed once after its nodes are counted.
+        unsafe {
+            sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes).result().unwrap();
+            sys::cuGraphDestroy(graph).result().unwrap();
+        }
+    }
+    (out, nodes)
 }
