@@ -172,14 +172,23 @@ pub fn run(out: Option<PathBuf>) -> Result<()> {
     std::fs::write(&script, RUN_SH).map_err(|e| format!("{}: {e}", script.display()))?;
     crate::run(Command::new("chmod").arg("+x").arg(&script))?;
     let size: u64 = walk(&out).iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
-    println!("gpu bundle: {} ({} tests, {} binaries, {:.1} MiB)", out.display(), tests.len(), bins.len(), size as f64 / (1 << 20) as f64);
-    if size > 60 << 20 {
-        return Err(format!(
-            "the bundle is {:.1} MiB: over the 60 MiB kept below the 64 MiB a device call carries",
-            size as f64 / (1 << 20) as f64
-        ));
+    println!("gpu bundle: {} ({} tests, {} binaries, {:.1} MiB)", out.display(), tests.len(), bins.len(), mib(size));
+    // A device call carries the archive, not the folder: the limit is on what travels (the folder
+    // itself passed 60 MiB in the sixteenth session, its archive was 27 MiB).
+    let name = out.file_name().and_then(|f| f.to_str()).ok_or("the bundle's folder has no name")?;
+    let parent = out.parent().ok_or("the bundle's folder has no parent")?;
+    let archive = parent.join(format!("{name}.tgz"));
+    crate::run(Command::new("tar").arg("czf").arg(&archive).arg("-C").arg(parent).arg(name))?;
+    let packed = std::fs::metadata(&archive).map_err(|e| format!("{}: {e}", archive.display()))?.len();
+    println!("gpu bundle archive: {} ({:.1} MiB: carry it and `tar xzf` it on the GPU machine)", archive.display(), mib(packed));
+    if packed > 60 << 20 {
+        return Err(format!("the bundle's archive is {:.1} MiB: over the 60 MiB kept below the 64 MiB a device call carries", mib(packed)));
     }
     Ok(())
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
