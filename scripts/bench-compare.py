@@ -22,9 +22,12 @@ def rows(side, i):
     got = {}
     for r in json.load(open(f"{out}/{side}-{i}.json"))["rows"]:
         k = key(r["case"])
-        if k in got:
-            print(f"warning: {side} round {i}: two rows read as {k!r}; the first is kept", file=sys.stderr)
-            continue
+        # Two rows that differ only in a remark (the arena's floor "(the row above's turns)" and
+        # "(in turns)") are both kept, the later one numbered, in the order the bench printed them.
+        n = 2
+        while k in got:
+            k = f"{key(r['case'])} #{n}"
+            n += 1
         got[k] = (r["ours_stat"]["median_ns"], r.get("ratio"), r.get("against", ""))
     return got
 
