@@ -165,6 +165,25 @@ fn pinned_vecs_are_read_and_written_by_value() {
     assert_eq!(p.iter().collect::<Vec<_>>(), [1, 2, 3, 4, 5], "a refused copy changed nothing");
 }
 
+/// A zero-sized element type (the `DeviceScalar` contract allows one): 0 bytes, so the shim
+/// allocates nothing and the buffer's address is null, yet `len` elements are handed out. Their
+/// slice starts at a dangling, aligned pointer, never at null (the sixteenth session's audit:
+/// null is undefined behaviour even for a slice that spans no byte).
+#[test]
+fn a_pinned_vec_of_a_zero_sized_type_hands_out_its_elements() {
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    struct Unit;
+    // SAFETY: zero-sized: no bytes, so no invalid bit pattern and no padding; owns nothing.
+    unsafe impl raft::DeviceScalar for Unit {}
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let mut p = PinnedVec::<Unit>::new(&res, 4).unwrap();
+    assert_eq!((p.len(), p.get(3), p.get(4)), (4, Some(Unit), None));
+    p.set(2, Unit).unwrap();
+    assert_eq!(p.to_vec(), [Unit; 4]);
+    assert_eq!(p.iter().count(), 4);
+}
+
 /// Staged copies with every kind of host store are exact and write nothing outside their
 /// range: lengths around the streaming threshold (4 KiB) and the pieces, host slices at odd
 /// addresses (the streaming stores' unaligned head and tail), sizes on both sides of where

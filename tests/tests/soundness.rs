@@ -282,3 +282,51 @@ fn a_release_and_a_join_waiting_for_each_other_both_end() {
     assert!(b == "ok:()" || (b.starts_with("Logic:") && b.contains("never_end")), "{b}\n{c:?}");
     assert_eq!(c.result("b_released").as_deref(), Some("true"), "{c:?}");
 }
+
+/// The sixteenth session's audit, 1a: a job releasing its own resources while the thread that
+/// spawned it holds a lend of them and joins it. Before: the release waited for the lend, the
+/// lend for the join, the join for the job, and the child hung until killed. Now the release
+/// returns, the rest of it finishes once the lend ends, and a second release waits for that.
+#[test]
+fn a_job_releasing_its_resources_while_a_lend_of_them_joins_it_ends() {
+    require_gpu!();
+    let c = run_scenario!("job-releases-while-a-lend-joins-it", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("joined").as_deref(), Some("ok:()"), "{c:?}");
+    assert_eq!(c.result("second").as_deref(), Some("ok:()"), "{c:?}");
+    assert_eq!(c.result("released").as_deref(), Some("true"), "{c:?}");
+    // A result's value ends at its first space: the message is checked in the whole output.
+    assert_eq!(c.result("sync").as_deref(), Some("Logic:DeviceResources::sync:"), "{c:?}");
+    assert!(c.stdout.contains("sync: the device resources on device 0 were released"), "{c:?}");
+}
+
+/// The audit's 1b: inside a lend, a helper thread's use of the same resources while a release
+/// on a third thread waits for the lend. Before: std's `RwLock` queued the helper's read behind
+/// the release's write, the lend waited for the helper, and the child hung. Now the release
+/// polls instead of queueing and refuses uses begun after it: the helper gets `Logic`
+/// (released), the lend ends, and so does the release.
+#[test]
+fn a_use_inside_a_lend_is_not_held_behind_a_release_waiting_for_that_lend() {
+    require_gpu!();
+    let c = run_scenario!("use-inside-a-lend-behind-a-release", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("used").as_deref(), Some("Logic:DeviceResources::sync:"), "{c:?}");
+    assert!(c.stdout.contains("sync: the device resources on device 0 were released"), "{c:?}");
+    assert_eq!(c.result("release").as_deref(), Some("ok:()"), "{c:?}");
+    assert_eq!(c.result("released").as_deref(), Some("true"), "{c:?}");
+}
+
+/// The audit's 2 and 3: main returns while a lend on one thread never ends and a release on
+/// another waits for it. Before: the exit teardown waited for that release for ever (the child
+/// hung until killed). Now it waits a bounded time and, since a thread is still inside the
+/// lend (possibly in RAFT's or cuVS's code), ends the process with main's status without the
+/// C++ static destructors.
+#[test]
+fn an_exit_with_a_release_waiting_for_an_endless_lend_ends_without_the_destructors() {
+    require_gpu!();
+    let c = run_scenario!("release-behind-a-lend-at-exit", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert!(c.result("main_end_ms").is_some(), "{c:?}");
+    assert!(c.stderr.contains("without the static destructors"), "the exit ended the process itself\n{c:?}");
+    assert!(c.elapsed < Duration::from_secs(20), "the exit took {:?}\n{c:?}", c.elapsed);
+}

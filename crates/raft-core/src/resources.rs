@@ -7,6 +7,7 @@ use crate::job::{JobHandle, Shared, Worker};
 use crate::result::{self, ContextGuard, NativeResources};
 use crate::{memory, release, waits};
 use cudarc::driver::{CudaContext, CudaStream};
+use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
@@ -81,6 +82,9 @@ impl ResourcesState {
                         return Ok(());
                     };
                     self.release_waiters.fetch_add(1, Ordering::Relaxed);
+                    // The exit teardown waits a bounded time, as for a lend (a release on a user
+                    // thread may itself be waiting for a lend that never ends).
+                    let deadline = (who == TEARDOWN).then(|| std::time::Instant::now() + TEARDOWN_LEND_WAIT);
                     loop {
                         match *state {
                             Releasing::Done => break,
@@ -98,7 +102,18 @@ impl ResourcesState {
                             }
                             _ => {}
                         }
-                        state = self.released_cv.wait(state).unwrap_or_else(|e| e.into_inner());
+                        match deadline {
+                            None => state = self.released_cv.wait(state).unwrap_or_else(|e| e.into_inner()),
+                            Some(deadline) => {
+                                let now = std::time::Instant::now();
+                                if now >= deadline {
+                                    log::warn!(target: "raft", "exit teardown: resources {} on device {} are still being released on another thread: left to the OS", self.id, self.device);
+                                    raft_exit::teardown_left_running();
+                                    break;
+                                }
+                                state = self.released_cv.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+                            }
+                        }
                     }
                     self.release_waiters.fetch_sub(1, Ordering::Relaxed);
                     return Ok(());
@@ -147,7 +162,7 @@ impl ResourcesState {
 
     /// The release's end, once no job of these resources can run any more: the native objects
     /// are taken under the write lock (after every use), destroyed, and waiters told.
-    fn finish_release(&self, who: &'static str) -> Result<()> {
+    fn finish_release(self: &Arc<Self>, who: &'static str) -> Result<()> {
         let native = if who == TEARDOWN {
             // At exit, a thread still inside a lend would hold the exit forever: wait a bounded
             // time, then leave the native object to the OS.
@@ -161,13 +176,94 @@ impl ResourcesState {
                     }
                     Err(std::sync::TryLockError::WouldBlock) => {
                         log::warn!(target: "raft", "exit teardown: resources {} on device {} are still lent on another thread: left to the OS", self.id, self.device);
+                        // That thread may still be in RAFT's or cuVS's code, which the static
+                        // destructors after the teardown would pull the ground from under.
+                        raft_exit::teardown_left_running();
                         break None;
                     }
                 }
             }
         } else {
-            self.native.write().unwrap_or_else(|e| e.into_inner()).take()
+            match self.take_native_when_unused() {
+                Some(native) => native,
+                None => {
+                    // A thread waiting for this one may hold a use: finished elsewhere.
+                    self.finish_release_elsewhere(who);
+                    return Ok(());
+                }
+            }
         };
+        self.destroy_taken(who, native)
+    }
+
+    /// Takes the native objects once no use of them is in flight on another thread. Polled,
+    /// never queued as a waiting writer: std's `RwLock` holds new readers back behind a waiting
+    /// writer, so a use in flight that waited (outside the lock) for another use of these
+    /// resources would wait for ever (the sixteenth session's audit; `with_native_exclusive`
+    /// polls for the same reason). New uses are refused once the resources are marked released
+    /// (`with_native`), so the wait is for the uses already in flight. `None` when a thread waits
+    /// for this one (a join of the job running this release, say, inside a lend of these
+    /// resources): that thread may hold a use, and this wait would never end.
+    fn take_native_when_unused(&self) -> Option<Option<NativeResources>> {
+        let start = std::time::Instant::now();
+        let me = std::thread::current().id();
+        loop {
+            match self.native.try_write() {
+                Ok(mut g) => return Some(g.take()),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner().take()),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if waits::awaited(me) {
+                        return None;
+                    }
+                    if start.elapsed() < std::time::Duration::from_millis(1) {
+                        std::thread::yield_now()
+                    } else {
+                        std::thread::sleep(std::time::Duration::from_micros(50))
+                    }
+                }
+            }
+        }
+    }
+
+    /// The rest of a release whose thread cannot wait for the uses in flight (see
+    /// [`take_native_when_unused`](Self::take_native_when_unused)): a thread of its own waits for
+    /// them, destroys the native objects and tells the waiters, counted as a release in flight by
+    /// the exit. Without a thread, the native objects stay until the last handle is dropped (which
+    /// releases them on a release thread) and the release counts as done.
+    fn finish_release_elsewhere(self: &Arc<Self>, who: &'static str) {
+        let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
+        let Ok(token) = raft_exit::ReleaseToken::try_register(label) else {
+            // The exit has decided (the thread waiting for this one is the exit's teardown): the
+            // use in flight may be in RAFT's or cuVS's code, which the static destructors after
+            // the teardown would pull the ground from under.
+            raft_exit::teardown_left_running();
+            log::warn!(target: "raft", "exit teardown: resources {} on device {} are in use on another thread: left to the OS", self.id, self.device);
+            self.mark_released_done();
+            return;
+        };
+        {
+            let state = Arc::clone(self);
+            let spawned = std::thread::Builder::new().name("raft-release-rest".into()).spawn(move || {
+                raft_exit::mark_library_thread();
+                // Nobody waits for this thread: it waits for the uses in flight, which new uses
+                // (refused) cannot prolong.
+                let native = state.take_native_when_unused().flatten();
+                if let Err(e) = state.destroy_taken(who, native) {
+                    log::warn!(target: "raft", "{e}");
+                }
+                drop(token);
+            });
+            if spawned.is_ok() {
+                return;
+            }
+        }
+        log::warn!(target: "raft", "resources {} on device {}: released while in use, and no thread could finish the release: the native objects are destroyed with the last handle", self.id, self.device);
+        self.mark_released_done();
+    }
+
+    /// Destroys the native objects taken out of the lock (unless the exit has decided), then
+    /// tells the waiters the release is done.
+    fn destroy_taken(&self, who: &'static str, native: Option<NativeResources>) -> Result<()> {
         let outcome = match native {
             // The write lock above ordered every use (under the read lock) before this load.
             Some(n) if raft_exit::native_release_allowed() => n.destroy(who, self.used.load(Ordering::Relaxed)),
@@ -177,14 +273,23 @@ impl ResourcesState {
             }
             None => Ok(()),
         };
+        self.mark_released_done();
+        outcome
+    }
+
+    /// The release has finished: a second release waiting for it returns.
+    fn mark_released_done(&self) {
         let mut state = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
         *state = Releasing::Done;
         // Read under the lock that every waiter holds while it counts itself in.
         if self.release_waiters.load(Ordering::Relaxed) > 0 {
             self.released_cv.notify_all();
         }
-        drop(state);
-        outcome
+    }
+
+    /// Whether the calling thread is these resources' worker (their jobs run there).
+    fn on_own_worker(&self) -> bool {
+        *self.worker_thread.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id())
     }
 }
 
@@ -235,10 +340,18 @@ const TEARDOWN_LEND_WAIT: std::time::Duration = std::time::Duration::from_secs(1
 thread_local! {
     /// The resources this thread is using now (inside `with_native`: a call, a lend, an
     /// allocation), innermost last, with the native object the outer use holds the read lock
-    /// of. A release of one of them from this thread would wait for itself. Read and written
-    /// with `try_with` only: gone (and so empty) once the thread's destructors ran.
-    static HOLDING: std::cell::RefCell<Vec<(u64, *const NativeResources)>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// of; the first `HOLDING_DEPTH` entries are live. A release of one of them from this thread
+    /// would wait for itself. Plain cells, const-initialised, so no destructor: the record stays
+    /// readable while the thread's other thread-locals are destroyed (a use or a release from a
+    /// thread-local's `Drop` is still seen; a `Vec` here was gone by then, and such a release
+    /// waited for its own thread: the sixteenth session's audit).
+    static HOLDING: [Cell<(u64, *const NativeResources)>; HOLDING_MAX] =
+        const { [const { Cell::new((0, std::ptr::null())) }; HOLDING_MAX] };
+    static HOLDING_DEPTH: Cell<usize> = const { Cell::new(0) };
 }
+
+/// How deeply uses of resources may nest on one thread (a use inside a lend inside a job …).
+const HOLDING_MAX: usize = 16;
 
 fn holding(id: u64) -> bool {
     held_native(id).is_some()
@@ -248,24 +361,33 @@ fn holding(id: u64) -> bool {
 /// up this thread's stack).
 #[inline]
 fn held_native(id: u64) -> Option<*const NativeResources> {
-    HOLDING.try_with(|h| h.borrow().iter().rev().find(|(held, _)| *held == id).map(|(_, n)| *n)).ok().flatten()
+    let depth = HOLDING_DEPTH.with(Cell::get);
+    HOLDING.with(|h| h[..depth].iter().rev().map(Cell::get).find(|(held, _)| *held == id).map(|(_, n)| n))
 }
 
 /// Marks resources in use on this thread for the guard's life.
 struct Holding;
 
 impl Holding {
+    /// Records the use; refused (`Logic`) past `HOLDING_MAX` nested uses, which could no longer
+    /// be told apart from a first use (a release inside them would wait for its own thread).
     #[inline]
-    fn enter(id: u64, native: *const NativeResources) -> Holding {
-        let _ = HOLDING.try_with(|h| h.borrow_mut().push((id, native)));
-        Holding
+    fn enter(who: &'static str, id: u64, native: *const NativeResources) -> Result<Holding> {
+        let depth = HOLDING_DEPTH.with(Cell::get);
+        if depth == HOLDING_MAX {
+            return Err(Error::logic(who, format!("more than {HOLDING_MAX} uses of device resources nested on one thread")));
+        }
+        HOLDING.with(|h| h[depth].set((id, native)));
+        HOLDING_DEPTH.with(|d| d.set(depth + 1));
+        Ok(Holding)
     }
 }
 
 impl Drop for Holding {
     #[inline]
     fn drop(&mut self) {
-        let _ = HOLDING.try_with(|h| h.borrow_mut().pop());
+        // Guards are dropped in the reverse order of their making (each lives in one frame).
+        HOLDING_DEPTH.with(|d| d.set(d.get() - 1));
     }
 }
 
@@ -435,18 +557,24 @@ impl DeviceResources {
             // call inside a lend): taking the read lock again would wait behind a release
             // waiting for the write lock (std's RwLock queues new readers behind a waiting
             // writer), which waits for the outer use: a deadlock. The outer read lock is held.
-            let _held = Holding::enter(id, native);
+            let _held = Holding::enter(who, id, native)?;
             // SAFETY: `native` points into `self.state.native`, locked by the outer use further
             // up this thread's stack (read-locked by `with_native`, or write-locked by
             // `with_native_exclusive`); that guard outlives this call (its
             // `Holding` entry is removed before it is dropped), so no release can take it out.
             return f(unsafe { &*native });
         }
+        // Once marked released, no new use begins (the jobs queued before the release, on the
+        // resources' own worker, excepted: the release waits for them): the release waits only
+        // for the uses already in flight, which no stream of new ones can prolong.
+        if self.state.released.load(Ordering::Acquire) && !self.state.on_own_worker() {
+            return Err(Error::released(who, self.state.device));
+        }
         let native = self.state.native.read().unwrap_or_else(|e| e.into_inner());
         match native.as_ref() {
             Some(n) => {
                 // Declared after the guard: dropped before it, so the entry never outlives it.
-                let _held = Holding::enter(id, n as *const NativeResources);
+                let _held = Holding::enter(who, id, n as *const NativeResources)?;
                 if !self.state.used.load(Ordering::Relaxed) {
                     self.state.used.store(true, Ordering::Relaxed);
                 }
@@ -475,6 +603,11 @@ impl DeviceResources {
         // other uses go on, and this call takes the first moment with none in progress.
         let start = std::time::Instant::now();
         let native = loop {
+            // As `with_native`: no new use once marked released (checked at every poll, so a
+            // release begun meanwhile is not held up).
+            if self.state.released.load(Ordering::Acquire) && !self.state.on_own_worker() {
+                return Err(Error::released(who, self.state.device));
+            }
             match self.state.native.try_write() {
                 Ok(guard) => break guard,
                 Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
@@ -488,7 +621,7 @@ impl DeviceResources {
             Some(n) => {
                 // A use of the same resources from inside `f` on this thread (the read lock would
                 // wait for this write lock) takes the held pointer instead, as a nested use does.
-                let _held = Holding::enter(id, n as *const NativeResources);
+                let _held = Holding::enter(who, id, n as *const NativeResources)?;
                 self.state.used.store(true, Ordering::Relaxed);
                 f(n)
             }
@@ -512,11 +645,20 @@ impl DeviceResources {
     /// returns `Ok` once the first release has finished (at once when made by a job on these
     /// resources' own worker, which the first release is waiting for).
     ///
-    /// One exception, so that nothing waits in a circle: when these resources' jobs are
-    /// themselves waiting (through other jobs' releases or joins) for the calling thread, the
-    /// resources are marked released at once and their worker finishes the release after its
-    /// queued jobs; this call then returns `Ok` before the native objects are destroyed, and an
-    /// error of that later release is logged (`warn`, target `raft`) rather than returned.
+    /// From the call on, every new use of these resources is refused (`Logic`), except the jobs
+    /// queued before it, which the release waits for; uses already in flight on other threads
+    /// (a lend, a call) are waited for, without holding back any use they themselves wait for.
+    ///
+    /// Exceptions, so that nothing waits in a circle, where this call returns `Ok` before the
+    /// native objects are destroyed and an error of the later destruction is logged (`warn`,
+    /// target `raft`) rather than returned:
+    /// - when these resources' jobs are themselves waiting (through other jobs' releases or
+    ///   joins) for the calling thread, their worker finishes the release after its queued jobs;
+    /// - when a thread waits for the calling thread through this library (a [`JobHandle::join`]
+    ///   of the job making this call, say, inside a lend of these resources) while a use is in
+    ///   flight, a thread of its own finishes the release once the uses in flight have ended.
+    ///   A wait this library does not see (a channel, a thread's join, an `await` of the job)
+    ///   cannot be told apart: releasing from a thread that such a lend waits for never ends.
     ///
     /// # Errors
     /// `Cuda` when draining the stream or destroying a handle failed (everything is released

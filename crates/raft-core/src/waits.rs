@@ -47,10 +47,62 @@ pub(crate) fn wait_for(on: ThreadId) -> Option<Waiting> {
     Some(Waiting(me))
 }
 
+/// Whether some thread waits, directly or through others, for thread `on`: a wait of `on` for
+/// something that one of those threads holds (a read lock: see `resources.rs`) would never end.
+pub(crate) fn awaited(on: ThreadId) -> bool {
+    let guard = WAITS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(map) = guard.as_ref() else { return false };
+    // The map holds no circle (`wait_for`), so every walk ends.
+    map.keys().any(|&start| {
+        let mut at = start;
+        loop {
+            match map.get(&at) {
+                Some(&next) if next == on => return true,
+                Some(&next) => at = next,
+                None => return false,
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::{mpsc, Arc, Barrier};
+
+    #[test]
+    fn a_thread_is_awaited_by_a_direct_waiter_and_through_a_chain_and_no_longer_once_the_wait_ended() {
+        let me = std::thread::current().id();
+        assert!(!awaited(me));
+        let (tx, rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        // B waits for this thread; C waits for B.
+        let b = std::thread::spawn(move || {
+            let w = wait_for(me);
+            tx.send((std::thread::current().id(), w.is_some())).unwrap();
+            go_rx.recv().unwrap();
+            drop(w);
+        });
+        let (bid, entered) = rx.recv().unwrap();
+        assert!(entered);
+        assert!(awaited(me), "B waits for this thread");
+        assert!(!awaited(bid), "nobody waits for B yet");
+        let (ctx, crx) = mpsc::channel();
+        let (cgo_tx, cgo_rx) = mpsc::channel::<()>();
+        let c = std::thread::spawn(move || {
+            let w = wait_for(bid);
+            ctx.send(w.is_some()).unwrap();
+            cgo_rx.recv().unwrap();
+            drop(w);
+        });
+        assert!(crx.recv().unwrap());
+        assert!(awaited(bid) && awaited(me), "C waits for B, and through B for this thread");
+        cgo_tx.send(()).unwrap();
+        c.join().unwrap();
+        go_tx.send(()).unwrap();
+        b.join().unwrap();
+        assert!(!awaited(me), "both waits ended");
+    }
 
     #[test]
     fn waiting_for_oneself_is_a_circle() {

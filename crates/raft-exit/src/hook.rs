@@ -3,6 +3,7 @@
 use crate::phase::{set_phase, Phase};
 use crate::registry::{Outcome, REGISTRY};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,18 @@ pub fn on_library_thread() -> bool {
 /// order added). Used by `raft-core` to release live resources and its memory resources.
 pub fn on_teardown(step: fn()) {
     TEARDOWNS.lock().unwrap_or_else(|e| e.into_inner()).push(step);
+}
+
+/// Set by a teardown step that left something running on another thread (a lend of resources
+/// that did not end within its bound): the hook then ends the process with `_exit` after the
+/// steps, as when a job outlives its bound, so that no static destructor runs under that thread.
+static LEFT_RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// Tells the exit hook, from a teardown step, that something still runs on another thread and
+/// may use what the C++ static destructors would destroy: the process ends after the teardown,
+/// with its exit status, without running them.
+pub fn teardown_left_running() {
+    LEFT_RUNNING.store(true, Ordering::SeqCst);
 }
 
 #[cfg(target_env = "gnu")]
@@ -168,7 +181,13 @@ fn run_hook() -> bool {
                 }
             }
             set_phase(Phase::TornDown);
-            false
+            let left = LEFT_RUNNING.load(Ordering::SeqCst);
+            if left {
+                log_guarded(
+                    || log::warn!(target: "raft", "exit: the teardown left resources in use on another thread: the process ends now, without the static destructors"),
+                );
+            }
+            left
         }
         Outcome::TimedOut { waited, jobs, releases } => {
             log_guarded(|| {

@@ -721,6 +721,18 @@ pub(crate) fn copy_device_ordered(who: &'static str, src: &NativeBuffer, dst: &m
 
 // ---- page-locked host memory -----------------------------------------------------------------
 
+/// The start of a host buffer's elements: its memory, or a dangling (non-null, aligned) pointer
+/// where it took none. 0 bytes hold any number of elements of a zero-sized `T` (the
+/// `DeviceScalar` contract allows one), and the shim allocates nothing for 0 bytes: a slice may
+/// not start at null even when it spans no byte (the sixteenth session's audit).
+fn host_elements<T>(data: *mut c_void) -> *mut T {
+    if data.is_null() {
+        std::ptr::NonNull::<T>::dangling().as_ptr()
+    } else {
+        data as *mut T
+    }
+}
+
 /// Page-locked host memory from RMM's `pinned_host_memory_resource` (`cudaHostAlloc`), holding
 /// (a shared copy of) the resource that frees it; initialised when made (zeroed or copied in),
 /// so every byte is a value.
@@ -782,16 +794,21 @@ impl NativeHostBuffer {
         assert!((self.buffer.data as usize) % std::mem::align_of::<T>() == 0, "page-locked memory misaligned");
     }
 
+    fn elements<T>(&self) -> *mut T {
+        host_elements(self.buffer.data)
+    }
+
     /// The first `len` elements, read by the host.
     pub(crate) fn as_slice<T: DeviceScalar>(&self, len: usize) -> &[T] {
         if len == 0 {
             return &[];
         }
         self.check_fits::<T>(len);
-        // SAFETY: `len` aligned elements lie in the buffer (checked), all initialised (made
-        // zeroed or copied in, then written only with values: any bit pattern is a `T`); no
-        // copy writes them while this shared borrow lives (copies need `&mut` or ownership).
-        unsafe { std::slice::from_raw_parts(self.buffer.data as *const T, len) }
+        // SAFETY: `len` aligned elements lie in the buffer (checked; or they are zero-sized and
+        // the pointer is dangling and aligned), all initialised (made zeroed or copied in, then
+        // written only with values: any bit pattern is a `T`); no copy writes them while this
+        // shared borrow lives (copies need `&mut` or ownership).
+        unsafe { std::slice::from_raw_parts(self.elements::<T>(), len) }
     }
 
     /// The first `len` elements, written by the host.
@@ -802,7 +819,7 @@ impl NativeHostBuffer {
         self.check_fits::<T>(len);
         // SAFETY: as for `as_slice`; the exclusive borrow excludes every other use, copies
         // included.
-        unsafe { std::slice::from_raw_parts_mut(self.buffer.data as *mut T, len) }
+        unsafe { std::slice::from_raw_parts_mut(self.elements::<T>(), len) }
     }
 
     pub(crate) fn host_ref(&self) -> HostRef<'_> {
@@ -857,5 +874,26 @@ pub(crate) fn advise_huge_pages<T>(host: &mut [T]) {
         // SAFETY: [a, b) lies inside `host`, memory this process owns and borrows mutably here;
         // MADV_HUGEPAGE changes how the kernel backs it, never its contents or its mapping.
         let _ = unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A zero-sized `DeviceScalar` (the contract allows one) in a buffer that took no memory:
+    /// its elements start at a valid pointer, not at the buffer's null (a slice starting at null
+    /// is undefined behaviour even when it spans no byte; debug builds and Miri stop on it).
+    #[test]
+    fn zero_sized_elements_of_a_buffer_without_memory_start_at_a_valid_pointer() {
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        struct Unit;
+        let at = host_elements::<Unit>(std::ptr::null_mut());
+        assert!(!at.is_null());
+        // SAFETY: zero-sized elements at a non-null, aligned pointer: the slice spans no byte.
+        let elements = unsafe { std::slice::from_raw_parts(at, 4) };
+        assert_eq!(elements, [Unit; 4]);
+        let real = 0x1000 as *mut c_void;
+        assert_eq!(host_elements::<u32>(real) as usize, 0x1000, "a buffer with memory starts at it");
     }
 }

@@ -319,6 +319,9 @@ fn main() -> ExitCode {
         "jobs-release-each-other" => waits::jobs_release_each_other(),
         "jobs-join-each-other" => waits::jobs_join_each_other(),
         "release-and-join-cross" => waits::release_and_join_cross(),
+        "job-releases-while-a-lend-joins-it" => waits::job_releases_while_a_lend_joins_it(),
+        "use-inside-a-lend-behind-a-release" => waits::use_inside_a_lend_behind_a_release(),
+        "release-behind-a-lend-at-exit" => waits::release_behind_a_lend_at_exit(),
         other => {
             eprintln!("unknown scenario {other:?}");
             std::process::exit(2);

@@ -112,3 +112,76 @@ fn report_two(out_rx: &mpsc::Receiver<String>) {
         println!("RESULT {s}");
     }
 }
+
+/// The sixteenth session's audit, 1a: a job releasing its own resources while the thread that
+/// spawned it holds a lend of them and joins it. The release waited for the lend's read lock,
+/// the lend for the join, the join for the job: for ever. Now the release sees a thread waiting
+/// for it and leaves its rest to a thread of its own, which finishes once the lend ends.
+pub fn job_releases_while_a_lend_joins_it() {
+    let r = DeviceResources::new().expect("resources");
+    let start = Instant::now();
+    let victim = r.clone();
+    let joined = r.with_raft_resources(|_| r.spawn(move || victim.release()).expect("spawn").join());
+    let joined = match joined {
+        Ok(Ok(release)) => describe(release),
+        Ok(Err(e)) => format!("join {:?}:{e}", e.kind()),
+        Err(e) => format!("lend {:?}:{e}", e.kind()),
+    };
+    println!("RESULT joined={joined}");
+    // The rest of the release runs on its own thread once the lend ended: a second release
+    // returns once it has finished.
+    let second = r.release();
+    println!("RESULT second={} released={} ms={}", describe(second), r.is_released(), start.elapsed().as_millis());
+    println!("RESULT sync={}", describe(r.sync()));
+}
+
+/// The audit's 1b: a release waiting for a lend on another thread held back, as std's `RwLock`
+/// holds new readers behind a waiting writer, a use the lend itself waited for (a helper
+/// thread's `sync`): for ever. Now the release polls (no waiting writer) and refuses new uses.
+pub fn use_inside_a_lend_behind_a_release() {
+    let r = DeviceResources::new().expect("resources");
+    let start = Instant::now();
+    let (used, release) = r
+        .with_raft_resources(|_| {
+            let releaser = r.clone();
+            let release = std::thread::spawn(move || releaser.release());
+            // The release is now waiting for this lend.
+            std::thread::sleep(Duration::from_millis(300));
+            let helper = r.clone();
+            let used = std::thread::spawn(move || helper.sync()).join().expect("helper thread");
+            (used, release)
+        })
+        .expect("lend");
+    let release = release.join().expect("release thread");
+    println!(
+        "RESULT used={} release={} released={} ms={}",
+        describe(used),
+        describe(release),
+        r.is_released(),
+        start.elapsed().as_millis()
+    );
+}
+
+/// The audit's 2 and 3: main returns while one thread holds a lend that does not end and
+/// another waits in `release()` for it. The exit teardown waited for that release for ever;
+/// now it waits a bounded time, and since something still runs inside the lend, the process
+/// ends with its status without the C++ static destructors.
+pub fn release_behind_a_lend_at_exit() {
+    let r = DeviceResources::new().expect("resources");
+    // A job registers the exit hook, as any program with jobs has it.
+    r.spawn(|| ()).expect("spawn").join().expect("job");
+    let lender = r.clone();
+    let (lent_tx, lent_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = lender.with_raft_resources(|_| {
+            lent_tx.send(()).expect("send");
+            std::thread::sleep(Duration::from_secs(120));
+        });
+    });
+    lent_rx.recv().expect("the lend began");
+    let releaser = r.clone();
+    std::thread::spawn(move || {
+        let _ = releaser.release();
+    });
+    std::thread::sleep(Duration::from_millis(300));
+}
