@@ -330,3 +330,29 @@ fn an_exit_with_a_release_waiting_for_an_endless_lend_ends_without_the_destructo
     assert!(c.stderr.contains("without the static destructors"), "the exit ended the process itself\n{c:?}");
     assert!(c.elapsed < Duration::from_secs(20), "the exit took {:?}\n{c:?}", c.elapsed);
 }
+
+/// The review of the seventh audit's fixes, 1: a release handed to a thread of its own (a job
+/// of other resources releases `r` a second time while the first release waits for a lend)
+/// must not make the first releaser's later join of that job a refused circle.
+#[test]
+fn a_release_finished_elsewhere_leaves_a_later_join_of_the_second_releaser_free() {
+    require_gpu!();
+    let c = run_scenario!("release-handed-off-then-join", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("first").as_deref(), Some("ok:()"), "{c:?}");
+    assert_eq!(c.result("joined").as_deref(), Some("ok:()"), "the job's second release returned and its join was not refused\n{c:?}");
+    assert_eq!(c.result("again").as_deref(), Some("ok:()"), "{c:?}");
+    assert_eq!(c.result("released").as_deref(), Some("true"), "{c:?}");
+}
+
+/// The review's 2: a second release inside a lend's join, while a first release waits for that
+/// lend, returns rather than waiting for the first: everything ends.
+#[test]
+fn a_second_release_that_a_lend_waits_for_does_not_wait_for_the_first() {
+    require_gpu!();
+    let c = run_scenario!("second-release-inside-a-lend-join", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("second").as_deref(), Some("ok:()"), "{c:?}");
+    assert_eq!(c.result("first").as_deref(), Some("ok:()"), "{c:?}");
+    assert_eq!(c.result("released").as_deref(), Some("true"), "{c:?}");
+}

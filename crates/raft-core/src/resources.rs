@@ -29,6 +29,9 @@ pub(crate) struct ResourcesState {
     device: usize,
     ctx: Arc<CudaContext>,
     released: AtomicBool,
+    /// The release is taking the native objects (after the jobs queued before it): no new use
+    /// begins from here on, so the release waits only for the uses in flight.
+    closing: AtomicBool,
     /// The native resources and their stream, until release. Calls hold the read lock for
     /// their duration; a release takes the object out under the write lock.
     native: RwLock<Option<NativeResources>>,
@@ -54,8 +57,11 @@ impl ResourcesState {
     /// Releases now, on the calling thread: queued jobs finish, then the handles, RAFT's object
     /// and the stream are destroyed. A second call waits until the first has finished, except
     /// where that wait would never end (`waits`): on these resources' own worker thread (a job
-    /// releasing its own resources while another thread releases them), or on a thread the
-    /// release in progress is itself waiting for; then it returns at once. Likewise, when the
+    /// releasing its own resources while another thread releases them), on a thread the release
+    /// in progress is itself waiting for, or on one something waits for (it may hold a use the
+    /// first release waits for); then it returns at once. The first, once it has taken over
+    /// (`finish_release`), polls for the uses in flight, and leaves that wait to a thread of its
+    /// own when something waits for it (`finish_release_elsewhere`). Likewise, when the
     /// worker's jobs are waiting (through any chain of releases and joins) for the calling
     /// thread, the rest of the release is queued on that worker behind its jobs instead of
     /// waited for: two jobs releasing each other's resources both return.
@@ -103,7 +109,20 @@ impl ResourcesState {
                             _ => {}
                         }
                         match deadline {
-                            None => state = self.released_cv.wait(state).unwrap_or_else(|e| e.into_inner()),
+                            None => {
+                                state = self
+                                    .released_cv
+                                    .wait_timeout(state, std::time::Duration::from_millis(10))
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .0;
+                                // A thread waiting for this one may hold a use that the release in
+                                // progress waits for (a lend joining the job making this call): a
+                                // second release has nothing of its own to finish, so it returns
+                                // rather than close that circle.
+                                if !matches!(*state, Releasing::Done) && waits::awaited(std::thread::current().id()) {
+                                    break;
+                                }
+                            }
                             Some(deadline) => {
                                 let now = std::time::Instant::now();
                                 if now >= deadline {
@@ -163,6 +182,9 @@ impl ResourcesState {
     /// The release's end, once no job of these resources can run any more: the native objects
     /// are taken under the write lock (after every use), destroyed, and waiters told.
     fn finish_release(self: &Arc<Self>, who: &'static str) -> Result<()> {
+        // The jobs queued before the release have run (or a job runs this): from here on no new
+        // use begins (`with_native`), so the wait below is for the uses in flight only.
+        self.closing.store(true, Ordering::Release);
         let native = if who == TEARDOWN {
             // At exit, a thread still inside a lend would hold the exit forever: wait a bounded
             // time, then leave the native object to the OS.
@@ -184,7 +206,7 @@ impl ResourcesState {
                 }
             }
         } else {
-            match self.take_native_when_unused() {
+            match self.take_native_when_unused(true) {
                 Some(native) => native,
                 None => {
                     // A thread waiting for this one may hold a use: finished elsewhere.
@@ -204,21 +226,29 @@ impl ResourcesState {
     /// (`with_native`), so the wait is for the uses already in flight. `None` when a thread waits
     /// for this one (a join of the job running this release, say, inside a lend of these
     /// resources): that thread may hold a use, and this wait would never end.
-    fn take_native_when_unused(&self) -> Option<Option<NativeResources>> {
+    /// `give_up_if_awaited`: false on the thread that finishes a handed-off release (only
+    /// second releases wait for it, and they return rather than wait when something waits for
+    /// them). A use in flight is given 2 ms before the question is asked, so that a short use
+    /// beside a waiting join does not send the release elsewhere.
+    fn take_native_when_unused(&self, give_up_if_awaited: bool) -> Option<Option<NativeResources>> {
         let start = std::time::Instant::now();
         let me = std::thread::current().id();
+        let mut nap = std::time::Duration::from_micros(50);
         loop {
             match self.native.try_write() {
                 Ok(mut g) => return Some(g.take()),
                 Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner().take()),
                 Err(std::sync::TryLockError::WouldBlock) => {
-                    if waits::awaited(me) {
+                    let waited = start.elapsed();
+                    if give_up_if_awaited && waited >= std::time::Duration::from_millis(2) && waits::awaited(me) {
                         return None;
                     }
-                    if start.elapsed() < std::time::Duration::from_millis(1) {
+                    if waited < std::time::Duration::from_millis(1) {
                         std::thread::yield_now()
                     } else {
-                        std::thread::sleep(std::time::Duration::from_micros(50))
+                        // Backing off to 1 ms: a lend may last as long as a cuVS build.
+                        std::thread::sleep(nap);
+                        nap = (nap * 2).min(std::time::Duration::from_millis(1));
                     }
                 }
             }
@@ -233,7 +263,7 @@ impl ResourcesState {
     fn finish_release_elsewhere(self: &Arc<Self>, who: &'static str) {
         let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
         let Ok(token) = raft_exit::ReleaseToken::try_register(label) else {
-            // The exit has decided (the thread waiting for this one is the exit's teardown): the
+            // The exit has decided (its teardown, or a thread after it, waits for this one): the
             // use in flight may be in RAFT's or cuVS's code, which the static destructors after
             // the teardown would pull the ground from under.
             raft_exit::teardown_left_running();
@@ -245,15 +275,25 @@ impl ResourcesState {
             let state = Arc::clone(self);
             let spawned = std::thread::Builder::new().name("raft-release-rest".into()).spawn(move || {
                 raft_exit::mark_library_thread();
-                // Nobody waits for this thread: it waits for the uses in flight, which new uses
-                // (refused) cannot prolong.
-                let native = state.take_native_when_unused().flatten();
+                // Only second releases wait for this thread, and they never hold a use of these
+                // resources: it waits for the uses in flight, which new uses (refused) cannot
+                // prolong.
+                let native = state.take_native_when_unused(false).flatten();
                 if let Err(e) = state.destroy_taken(who, native) {
                     log::warn!(target: "raft", "{e}");
                 }
                 drop(token);
             });
-            if spawned.is_ok() {
+            if let Ok(rest) = spawned {
+                // A second release now waits for that thread, not for this one (which returns,
+                // and may go on to join what the second release runs on).
+                let mut state = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
+                if matches!(*state, Releasing::By(by) if by == std::thread::current().id()) {
+                    *state = Releasing::By(rest.thread().id());
+                    if self.release_waiters.load(Ordering::Relaxed) > 0 {
+                        self.released_cv.notify_all();
+                    }
+                }
                 return;
             }
         }
@@ -264,7 +304,16 @@ impl ResourcesState {
     /// Destroys the native objects taken out of the lock (unless the exit has decided), then
     /// tells the waiters the release is done.
     fn destroy_taken(&self, who: &'static str, native: Option<NativeResources>) -> Result<()> {
-        let outcome = match native {
+        /// Marks the release done when dropped: also when the destruction panics, or a second
+        /// release would wait for it for ever.
+        struct Done<'a>(&'a ResourcesState);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.mark_released_done();
+            }
+        }
+        let _done = Done(self);
+        match native {
             // The write lock above ordered every use (under the read lock) before this load.
             Some(n) if raft_exit::native_release_allowed() => n.destroy(who, self.used.load(Ordering::Relaxed)),
             Some(n) => {
@@ -272,9 +321,7 @@ impl ResourcesState {
                 Ok(())
             }
             None => Ok(()),
-        };
-        self.mark_released_done();
-        outcome
+        }
     }
 
     /// The release has finished: a second release waiting for it returns.
@@ -285,11 +332,6 @@ impl ResourcesState {
         if self.release_waiters.load(Ordering::Relaxed) > 0 {
             self.released_cv.notify_all();
         }
-    }
-
-    /// Whether the calling thread is these resources' worker (their jobs run there).
-    fn on_own_worker(&self) -> bool {
-        *self.worker_thread.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id())
     }
 }
 
@@ -453,8 +495,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// and the rest give a `Logic` error.
 ///
 /// # Thread safety
-/// `Send + Sync`: any thread may sync, spawn, take handles or release. A release waits for
-/// calls in progress on other threads, then for the jobs already queued.
+/// `Send + Sync`: any thread may sync, spawn, take handles or release. A release lets the jobs
+/// already queued run, then refuses new calls (`Logic`) and waits for those in progress on other
+/// threads (see [`release`](Self::release)).
 ///
 /// [`with_device_resources`]: crate::with_device_resources
 #[derive(Clone)]
@@ -533,6 +576,7 @@ impl DeviceResources {
                 released_cv: Condvar::new(),
                 release_waiters: AtomicUsize::new(0),
                 worker_thread: Mutex::new(None),
+                closing: AtomicBool::new(false),
             }
         });
         memory::register_teardown_releasing(release_all_live);
@@ -564,10 +608,9 @@ impl DeviceResources {
             // `Holding` entry is removed before it is dropped), so no release can take it out.
             return f(unsafe { &*native });
         }
-        // Once marked released, no new use begins (the jobs queued before the release, on the
-        // resources' own worker, excepted: the release waits for them): the release waits only
-        // for the uses already in flight, which no stream of new ones can prolong.
-        if self.state.released.load(Ordering::Acquire) && !self.state.on_own_worker() {
+        // Once the release takes the native objects, no new use begins: it waits only for the
+        // uses already in flight, which no stream of new ones can prolong.
+        if self.state.closing.load(Ordering::Acquire) {
             return Err(Error::released(who, self.state.device));
         }
         let native = self.state.native.read().unwrap_or_else(|e| e.into_inner());
@@ -603,9 +646,9 @@ impl DeviceResources {
         // other uses go on, and this call takes the first moment with none in progress.
         let start = std::time::Instant::now();
         let native = loop {
-            // As `with_native`: no new use once marked released (checked at every poll, so a
-            // release begun meanwhile is not held up).
-            if self.state.released.load(Ordering::Acquire) && !self.state.on_own_worker() {
+            // As `with_native`: no new use once the release takes the native objects (checked
+            // at every poll, so a release begun meanwhile is not held up).
+            if self.state.closing.load(Ordering::Acquire) {
                 return Err(Error::released(who, self.state.device));
             }
             match self.state.native.try_write() {
@@ -645,18 +688,20 @@ impl DeviceResources {
     /// returns `Ok` once the first release has finished (at once when made by a job on these
     /// resources' own worker, which the first release is waiting for).
     ///
-    /// From the call on, every new use of these resources is refused (`Logic`), except the jobs
-    /// queued before it, which the release waits for; uses already in flight on other threads
-    /// (a lend, a call) are waited for, without holding back any use they themselves wait for.
+    /// Once the jobs queued before it have run, every new use of these resources is refused
+    /// (`Logic`, released) and the uses already in flight on other threads (a lend, a call) are
+    /// waited for; a use they hand to yet another thread meanwhile is refused rather than left
+    /// waiting behind the release. Nested uses on a thread already inside one go ahead.
     ///
     /// Exceptions, so that nothing waits in a circle, where this call returns `Ok` before the
     /// native objects are destroyed and an error of the later destruction is logged (`warn`,
     /// target `raft`) rather than returned:
     /// - when these resources' jobs are themselves waiting (through other jobs' releases or
     ///   joins) for the calling thread, their worker finishes the release after its queued jobs;
-    /// - when a thread waits for the calling thread through this library (a [`JobHandle::join`]
-    ///   of the job making this call, say, inside a lend of these resources) while a use is in
-    ///   flight, a thread of its own finishes the release once the uses in flight have ended.
+    /// - when, a use being in flight, a thread waits for the calling thread through this library
+    ///   (a [`JobHandle::join`] of the job making this call, say, inside a lend of these
+    ///   resources), a thread of its own finishes the release once the uses in flight have ended;
+    ///   and a second release that something waits for returns without waiting for the first.
     ///   A wait this library does not see (a channel, a thread's join, an `await` of the job)
     ///   cannot be told apart: releasing from a thread that such a lend waits for never ends.
     ///

@@ -54,11 +54,11 @@ impl CuvsResources<'_> {
 /// cuVS is loaded first (at the first call in the process, see [`crate::load`]): a missing
 /// `libcuvs_c.so` is this call's `Cuda` error, before `f` runs.
 ///
-/// Inside `f`, do not call methods of `res` (or its arrays' constructors, or this crate's calls on
-/// `res`, or drop an index living on `res`) that take the resources themselves (`res.stream()`,
-/// `res.sync()`, `DeviceVec::new(&res, ..)`, `res.release()`): the
-/// lend holds the resources' read lock, and a release waiting on another thread would make such a
-/// nested call wait for the lend to end, which waits for the call. Take what you need before.
+/// Inside `f`, calls on `res` from the same thread (`res.stream()`, `res.sync()`,
+/// `DeviceVec::new(&res, ..)`) are nested uses of the lend and go ahead; `res.release()` there is
+/// refused (`Logic`: it would wait for the lend). Uses of `res` that `f` hands to other threads
+/// are refused (`Logic`, released) once a release on another thread has begun to take the
+/// resources, rather than waiting for the lend that waits for them.
 ///
 /// A capture of the resources' stream into a CUDA graph must not be open when this is called
 /// (`Logic`: cuVS's work would run at each launch of the graph, after the index and the arrays

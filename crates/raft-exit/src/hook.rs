@@ -42,7 +42,8 @@ static LEFT_RUNNING: AtomicBool = AtomicBool::new(false);
 
 /// Tells the exit hook, from a teardown step, that something still runs on another thread and
 /// may use what the C++ static destructors would destroy: the process ends after the teardown,
-/// with its exit status, without running them.
+/// with its exit status, without running them (glibc, whose `on_exit` gives the hook the status;
+/// elsewhere the exit goes on).
 pub fn teardown_left_running() {
     LEFT_RUNNING.store(true, Ordering::SeqCst);
 }

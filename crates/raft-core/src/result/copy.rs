@@ -893,7 +893,8 @@ mod tests {
         // SAFETY: zero-sized elements at a non-null, aligned pointer: the slice spans no byte.
         let elements = unsafe { std::slice::from_raw_parts(at, 4) };
         assert_eq!(elements, [Unit; 4]);
-        let real = 0x1000 as *mut c_void;
-        assert_eq!(host_elements::<u32>(real) as usize, 0x1000, "a buffer with memory starts at it");
+        let mut word = 0u32;
+        let real = &mut word as *mut u32 as *mut c_void;
+        assert_eq!(host_elements::<u32>(real), real as *mut u32, "a buffer with memory starts at it");
     }
 }

@@ -322,6 +322,8 @@ fn main() -> ExitCode {
         "job-releases-while-a-lend-joins-it" => waits::job_releases_while_a_lend_joins_it(),
         "use-inside-a-lend-behind-a-release" => waits::use_inside_a_lend_behind_a_release(),
         "release-behind-a-lend-at-exit" => waits::release_behind_a_lend_at_exit(),
+        "release-handed-off-then-join" => waits::release_handed_off_then_join(),
+        "second-release-inside-a-lend-join" => waits::second_release_inside_a_lend_join(),
         other => {
             eprintln!("unknown scenario {other:?}");
             std::process::exit(2);

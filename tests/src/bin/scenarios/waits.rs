@@ -185,3 +185,82 @@ pub fn release_behind_a_lend_at_exit() {
     });
     std::thread::sleep(Duration::from_millis(300));
 }
+
+/// The review of the seventh audit's fixes, 1: a release that left its rest to a thread of its
+/// own must not leave a second release waiting for the thread that handed off, which may go on
+/// to join what that second release runs on (the join was refused as a circle).
+pub fn release_handed_off_then_join() {
+    let (r, other) = two();
+    let lender = r.clone();
+    let (lent_tx, lent_rx) = mpsc::channel();
+    let lend = std::thread::spawn(move || {
+        lender.with_raft_resources(|_| {
+            lent_tx.send(()).expect("send");
+            std::thread::sleep(Duration::from_millis(300));
+        })
+    });
+    lent_rx.recv().expect("the lend began");
+    let victim = r.clone();
+    let job = other
+        .spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            victim.release()
+        })
+        .expect("spawn");
+    let first = r.release();
+    let joined = job.join();
+    lend.join().expect("lend thread").expect("lend");
+    let again = r.release();
+    println!(
+        "RESULT first={} joined={} again={} released={}",
+        describe(first),
+        match joined {
+            Ok(second) => describe(second),
+            Err(e) => format!("join {:?}:{e}", e.kind()),
+        },
+        describe(again),
+        r.is_released()
+    );
+}
+
+/// The review's 2: a lend of `r` joins a job that releases `r` a second time while a first
+/// release (on the main thread) waits for that lend: the second release returns rather than
+/// wait for the first, the join returns, the lend ends, and so does the first release.
+pub fn second_release_inside_a_lend_join() {
+    let (r, other) = two();
+    let lender = r.clone();
+    let (lent_tx, lent_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let job_on = other.clone();
+    let lend = std::thread::spawn(move || {
+        lender
+            .with_raft_resources(|_| {
+                lent_tx.send(()).expect("send");
+                go_rx.recv().expect("the first release began");
+                std::thread::sleep(Duration::from_millis(100));
+                let victim = lender.clone();
+                job_on.spawn(move || victim.release()).expect("spawn").join()
+            })
+            .expect("lend")
+    });
+    lent_rx.recv().expect("the lend began");
+    let start = Instant::now();
+    let first = std::thread::spawn({
+        let r = r.clone();
+        move || r.release()
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    go_tx.send(()).expect("send");
+    let second = lend.join().expect("lend thread");
+    let first = first.join().expect("first release thread");
+    println!(
+        "RESULT second={} first={} released={} ms={}",
+        match second {
+            Ok(r) => describe(r),
+            Err(e) => format!("join {:?}:{e}", e.kind()),
+        },
+        describe(first),
+        r.is_released(),
+        start.elapsed().as_millis()
+    );
+}
