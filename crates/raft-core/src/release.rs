@@ -518,6 +518,53 @@ pub(crate) fn on_worker(worker: crate::job::Worker, label: raft_exit::Label, hel
     }
 }
 
+/// Why [`on_own_thread`] did not start its release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotStarted {
+    /// The exit has decided: no release may start now.
+    ExitDecided,
+    /// No thread could be started.
+    NoThread,
+}
+
+/// Runs `release` on a thread of its own, counted like a release on a worker: by the exit, and
+/// in the device's ledger (`held`) until it has run, so that an out-of-memory retry waits for it.
+/// For a release that waits for uses in flight (`resources.rs`, `finish_release_elsewhere`):
+/// no thread that helps the queue may run it, as that thread may hold one of those uses.
+/// Returns the new thread's id; when not started, `release` is dropped unrun.
+pub(crate) fn on_own_thread(label: raft_exit::Label, held: Held, release: Release) -> Result<std::thread::ThreadId, NotStarted> {
+    let Ok(token) = raft_exit::ReleaseToken::try_register(label) else {
+        return Err(NotStarted::ExitDecided);
+    };
+    let pool = pool();
+    let device = label.device;
+    let ledger = pool.ledger(device);
+    ledger.add(held);
+    ledger.on_workers.fetch_add(1, Ordering::Relaxed);
+    let settle = move || {
+        pool.ledger(device).on_workers.fetch_sub(1, Ordering::Relaxed);
+        pool.settle(device, held);
+    };
+    let spawned = std::thread::Builder::new().name("raft-release-rest".into()).spawn(move || {
+        raft_exit::mark_library_thread();
+        let start = Instant::now();
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(release));
+        RUN_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        DONE.fetch_add(1, Ordering::Relaxed);
+        settle();
+        drop(token);
+    });
+    match spawned {
+        Ok(thread) => Ok(thread.thread().id()),
+        Err(_) => {
+            // The closure (with the token and the release) was dropped unrun: undo the accounts.
+            pool.ledger(device).on_workers.fetch_sub(1, Ordering::Relaxed);
+            pool.settle(device, held);
+            Err(NotStarted::NoThread)
+        }
+    }
+}
+
 /// Queues `release` on a release thread, counted in `label`'s device ledger as holding
 /// nothing. Never blocks on the GPU, never panics; when no thread can run it (none could be
 /// started), the native objects are leaked instead.
@@ -596,6 +643,38 @@ mod tests {
     use std::sync::Arc;
 
     const MIB: u64 = 1 << 20;
+
+    /// A release on a thread of its own is counted by its device's ledger (as waiting on a
+    /// worker, which a library thread's out-of-memory retry does not wait for) from the call
+    /// until it has run, and runs on another thread. Device 41: no other test counts there.
+    #[test]
+    fn a_release_on_its_own_thread_is_counted_until_it_has_run() {
+        let device = 41;
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (ran_tx, ran_rx) = std::sync::mpsc::channel();
+        let label = raft_exit::Label { what: "test release", id: raft_exit::next_id(), device: Some(device) };
+        let held = Held { streams: 1, handles: 2, bytes: 3 * MIB };
+        let started = on_own_thread(
+            label,
+            held,
+            Box::new(move || {
+                go_rx.recv().unwrap();
+                ran_tx.send(std::thread::current().id()).unwrap();
+            }),
+        )
+        .unwrap();
+        let during = pending(device);
+        assert_eq!((during.releases, during.on_workers, during.streams, during.handles, during.bytes), (1, 1, 1, 2, 3 * MIB));
+        go_tx.send(()).unwrap();
+        let ran_on = ran_rx.recv().unwrap();
+        assert_eq!(ran_on, started);
+        assert_ne!(ran_on, std::thread::current().id());
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while pending(device).releases != 0 && Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(pending(device), PendingReleases::default(), "settled once it ran");
+    }
 
     fn handle() -> Held {
         Held { streams: 1, handles: 1, bytes: 65 * MIB }

@@ -48,6 +48,11 @@ pub(crate) struct ResourcesState {
     /// Threads waiting on `released_cv` (changed under `releasing`): a release with none
     /// notifies nobody (a notify is a system call even with no waiter).
     release_waiters: AtomicUsize,
+    /// Those threads (changed under `releasing` too): a release that hands its rest to another
+    /// thread moves their recorded waits to it at once (`waits::retarget`), so that none of them
+    /// still seems to wait for the thread that handed off when that thread goes on to wait for
+    /// one of them.
+    release_waiter_ids: Mutex<Vec<ThreadId>>,
     /// The worker thread's id, once started: a job on it never waits for a release of its own
     /// resources (that release is waiting for the job).
     worker_thread: Mutex<Option<ThreadId>>,
@@ -87,7 +92,7 @@ impl ResourcesState {
                     let Some(mut waiting) = (!on_worker).then(|| waits::wait_for(by)).flatten().map(|w| (by, w)) else {
                         return Ok(());
                     };
-                    self.release_waiters.fetch_add(1, Ordering::Relaxed);
+                    let _counted = CountedWaiter::enter(self);
                     // The exit teardown waits a bounded time, as for a lend (a release on a user
                     // thread may itself be waiting for a lend that never ends).
                     let deadline = (who == TEARDOWN).then(|| std::time::Instant::now() + TEARDOWN_LEND_WAIT);
@@ -100,10 +105,7 @@ impl ResourcesState {
                                 drop(waiting);
                                 match waits::wait_for(now) {
                                     Some(w) => waiting = (now, w),
-                                    None => {
-                                        self.release_waiters.fetch_sub(1, Ordering::Relaxed);
-                                        return Ok(());
-                                    }
+                                    None => return Ok(()),
                                 }
                             }
                             _ => {}
@@ -115,11 +117,14 @@ impl ResourcesState {
                                     .wait_timeout(state, std::time::Duration::from_millis(10))
                                     .unwrap_or_else(|e| e.into_inner())
                                     .0;
-                                // A thread waiting for this one may hold a use that the release in
-                                // progress waits for (a lend joining the job making this call): a
-                                // second release has nothing of its own to finish, so it returns
-                                // rather than close that circle.
-                                if !matches!(*state, Releasing::Done) && waits::awaited(std::thread::current().id()) {
+                                // While the first release waits for the uses in flight, a thread
+                                // waiting for this one may hold such a use (a lend joining the job
+                                // making this call): a second release has nothing of its own to
+                                // finish, so it returns rather than close that circle.
+                                if !matches!(*state, Releasing::Done)
+                                    && self.closing.load(Ordering::Acquire)
+                                    && waits::awaited(std::thread::current().id())
+                                {
                                     break;
                                 }
                             }
@@ -134,7 +139,6 @@ impl ResourcesState {
                             }
                         }
                     }
-                    self.release_waiters.fetch_sub(1, Ordering::Relaxed);
                     return Ok(());
                 }
                 Releasing::No => *state = Releasing::By(std::thread::current().id()),
@@ -262,43 +266,49 @@ impl ResourcesState {
     /// releases them on a release thread) and the release counts as done.
     fn finish_release_elsewhere(self: &Arc<Self>, who: &'static str) {
         let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
-        let Ok(token) = raft_exit::ReleaseToken::try_register(label) else {
-            // The exit has decided (its teardown, or a thread after it, waits for this one): the
-            // use in flight may be in RAFT's or cuVS's code, which the static destructors after
-            // the teardown would pull the ground from under.
-            raft_exit::teardown_left_running();
-            log::warn!(target: "raft", "exit teardown: resources {} on device {} are in use on another thread: left to the OS", self.id, self.device);
-            self.mark_released_done();
-            return;
-        };
-        {
-            let state = Arc::clone(self);
-            let spawned = std::thread::Builder::new().name("raft-release-rest".into()).spawn(move || {
-                raft_exit::mark_library_thread();
-                // Only second releases wait for this thread, and they never hold a use of these
-                // resources: it waits for the uses in flight, which new uses (refused) cannot
-                // prolong.
-                let native = state.take_native_when_unused(false).flatten();
-                if let Err(e) = state.destroy_taken(who, native) {
-                    log::warn!(target: "raft", "{e}");
-                }
-                drop(token);
-            });
-            if let Ok(rest) = spawned {
+        // What the rest will free, counted in the device's ledger until it has run (an
+        // out-of-memory retry waits for it); read under the read lock, which no writer waits for.
+        let held = self.native.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(crate::handle_kind::held_by).unwrap_or_default();
+        let state = Arc::clone(self);
+        let rest = Box::new(move || {
+            // Only second releases wait for this thread, and they never hold a use of these
+            // resources: it waits for the uses in flight, which new uses (refused) cannot prolong.
+            let native = state.take_native_when_unused(false).flatten();
+            if let Err(e) = state.destroy_taken(who, native) {
+                log::warn!(target: "raft", "{e}");
+            }
+        });
+        match release::on_own_thread(label, held, rest) {
+            Ok(rest_thread) => {
                 // A second release now waits for that thread, not for this one (which returns,
-                // and may go on to join what the second release runs on).
+                // and may go on to join what the second release runs on): the state and the
+                // waiters' recorded waits move together, under the lock the waiters hold.
+                let me = std::thread::current().id();
                 let mut state = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
-                if matches!(*state, Releasing::By(by) if by == std::thread::current().id()) {
-                    *state = Releasing::By(rest.thread().id());
+                if matches!(*state, Releasing::By(by) if by == me) {
+                    *state = Releasing::By(rest_thread);
+                    let ids = self.release_waiter_ids.lock().unwrap_or_else(|e| e.into_inner());
+                    // The new thread waits for nothing: no circle can form.
+                    waits::retarget(&ids, me, rest_thread);
+                    drop(ids);
                     if self.release_waiters.load(Ordering::Relaxed) > 0 {
                         self.released_cv.notify_all();
                     }
                 }
-                return;
+            }
+            Err(release::NotStarted::ExitDecided) => {
+                // The exit has decided (its teardown, or a thread after it, waits for this one):
+                // the use in flight may be in RAFT's or cuVS's code, which the static destructors
+                // after the teardown would pull the ground from under.
+                raft_exit::teardown_left_running();
+                log::warn!(target: "raft", "exit teardown: resources {} on device {} are in use on another thread: left to the OS", self.id, self.device);
+                self.mark_released_done();
+            }
+            Err(release::NotStarted::NoThread) => {
+                log::warn!(target: "raft", "resources {} on device {}: released while in use, and no thread could finish the release: the native objects are destroyed with the last handle", self.id, self.device);
+                self.mark_released_done();
             }
         }
-        log::warn!(target: "raft", "resources {} on device {}: released while in use, and no thread could finish the release: the native objects are destroyed with the last handle", self.id, self.device);
-        self.mark_released_done();
     }
 
     /// Destroys the native objects taken out of the lock (unless the exit has decided), then
@@ -332,6 +342,31 @@ impl ResourcesState {
         if self.release_waiters.load(Ordering::Relaxed) > 0 {
             self.released_cv.notify_all();
         }
+    }
+}
+
+/// A second release counted among the waiters of the first (`release_waiters`, and its id in
+/// `release_waiter_ids`) for its life: made under the `releasing` lock, so that no notifier
+/// misses it.
+struct CountedWaiter<'a>(&'a ResourcesState);
+
+impl<'a> CountedWaiter<'a> {
+    fn enter(state: &'a ResourcesState) -> Self {
+        state.release_waiters.fetch_add(1, Ordering::Relaxed);
+        state.release_waiter_ids.lock().unwrap_or_else(|e| e.into_inner()).push(std::thread::current().id());
+        CountedWaiter(state)
+    }
+}
+
+impl Drop for CountedWaiter<'_> {
+    fn drop(&mut self) {
+        let me = std::thread::current().id();
+        let mut ids = self.0.release_waiter_ids.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = ids.iter().position(|id| *id == me) {
+            ids.swap_remove(at);
+        }
+        drop(ids);
+        self.0.release_waiters.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -575,6 +610,7 @@ impl DeviceResources {
                 releasing: Mutex::new(Releasing::No),
                 released_cv: Condvar::new(),
                 release_waiters: AtomicUsize::new(0),
+                release_waiter_ids: Mutex::new(Vec::new()),
                 worker_thread: Mutex::new(None),
                 closing: AtomicBool::new(false),
             }

@@ -65,6 +65,18 @@ pub(crate) fn awaited(on: ThreadId) -> bool {
     })
 }
 
+/// Moves the recorded waits of `waiters` that are for thread `from` to thread `to`, which waits
+/// for nothing (a thread just started to finish `from`'s work): no circle can form.
+pub(crate) fn retarget(waiters: &[ThreadId], from: ThreadId, to: ThreadId) {
+    let mut guard = WAITS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(map) = guard.as_mut() else { return };
+    for w in waiters {
+        if map.get(w) == Some(&from) {
+            map.insert(*w, to);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +114,46 @@ mod tests {
         go_tx.send(()).unwrap();
         b.join().unwrap();
         assert!(!awaited(me), "both waits ended");
+    }
+
+    #[test]
+    fn a_retargeted_wait_is_for_the_new_thread_and_only_the_named_waiters_move() {
+        let me = std::thread::current().id();
+        let (tx, rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let mut threads = Vec::new();
+        let go_rx = Arc::new(std::sync::Mutex::new(go_rx));
+        // Two threads wait for this one.
+        for _ in 0..2 {
+            let (tx, go_rx) = (tx.clone(), go_rx.clone());
+            threads.push(std::thread::spawn(move || {
+                let w = wait_for(me);
+                tx.send(std::thread::current().id()).unwrap();
+                go_rx.lock().unwrap().recv().unwrap();
+                drop(w);
+            }));
+        }
+        let (a, b) = (rx.recv().unwrap(), rx.recv().unwrap());
+        let (ntx, nrx) = mpsc::channel();
+        let (ngo_tx, ngo_rx) = mpsc::channel::<()>();
+        let new = std::thread::spawn(move || {
+            ntx.send(std::thread::current().id()).unwrap();
+            ngo_rx.recv().unwrap();
+        });
+        let to = nrx.recv().unwrap();
+        retarget(&[a], me, to);
+        assert!(awaited(to), "a waits for the new thread now");
+        assert!(awaited(me), "b still waits for this thread");
+        retarget(&[b], me, to);
+        assert!(!awaited(me), "nobody waits for this thread any more");
+        assert!(wait_for(a).is_some(), "this thread may wait for a: a waits for the new thread, not for it");
+        go_tx.send(()).unwrap();
+        go_tx.send(()).unwrap();
+        ngo_tx.send(()).unwrap();
+        for t in threads {
+            t.join().unwrap();
+        }
+        new.join().unwrap();
     }
 
     #[test]
