@@ -16,6 +16,7 @@ pub mod dlpack;
 mod gemm;
 mod handle_kind;
 mod handles;
+mod holding;
 mod host;
 mod job;
 mod lend;

@@ -3,11 +3,11 @@
 //! per-thread defaults in `current.rs`.
 use crate::device::{context, current_device_bound};
 use crate::error::{Error, ErrorKind, Result};
+use crate::holding::{held_native, holding, Holding};
 use crate::job::{JobHandle, Shared, Worker};
 use crate::result::{self, ContextGuard, NativeResources};
 use crate::{memory, release, waits};
 use cudarc::driver::{CudaContext, CudaStream};
-use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
@@ -413,60 +413,6 @@ impl Drop for ResourcesState {
 const TEARDOWN: &str = "exit teardown";
 /// How long the exit teardown waits for another thread's lend of resources to end.
 const TEARDOWN_LEND_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-thread_local! {
-    /// The resources this thread is using now (inside `with_native`: a call, a lend, an
-    /// allocation), innermost last, with the native object the outer use holds the read lock
-    /// of; the first `HOLDING_DEPTH` entries are live. A release of one of them from this thread
-    /// would wait for itself. Plain cells, const-initialised, so no destructor: the record stays
-    /// readable while the thread's other thread-locals are destroyed (a use or a release from a
-    /// thread-local's `Drop` is still seen; a `Vec` here was gone by then, and such a release
-    /// waited for its own thread: the sixteenth session's audit).
-    static HOLDING: [Cell<(u64, *const NativeResources)>; HOLDING_MAX] =
-        const { [const { Cell::new((0, std::ptr::null())) }; HOLDING_MAX] };
-    static HOLDING_DEPTH: Cell<usize> = const { Cell::new(0) };
-}
-
-/// How deeply uses of resources may nest on one thread (a use inside a lend inside a job …).
-const HOLDING_MAX: usize = 16;
-
-fn holding(id: u64) -> bool {
-    held_native(id).is_some()
-}
-
-/// The native object of resources this thread is already inside a use of (read-locked further
-/// up this thread's stack).
-#[inline]
-fn held_native(id: u64) -> Option<*const NativeResources> {
-    let depth = HOLDING_DEPTH.with(Cell::get);
-    HOLDING.with(|h| h[..depth].iter().rev().map(Cell::get).find(|(held, _)| *held == id).map(|(_, n)| n))
-}
-
-/// Marks resources in use on this thread for the guard's life.
-struct Holding;
-
-impl Holding {
-    /// Records the use; refused (`Logic`) past `HOLDING_MAX` nested uses, which could no longer
-    /// be told apart from a first use (a release inside them would wait for its own thread).
-    #[inline]
-    fn enter(who: &'static str, id: u64, native: *const NativeResources) -> Result<Holding> {
-        let depth = HOLDING_DEPTH.with(Cell::get);
-        if depth == HOLDING_MAX {
-            return Err(Error::logic(who, format!("more than {HOLDING_MAX} uses of device resources nested on one thread")));
-        }
-        HOLDING.with(|h| h[depth].set((id, native)));
-        HOLDING_DEPTH.with(|d| d.set(depth + 1));
-        Ok(Holding)
-    }
-}
-
-impl Drop for Holding {
-    #[inline]
-    fn drop(&mut self) {
-        // Guards are dropped in the reverse order of their making (each lives in one frame).
-        HOLDING_DEPTH.with(|d| d.set(d.get() - 1));
-    }
-}
 
 /// Every resources object alive, for the exit teardown and for [`crate::stats`]: a slot each,
 /// which the object keeps (`ResourcesState::slot`), reused once its object is gone. Making and
