@@ -226,8 +226,8 @@ impl ResourcesState {
     /// never queued as a waiting writer: std's `RwLock` holds new readers back behind a waiting
     /// writer, so a use in flight that waited (outside the lock) for another use of these
     /// resources would wait for ever (the sixteenth session's audit; `with_native_exclusive`
-    /// polls for the same reason). New uses are refused once the resources are marked released
-    /// (`with_native`), so the wait is for the uses already in flight. `None` when a thread waits
+    /// polls for the same reason). New uses are refused once the release takes over (`closing`,
+    /// checked by `with_native`), so the wait is for the uses already in flight. `None` when a thread waits
     /// for this one (a join of the job running this release, say, inside a lend of these
     /// resources): that thread may hold a use, and this wait would never end.
     /// `give_up_if_awaited`: false on the thread that finishes a handed-off release (only
@@ -262,7 +262,7 @@ impl ResourcesState {
     /// The rest of a release whose thread cannot wait for the uses in flight (see
     /// [`take_native_when_unused`](Self::take_native_when_unused)): a thread of its own waits for
     /// them, destroys the native objects and tells the waiters, counted as a release in flight by
-    /// the exit. Without a thread, the native objects stay until the last handle is dropped (which
+    /// the exit and in the device's ledger (`release::on_own_thread`). Without a thread, the native objects stay until the last handle is dropped (which
     /// releases them on a release thread) and the release counts as done.
     fn finish_release_elsewhere(self: &Arc<Self>, who: &'static str) {
         let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
