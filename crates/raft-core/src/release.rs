@@ -648,6 +648,7 @@ mod tests {
     /// worker, which a library thread's out-of-memory retry does not wait for) from the call
     /// until it has run, and runs on another thread. Device 41: no other test counts there.
     #[test]
+    #[cfg_attr(miri, ignore = "registers the exit hook with glibc's on_exit, a foreign function Miri cannot run")]
     fn a_release_on_its_own_thread_is_counted_until_it_has_run() {
         let device = 41;
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
