@@ -162,7 +162,11 @@ impl ResourcesState {
                 {
                     let mut state = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
                     *state = Releasing::By(w.thread_id());
-                    // Waiters wait for the worker now: they check that wait for a circle again.
+                    // Waiters wait for the worker now: their recorded waits move with the state
+                    // (where that closes no circle), and they check that wait again.
+                    let ids = self.release_waiter_ids.lock().unwrap_or_else(|e| e.into_inner());
+                    waits::retarget(&ids, std::thread::current().id(), w.thread_id());
+                    drop(ids);
                     if self.release_waiters.load(Ordering::Relaxed) > 0 {
                         self.released_cv.notify_all();
                     }
@@ -288,7 +292,7 @@ impl ResourcesState {
                 if matches!(*state, Releasing::By(by) if by == me) {
                     *state = Releasing::By(rest_thread);
                     let ids = self.release_waiter_ids.lock().unwrap_or_else(|e| e.into_inner());
-                    // The new thread waits for nothing: no circle can form.
+                    // The new thread waits for nothing: every wait moves.
                     waits::retarget(&ids, me, rest_thread);
                     drop(ids);
                     if self.release_waiters.load(Ordering::Relaxed) > 0 {

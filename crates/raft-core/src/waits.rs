@@ -65,16 +65,37 @@ pub(crate) fn awaited(on: ThreadId) -> bool {
     })
 }
 
-/// Moves the recorded waits of `waiters` that are for thread `from` to thread `to`, which waits
-/// for nothing (a thread just started to finish `from`'s work): no circle can form.
+/// Moves the recorded waits of `waiters` that are for thread `from` to thread `to` (the thread
+/// that now does `from`'s work). A wait whose move would close a circle (`to` waits, directly or
+/// through others, for that waiter) stays on `from`: the map never holds a circle, and the
+/// waiter, woken by its caller, checks its wait again and finds the circle itself.
 pub(crate) fn retarget(waiters: &[ThreadId], from: ThreadId, to: ThreadId) {
     let mut guard = WAITS.lock().unwrap_or_else(|e| e.into_inner());
     let Some(map) = guard.as_mut() else { return };
     for w in waiters {
-        if map.get(w) == Some(&from) {
+        if map.get(w) != Some(&from) {
+            continue;
+        }
+        let mut at = to;
+        let circle = loop {
+            if at == *w {
+                break true;
+            }
+            match map.get(&at) {
+                Some(&next) => at = next,
+                None => break false,
+            }
+        };
+        if !circle {
             map.insert(*w, to);
         }
     }
+}
+
+/// The thread `waiter`'s recorded wait is for, if any.
+#[cfg(test)]
+fn recorded(waiter: ThreadId) -> Option<ThreadId> {
+    WAITS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&waiter).copied())
 }
 
 #[cfg(test)]
@@ -154,6 +175,43 @@ mod tests {
             t.join().unwrap();
         }
         new.join().unwrap();
+    }
+
+    #[test]
+    fn a_wait_whose_move_would_close_a_circle_stays_where_it_was() {
+        let me = std::thread::current().id();
+        let (tx, rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        // W waits for this thread.
+        let w = std::thread::spawn(move || {
+            let rec = wait_for(me);
+            tx.send((std::thread::current().id(), rec.is_some())).unwrap();
+            go_rx.recv().unwrap();
+            drop(rec);
+        });
+        let (wid, entered) = rx.recv().unwrap();
+        assert!(entered);
+        // T waits for W: moving W's wait to T would make W → T → W.
+        let (ttx, trx) = mpsc::channel();
+        let (tgo_tx, tgo_rx) = mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let rec = wait_for(wid);
+            ttx.send((std::thread::current().id(), rec.is_some())).unwrap();
+            tgo_rx.recv().unwrap();
+            drop(rec);
+        });
+        let (tid, entered) = trx.recv().unwrap();
+        assert!(entered);
+        retarget(&[wid], me, tid);
+        assert_eq!(recorded(wid), Some(me), "the move would close a circle: W still waits for this thread");
+        assert!(!awaited(tid), "nobody waits for T");
+        tgo_tx.send(()).unwrap();
+        t.join().unwrap();
+        // T's wait ended: the move is free now.
+        retarget(&[wid], me, tid);
+        assert_eq!(recorded(wid), Some(tid));
+        go_tx.send(()).unwrap();
+        w.join().unwrap();
     }
 
     #[test]
