@@ -356,3 +356,49 @@ fn a_second_release_that_a_lend_waits_for_does_not_wait_for_the_first() {
     assert_eq!(c.result("first").as_deref(), Some("ok:()"), "{c:?}");
     assert_eq!(c.result("released").as_deref(), Some("true"), "{c:?}");
 }
+
+/// The eighth round: two threads, each inside a lend of one resources object, release the
+/// other's. Before: each release polled for the other's lend for ever (the child hung). Now the
+/// second to poll sees the circle and leaves its rest to a thread of its own: both return, the
+/// lends end, and both objects are released.
+#[test]
+fn two_releases_crossing_inside_lends_both_end() {
+    require_gpu!();
+    let c = run_scenario!("releases-cross-inside-lends", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("a").as_deref(), Some("ok:()"), "{c:?}");
+    assert_eq!(c.result("b").as_deref(), Some("ok:()"), "{c:?}");
+    for k in ["again1", "again2"] {
+        assert_eq!(c.result(k).as_deref(), Some("ok:()"), "{k}\n{c:?}");
+    }
+    assert_eq!(c.result("released1").as_deref(), Some("true"), "{c:?}");
+    assert_eq!(c.result("released2").as_deref(), Some("true"), "{c:?}");
+}
+
+/// The same cross with exclusive lends: one of the two is refused (`Logic`) rather than both
+/// polling for ever, and the other then runs.
+#[test]
+fn two_exclusive_lends_crossing_inside_lends_end_with_one_refused() {
+    require_gpu!();
+    let c = run_scenario!("exclusive-lends-cross-inside-lends", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    let (a, b) = (c.result("a").unwrap_or_default(), c.result("b").unwrap_or_default());
+    let refused = |s: &str| s.starts_with("Logic:DeviceResources::with_raft_resources_mut");
+    assert!(
+        (a == "ok:()" && refused(&b)) || (b == "ok:()" && refused(&a)),
+        "exactly one exclusive lend ran, the other was refused: a={a} b={b}\n{c:?}"
+    );
+    assert!(c.stdout.contains("waits for this one"), "the refusal says why\n{c:?}");
+}
+
+/// A release and an exclusive lend crossing: both end, whichever gives way.
+#[test]
+fn a_release_and_an_exclusive_lend_crossing_inside_lends_both_end() {
+    require_gpu!();
+    let c = run_scenario!("release-and-exclusive-cross-inside-lends", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("a").as_deref(), Some("ok:()"), "the release returns either way\n{c:?}");
+    let b = c.result("b").unwrap_or_default();
+    assert!(b == "ok:()" || b.starts_with("Logic:DeviceResources::with_raft_resources_mut"), "b={b}\n{c:?}");
+    assert_eq!(c.result("released1").as_deref(), Some("true"), "{c:?}");
+}

@@ -33,6 +33,13 @@ pub(crate) fn held_native(id: u64) -> Option<*const NativeResources> {
     HOLDING.with(|h| h[..depth].iter().rev().map(Cell::get).find(|(held, _)| *held == id).map(|(_, n)| n))
 }
 
+/// The ids of the resources this thread is inside a use of now (for a poll's record in
+/// `waits.rs`; off the fast path: it allocates).
+pub(crate) fn held_ids() -> Vec<u64> {
+    let depth = HOLDING_DEPTH.with(Cell::get);
+    HOLDING.with(|h| h[..depth].iter().map(|c| c.get().0).collect())
+}
+
 /// Marks resources in use on this thread for the guard's life.
 pub(crate) struct Holding;
 

@@ -3,7 +3,7 @@
 //! per-thread defaults in `current.rs`.
 use crate::device::{context, current_device_bound};
 use crate::error::{Error, ErrorKind, Result};
-use crate::holding::{held_native, holding, Holding};
+use crate::holding::{self, held_native, holding, Holding};
 use crate::job::{JobHandle, Shared, Worker};
 use crate::result::{self, ContextGuard, NativeResources};
 use crate::{memory, release, waits};
@@ -242,11 +242,20 @@ impl ResourcesState {
         let start = std::time::Instant::now();
         let me = std::thread::current().id();
         let mut nap = std::time::Duration::from_micros(50);
+        let mut polling = None;
         loop {
             match self.native.try_write() {
                 Ok(mut g) => return Some(g.take()),
                 Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner().take()),
                 Err(std::sync::TryLockError::WouldBlock) => {
+                    if polling.is_none() {
+                        // A use in flight may belong to a thread polling for one this thread
+                        // holds (it releases, inside a lend, what this thread lends): never ends.
+                        polling = waits::poll_for(self.id, &holding::held_ids());
+                        if polling.is_none() && give_up_if_awaited {
+                            return None;
+                        }
+                    }
                     let waited = start.elapsed();
                     if give_up_if_awaited && waited >= std::time::Duration::from_millis(2) && waits::awaited(me) {
                         return None;
@@ -631,6 +640,7 @@ impl DeviceResources {
         // use of these resources would deadlock with this call while it waited. Polling, the
         // other uses go on, and this call takes the first moment with none in progress.
         let start = std::time::Instant::now();
+        let mut polling = None;
         let native = loop {
             // As `with_native`: no new use once the release takes the native objects (checked
             // at every poll, so a release begun meanwhile is not held up).
@@ -640,12 +650,20 @@ impl DeviceResources {
             match self.state.native.try_write() {
                 Ok(guard) => break guard,
                 Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if polling.is_none() => {
+                    // As a release's poll (`take_native_when_unused`): refused where it would
+                    // never end.
+                    polling = Some(waits::poll_for(id, &holding::held_ids()).ok_or_else(|| {
+                        Error::logic(who, "a use of these resources is held by a thread that waits for this one (it polls for a use of resources this thread holds): this wait would never end")
+                    })?);
+                }
                 Err(std::sync::TryLockError::WouldBlock) if start.elapsed() < std::time::Duration::from_millis(1) => {
                     std::thread::yield_now()
                 }
                 Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_micros(50)),
             }
         };
+        drop(polling);
         match native.as_ref() {
             Some(n) => {
                 // A use of the same resources from inside `f` on this thread (the read lock would

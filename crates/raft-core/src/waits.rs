@@ -92,6 +92,54 @@ pub(crate) fn retarget(waiters: &[ThreadId], from: ThreadId, to: ThreadId) {
     }
 }
 
+/// A thread polling for the uses in flight of resources `polls_for` (a release, an exclusive
+/// lend: they poll rather than queue for the write lock), holding uses of `holds` meanwhile.
+struct Poll {
+    thread: ThreadId,
+    polls_for: u64,
+    holds: Vec<u64>,
+}
+
+static POLLS: Mutex<Vec<Poll>> = Mutex::new(Vec::new());
+
+/// The calling thread's recorded poll, removed when dropped.
+#[must_use = "the poll is recorded only while this lives"]
+pub(crate) struct Polling(ThreadId);
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        POLLS.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| p.thread != self.0);
+    }
+}
+
+/// Records that the calling thread polls for the uses in flight of resources `id` while it
+/// holds uses of `held` (its own, `holding::held_ids`). `None` when that poll would never end:
+/// a thread polling for one of `held` holds a use of `id`, directly or through other polling
+/// threads (two threads, each inside a lend of one object, releasing the other's). A poll is
+/// only seen by polls: a use is held by a thread that is either running (it will let go) or
+/// polling (recorded here) or waiting in `wait_for` (`awaited` covers that for a release).
+/// Checked and recorded under one lock, so of two polls closing a circle exactly one is refused.
+pub(crate) fn poll_for(id: u64, held: &[u64]) -> Option<Polling> {
+    let me = std::thread::current().id();
+    let mut polls = POLLS.lock().unwrap_or_else(|e| e.into_inner());
+    // The polling threads this one waits for, through the resources each polls for in turn.
+    let mut reached = vec![false; polls.len()];
+    let mut waiting_on = vec![id];
+    while let Some(x) = waiting_on.pop() {
+        for (i, p) in polls.iter().enumerate() {
+            if !reached[i] && p.holds.contains(&x) {
+                if held.contains(&p.polls_for) {
+                    return None;
+                }
+                reached[i] = true;
+                waiting_on.push(p.polls_for);
+            }
+        }
+    }
+    polls.push(Poll { thread: me, polls_for: id, holds: held.to_vec() });
+    Some(Polling(me))
+}
+
 /// The thread `waiter`'s recorded wait is for, if any.
 #[cfg(test)]
 fn recorded(waiter: ThreadId) -> Option<ThreadId> {
@@ -212,6 +260,43 @@ mod tests {
         assert_eq!(recorded(wid), Some(tid));
         go_tx.send(()).unwrap();
         w.join().unwrap();
+    }
+
+    /// Keeps a poll recorded on a thread of its own until told.
+    fn poll_on_a_thread(id: u64, held: Vec<u64>) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let p = poll_for(id, &held);
+            tx.send(p.is_some()).unwrap();
+            go_rx.recv().unwrap();
+            drop(p);
+        });
+        assert!(rx.recv().unwrap(), "the poll was recorded");
+        (go_tx, t)
+    }
+
+    #[test]
+    fn a_poll_for_a_use_held_by_a_thread_polling_for_one_of_ours_is_refused_directly_and_through_others() {
+        // Ids of their own: other tests' polls share the record.
+        let (a, b, c, d) = (1 << 40, (1 << 40) + 1, (1 << 40) + 2, (1 << 40) + 3);
+        // T1 polls for a while holding b.
+        let (go1, t1) = poll_on_a_thread(a, vec![b]);
+        assert!(poll_for(b, &[a]).is_none(), "this thread holds a and waits for b, which T1 holds while it waits for a");
+        assert!(poll_for(b, &[c]).is_some(), "holding c only: T1 does not wait for this thread");
+        // T2 polls for c while holding d: this thread, holding a, polling for d waits for T2,
+        // which waits (for c) for nobody polling; no circle.
+        let (go2, t2) = poll_on_a_thread(c, vec![d]);
+        assert!(poll_for(d, &[a]).is_some());
+        // Through two: T3 polls for b holding c; polling for d while holding a now reaches
+        // T2 (holds d) → c → T3 (holds c) → b → T1 (holds b) → a, which this thread holds.
+        let (go3, t3) = poll_on_a_thread(b, vec![c]);
+        assert!(poll_for(d, &[a]).is_none(), "a circle through T2, T3 and T1");
+        for (go, t) in [(go1, t1), (go2, t2), (go3, t3)] {
+            go.send(()).unwrap();
+            t.join().unwrap();
+        }
+        assert!(poll_for(b, &[a]).is_some(), "the polls ended: no circle");
     }
 
     #[test]

@@ -264,3 +264,43 @@ pub fn second_release_inside_a_lend_join() {
         start.elapsed().as_millis()
     );
 }
+
+/// The eighth round's cross: each of two threads, inside a lend of one resources object, waits
+/// for the uses of the other, which the other thread holds. `mode` says what each waits with:
+/// `release` (both release), `mut` (both take an exclusive lend), `mixed` (the first releases,
+/// the second takes an exclusive lend). Both polled for ever before; now the one whose poll
+/// closes the circle hands its release to a thread of its own (returns `Ok`) or has its
+/// exclusive lend refused (`Logic`), and everything ends.
+pub fn uses_cross_inside_lends(mode: &str) {
+    let (r1, r2) = two();
+    let start = Instant::now();
+    let barrier = Arc::new(Barrier::new(2));
+    let wait_with = |first: bool| match (mode, first) {
+        ("release", _) | ("mixed", true) => "release",
+        ("mut", _) | ("mixed", false) => "mut",
+        (other, _) => panic!("unknown mode {other:?}"),
+    };
+    let thread = |held: DeviceResources, other: DeviceResources, how: &'static str, bar: Arc<Barrier>| {
+        std::thread::spawn(move || {
+            held.with_raft_resources(|_| {
+                bar.wait();
+                match how {
+                    "release" => describe(other.release()),
+                    _ => describe(other.with_raft_resources_mut(|_| ())),
+                }
+            })
+            .expect("lend")
+        })
+    };
+    let a = thread(r2.clone(), r1.clone(), wait_with(true), barrier.clone());
+    let b = thread(r1.clone(), r2.clone(), wait_with(false), barrier);
+    let (ra, rb) = (a.join().expect("thread a"), b.join().expect("thread b"));
+    // A release handed to a thread of its own: a later release waits for it.
+    let (again1, again2) = (describe(r1.release()), describe(r2.release()));
+    println!(
+        "RESULT a={ra} b={rb} again1={again1} again2={again2} released1={} released2={} ms={}",
+        r1.is_released(),
+        r2.is_released(),
+        start.elapsed().as_millis()
+    );
+}
