@@ -402,3 +402,19 @@ fn a_release_and_an_exclusive_lend_crossing_inside_lends_both_end() {
     assert!(b == "ok:()" || b.starts_with("Logic:DeviceResources::with_raft_resources_mut"), "b={b}\n{c:?}");
     assert_eq!(c.result("released1").as_deref(), Some("true"), "{c:?}");
 }
+
+/// The eighth audit: RAFT's and cuVS's allocations (an index's graph, a lent `raft::resources`'s
+/// workspace) hold a reference into RMM's map entry, whose object `set_per_device_resource`
+/// replaces in place: an index freed after a replacement freed through the new resource (or an
+/// object of another type). Before: the replacement was accepted beside a lend's resources. Now
+/// it is refused (`Logic`) until those resources are released.
+#[test]
+fn the_current_resource_is_not_replaced_while_resources_lent_to_raft_are_alive() {
+    require_gpu!();
+    let c = run_scenario!("set-current-beside-a-lend", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("refused").as_deref(), Some("Logic:raft::memory::set_current:"), "{c:?}");
+    assert!(c.stdout.contains("were lent to RAFT or cuVS"), "the refusal says why\n{c:?}");
+    assert_eq!(c.result("reinit").as_deref(), Some("Logic:raft::memory::reinitialize:"), "{c:?}");
+    assert_eq!(c.result("again").as_deref(), Some("ok:()"), "allowed once the lent resources are released\n{c:?}");
+}

@@ -40,6 +40,11 @@ impl DeviceResources {
     /// code given the pointer may only read the object; changing it (`raft::resource::set_*`)
     /// needs [`with_raft_resources_mut`](Self::with_raft_resources_mut).
     ///
+    /// RAFT's and cuVS's allocations made through the pointer (the workspace RAFT keeps in the
+    /// object, an index's arrays) hold a reference into RMM's map entry for the device: from the
+    /// first lend until these resources are released, the device's current resource is not
+    /// replaced ([`memory::set_current`](crate::memory::set_current) is refused).
+    ///
     /// A release of these resources from inside `f`, on this thread, is refused with a `Logic`
     /// error (it would wait for the lend, which waits for it); on another thread it waits until
     /// the lend ends. At exit, the teardown waits up to a second for a lend on another thread,

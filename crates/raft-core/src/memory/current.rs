@@ -18,8 +18,16 @@ pub fn current(device: usize) -> Result<MemoryResource> {
 /// Makes `resource` `device`'s current RMM resource (`rmm::mr::set_per_device_resource`) and
 /// returns the one it replaced. Allocations already made keep their own resource alive.
 ///
+/// RAFT's and cuVS's own allocations (an index's graph, the workspace of resources lent to
+/// RAFT) hold a reference into RMM's map entry rather than the resource, and RMM replaces the
+/// entry's object in place: so the current resource is not replaced while resources of the
+/// device that were lent to RAFT or cuVS code are alive and not released. Choose the resource
+/// before that work, as RMM's own documentation asks of any replacement.
+///
 /// # Errors
-/// `Logic` when `resource` was made for another device, or the device does not exist.
+/// `Logic` when `resource` was made for another device, the device does not exist, or
+/// resources on the device were lent to RAFT or cuVS code ([`DeviceResources::with_raft_resources`](crate::DeviceResources::with_raft_resources),
+/// raft-cuvs, raft-comms) and are not released.
 pub fn set_current(device: usize, resource: &MemoryResource) -> Result<MemoryResource> {
     const WHO: &str = "raft::memory::set_current";
     check_device(WHO, device)?;
@@ -138,6 +146,7 @@ fn still_initial(device: usize) -> bool {
 
 /// `rmm.reinitialize(...)` for one device: builds the resource `options` describe and makes it
 /// `device`'s current; returns the one it replaced. Arrays already allocated keep theirs.
+/// Refused as [`set_current`] is.
 pub fn reinitialize(device: usize, options: &RmmOptions) -> Result<MemoryResource> {
     const WHO: &str = "raft::memory::reinitialize";
     let mr = options.build(device).map_err(|e| e.with_who(WHO))?;

@@ -395,6 +395,10 @@ pub(crate) struct HandleCode(pub(crate) i32);
 pub(crate) struct NativeResources {
     ptr: NonNull<sys::raftrs_resources>,
     stream: Arc<CudaStream>,
+    device: usize,
+    /// Lent to RAFT or cuVS code at least once (`raft_resources`): counted in
+    /// `mr::count_lent_to_raft` until destroyed.
+    lent: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: raft::device_resources may be used from any thread; its lazily made handles are
@@ -415,7 +419,7 @@ impl NativeResources {
         // stays null on failure.
         check(who, api, unsafe { api.raftrs_resources_create(device as i32, stream.cu_stream() as *mut c_void, &mut raw) })?;
         let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no resources"))?;
-        Ok(NativeResources { ptr, stream })
+        Ok(NativeResources { ptr, stream, device, lent: std::sync::atomic::AtomicBool::new(false) })
     }
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
@@ -444,6 +448,9 @@ impl NativeResources {
     /// The `raft::resources*` behind these resources (for foreign RAFT code; see `lend.rs`).
     pub(crate) fn raft_resources(&self, who: &'static str) -> Result<NonNull<c_void>> {
         let api = api(who)?;
+        // Before RAFT sees the object: from here on its code may hold references into the
+        // device's RMM map entry, which is then not replaced (`mr::count_lent_to_raft`).
+        mr::count_lent_to_raft(self.device, &self.lent);
         let mut out = std::ptr::null_mut();
         // SAFETY: the native resources are alive for the borrow; `out` receives a pointer into
         // them, which the caller may only use while it holds that borrow.
@@ -480,6 +487,9 @@ impl NativeResources {
         // SAFETY: `ptr` came from raftrs_resources_create and is destroyed exactly once (self is
         // consumed); its stream is still alive (dropped just below, after it).
         let destroyed = check(who, api, unsafe { api.raftrs_resources_destroy(self.ptr.as_ptr()) });
+        if self.lent.load(Ordering::Acquire) {
+            mr::count_out_lent_to_raft(self.device);
+        }
         let ctx = self.stream.context().clone();
         drop(self.stream);
         let recorded = take_recorded(who, &ctx);
@@ -490,6 +500,11 @@ impl NativeResources {
     /// Leaks the native object and its stream to the OS: no CUDA call (at exit, once the exit
     /// has decided).
     pub(crate) fn leak(self) {
+        // Never used again (the exit has decided, or nothing can finish the release): what
+        // RAFT code holds of the map's entry is never called.
+        if self.lent.load(Ordering::Acquire) {
+            mr::count_out_lent_to_raft(self.device);
+        }
         std::mem::forget(self);
     }
 }
@@ -499,10 +514,14 @@ impl NativeResources {
 pub(crate) fn install_default(who: &'static str, device: usize) -> Result<bool> {
     let api = api(who)?;
     let _keep = ContextGuard::save(who)?;
-    let mut installed = 0;
-    // SAFETY: writes one int; the shim checks the device.
-    check(who, api, unsafe { api.raftrs_mr_install_default(device as i32, &mut installed) })?;
-    Ok(installed != 0)
+    // Not while RAFT code may hold a reference into the map's entry (`mr::count_lent_to_raft`):
+    // the entry then keeps what it holds.
+    mr::unless_lent_to_raft(device, || {
+        let mut installed = 0;
+        // SAFETY: writes one int; the shim checks the device.
+        check(who, api, unsafe { api.raftrs_mr_install_default(device as i32, &mut installed) })?;
+        Ok(installed != 0)
+    })
 }
 
 /// Element types that may live in device memory: `Copy`, nothing to drop, every bit pattern a

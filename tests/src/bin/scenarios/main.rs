@@ -324,6 +324,7 @@ fn main() -> ExitCode {
         "release-behind-a-lend-at-exit" => waits::release_behind_a_lend_at_exit(),
         "release-handed-off-then-join" => waits::release_handed_off_then_join(),
         "second-release-inside-a-lend-join" => waits::second_release_inside_a_lend_join(),
+        "set-current-beside-a-lend" => waits::set_current_beside_a_lend(),
         "releases-cross-inside-lends" => waits::uses_cross_inside_lends("release"),
         "exclusive-lends-cross-inside-lends" => waits::uses_cross_inside_lends("mut"),
         "release-and-exclusive-cross-inside-lends" => waits::uses_cross_inside_lends("mixed"),

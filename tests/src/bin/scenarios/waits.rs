@@ -304,3 +304,20 @@ pub fn uses_cross_inside_lends(mode: &str) {
         start.elapsed().as_millis()
     );
 }
+
+/// The eighth audit: RAFT's and cuVS's allocations hold a reference into RMM's map entry, which
+/// replacing the current resource rewrites in place. Replacing it is refused while resources
+/// lent to RAFT are alive on the device, and allowed again once they are released.
+pub fn set_current_beside_a_lend() {
+    let r = DeviceResources::new().expect("resources");
+    let cuda = raft::MemoryResource::cuda(0).expect("cuda resource");
+    let first = raft::memory::set_current(0, &cuda).expect("set_current before any lend");
+    r.with_raft_resources(|_| ()).expect("lend");
+    let refused = describe(raft::memory::set_current(0, &first));
+    let reinit = describe(raft::memory::reinitialize(0, &raft::RmmOptions::default()));
+    let unlent = DeviceResources::new().expect("resources");
+    r.release().expect("release");
+    let again = describe(raft::memory::set_current(0, &first).map(drop));
+    drop(unlent);
+    println!("RESULT refused={refused} reinit={reinit} again={again}");
+}
