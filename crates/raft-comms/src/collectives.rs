@@ -114,11 +114,12 @@ impl Communicator {
     /// [`group`](crate::group)): a lone send and receive in opposite directions deadlock.
     ///
     /// # Errors
-    /// `Logic` for a peer that is not a rank; else as [`allreduce`](Self::allreduce).
+    /// `Logic` for a peer that is not a rank, or is this rank (to itself, use
+    /// [`sendrecv`](Self::sendrecv) both ways); else as [`allreduce`](Self::allreduce).
     pub fn send<T: NcclType>(&self, buf: &DeviceVec<T>, peer: usize) -> Result<()> {
         const WHO: &str = "Communicator::send";
-        let world = self.size();
-        self.shared().enqueue(WHO, |n, s, mark| n.send(WHO, world, buf, peer, s, mark))
+        let at = (self.size(), self.rank());
+        self.shared().enqueue(WHO, |n, s, mark| n.send(WHO, at, buf, peer, s, mark))
     }
 
     /// Receives `buf.len()` elements from `peer` (`ncclRecv`).
@@ -127,17 +128,20 @@ impl Communicator {
     /// As [`send`](Self::send).
     pub fn recv<T: NcclType>(&self, buf: &mut DeviceVec<T>, peer: usize) -> Result<()> {
         const WHO: &str = "Communicator::recv";
-        let world = self.size();
-        self.shared().enqueue(WHO, |n, s, mark| n.recv(WHO, world, buf, peer, s, mark))
+        let at = (self.size(), self.rank());
+        self.shared().enqueue(WHO, |n, s, mark| n.recv(WHO, at, buf, peer, s, mark))
     }
 
-    /// Sends `send` to `dest` and receives `recv` from `source` in one group (no deadlock).
+    /// Sends `send` to `dest` and receives `recv` from `source` in one group (no deadlock). To
+    /// this rank itself only both ways at once, with arrays of one length (NCCL copies the send
+    /// into the receive array with the send's count).
     ///
     /// # Errors
-    /// As [`send`](Self::send).
+    /// `Logic` for a peer that is not a rank, for this rank as one peer but not the other, and
+    /// for arrays of two lengths to this rank itself; else as [`allreduce`](Self::allreduce).
     pub fn sendrecv<T: NcclType>(&self, send: &DeviceVec<T>, dest: usize, recv: &mut DeviceVec<T>, source: usize) -> Result<()> {
         const WHO: &str = "Communicator::sendrecv";
-        let world = self.size();
-        self.shared().enqueue(WHO, |n, s, mark| n.sendrecv(WHO, world, send, dest, recv, source, s, mark))
+        let at = (self.size(), self.rank());
+        self.shared().enqueue(WHO, |n, s, mark| n.sendrecv(WHO, at, send, dest, recv, source, s, mark))
     }
 }

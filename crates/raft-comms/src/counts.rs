@@ -123,9 +123,41 @@ pub fn reduce_scatter(world: usize, send: usize, recv: usize) -> Result<()> {
     Ok(())
 }
 
-/// Send or receive: a peer among the ranks.
-pub fn peer(world: usize, peer: usize) -> Result<()> {
-    rank_in("counts::peer", "peer", world, peer)
+/// Send or receive on rank `rank`: a peer among the ranks, and not `rank` itself. NCCL pairs a
+/// send to self with a receive from self in its group and copies the **send's** byte count into
+/// the receive's array, unchecked: a lone send or receive to self would pair with another
+/// call's in the same group (or fail at the group's end, ending the communicator).
+pub fn peer(world: usize, rank: usize, peer: usize) -> Result<()> {
+    const WHO: &str = "counts::peer";
+    rank_in(WHO, "peer", world, peer)?;
+    if peer == rank {
+        return Err(logic(
+            WHO,
+            format!("peer {peer} is this rank: a send or receive to itself goes through sendrecv, with this rank as both peers and arrays of one length"),
+        ));
+    }
+    Ok(())
+}
+
+/// Sendrecv on rank `rank`: both peers ranks; to itself only both ways at once, with the send
+/// and receive arrays of one length (NCCL copies the send's count into the receive's array,
+/// see [`peer`]; each such call then pairs its own two, in NCCL's order, within any group).
+pub fn sendrecv(world: usize, rank: usize, dest: usize, source: usize, send: usize, recv: usize) -> Result<()> {
+    const WHO: &str = "counts::sendrecv";
+    rank_in(WHO, "peer", world, dest)?;
+    rank_in(WHO, "peer", world, source)?;
+    match (dest == rank, source == rank) {
+        (false, false) => Ok(()),
+        (true, true) if send == recv => Ok(()),
+        (true, true) => Err(logic(
+            WHO,
+            format!("a sendrecv to this rank itself copies the send array's {send} elements into the receive array of {recv}: they must be equal"),
+        )),
+        _ => Err(logic(
+            WHO,
+            format!("rank {rank} sends to {dest} and receives from {source}: to itself only both ways at once (NCCL pairs a send to self with whichever receive from self is queued)"),
+        )),
+    }
 }
 
 /// Communicator ranks and sizes are `int` in NCCL.

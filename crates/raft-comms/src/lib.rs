@@ -160,7 +160,18 @@ pub mod through_raft {
         if installed(resources)?.is_none() {
             return Err(Error::logic(WHO, "no communicator is installed in these resources (Communicator::install)"));
         }
-        resources.with_raft_resources(|raft| result::raft_allreduce(WHO, raft, send, recv, op, &stream)).map_err(|e| e.with_who(WHO))?
+        resources
+            .with_raft_resources(|raft| {
+                // As every other collective (`Shared::enqueue`): not into a CUDA graph.
+                crate::shared::refuse_capture(WHO, &stream)?;
+                let done = result::raft_allreduce(WHO, raft, send, recv, op, &stream);
+                if raft_core::stream_is_capturing(&stream).unwrap_or(false) {
+                    eprintln!("{WHO}: a CUDA graph capture began on the stream while a collective was queued on it; aborting");
+                    std::process::abort();
+                }
+                done
+            })
+            .map_err(|e| e.with_who(WHO))?
     }
 }
 

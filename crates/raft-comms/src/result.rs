@@ -415,13 +415,13 @@ impl NativeComm {
     pub(crate) fn send<T: NcclType>(
         &self,
         who: &'static str,
-        world: usize,
+        (world, rank): (usize, usize),
         buf: &DeviceVec<T>,
         peer: usize,
         stream: &CudaStream,
         mark: bool,
     ) -> Result<()> {
-        counts::peer(world, peer).map_err(|e| e.with_who(who))?;
+        counts::peer(world, rank, peer).map_err(|e| e.with_who(who))?;
         on_stream(who, "send", buf, stream)?;
         let (p, n, peer) = (addr(buf, stream), buf.len(), counts::as_int(who, "peer", peer)?);
         // SAFETY: the array's `n` elements, alive and ordered on `stream`.
@@ -431,13 +431,13 @@ impl NativeComm {
     pub(crate) fn recv<T: NcclType>(
         &self,
         who: &'static str,
-        world: usize,
+        (world, rank): (usize, usize),
         buf: &mut DeviceVec<T>,
         peer: usize,
         stream: &CudaStream,
         mark: bool,
     ) -> Result<()> {
-        counts::peer(world, peer).map_err(|e| e.with_who(who))?;
+        counts::peer(world, rank, peer).map_err(|e| e.with_who(who))?;
         on_stream(who, "receive", buf, stream)?;
         let (p, n, peer) = (addr_mut(buf, stream), buf.len(), counts::as_int(who, "peer", peer)?);
         // SAFETY: the array's `n` elements, alive and ordered on `stream`.
@@ -448,7 +448,7 @@ impl NativeComm {
     pub(crate) fn sendrecv<T: NcclType>(
         &self,
         who: &'static str,
-        world: usize,
+        (world, rank): (usize, usize),
         send: &DeviceVec<T>,
         dest: usize,
         recv: &mut DeviceVec<T>,
@@ -456,8 +456,7 @@ impl NativeComm {
         stream: &CudaStream,
         mark: bool,
     ) -> Result<()> {
-        counts::peer(world, dest).map_err(|e| e.with_who(who))?;
-        counts::peer(world, source).map_err(|e| e.with_who(who))?;
+        counts::sendrecv(world, rank, dest, source, send.len(), recv.len()).map_err(|e| e.with_who(who))?;
         on_stream(who, "send", send, stream)?;
         on_stream(who, "receive", recv, stream)?;
         let (s, sn, r, rn) = (addr(send, stream), send.len(), addr_mut(recv, stream), recv.len());

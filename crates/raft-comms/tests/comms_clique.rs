@@ -652,6 +652,19 @@ fn a_collective_is_refused_while_the_stream_is_captured() {
     c.allreduce(&input, &mut out, ReduceOp::Sum).unwrap();
     c.sync().unwrap();
     assert_eq!(out.to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, 1)));
+    // RAFT's own path too (the eighth audit: it alone asked nothing before the call).
+    let other = DeviceResources::on_device(0).unwrap();
+    c.install(&other).unwrap();
+    let (input, mut out) = (up::<f32>(&other, &data(0, n)), zeros::<f32>(&other, n));
+    let stream = other.stream().unwrap();
+    stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let refused = raft_comms::through_raft::allreduce(&other, &input, &mut out, ReduceOp::Sum);
+    let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    let e = refused.expect_err("RAFT's allreduce on a capturing stream was accepted");
+    assert!(e.message().contains("captured into a CUDA graph"), "through RAFT: {e}");
+    drop(graph.unwrap());
+    raft_comms::through_raft::allreduce(&other, &input, &mut out, ReduceOp::Sum).unwrap();
+    assert_eq!(out.to_host().unwrap(), typed::<f32>(&reduce_cpu(ReduceOp::Sum, n, 1)));
     Communicator::release_all(comms).unwrap();
 }
 
@@ -758,4 +771,35 @@ fn an_abort_by_rafts_sync_stream_is_seen_by_ended() {
     let mut it = comms.into_iter();
     it.next().unwrap().abort().unwrap();
     it.next().unwrap().abort().unwrap();
+}
+
+/// The eighth audit: NCCL pairs a send to self with a receive from self and copies the send's
+/// byte count into the receive's array, unchecked. Before: `sendrecv(&big, me, &mut small, me)`
+/// passed every check and NCCL wrote all of `big` into `small`'s 16 elements; a lone send or
+/// receive to self failed only at NCCL's group end, ending the communicator. Now each is refused
+/// (`Logic`) before NCCL, and a sendrecv to itself with one length copies as it should.
+#[test]
+fn a_rank_sends_to_itself_only_both_ways_with_one_length() {
+    if !common::have(1, "a_rank_sends_to_itself_only_both_ways_with_one_length") {
+        return;
+    }
+    let _gpus = serial();
+    let res = DeviceResources::on_device(0).unwrap();
+    let comms = Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap();
+    let c = &comms[0];
+    let big = up::<f32>(&res, &data(0, 1 << 20));
+    let mut small = zeros::<f32>(&res, 16);
+    for (what, r) in [
+        ("sendrecv of two lengths", c.sendrecv(&big, 0, &mut small, 0)),
+        ("send to itself", c.send(&big, 0)),
+        ("recv from itself", c.recv(&mut small, 0)),
+    ] {
+        let e = r.expect_err(what);
+        assert_eq!(e.kind(), ErrorKind::Logic, "{what}: {e}");
+    }
+    let src = up::<f32>(&res, &data(0, 16));
+    c.sendrecv(&src, 0, &mut small, 0).unwrap();
+    c.sync().unwrap();
+    assert_eq!(small.to_host().unwrap(), src.to_host().unwrap(), "the copy to itself");
+    assert!(c.ended().is_none(), "the refusals left the communicator working");
 }

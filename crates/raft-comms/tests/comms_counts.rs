@@ -65,9 +65,9 @@ fn allgatherv_checks_every_count_and_gives_the_displacements() {
 
 #[test]
 fn peers_are_ranks() {
-    assert!(counts::peer(2, 1).is_ok());
-    assert!(counts::peer(2, 0).is_ok());
-    assert!(counts::peer(2, 2).unwrap_err().message().contains("peer 2"));
+    assert!(counts::peer(2, 0, 1).is_ok());
+    assert!(counts::peer(2, 1, 0).is_ok());
+    assert!(counts::peer(2, 0, 2).unwrap_err().message().contains("peer 2"));
 }
 
 /// A shim that is not there is a missing library, the `Cuda` kind as in raft-sys and raft-cuvs,
@@ -93,4 +93,22 @@ fn a_missing_shim_is_a_cuda_error_naming_the_variable() {
         .output()
         .unwrap();
     assert!(out.status.success(), "child failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+/// The eighth audit: NCCL pairs a send to self with a receive from self and copies the send's
+/// count into the receive's array, unchecked. A send or receive to this rank alone is refused;
+/// a sendrecv to itself only both ways, with one length.
+#[test]
+fn a_rank_sends_to_itself_only_both_ways_with_one_length() {
+    let e = counts::peer(2, 1, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Logic);
+    assert!(e.message().contains("peer 1 is this rank"), "{e}");
+    assert!(counts::peer(1, 0, 0).is_err(), "a clique of one has no peer to send to but itself");
+    assert!(counts::sendrecv(2, 0, 1, 1, 5, 7).is_ok(), "lengths of a sendrecv between two ranks are the peers' to agree");
+    assert!(counts::sendrecv(1, 0, 0, 0, 16, 16).is_ok());
+    let e = counts::sendrecv(1, 0, 0, 0, 1 << 20, 16).unwrap_err();
+    assert!(e.message().contains("1048576 elements into the receive array of 16"), "{e}");
+    assert!(counts::sendrecv(2, 0, 0, 1, 4, 4).is_err(), "to itself one way only");
+    assert!(counts::sendrecv(2, 0, 1, 0, 4, 4).is_err(), "from itself one way only");
+    assert!(counts::sendrecv(2, 0, 2, 1, 4, 4).unwrap_err().message().contains("peer 2"));
 }
