@@ -26,7 +26,9 @@ pub enum CagraBuildAlgo {
 /// CAGRA's build parameters: `None` keeps cuVS's default (in brackets).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CagraIndexParams {
-    /// [`Metric::L2Expanded`], [`Metric::InnerProduct`] or [`Metric::CosineExpanded`] (L2).
+    /// [`Metric::L2Expanded`] or [`Metric::InnerProduct`] (L2). [`Metric::CosineExpanded`] is
+    /// refused: cuVS 26.08 would search a later cosine index at a dropped one's address with
+    /// the dropped index's freed norms.
     pub metric: Option<Metric>,
     /// Degree of the k-NN graph before pruning, at most 1024 (128). Lowered, with a warning, to
     /// `n_rows − 1` on smaller datasets, as cuVS does.
@@ -60,8 +62,19 @@ impl CagraIndexParams {
     /// lowers itself are not refused (see [`graph_degrees`]).
     fn check(&self, who: &'static str, n_rows: usize, dim: usize) -> Result<()> {
         if let Some(m) = self.metric {
-            if !matches!(m, Metric::L2Expanded | Metric::InnerProduct | Metric::CosineExpanded) {
-                return Err(Error::logic(who, format!("CAGRA does not measure {m:?}: use L2Expanded, InnerProduct or CosineExpanded")));
+            if m == Metric::CosineExpanded {
+                // cuVS keeps each search's dataset descriptor in the resources, keyed by the
+                // dataset's address and shape but not by the norms the cosine descriptor points
+                // to: a later cosine index whose dataset lands at a dropped one's address is
+                // searched with the dropped index's freed norms (the eighth audit; cuVS's
+                // `factory.cuh`, `cagra_search.cuh`).
+                return Err(Error::logic(
+                    who,
+                    "CAGRA's CosineExpanded is refused: cuVS 26.08 caches a cosine search's descriptor by the dataset's address without its norms, so a later index at a freed one's address would read freed memory; normalise the rows and use InnerProduct",
+                ));
+            }
+            if !matches!(m, Metric::L2Expanded | Metric::InnerProduct) {
+                return Err(Error::logic(who, format!("CAGRA does not measure {m:?}: use L2Expanded or InnerProduct")));
             }
         }
         if self.graph_degree == Some(0) || self.intermediate_graph_degree == Some(0) {
@@ -562,10 +575,15 @@ mod tests {
     }
 
     #[test]
-    fn cagra_takes_three_metrics() {
+    fn cagra_takes_two_metrics() {
         let ok = CagraIndexParams { metric: Some(Metric::InnerProduct), ..Default::default() };
         assert!(build(ok).is_ok());
+        assert!(build(CagraIndexParams { metric: Some(Metric::L2Expanded), ..Default::default() }).is_ok());
         refused(build(CagraIndexParams { metric: Some(Metric::L1), ..Default::default() }));
+        // The eighth audit: cuVS's descriptor cache would search a later cosine index with a
+        // dropped one's freed norms.
+        let cosine = refused(build(CagraIndexParams { metric: Some(Metric::CosineExpanded), ..Default::default() }));
+        assert!(cosine.contains("without its norms"), "{cosine}");
         refused(build(CagraIndexParams { graph_degree: Some(0), ..Default::default() }));
     }
 

@@ -2,7 +2,8 @@
 use crate::sys::cuvsDistanceType;
 
 /// How cuVS measures the distance between two rows (cuVS's `cuvsDistanceType`). Brute force
-/// takes every one; CAGRA takes `L2Expanded`, `InnerProduct` and `CosineExpanded`.
+/// takes every one; CAGRA takes `L2Expanded` and `InnerProduct` (its `CosineExpanded` is refused: see
+/// [`CagraIndexParams::metric`](crate::CagraIndexParams::metric)).
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Metric {
