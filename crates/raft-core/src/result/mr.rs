@@ -295,10 +295,18 @@ impl NativeMr {
                 log::warn!(target: "raft", "dropping a memory failure callback panicked");
             }
         }
-        let arg = Box::into_raw(Box::new(callback)) as *mut c_void;
-        // SAFETY: as for `pool`; the shim owns `arg` from here on and frees it with `drop_arg`
-        // exactly once, also when the call fails.
-        self.adapt(who, |api, up, out| unsafe { api.raftrs_mr_new_failure_callback(up, Some(call), arg, Some(drop_arg), out) })
+        let mut arg = Some(Box::into_raw(Box::new(callback)) as *mut c_void);
+        let made = self.adapt(who, |api, up, out| {
+            let arg = arg.take().expect("handed to the shim once");
+            // SAFETY: as for `pool`; the shim owns `arg` from here on and frees it with
+            // `drop_arg` exactly once, also when the call fails.
+            unsafe { api.raftrs_mr_new_failure_callback(up, Some(call), arg, Some(drop_arg), out) }
+        });
+        // Never handed to the shim (no shim, no context to save): dropped here, as the shim would.
+        if let Some(arg) = arg {
+            drop_arg(arg);
+        }
+        made
     }
 
     /// Count and bytes of a tracking adaptor's live allocations.

@@ -407,7 +407,9 @@ raftrs_status raftrs_mr_new_failure_callback(const raftrs_mr* upstream,
       if (drop_arg != nullptr) { drop_arg(a); }
     });
   } catch (...) {
-    if (drop_arg != nullptr) { drop_arg(arg); }
+    // The constructor already called the deleter on `arg` ([util.smartptr.shared.const]: "If an
+    // exception is thrown, d(p) is called"): calling `drop_arg` here too freed it twice (the
+    // eighth audit).
     return fail(RAFTRS_STATUS_OUT_OF_MEMORY, "no memory for the failure callback");
   }
   return guard([&] {
