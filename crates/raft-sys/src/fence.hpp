@@ -355,6 +355,9 @@ class stream_fence {
   /// long as the streams with work pending or held, not every stream that ever freed.
   void prune() noexcept
   {
+    // Event queries are refused (and invalidate the capture) while another thread captures in
+    // global mode, as in `all_done` (the eighth audit).
+    relaxed_capture relaxed;
     auto done = [](entry const& e) {
       if (e.held != nullptr) { return false; }
       if (e.event == nullptr) { return true; }
@@ -367,9 +370,17 @@ class stream_fence {
     };
     entries_.erase(std::remove_if(entries_.begin(), entries_.end(), done), entries_.end());
   }
-  static void block_on(cudaStream_t stream) noexcept
+  /// Waits for `stream` now, in relaxed capture mode. A wait refused for another reason than a
+  /// dead context leaves the memory possibly in use: the resource is then never destroyed
+  /// (`poisoned_`, under the lock), as for a record refused by a capture.
+  void block_on(cudaStream_t stream) noexcept
   {
-    if (cudaStreamSynchronize(stream) != cudaSuccess) { static_cast<void>(cudaGetLastError()); }
+    relaxed_capture relaxed;
+    auto w = cudaStreamSynchronize(stream);
+    if (w != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+      if (!work_is_over(w)) { poisoned_ = true; }
+    }
   }
 
   /// Whether a wait's or query's failure means no work of the context can still run (a sticky

@@ -194,6 +194,11 @@ impl MemoryResource {
 
     /// An `rmm::mr::arena_memory_resource` over this resource (rmm.mr.ArenaMemoryResource):
     /// `upstream.arena(ArenaOptions::size(1 << 30))`, or `ArenaOptions::default()` for RMM's size.
+    ///
+    /// When the arena has no room left, RMM defragments it before giving up: a
+    /// `cudaDeviceSynchronize` on the allocating thread, under the arena's lock, which waits for
+    /// every stream of the device (other threads' work included) and holds the arena's other
+    /// users meanwhile. Size the arena for the peak, or use a pool, where that wait would hurt.
     pub fn arena(&self, options: ArenaOptions) -> Result<Self> {
         const WHO: &str = "MemoryResource::arena";
         Self::wrap(WHO, self.native.arena(WHO, options.size)?)
