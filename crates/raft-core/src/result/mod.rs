@@ -21,6 +21,7 @@ pub(crate) mod crew;
 pub(crate) mod dlpack;
 pub(crate) mod foreign;
 pub(crate) mod gemm;
+mod lent;
 pub(crate) mod mr;
 pub(crate) mod registration;
 pub(crate) mod staging;
@@ -397,7 +398,7 @@ pub(crate) struct NativeResources {
     stream: Arc<CudaStream>,
     device: usize,
     /// Lent to RAFT or cuVS code at least once (`raft_resources`): counted in
-    /// `mr::count_lent_to_raft` until destroyed.
+    /// `lent::count_lent_to_raft` until destroyed.
     lent: std::sync::atomic::AtomicBool,
 }
 
@@ -449,8 +450,8 @@ impl NativeResources {
     pub(crate) fn raft_resources(&self, who: &'static str) -> Result<NonNull<c_void>> {
         let api = api(who)?;
         // Before RAFT sees the object: from here on its code may hold references into the
-        // device's RMM map entry, which is then not replaced (`mr::count_lent_to_raft`).
-        mr::count_lent_to_raft(self.device, &self.lent);
+        // device's RMM map entry, which is then not replaced (`lent::count_lent_to_raft`).
+        lent::count_lent_to_raft(self.device, &self.lent);
         let mut out = std::ptr::null_mut();
         // SAFETY: the native resources are alive for the borrow; `out` receives a pointer into
         // them, which the caller may only use while it holds that borrow.
@@ -488,7 +489,7 @@ impl NativeResources {
         // consumed); its stream is still alive (dropped just below, after it).
         let destroyed = check(who, api, unsafe { api.raftrs_resources_destroy(self.ptr.as_ptr()) });
         if self.lent.load(Ordering::Acquire) {
-            mr::count_out_lent_to_raft(self.device);
+            lent::count_out_lent_to_raft(self.device);
         }
         let ctx = self.stream.context().clone();
         drop(self.stream);
@@ -503,7 +504,7 @@ impl NativeResources {
         // Never used again (the exit has decided, or nothing can finish the release): what
         // RAFT code holds of the map's entry is never called.
         if self.lent.load(Ordering::Acquire) {
-            mr::count_out_lent_to_raft(self.device);
+            lent::count_out_lent_to_raft(self.device);
         }
         std::mem::forget(self);
     }
@@ -514,9 +515,9 @@ impl NativeResources {
 pub(crate) fn install_default(who: &'static str, device: usize) -> Result<bool> {
     let api = api(who)?;
     let _keep = ContextGuard::save(who)?;
-    // Not while RAFT code may hold a reference into the map's entry (`mr::count_lent_to_raft`):
+    // Not while RAFT code may hold a reference into the map's entry (`lent::count_lent_to_raft`):
     // the entry then keeps what it holds.
-    mr::unless_lent_to_raft(device, || {
+    lent::unless_lent_to_raft(device, || {
         let mut installed = 0;
         // SAFETY: writes one int; the shim checks the device.
         check(who, api, unsafe { api.raftrs_mr_install_default(device as i32, &mut installed) })?;
