@@ -76,13 +76,24 @@ static_assertions::assert_impl_all!(Communicator: Send, Sync);
 
 impl Communicator {
     fn new(native: NativeComm, resources: DeviceResources, timeout: Duration) -> Result<Communicator> {
-        let info = native.info("Communicator")?;
+        // NCCL made the communicator: a failure from here on aborts it (its proxy threads would
+        // otherwise live on, and the exit's teardown never sees it; in a clique the shim's rule
+        // aborts the other ranks too). Dropping the handle alone only frees the shim's cell.
+        let refuse = |native: &NativeComm, e: Error| {
+            let _ = native.abort("Communicator", e.message());
+            e
+        };
+        let info = match native.info("Communicator") {
+            Ok(info) => info,
+            Err(e) => return Err(refuse(&native, e)),
+        };
         if info.device != resources.device() {
-            return Err(Error::new(
+            let e = Error::new(
                 ErrorKind::Generic,
                 "Communicator",
                 format!("NCCL put the communicator on device {}, its resources are on device {}", info.device, resources.device()),
-            ));
+            );
+            return Err(refuse(&native, e));
         }
         let shared = Arc::new(Shared {
             native,
