@@ -418,3 +418,31 @@ fn the_current_resource_is_not_replaced_while_resources_lent_to_raft_are_alive()
     assert_eq!(c.result("reinit").as_deref(), Some("Logic:raft::memory::reinitialize:"), "{c:?}");
     assert_eq!(c.result("again").as_deref(), Some("ok:()"), "allowed once the lent resources are released\n{c:?}");
 }
+
+/// The review of the eighth round, M1: an exclusive lend in a job that a lend of the same
+/// resources joins. Before: the exclusive lend polled for ever, and the join with it (the child
+/// was killed). Now it is refused (`Logic`) once it sees the join, and everything ends.
+#[test]
+fn an_exclusive_lend_that_a_lend_of_its_resources_joins_is_refused() {
+    require_gpu!();
+    let c = run_scenario!("exclusive-lend-in-a-job-joined-inside-a-lend", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    let got = c.result("exclusive").unwrap_or_default();
+    assert!(got.starts_with("Logic:DeviceResources::with_raft_resources_mut"), "{got}\n{c:?}");
+    assert!(c.stdout.contains("waits for this one"), "the refusal says why\n{c:?}");
+}
+
+/// The review's M2: an exclusive lend that releases other resources while a lend of those waits
+/// for the first resources' read lock. Before: both waited for ever. Now both end; the release
+/// returns `Ok` either way and the released resources are released.
+#[test]
+fn an_exclusive_lend_releasing_what_a_waiting_use_lends_ends() {
+    require_gpu!();
+    let c = run_scenario!("exclusive-lend-releasing-beside-a-plain-use", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("release").as_deref(), Some("ok:()"), "{c:?}");
+    let sync = c.result("sync").unwrap_or_default();
+    assert!(sync == "ok:()" || sync.starts_with("Logic:DeviceResources::sync"), "sync={sync}\n{c:?}");
+    assert_eq!(c.result("again").as_deref(), Some("ok:()"), "{c:?}");
+    assert_eq!(c.result("released").as_deref(), Some("true"), "{c:?}");
+}

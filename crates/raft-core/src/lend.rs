@@ -74,11 +74,14 @@ impl DeviceResources {
     /// Waits for a moment with no use in progress (polling: other threads' uses are never held
     /// back while it waits, so a use that waits for another cannot deadlock with it; under a
     /// steady stream of uses from many threads the wait can be long), then holds new uses back
-    /// until `f` returns.
+    /// until `f` returns. Like [`with_raft_resources`](Self::with_raft_resources), it counts as
+    /// a lend to RAFT for [`memory::set_current`](crate::memory::set_current).
     ///
     /// # Errors
-    /// `Logic` on released resources, and when called inside a use of the same resources on this
-    /// thread (a lend, a memory failure callback), which it would wait for.
+    /// `Logic` on released resources, when called inside a use of the same resources on this
+    /// thread (a lend, a memory failure callback), which it would wait for, and where the wait
+    /// would never end: a use in progress is held by a thread that waits for this one (a join
+    /// of the job making this call, or a wait for resources this thread holds).
     pub fn with_raft_resources_mut<R>(&self, f: impl FnOnce(RaftResourcesPtr<'_>) -> R) -> Result<R> {
         const WHO: &str = "DeviceResources::with_raft_resources_mut";
         self.with_native_exclusive(WHO, |native| {

@@ -20,6 +20,7 @@ mod holding;
 mod host;
 mod job;
 mod lend;
+mod live;
 mod matrix;
 pub mod memory;
 #[cfg(feature = "ndarray")]

@@ -422,47 +422,20 @@ impl Drop for ResourcesState {
     }
 }
 
+/// Why a wait for a use of resources is refused where it would close a circle.
+const WAITS_FOR_THIS_ONE: &str =
+    "a use of these resources is held by a thread that waits for this one (a join, or a wait for resources this thread holds): this wait would never end";
+
 /// The `who` of the exit teardown's releases.
 const TEARDOWN: &str = "exit teardown";
 /// How long the exit teardown waits for another thread's lend of resources to end.
 const TEARDOWN_LEND_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Every resources object alive, for the exit teardown and for [`crate::stats`]: a slot each,
-/// which the object keeps (`ResourcesState::slot`), reused once its object is gone. Making and
-/// dropping resources costs a lock and a slot, no hashing.
-pub(crate) struct LiveRegistry {
-    slots: Vec<Option<Weak<ResourcesState>>>,
-    free: Vec<usize>,
-}
-
-impl LiveRegistry {
-    fn insert(&mut self, state: Weak<ResourcesState>) -> usize {
-        match self.free.pop() {
-            Some(at) => {
-                self.slots[at] = Some(state);
-                at
-            }
-            None => {
-                self.slots.push(Some(state));
-                self.slots.len() - 1
-            }
-        }
-    }
-
-    fn remove(&mut self, at: usize) {
-        if self.slots.get_mut(at).and_then(Option::take).is_some() {
-            self.free.push(at);
-        }
-    }
-
-    /// The objects still alive, a handle each.
-    pub(crate) fn alive(&self) -> Vec<Arc<ResourcesState>> {
-        self.slots.iter().flatten().filter_map(Weak::upgrade).collect()
-    }
-}
+/// Every resources object alive, for the exit teardown and for [`crate::stats`] (`live.rs`).
+pub(crate) type LiveRegistry = crate::live::LiveRegistry<ResourcesState>;
 
 pub(crate) fn live_registry() -> &'static Mutex<LiveRegistry> {
-    static LIVE: Mutex<LiveRegistry> = Mutex::new(LiveRegistry { slots: Vec::new(), free: Vec::new() });
+    static LIVE: Mutex<LiveRegistry> = Mutex::new(LiveRegistry::new());
     &LIVE
 }
 
@@ -608,7 +581,18 @@ impl DeviceResources {
         if self.state.closing.load(Ordering::Acquire) {
             return Err(Error::released(who, self.state.device));
         }
-        let native = self.state.native.read().unwrap_or_else(|e| e.into_inner());
+        let native = match self.state.native.try_read() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                // A writer holds the lock (no writer ever waits for it): an exclusive lend, or a
+                // release taking the objects out. Recorded as a poll while this thread waits, so
+                // that a writer polling for a use this thread holds sees the circle, and refused
+                // where this wait closes one (the writer polls for what this thread holds).
+                let _polling = waits::poll_for(id, &holding::held_ids()).ok_or_else(|| Error::logic(who, WAITS_FOR_THIS_ONE))?;
+                self.state.native.read().unwrap_or_else(|e| e.into_inner())
+            }
+        };
         match native.as_ref() {
             Some(n) => {
                 // Declared after the guard: dropped before it, so the entry never outlives it.
@@ -653,9 +637,15 @@ impl DeviceResources {
                 Err(std::sync::TryLockError::WouldBlock) if polling.is_none() => {
                     // As a release's poll (`take_native_when_unused`): refused where it would
                     // never end.
-                    polling = Some(waits::poll_for(id, &holding::held_ids()).ok_or_else(|| {
-                        Error::logic(who, "a use of these resources is held by a thread that waits for this one (it polls for a use of resources this thread holds): this wait would never end")
-                    })?);
+                    polling = Some(waits::poll_for(id, &holding::held_ids()).ok_or_else(|| Error::logic(who, WAITS_FOR_THIS_ONE))?);
+                }
+                // As a release (`take_native_when_unused`): a thread waiting for this one (a
+                // join of the job making this call, inside a lend of these resources) may hold
+                // the use this call waits for.
+                Err(std::sync::TryLockError::WouldBlock)
+                    if start.elapsed() >= std::time::Duration::from_millis(2) && waits::awaited(std::thread::current().id()) =>
+                {
+                    return Err(Error::logic(who, WAITS_FOR_THIS_ONE));
                 }
                 Err(std::sync::TryLockError::WouldBlock) if start.elapsed() < std::time::Duration::from_millis(1) => {
                     std::thread::yield_now()
@@ -705,6 +695,8 @@ impl DeviceResources {
     /// - when, a use being in flight, a thread waits for the calling thread through this library
     ///   (a [`JobHandle::join`] of the job making this call, say, inside a lend of these
     ///   resources), a thread of its own finishes the release once the uses in flight have ended;
+    ///   likewise when a use in flight is held by a thread that itself waits for a use this
+    ///   thread holds (two threads, each inside a lend of one object, releasing the other's);
     ///   and a second release that something waits for returns without waiting for the first.
     ///   A wait this library does not see (a channel, a thread's join, an `await` of the job)
     ///   cannot be told apart: releasing from a thread that such a lend waits for never ends.
@@ -869,25 +861,5 @@ pub(crate) fn release_all_live() {
         if let Err(e) = state.release(TEARDOWN) {
             log::debug!(target: "raft", "{e}");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_live_registry_reuses_a_freed_slot_and_frees_each_slot_once() {
-        let mut r = LiveRegistry { slots: Vec::new(), free: Vec::new() };
-        let [a, b, c] = [(); 3].map(|()| r.insert(Weak::new()));
-        assert_eq!([a, b, c], [0, 1, 2]);
-        r.remove(b);
-        r.remove(b); // a second removal of the same slot frees nothing more
-        r.remove(7); // nor does one of a slot never handed out
-        assert_eq!(r.free, vec![b]);
-        assert_eq!(r.insert(Weak::new()), b);
-        assert_eq!(r.insert(Weak::new()), 3);
-        // Objects that are gone are not alive (a `Weak` that never upgrades).
-        assert!(r.alive().is_empty());
     }
 }

@@ -67,8 +67,9 @@ pub(crate) fn awaited(on: ThreadId) -> bool {
 
 /// Moves the recorded waits of `waiters` that are for thread `from` to thread `to` (the thread
 /// that now does `from`'s work). A wait whose move would close a circle (`to` waits, directly or
-/// through others, for that waiter) stays on `from`: the map never holds a circle, and the
-/// waiter, woken by its caller, checks its wait again and finds the circle itself.
+/// through others, for that waiter) is forgotten instead: the map never holds a circle, `from`
+/// no longer looks awaited, and the waiter, woken by its caller, checks its wait again and finds
+/// the circle itself.
 pub(crate) fn retarget(waiters: &[ThreadId], from: ThreadId, to: ThreadId) {
     let mut guard = WAITS.lock().unwrap_or_else(|e| e.into_inner());
     let Some(map) = guard.as_mut() else { return };
@@ -86,14 +87,17 @@ pub(crate) fn retarget(waiters: &[ThreadId], from: ThreadId, to: ThreadId) {
                 None => break false,
             }
         };
-        if !circle {
+        if circle {
+            map.remove(w);
+        } else {
             map.insert(*w, to);
         }
     }
 }
 
 /// A thread polling for the uses in flight of resources `polls_for` (a release, an exclusive
-/// lend: they poll rather than queue for the write lock), holding uses of `holds` meanwhile.
+/// lend: they poll rather than queue for the write lock; or a use waiting for the read lock
+/// while a writer holds it), holding uses of `holds` meanwhile.
 struct Poll {
     thread: ThreadId,
     polls_for: u64,
@@ -116,8 +120,9 @@ impl Drop for Polling {
 /// holds uses of `held` (its own, `holding::held_ids`). `None` when that poll would never end:
 /// a thread polling for one of `held` holds a use of `id`, directly or through other polling
 /// threads (two threads, each inside a lend of one object, releasing the other's). A poll is
-/// only seen by polls: a use is held by a thread that is either running (it will let go) or
-/// polling (recorded here) or waiting in `wait_for` (`awaited` covers that for a release).
+/// only seen by polls: a use is held by a thread that is either running (it will let go),
+/// polling or waiting for a read lock (recorded here), or waiting in `wait_for` (`awaited`
+/// covers that for a release and an exclusive lend).
 /// Checked and recorded under one lock, so of two polls closing a circle exactly one is refused.
 pub(crate) fn poll_for(id: u64, held: &[u64]) -> Option<Polling> {
     let me = std::thread::current().id();
@@ -226,7 +231,7 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_whose_move_would_close_a_circle_stays_where_it_was() {
+    fn a_wait_whose_move_would_close_a_circle_is_forgotten_not_moved() {
         let me = std::thread::current().id();
         let (tx, rx) = mpsc::channel();
         let (go_tx, go_rx) = mpsc::channel::<()>();
@@ -251,13 +256,11 @@ mod tests {
         let (tid, entered) = trx.recv().unwrap();
         assert!(entered);
         retarget(&[wid], me, tid);
-        assert_eq!(recorded(wid), Some(me), "the move would close a circle: W still waits for this thread");
+        assert_eq!(recorded(wid), None, "the move would close a circle: W's wait is forgotten, not moved");
         assert!(!awaited(tid), "nobody waits for T");
+        assert!(!awaited(me), "nor for this thread any more");
         tgo_tx.send(()).unwrap();
         t.join().unwrap();
-        // T's wait ended: the move is free now.
-        retarget(&[wid], me, tid);
-        assert_eq!(recorded(wid), Some(tid));
         go_tx.send(()).unwrap();
         w.join().unwrap();
     }

@@ -22,7 +22,10 @@ pub fn current(device: usize) -> Result<MemoryResource> {
 /// RAFT) hold a reference into RMM's map entry rather than the resource, and RMM replaces the
 /// entry's object in place: so the current resource is not replaced while resources of the
 /// device that were lent to RAFT or cuVS code are alive and not released. Choose the resource
-/// before that work, as RMM's own documentation asks of any replacement.
+/// before that work, as RMM's own documentation asks of any replacement. Any lend counts,
+/// however short (RAFT keeps what it made in the object, a workspace say), until the resources
+/// are released; resources released or dropped just before are waited for (their release may
+/// still be running on a release thread, up to 5 s).
 ///
 /// # Errors
 /// `Logic` when `resource` was made for another device, the device does not exist, or
@@ -33,6 +36,11 @@ pub fn set_current(device: usize, resource: &MemoryResource) -> Result<MemoryRes
     check_device(WHO, device)?;
     if resource.device() != device {
         return Err(Error::logic(WHO, format!("a memory resource of device {} cannot serve device {device}", resource.device())));
+    }
+    // Lent resources released or dropped a moment ago may still be on a release thread, and
+    // count until destroyed: the device's pending releases run first.
+    if result::lent::lent_to_raft_on(device) > 0 {
+        crate::release::drain_device(device, crate::release::OOM_WAIT);
     }
     let previous = MemoryResource::wrap(WHO, resource.native.set_current(WHO)?)?;
     let _ = forget_ours_if_replaced(device, &previous, resource);

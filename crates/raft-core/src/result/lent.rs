@@ -38,6 +38,11 @@ pub(crate) fn count_lent_to_raft(device: usize, mark: &AtomicBool) {
     }
 }
 
+/// How many resources lent to RAFT are alive on `device` now.
+pub(crate) fn lent_to_raft_on(device: usize) -> usize {
+    lent_to_raft().get(device).copied().unwrap_or(0)
+}
+
 /// Counts lent resources out once their `raft::resources` is destroyed (or left to the OS).
 pub(crate) fn count_out_lent_to_raft(device: usize) {
     if let Some(n) = lent_to_raft().get_mut(device) {

@@ -21,7 +21,7 @@ pub(crate) mod crew;
 pub(crate) mod dlpack;
 pub(crate) mod foreign;
 pub(crate) mod gemm;
-mod lent;
+pub(crate) mod lent;
 pub(crate) mod mr;
 pub(crate) mod registration;
 pub(crate) mod staging;

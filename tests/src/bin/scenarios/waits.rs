@@ -321,3 +321,55 @@ pub fn set_current_beside_a_lend() {
     drop(unlent);
     println!("RESULT refused={refused} reinit={reinit} again={again}");
 }
+
+/// The review of the eighth round, M1: inside a lend of `r`, a join of a job that takes an
+/// exclusive lend of `r`. The exclusive lend polled for ever (it never asked whether anything
+/// waited for its thread), and the join with it. Now it is refused once the join is seen.
+pub fn exclusive_lend_in_a_job_joined_inside_a_lend() {
+    let (r, other) = two();
+    let start = Instant::now();
+    let joined = r
+        .with_raft_resources(|_| {
+            let victim = r.clone();
+            other.spawn(move || describe(victim.with_raft_resources_mut(|_| ()))).expect("spawn").join()
+        })
+        .expect("lend");
+    let exclusive = match joined {
+        Ok(s) => s,
+        Err(e) => format!("join {:?}:{e}", e.kind()),
+    };
+    println!("RESULT exclusive={exclusive} ms={}", start.elapsed().as_millis());
+}
+
+/// The review's M2: thread A, inside an exclusive lend of `x`, releases `y`; thread B, inside a
+/// lend of `y`, calls `x.sync()`, which waited in the read lock behind A's write lock, unseen:
+/// A polled for B's lend for ever, and B waited for A. Now B's wait is recorded: whichever comes
+/// second gives way (A's release is handed off, or B's call is refused), and both end.
+pub fn exclusive_lend_releasing_beside_a_plain_use() {
+    let (x, y) = two();
+    let barrier = Arc::new(Barrier::new(2));
+    let a = {
+        let (x, y, bar) = (x.clone(), y.clone(), barrier.clone());
+        std::thread::spawn(move || {
+            x.with_raft_resources_mut(|_| {
+                bar.wait();
+                std::thread::sleep(Duration::from_millis(50));
+                describe(y.release())
+            })
+            .expect("exclusive lend")
+        })
+    };
+    let b = {
+        let (x, y) = (x.clone(), y.clone());
+        std::thread::spawn(move || {
+            y.with_raft_resources(|_| {
+                barrier.wait();
+                describe(x.sync())
+            })
+            .expect("lend")
+        })
+    };
+    let (release, sync) = (a.join().expect("thread a"), b.join().expect("thread b"));
+    let again = describe(y.release());
+    println!("RESULT release={release} sync={sync} again={again} released={}", y.is_released());
+}
