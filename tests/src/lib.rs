@@ -25,6 +25,20 @@ pub fn gpu() -> bool {
     false
 }
 
+/// Waits until no release is pending on any release thread or worker (`raft::stats`); panics
+/// past `limit`, with the statistics. Returns how long it took.
+pub fn settle_releases(limit: std::time::Duration) -> std::time::Duration {
+    let t = std::time::Instant::now();
+    loop {
+        let s = raft::stats();
+        if s.pending.releases == 0 && s.releases_pending == 0 {
+            return t.elapsed();
+        }
+        assert!(t.elapsed() < limit, "releases still pending after {limit:?}: {s:?}");
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
 /// The device an array lives on, as the driver says (`cuPointerGetAttribute` DEVICE_ORDINAL).
 pub fn device_of<T: raft::DeviceScalar>(v: &raft::DeviceVec<T>) -> i32 {
     use cudarc::driver::sys::{cuPointerGetAttribute, CUpointer_attribute, CUresult};

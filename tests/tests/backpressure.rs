@@ -6,6 +6,7 @@
 //! 12: without it both tests get `OutOfMemory`).
 use raft::{DeviceResources, DeviceVec, ErrorKind};
 use raft_tests::require_gpu;
+use raft_tests::settle_releases as settle;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,19 +28,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 fn say(line: String) {
     let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{line}\n").as_bytes());
-}
-
-/// Waits until nothing is pending; how long it took.
-fn settle(limit: Duration) -> Duration {
-    let t = Instant::now();
-    loop {
-        let s = raft::stats();
-        if s.pending.releases == 0 && s.releases_pending == 0 {
-            return t.elapsed();
-        }
-        assert!(t.elapsed() < limit, "releases still pending after {limit:?}: {s:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// How many handles fit on device 0's memory (its total).

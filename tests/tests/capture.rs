@@ -19,11 +19,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// four runs of the binary with the lock alone, its relaxed capture invalidated: run 157).
 fn serial() -> MutexGuard<'static, ()> {
     let one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while raft::stats().pending.releases > 0 || raft::stats().releases_pending > 0 {
-        assert!(std::time::Instant::now() < until, "releases still pending after 30 s");
-        std::thread::sleep(std::time::Duration::from_micros(200));
-    }
+    raft_tests::settle_releases(std::time::Duration::from_secs(30));
     one
 }
 

@@ -47,11 +47,7 @@ pub(crate) unsafe extern "C" fn stream_work(arg: *mut std::ffi::c_void) {
 /// Waits until no release is pending (30 s at most, then panics): a dropped memory resource's
 /// handle is destroyed on a release thread, so its pool's last copy may go a moment later.
 pub(crate) fn settle_releases() {
-    let until = Instant::now() + Duration::from_secs(30);
-    while raft::stats().pending.releases > 0 || raft::stats().releases_pending > 0 {
-        assert!(Instant::now() < until, "releases still pending after 30 s");
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    raft_tests::settle_releases(Duration::from_secs(30));
 }
 
 /// Wall-clock milliseconds since the epoch, for exit latencies measured by the parent.
