@@ -24,6 +24,11 @@ fn lent_to_raft() -> MutexGuard<'static, Vec<usize>> {
     LENT_TO_RAFT.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The count of `device` in the locked counts.
+fn on(lent: &[usize], device: usize) -> usize {
+    lent.get(device).copied().unwrap_or(0)
+}
+
 /// Counts resources on `device` in as lent to RAFT (once each, before the first lend).
 pub(crate) fn count_lent_to_raft(device: usize, mark: &AtomicBool) {
     if mark.load(Ordering::Acquire) {
@@ -40,7 +45,7 @@ pub(crate) fn count_lent_to_raft(device: usize, mark: &AtomicBool) {
 
 /// How many resources lent to RAFT are alive on `device` now.
 pub(crate) fn lent_to_raft_on(device: usize) -> usize {
-    lent_to_raft().get(device).copied().unwrap_or(0)
+    on(&lent_to_raft(), device)
 }
 
 /// Counts lent resources out once their `raft::resources` is destroyed (or left to the OS).
@@ -54,7 +59,7 @@ pub(crate) fn count_out_lent_to_raft(device: usize) {
 /// lent to RAFT or cuVS code are alive there.
 pub(crate) fn entry_free_to_replace(who: &'static str, device: usize) -> Result<MutexGuard<'static, Vec<usize>>> {
     let lent = lent_to_raft();
-    match lent.get(device).copied().unwrap_or(0) {
+    match on(&lent, device) {
         0 => Ok(lent),
         n => Err(Error::logic(
             who,
@@ -69,12 +74,10 @@ pub(crate) fn entry_free_to_replace(who: &'static str, device: usize) -> Result<
 /// there (`Ok(false)`: the map keeps what it holds).
 pub(crate) fn unless_lent_to_raft(device: usize, install: impl FnOnce() -> Result<bool>) -> Result<bool> {
     let lent = lent_to_raft();
-    if lent.get(device).copied().unwrap_or(0) > 0 {
+    if on(&lent, device) > 0 {
         return Ok(false);
     }
-    let installed = install();
-    drop(lent);
-    installed
+    install() // under the lock: `lent` lives to the end
 }
 
 #[cfg(test)]

@@ -285,7 +285,7 @@ impl NativeMr {
     }
 
     /// Makes this resource its device's current; returns the one it replaced. Refused while
-    /// RAFT or cuVS code may hold a reference into the map's entry (`lent_to_raft`).
+    /// RAFT or cuVS code may hold a reference into the map's entry (`lent::entry_free_to_replace`).
     pub(crate) fn set_current(&self, who: &'static str) -> Result<NativeMr> {
         let api = api(who)?;
         let _entry = super::lent::entry_free_to_replace(who, self.device())?;
