@@ -66,9 +66,11 @@ macro_rules! shim_functions {
             }
         }
 
-        /// The names bound here (checked against the header by a test).
+        /// The signatures bound here, as written (checked against the header by a test): name,
+        /// argument types, return type (empty for none).
         #[cfg(test)]
-        pub(crate) const FUNCTIONS: &[&str] = &[$(stringify!($name)),*];
+        pub(crate) const SIGNATURES: &[(&str, &[&str], &str)] =
+            &[$((stringify!($name), &[$(stringify!($ty)),*], concat!("" $(, stringify!($ret))?))),*];
     };
 }
 
@@ -116,31 +118,113 @@ mod tests {
 
     const HEADER: &str = include_str!("../include/raftcomms.h");
 
-    /// Every function the header declares, by name.
-    fn declared() -> Vec<String> {
-        let mut names = Vec::new();
+    /// Every function the header declares: name, argument types and return type, each written
+    /// as the Rust type that binds it (`const char*` → `*const c_char`, `raftcomms_comm* const*`
+    /// → `*const *mut raftcomms_comm`, `void` → nothing).
+    fn declared() -> Vec<(String, Vec<String>, String)> {
+        // The header without its comments and preprocessor lines, declarations joined.
+        let mut text = String::new();
+        let mut in_comment = false;
         for line in HEADER.lines() {
-            let t = line.trim_start();
-            if t.starts_with("/*") || t.starts_with('*') || t.starts_with('#') {
+            let mut t = line.trim();
+            if in_comment {
+                match t.find("*/") {
+                    Some(end) => {
+                        in_comment = false;
+                        t = &t[end + 2..];
+                    }
+                    None => continue,
+                }
+            }
+            if let Some(start) = t.find("/*") {
+                in_comment = !t[start..].contains("*/");
+                t = &t[..start];
+            }
+            if t.starts_with('#') || t.starts_with("//") {
                 continue;
             }
-            // A declaration: the identifier right before the first '(' names the function.
-            let Some(open) = t.find('(') else { continue };
-            let name = t[..open].split_whitespace().last().unwrap_or("").trim_start_matches('*');
-            if name.starts_with("raftcomms_") && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                names.push(name.to_string());
-            }
+            text.push_str(t);
+            text.push(' ');
         }
-        names
+        let mut out = Vec::new();
+        for decl in text.split(';') {
+            let Some(open) = decl.find('(') else { continue };
+            let head = &decl[..open];
+            let name = head.split_whitespace().last().unwrap_or("").trim_start_matches('*');
+            if !name.starts_with("raftcomms_") || head.contains("typedef") {
+                continue;
+            }
+            let ret = rust_type(head[..head.rfind(name).unwrap()].trim());
+            let close = decl.rfind(')').expect("a declaration's closing parenthesis");
+            let args: Vec<String> = decl[open + 1..close]
+                .split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty() && *a != "void")
+                .map(|a| {
+                    // The last word is the argument's name (every argument of the header is named).
+                    let cut = a.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(0, |i| i + 1);
+                    rust_type(a[..cut].trim())
+                })
+                .collect();
+            out.push((name.to_string(), args, ret));
+        }
+        out
     }
 
+    /// A C type as the Rust type that binds it: each pointer's mutability is whether what it
+    /// points to is `const`.
+    fn rust_type(c: &str) -> String {
+        let spaced = c.replace('*', " * ");
+        let (mut base, mut base_const, mut pointers) = (String::new(), false, Vec::<bool>::new());
+        for tok in spaced.split_whitespace() {
+            match tok {
+                "const" => match pointers.last_mut() {
+                    Some(p) => *p = true,
+                    None => base_const = true,
+                },
+                "*" => pointers.push(false),
+                t => {
+                    base = match t {
+                        "int32_t" => "i32",
+                        "uint8_t" => "u8",
+                        "uint64_t" => "u64",
+                        "size_t" => "usize",
+                        "double" => "f64",
+                        "char" => "c_char",
+                        "void" => "c_void",
+                        other => other,
+                    }
+                    .to_string()
+                }
+            }
+        }
+        if pointers.is_empty() && base == "c_void" {
+            return String::new();
+        }
+        let (mut ty, mut pointee_const) = (base, base_const);
+        for p in pointers {
+            ty = format!("*{} {ty}", if pointee_const { "const" } else { "mut" });
+            pointee_const = p;
+        }
+        ty
+    }
+
+    /// The ninth audit: the bindings were checked against the header by name only, and the
+    /// load-time hash compares the shim with the same header, so a changed argument type in
+    /// the header and the C++ but not here passed every check.
     #[test]
-    fn bindings_name_every_function_of_the_header_and_no_other() {
+    fn bindings_match_every_signature_of_the_header() {
         let mut header = declared();
-        let mut bound: Vec<String> = FUNCTIONS.iter().map(|s| s.to_string()).collect();
+        let mut bound: Vec<(String, Vec<String>, String)> = SIGNATURES
+            .iter()
+            .map(|(n, args, ret)| (n.to_string(), args.iter().map(|a| a.to_string()).collect(), ret.to_string()))
+            .collect();
         header.sort();
         bound.sort();
-        assert_eq!(header, bound, "include/raftcomms.h and src/sys.rs disagree");
+        assert_eq!(header.len(), bound.len(), "include/raftcomms.h declares {} functions, src/sys.rs binds {}", header.len(), bound.len());
+        for (h, b) in header.iter().zip(&bound) {
+            assert_eq!(h, b, "include/raftcomms.h (left) and src/sys.rs (right) disagree");
+        }
     }
 
     #[test]
