@@ -195,8 +195,10 @@ impl Open {
         let stop_if_captured = |when: &str| {
             let captured = |s: &Option<Arc<CudaStream>>| s.as_ref().is_some_and(|s| raft_core::stream_is_capturing(s).unwrap_or(false));
             if let Some((_, Some(stream))) = list.iter().find(|(_, s)| captured(s)) {
-                eprintln!("{WHO}: a CUDA graph capture began on a stream ({:p}) {when}; aborting", stream.cu_stream());
-                std::process::abort();
+                raft_exit::abort_with(format_args!(
+                    "{WHO}: a CUDA graph capture began on a stream ({:p}) {when}; aborting",
+                    stream.cu_stream()
+                ));
             }
         };
         stop_if_captured("after the group's collectives were queued on it, before the group's end launched them");

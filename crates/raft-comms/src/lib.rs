@@ -166,8 +166,9 @@ pub mod through_raft {
                 crate::shared::refuse_capture(WHO, &stream)?;
                 let done = result::raft_allreduce(WHO, raft, send, recv, op, &stream);
                 if raft_core::stream_is_capturing(&stream).unwrap_or(false) {
-                    eprintln!("{WHO}: a CUDA graph capture began on the stream while a collective was queued on it; aborting");
-                    std::process::abort();
+                    raft_exit::abort_with(format_args!(
+                        "{WHO}: a CUDA graph capture began on the stream while a collective was queued on it; aborting"
+                    ));
                 }
                 done
             })

@@ -178,8 +178,9 @@ impl Shared {
             // A capture begun meanwhile on another thread may have taken the collective into its
             // graph, which would then read and write the arrays at each launch: as for a copy
             // in raft-core, the process stops.
-            eprintln!("{who}: a CUDA graph capture began on the stream while a collective was queued on it; aborting");
-            std::process::abort();
+            raft_exit::abort_with(format_args!(
+                "{who}: a CUDA graph capture began on the stream while a collective was queued on it; aborting"
+            ));
         }
         if let Some(t) = fresh {
             st.token = Some(t);

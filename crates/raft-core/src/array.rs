@@ -256,8 +256,10 @@ impl<T: DeviceScalar> Drop for DeviceVec<T> {
         }
         // Freed in the order of its own stream, after what other streams queued on it.
         if let Err(e) = self.foreign.settle_all("DeviceVec::drop", buffer.stream()) {
-            log::warn!(target: "raft", "{e} (the array is leaked: a use on another stream may still run)");
+            // Leaked first: a logger that panics must not drop the buffer (and with it, maybe, the
+            // last handle of its resource) under that use.
             buffer.leak();
+            log::warn!(target: "raft", "{e} (the array is leaked: a use on another stream may still run)");
             return;
         }
         if buffer.frees_stream_ordered() {

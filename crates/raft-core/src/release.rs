@@ -586,8 +586,8 @@ pub(crate) fn enqueue_holding(label: raft_exit::Label, held: Held, release: Rele
 
 fn send(pool: &'static Pool, q: Queued) {
     if !start_threads(pool) {
+        std::mem::forget(q.release); // first: a logger that panics must not drop it
         log::warn!(target: "raft", "no release thread could be started: native objects leaked");
-        std::mem::forget(q.release);
         return;
     }
     pool.push(q);

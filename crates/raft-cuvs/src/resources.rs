@@ -85,8 +85,7 @@ pub(crate) fn lend<R>(who: &'static str, res: &DeviceResources, f: impl FnOnce(C
         // A capture begun meanwhile on another thread may have taken cuVS's kernels into its
         // graph, which would then use the index and the arrays at each launch: the process stops,
         // as raft-core's copies do.
-        eprintln!("{who}: a CUDA graph capture began on the resources' stream while cuVS worked on it; aborting");
-        std::process::abort();
+        raft_exit::abort_with(format_args!("{who}: a CUDA graph capture began on the resources' stream while cuVS worked on it; aborting"));
     }
     out
 }

@@ -53,6 +53,24 @@ pub use wait::{
     DEFAULT_EXIT_WAIT,
 };
 
+/// Writes `message` (and a newline) to stderr and aborts the process: for a state no code may
+/// go on from (a copy that may still run under a borrow about to end, work a CUDA graph capture
+/// may have taken). Unlike `eprintln!` followed by `abort`, it aborts even when stderr is a
+/// closed pipe (`eprintln!` panics then, and the unwinding would run the very code the abort
+/// was to prevent) or when formatting the message panics.
+#[cold]
+pub fn abort_with(message: std::fmt::Arguments<'_>) -> ! {
+    struct AbortOnDrop;
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            std::process::abort();
+        }
+    }
+    let _abort = AbortOnDrop; // a panic while writing still aborts, in the unwinding
+    let _ = std::io::Write::write_fmt(&mut std::io::stderr().lock(), format_args!("{message}\n"));
+    std::process::abort()
+}
+
 use registry::REGISTRY;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
@@ -158,6 +176,33 @@ mod tests {
         assert!(jobs_in_flight() >= 1);
         assert!(hook_registered());
         drop(token);
+    }
+
+    /// The ninth audit: `eprintln!` then `abort()` panicked instead of aborting when stderr was
+    /// a closed pipe (`prog 2>&1 | head -1`), and the unwinding ran the code the abort was to
+    /// prevent (a borrow ended under a running copy). A child process with such a stderr must
+    /// end by SIGABRT, never by a panic's exit status.
+    #[test]
+    #[cfg_attr(miri, ignore = "spawns a process")]
+    fn abort_with_aborts_even_when_stderr_is_a_closed_pipe() {
+        use std::os::unix::process::ExitStatusExt;
+        const CHILD: &str = "RAFT_EXIT_TEST_ABORT_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            // The parent closes its end of the pipe meanwhile.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            abort_with(format_args!("the child stops here ({})", "a message long enough to be written"));
+        }
+        let exe = std::env::current_exe().unwrap();
+        let mut child = std::process::Command::new(exe)
+            .args(["--exact", "tests::abort_with_aborts_even_when_stderr_is_a_closed_pipe", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stderr.take()); // the reading end closed: the child's writes fail with EPIPE
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGABRT), "the child did not abort: {status:?}");
     }
 
     /// The crate's files, for the layout checks below.

@@ -439,8 +439,7 @@ fn queue(
     // it, into its graph: then whether the copy ran, and when it ends, cannot be known, and the
     // borrow of its ends must not end. Such a race is the caller's; the process stops.
     if streams().into_iter().any(super::captured_meanwhile) {
-        eprintln!("{who}: a CUDA graph capture began on a stream while a copy was queued on it; aborting");
-        std::process::abort();
+        raft_exit::abort_with(format_args!("{who}: a CUDA graph capture began on a stream while a copy was queued on it; aborting"));
     }
     if let Err(error) = after {
         // The copy is queued but cannot be waited for as planned: wait for it here.
@@ -697,8 +696,7 @@ pub(crate) fn zero_ordered(who: &'static str, buf: &mut NativeBuffer) -> Result<
     // A capture begun meanwhile on another thread may have taken the memset into its graph,
     // which would write the memory at each launch: as for a copy, the process stops.
     if super::captured_meanwhile(&buf.stream) {
-        eprintln!("{who}: a CUDA graph capture began on a stream while a memset was queued on it; aborting");
-        std::process::abort();
+        raft_exit::abort_with(format_args!("{who}: a CUDA graph capture began on a stream while a memset was queued on it; aborting"));
     }
     queued
 }

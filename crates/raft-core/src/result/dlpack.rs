@@ -148,11 +148,13 @@ impl Owned {
             };
             if let Err(e) = ordered {
                 if !super::context_is_dead(&e) && !super::already_gone(&e) {
-                    log::warn!(target: "raft", "{e} (the array's memory is kept: the consumer's work may still use it)");
+                    // Kept first: a logger that panics must not free the array under the
+                    // consumer's work (the deleter's `catch_unwind` would drop the owner).
                     drop(stream);
                     if let Some(owner) = owner {
                         owner.keep_memory();
                     }
+                    log::warn!(target: "raft", "{e} (the array's memory is kept: the consumer's work may still use it)");
                     return;
                 }
             }

@@ -9,18 +9,40 @@
 //! record on a stream covers all earlier work on it), and the array's own stream waits on the
 //! device for those events before its next use of the array and before the array is freed. No
 //! host wait is needed, so no capture can refuse one.
+//!
+//! Two things must hold for that (the ninth audit found both broken):
+//! - cudarc records the event at the guard's drop only if the stream's `CudaContext` *object*
+//!   has a stream of its own then (`is_managing_stream_synchronization`), which safe code can
+//!   change during the use (dropping that object's last stream) or never had (a fresh
+//!   `CudaContext::new` used through its default stream). Each use of another context object
+//!   keeps a stream of that object (`Use::pin`) for as long as the use is recorded, so the flag
+//!   stays up; only event tracking turned off by the caller's `unsafe` leaves it down.
+//! - one event stands for one stream: the key is the context object, the stream's handle and,
+//!   for the per-thread default stream (one handle, a stream per thread), the thread. A handle
+//!   reused by a new stream after the old one was destroyed would still share a key: a stream
+//!   that re-records an event whose last record was not yet waited for first waits for that
+//!   record, so the new record covers the old use too.
 use super::stream_sync;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaEvent, CudaStream, SyncOnDrop};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+
+/// The per-thread default stream's handle (`CU_STREAM_PER_THREAD`): each thread's own stream.
+const PER_THREAD: usize = 0x2;
 
 /// One other stream that used the array.
 struct Use {
-    /// `(context, stream)` handles, as the key.
-    key: (usize, usize),
+    /// The stream, as the key: its `CudaContext` object (kept alive by `pin` or by the array's
+    /// own stream, so the address is not reused), its handle, and the thread for the per-thread
+    /// default stream.
+    key: (usize, usize, Option<ThreadId>),
     /// Boxed: handed to guards by reference while the list may grow.
     event: Box<CudaEvent>,
+    /// A stream of the use's context object, when that is not the array's own stream's: keeps
+    /// cudarc recording the event at each guard's drop (see the module's documentation).
+    _pin: Option<Arc<CudaStream>>,
     /// A read (a `DevicePtr`) / a write (a `DevicePtrMut`) was handed to a guard since the
     /// array's own stream last waited for the event.
     read: bool,
@@ -65,30 +87,52 @@ impl ForeignUses {
                 log::warn!(target: "raft", "{e}");
             }
         }
-        if !stream.context().is_managing_stream_synchronization() {
-            // cudarc records no event on drop without it (turned off by the caller's `unsafe`):
-            // the host waits then.
+        let ctx = stream.context();
+        if !ctx.is_event_tracking() {
+            // Turned off by the caller's `unsafe` (`disable_event_tracking`), which takes the
+            // synchronisation on itself: cudarc records nothing, the host waits at the drop.
             return SyncOnDrop::sync_stream(stream);
         }
-        let key = (stream.context().cu_ctx() as usize, stream.cu_stream() as usize);
+        let handle = stream.cu_stream() as usize;
+        let key = (Arc::as_ptr(ctx) as usize, handle, (handle == PER_THREAD).then(|| std::thread::current().id()));
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
         let at = match uses.iter().position(|u| u.key == key) {
-            Some(at) => at,
-            None => match stream.context().new_event(None) {
-                Ok(event) => {
-                    uses.push(Use { key, event: Box::new(event), read: false, write: false });
-                    uses.len() - 1
+            Some(at) => {
+                let u = &uses[at];
+                // A record not yet waited for may be of another stream that had this handle
+                // (destroyed since): the new record must come after it, or the array's stream
+                // would wait for the new one only.
+                if (u.read || u.write) && stream.wait(&u.event).is_err() {
+                    return self.cannot_order(uses, stream);
                 }
-                Err(e) => {
-                    // The guard's host wait below may be refused (a capture) and cudarc
-                    // swallows that: the array cannot count on it, and is leaked at its drop.
-                    stream.context().record_err::<()>(Err(e));
-                    self.unordered.store(true, Ordering::Release);
-                    self.any.store(true, Ordering::Release);
-                    self.writes.store(true, Ordering::Release);
-                    return SyncOnDrop::sync_stream(stream);
+                at
+            }
+            None => {
+                // The array's own stream keeps its context object managing; another object
+                // needs a stream of its own for as long as this use is recorded.
+                let pin = if Arc::ptr_eq(ctx, own.context()) {
+                    None
+                } else {
+                    let _keep = super::ContextGuard::save(who).ok(); // cudarc binds the context
+                    match ctx.new_stream() {
+                        Ok(pin) => Some(pin),
+                        Err(e) => {
+                            ctx.record_err::<()>(Err(e));
+                            return self.cannot_order(uses, stream);
+                        }
+                    }
+                };
+                match ctx.new_event(None) {
+                    Ok(event) => {
+                        uses.push(Use { key, event: Box::new(event), _pin: pin, read: false, write: false });
+                        uses.len() - 1
+                    }
+                    Err(e) => {
+                        ctx.record_err::<()>(Err(e));
+                        return self.cannot_order(uses, stream);
+                    }
                 }
-            },
+            }
         };
         let u = &mut uses[at];
         if write {
@@ -106,6 +150,18 @@ impl ForeignUses {
         // the list only through `&mut self` (`settle_all`, `Drop`), which cannot run while this
         // borrow of `self` for 'a lives.
         SyncOnDrop::Record(Some((unsafe { &*event }, stream)))
+    }
+
+    /// A use handed out with no event to order the array after it (a stream or an event could
+    /// not be made, or a record could not be ordered): the guard's host wait may be refused (a
+    /// capture) and cudarc swallows that, so the array cannot count on it and is leaked at its
+    /// drop (`unordered`).
+    fn cannot_order<'a>(&self, uses: std::sync::MutexGuard<'_, Vec<Use>>, stream: &'a CudaStream) -> SyncOnDrop<'a> {
+        self.unordered.store(true, Ordering::Release);
+        self.any.store(true, Ordering::Release);
+        self.writes.store(true, Ordering::Release);
+        drop(uses);
+        SyncOnDrop::sync_stream(stream)
     }
 
     /// Makes `own` wait for the pending uses on other streams: the writes only (`writes_only`,

@@ -393,8 +393,7 @@ fn refuse_capture_of_gemm(who: &'static str, stream: &cudarc::driver::CudaStream
 /// would then write the array at each launch: as for a copy or a memset, the process stops.
 fn stop_if_captured_meanwhile(who: &'static str, stream: &cudarc::driver::CudaStream) {
     if super::captured_meanwhile(stream) {
-        eprintln!("{who}: a CUDA graph capture began on a stream while a GEMM was queued on it; aborting");
-        std::process::abort();
+        raft_exit::abort_with(format_args!("{who}: a CUDA graph capture began on a stream while a GEMM was queued on it; aborting"));
     }
 }
 

@@ -79,8 +79,9 @@ pub(crate) fn waited_for_borrow(who: &'static str, waited: Result<()>) -> Result
 /// A copy that may still run while the borrow of its memory is about to end: stops the process.
 #[cold]
 pub(crate) fn in_flight_under_borrow(who: &'static str, e: &Error) -> Result<()> {
-    eprintln!("{who}: {e}: a copy may still use borrowed memory and could not be waited for; aborting rather than end the borrow");
-    std::process::abort()
+    raft_exit::abort_with(format_args!(
+        "{who}: {e}: a copy may still use borrowed memory and could not be waited for; aborting rather than end the borrow"
+    ))
 }
 
 /// Whether a failure means the context can run no work any more (a sticky fault of one of its

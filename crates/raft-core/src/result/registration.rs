@@ -110,8 +110,9 @@ impl<'a, T: DeviceScalar> NativeRegistration<'a, T> {
             // that a copy could use.
             Err(e) if super::context_is_dead(&e) || e.message().contains("CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED") => {}
             Err(e) => {
-                eprintln!("{e}: a registered slice cannot be made pageable again; aborting rather than hand it back page-locked");
-                std::process::abort();
+                raft_exit::abort_with(format_args!(
+                    "{e}: a registered slice cannot be made pageable again; aborting rather than hand it back page-locked"
+                ));
             }
         }
     }

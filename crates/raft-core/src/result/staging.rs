@@ -493,8 +493,8 @@ impl Queued {
         rc.result().map_err(driver(who))?;
         let recorded = slot.event.record(who, end.stream, guard);
         if super::captured_meanwhile(end.stream) {
-            eprintln!("{who}: a CUDA graph capture began on the stream during a staged copy; aborting");
-            std::process::abort(); // the piece may be in the graph: its end cannot be known
+            // The piece may be in the graph: its end cannot be known.
+            raft_exit::abort_with(format_args!("{who}: a CUDA graph capture began on the stream during a staged copy; aborting"));
         }
         match recorded {
             Ok(()) => {

@@ -1,0 +1,187 @@
+//! Arrays used on streams other than their own through cudarc's `DevicePtr` / `DevicePtrMut`
+//! (`result/foreign.rs`): the array is freed only after every such use, whatever the other
+//! stream's context object does meanwhile and whichever thread's per-thread stream it is.
+//!
+//! Each test queues a backlog on the other stream, so the use runs long after the host has moved
+//! on, drops the array, takes the same block for a new array and zeroes it on the array's own
+//! stream: a free that did not wait for the use lets the zeroing overtake it, and the use then
+//! reads zeros. The tests run one at a time (`serial`): each relies on the pool giving the freed
+//! block to the next array, which another test's allocations could take.
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use raft::{DeviceResources, DeviceVec};
+use raft_tests::patterns::pattern_f32;
+use raft_tests::require_gpu;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// 1 GiB of f32: a copy of it, behind a backlog of such copies, runs tens of milliseconds later.
+const N: usize = 256 << 20;
+
+/// Tens of milliseconds of copies between two of cudarc's own slices on `stream`.
+fn backlog(stream: &Arc<CudaStream>) -> (CudaSlice<f32>, CudaSlice<f32>) {
+    let mut x = stream.alloc_zeros::<f32>(N).unwrap();
+    let mut y = stream.alloc_zeros::<f32>(N).unwrap();
+    for _ in 0..16 {
+        stream.memcpy_dtod(&x, &mut y).unwrap();
+        stream.memcpy_dtod(&y, &mut x).unwrap();
+    }
+    (x, y)
+}
+
+/// Drops `v`, makes a new array of its size, checks it took the same block (else the test proves
+/// nothing) and zeroes it on the resources' stream.
+fn free_and_zero_the_block(res: &DeviceResources, v: DeviceVec<f32>) -> DeviceVec<f32> {
+    // SAFETY: only the addresses are compared, never used.
+    let freed_at = unsafe { v.as_raw() } as usize;
+    drop(v);
+    let mut fresh = DeviceVec::<f32>::new(res, N).unwrap();
+    // SAFETY: as above.
+    let reissued_at = unsafe { fresh.as_raw() } as usize;
+    assert_eq!(reissued_at, freed_at, "the pool did not reissue the freed block: the test proves nothing");
+    fresh.fill_zero().unwrap();
+    fresh
+}
+
+/// A destination whose `device_ptr_mut` first drops `side`, the last stream of its context
+/// object: from then on cudarc's `is_managing_stream_synchronization` is false for that object.
+struct DropsTheLastStream {
+    inner: CudaSlice<f32>,
+    side: Option<Arc<CudaStream>>,
+}
+
+impl DeviceSlice<f32> for DropsTheLastStream {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.inner.stream()
+    }
+}
+
+impl DevicePtrMut<f32> for DropsTheLastStream {
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.side.take();
+        self.inner.device_ptr_mut(stream)
+    }
+}
+
+/// The ninth audit: cudarc records the guard's event only if the stream's `CudaContext` object
+/// still has a stream of its own when the guard drops. Safe code can take that away during the
+/// use (here the destination drops the object's last stream); the event was then never
+/// recorded, the array's stream waited for nothing, and the array was freed under the copy.
+#[test]
+fn an_array_read_through_a_context_object_that_loses_its_last_stream_is_freed_after_the_read() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let want = pattern_f32(N, 97);
+    let v = DeviceVec::from_host(&res, &want).unwrap();
+    // A context object of the user's own (the same primary context), with one stream of its own,
+    // used through its legacy default stream.
+    let user = CudaContext::new(res.device()).unwrap();
+    let side = user.new_stream().unwrap();
+    let s = user.default_stream();
+    let (x, y) = backlog(&s);
+    let mut dst = DropsTheLastStream { inner: s.alloc_zeros::<f32>(N).unwrap(), side: Some(side) };
+    s.memcpy_dtod(&v, &mut dst).unwrap();
+    assert!(dst.side.is_none(), "the destination's pointer was not taken: the test proves nothing");
+    let fresh = free_and_zero_the_block(&res, v);
+    s.synchronize().unwrap();
+    res.sync().unwrap();
+    let got = s.clone_dtoh(&dst.inner).unwrap();
+    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+        panic!("element {i} of the copy is {} (want {}): the array was freed and zeroed under the copy", got[i], want[i]);
+    }
+    drop((fresh, x, y));
+}
+
+/// A destination whose `device_ptr_mut` waits for `go` first: the source's guard is handed out
+/// before, and its event recorded after, whatever another thread does meanwhile.
+struct WaitsFor {
+    inner: CudaSlice<f32>,
+    go: mpsc::Receiver<()>,
+}
+
+impl DeviceSlice<f32> for WaitsFor {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.inner.stream()
+    }
+}
+
+impl DevicePtrMut<f32> for WaitsFor {
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.go.recv().unwrap();
+        self.inner.device_ptr_mut(stream)
+    }
+}
+
+/// The ninth audit: the per-thread default stream has one handle on every thread, and the uses
+/// were keyed by handle, one event per key: thread A's record replaced thread B's, and the
+/// array's stream waited for A's use only. B's read, still queued behind a backlog, then read
+/// the freed (and zeroed) block.
+#[test]
+fn an_array_read_on_two_threads_per_thread_streams_is_freed_after_both_reads() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let want = pattern_f32(N, 101);
+    let v = Arc::new(DeviceVec::from_host(&res, &want).unwrap());
+    let (b_queued_tx, b_queued_rx) = mpsc::channel(); // B's read queued and its event recorded
+    let (freed_tx, freed_rx) = mpsc::channel::<()>(); // the array freed and its block zeroed
+    let b = {
+        let (ctx, v) = (ctx.clone(), v.clone());
+        std::thread::spawn(move || {
+            let pb = ctx.per_thread_stream();
+            let (x, y) = backlog(&pb);
+            let mut out = pb.alloc_zeros::<f32>(N).unwrap();
+            pb.memcpy_dtod(&*v, &mut out).unwrap();
+            drop(v);
+            b_queued_tx.send(()).unwrap();
+            freed_rx.recv().unwrap();
+            let got = pb.clone_dtoh(&out).unwrap(); // waits for this thread's stream
+            drop((x, y, out));
+            got
+        })
+    };
+    let a = {
+        let (ctx, v) = (ctx.clone(), v.clone());
+        std::thread::spawn(move || {
+            let pa = ctx.per_thread_stream();
+            let mut dst = WaitsFor { inner: pa.alloc_zeros::<f32>(N).unwrap(), go: b_queued_rx };
+            // The source's guard first (an event handed out), then B's whole read, then the
+            // copy here and this guard's record.
+            pa.memcpy_dtod(&*v, &mut dst).unwrap();
+            drop(v);
+            pa.synchronize().unwrap();
+        })
+    };
+    a.join().unwrap();
+    // Both threads let their handle go once their read was queued.
+    let mut v = v;
+    let v = loop {
+        match Arc::try_unwrap(v) {
+            Ok(v) => break v,
+            Err(again) => {
+                v = again;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    };
+    let fresh = free_and_zero_the_block(&res, v);
+    freed_tx.send(()).unwrap();
+    let got = b.join().unwrap();
+    res.sync().unwrap();
+    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+        panic!("element {i} of thread B's copy is {} (want {}): the array was freed and zeroed under that copy", got[i], want[i]);
+    }
+    drop(fresh);
+}
