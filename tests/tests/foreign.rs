@@ -185,3 +185,53 @@ fn an_array_read_on_two_threads_per_thread_streams_is_freed_after_both_reads() {
     }
     drop(fresh);
 }
+
+/// A destination whose `device_ptr_mut` stores an error in its stream's context object
+/// (`record_err` is public and safe; cudarc's own cross-device copies store one too).
+struct StoresAnError {
+    inner: CudaSlice<f32>,
+}
+
+impl DeviceSlice<f32> for StoresAnError {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.inner.stream()
+    }
+}
+
+impl DevicePtrMut<f32> for StoresAnError {
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
+        let e = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE);
+        stream.context().record_err::<()>(Err(e));
+        self.inner.device_ptr_mut(stream)
+    }
+}
+
+/// The review of the ninth audit's fixes: cudarc's `CudaEvent::record` returns an error stored in
+/// the event's context object instead of recording (and the guard's drop stores it back). The
+/// event was made in the user's object, so an error stored there during the use skipped the
+/// record, and the array was freed under the copy.
+#[test]
+fn an_array_read_through_a_context_object_holding_an_error_is_freed_after_the_read() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let want = pattern_f32(N, 103);
+    let v = DeviceVec::from_host(&res, &want).unwrap();
+    let user = CudaContext::new(res.device()).unwrap();
+    let s = user.new_stream().unwrap();
+    let (x, y) = backlog(&s);
+    let mut dst = StoresAnError { inner: s.alloc_zeros::<f32>(N).unwrap() };
+    s.memcpy_dtod(&v, &mut dst).unwrap();
+    let fresh = free_and_zero_the_block(&res, v);
+    let _ = user.check_err(); // the error the destination stored, taken back
+    s.synchronize().unwrap();
+    res.sync().unwrap();
+    let got = s.clone_dtoh(&dst.inner).unwrap();
+    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+        panic!("element {i} of the copy is {} (want {}): the array was freed and zeroed under the copy", got[i], want[i]);
+    }
+    drop((fresh, x, y));
+}

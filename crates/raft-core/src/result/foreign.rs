@@ -10,39 +10,103 @@
 //! device for those events before its next use of the array and before the array is freed. No
 //! host wait is needed, so no capture can refuse one.
 //!
-//! Two things must hold for that (the ninth audit found both broken):
-//! - cudarc records the event at the guard's drop only if the stream's `CudaContext` *object*
-//!   has a stream of its own then (`is_managing_stream_synchronization`), which safe code can
-//!   change during the use (dropping that object's last stream) or never had (a fresh
-//!   `CudaContext::new` used through its default stream). Each use of another context object
-//!   keeps a stream of that object (`Use::pin`) for as long as the use is recorded, so the flag
-//!   stays up; only event tracking turned off by the caller's `unsafe` leaves it down.
-//! - one event stands for one stream: the key is the context object, the stream's handle and,
-//!   for the per-thread default stream (one handle, a stream per thread), the thread. A handle
-//!   reused by a new stream after the old one was destroyed would still share a key: a stream
-//!   that re-records an event whose last record was not yet waited for first waits for that
-//!   record, so the new record covers the old use too.
+//! What must hold for that (the ninth audit and its review found each broken):
+//! - **the record happens.** cudarc records at the guard's drop only if the `CudaContext`
+//!   *object* of the stream it is given has a stream of its own then
+//!   (`is_managing_stream_synchronization`), and only if that object holds no recorded error
+//!   (`CudaEvent::record` binds the event's object, whose `check_err` returns a stored error
+//!   instead of recording, and the drop stores it back). A user's object satisfies neither for
+//!   sure: safe code can drop its last stream during the use, never give it one (a fresh
+//!   `CudaContext::new` used through its default stream), or store an error in it
+//!   (`record_err` is public; a cross-device cudarc copy stores one). So the event and the stream
+//!   the guard names both belong to a **private context object per device** (`RecordsContext`,
+//!   made with the library's own, with an anchor stream of its own, touched by nothing else): the
+//!   user's stream is wrapped there by its handle. A record can still fail (a dead context, a
+//!   capture race): its error then sits in the private object, and every later record would be
+//!   skipped until it is taken. It is taken at every guard and every settle, and counted
+//!   (`FAILED_RECORDS`); a use whose guard was handed out before the latest count is no longer
+//!   trusted, and the array is leaked rather than freed under it (`unordered`).
+//! - **one event stands for one stream**: the key is the context (`CUcontext`), the stream's
+//!   handle and, for the per-thread default stream (one handle, a stream per thread), the thread
+//!   (a guard moved to another thread before it drops records on that thread's stream: only
+//!   possible with the user's own `unsafe` launch, which then owns the ordering). A handle reused
+//!   by a new stream after the old one was destroyed shares a key: a stream that re-records an
+//!   event whose last record was not yet waited for first waits for that record, so the new
+//!   record covers the old use too.
+//!
+//! Streams of a context other than a device's primary one cannot be wrapped in the private
+//! object: such a use leaves the array unordered (leaked at its drop, never freed under it).
 use super::stream_sync;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaEvent, CudaStream, SyncOnDrop};
-use std::sync::atomic::{AtomicBool, Ordering};
+use cudarc::driver::{sys as cusys, CudaContext, CudaEvent, CudaStream, SyncOnDrop};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
 /// The per-thread default stream's handle (`CU_STREAM_PER_THREAD`): each thread's own stream.
 const PER_THREAD: usize = 0x2;
 
+/// A device's private context object for the records of other streams' uses (see the module's
+/// documentation), with an anchor stream so that cudarc always records through it.
+struct RecordsContext {
+    ctx: Arc<CudaContext>,
+    _anchor: Arc<CudaStream>,
+}
+
+/// Per device, its records context (made with the library's own context object, in `device.rs`).
+static RECORDS: Mutex<Vec<Option<&'static RecordsContext>>> = Mutex::new(Vec::new());
+
+/// How many failed or skipped records were found so far (errors taken from a records context).
+static FAILED_RECORDS: AtomicU64 = AtomicU64::new(0);
+
+/// Makes `device`'s records context: a second object of the primary context `primary` (made and
+/// retained by the caller), with a stream of its own. Called once per device, with the library's
+/// own object, where a first stream of an object synchronises nothing yet in use.
+pub(crate) fn make_records_context(who: &'static str, device: usize) -> Result<()> {
+    let ctx = super::retain_primary(who, device)?;
+    let anchor = super::new_stream(who, &ctx)?;
+    let made: &'static RecordsContext = Box::leak(Box::new(RecordsContext { ctx, _anchor: anchor }));
+    let mut all = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
+    if all.len() <= device {
+        all.resize(device + 1, None);
+    }
+    all[device].get_or_insert(made);
+    Ok(())
+}
+
+/// The records context of `stream`'s device, when `stream` belongs to that device's primary
+/// context.
+fn records_for(stream: &CudaStream) -> Option<&'static RecordsContext> {
+    let ordinal = stream.context().ordinal();
+    let found = RECORDS.lock().unwrap_or_else(|e| e.into_inner()).get(ordinal).copied().flatten()?;
+    (found.ctx.cu_ctx() == stream.context().cu_ctx()).then_some(found)
+}
+
+/// Takes any error recorded in the records contexts (a record that failed, or one skipped
+/// because of an earlier failure) and counts it. Returns the count.
+fn take_failures() -> u64 {
+    let all: Vec<&'static RecordsContext> = RECORDS.lock().unwrap_or_else(|e| e.into_inner()).iter().flatten().copied().collect();
+    for r in all {
+        if r.ctx.check_err().is_err() {
+            FAILED_RECORDS.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+    FAILED_RECORDS.load(Ordering::Acquire)
+}
+
 /// One other stream that used the array.
 struct Use {
-    /// The stream, as the key: its `CudaContext` object (kept alive by `pin` or by the array's
-    /// own stream, so the address is not reused), its handle, and the thread for the per-thread
+    /// The stream, as the key: its context, its handle, and the thread for the per-thread
     /// default stream.
     key: (usize, usize, Option<ThreadId>),
-    /// Boxed: handed to guards by reference while the list may grow.
+    /// Of the records context. Boxed: handed to guards by reference while the list may grow.
     event: Box<CudaEvent>,
-    /// A stream of the use's context object, when that is not the array's own stream's: keeps
-    /// cudarc recording the event at each guard's drop (see the module's documentation).
-    _pin: Option<Arc<CudaStream>>,
+    /// The stream's handle wrapped in the records context (never destroyed through it); an
+    /// `Arc`, so the reference handed to guards does not move with the list.
+    stream: Arc<CudaStream>,
+    /// `FAILED_RECORDS` when a guard last handed out the event: a later count means a record
+    /// since may have been skipped.
+    failures: u64,
     /// A read (a `DevicePtr`) / a write (a `DevicePtrMut`) was handed to a guard since the
     /// array's own stream last waited for the event.
     read: bool,
@@ -87,54 +151,52 @@ impl ForeignUses {
                 log::warn!(target: "raft", "{e}");
             }
         }
-        let ctx = stream.context();
-        if !ctx.is_event_tracking() {
-            // Turned off by the caller's `unsafe` (`disable_event_tracking`), which takes the
-            // synchronisation on itself: cudarc records nothing, the host waits at the drop.
-            return SyncOnDrop::sync_stream(stream);
-        }
+        let Some(records) = records_for(stream) else {
+            // Another context than the device's primary one: no record can be trusted.
+            return self.cannot_order(self.uses.lock().unwrap_or_else(|e| e.into_inner()), stream);
+        };
+        let failures = take_failures();
         let handle = stream.cu_stream() as usize;
-        let key = (Arc::as_ptr(ctx) as usize, handle, (handle == PER_THREAD).then(|| std::thread::current().id()));
+        let key = (stream.context().cu_ctx() as usize, handle, (handle == PER_THREAD).then(|| std::thread::current().id()));
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
         let at = match uses.iter().position(|u| u.key == key) {
             Some(at) => {
                 let u = &uses[at];
                 // A record not yet waited for may be of another stream that had this handle
                 // (destroyed since): the new record must come after it, or the array's stream
-                // would wait for the new one only.
-                if (u.read || u.write) && stream.wait(&u.event).is_err() {
+                // would wait for the new one only. Raw: binds no context object, so no error a
+                // user stored in theirs stands in the way.
+                // SAFETY: the stream is alive for the borrow; the event is alive (in the list).
+                let chained = !(u.read || u.write)
+                    || unsafe { cudarc::driver::result::stream::wait_event(stream.cu_stream(), u.event.cu_event(), cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }.is_ok();
+                if !chained {
                     return self.cannot_order(uses, stream);
                 }
                 at
             }
             None => {
-                // The array's own stream keeps its context object managing; another object
-                // needs a stream of its own for as long as this use is recorded.
-                let pin = if Arc::ptr_eq(ctx, own.context()) {
-                    None
-                } else {
-                    let _keep = super::ContextGuard::save(who).ok(); // cudarc binds the context
-                    match ctx.new_stream() {
-                        Ok(pin) => Some(pin),
-                        Err(e) => {
-                            ctx.record_err::<()>(Err(e));
-                            return self.cannot_order(uses, stream);
-                        }
-                    }
-                };
-                match ctx.new_event(None) {
+                let _keep = super::ContextGuard::save(who).ok(); // cudarc binds the records context
+                // SAFETY: the handle is a live stream of the records context's `CUcontext`
+                // (checked by `records_for`), borrowed for this call and the guard; the wrapper
+                // never destroys it, and is used only to record at a guard's drop, each guard
+                // borrowing a live stream with this handle (the key's).
+                let wrapped = unsafe { records.ctx.wrap_borrowed_stream(stream.cu_stream()) };
+                match records.ctx.new_event(None) {
                     Ok(event) => {
-                        uses.push(Use { key, event: Box::new(event), _pin: pin, read: false, write: false });
+                        uses.push(Use { key, event: Box::new(event), stream: wrapped, failures, read: false, write: false });
                         uses.len() - 1
                     }
-                    Err(e) => {
-                        ctx.record_err::<()>(Err(e));
+                    Err(_) => {
+                        // cudarc's bind took any error stored there, maybe a skipped record of
+                        // another array's use: counted as one.
+                        FAILED_RECORDS.fetch_add(1, Ordering::AcqRel);
                         return self.cannot_order(uses, stream);
                     }
                 }
             }
         };
         let u = &mut uses[at];
+        u.failures = failures;
         if write {
             u.write = true;
         } else {
@@ -145,11 +207,12 @@ impl ForeignUses {
             self.writes.store(true, Ordering::Release);
         }
         let event: *const CudaEvent = &*u.event;
+        let wrapped: *const CudaStream = &*u.stream;
         drop(uses);
-        // SAFETY: the event is boxed, so it does not move when the list grows, and a box leaves
-        // the list only through `&mut self` (`settle_all`, `Drop`), which cannot run while this
-        // borrow of `self` for 'a lives.
-        SyncOnDrop::Record(Some((unsafe { &*event }, stream)))
+        // SAFETY: the event is boxed and the wrapper behind an `Arc`, so neither moves when the
+        // list grows, and both leave the list only through `&mut self` (`settle_all`, `Drop`),
+        // which cannot run while this borrow of `self` for 'a lives.
+        SyncOnDrop::Record(Some(unsafe { (&*event, &*wrapped) }))
     }
 
     /// A use handed out with no event to order the array after it (a stream or an event could
@@ -181,14 +244,25 @@ impl ForeignUses {
 
     /// `settle` once some use is pending (out of line: the common case is none).
     fn settle_pending(&self, who: &'static str, own: &CudaStream, writes_only: bool, done: bool) -> Result<()> {
-        let _keep = super::ContextGuard::save(who)?; // cudarc's wait binds `own`'s context
+        let _keep = super::ContextGuard::save(who)?; // a host wait may bind a context
+        let failures = take_failures();
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
         let mut first = Ok(());
         // The event's latest record covers every use handed out on its stream so far.
         for u in uses.iter_mut().filter(|u| u.write || (u.read && !writes_only)) {
+            if u.failures != failures {
+                // A record failed or was skipped since this use's guard was handed out: its
+                // event may not stand after the use.
+                self.unordered.store(true, Ordering::Release);
+                continue;
+            }
             // On the device when it can; else the host waits (relaxed: never refused by a
             // capture). A failure of both is a fault of the context, which stops its work.
-            let waited = own.wait(&u.event).or_else(|_| super::relaxed(|| unsafe_event_sync(&u.event))).map_err(|e| Error::driver(who, e));
+            // SAFETY: both are alive for the call; a wait binds no context.
+            let on_device = unsafe {
+                cudarc::driver::result::stream::wait_event(own.cu_stream(), u.event.cu_event(), cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+            };
+            let waited = on_device.or_else(|_| super::relaxed(|| unsafe_event_sync(&u.event))).map_err(|e| Error::driver(who, e));
             match waited {
                 Ok(()) if done => (u.write, u.read) = (false, false),
                 Ok(()) => {}
@@ -204,6 +278,9 @@ impl ForeignUses {
             )));
         }
         if done {
+            // Per-thread streams' entries go once waited for: an array used from many
+            // short-lived threads would otherwise keep one per thread.
+            uses.retain(|u| u.key.2.is_none() || u.read || u.write);
             self.writes.store(uses.iter().any(|u| u.write), Ordering::Release);
             self.any.store(uses.iter().any(|u| u.read || u.write), Ordering::Release);
         }
