@@ -228,6 +228,13 @@ mod tests {
     }
 
     #[test]
+    fn the_status_type_matches_the_header() {
+        let line = HEADER.lines().find(|l| l.starts_with("typedef") && l.contains("raftcomms_status")).expect("the status typedef");
+        let c_type = line.split_whitespace().nth(1).unwrap();
+        assert_eq!(rust_type(c_type), std::any::type_name::<raftcomms_status>(), "{line}");
+    }
+
+    #[test]
     fn constants_match_the_header() {
         let value = |name: &str| -> i64 {
             let line =

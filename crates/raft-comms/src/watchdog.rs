@@ -64,6 +64,15 @@ pub(crate) fn watch(shared: Arc<dyn Watched>) {
 }
 
 fn run(dog: &'static Watchdog) {
+    /// A watchdog that ends by a panic (a step's logger, say) is started again by the next
+    /// `watch`, not left marked running.
+    struct Ended(&'static Watchdog);
+    impl Drop for Ended {
+        fn drop(&mut self) {
+            *self.0.running.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        }
+    }
+    let _ended = Ended(dog);
     loop {
         let now: Vec<(u64, Arc<dyn Watched>)> = {
             let mut list = dog.watched.lock().unwrap_or_else(|e| e.into_inner());

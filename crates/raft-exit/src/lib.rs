@@ -188,19 +188,26 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         const CHILD: &str = "RAFT_EXIT_TEST_ABORT_CHILD";
         if std::env::var_os(CHILD).is_some() {
-            // The parent closes its end of the pipe meanwhile.
-            std::thread::sleep(std::time::Duration::from_millis(300));
             abort_with(format_args!("the child stops here ({})", "a message long enough to be written"));
         }
+        // A pipe whose reading end is closed before the child starts: its writes fail (EPIPE).
+        let mut ends = [0i32; 2];
+        // SAFETY: writes two descriptors into the array.
+        assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+        // SAFETY: both descriptors were just made and are owned here, each closed once.
+        let (read_end, write_end) = unsafe {
+            use std::os::fd::FromRawFd;
+            (std::os::fd::OwnedFd::from_raw_fd(ends[0]), std::os::fd::OwnedFd::from_raw_fd(ends[1]))
+        };
+        drop(read_end);
         let exe = std::env::current_exe().unwrap();
         let mut child = std::process::Command::new(exe)
             .args(["--exact", "tests::abort_with_aborts_even_when_stderr_is_a_closed_pipe", "--nocapture", "--test-threads=1"])
             .env(CHILD, "1")
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::from(write_end))
             .spawn()
             .unwrap();
-        drop(child.stderr.take()); // the reading end closed: the child's writes fail with EPIPE
         let status = child.wait().unwrap();
         assert_eq!(status.signal(), Some(libc::SIGABRT), "the child did not abort: {status:?}");
     }
