@@ -79,6 +79,11 @@ int32_t alloc_free(Resource& mr, size_t bytes)
 /// The stream the allocation rows use instead of their own (`bl_use_stream`): null, their own.
 std::atomic<cudaStream_t> stream_override{nullptr};
 
+/// Whether the floors take the stream for private (`bl_floor_private`), and the flag they then
+/// read (never raised: their stream's handle never leaves the bench).
+std::atomic<int32_t> floor_private{0};
+std::atomic<uint8_t> private_flag{0};
+
 /// The stream of the C++ allocation rows: ours (the resources' own, set by `bl_use_stream`) so
 /// both sides allocate and free on the same stream, else one of their own. (Run 132: the async
 /// pool's allocate + free differed by ~100 ns at 256 B between two idle streams.)
@@ -98,6 +103,10 @@ extern "C" {
 /// Makes `stream` (a `cudaStream_t` that outlives the rows; null: their own again) the stream
 /// of the C++ allocation rows.
 void bl_use_stream(void* stream) { stream_override.store(static_cast<cudaStream_t>(stream), std::memory_order_release); }
+
+/// With `on` set, the floors' capture checks read a flag that is down instead of asking the
+/// stream: the floor of an allocation on a stream whose handle never left the library.
+void bl_floor_private(int32_t on) { floor_private.store(on, std::memory_order_relaxed); }
 
 /// RAFT C++ code on a lent `raft::resources*` (tests/tests/lend.rs): its stream and its cuBLAS
 /// handle, as RAFT's own accessors give them.
@@ -460,9 +469,14 @@ struct context_check {
 
   /// Whether `s` is being captured into a CUDA graph: the query the shim makes before every
   /// allocation and free on a stream, and after one through a resource a capture can take
-  /// (`stream_capturing`, the shim's common.cpp: the same driver entry point).
+  /// (`stream_capturing`, the shim's common.cpp: the same driver entry point). With a private
+  /// stream (`bl_floor_private`: issue 30's flag, `result/exposure.rs`), the flag's acquire read
+  /// instead, down: what the shim's `may_capture` does while no capture can begin.
   [[nodiscard]] bool capturing(cudaStream_t s) const
   {
+    if (floor_private.load(std::memory_order_relaxed) != 0) {
+      if (private_flag.load(std::memory_order_acquire) == 0) { return false; }
+    }
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     return is_capturing == nullptr || (is_capturing(reinterpret_cast<CUstream>(s), &status) == CUDA_SUCCESS &&
                                        status != CU_STREAM_CAPTURE_STATUS_NONE);

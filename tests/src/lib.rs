@@ -203,6 +203,7 @@ pub mod baseline {
         /// Makes `stream` (a `cudaStream_t`; null: their own) the stream of the C++ allocation
         /// rows, so they allocate on the stream ours do.
         pub fn bl_use_stream(stream: *mut std::ffi::c_void);
+        pub fn bl_floor_private(on: i32);
         pub fn bl_alloc_free_held(kind: i32, bytes: usize) -> i32;
         /// Points the C++ same-pool rows (and floor kind 5) at the CUDA pool `ptr` came from;
         /// null forgets it (before that pool is dropped).

@@ -416,3 +416,57 @@ fn captured<R>(stream: &cudarc::driver::CudaStream, body: impl FnOnce() -> R) ->
     }
     (out, nodes)
 }
+
+/// Issue 30's private streams (`result/exposure.rs`): allocations on resources whose stream's
+/// handle never left the library skip the capture question. Every way the handle leaves must
+/// raise the flag first: after each, a capture begun on the stream through that handle makes
+/// the next allocation a refusal (`Logic`), as before the flag existed. A way that forgot to
+/// raise it lets the allocation into the graph instead (it returns `Ok`).
+#[test]
+fn every_way_the_stream_leaves_the_library_makes_allocations_ask_about_captures() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    use cudarc::driver::{CudaStream, DeviceSlice};
+    use std::sync::Arc;
+    require_gpu!();
+    let _one = serial();
+    type Out = fn(&DeviceResources, &DeviceVec<f32>) -> Arc<CudaStream>;
+    let ways: [(&str, Out); 7] = [
+        ("DeviceResources::stream", |r, _| r.stream().unwrap()),
+        ("DeviceVec::stream", |_, v| v.stream().clone()),
+        ("DeviceSlice::stream of a DeviceVec", |_, v| DeviceSlice::stream(v).clone()),
+        ("DeviceView::stream", |_, v| v.view().stream().clone()),
+        ("MatrixView::stream", |_, v| v.matrix(4, 4, raft::Layout::RowMajor).unwrap().stream().clone()),
+        ("cublas_handle (cublasGetStream)", |r, _| {
+            let handle = r.cublas_handle().unwrap();
+            let mut raw: cudarc::cublas::sys::cudaStream_t = std::ptr::null_mut();
+            // SAFETY: a live handle of the resources; writes one stream handle.
+            let rc = unsafe { cudarc::cublas::sys::cublasGetStream_v2(handle, &mut raw) };
+            assert_eq!(rc, cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS);
+            // SAFETY: the resources' stream, alive while they are (the test holds them).
+            unsafe { r.context().wrap_borrowed_stream(raw as cudarc::driver::sys::CUstream) }
+        }),
+        ("with_raft_resources (raft::resource::get_cuda_stream)", |r, _| {
+            // SAFETY: a plain C function of the baseline on the lent object, inside the lend.
+            let raw = r.with_raft_resources(|p| unsafe { raft_tests::baseline::bl_lent_stream(p.as_ptr()) }).unwrap();
+            // SAFETY: as above.
+            unsafe { r.context().wrap_borrowed_stream(raw as cudarc::driver::sys::CUstream) }
+        }),
+    ];
+    for (way, out) in ways {
+        let res = DeviceResources::new().unwrap();
+        let v = DeviceVec::<f32>::zeros(&res, 16).unwrap();
+        let stream = out(&res, &v);
+        stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        let made = DeviceVec::<f32>::new(&res, 1 << 16);
+        let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        match made {
+            Err(e) => assert_eq!(e.kind(), ErrorKind::Logic, "{way}: {e}"),
+            Ok(_) => panic!("{way}: an allocation on the stream during a capture was not refused (the flag stayed down)"),
+        }
+        drop(graph);
+        drop(DeviceVec::<f32>::new(&res, 1 << 16).unwrap()); // and allowed again after it
+        drop(v);
+        drop(stream);
+        res.release().unwrap();
+    }
+}

@@ -93,8 +93,9 @@ impl<T: DeviceScalar> DeviceVec<T> {
             }
         }
         let make = || {
-            resources
-                .with_native(who, |n| NativeBuffer::create_held(who, resources.device(), mr.map(|m| m.native_arc()), n.stream(), bytes))
+            resources.with_native(who, |n| {
+                NativeBuffer::create_held(who, resources.device(), mr.map(|m| m.native_arc()), n.stream(), n.capture_flag(), bytes)
+            })
         };
         // Out of memory only after the releases pending on this device had their chance to
         // give memory back: run or wait for them, then try once more. A final failure gives
@@ -176,6 +177,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
     /// its own and lends it (`&Arc<CudaStream>`, as cudarc's `DeviceSlice::stream`); resources,
     /// which may be released, give a clone (`DeviceResources::stream() -> Result<Arc<..>>`).
     pub fn stream(&self) -> &Arc<CudaStream> {
+        self.resources.capture_flag().raise(); // the handle leaves the library (`result/exposure.rs`)
         self.buf().stream()
     }
 
@@ -264,7 +266,7 @@ impl<T: DeviceScalar> Drop for DeviceVec<T> {
         }
         if buffer.frees_stream_ordered() {
             // The async pool frees in stream order without blocking: do it here.
-            if let Err(e) = buffer.free("DeviceVec::drop") {
+            if let Err(e) = buffer.free("DeviceVec::drop", Some(self.resources.capture_flag())) {
                 log::warn!(target: "raft", "{e}");
             }
             return;
@@ -281,7 +283,7 @@ impl<T: DeviceScalar> Drop for DeviceVec<T> {
             Box::new(move || {
                 if !raft_exit::native_release_allowed() {
                     buffer.leak();
-                } else if let Err(e) = buffer.free("DeviceVec::drop") {
+                } else if let Err(e) = buffer.free("DeviceVec::drop", None) {
                     log::warn!(target: "raft", "{e}");
                 }
             }),
@@ -301,7 +303,7 @@ impl<T: DeviceScalar> DeviceSlice<T> for DeviceVec<T> {
     }
 
     fn stream(&self) -> &Arc<CudaStream> {
-        self.buf().stream()
+        DeviceVec::stream(self)
     }
 }
 

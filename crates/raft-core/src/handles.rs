@@ -26,6 +26,9 @@ impl DeviceResources {
     /// releases and tries once more, so memory only waiting to be freed is never reported as
     /// missing.
     fn handle_for(&self, who: &'static str, kind: HandleKind) -> Result<*mut std::ffi::c_void> {
+        // A handle carries the stream (`cublasGetStream`): its handle leaves the library
+        // (`result/exposure.rs`).
+        self.capture_flag().raise();
         let device = self.device();
         if release::over_limits(device) && !self.has_handle(kind).unwrap_or(true) {
             release::make_room(device);

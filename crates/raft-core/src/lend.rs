@@ -55,6 +55,8 @@ impl DeviceResources {
     pub fn with_raft_resources<R>(&self, f: impl FnOnce(RaftResourcesPtr<'_>) -> R) -> Result<R> {
         const WHO: &str = "DeviceResources::with_raft_resources";
         self.with_native(WHO, |native| {
+            // C++ code reaches the stream through RAFT's object (`result/exposure.rs`).
+            native.capture_flag().raise();
             let ptr = native.raft_resources(WHO)?;
             Ok(f(RaftResourcesPtr { ptr, _borrow: PhantomData, _not_send: PhantomData }))
         })
@@ -85,6 +87,8 @@ impl DeviceResources {
     pub fn with_raft_resources_mut<R>(&self, f: impl FnOnce(RaftResourcesPtr<'_>) -> R) -> Result<R> {
         const WHO: &str = "DeviceResources::with_raft_resources_mut";
         self.with_native_exclusive(WHO, |native| {
+            // C++ code reaches the stream through RAFT's object (`result/exposure.rs`).
+            native.capture_flag().raise();
             let ptr = native.raft_resources(WHO)?;
             Ok(f(RaftResourcesPtr { ptr, _borrow: PhantomData, _not_send: PhantomData }))
         })

@@ -24,6 +24,9 @@ enum Releasing {
 /// Everything one resources object owns, shared by its handles.
 pub(crate) struct ResourcesState {
     id: u64,
+    /// Whether a capture may begin on the stream (`result/exposure.rs`): raised before its handle
+    /// leaves the library; read by allocations and frees, also after release (then raised).
+    capture: Arc<result::exposure::CaptureFlag>,
     /// Its slot in the live registry.
     slot: usize,
     device: usize,
@@ -525,6 +528,7 @@ impl DeviceResources {
             made => made,
         }?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let capture = native.capture_flag().clone();
         // Registered as it is made (its `Weak` upgrades only once the object exists: no reader
         // of the registry sees it half made).
         let state = Arc::new_cyclic(|me| {
@@ -532,6 +536,7 @@ impl DeviceResources {
             let slot = live_registry().lock().unwrap_or_else(|e| e.into_inner()).insert(me.clone());
             ResourcesState {
                 id,
+                capture,
                 slot,
                 device,
                 ctx,
@@ -715,7 +720,16 @@ impl DeviceResources {
     /// # Errors
     /// `Logic` on released resources.
     pub fn stream(&self) -> Result<Arc<CudaStream>> {
-        self.with_native("DeviceResources::stream", |n| Ok(n.stream().clone()))
+        self.with_native("DeviceResources::stream", |n| {
+            n.capture_flag().raise(); // the handle leaves the library (`result/exposure.rs`)
+            Ok(n.stream().clone())
+        })
+    }
+
+    /// Whether a capture may begin on the stream (`result/exposure.rs`); raise it before the
+    /// stream's handle leaves the library.
+    pub(crate) fn capture_flag(&self) -> &result::exposure::CaptureFlag {
+        &self.state.capture
     }
 
     /// The device's primary context, as cudarc knows it.

@@ -150,7 +150,7 @@ impl<'a, T: DeviceScalar> DeviceView<'a, T> {
 
     /// The stream the view is ordered on: its array's.
     pub fn stream(&self) -> &'a Arc<CudaStream> {
-        self.vec.parts().0.stream()
+        self.vec.stream() // raises the capture flag: the handle leaves the library
     }
 
     /// The device address of the first element, for FFI: a number, so safe to have; reading
@@ -214,7 +214,7 @@ impl<'a, T: DeviceScalar> DeviceViewMut<'a, T> {
 
     /// The stream the view is ordered on: its array's.
     pub fn stream(&self) -> &'a Arc<CudaStream> {
-        self.vec.parts().0.stream()
+        self.vec.stream() // raises the capture flag: the handle leaves the library
     }
 
     /// The device address of the first element (see [`DeviceView::device_address`]).
@@ -293,7 +293,7 @@ impl<T: DeviceScalar> DeviceSlice<T> for DeviceView<'_, T> {
     }
 
     fn stream(&self) -> &Arc<CudaStream> {
-        self.vec.parts().0.stream()
+        self.vec.stream() // raises the capture flag: the handle leaves the library
     }
 }
 
@@ -303,7 +303,7 @@ impl<T: DeviceScalar> DeviceSlice<T> for DeviceViewMut<'_, T> {
     }
 
     fn stream(&self) -> &Arc<CudaStream> {
-        self.vec.parts().0.stream()
+        self.vec.stream() // raises the capture flag: the handle leaves the library
     }
 }
 

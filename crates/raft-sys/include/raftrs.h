@@ -307,7 +307,13 @@ raftrs_status raftrs_buffer_grant_peer(const raftrs_buffer* buf, int32_t peer, i
  *  RMM's per-device map (read under RMM's lock); otherwise a copy of the entry is made, used, and
  *  returned in `*fresh`, which the caller owns (raftrs_mr_destroy), keeps alive until the free and
  *  frees the block through. `*fresh` is NULL when `mr` was used. `*data` is NULL for 0 bytes
- *  (nothing is allocated); sizes and `*stream_ordered` as raftrs_buffer_create. */
+ *  (nothing is allocated); sizes and `*stream_ordered` as raftrs_buffer_create.
+ *  `capture_may_begin` is NULL or a flag of the caller's, read (acquire) before and again after
+ *  the allocation: while it reads 0, the caller vouches that no CUDA graph capture of `stream` can
+ *  have begun (the stream's handle never left the caller, and the stream never waited for work
+ *  a capture could have recorded) and the stream is not asked; otherwise (and for NULL) it is
+ *  asked before (a capturing stream is refused) and after (through a resource a capture can
+ *  take, a capture begun meanwhile stops the process), as raftrs_buffer_create does. */
 raftrs_status raftrs_mr_allocate_held(int32_t device,
                                      const raftrs_mr* mr,
                                      int32_t current,
@@ -315,11 +321,15 @@ raftrs_status raftrs_mr_allocate_held(int32_t device,
                                      size_t bytes,
                                      void** data,
                                      int32_t* stream_ordered,
-                                     raftrs_mr** fresh);
+                                     raftrs_mr** fresh,
+                                     const uint8_t* capture_may_begin);
 /** Frees `bytes` at `data` (from raftrs_mr_allocate_held through `mr`, or through the `*fresh` it
  *  returned, passed here as `mr`) stream-ordered on `stream`, on `mr`'s device; `stream_owner` as
- *  raftrs_buffer_free. A NULL `data` frees nothing. */
-raftrs_status raftrs_mr_deallocate_held(const raftrs_mr* mr, void* stream, const void* stream_owner, void* data, size_t bytes);
+ *  raftrs_buffer_free. A NULL `data` frees nothing. `capture_may_begin` as for
+ *  raftrs_mr_allocate_held: the stream is asked before (a capturing stream keeps the block) and
+ *  after the free unless the flag reads 0. */
+raftrs_status raftrs_mr_deallocate_held(
+  const raftrs_mr* mr, void* stream, const void* stream_owner, void* data, size_t bytes, const uint8_t* capture_may_begin);
 /** raftrs_buffer_grant_peer for memory of `mr`. */
 raftrs_status raftrs_mr_grant_peer(const raftrs_mr* mr, int32_t peer, int32_t* granted);
 

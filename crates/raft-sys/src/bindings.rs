@@ -199,6 +199,7 @@ pub struct RaftrsShim {
         data: *mut *mut ::core::ffi::c_void,
         stream_ordered: *mut i32,
         fresh: *mut *mut raftrs_mr,
+        capture_may_begin: *const u8,
     ) -> raftrs_status,
     pub raftrs_mr_deallocate_held: unsafe extern "C" fn(
         mr: *const raftrs_mr,
@@ -206,6 +207,7 @@ pub struct RaftrsShim {
         stream_owner: *const ::core::ffi::c_void,
         data: *mut ::core::ffi::c_void,
         bytes: usize,
+        capture_may_begin: *const u8,
     ) -> raftrs_status,
     pub raftrs_mr_grant_peer: unsafe extern "C" fn(mr: *const raftrs_mr, peer: i32, granted: *mut i32) -> raftrs_status,
     pub raftrs_gemm_f32: unsafe extern "C" fn(
@@ -701,7 +703,7 @@ impl RaftrsShim {
     pub unsafe fn raftrs_buffer_grant_peer(&self, buf: *const raftrs_buffer, peer: i32, granted: *mut i32) -> raftrs_status {
         (self.raftrs_buffer_grant_peer)(buf, peer, granted)
     }
-    #[doc = " Allocates `bytes` on `stream` from `mr` without a buffer record (issue 30: no heap object per\n  allocation): the caller keeps the block's pointer and size and keeps `mr` alive until it frees\n  the block with raftrs_mr_deallocate_held. With `current` set, `mr` (may be NULL) is the\n  caller's copy of `device`'s current resource, used while it compares equal to the entry of\n  RMM's per-device map (read under RMM's lock); otherwise a copy of the entry is made, used, and\n  returned in `*fresh`, which the caller owns (raftrs_mr_destroy), keeps alive until the free and\n  frees the block through. `*fresh` is NULL when `mr` was used. `*data` is NULL for 0 bytes\n  (nothing is allocated); sizes and `*stream_ordered` as raftrs_buffer_create."]
+    #[doc = " Allocates `bytes` on `stream` from `mr` without a buffer record (issue 30: no heap object per\n  allocation): the caller keeps the block's pointer and size and keeps `mr` alive until it frees\n  the block with raftrs_mr_deallocate_held. With `current` set, `mr` (may be NULL) is the\n  caller's copy of `device`'s current resource, used while it compares equal to the entry of\n  RMM's per-device map (read under RMM's lock); otherwise a copy of the entry is made, used, and\n  returned in `*fresh`, which the caller owns (raftrs_mr_destroy), keeps alive until the free and\n  frees the block through. `*fresh` is NULL when `mr` was used. `*data` is NULL for 0 bytes\n  (nothing is allocated); sizes and `*stream_ordered` as raftrs_buffer_create.\n  `capture_may_begin` is NULL or a flag of the caller's, read (acquire) before and again after\n  the allocation: while it reads 0, the caller vouches that no CUDA graph capture of `stream` can\n  have begun (the stream's handle never left the caller, and the stream never waited for work\n  a capture could have recorded) and the stream is not asked; otherwise (and for NULL) it is\n  asked before (a capturing stream is refused) and after (through a resource a capture can\n  take, a capture begun meanwhile stops the process), as raftrs_buffer_create does."]
     pub unsafe fn raftrs_mr_allocate_held(
         &self,
         device: i32,
@@ -712,10 +714,11 @@ impl RaftrsShim {
         data: *mut *mut ::core::ffi::c_void,
         stream_ordered: *mut i32,
         fresh: *mut *mut raftrs_mr,
+        capture_may_begin: *const u8,
     ) -> raftrs_status {
-        (self.raftrs_mr_allocate_held)(device, mr, current, stream, bytes, data, stream_ordered, fresh)
+        (self.raftrs_mr_allocate_held)(device, mr, current, stream, bytes, data, stream_ordered, fresh, capture_may_begin)
     }
-    #[doc = " Frees `bytes` at `data` (from raftrs_mr_allocate_held through `mr`, or through the `*fresh` it\n  returned, passed here as `mr`) stream-ordered on `stream`, on `mr`'s device; `stream_owner` as\n  raftrs_buffer_free. A NULL `data` frees nothing."]
+    #[doc = " Frees `bytes` at `data` (from raftrs_mr_allocate_held through `mr`, or through the `*fresh` it\n  returned, passed here as `mr`) stream-ordered on `stream`, on `mr`'s device; `stream_owner` as\n  raftrs_buffer_free. A NULL `data` frees nothing. `capture_may_begin` as for\n  raftrs_mr_allocate_held: the stream is asked before (a capturing stream keeps the block) and\n  after the free unless the flag reads 0."]
     pub unsafe fn raftrs_mr_deallocate_held(
         &self,
         mr: *const raftrs_mr,
@@ -723,8 +726,9 @@ impl RaftrsShim {
         stream_owner: *const ::core::ffi::c_void,
         data: *mut ::core::ffi::c_void,
         bytes: usize,
+        capture_may_begin: *const u8,
     ) -> raftrs_status {
-        (self.raftrs_mr_deallocate_held)(mr, stream, stream_owner, data, bytes)
+        (self.raftrs_mr_deallocate_held)(mr, stream, stream_owner, data, bytes, capture_may_begin)
     }
     #[doc = " raftrs_buffer_grant_peer for memory of `mr`."]
     pub unsafe fn raftrs_mr_grant_peer(&self, mr: *const raftrs_mr, peer: i32, granted: *mut i32) -> raftrs_status {

@@ -1,5 +1,6 @@
 //! Device bytes from an RMM resource (`NativeBuffer`) and the size checks every allocation
 //! passes first: above the memory resources (`mr.rs`) a buffer keeps alive.
+use super::exposure::CaptureFlag;
 use super::mr::{current_cache, NativeMr};
 use super::{already_gone, api, bind, check, refuse_capture, stream_sync, ContextGuard, DeviceScalar};
 use crate::error::{Error, ErrorKind, Result};
@@ -118,11 +119,15 @@ impl NativeBuffer {
     /// map held, used while the map's entry still compares equal to it (checked under RMM's lock
     /// at every allocation: any library may replace it at any moment), replaced by a new copy
     /// otherwise.
+    ///
+    /// `capture`: the stream's flag (`exposure.rs`); while it is down the shim does not ask the
+    /// stream about a capture.
     pub(crate) fn create_held(
         who: &'static str,
         device: usize,
         mr: Option<&Arc<NativeMr>>,
         stream: &Arc<CudaStream>,
+        capture: &CaptureFlag,
         bytes: usize,
     ) -> Result<Self> {
         check_allocation(who, bytes)?;
@@ -142,7 +147,9 @@ impl NativeBuffer {
         let mr_ptr = held.as_ref().map_or(std::ptr::null(), |m| m.ptr.as_ptr() as *const _);
         // SAFETY: the stream is alive (borrowed, and held by the new buffer); `mr_ptr` is null or
         // a resource kept alive by `held`, which the new buffer keeps until its free; a fresh
-        // copy comes back owned and is kept likewise; the out-pointers are locals.
+        // copy comes back owned and is kept likewise; the out-pointers are locals; the flag is
+        // borrowed for the call and raised wherever a capture of the stream may begin
+        // (`exposure.rs`).
         let made = check(who, api, unsafe {
             api.raftrs_mr_allocate_held(
                 device as i32,
@@ -153,6 +160,7 @@ impl NativeBuffer {
                 &mut data,
                 &mut ordered,
                 &mut fresh,
+                capture.as_ptr(),
             )
         });
         // A fresh copy is owned from here on, whatever else happened: on success the block
@@ -269,7 +277,10 @@ impl NativeBuffer {
     /// blocks, unknown resources) gets the buffer only once its stream has finished with it:
     /// CUDA documents that cudaFree *may* synchronise, not that it does (the CUDA 13 runtime
     /// documentation of cudaFree), so the wait is made here (such frees run on release threads).
-    pub(crate) fn free(self, who: &'static str) -> Result<()> {
+    ///
+    /// `capture`: the stream's flag (`exposure.rs`), for a free made where the flag is at hand
+    /// (the array's drop); `None` asks the stream always.
+    pub(crate) fn free(self, who: &'static str, capture: Option<&CaptureFlag>) -> Result<()> {
         let api = match api(who) {
             Ok(api) => api,
             Err(e) => {
@@ -331,11 +342,13 @@ impl NativeBuffer {
         // ordered on (alive: held by self until after the call), through what they came from: the
         // shim's record, or the resource of a held allocation (alive: held by self until after
         // the call) with the pointer and size it returned; `keeper` is the stream's `Arc`, alive
-        // for the call, which a fence may retain through the registered keeper.
+        // for the call, which a fence may retain through the registered keeper; the flag is null
+        // or borrowed for the call, raised wherever a capture of the stream may begin.
+        let flag = capture.map_or(std::ptr::null(), CaptureFlag::as_ptr);
         let status = unsafe {
             match &self.owner {
                 Owner::Record(ptr) => api.raftrs_buffer_free(ptr.as_ptr(), raw_stream, keeper),
-                Owner::Held(mr) => api.raftrs_mr_deallocate_held(mr.ptr.as_ptr(), raw_stream, keeper, self.data, self.bytes),
+                Owner::Held(mr) => api.raftrs_mr_deallocate_held(mr.ptr.as_ptr(), raw_stream, keeper, self.data, self.bytes, flag),
             }
         };
         // The stream's last handle may go here (`into_inner` tells exactly one holder it is the

@@ -154,6 +154,7 @@ fn join(who: &'static str, waiter: &CudaStream, on: &CudaStream, guard: &Context
     if same_stream(waiter, on) {
         return Ok(());
     }
+    super::exposure::before_join(waiter, on);
     let event = NativeEvent::create(who, on.context(), guard)?;
     event.record(who, on, guard)?;
     bind(who, waiter.context())?;
@@ -830,7 +831,7 @@ impl NativeHostBuffer {
 
     /// Frees the memory (`cudaFreeHost`, which may wait for the device).
     pub(crate) fn free(self, who: &'static str) -> Result<()> {
-        self.buffer.free(who)
+        self.buffer.free(who, None)
     }
 
     /// Leaks the memory to the OS (at exit, once the exit has decided).

@@ -359,6 +359,7 @@ fn order(who: &'static str, ctx: &Arc<CudaContext>, first: usize, waiter: usize)
     if first == waiter {
         return Ok(());
     }
+    super::exposure::before_join_handles(waiter, first);
     let _keep = ContextGuard::save(who)?;
     bind(who, ctx)?;
     let event = cu::event::create(cusys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| Error::driver(who, e))?;

@@ -143,6 +143,8 @@ impl ForeignUses {
         if own.cu_stream() == stream.cu_stream() && own.context().cu_ctx() == stream.context().cu_ctx() {
             return SyncOnDrop::Sync(None); // the array's own order suffices
         }
+        // The array's stream will wait for this use's event (`settle`).
+        super::exposure::before_join(own, stream);
         if let Err(e) = stream.join(own) {
             // Not ordered after the array's own work: wait for that work instead (relaxed), so
             // the pointer is never used before the array's pending writes are done.
@@ -168,7 +170,14 @@ impl ForeignUses {
                 // user stored in theirs stands in the way.
                 // SAFETY: the stream is alive for the borrow; the event is alive (in the list).
                 let chained = !(u.read || u.write)
-                    || unsafe { cudarc::driver::result::stream::wait_event(stream.cu_stream(), u.event.cu_event(), cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }.is_ok();
+                    || unsafe {
+                        cudarc::driver::result::stream::wait_event(
+                            stream.cu_stream(),
+                            u.event.cu_event(),
+                            cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                        )
+                    }
+                    .is_ok();
                 if !chained {
                     return self.cannot_order(uses, stream);
                 }
@@ -176,10 +185,10 @@ impl ForeignUses {
             }
             None => {
                 let _keep = super::ContextGuard::save(who).ok(); // cudarc binds the records context
-                // SAFETY: the handle is a live stream of the records context's `CUcontext`
-                // (checked by `records_for`), borrowed for this call and the guard; the wrapper
-                // never destroys it, and is used only to record at a guard's drop, each guard
-                // borrowing a live stream with this handle (the key's).
+                                                                 // SAFETY: the handle is a live stream of the records context's `CUcontext`
+                                                                 // (checked by `records_for`), borrowed for this call and the guard; the wrapper
+                                                                 // never destroys it, and is used only to record at a guard's drop, each guard
+                                                                 // borrowing a live stream with this handle (the key's).
                 let wrapped = unsafe { records.ctx.wrap_borrowed_stream(stream.cu_stream()) };
                 match records.ctx.new_event(None) {
                     Ok(event) => {
@@ -260,7 +269,11 @@ impl ForeignUses {
             // capture). A failure of both is a fault of the context, which stops its work.
             // SAFETY: both are alive for the call; a wait binds no context.
             let on_device = unsafe {
-                cudarc::driver::result::stream::wait_event(own.cu_stream(), u.event.cu_event(), cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+                cudarc::driver::result::stream::wait_event(
+                    own.cu_stream(),
+                    u.event.cu_event(),
+                    cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
             };
             let waited = on_device.or_else(|_| super::relaxed(|| unsafe_event_sync(&u.event))).map_err(|e| Error::driver(who, e));
             match waited {

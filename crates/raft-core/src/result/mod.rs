@@ -19,6 +19,7 @@ pub(crate) mod buffer;
 pub(crate) mod copy;
 pub(crate) mod crew;
 pub(crate) mod dlpack;
+pub(crate) mod exposure;
 pub(crate) mod foreign;
 pub(crate) mod gemm;
 pub(crate) mod lent;
@@ -395,6 +396,9 @@ pub(crate) struct HandleCode(pub(crate) i32);
 /// The shim's `raft::device_resources`, with the stream it was built on: the stream lives at
 /// least as long as the native object (it is dropped after it, in [`destroy`](Self::destroy)).
 pub(crate) struct NativeResources {
+    /// Whether a capture may begin on the stream (`exposure.rs`); first, so that it leaves the
+    /// registry before the stream can be destroyed however the object goes.
+    capture: exposure::Registration,
     ptr: NonNull<sys::raftrs_resources>,
     stream: Arc<CudaStream>,
     device: usize,
@@ -421,11 +425,19 @@ impl NativeResources {
         // stays null on failure.
         check(who, api, unsafe { api.raftrs_resources_create(device as i32, stream.cu_stream() as *mut c_void, &mut raw) })?;
         let ptr = NonNull::new(raw).ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim returned no resources"))?;
-        Ok(NativeResources { ptr, stream, device, lent: std::sync::atomic::AtomicBool::new(false) })
+        Ok(NativeResources { capture: exposure::register(&stream), ptr, stream, device, lent: std::sync::atomic::AtomicBool::new(false) })
     }
 
+    /// The stream, for this library's own calls on it. Where its handle leaves the library
+    /// (a public getter, a lend, a handle), the caller raises [`capture_flag`](Self::capture_flag)
+    /// first (`exposure.rs`).
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Whether a capture may begin on the stream (see `exposure.rs`).
+    pub(crate) fn capture_flag(&self) -> &Arc<exposure::CaptureFlag> {
+        self.capture.flag()
     }
 
     /// `raft::resource::sync_stream` (polls the stream).
@@ -493,6 +505,7 @@ impl NativeResources {
             lent::count_out_lent_to_raft(self.device);
         }
         let ctx = self.stream.context().clone();
+        drop(self.capture); // out of the registry (its flag raised) before the stream can go
         drop(self.stream);
         let recorded = take_recorded(who, &ctx);
         let tolerate = |r: Result<()>| r.or_else(|e| if already_gone(&e) { Ok(()) } else { Err(e) });

@@ -355,6 +355,16 @@ raftrs_status raftrs_buffer_create(int32_t device,
   });
 }
 
+/// Whether a held allocation's or free's stream must be asked about a capture: unless the
+/// caller's flag reads 0 (see raftrs.h). Read with acquire semantics before and again after the
+/// call, so that a capture begun after a first read of 0 (the flag was raised before the stream's
+/// handle left the caller, and the capture's begin was ordered before this call's work by the
+/// driver) is seen by the second.
+static bool may_capture(uint8_t const* flag) noexcept
+{
+  return flag == nullptr || __atomic_load_n(flag, __ATOMIC_ACQUIRE) != 0;
+}
+
 raftrs_status raftrs_mr_allocate_held(int32_t device,
                                      const raftrs_mr* mr,
                                      int32_t current,
@@ -362,14 +372,15 @@ raftrs_status raftrs_mr_allocate_held(int32_t device,
                                      size_t bytes,
                                      void** data,
                                      int32_t* stream_ordered,
-                                     raftrs_mr** fresh)
+                                     raftrs_mr** fresh,
+                                     const uint8_t* capture_may_begin)
 {
   return guard([&] {
     *data           = nullptr;
     *stream_ordered = 0;
     *fresh          = nullptr;
     refuse_unservable(bytes);
-    refuse_capturing_allocation(stream);
+    if (may_capture(capture_may_begin)) { refuse_capturing_allocation(stream); }
     device_scope scope{device};
     std::unique_ptr<shim_mr> made;
     shim_mr const* use = held_resource(device, mr, current, made);
@@ -378,24 +389,28 @@ raftrs_status raftrs_mr_allocate_held(int32_t device,
       *data = rmm::device_async_resource_ref{const_cast<any_device_resource&>(use->resource)}.allocate(
         cuda::stream_ref{static_cast<cudaStream_t>(stream)}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
       // Asked only of a resource whose allocation a capture can take (one cached walk).
-      if (captures_of(*use) && stream_capturing(stream)) { stop_captured_meanwhile("an allocation"); }
+      if (captures_of(*use) && may_capture(capture_may_begin) && stream_capturing(stream)) {
+        stop_captured_meanwhile("an allocation");
+      }
     }
     *fresh = made != nullptr ? wrap(made.release()) : nullptr;
   });
 }
 
-raftrs_status raftrs_mr_deallocate_held(const raftrs_mr* mr, void* stream, const void* stream_owner, void* data, size_t bytes)
+raftrs_status raftrs_mr_deallocate_held(
+  const raftrs_mr* mr, void* stream, const void* stream_owner, void* data, size_t bytes, const uint8_t* capture_may_begin)
 {
   return guard([&] {
     if (mr == nullptr) { throw std::invalid_argument("null memory resource"); }
     if (data == nullptr) { return; }  // a 0-byte allocation took nothing
     auto const& m = unwrap(mr);
-    refuse_capturing_free(stream);  // the caller keeps `mr` (and the block) on failure
+    // The caller keeps `mr` (and the block) on failure.
+    if (may_capture(capture_may_begin)) { refuse_capturing_free(stream); }
     device_scope scope{m.device};
     raftrs_fence::freeing_on freeing{static_cast<cudaStream_t>(stream), stream != nullptr ? stream_owner : nullptr};
     rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)}.deallocate(
       cuda::stream_ref{static_cast<cudaStream_t>(stream)}, data, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-    if (captures_of(m) && stream_capturing(stream)) { stop_captured_meanwhile("a free"); }
+    if (captures_of(m) && may_capture(capture_may_begin) && stream_capturing(stream)) { stop_captured_meanwhile("a free"); }
   });
 }
 

@@ -165,9 +165,9 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
         // out-pointers are locals; the buffer is freed right after, on the same stream.
         unsafe {
             let mut fresh = std::ptr::null_mut();
-            assert_eq!(api.raftrs_mr_allocate_held(0, current_mr, 1, s, mib, &mut data, &mut ordered, &mut fresh), 0);
+            assert_eq!(api.raftrs_mr_allocate_held(0, current_mr, 1, s, mib, &mut data, &mut ordered, &mut fresh, std::ptr::null()), 0);
             let through = if fresh.is_null() { current_mr } else { fresh as *const raft_sys::raftrs_mr };
-            assert_eq!(api.raftrs_mr_deallocate_held(through, s, std::ptr::null(), data, mib), 0);
+            assert_eq!(api.raftrs_mr_deallocate_held(through, s, std::ptr::null(), data, mib, std::ptr::null()), 0);
             if !fresh.is_null() {
                 assert_eq!(api.raftrs_mr_destroy(fresh), 0); // the device's resource changed meanwhile
             }
@@ -281,6 +281,7 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
             );
         }
     }
+    private_streams(t, &kinds);
     arena_steps(t, r, &arena);
     rust_steps(t);
     threads_on_one_arena(t, &arena);
@@ -293,6 +294,74 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
     // SAFETY: the baseline's own stream again (`own` is dropped after this).
     unsafe { bl_use_stream(std::ptr::null_mut()) };
     drop(own);
+}
+
+/// Issue 30's private streams (`result/exposure.rs`): resources whose stream's handle never left
+/// the library, so their allocations and frees read a flag instead of asking the stream about a
+/// capture. Ours on such resources, the C++ resource alone, and the floors taking the flag's
+/// read in place of each query, in turns; C++ on a stream of its own (the bench cannot name the
+/// private stream without raising its flag), an idle non-blocking stream like ours.
+fn private_streams(t: &mut Table, kinds: &[(&str, &raft::MemoryResource, unsafe extern "C" fn(usize) -> i32); 4]) {
+    let private = DeviceResources::new().unwrap();
+    // SAFETY: null: the baseline's own stream for the rows below.
+    unsafe { bl_use_stream(std::ptr::null_mut()) };
+    // SAFETY: a switch of the baseline, read by its floors.
+    unsafe { bl_floor_private(1) };
+    for (index, (kind, mr, cpp)) in kinds.iter().enumerate() {
+        for (size, bytes) in [("256 B", 256usize), ("64 KiB", 64 << 10), ("1 MiB", 1 << 20)] {
+            let [ours, base, floor, designed] = measure_turns(
+                200,
+                5000,
+                [
+                    &mut || drop(DeviceVec::<u8>::new_in(&private, bytes, mr).unwrap()),
+                    // SAFETY: plain C functions of the baseline.
+                    &mut || assert_eq!(unsafe { cpp(bytes) }, 0),
+                    // SAFETY: as above; `index` is the kind's number in baseline.cpp's order.
+                    &mut || assert_eq!(unsafe { bl_alloc_free_held(index as i32, bytes) }, 0),
+                    // SAFETY: as above.
+                    &mut || assert_eq!(unsafe { bl_alloc_free_held_as_designed(index as i32, bytes) }, 0),
+                ],
+            );
+            t.add(
+                &format!("{size} allocate + free, {kind}, a private stream (in turns)"),
+                "DeviceVec::new_in + drop, resources whose stream never left the library",
+                ours,
+                vec![
+                    ("C++, the same resource kind", base),
+                    ("the floor, the flag read for each query", floor),
+                    ("the designed floor, the flag read for each query", designed),
+                ],
+                "C++, the same resource kind",
+                "<= 1.10x",
+                |a, b| a <= 1.10 * b,
+            );
+        }
+    }
+    // The default path on the private resources, against the C++ lookup.
+    let mib = 1 << 20;
+    let [ours, lookup, floor] = measure_turns(
+        200,
+        5000,
+        [
+            &mut || drop(DeviceVec::<u8>::new(&private, mib).unwrap()),
+            // SAFETY: plain C functions of the baseline.
+            &mut || assert_eq!(unsafe { bl_alloc_free_per_device(mib) }, 0),
+            // SAFETY: as above (kind 4: the current resource, revalidated under RMM's lock).
+            &mut || assert_eq!(unsafe { bl_alloc_free_held(4, mib) }, 0),
+        ],
+    );
+    t.add(
+        "1 MiB allocate + free, the default path, a private stream (in turns)",
+        "DeviceVec::new + drop, resources whose stream never left the library",
+        ours,
+        vec![("C++ through get_per_device_resource_ref", lookup), ("the floor, the flag read for each query", floor)],
+        "C++ through get_per_device_resource_ref",
+        "<= 1.10x",
+        |a, b| a <= 1.10 * b,
+    );
+    // SAFETY: as above.
+    unsafe { bl_floor_private(0) };
+    private.release().unwrap();
 }
 
 /// The async pool and the default path like with like (issue 30): the C++ rows above allocate
@@ -379,8 +448,11 @@ fn arena_steps(t: &mut Table, r: &DeviceResources, arena: &raft::MemoryResource)
             // this function; out-pointers are locals; the buffer is freed right after, on its
             // stream.
             unsafe {
-                assert_eq!(api.raftrs_mr_allocate_held(0, shim_arena, 0, s, bytes, &mut data, &mut ordered, &mut fresh), 0);
-                assert_eq!(api.raftrs_mr_deallocate_held(shim_arena, s, owner, data, bytes), 0);
+                assert_eq!(
+                    api.raftrs_mr_allocate_held(0, shim_arena, 0, s, bytes, &mut data, &mut ordered, &mut fresh, std::ptr::null()),
+                    0
+                );
+                assert_eq!(api.raftrs_mr_deallocate_held(shim_arena, s, owner, data, bytes, std::ptr::null()), 0);
             }
         };
         let [ours, shim, cpp_arena, cpp_floor, cpp_designed] = measure_turns(
