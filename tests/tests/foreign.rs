@@ -235,3 +235,48 @@ fn an_array_read_through_a_context_object_holding_an_error_is_freed_after_the_re
     }
     drop((fresh, x, y));
 }
+
+/// The second review of the ninth round: a guard is `Send`. Taken on one thread's per-thread
+/// stream and dropped on another thread, it recorded the event that thread's per-thread uses
+/// shared on the other thread's stream, replacing the record after the first thread's copy:
+/// the array was freed under that copy.
+#[test]
+fn a_guard_dropped_on_another_thread_leaves_the_first_threads_use_ordered() {
+    use cudarc::driver::DevicePtr;
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let want = pattern_f32(N, 107);
+    let v = DeviceVec::from_host(&res, &want).unwrap();
+    // One handle: each thread's own per-thread stream where it is used.
+    let pts = ctx.per_thread_stream();
+    let (x, y, out) = std::thread::scope(|scope| {
+        let (guard_tx, guard_rx) = mpsc::channel();
+        let (dropped_tx, dropped_rx) = mpsc::channel::<()>();
+        let (v, pts) = (&v, &pts);
+        let a = scope.spawn(move || {
+            let (x, y) = backlog(pts);
+            let mut out = pts.alloc_zeros::<f32>(N).unwrap();
+            let (_ptr, guard) = v.device_ptr(&**pts); // a guard held, not used
+            pts.memcpy_dtod(v, &mut out).unwrap(); // its own guard records after the copy
+            guard_tx.send(guard).unwrap();
+            dropped_rx.recv().unwrap(); // this thread (and its stream) outlives the drop
+            (x, y, out)
+        });
+        let b = scope.spawn(move || {
+            drop(guard_rx.recv().unwrap()); // dropped on this thread
+            dropped_tx.send(()).unwrap();
+        });
+        b.join().unwrap();
+        a.join().unwrap()
+    });
+    let fresh = free_and_zero_the_block(&res, v);
+    // The per-thread streams of the threads gone: wait for the whole context.
+    ctx.synchronize().unwrap();
+    let host = res.stream().unwrap().clone_dtoh(&out).unwrap();
+    if let Some(i) = host.iter().zip(&want).position(|(g, w)| g != w) {
+        panic!("element {i} of the first thread's copy is {} (want {}): the array was freed and zeroed under it", host[i], want[i]);
+    }
+    drop((fresh, x, y));
+}

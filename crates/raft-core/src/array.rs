@@ -35,7 +35,12 @@ use std::sync::Arc;
 /// in cudarc 0.19.10: `CudaStream::memcpy_dtoh(&src, &mut dst)` checks only that `dst` is at
 /// least as long as `src`, then copies `dst.len()` elements, reading past the end of the array
 /// (or of a view, into memory it does not own) when `dst` is longer: give it a destination of
-/// exactly the array's length, or use [`copy_to_host`](Self::copy_to_host), which checks.
+/// exactly the array's length, or use [`copy_to_host`](Self::copy_to_host), which checks. A
+/// third, in cudarc 0.19: `SyncOnDrop`'s variants have public fields, so code holding a guard
+/// can take the event out of it and record it elsewhere (or reach the context it was made in)
+/// after the guard is gone; the array's stream then waits for that record instead of the use.
+/// cudarc's own slices order their frees through the same events and share the gap. Never
+/// take a guard apart.
 ///
 /// CUDA graphs: an array is neither allocated nor freed on a stream being captured into a graph
 /// (through the async pool either would become a node of the graph, run at each launch rather

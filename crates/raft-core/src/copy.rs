@@ -309,7 +309,8 @@ impl DeviceResources {
         F: for<'scope> FnOnce(&'scope CopyScope<'scope, 'env>) -> Result<R>,
     {
         const WHO: &str = "DeviceResources::copy_scope";
-        let stream = self.stream().map_err(|e| e.with_who(WHO))?;
+        // The stream stays inside the library (the scope queues on it): its flag stays as it is.
+        let stream = self.with_native(WHO, |n| Ok(n.stream().clone()))?;
         let me = self.clone();
         // The body's error and the scope's own are one `Result`: the caller writes one `?`. A
         // failed wait (the context is dead) outranks the body's value: its copies did not run.

@@ -371,7 +371,7 @@ pub fn gemm_dlpack<T: GemmScalar + DlpackElement>(
     }
     let len = m.checked_mul(n).ok_or_else(|| Error::logic(WHO, format!("a {m}×{n} product overflows")))?;
     // What the producers say their memory is, asked of the driver before cuBLAS reads it.
-    let ctx = resources.stream().map_err(|e| e.with_who(WHO))?.context().clone();
+    let ctx = resources.context().clone(); // not `stream()`: nothing leaves the library here
     for t in [a, b] {
         dl::check_memory(WHO, &ctx, t.view(), resources.device())?;
     }

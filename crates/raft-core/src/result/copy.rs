@@ -154,9 +154,10 @@ fn join(who: &'static str, waiter: &CudaStream, on: &CudaStream, guard: &Context
     if same_stream(waiter, on) {
         return Ok(());
     }
-    super::exposure::before_join(waiter, on);
     let event = NativeEvent::create(who, on.context(), guard)?;
     event.record(who, on, guard)?;
+    // After the record: a capture that took it began after `on`'s flag was raised (`exposure.rs`).
+    super::exposure::before_join(waiter, on);
     bind(who, waiter.context())?;
     // SAFETY: the stream and the event are alive for the call; a stream may wait for an event of
     // another context. The event may be destroyed right after: the wait keeps what it recorded.

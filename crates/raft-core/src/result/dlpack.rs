@@ -359,7 +359,6 @@ fn order(who: &'static str, ctx: &Arc<CudaContext>, first: usize, waiter: usize)
     if first == waiter {
         return Ok(());
     }
-    super::exposure::before_join_handles(waiter, first);
     let _keep = ContextGuard::save(who)?;
     bind(who, ctx)?;
     let event = cu::event::create(cusys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| Error::driver(who, e))?;
@@ -367,6 +366,8 @@ fn order(who: &'static str, ctx: &Arc<CudaContext>, first: usize, waiter: usize)
     // device (the callers' contracts); the event is destroyed once, after the wait is queued.
     unsafe {
         let recorded = cu::event::record(event, first as cusys::CUstream);
+        // After the record: a capture that took it began after `first`'s flag was raised.
+        super::exposure::before_join_handles(waiter, first);
         let waited = recorded
             .and_then(|()| cu::stream::wait_event(waiter as cusys::CUstream, event, cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT));
         let _ = cu::event::destroy(event);

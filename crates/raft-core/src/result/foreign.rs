@@ -28,8 +28,8 @@
 //!   trusted, and the array is leaked rather than freed under it (`unordered`).
 //! - **one event stands for one stream**: the key is the context (`CUcontext`), the stream's
 //!   handle and, for the per-thread default stream (one handle, a stream per thread), the thread
-//!   (a guard moved to another thread before it drops records on that thread's stream: only
-//!   possible with the user's own `unsafe` launch, which then owns the ordering). A handle reused
+//!   (each guard there has an event of its own: a guard is `Send`, and one dropped on another
+//!   thread records on that thread's per-thread stream). A handle reused
 //!   by a new stream after the old one was destroyed shares a key: a stream that re-records an
 //!   event whose last record was not yet waited for first waits for that record, so the new
 //!   record covers the old use too.
@@ -85,8 +85,10 @@ fn records_for(stream: &CudaStream) -> Option<&'static RecordsContext> {
 /// Takes any error recorded in the records contexts (a record that failed, or one skipped
 /// because of an earlier failure) and counts it. Returns the count.
 fn take_failures() -> u64 {
-    let all: Vec<&'static RecordsContext> = RECORDS.lock().unwrap_or_else(|e| e.into_inner()).iter().flatten().copied().collect();
-    for r in all {
+    // Under the registry's lock: an error taken here is counted before another caller reads
+    // the count (taken and counted as one step).
+    let all = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
+    for r in all.iter().flatten() {
         if r.ctx.check_err().is_err() {
             FAILED_RECORDS.fetch_add(1, Ordering::AcqRel);
         }
@@ -161,7 +163,10 @@ impl ForeignUses {
         let handle = stream.cu_stream() as usize;
         let key = (stream.context().cu_ctx() as usize, handle, (handle == PER_THREAD).then(|| std::thread::current().id()));
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
-        let at = match uses.iter().position(|u| u.key == key) {
+        // The per-thread stream: an event for each guard, never shared, since a guard is `Send`
+        // and records on the per-thread stream of whichever thread drops it.
+        let shared = if key.2.is_some() { None } else { uses.iter().position(|u| u.key == key) };
+        let at = match shared {
             Some(at) => {
                 let u = &uses[at];
                 // A record not yet waited for may be of another stream that had this handle
@@ -205,7 +210,10 @@ impl ForeignUses {
             }
         };
         let u = &mut uses[at];
-        u.failures = failures;
+        if !(u.read || u.write) {
+            // A pending use keeps the count of its own guard: a failure since then still taints it.
+            u.failures = failures;
+        }
         if write {
             u.write = true;
         } else {

@@ -282,6 +282,9 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
         }
     }
     private_streams(t, &kinds);
+    // SAFETY: as at the top: the resources' own stream again for the rows below (run 167 left
+    // them on the baseline's own).
+    unsafe { bl_use_stream(own.cu_stream() as *mut std::ffi::c_void) };
     arena_steps(t, r, &arena);
     rust_steps(t);
     threads_on_one_arena(t, &arena);
