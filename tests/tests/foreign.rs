@@ -47,14 +47,14 @@ fn free_and_zero_the_block(res: &DeviceResources, v: DeviceVec<f32>) -> DeviceVe
     fresh
 }
 
-/// A destination whose `device_ptr_mut` first drops `side`, the last stream of its context
-/// object: from then on cudarc's `is_managing_stream_synchronization` is false for that object.
-struct DropsTheLastStream {
+/// A cudarc destination that runs `before` when asked for its pointer (the moment between the
+/// source's guard being handed out and its record), then hands out its slice's.
+struct Hooked<F: FnMut(&CudaStream)> {
     inner: CudaSlice<f32>,
-    side: Option<Arc<CudaStream>>,
+    before: F,
 }
 
-impl DeviceSlice<f32> for DropsTheLastStream {
+impl<F: FnMut(&CudaStream)> DeviceSlice<f32> for Hooked<F> {
     fn len(&self) -> usize {
         self.inner.len()
     }
@@ -63,9 +63,9 @@ impl DeviceSlice<f32> for DropsTheLastStream {
     }
 }
 
-impl DevicePtrMut<f32> for DropsTheLastStream {
+impl<F: FnMut(&CudaStream)> DevicePtrMut<f32> for Hooked<F> {
     fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
-        self.side.take();
+        (self.before)(stream);
         self.inner.device_ptr_mut(stream)
     }
 }
@@ -87,40 +87,23 @@ fn an_array_read_through_a_context_object_that_loses_its_last_stream_is_freed_af
     let side = user.new_stream().unwrap();
     let s = user.default_stream();
     let (x, y) = backlog(&s);
-    let mut dst = DropsTheLastStream { inner: s.alloc_zeros::<f32>(N).unwrap(), side: Some(side) };
-    s.memcpy_dtod(&v, &mut dst).unwrap();
-    assert!(dst.side.is_none(), "the destination's pointer was not taken: the test proves nothing");
+    // Drops the user object's last stream: from then on cudarc's
+    // `is_managing_stream_synchronization` is false for that object.
+    let mut side = Some(side);
+    let copied = {
+        let mut dst = Hooked { inner: s.alloc_zeros::<f32>(N).unwrap(), before: |_: &CudaStream| drop(side.take()) };
+        s.memcpy_dtod(&v, &mut dst).unwrap();
+        dst.inner
+    };
+    assert!(side.is_none(), "the destination's pointer was not taken: the test proves nothing");
     let fresh = free_and_zero_the_block(&res, v);
     s.synchronize().unwrap();
     res.sync().unwrap();
-    let got = s.clone_dtoh(&dst.inner).unwrap();
+    let got = s.clone_dtoh(&copied).unwrap();
     if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
         panic!("element {i} of the copy is {} (want {}): the array was freed and zeroed under the copy", got[i], want[i]);
     }
     drop((fresh, x, y));
-}
-
-/// A destination whose `device_ptr_mut` waits for `go` first: the source's guard is handed out
-/// before, and its event recorded after, whatever another thread does meanwhile.
-struct WaitsFor {
-    inner: CudaSlice<f32>,
-    go: mpsc::Receiver<()>,
-}
-
-impl DeviceSlice<f32> for WaitsFor {
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn stream(&self) -> &Arc<CudaStream> {
-        self.inner.stream()
-    }
-}
-
-impl DevicePtrMut<f32> for WaitsFor {
-    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
-        self.go.recv().unwrap();
-        self.inner.device_ptr_mut(stream)
-    }
 }
 
 /// The ninth audit: the per-thread default stream has one handle on every thread, and the uses
@@ -156,7 +139,9 @@ fn an_array_read_on_two_threads_per_thread_streams_is_freed_after_both_reads() {
         let (ctx, v) = (ctx.clone(), v.clone());
         std::thread::spawn(move || {
             let pa = ctx.per_thread_stream();
-            let mut dst = WaitsFor { inner: pa.alloc_zeros::<f32>(N).unwrap(), go: b_queued_rx };
+            // Waits for B's whole read before its pointer: the source's guard is handed out
+            // before, and recorded after, B's.
+            let mut dst = Hooked { inner: pa.alloc_zeros::<f32>(N).unwrap(), before: move |_: &CudaStream| b_queued_rx.recv().unwrap() };
             // The source's guard first (an event handed out), then B's whole read, then the
             // copy here and this guard's record.
             pa.memcpy_dtod(&*v, &mut dst).unwrap();
@@ -186,29 +171,6 @@ fn an_array_read_on_two_threads_per_thread_streams_is_freed_after_both_reads() {
     drop(fresh);
 }
 
-/// A destination whose `device_ptr_mut` stores an error in its stream's context object
-/// (`record_err` is public and safe; cudarc's own cross-device copies store one too).
-struct StoresAnError {
-    inner: CudaSlice<f32>,
-}
-
-impl DeviceSlice<f32> for StoresAnError {
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn stream(&self) -> &Arc<CudaStream> {
-        self.inner.stream()
-    }
-}
-
-impl DevicePtrMut<f32> for StoresAnError {
-    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
-        let e = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE);
-        stream.context().record_err::<()>(Err(e));
-        self.inner.device_ptr_mut(stream)
-    }
-}
-
 /// The review of the ninth audit's fixes: cudarc's `CudaEvent::record` returns an error stored in
 /// the event's context object instead of recording (and the guard's drop stores it back). The
 /// event was made in the user's object, so an error stored there during the use skipped the
@@ -223,7 +185,10 @@ fn an_array_read_through_a_context_object_holding_an_error_is_freed_after_the_re
     let user = CudaContext::new(res.device()).unwrap();
     let s = user.new_stream().unwrap();
     let (x, y) = backlog(&s);
-    let mut dst = StoresAnError { inner: s.alloc_zeros::<f32>(N).unwrap() };
+    // Stores an error in its stream's context object (`record_err` is public and safe).
+    let invalid = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE);
+    let mut dst =
+        Hooked { inner: s.alloc_zeros::<f32>(N).unwrap(), before: |st: &CudaStream| st.context().record_err::<()>(Err(invalid.clone())) };
     s.memcpy_dtod(&v, &mut dst).unwrap();
     let fresh = free_and_zero_the_block(&res, v);
     let _ = user.check_err(); // the error the destination stored, taken back
