@@ -189,11 +189,12 @@ impl ForeignUses {
                 at
             }
             None => {
-                let _keep = super::ContextGuard::save(who).ok(); // cudarc binds the records context
-                                                                 // SAFETY: the handle is a live stream of the records context's `CUcontext`
-                                                                 // (checked by `records_for`), borrowed for this call and the guard; the wrapper
-                                                                 // never destroys it, and is used only to record at a guard's drop, each guard
-                                                                 // borrowing a live stream with this handle (the key's).
+                // cudarc binds the records context: the caller's is put back.
+                let _keep = super::ContextGuard::save(who).ok();
+                // SAFETY: the handle is a live stream of the records context's `CUcontext`
+                // (checked by `records_for`), borrowed for this call and the guard; the wrapper
+                // never destroys it, and is used only to record at a guard's drop, each guard
+                // borrowing a live stream with this handle (the key's).
                 let wrapped = unsafe { records.ctx.wrap_borrowed_stream(stream.cu_stream()) };
                 match records.ctx.new_event(None) {
                     Ok(event) => {
