@@ -79,11 +79,14 @@ case "${1:-tests}" in
   tests)
     logs=${2:-$here/logs}; mkdir -p "$logs"
     failed=0
+    # Each binary bounded (RAFT_TEST_TIMEOUT seconds, 300 by default): a hung binary is
+    # reported (rc=124, killed) and the rest still run (run 168 lost its whole call to one).
     for t in "$here"/tests/*; do
       name=$(basename "$t")
-      "$t" ${RAFT_TEST_ARGS:-} >"$logs/$name.log" 2>&1
+      timeout -k 10 "${RAFT_TEST_TIMEOUT:-300}" "$t" ${RAFT_TEST_ARGS:-} >"$logs/$name.log" 2>&1
       rc=$?
       summary=$(grep -E '^test result:' "$logs/$name.log" | tail -n 1)
+      [ $rc -eq 124 ] && summary="HUNG: killed after ${RAFT_TEST_TIMEOUT:-300} s (see $logs/$name.log)"
       echo "$name: rc=$rc ${summary:-no summary (see $logs/$name.log)}"
       [ $rc -eq 0 ] || failed=1
     done
