@@ -33,10 +33,16 @@ use std::sync::{Arc, Mutex, Weak};
 pub(crate) struct CaptureFlag(AtomicBool);
 
 impl CaptureFlag {
-    /// Raised for good: from now on every allocation and free on the stream asks.
+    /// Raised for good: from now on every allocation and free on the stream asks. A flag found
+    /// raised is not written again (`stream()` may be called per kernel launch from many
+    /// threads: no cache line bounced between them). Reading it raised is as good as raising
+    /// it: any read that happens after this one (an allocation after the capture the handed-out
+    /// handle allows) sees it raised too (read-read coherence; the flag is never lowered).
     #[inline]
     pub(crate) fn raise(&self) {
-        self.0.store(true, Ordering::SeqCst);
+        if !self.0.load(Ordering::Acquire) {
+            self.0.store(true, Ordering::SeqCst);
+        }
     }
 
     /// Whether a capture may begin on the stream.
