@@ -205,45 +205,67 @@ fn an_array_read_through_a_context_object_holding_an_error_is_freed_after_the_re
 /// stream and dropped on another thread, it recorded the event that thread's per-thread uses
 /// shared on the other thread's stream, replacing the record after the first thread's copy:
 /// the array was freed under that copy.
+///
+/// Thread A stays alive, its per-thread stream busy, until the array was freed and its block
+/// zeroed, then reads its copy back on its own stream (as the two-thread test above): no thread
+/// ends with work queued on its per-thread stream, no cudarc slice moves to another thread's
+/// per-thread stream, no device-wide wait. Every wait is bounded, so a hang fails and says where.
 #[test]
-#[ignore = "hung on the H200 in run 168 on both e20bab3 and 88b986f (killed after 120 s, no output came back): the test's \
-            own threads, not yet diagnosed; run it alone with --ignored once a GPU is at hand"]
+#[ignore = "its first form hung on the H200 in run 168 (both libraries); rewritten without a thread ending with its \
+            per-thread stream busy or a device-wide wait, not yet run: run it alone with --ignored on a GPU"]
 fn a_guard_dropped_on_another_thread_leaves_the_first_threads_use_ordered() {
     use cudarc::driver::DevicePtr;
+    use std::time::Duration;
+    const BOUND: Duration = Duration::from_secs(60);
     require_gpu!();
     let _one = serial();
     let res = DeviceResources::new().unwrap();
     let ctx = res.context().clone();
     let want = pattern_f32(N, 107);
-    let v = DeviceVec::from_host(&res, &want).unwrap();
-    // One handle: each thread's own per-thread stream where it is used.
-    let pts = ctx.per_thread_stream();
-    let (x, y, out) = std::thread::scope(|scope| {
-        let (guard_tx, guard_rx) = mpsc::channel();
-        let (dropped_tx, dropped_rx) = mpsc::channel::<()>();
-        let (v, pts) = (&v, &pts);
-        let a = scope.spawn(move || {
-            let (x, y) = backlog(pts);
+    let v = Arc::new(DeviceVec::from_host(&res, &want).unwrap());
+    let (queued_tx, queued_rx) = mpsc::channel::<()>(); // A's copy queued, the guard dropped on B
+    let (freed_tx, freed_rx) = mpsc::channel::<()>(); // the array freed and its block zeroed
+    let a = {
+        let v = v.clone();
+        std::thread::spawn(move || {
+            let pts = ctx.per_thread_stream(); // A's per-thread stream where used here
+            let (x, y) = backlog(&pts);
             let mut out = pts.alloc_zeros::<f32>(N).unwrap();
-            let (_ptr, guard) = v.device_ptr(&**pts); // a guard held, not used
-            pts.memcpy_dtod(v, &mut out).unwrap(); // its own guard records after the copy
-            guard_tx.send(guard).unwrap();
-            dropped_rx.recv().unwrap(); // this thread (and its stream) outlives the drop
-            (x, y, out)
-        });
-        let b = scope.spawn(move || {
-            drop(guard_rx.recv().unwrap()); // dropped on this thread
-            dropped_tx.send(()).unwrap();
-        });
-        b.join().unwrap();
-        a.join().unwrap()
-    });
-    let fresh = free_and_zero_the_block(&res, v);
-    // The per-thread streams of the threads gone: wait for the whole context.
-    ctx.synchronize().unwrap();
-    let host = res.stream().unwrap().clone_dtoh(&out).unwrap();
-    if let Some(i) = host.iter().zip(&want).position(|(g, w)| g != w) {
-        panic!("element {i} of the first thread's copy is {} (want {}): the array was freed and zeroed under it", host[i], want[i]);
+            std::thread::scope(|scope| {
+                let (_ptr, guard) = v.device_ptr(&pts); // a guard held, not used
+                pts.memcpy_dtod(&*v, &mut out).unwrap(); // its own guard records after the copy
+                let on_b: &CudaStream = &pts; // the same handle: B's per-thread stream on B
+                scope
+                    .spawn(move || {
+                        drop(guard); // recorded on B's per-thread stream
+                        on_b.synchronize().unwrap(); // B leaves nothing queued behind
+                    })
+                    .join()
+                    .unwrap();
+            });
+            drop(v);
+            queued_tx.send(()).unwrap();
+            freed_rx.recv_timeout(BOUND).expect("the array was not freed in time");
+            let got = pts.clone_dtoh(&out).unwrap(); // waits for this thread's stream
+            drop((x, y, out)); // freed on the stream they were made on
+            pts.synchronize().unwrap();
+            got
+        })
+    };
+    if queued_rx.recv_timeout(BOUND).is_err() {
+        // A ended without queuing (its panic is the failure) or is stuck.
+        if a.is_finished() {
+            a.join().unwrap();
+        }
+        panic!("thread A did not queue its copy within {BOUND:?}");
     }
-    drop((fresh, x, y));
+    let v = Arc::try_unwrap(v).expect("thread A let its handle go before saying so");
+    let fresh = free_and_zero_the_block(&res, v);
+    freed_tx.send(()).unwrap();
+    let got = a.join().unwrap();
+    res.sync().unwrap();
+    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+        panic!("element {i} of the first thread's copy is {} (want {}): the array was freed and zeroed under it", got[i], want[i]);
+    }
+    drop(fresh);
 }
