@@ -187,8 +187,7 @@ fn an_array_read_through_a_context_object_holding_an_error_is_freed_after_the_re
     let (x, y) = backlog(&s);
     // Stores an error in its stream's context object (`record_err` is public and safe).
     let invalid = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE);
-    let mut dst =
-        Hooked { inner: s.alloc_zeros::<f32>(N).unwrap(), before: |st: &CudaStream| st.context().record_err::<()>(Err(invalid)) };
+    let mut dst = Hooked { inner: s.alloc_zeros::<f32>(N).unwrap(), before: |st: &CudaStream| st.context().record_err::<()>(Err(invalid)) };
     s.memcpy_dtod(&v, &mut dst).unwrap();
     let fresh = free_and_zero_the_block(&res, v);
     let _ = user.check_err(); // the error the destination stored, taken back
