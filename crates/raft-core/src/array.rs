@@ -319,7 +319,7 @@ impl<T: DeviceScalar> DeviceSlice<T> for DeviceVec<T> {
 impl<T: DeviceScalar> DevicePtr<T> for DeviceVec<T> {
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
         let buffer = self.buf();
-        (buffer.address(), self.foreign.guard("DeviceVec::device_ptr", buffer.stream(), stream, false))
+        (buffer.address(), self.foreign.guard("DeviceVec::device_ptr", buffer.stream(), self.resources.capture_flag(), stream, false))
     }
 }
 
@@ -329,7 +329,7 @@ impl<T: DeviceScalar> DevicePtrMut<T> for DeviceVec<T> {
         self.buf_mut();
         let this: &'a Self = self;
         let buffer = this.buffer.as_ref().expect("a DeviceVec holds its buffer until dropped");
-        (buffer.address(), this.foreign.guard("DeviceVec::device_ptr_mut", buffer.stream(), stream, true))
+        (buffer.address(), this.foreign.guard("DeviceVec::device_ptr_mut", buffer.stream(), this.resources.capture_flag(), stream, true))
     }
 }
 

@@ -313,7 +313,10 @@ impl<T: DeviceScalar> DevicePtr<T> for DeviceView<'_, T> {
     fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (CUdeviceptr, SyncOnDrop<'b>) {
         let buffer = self.buffer();
         let (_, foreign) = self.vec.parts();
-        (address::<T>(buffer, self.offset), foreign.guard("DeviceView::device_ptr", buffer.stream(), stream, false))
+        (
+            address::<T>(buffer, self.offset),
+            foreign.guard("DeviceView::device_ptr", buffer.stream(), self.vec.resources().capture_flag(), stream, false),
+        )
     }
 }
 
@@ -321,7 +324,10 @@ impl<T: DeviceScalar> DevicePtr<T> for DeviceViewMut<'_, T> {
     fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (CUdeviceptr, SyncOnDrop<'b>) {
         let buffer = self.buffer();
         let (_, foreign) = self.vec.parts();
-        (address::<T>(buffer, self.offset), foreign.guard("DeviceViewMut::device_ptr", buffer.stream(), stream, false))
+        (
+            address::<T>(buffer, self.offset),
+            foreign.guard("DeviceViewMut::device_ptr", buffer.stream(), self.vec.resources().capture_flag(), stream, false),
+        )
     }
 }
 
@@ -330,7 +336,10 @@ impl<T: DeviceScalar> DevicePtrMut<T> for DeviceViewMut<'_, T> {
     fn device_ptr_mut<'b>(&'b mut self, stream: &'b CudaStream) -> (CUdeviceptr, SyncOnDrop<'b>) {
         let buffer = self.buffer_mut();
         let (_, foreign) = self.vec.parts();
-        (address::<T>(buffer, self.offset), foreign.guard("DeviceViewMut::device_ptr_mut", buffer.stream(), stream, true))
+        (
+            address::<T>(buffer, self.offset),
+            foreign.guard("DeviceViewMut::device_ptr_mut", buffer.stream(), self.vec.resources().capture_flag(), stream, true),
+        )
     }
 }
 

@@ -12,9 +12,10 @@
 //!   cuSOLVER, cuSPARSE handles carry the stream), an array's, view's or matrix's `stream()` and
 //!   cudarc's `DeviceSlice::stream` on them; every crate above (comms, cuVS, Python) takes the
 //!   stream through these;
-//! - before it waits for work of a stream on which a capture may begin ([`before_join`]): a
-//!   copy's join, an array used on another stream (`DevicePtr`: its stream later waits for that
-//!   use), a DLPack import or deleter's order (another library's stream);
+//! - before it waits for work of a stream on which a capture may begin: a copy's join and the
+//!   DLPack deleter's order on the legacy stream ([`before_join`], read after the record), an
+//!   array used on another stream (`DevicePtr`: its stream later waits for that use; raised at
+//!   the guard, `foreign.rs`);
 //! - when the resources are released (their stream may be destroyed and its handle reused).
 //!
 //! While the flag is down, held allocations and frees do not ask (the shim reads it, with

@@ -74,26 +74,22 @@ pub(crate) fn make_records_context(who: &'static str, device: usize) -> Result<(
     Ok(())
 }
 
-/// The records context of `stream`'s device, when `stream` belongs to that device's primary
-/// context.
-fn records_for(stream: &CudaStream) -> Option<&'static RecordsContext> {
-    let ordinal = stream.context().ordinal();
-    let found = RECORDS.lock().unwrap_or_else(|e| e.into_inner()).get(ordinal).copied().flatten()?;
-    (found.ctx.cu_ctx() == stream.context().cu_ctx()).then_some(found)
-}
-
 /// Takes any error recorded in the records contexts (a record that failed, or one skipped
-/// because of an earlier failure) and counts it. Returns the count.
-fn take_failures() -> u64 {
-    // Under the registry's lock: an error taken here is counted before another caller reads
-    // the count (taken and counted as one step).
+/// because of an earlier failure) and counts it; returns the count, and the records context of
+/// `stream`'s device when `stream` belongs to that device's primary context. One lock for both:
+/// an error taken here is counted before another caller reads the count.
+fn take_failures(stream: Option<&CudaStream>) -> (u64, Option<&'static RecordsContext>) {
     let all = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
     for r in all.iter().flatten() {
         if r.ctx.check_err().is_err() {
             FAILED_RECORDS.fetch_add(1, Ordering::AcqRel);
         }
     }
-    FAILED_RECORDS.load(Ordering::Acquire)
+    let found = stream.and_then(|s| {
+        let found = all.get(s.context().ordinal()).copied().flatten()?;
+        (found.ctx.cu_ctx() == s.context().cu_ctx()).then_some(found)
+    });
+    (FAILED_RECORDS.load(Ordering::Acquire), found)
 }
 
 /// One other stream that used the array.
@@ -138,15 +134,23 @@ impl ForeignUses {
     /// When `stream` or `own` is being captured into a CUDA graph: the graph would use the
     /// array's memory at each launch, after the array may be gone (the trait leaves no error to
     /// return).
-    pub(crate) fn guard<'a>(&'a self, who: &'static str, own: &'a CudaStream, stream: &'a CudaStream, write: bool) -> SyncOnDrop<'a> {
+    pub(crate) fn guard<'a>(
+        &'a self,
+        who: &'static str,
+        own: &'a CudaStream,
+        own_capture: &super::exposure::CaptureFlag,
+        stream: &'a CudaStream,
+        write: bool,
+    ) -> SyncOnDrop<'a> {
         if let Err(e) = super::refuse_capture(who, [stream, own]) {
             panic!("{e}");
         }
         if own.cu_stream() == stream.cu_stream() && own.context().cu_ctx() == stream.context().cu_ctx() {
             return SyncOnDrop::Sync(None); // the array's own order suffices
         }
-        // The array's stream will wait for this use's event (`settle`).
-        super::exposure::before_join(own, stream);
+        // The array's stream will wait for this use's event (`settle`), on a stream the user
+        // holds: it may join a capture there (`exposure.rs`). Raised directly, no lookup.
+        own_capture.raise();
         if let Err(e) = stream.join(own) {
             // Not ordered after the array's own work: wait for that work instead (relaxed), so
             // the pointer is never used before the array's pending writes are done.
@@ -155,11 +159,11 @@ impl ForeignUses {
                 log::warn!(target: "raft", "{e}");
             }
         }
-        let Some(records) = records_for(stream) else {
+        let (failures, records) = take_failures(Some(stream));
+        let Some(records) = records else {
             // Another context than the device's primary one: no record can be trusted.
             return self.cannot_order(self.uses.lock().unwrap_or_else(|e| e.into_inner()), stream);
         };
-        let failures = take_failures();
         let handle = stream.cu_stream() as usize;
         let key = (stream.context().cu_ctx() as usize, handle, (handle == PER_THREAD).then(|| std::thread::current().id()));
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
@@ -192,7 +196,7 @@ impl ForeignUses {
                 // cudarc binds the records context: the caller's is put back.
                 let _keep = super::ContextGuard::save(who).ok();
                 // SAFETY: the handle is a live stream of the records context's `CUcontext`
-                // (checked by `records_for`), borrowed for this call and the guard; the wrapper
+                // (checked by `take_failures`), borrowed for this call and the guard; the wrapper
                 // never destroys it, and is used only to record at a guard's drop, each guard
                 // borrowing a live stream with this handle (the key's).
                 let wrapped = unsafe { records.ctx.wrap_borrowed_stream(stream.cu_stream()) };
@@ -263,7 +267,7 @@ impl ForeignUses {
     /// `settle` once some use is pending (out of line: the common case is none).
     fn settle_pending(&self, who: &'static str, own: &CudaStream, writes_only: bool, done: bool) -> Result<()> {
         let _keep = super::ContextGuard::save(who)?; // a host wait may bind a context
-        let failures = take_failures();
+        let (failures, _) = take_failures(None);
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
         let mut first = Ok(());
         // The event's latest record covers every use handed out on its stream so far.
