@@ -209,9 +209,10 @@ fn an_array_read_through_a_context_object_holding_an_error_is_freed_after_the_re
 /// zeroed, then reads its copy back on its own stream (as the two-thread test above): no thread
 /// ends with work queued on its per-thread stream, no cudarc slice moves to another thread's
 /// per-thread stream, no device-wide wait. Every wait is bounded, so a hang fails and says where.
+///
+/// Its first form hung on the H200 (run 168, both libraries); this one passed 3 of 3 runs and
+/// failed 3 of 3 on 88b986f, before the per-guard events (run 169).
 #[test]
-#[ignore = "its first form hung on the H200 in run 168 (both libraries); rewritten without a thread ending with its \
-            per-thread stream busy or a device-wide wait, not yet run: run it alone with --ignored on a GPU"]
 fn a_guard_dropped_on_another_thread_leaves_the_first_threads_use_ordered() {
     use cudarc::driver::DevicePtr;
     use std::time::Duration;
