@@ -110,6 +110,13 @@ fn refuse_capture(who: &'static str, stream: &CudaStream) -> Result<()> {
 /// decided it makes no call (the object is leaked to the OS, as raft-core leaks at exit); on
 /// released resources it is leaked too, since its buffers were ordered on their stream, which is
 /// gone, and the `Logic` error says so.
+///
+/// cuVS frees the object's memory on the resources' stream: while that stream is being captured
+/// into a CUDA graph the frees would become the graph's (through the async pool a free node run
+/// at each launch; through an RMM pool its stream's event recorded into the graph, which a
+/// later allocation on another stream waits for and so joins the capture). The object is then
+/// leaked (`Logic`), as raft-core leaks an array dropped on a capturing stream; a capture begun
+/// during the destruction stops the process, as a lend's does.
 pub(crate) fn destroy_lent(who: &'static str, res: &DeviceResources, destroy: impl FnOnce() -> Result<()>) -> Result<()> {
     if !raft_exit::native_release_allowed() {
         return Ok(());
@@ -118,7 +125,26 @@ pub(crate) fn destroy_lent(who: &'static str, res: &DeviceResources, destroy: im
         return Err(released_first(who, res));
     }
     let _bound = result::bind_device(who, res)?;
-    res.with_raft_resources(|_| destroy()).map_err(|_| released_first(who, res))?
+    let stream = res.stream().map_err(|_| released_first(who, res))?;
+    match raft_core::stream_is_capturing(&stream) {
+        Ok(false) => {}
+        Ok(true) => {
+            return Err(raft_core::Error::logic(
+                who,
+                "the resources' stream is being captured into a CUDA graph: cuVS would free the index's memory into the graph; \
+                 it is leaked (drop the index before the capture begins or after it ends)",
+            ))
+        }
+        // Not known to be free of a capture: leaked rather than freed into one.
+        Err(e) => return Err(e.with_who(who)),
+    }
+    let out = res.with_raft_resources(|_| destroy()).map_err(|_| released_first(who, res))?;
+    if raft_core::stream_is_capturing(&stream).unwrap_or(false) {
+        raft_exit::abort_with(format_args!(
+            "{who}: a CUDA graph capture began on the resources' stream while cuVS freed an index on it; aborting"
+        ));
+    }
+    out
 }
 
 fn released_first(who: &'static str, res: &DeviceResources) -> raft_core::Error {

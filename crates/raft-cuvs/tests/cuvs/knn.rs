@@ -241,6 +241,46 @@ fn argument_checks_refuse_before_any_native_call() {
     assert!(c.message("good").unwrap().contains("could not load cuVS's C library"), "{}", c.stdout);
 }
 
+/// An index dropped while its resources' stream is being captured into a CUDA graph is leaked,
+/// not freed into the graph (the tenth audit): cuVS frees on the resources' stream, so the free
+/// would become the graph's (a free node run at each launch, or an RMM pool's event recorded
+/// into the capture, which another stream's allocation would then join). The release says so
+/// (`Logic`) and the graph stays empty. (Before: the release returned `Ok` and the graph held
+/// cuVS's frees.)
+#[test]
+fn an_index_dropped_while_the_stream_is_captured_is_leaked_not_freed_into_the_graph() {
+    require_gpu!();
+    use cudarc::driver::sys::{self, CUstreamCaptureMode as Mode};
+    let res = DeviceResources::new().unwrap();
+    let (dataset, _) = data();
+    let index = BruteForceIndex::build(matrix(&res, &dataset, N_ROWS), Metric::L2Expanded).unwrap();
+    let stream = res.stream().unwrap();
+    res.sync().unwrap();
+    stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let released = index.release();
+    stream.context().bind_to_thread().unwrap();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above on the same stream; the graph comes back owned.
+    let ended = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result();
+    let mut nodes = 0usize;
+    if !graph.is_null() {
+        // SAFETY: `graph` is the captured graph, destroyed once after its nodes are counted.
+        unsafe {
+            sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes).result().unwrap();
+            sys::cuGraphDestroy(graph).result().unwrap();
+        }
+    }
+    let e = released.expect_err("an index was freed on a capturing stream");
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "BruteForceIndex::release"), "{e}");
+    assert!(e.message().contains("captured into a CUDA graph") && e.message().contains("leaked"), "{e}");
+    assert!(ended.is_ok(), "the capture was invalidated: {ended:?}");
+    assert_eq!(nodes, 0, "the index's frees entered the graph");
+    // The stream works on after the capture.
+    let q = DeviceVec::from_host(&res, &dataset[..N_QUERIES * DIM]).unwrap();
+    let d = DeviceVec::from_host(&res, &dataset).unwrap();
+    brute_force_knn(&res, rows(&d, N_ROWS), rows(&q, N_QUERIES), K).unwrap();
+}
+
 /// cuVS's work is refused while the resources' stream is being captured into a CUDA graph (the
 /// fifth audit): every call of this crate lends the resources through `with_cuvs`'s path, and
 /// captured, cuVS's kernels would run at each launch of the graph, after the index and the
