@@ -269,3 +269,52 @@ fn a_guard_dropped_on_another_thread_leaves_the_first_threads_use_ordered() {
     }
     drop(fresh);
 }
+
+/// The tenth audit: a guard is handed out by reference, and a look into it (no field taken)
+/// reaches the context objects of its event and its stream. With one object for every event of
+/// the device, an error stored there through a guard of *another* array skipped this array's
+/// record, and taking it back hid the skip: the array, only ever used through cudarc's safe
+/// copy, was freed under that copy. Each entry's event now has an object of its own.
+#[test]
+fn an_error_stored_through_another_arrays_guard_skips_no_record_of_this_array() {
+    use cudarc::driver::DevicePtr;
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let want = pattern_f32(N, 109);
+    let v = DeviceVec::from_host(&res, &want).unwrap();
+    let other = DeviceVec::<f32>::zeros(&res, 1).unwrap();
+    let user = CudaContext::new(res.device()).unwrap();
+    let s = user.new_stream().unwrap();
+    // A look into a guard of `other` on the same stream: nothing taken out, the guard drops.
+    let (event_object, stream_object) = {
+        let (_p, g) = other.device_ptr(&s);
+        match &g {
+            SyncOnDrop::Record(Some((ev, st))) => (ev.context().clone(), st.context().clone()),
+            _ => panic!("a use on another stream gave no record guard"),
+        }
+    };
+    let (x, y) = backlog(&s);
+    let invalid = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE);
+    let (eo, so) = (event_object.clone(), stream_object.clone());
+    // Runs after v's guard is handed out, before its record.
+    let mut dst = Hooked {
+        inner: s.alloc_zeros::<f32>(N).unwrap(),
+        before: move |_: &CudaStream| {
+            eo.record_err::<()>(Err(invalid));
+            so.record_err::<()>(Err(invalid));
+        },
+    };
+    s.memcpy_dtod(&v, &mut dst).unwrap();
+    // Taken back: a skipped record would go unseen.
+    let _ = event_object.check_err();
+    let _ = stream_object.check_err();
+    let fresh = free_and_zero_the_block(&res, v);
+    s.synchronize().unwrap();
+    res.sync().unwrap();
+    let got = s.clone_dtoh(&dst.inner).unwrap();
+    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+        panic!("element {i} of the copy is {} (want {}): the array was freed and zeroed under the copy", got[i], want[i]);
+    }
+    drop((fresh, x, y, other));
+}

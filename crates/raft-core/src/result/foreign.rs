@@ -18,14 +18,21 @@
 //!   instead of recording, and the drop stores it back). A user's object satisfies neither for
 //!   sure: safe code can drop its last stream during the use, never give it one (a fresh
 //!   `CudaContext::new` used through its default stream), or store an error in it
-//!   (`record_err` is public; a cross-device cudarc copy stores one). So the event and the stream
-//!   the guard names both belong to a **private context object per device** (`RecordsContext`,
-//!   made with the library's own, with an anchor stream of its own, touched by nothing else): the
-//!   user's stream is wrapped there by its handle. A record can still fail (a dead context, a
-//!   capture race): its error then sits in the private object, and every later record would be
-//!   skipped until it is taken. It is taken at every guard and every settle, and counted
-//!   (`FAILED_RECORDS`); a use whose guard was handed out before the latest count is no longer
-//!   trusted, and the array is leaked rather than freed under it (`unordered`).
+//!   (`record_err` is public; a cross-device cudarc copy stores one). So the stream the guard
+//!   names is the user's wrapped by its handle in a **private context object per device**
+//!   (`RecordsContext`, made with the library's own, with an anchor stream of its own), and each
+//!   entry's event is made in a **context object of its own** (from a per-device pool): the
+//!   guard hands both out by reference, and code that looks into a guard reaches both objects,
+//!   so an error stored there must skip no other array's record, nor any other stream's
+//!   (the tenth audit: with one object for every event, a look into any guard could skip the
+//!   record of an array only ever used through cudarc's safe copies). A record that fails or is
+//!   skipped leaves its error in the records context; it is taken at every guard and every
+//!   settle, and counted (`FAILED_RECORDS`); a use whose guard was handed out before the latest
+//!   count is no longer trusted, and the array is leaked rather than freed under it
+//!   (`unordered`). An entry's event object returns to the pool only when nothing else holds
+//!   it. What no design on cudarc 0.19's trait can close: code holding a guard of an array on
+//!   a stream reaches that entry's event object, and with it can skip (then hide) the record
+//!   of a later use of the same array on the same stream (docs/RELIABILITY.md, the tenth audit).
 //! - **one event stands for one stream**: the key is the context (`CUcontext`), the stream's
 //!   handle and, for the per-thread default stream (one handle, a stream per thread), the thread
 //!   (each guard there has an event of its own: a guard is `Send`, and one dropped on another
@@ -58,6 +65,46 @@ static RECORDS: Mutex<Vec<Option<&'static RecordsContext>>> = Mutex::new(Vec::ne
 
 /// How many failed or skipped records were found so far (errors taken from a records context).
 static FAILED_RECORDS: AtomicU64 = AtomicU64::new(0);
+
+/// Per device, context objects (of the primary context) that held an entry's event and that
+/// nothing else holds: reused for the next entry's event rather than made anew.
+static EVENT_OBJECTS: Mutex<Vec<Vec<Arc<CudaContext>>>> = Mutex::new(Vec::new());
+
+/// At most this many idle event objects kept per device (each holds a retain of the primary
+/// context, no driver resources).
+const IDLE_EVENT_OBJECTS: usize = 64;
+
+/// The most entries an array keeps between two exclusive uses: one per other stream, and one per
+/// guard on a per-thread default stream (a read-only loop there adds one per use).
+const MAX_USES: usize = 4096;
+
+/// An event in a context object of its own, for one entry (see the module's documentation).
+/// Binds the device's primary context (the caller puts its own back).
+fn private_event(device: usize) -> std::result::Result<CudaEvent, cudarc::driver::DriverError> {
+    let idle = EVENT_OBJECTS.lock().unwrap_or_else(|e| e.into_inner()).get_mut(device).and_then(Vec::pop);
+    let object = match idle {
+        Some(object) => object,
+        None => CudaContext::new(device)?,
+    };
+    object.new_event(None)
+}
+
+/// Gives an entry's event object back once its event is destroyed: to the pool when nothing
+/// else holds it (no guard's look kept a handle), its error (if code that looked stored one)
+/// taken first.
+fn recycle_event_object(object: Arc<CudaContext>) {
+    if Arc::strong_count(&object) != 1 || object.check_err().is_err() {
+        return; // someone else holds it, or it holds an error: dropped (its retain let go)
+    }
+    let mut idle = EVENT_OBJECTS.lock().unwrap_or_else(|e| e.into_inner());
+    let device = object.ordinal();
+    if idle.len() <= device {
+        idle.resize_with(device + 1, Vec::new);
+    }
+    if idle[device].len() < IDLE_EVENT_OBJECTS {
+        idle[device].push(object);
+    }
+}
 
 /// Makes `device`'s records context: a second object of the primary context `primary` (made and
 /// retained by the caller), with a stream of its own. Called once per device, with the library's
@@ -97,8 +144,9 @@ struct Use {
     /// The stream, as the key: its context, its handle, and the thread for the per-thread
     /// default stream.
     key: (usize, usize, Option<ThreadId>),
-    /// Of the records context. Boxed: handed to guards by reference while the list may grow.
-    event: Box<CudaEvent>,
+    /// In a context object of its own (`private_event`). Boxed: handed to guards by reference
+    /// while the list may grow; taken out only in `Drop`.
+    event: std::mem::ManuallyDrop<Box<CudaEvent>>,
     /// The stream's handle wrapped in the records context (never destroyed through it); an
     /// `Arc`, so the reference handed to guards does not move with the list.
     stream: Arc<CudaStream>,
@@ -109,6 +157,16 @@ struct Use {
     /// array's own stream last waited for the event.
     read: bool,
     write: bool,
+}
+
+impl Drop for Use {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the field is not used afterwards.
+        let event = unsafe { std::mem::ManuallyDrop::take(&mut self.event) };
+        let object = event.context().clone();
+        drop(event); // binds its object to destroy it: every caller holds a `ContextGuard`
+        recycle_event_object(object);
+    }
 }
 
 /// The other streams that used an array, and whether its own stream still has to wait for them.
@@ -170,6 +228,11 @@ impl ForeignUses {
         // The per-thread stream: an event for each guard, never shared, since a guard is `Send`
         // and records on the per-thread stream of whichever thread drops it.
         let shared = if key.2.is_some() { None } else { uses.iter().position(|u| u.key == key) };
+        if shared.is_none() && uses.len() >= MAX_USES {
+            // Entries go only at an exclusive use (`settle_all`); per-thread streams add one per
+            // guard. Past the bound the array is leaked once rather than the list grown forever.
+            return self.cannot_order(uses, stream);
+        }
         let at = match shared {
             Some(at) => {
                 let u = &uses[at];
@@ -200,17 +263,13 @@ impl ForeignUses {
                 // never destroys it, and is used only to record at a guard's drop, each guard
                 // borrowing a live stream with this handle (the key's).
                 let wrapped = unsafe { records.ctx.wrap_borrowed_stream(stream.cu_stream()) };
-                match records.ctx.new_event(None) {
+                match private_event(stream.context().ordinal()) {
                     Ok(event) => {
-                        uses.push(Use { key, event: Box::new(event), stream: wrapped, failures, read: false, write: false });
+                        let event = std::mem::ManuallyDrop::new(Box::new(event));
+                        uses.push(Use { key, event, stream: wrapped, failures, read: false, write: false });
                         uses.len() - 1
                     }
-                    Err(_) => {
-                        // cudarc's bind took any error stored there, maybe a skipped record of
-                        // another array's use: counted as one.
-                        FAILED_RECORDS.fetch_add(1, Ordering::AcqRel);
-                        return self.cannot_order(uses, stream);
-                    }
+                    Err(_) => return self.cannot_order(uses, stream),
                 }
             }
         };
@@ -228,7 +287,7 @@ impl ForeignUses {
         if write {
             self.writes.store(true, Ordering::Release);
         }
-        let event: *const CudaEvent = &*u.event;
+        let event: *const CudaEvent = &**u.event;
         let wrapped: *const CudaStream = &*u.stream;
         drop(uses);
         // SAFETY: the event is boxed and the wrapper behind an `Arc`, so neither moves when the
