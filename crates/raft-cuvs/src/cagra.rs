@@ -466,7 +466,8 @@ impl CagraIndex {
     /// logs it).
     ///
     /// # Errors
-    /// `Logic` when the resources were released first (the index's memory is then leaked);
+    /// `Logic` when the resources were released first, or while their stream is being captured
+    /// into a CUDA graph (the index's memory is then leaked: cuVS would free it into the graph);
     /// `Cuda` when cuVS fails.
     pub fn release(mut self) -> Result<()> {
         self.destroy("CagraIndex::release")
