@@ -318,3 +318,44 @@ fn an_error_stored_through_another_arrays_guard_skips_no_record_of_this_array() 
     }
     drop((fresh, x, y, other));
 }
+
+/// The tenth audit: on the per-thread default stream every guard adds an entry, kept until an
+/// exclusive use; a read-only loop grew the list without bound. Past 4096 entries the array is
+/// left unordered (kept until the process ends rather than freed under a use), and says so
+/// once, not at every later use of it. (Before: no bound, nothing said.)
+#[test]
+fn an_array_read_past_the_bound_on_per_thread_streams_is_kept_and_says_so_once() {
+    use cudarc::driver::DevicePtr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static SAID: AtomicUsize = AtomicUsize::new(0);
+    struct Count;
+    impl log::Log for Count {
+        fn enabled(&self, m: &log::Metadata) -> bool {
+            m.target() == "raft"
+        }
+        fn log(&self, r: &log::Record) {
+            if r.target() == "raft" && r.args().to_string().contains("could not be ordered") {
+                SAID.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        fn flush(&self) {}
+    }
+    require_gpu!();
+    let _one = serial();
+    log::set_boxed_logger(Box::new(Count)).expect("no other logger in this binary");
+    log::set_max_level(log::LevelFilter::Warn);
+    let res = DeviceResources::new().unwrap();
+    let v = DeviceVec::from_host(&res, &[1.0f32; 16]).unwrap();
+    let pts = res.context().per_thread_stream();
+    for _ in 0..4097 {
+        drop(v.device_ptr(&pts)); // a read on this thread's per-thread stream: one entry each
+    }
+    pts.synchronize().unwrap();
+    let mut out = vec![0.0f32; 16];
+    for _ in 0..10 {
+        v.copy_to_host(&mut out).unwrap();
+        assert_eq!(out, vec![1.0f32; 16]);
+    }
+    assert_eq!(SAID.load(Ordering::Relaxed), 1, "past the bound the array must be unordered, and say so exactly once");
+    drop(v); // kept: no free under a use it cannot order
+}

@@ -157,7 +157,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
     pub(crate) fn buf_mut(&mut self) -> &mut NativeBuffer {
         let buffer = self.buffer.as_mut().expect("a DeviceVec holds its buffer until dropped");
         if let Err(e) = self.foreign.settle_all("DeviceVec", buffer.stream()) {
-            log::warn!(target: "raft", "{e}");
+            self.foreign.report(&e);
         }
         buffer
     }

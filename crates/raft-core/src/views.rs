@@ -269,7 +269,7 @@ impl<'a, T: DeviceScalar> DeviceViewMut<'a, T> {
     pub(crate) fn buffer_mut(&mut self) -> &'a NativeBuffer {
         let (buffer, foreign) = self.vec.parts();
         if let Err(e) = foreign.wait_all("DeviceViewMut", buffer.stream()) {
-            log::warn!(target: "raft", "{e}");
+            foreign.report(&e);
         }
         buffer
     }

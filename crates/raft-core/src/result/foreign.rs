@@ -180,6 +180,8 @@ pub(crate) struct ForeignUses {
     /// event could not be made): nothing can order the array's own stream after that use, so
     /// every later settle fails and the array is leaked rather than freed under it.
     unordered: AtomicBool,
+    /// The array's being unordered was logged (`report`): once per array, not at every read.
+    reported: AtomicBool,
     uses: Mutex<Vec<Use>>,
 }
 
@@ -376,8 +378,17 @@ impl ForeignUses {
     /// A failure is logged: the use may then race a write, which changes values, never memory.
     pub(crate) fn before_read(&self, own: &CudaStream) {
         if let Err(e) = self.settle("DeviceVec", own, true, false) {
-            log::warn!(target: "raft", "{e}");
+            self.report(&e);
         }
+    }
+
+    /// Logs a failed ordering before a use (which may then race a use elsewhere: values, never
+    /// memory). An unordered array fails every settle: that is said once, not at every use.
+    pub(crate) fn report(&self, e: &Error) {
+        if self.unordered.load(Ordering::Acquire) && self.reported.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        log::warn!(target: "raft", "{e}");
     }
 
     /// Before a write through a view (which holds its part of the array exclusively, not the
