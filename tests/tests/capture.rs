@@ -471,58 +471,66 @@ fn every_way_the_stream_leaves_the_library_makes_allocations_ask_about_captures(
     }
 }
 
-/// The premise the private streams rely on for RMM's pool and binning resources (the tenth
-/// audit): those resources take a block freed on another stream after making the allocating
-/// stream wait for that stream's last free, so a free recorded into a capture would take a
-/// private stream's later allocation into the capture without asking. It cannot be recorded:
-/// RMM looks the stream up (`cudaStreamGetId`) at every allocation and free, the driver refuses
-/// that on a capturing stream, and the shim's build of RMM asserts on it, so the process stops
-/// before any event is recorded (run 172). Here the free goes into a capture through the shim
-/// with a lowered flag, as foreign code could; were RMM ever to go on, the child would print
-/// `RESULT freed` and the private streams would have to ask after such allocations too.
+/// The tenth audit and its review: RMM's pool takes a block freed on another stream after making
+/// the allocating stream wait for that stream's last free. A free recorded into a capture (by
+/// code outside these crates: here the shim called with a lowered flag, on the per-thread
+/// default stream, where RMM records without the stream lookup that a capture refuses) takes a
+/// private stream's later allocation into the capture, its flag down. The allocation must ask
+/// after all and stop the process. The child prints `RESULT joined=yes` where it went on inside
+/// the capture (before: the flag skipped the question).
 #[test]
-fn a_pools_free_into_a_capture_stops_the_process_before_any_event_is_recorded() {
+fn a_private_stream_taken_into_a_capture_by_a_pools_wait_stops_the_allocation() {
     use std::process::Command;
     if std::env::var_os("RAFT_CAPTURE_CHILD").is_some() {
-        pool_free_child();
+        pool_join_child();
         return;
     }
     require_gpu!();
     let me = std::env::current_exe().unwrap();
     let out = Command::new(me)
-        .args(["a_pools_free_into_a_capture_stops_the_process_before_any_event_is_recorded", "--exact", "--nocapture", "--test-threads=1"])
-        .env("RAFT_CAPTURE_CHILD", "pool-free")
+        .args(["a_private_stream_taken_into_a_capture_by_a_pools_wait_stops_the_allocation", "--exact", "--nocapture", "--test-threads=1"])
+        .env("RAFT_CAPTURE_CHILD", "pool-join")
         .output()
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("RESULT capturing"), "the child did not reach the free:\n{stdout}\n{stderr}");
-    assert!(!stdout.contains("RESULT freed"), "RMM's pool freed into a capture and went on:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("RESULT freed"), "the child did not reach the allocation:\n{stdout}\n{stderr}");
+    assert!(!stdout.contains("RESULT joined=yes"), "the allocation went on inside the capture:\n{stdout}\n{stderr}");
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{:?}\n{stdout}\n{stderr}", out.status);
-    assert!(stderr.contains("cudaErrorStreamCaptureUnsupported") && stderr.contains("get_event"), "{stderr}");
+    assert!(stderr.contains("a CUDA graph capture began on a stream while an allocation was queued on it"), "{stderr}");
 }
 
-fn pool_free_child() {
-    use cudarc::driver::sys::CUstreamCaptureMode as Mode;
+fn pool_join_child() {
+    use cudarc::driver::sys::{self, CUstreamCaptureMode as Mode};
     let api = raft_sys::shim().expect("the shim loads");
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
-    let b = ctx.new_stream().unwrap();
+    let a = ctx.new_stream().unwrap();
+    let b = ctx.per_thread_stream();
     const BLOCK: usize = 8 << 20;
-    let down = 0u8; // "no capture may begin on this stream": the shim does not ask
+    let down = 0u8; // "no capture may begin on this stream": what a private stream's flag says
     let (mut cuda_mr, mut pool) = (std::ptr::null_mut(), std::ptr::null_mut());
     let (mut data, mut ordered, mut fresh) = (std::ptr::null_mut(), 0i32, std::ptr::null_mut());
-    // SAFETY: the shim's documented calls on a live stream of device 0; the out-pointers are
-    // locals; the block is freed once, on the stream it was allocated on; `down` outlives the calls.
+    // SAFETY: the shim's documented calls on live streams of device 0 (b is this thread's
+    // per-thread stream, used only on this thread); the out-pointers are locals; the block is
+    // freed once, on the stream it was allocated on; `down` outlives the calls.
     unsafe {
         assert_eq!(api.raftrs_mr_new(0, raft_sys::RAFTRS_MR_CUDA, &mut cuda_mr), 0);
         assert_eq!(api.raftrs_mr_new_pool(cuda_mr, BLOCK as i64, -1, &mut pool), 0, "{}", raft_sys::take_last_error(api));
-        let b_h = b.cu_stream() as *mut std::ffi::c_void;
+        let (a_h, b_h) = (a.cu_stream() as *mut std::ffi::c_void, b.cu_stream() as *mut std::ffi::c_void);
+        // The pool's only block, on b, before any capture.
         assert_eq!(api.raftrs_mr_allocate_held(0, pool, 0, b_h, BLOCK, &mut data, &mut ordered, &mut fresh, &down), 0);
         b.synchronize().unwrap();
         b.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
-        println!("RESULT capturing");
-        let st = api.raftrs_mr_deallocate_held(pool, b_h, std::ptr::null(), data, BLOCK, &down);
-        println!("RESULT freed status={st}");
+        // Freed into b's capture without asking: b's event recorded there.
+        assert_eq!(api.raftrs_mr_deallocate_held(pool, b_h, std::ptr::null(), data, BLOCK, &down), 0);
+        println!("RESULT freed");
+        // a's list is empty: the pool takes b's block after a waits for b's event.
+        let mut got = std::ptr::null_mut();
+        let st = api.raftrs_mr_allocate_held(0, pool, 0, a_h, BLOCK, &mut got, &mut ordered, &mut fresh, &down);
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        sys::cuStreamIsCapturing(a.cu_stream(), &mut status).result().unwrap();
+        let joined = status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        println!("RESULT joined={} status={st}", if joined { "yes" } else { "no" });
     }
     std::process::exit(0); // b's capture is left open: the process ends here
 }

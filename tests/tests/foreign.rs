@@ -359,3 +359,28 @@ fn an_array_read_past_the_bound_on_per_thread_streams_is_kept_and_says_so_once()
     assert_eq!(SAID.load(Ordering::Relaxed), 1, "past the bound the array must be unordered, and say so exactly once");
     drop(v); // kept: no free under a use it cannot order
 }
+
+/// The review of the tenth audit's fixes: an entry's event object goes back to the pool only
+/// when nothing else holds it. A look into a guard can keep a `Weak` of it (`Arc::downgrade`),
+/// which the strong count alone missed: upgraded after the object was pooled, it held the event
+/// object of the next entry made on the device, whichever array that is, and the skip of the
+/// tenth audit worked across arrays again. (Before: the `Weak` upgraded.)
+#[test]
+fn an_event_object_a_guard_let_out_is_never_reused() {
+    use cudarc::driver::DevicePtr;
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let user = CudaContext::new(res.device()).unwrap();
+    let s = user.new_stream().unwrap();
+    let x = DeviceVec::<f32>::zeros(&res, 1).unwrap();
+    let weak = {
+        let (_p, g) = x.device_ptr(&s);
+        match &g {
+            SyncOnDrop::Record(Some((ev, _))) => Arc::downgrade(ev.context()),
+            _ => panic!("a use on another stream gave no record guard"),
+        }
+    };
+    drop(x); // its entry goes, and with it the event
+    assert!(weak.upgrade().is_none(), "the event object a guard let out was pooled for reuse");
+}

@@ -24,13 +24,13 @@
 //! read sees it and the stream is asked). Copies, GEMMs and the rest ask always.
 //!
 //! One wait happens below this library: RMM's pool and binning resources take a block freed on
-//! another stream after making the allocating stream wait for that stream's last free. A free
-//! recorded into a capture there would take the allocating stream in with its flag down; none
-//! is: RMM looks the stream up (`cudaStreamGetId`) at every allocation and free, the driver
-//! refuses that on a capturing stream, and RMM as the shim builds it (asserts on) stops the
-//! process first (`capture::a_pools_free_into_a_capture_stops_the_process_before_any_event_is_recorded`;
-//! the tenth audit). The library's own frees ask, and a cuVS index is not destroyed on a
-//! capturing stream. The async pool and the arena make no such wait.
+//! another stream after making the allocating stream wait for that stream's last free, and a
+//! free recorded into a capture there (by code outside these crates: the library's own frees
+//! ask, and a cuVS index is not destroyed on a capturing stream) takes the allocating stream in
+//! with its flag down. So an allocation through such a resource (or one the shim cannot see
+//! into) asks after the call whatever the flag (`may_join_another_stream` in the shim), and a
+//! capture found then stops the process (the tenth audit). The async pool and the arena make
+//! no such wait.
 //!
 //! A stream whose flag is unknown here (another library's, or one whose resources were
 //! released) counts as one on which a capture may begin.

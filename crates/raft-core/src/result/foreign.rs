@@ -30,8 +30,9 @@
 //!   settle, and counted (`FAILED_RECORDS`); a use whose guard was handed out before the latest
 //!   count is no longer trusted, and the array is leaked rather than freed under it
 //!   (`unordered`). An entry's event object returns to the pool only when nothing else holds
-//!   it. What no design on cudarc 0.19's trait can close: code holding a guard of an array on
-//!   a stream reaches that entry's event object, and with it can skip (then hide) the record
+//!   it, by a strong or a weak handle (`Arc::get_mut`). What no design on cudarc 0.19's trait
+//!   can close: code holding a guard of an array on a stream reaches that entry's event object,
+//!   and with it can skip (then hide) the record
 //!   of a later use of the same array on the same stream (docs/RELIABILITY.md, the tenth audit).
 //! - **one event stands for one stream**: the key is the context (`CUcontext`), the stream's
 //!   handle and, for the per-thread default stream (one handle, a stream per thread), the thread
@@ -92,8 +93,10 @@ fn private_event(device: usize) -> std::result::Result<CudaEvent, cudarc::driver
 /// Gives an entry's event object back once its event is destroyed: to the pool when nothing
 /// else holds it (no guard's look kept a handle), its error (if code that looked stored one)
 /// taken first.
-fn recycle_event_object(object: Arc<CudaContext>) {
-    if Arc::strong_count(&object) != 1 || object.check_err().is_err() {
+fn recycle_event_object(mut object: Arc<CudaContext>) {
+    // `get_mut`: no other strong *or weak* handle (a look into a guard can keep a `Weak` and
+    // upgrade it once the object is pooled), checked with the ordering `Arc`'s drop needs.
+    if Arc::get_mut(&mut object).is_none() || object.check_err().is_err() {
         return; // someone else holds it, or it holds an error: dropped (its retain let go)
     }
     let mut idle = EVENT_OBJECTS.lock().unwrap_or_else(|e| e.into_inner());
@@ -360,14 +363,17 @@ impl ForeignUses {
             // The uses that have events were waited for above; this one cannot be.
             return first.and(Err(Error::logic(
                 who,
-                "a use of the array on another stream could not be ordered (its event could not be made): the array's own \
-                 stream cannot wait for it",
+                "a use of the array on another stream could not be ordered (a stream of a non-primary context, an event \
+                 that could not be made, or more than 4096 uses on other streams since its last exclusive use): the array's \
+                 own stream cannot wait for it, and the array is kept until the process ends",
             )));
         }
         if done {
-            // Per-thread streams' entries go once waited for: an array used from many
-            // short-lived threads would otherwise keep one per thread.
-            uses.retain(|u| u.key.2.is_none() || u.read || u.write);
+            // Per-thread streams' entries go once waited for (one per guard); the other streams'
+            // stay, their events reused by the next use there, unless the list has grown past
+            // half its bound (an array used on many streams in its life).
+            let keep_shared = uses.len() <= MAX_USES / 2;
+            uses.retain(|u| (keep_shared && u.key.2.is_none()) || u.read || u.write);
             self.writes.store(uses.iter().any(|u| u.write), Ordering::Release);
             self.any.store(uses.iter().any(|u| u.read || u.write), Ordering::Release);
         }

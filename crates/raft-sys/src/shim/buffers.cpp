@@ -120,6 +120,46 @@ bool captures_of(shim_mr const& m)
   return found;
 }
 
+/// Whether an allocation through `mr` may make its stream wait for an event of another stream:
+/// RMM's pool and binning resources (`stream_ordered_memory_resource`: a block freed on another
+/// stream is taken, or every stream's free list merged, after `cudaStreamWaitEvent` on that
+/// stream's last free), and a resource this shim cannot see into. A wait on an event recorded
+/// into a capture (a free there by code outside these crates) takes the allocating stream into
+/// the capture, so a stream no code outside the library holds may be capturing after such an
+/// allocation (the tenth audit). The CUDA async pool (the driver orders its reuse), the arena
+/// (a foreign block goes to its global arena after a host wait), `cudaMalloc`, managed and
+/// page-locked memory never wait on a stream.
+bool may_join_another_stream(rmm::device_async_resource_ref mr)
+{
+  for (std::optional<rmm::device_async_resource_ref> at{mr}; at.has_value();) {
+    switch (classify(*at)) {
+      case RAFTRS_MR_CUDA:
+      case RAFTRS_MR_MANAGED:
+      case RAFTRS_MR_PINNED_HOST:
+      case RAFTRS_MR_ARENA:
+      case RAFTRS_MR_CUDA_ASYNC: return false;
+      case RAFTRS_MR_POOL:
+      case RAFTRS_MR_BINNING:
+      case RAFTRS_MR_OTHER: return true;
+      default: {
+        at = upstream_any(*at);
+        if (!at.has_value()) { return true; }
+      }
+    }
+  }
+  return true;
+}
+
+/// `m`'s `may_join_another_stream`, walked once per resource handle.
+bool joins_of(shim_mr const& m)
+{
+  auto known = m.joins.load(std::memory_order_relaxed);
+  if (known >= 0) { return known != 0; }
+  bool found = may_join_another_stream(rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)});
+  m.joins.store(found ? 1 : 0, std::memory_order_relaxed);  // the same answer whoever stores it
+  return found;
+}
+
 /// Refuses an allocation on a stream being captured into a CUDA graph. Through a CUDA async pool
 /// the allocation would become a node of the graph, its address backed only while the graph
 /// runs (a copy into it outside the graph faults, or writes memory the graph's launches reuse);
@@ -388,8 +428,10 @@ raftrs_status raftrs_mr_allocate_held(int32_t device,
     if (bytes != 0) {
       *data = rmm::device_async_resource_ref{const_cast<any_device_resource&>(use->resource)}.allocate(
         cuda::stream_ref{static_cast<cudaStream_t>(stream)}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-      // Asked only of a resource whose allocation a capture can take (one cached walk).
-      if (captures_of(*use) && may_capture(capture_may_begin) && stream_capturing(stream)) {
+      // Asked only of a resource whose allocation a capture can take (one cached walk); on a
+      // private stream too when the allocation may have waited for another stream's event (a
+      // capture there takes this stream in with its flag down).
+      if (captures_of(*use) && (may_capture(capture_may_begin) || joins_of(*use)) && stream_capturing(stream)) {
         stop_captured_meanwhile("an allocation");
       }
     }

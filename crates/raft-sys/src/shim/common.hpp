@@ -4,13 +4,6 @@
 // only the `raftrs_*` entry points of raftrs.h, as when the shim was one file.
 #pragma once
 
-// Every translation unit includes this header first. RMM checks its own CUDA calls
-// (`RMM_ASSERT_CUDA_SUCCESS`) only without NDEBUG, and one such check is part of the private
-// streams' soundness (raft-core's `result/exposure.rs`): a pool or binning resource asked to
-// allocate or free on a stream being captured stops the process in `get_event` rather than
-// record its stream's event into the capture. A `CXXFLAGS` with -DNDEBUG must not turn it off.
-#undef NDEBUG
-
 #include "raftrs.h"
 
 #include <raft/core/cublas_macros.hpp>

@@ -179,6 +179,9 @@ struct shim_mr {
   /// Whether an allocation or free through `resource` may be taken into a CUDA graph when its
   /// stream is being captured (`may_be_captured`, buffers.cpp): 1 or 0, -1 until first asked.
   mutable std::atomic<int8_t> captures{-1};
+  /// Whether an allocation through `resource` may make its stream wait for another stream's
+  /// event (`may_join_another_stream`, buffers.cpp): 1 or 0, -1 until first asked.
+  mutable std::atomic<int8_t> joins{-1};
 };
 
 /// How a resource's frees order, as the largest block (after RMM's alignment) whose free on the
