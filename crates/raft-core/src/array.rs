@@ -27,10 +27,10 @@ use std::sync::Arc;
 /// by a graph capture) before its next use of the array and before the array is freed, so the
 /// array is never freed under work queued elsewhere. (Each other stream keeps an entry until the
 /// array's next exclusive use, and on a per-thread default stream each pointer does: past 4096
-/// entries a further use waits on the host and the array is kept until the process ends.)
-/// A pointer asked for on a stream being
-/// captured into a CUDA graph (or while the array's own stream is) panics: the graph would use
-/// the memory at each launch, after the array may be gone. One exception, in cudarc:
+/// entries a further use waits on the host and the array is kept until the process ends.) A
+/// pointer asked for on a stream being captured into a CUDA graph (or while the array's own
+/// stream is) panics: the graph would use the memory at each launch, after the array may be
+/// gone. One exception, in cudarc:
 /// its `memcpy_dtod` between two devices queues the copy on the destination's stream but asks
 /// the source for its pointer on the source's own stream (cudarc 0.19), so the source's drop is
 /// not ordered after the copy (cudarc's own slices have the same gap). Between devices, copy

@@ -32,8 +32,8 @@
 //!   (`unordered`). An entry's event object returns to the pool only when nothing else holds
 //!   it, by a strong or a weak handle (`Arc::get_mut`). What no design on cudarc 0.19's trait
 //!   can close: code holding a guard of an array on a stream reaches that entry's event object,
-//!   and with it can skip (then hide) the record
-//!   of a later use of the same array on the same stream (docs/RELIABILITY.md, the tenth audit).
+//!   and with it can skip (then hide) the record of a later use of the same array on the same
+//!   stream (docs/RELIABILITY.md, the tenth audit).
 //! - **one event stands for one stream**: the key is the context (`CUcontext`), the stream's
 //!   handle and, for the per-thread default stream (one handle, a stream per thread), the thread
 //!   (each guard there has an event of its own: a guard is `Send`, and one dropped on another
