@@ -534,3 +534,84 @@ fn pool_join_child() {
     }
     std::process::exit(0); // b's capture is left open: the process ends here
 }
+
+/// A release while the resources' stream is being captured into a CUDA graph (the tenth audit's
+/// open item): the drain before RAFT's handles are destroyed was refused by the driver, which
+/// invalidated the capture, and the destruction went on while work queued before the capture (a
+/// GEMM, here) could still use the cuBLAS handle's workspace. Now the release keeps the native
+/// objects for the process's life and says so (`Logic`), the capture stays valid and empty, and
+/// the work queued before it completes. (Before: the release returned the drain's `Cuda` error
+/// after destroying, and the capture could not be ended.)
+#[test]
+fn a_release_while_the_stream_is_captured_keeps_the_native_objects_and_the_capture() {
+    require_gpu!();
+    let _one = serial();
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    use raft::{gemm, Layout};
+    let res = DeviceResources::new().unwrap();
+    // Large enough to run for milliseconds after it is queued (about 1.1 TFLOP).
+    let n = 8192;
+    let a = DeviceVec::from_host(&res, &vec![1.0f32; n * n]).unwrap();
+    let b = DeviceVec::from_host(&res, &vec![2.0f32; n * n]).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&res, n * n).unwrap();
+    let stream = res.stream().unwrap();
+    stream.synchronize().unwrap();
+    gemm(
+        1.0,
+        a.matrix(n, n, Layout::ColMajor).unwrap(),
+        b.matrix(n, n, Layout::ColMajor).unwrap(),
+        0.0,
+        c.matrix_mut(n, n, Layout::ColMajor).unwrap(),
+    )
+    .unwrap();
+    let queued_before = stream.record_event(None).unwrap();
+    stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let released = res.release();
+    let gemm_done_at_release = queued_before.is_complete();
+    let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    let e = released.expect_err(&format!(
+        "the release of resources whose stream was being captured succeeded (the GEMM queued before had {}finished)",
+        if gemm_done_at_release { "" } else { "not " }
+    ));
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "DeviceResources::release"), "{e}");
+    assert!(e.to_string().contains("captured into a CUDA graph"), "{e}");
+    assert!(graph.is_ok(), "the release invalidated the capture: {:?}", graph.err());
+    queued_before.synchronize().unwrap();
+    stream.synchronize().unwrap();
+    drop((a, b, c));
+}
+
+/// The resources dropped while their stream is being captured a short while: the release
+/// thread waits for the capture to end before it drains the stream and destroys the native
+/// objects, so the capture stays valid and takes nothing. (Before: the release thread's drain
+/// invalidated the capture at once, and the destruction went on.)
+#[test]
+fn resources_dropped_during_a_short_capture_are_destroyed_after_it() {
+    require_gpu!();
+    let _one = serial();
+    use raft::{gemm, Layout};
+    let res = DeviceResources::new().unwrap();
+    let n = 64;
+    let a = DeviceVec::from_host(&res, &vec![1.0f32; n * n]).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&res, n * n).unwrap();
+    gemm(
+        1.0,
+        a.matrix(n, n, Layout::ColMajor).unwrap(),
+        a.matrix(n, n, Layout::ColMajor).unwrap(),
+        0.0,
+        c.matrix_mut(n, n, Layout::ColMajor).unwrap(),
+    )
+    .unwrap();
+    assert!(c.to_host().unwrap().iter().all(|&x| x == n as f32));
+    drop((a, c));
+    let stream = res.stream().unwrap();
+    raft_tests::settle_releases(std::time::Duration::from_secs(30));
+    let done_before = raft::stats().releases_done;
+    let ((), nodes) = captured(&stream, || {
+        drop(res); // the last handle: a release thread destroys, and finds the stream captured
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    });
+    assert_eq!(nodes, 0, "the release put work into the graph");
+    raft_tests::settle_releases(std::time::Duration::from_secs(30));
+    assert!(raft::stats().releases_done > done_before, "the release did not run");
+}

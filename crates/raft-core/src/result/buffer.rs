@@ -83,11 +83,6 @@ unsafe impl Send for NativeBuffer {}
 // SAFETY: shared use only reads the fields or queues reads of the device memory.
 unsafe impl Sync for NativeBuffer {}
 
-/// How long a free on a release thread waits for a capture of its stream to end before it keeps
-/// the block for the process's life instead (`NativeBuffer::free`): captures that build a graph
-/// of queued work usually end within milliseconds.
-const CAPTURE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
 impl NativeBuffer {
     /// `bytes` from `mr`, or from `device`'s current resource, on `stream`; the shim's buffer keeps
     /// its own copy of the resource. Every allocation of the crate, device or page-locked, comes
@@ -293,30 +288,20 @@ impl NativeBuffer {
         // Page-locked host buffers name the legacy default stream (null) and are only ever
         // used by copies that wait for themselves: nothing to wait for there.
         let waits = !self.stream_ordered && !self.stream.cu_stream().is_null();
-        // A stream being captured into a CUDA graph cannot be waited for (the driver refuses, and
-        // invalidates the capture). Such a free runs on a release thread, and the array may have
-        // been dropped before the capture began: a release thread waits for the capture to end, a
-        // while (`CAPTURE_WAIT`); past that, it is refused as the shim refuses a free on a
-        // capturing stream (the block, its resource and its stream are kept for the process's
-        // life, never freed while work queued before the capture may still use the block).
-        if waits {
-            // Only a library thread (a release thread) waits: a user's thread running releases
-            // (backpressure, an out-of-memory retry) may be the one capturing, which would wait
-            // for itself.
-            let wait = if raft_exit::on_library_thread() { CAPTURE_WAIT } else { std::time::Duration::ZERO };
-            let give_up = std::time::Instant::now() + wait;
-            while super::capturing(who, &self.stream).unwrap_or(false) {
-                if std::time::Instant::now() >= give_up || !raft_exit::native_release_allowed() {
-                    self.leak();
-                    return Err(Error::logic(
-                        who,
-                        "the stream is being captured into a CUDA graph: the block is not freed (its free would become \
-                         a node of the graph) and stays allocated, with its resource, until the process ends; drop \
-                         arrays before the capture begins or after it ends",
-                    ));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+        // A stream being captured into a CUDA graph cannot be waited for. Such a free runs on a
+        // release thread, and the array may have been dropped before the capture began: the
+        // capture's end is waited for a while (`capture_ended`); past that, the free is refused
+        // as the shim refuses a free on a capturing stream (the block, its resource and its
+        // stream are kept for the process's life, never freed while work queued before the
+        // capture may still use the block).
+        if waits && !super::capture_ended(who, &self.stream) {
+            self.leak();
+            return Err(Error::logic(
+                who,
+                "the stream is being captured into a CUDA graph: the block is not freed (its free would become a node \
+                 of the graph) and stays allocated, with its resource, until the process ends; drop arrays before the \
+                 capture begins or after it ends",
+            ));
         }
         // Binding a context is the only thing here that changes the caller's (the shim restores
         // its own switch): guarded where it happens, not on the stream-ordered fast path.

@@ -294,6 +294,31 @@ pub(crate) fn captured_meanwhile(stream: &CudaStream) -> bool {
     capturing("captured_meanwhile", stream).unwrap_or(false)
 }
 
+/// How long a release thread waits for a capture of a stream to end before it keeps what the
+/// stream's work may use for the process's life instead ([`capture_ended`]): captures that build
+/// a graph of queued work usually end within milliseconds.
+const CAPTURE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Before something the work on `stream` may use is freed or destroyed after a wait for that
+/// work: whether the stream is free of any capture. A capturing stream cannot be waited for (the
+/// driver refuses, and invalidates the capture), and work queued before the capture began may
+/// still run, so the caller keeps the thing (leaks it, for the process's life) when this says
+/// `false`. A library thread (a release thread) waits for the capture to end, [`CAPTURE_WAIT`]
+/// at most; any other thread asks once (it may be the one capturing: it would wait for itself).
+/// The exit's decision ends the wait. A failed query (a dead context) is no capture: the wait's
+/// own failure then says so.
+pub(crate) fn capture_ended(who: &'static str, stream: &CudaStream) -> bool {
+    let wait = if raft_exit::on_library_thread() { CAPTURE_WAIT } else { std::time::Duration::ZERO };
+    let give_up = std::time::Instant::now() + wait;
+    while capturing(who, stream).unwrap_or(false) {
+        if std::time::Instant::now() >= give_up || !raft_exit::native_release_allowed() {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
+}
+
 /// Refuses a copy (with host memory, or between device arrays) on a stream being captured into a
 /// CUDA graph (`cuStreamBeginCapture`, e.g. cudarc's `begin_capture` on the resources' stream):
 /// the copy would be recorded into the graph rather than run, and run at each launch of the
@@ -488,8 +513,25 @@ impl NativeResources {
     /// `used`: whether the stream was ever handed out; if not, nothing can be queued on it and
     /// it is not drained (the one driver call a release of unused resources would add to what
     /// C++ RAFT's destructor does).
+    ///
+    /// A stream that cannot be drained because it is being captured into a CUDA graph (or whose
+    /// drain failed for any reason but a dead context) keeps everything: RAFT's object, its
+    /// handles' workspaces and the stream are left to the OS (`Logic`), as a block freed on a
+    /// capturing stream is; work queued before the capture may still use them.
     pub(crate) fn destroy(self, who: &'static str, used: bool) -> Result<()> {
         let api = api(who)?;
+        // Asked before the drain, whose query and wait the driver refuses on a capturing stream
+        // (invalidating the capture); a release thread waits for the capture to end a while.
+        if used && !capture_ended(who, &self.stream) {
+            self.leak();
+            return Err(Error::logic(
+                who,
+                "the stream is being captured into a CUDA graph: the resources' native objects (RAFT's handles and \
+                 their workspaces, the stream) are not destroyed, as work queued before the capture may still use \
+                 them, and stay until the process ends; release resources before a capture of their stream begins \
+                 or after it ends",
+            ));
+        }
         // The stream's own context bound for the whole release (a release thread otherwise
         // keeps whichever context its last release left, maybe another device's, or none); the
         // shim and cudarc's stream drop below both leave it current.
@@ -497,6 +539,15 @@ impl NativeResources {
         // Drained whether or not the context could be bound (draining needs none): RAFT's
         // handles are destroyed only after the stream's work.
         let drain = if used { stream_drain(who, &self.stream) } else { Ok(()) };
+        if let Err(e) = &drain {
+            if !already_gone(e) && !context_is_dead(e) {
+                // A capture begun since the question (or another failed wait) says nothing about
+                // the work still queued: kept, as above.
+                drop(keep);
+                self.leak();
+                return drain;
+            }
+        }
         let drained = drain.and(keep.as_ref().map(|_| ()).map_err(Clone::clone));
         // SAFETY: `ptr` came from raftrs_resources_create and is destroyed exactly once (self is
         // consumed); its stream is still alive (dropped just below, after it).
