@@ -79,6 +79,31 @@ free_order order_of(shim_mr const& m)
   return found;
 }
 
+/// The first answer `decide` gives down `mr`'s chain: `decide` says 1 or 0 of a resource kind
+/// it knows and -1 of an adaptor, whose upstream is asked next. An adaptor whose upstream this
+/// shim cannot see, or a chain that ends without an answer, is taken as the worse answer (1).
+template <typename Decide>
+bool first_answer_down_the_chain(rmm::device_async_resource_ref mr, Decide decide)
+{
+  for (std::optional<rmm::device_async_resource_ref> at{mr}; at.has_value(); at = upstream_any(*at)) {
+    int const answer = decide(classify(*at));
+    if (answer >= 0) { return answer != 0; }
+  }
+  return true;
+}
+
+/// `walk`'s answer for `m`, worked out once per resource handle and kept in `cache` (-1 until
+/// first asked; the resource never changes, so the same answer whoever stores it).
+template <typename Walk>
+bool cached(std::atomic<int8_t>& cache, shim_mr const& m, Walk walk)
+{
+  auto known = cache.load(std::memory_order_relaxed);
+  if (known >= 0) { return known != 0; }
+  bool found = walk(rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)});
+  cache.store(found ? 1 : 0, std::memory_order_relaxed);
+  return found;
+}
+
 /// Whether an allocation or a free through `mr` may put work into a CUDA graph when its stream
 /// is being captured: a CUDA async pool anywhere down the chain (`cudaMallocFromPoolAsync` and
 /// `cudaFreeAsync` become graph nodes); a pool or a binning resource (RMM's
@@ -91,34 +116,23 @@ free_order order_of(shim_mr const& m)
 /// upstream when it is made (`allocate_sync`), never on a stream afterwards.
 bool may_be_captured(rmm::device_async_resource_ref mr)
 {
-  for (std::optional<rmm::device_async_resource_ref> at{mr}; at.has_value();) {
-    switch (classify(*at)) {
+  return first_answer_down_the_chain(mr, [](int32_t kind) {
+    switch (kind) {
       case RAFTRS_MR_CUDA:
       case RAFTRS_MR_MANAGED:
       case RAFTRS_MR_PINNED_HOST:
-      case RAFTRS_MR_ARENA: return false;
+      case RAFTRS_MR_ARENA: return 0;
       case RAFTRS_MR_CUDA_ASYNC:
       case RAFTRS_MR_POOL:
       case RAFTRS_MR_BINNING:
-      case RAFTRS_MR_OTHER: return true;
-      default: {
-        at = upstream_any(*at);
-        if (!at.has_value()) { return true; }  // an adaptor whose upstream this shim cannot see
-      }
+      case RAFTRS_MR_OTHER: return 1;
+      default: return -1;  // an adaptor: its upstream decides
     }
-  }
-  return true;
+  });
 }
 
 /// `m`'s `may_be_captured`, walked once per resource handle.
-bool captures_of(shim_mr const& m)
-{
-  auto known = m.captures.load(std::memory_order_relaxed);
-  if (known >= 0) { return known != 0; }
-  bool found = may_be_captured(rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)});
-  m.captures.store(found ? 1 : 0, std::memory_order_relaxed);  // the same answer whoever stores it
-  return found;
-}
+bool captures_of(shim_mr const& m) { return cached(m.captures, m, may_be_captured); }
 
 /// Whether an allocation through `mr` may make its stream wait for an event of another stream:
 /// RMM's pool and binning resources (`stream_ordered_memory_resource`: a block freed on another
@@ -131,34 +145,23 @@ bool captures_of(shim_mr const& m)
 /// page-locked memory never wait on a stream.
 bool may_join_another_stream(rmm::device_async_resource_ref mr)
 {
-  for (std::optional<rmm::device_async_resource_ref> at{mr}; at.has_value();) {
-    switch (classify(*at)) {
+  return first_answer_down_the_chain(mr, [](int32_t kind) {
+    switch (kind) {
       case RAFTRS_MR_CUDA:
       case RAFTRS_MR_MANAGED:
       case RAFTRS_MR_PINNED_HOST:
       case RAFTRS_MR_ARENA:
-      case RAFTRS_MR_CUDA_ASYNC: return false;
+      case RAFTRS_MR_CUDA_ASYNC: return 0;
       case RAFTRS_MR_POOL:
       case RAFTRS_MR_BINNING:
-      case RAFTRS_MR_OTHER: return true;
-      default: {
-        at = upstream_any(*at);
-        if (!at.has_value()) { return true; }
-      }
+      case RAFTRS_MR_OTHER: return 1;
+      default: return -1;  // an adaptor: its upstream decides
     }
-  }
-  return true;
+  });
 }
 
 /// `m`'s `may_join_another_stream`, walked once per resource handle.
-bool joins_of(shim_mr const& m)
-{
-  auto known = m.joins.load(std::memory_order_relaxed);
-  if (known >= 0) { return known != 0; }
-  bool found = may_join_another_stream(rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)});
-  m.joins.store(found ? 1 : 0, std::memory_order_relaxed);  // the same answer whoever stores it
-  return found;
-}
+bool joins_of(shim_mr const& m) { return cached(m.joins, m, may_join_another_stream); }
 
 /// Refuses an allocation on a stream being captured into a CUDA graph. Through a CUDA async pool
 /// the allocation would become a node of the graph, its address backed only while the graph
