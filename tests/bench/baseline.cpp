@@ -477,6 +477,13 @@ struct context_check {
     if (floor_private.load(std::memory_order_relaxed) != 0) {
       if (private_flag.load(std::memory_order_acquire) == 0) { return false; }
     }
+    return asks(s);
+  }
+
+  /// The driver's answer, whatever the flag: what the shim asks after an allocation through a
+  /// resource that may make the stream wait for another stream's event (`joins_another_stream`).
+  [[nodiscard]] bool asks(cudaStream_t s) const
+  {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     return is_capturing == nullptr || (is_capturing(reinterpret_cast<CUstream>(s), &status) == CUDA_SUCCESS &&
                                        status != CU_STREAM_CAPTURE_STATUS_NONE);
@@ -541,6 +548,19 @@ struct held_state : context_check {
 /// library's async pool in the bench); not the arena (1).
 bool may_be_captured(int32_t kind) { return kind != 1; }
 
+/// Whether an allocation through the floor resource of `kind` may make the stream wait for
+/// another stream's event, as the shim's `may_join_another_stream` says of it: the pool (0) and
+/// the binning resource (2). After such an allocation the shim asks the driver whatever the
+/// stream's flag says (the tenth audit), and so do the floors.
+bool joins_another_stream(int32_t kind) { return kind == 0 || kind == 2; }
+
+/// The question after an allocation through the floor resource of `kind`, as the shim asks it.
+bool captured_after_allocation(context_check const& h, int32_t kind, cudaStream_t on)
+{
+  if (!may_be_captured(kind)) { return false; }
+  return joins_another_stream(kind) ? h.asks(on) : h.capturing(on);
+}
+
 held_state& floor_state()
 {
   // Never destroyed: its fenced resources hold deferred frees on the stream the rows used, which
@@ -574,7 +594,9 @@ extern "C" {
 // held; a pool-like one fenced, its free taking the fence's hint path), and the record dropped.
 // No device switch. The capture checks (the fifth audit's follow-up): the stream asked whether
 // it is being captured into a CUDA graph before the allocation and before the free, and again
-// after each through a resource a capture can take (every kind but the arena: may_be_captured).
+// after each through a resource a capture can take (every kind but the arena: may_be_captured);
+// after an allocation through a pool or a binning resource the driver is asked whatever a private
+// stream's flag says (joins_another_stream), as the shim asks since the tenth audit.
 int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
 {
   struct record {
@@ -597,7 +619,7 @@ int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
     // 0 bytes: no RMM call, as the shim skips it (the row that isolates the steps' own cost).
     if (bytes != 0) {
       r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-      if (may_be_captured(kind) && h.capturing(on)) { return 7; }
+      if (captured_after_allocation(h, kind, on)) { return 7; }
       if (h.capturing(on)) { return 8; }
       // The free on the block's device: checked (one context read compared), as the shim's
       // free scopes its device and as RMM's own device_buffer sets its device to free.
@@ -645,7 +667,7 @@ int32_t bl_alloc_free_held_as_designed(int32_t kind, size_t bytes)
     if (h.capturing(on)) { return 6; }
     if (bytes != 0) {
       r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
-      if (may_be_captured(kind) && h.capturing(on)) { return 7; }
+      if (captured_after_allocation(h, kind, on)) { return 7; }
     }
     in_use.pop_back();
     alive.unlock();

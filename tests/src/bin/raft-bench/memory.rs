@@ -302,8 +302,10 @@ pub fn rows(t: &mut Table, r: &DeviceResources) {
 /// Issue 30's private streams (`result/exposure.rs`): resources whose stream's handle never left
 /// the library, so their allocations and frees read a flag instead of asking the stream about a
 /// capture. Ours on such resources, the C++ resource alone, and the floors taking the flag's
-/// read in place of each query, in turns; C++ on a stream of its own (the bench cannot name the
-/// private stream without raising its flag), an idle non-blocking stream like ours.
+/// read in place of each query the shim skips, in turns (after an allocation through a pool or a
+/// binning resource the shim asks the driver whatever the flag says, and so do the floors: the
+/// tenth audit); C++ on a stream of its own (the bench cannot name the private stream without
+/// raising its flag), an idle non-blocking stream like ours.
 fn private_streams(t: &mut Table, kinds: &[(&str, &raft::MemoryResource, unsafe extern "C" fn(usize) -> i32); 4]) {
     let private = DeviceResources::new().unwrap();
     // SAFETY: null: the baseline's own stream for the rows below.
