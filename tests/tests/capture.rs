@@ -615,3 +615,157 @@ fn resources_dropped_during_a_short_capture_are_destroyed_after_it() {
     raft_tests::settle_releases(std::time::Duration::from_secs(30));
     assert!(raft::stats().releases_done > done_before, "the release did not run");
 }
+
+/// An array used on another stream (cudarc's `DevicePtrMut`) and dropped while its own stream is
+/// being captured (the eleventh audit): the drop made the capturing stream wait for the use's
+/// event, recorded outside the capture, which the driver refuses (invalidating the capture) or
+/// would take into the graph only. Now the host waits for the use instead: the capture stays
+/// valid and takes nothing, and the array is freed after it. (Before: the capture could not be
+/// ended.)
+#[test]
+fn an_array_used_on_another_stream_and_dropped_during_a_capture_of_its_own_stream_leaves_the_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::MemoryResource;
+    let res = DeviceResources::new().unwrap();
+    let stream = res.stream().unwrap();
+    let other = stream.context().new_stream().unwrap();
+    let mr = MemoryResource::cuda(0).unwrap().with_statistics().unwrap();
+    let n = 1 << 20;
+    let src = other.alloc_zeros::<f32>(n).unwrap();
+    let mut v = DeviceVec::<f32>::new_in(&res, n, &mr).unwrap();
+    other.memcpy_dtod(&src, &mut v).unwrap(); // a use of the array on `other`
+    let ((), nodes) = captured(&stream, || drop(v));
+    assert_eq!(nodes, 0, "the drop put work into the graph");
+    other.synchronize().unwrap();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while mr.statistics().unwrap().current_count != 0 && std::time::Instant::now() < give_up {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(mr.statistics().unwrap().current_count, 0, "the array was not freed after the capture ended");
+}
+
+/// Runs `body` while another thread captures an unrelated stream of `ctx` in global mode (the
+/// mode cudarc's and PyTorch's captures default to), then ends that capture: `body`'s result and
+/// whether the capture stayed valid (its graph could be made).
+fn while_another_thread_captures_globally<R>(
+    ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+    body: impl FnOnce() -> R,
+) -> (R, Result<(), String>) {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    use std::sync::mpsc::channel;
+    let unrelated = ctx.new_stream().unwrap();
+    let (begun_tx, begun_rx) = channel();
+    let (end_tx, end_rx) = channel::<()>();
+    let capturer = std::thread::spawn(move || {
+        unrelated.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
+        begun_tx.send(()).unwrap();
+        let _ = end_rx.recv_timeout(std::time::Duration::from_secs(60));
+        unrelated.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH).map(drop).map_err(|e| e.to_string())
+    });
+    begun_rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the other thread began its capture");
+    let out = body();
+    end_tx.send(()).unwrap();
+    (out, capturer.join().unwrap())
+}
+
+/// Resources released while another thread captures an unrelated stream in global mode (the
+/// eleventh audit): the release's first look at its stream (`cuStreamQuery`, before its wait) ran
+/// in the thread's own global mode, which the driver refuses during such a capture, invalidating
+/// it; the release then failed. Now the look is relaxed, as the wait after it is: the release
+/// drains and destroys, and the other capture stays valid. (Before: a `Cuda` error, and the other
+/// thread's capture invalidated.)
+#[test]
+fn a_release_while_another_thread_captures_in_global_mode_drains_and_leaves_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.stream().unwrap().context().clone(); // the stream handed out: the release drains it
+    let v = DeviceVec::<f32>::zeros(&res, 1 << 20).unwrap();
+    res.sync().unwrap();
+    let (released, other) = while_another_thread_captures_globally(&ctx, || res.release());
+    released.unwrap();
+    other.unwrap_or_else(|e| panic!("the release invalidated another thread's capture: {e}"));
+    drop(v);
+}
+
+/// `DeviceResources::sync` while the resources' stream is being captured (the eleventh audit): the
+/// driver refuses a wait for a capturing stream and invalidates the capture. Now the wait is
+/// refused first (`Logic`), and the capture stays valid. (Before: a `Cuda` error, and the capture
+/// could not be ended.)
+#[test]
+fn a_sync_is_refused_while_the_stream_is_captured_and_the_capture_stays_valid() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let stream = res.stream().unwrap();
+    let (refused, nodes) = captured(&stream, || res.sync());
+    let e = refused.expect_err("a sync of a capturing stream succeeded");
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "DeviceResources::sync"), "{e}");
+    assert!(e.to_string().contains("captured into a CUDA graph"), "{e}");
+    assert_eq!(nodes, 0);
+    res.sync().unwrap();
+}
+
+/// Memory of `cudaMalloc` freed (on a release thread) while another thread captures an unrelated
+/// stream in global mode (the eleventh audit): in the release thread's own global mode the driver
+/// may refuse the `cudaFree`, which RMM swallows, leaking the block. Now the free runs relaxed:
+/// the memory goes back to the device. The other capture's fate is printed, not asserted: a
+/// `cudaFree` synchronises the device, which the driver may count against a capture.
+#[test]
+fn memory_freed_while_another_thread_captures_in_global_mode_goes_back_to_the_device() {
+    require_gpu!();
+    let _one = serial();
+    use raft::MemoryResource;
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let mr = MemoryResource::cuda(0).unwrap();
+    const BYTES: usize = 4 << 30;
+    let v = DeviceVec::<u8>::new_in(&res, BYTES, &mr).unwrap();
+    res.sync().unwrap();
+    let (free_before, _) = ctx.mem_get_info().unwrap();
+    let ((), other) = while_another_thread_captures_globally(&ctx, || {
+        drop(v); // a release thread frees it
+        raft_tests::settle_releases(std::time::Duration::from_secs(30));
+    });
+    println!("the other thread's capture: {other:?}");
+    let (free_after, _) = ctx.mem_get_info().unwrap();
+    assert!(
+        free_after >= free_before + BYTES / 2,
+        "the block freed during another thread's global capture did not go back: {free_before} bytes free before the free, {free_after} after"
+    );
+}
+
+/// A slice registered and unregistered while another thread captures an unrelated stream in
+/// global mode (the eleventh audit): `cuMemHostRegister` / `cuMemHostUnregister` ran in the
+/// thread's own global mode, which the driver may refuse during such a capture; a refused
+/// unregistration stops the process (a slice is never handed back page-locked). Now both run
+/// relaxed: the scope ends normally. In a child process, which a stop would end.
+#[test]
+fn a_slice_registered_while_another_thread_captures_in_global_mode_is_unregistered() {
+    use std::process::Command;
+    if std::env::var_os("RAFT_CAPTURE_CHILD").is_some_and(|v| v == "register") {
+        let res = DeviceResources::new().unwrap();
+        let ctx = res.context().clone();
+        let mut host = pattern_u8(1 << 20, 89);
+        let (scoped, other) = while_another_thread_captures_globally(&ctx, || RegisteredSlice::scope(&res, &mut host, |r| r.len()));
+        println!("RESULT scope={scoped:?} other={other:?}");
+        return;
+    }
+    require_gpu!();
+    let _one = serial();
+    let me = std::env::current_exe().unwrap();
+    let out = Command::new(me)
+        .args([
+            "a_slice_registered_while_another_thread_captures_in_global_mode_is_unregistered",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RAFT_CAPTURE_CHILD", "register")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the child stopped: {:?}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains(&format!("RESULT scope=Ok({})", 1 << 20)), "the registration failed:\n{stdout}\n{stderr}");
+}

@@ -155,6 +155,10 @@ impl DlpackExport {
 
     /// Waits until the array's work so far is done: the data is then ready for any stream (the
     /// `__dlpack__(stream=None)` case).
+    ///
+    /// # Errors
+    /// `Logic` while the array's stream is being captured into a CUDA graph (the driver would
+    /// refuse the wait and invalidate the capture); `Cuda` when the stream's work failed.
     pub fn synchronize(&self) -> Result<()> {
         self.inner().synchronize("DlpackExport::synchronize")
     }

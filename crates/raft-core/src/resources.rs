@@ -675,10 +675,11 @@ impl DeviceResources {
     ///
     /// # Errors
     /// `Logic` on released resources (`DeviceResources::sync: the device resources on device 0
-    /// were released`); `Cuda` when the stream's work failed.
+    /// were released`) and while the stream is being captured into a CUDA graph (the driver
+    /// would refuse the wait and invalidate the capture); `Cuda` when the stream's work failed.
     pub fn sync(&self) -> Result<()> {
         const WHO: &str = "DeviceResources::sync";
-        self.with_native(WHO, |n| result::stream_sync(WHO, n.stream()))
+        self.with_native(WHO, |n| result::requested_sync(WHO, n.stream()))
     }
 
     /// Releases now: the queued jobs finish, then the stream is drained and the handles, RAFT's

@@ -34,8 +34,20 @@ impl CuvsResources<'_> {
     }
 
     /// Waits for the stream (`cuvsStreamSync`: RAFT's `sync_stream`).
+    ///
+    /// # Errors
+    /// `Logic` while the stream is being captured into a CUDA graph (the driver would refuse the
+    /// wait and invalidate the capture); `Cuda` when cuVS fails.
     pub fn sync(&self) -> Result<()> {
-        result::stream_sync("CuvsResources::sync", self)
+        const WHO: &str = "CuvsResources::sync";
+        if raft_core::stream_is_capturing(self.stream).unwrap_or(false) {
+            return Err(raft_core::Error::logic(
+                WHO,
+                "the stream is being captured into a CUDA graph: a wait for it is refused (the driver would invalidate the \
+                 capture); wait before the capture begins or after it ends",
+            ));
+        }
+        result::stream_sync(WHO, self)
     }
 }
 

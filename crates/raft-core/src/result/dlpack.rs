@@ -270,7 +270,7 @@ impl Exported {
 
     /// Waits for the array's stream: the data is then ready for any stream.
     pub(crate) fn synchronize(&self, who: &'static str) -> Result<()> {
-        super::stream_sync(who, &self.owned.stream)
+        super::requested_sync(who, &self.owned.stream)
     }
 
     fn tensor(&mut self) -> DLTensor {

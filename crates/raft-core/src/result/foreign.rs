@@ -334,6 +334,11 @@ impl ForeignUses {
         let (failures, _) = take_failures(None);
         let mut uses = self.uses.lock().unwrap_or_else(|e| e.into_inner());
         let mut first = Ok(());
+        // Never a wait on `own` while it is being captured into a CUDA graph: the driver refuses
+        // a wait for an event recorded outside the capture (and invalidates the capture), and one
+        // it took would order only the graph's launches, not the free after the capture. The
+        // host waits instead; a failed question counts as a capture.
+        let own_captured = super::capturing(who, own).unwrap_or(true);
         // The event's latest record covers every use handed out on its stream so far.
         for u in uses.iter_mut().filter(|u| u.write || (u.read && !writes_only)) {
             if u.failures != failures {
@@ -344,13 +349,17 @@ impl ForeignUses {
             }
             // On the device when it can; else the host waits (relaxed: never refused by a
             // capture). A failure of both is a fault of the context, which stops its work.
-            // SAFETY: both are alive for the call; a wait binds no context.
-            let on_device = unsafe {
-                cudarc::driver::result::stream::wait_event(
-                    own.cu_stream(),
-                    u.event.cu_event(),
-                    cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                )
+            let on_device = if own_captured {
+                Err(cudarc::driver::DriverError(cusys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED))
+            } else {
+                // SAFETY: both are alive for the call; a wait binds no context.
+                unsafe {
+                    cudarc::driver::result::stream::wait_event(
+                        own.cu_stream(),
+                        u.event.cu_event(),
+                        cusys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                }
             };
             let waited = on_device.or_else(|_| super::relaxed(|| unsafe_event_sync(&u.event))).map_err(|e| Error::driver(who, e));
             match waited {

@@ -254,6 +254,20 @@ pub(crate) fn stream_sync(who: &'static str, stream: &CudaStream) -> Result<()> 
     relaxed(|| unsafe { cu::stream::synchronize(stream.cu_stream()) }).map_err(|e| Error::driver(who, e))
 }
 
+/// A wait for `stream` that the caller asked for (`DeviceResources::sync`, a DLPack export's
+/// `synchronize`): refused (`Logic`) while the stream is being captured into a CUDA graph, where
+/// the driver would refuse it and invalidate the capture.
+pub(crate) fn requested_sync(who: &'static str, stream: &CudaStream) -> Result<()> {
+    if capturing(who, stream).unwrap_or(false) {
+        return Err(Error::logic(
+            who,
+            "the stream is being captured into a CUDA graph: a wait for it is refused (the driver would invalidate the \
+             capture); wait before the capture begins or after it ends",
+        ));
+    }
+    stream_sync(who, stream)
+}
+
 /// Runs `wait` with the calling thread's stream-capture mode set to relaxed
 /// (`cuThreadExchangeStreamCaptureMode`), then puts the thread's own mode back. The waits that
 /// end a borrow of memory a copy uses must not be refused: while this thread captures a stream
@@ -342,8 +356,10 @@ pub(crate) fn refuse_capture<'s>(who: &'static str, streams: impl IntoIterator<I
 /// (`cuStreamSynchronize`) only while work is still running. Either way, a failure of the
 /// stream's work is returned. Binds no context.
 pub(crate) fn stream_drain(who: &'static str, stream: &CudaStream) -> Result<()> {
+    // Relaxed, as the wait after it: another thread's capture in global mode would otherwise
+    // make the driver refuse the query (and invalidate that capture).
     // SAFETY: the stream is alive for the borrow; a query needs no current context.
-    match unsafe { cusys::cuStreamQuery(stream.cu_stream()) } {
+    match relaxed(|| unsafe { cusys::cuStreamQuery(stream.cu_stream()) }) {
         cusys::CUresult::CUDA_SUCCESS => Ok(()),
         cusys::CUresult::CUDA_ERROR_NOT_READY => stream_sync(who, stream),
         rc => Err(Error::driver(who, cudarc::driver::DriverError(rc))),

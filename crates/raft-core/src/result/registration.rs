@@ -55,7 +55,8 @@ impl<'a, T: DeviceScalar> NativeRegistration<'a, T> {
         // alive and unmoved for 'a; no byte outside the slice shares them. It is unregistered
         // before the borrow ends (`unregister`, Drop, or the process aborts), or, forgotten (the
         // `unsafe` `RegisteredSlice::new`), stays registered memory that the process owns.
-        let registered = unsafe { cusys::cuMemHostRegister_v2(start, locked.len(), cusys::CU_MEMHOSTREGISTER_PORTABLE) };
+        // Relaxed: the driver may refuse it while another thread captures a stream in global mode.
+        let registered = super::relaxed(|| unsafe { cusys::cuMemHostRegister_v2(start, locked.len(), cusys::CU_MEMHOSTREGISTER_PORTABLE) });
         match registered.result() {
             Ok(()) => Ok(NativeRegistration { slice, locked, ctx: Some(ctx.clone()) }),
             Err(e) if e.0 == cusys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => Err(Error::logic(
@@ -101,7 +102,9 @@ impl<'a, T: DeviceScalar> NativeRegistration<'a, T> {
             // SAFETY: unregisters the range `register` registered (same base address), exactly
             // once (`ctx` was taken above); no copy uses it any more (copies of it are waited for
             // inside the borrow that made this registration).
-            unsafe { cusys::cuMemHostUnregister(start) }.result().map_err(|e| Error::driver(who, e))
+            // Relaxed: a refusal while another thread captures a stream in global mode would
+            // stop the process below.
+            super::relaxed(|| unsafe { cusys::cuMemHostUnregister(start) }).result().map_err(|e| Error::driver(who, e))
         });
         match done {
             Ok(()) => {}

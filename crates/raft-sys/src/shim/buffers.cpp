@@ -213,6 +213,10 @@ void free_buffer(raftrs_buffer* buf, void* stream, void const* owner)
     if (b->ptr != nullptr) { refuse_capturing_free(stream); }
     scope.emplace(b->device);
     if (b->ptr != nullptr) {
+      // Relaxed unless stream-ordered, as in raftrs_mr_deallocate_held (page-locked memory's
+      // cudaFreeHost, here).
+      std::optional<raftrs_fence::relaxed_capture> relaxed;
+      if (!b->stream_ordered) { relaxed.emplace(); }
       raftrs_fence::freeing_on freeing{static_cast<cudaStream_t>(stream), owner};
       b->ref().deallocate(cuda::stream_ref{static_cast<cudaStream_t>(stream)}, b->ptr, b->bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
       if (stream_capturing(stream) && may_be_captured(b->ref())) { stop_captured_meanwhile("a free"); }
@@ -225,7 +229,8 @@ void free_buffer(raftrs_buffer* buf, void* stream, void const* owner)
   }
   // Destroyed here, inside the device scope, so a pool's destructor (its own last copy) runs on
   // its device and the caller's context is put back after it (the Rust side takes no context
-  // guard around this).
+  // guard around this); relaxed, as in raftrs_mr_destroy.
+  raftrs_fence::relaxed_capture relaxed;
   b.reset();
 }
 
@@ -452,6 +457,12 @@ raftrs_status raftrs_mr_deallocate_held(
     // The caller keeps `mr` (and the block) on failure.
     if (may_capture(capture_may_begin)) { refuse_capturing_free(stream); }
     device_scope scope{m.device};
+    // A free that is not stream-ordered (cudaFree, cudaFreeHost, the arena's large blocks) runs
+    // on a release thread after a wait for its stream: relaxed, so that the driver does not
+    // refuse it (and RMM swallow the refusal, leaking the block) while another thread captures
+    // a stream in global mode. The stream-ordered frees (the hot path) are not touched.
+    std::optional<raftrs_fence::relaxed_capture> relaxed;
+    if (!frees_stream_ordered(order_of(m), bytes, stream != nullptr)) { relaxed.emplace(); }
     raftrs_fence::freeing_on freeing{static_cast<cudaStream_t>(stream), stream != nullptr ? stream_owner : nullptr};
     rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)}.deallocate(
       cuda::stream_ref{static_cast<cudaStream_t>(stream)}, data, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);

@@ -496,6 +496,9 @@ raftrs_status raftrs_mr_destroy(raftrs_mr* mr)
     // called this, so it may wait for the streams that freed into it (fence.hpp).
     device_scope scope{m->device};
     raftrs_fence::may_wait here;
+    // A destructor's waits and frees (cudaFree of a pool's blocks) are not refused while
+    // another thread captures a stream in global mode (they would leak the memory).
+    raftrs_fence::relaxed_capture relaxed;
     delete m;
   });
 }
@@ -533,6 +536,7 @@ raftrs_status raftrs_mr_drain_deferred(uint64_t* drained)
         raftrs_fence::leave_to_the_os(item.resource);
         continue;
       }
+      raftrs_fence::relaxed_capture relaxed;  // as in raftrs_mr_destroy
       item.resource = any_device_resource{};  // the last copy: RMM's destructor runs now, on its device
       ++*drained;
     }

@@ -1,6 +1,7 @@
 // RAFT's resources behind raftrs_resources: raft::device_resources with checked cuBLAS, cuSOLVER
 // and cuSPARSE handles, the GEMM entry points that use them, the device queries, and the build
 // facts (RAFT's handle layout among them).
+#include "../fence.hpp"
 #include "common.hpp"
 
 #include <raft/core/device_resources.hpp>
@@ -355,6 +356,10 @@ raftrs_status raftrs_resources_destroy(raftrs_resources* res)
     auto* r = &unwrap(res);
     // Handles are destroyed on their own device.
     device_scope scope{r->device()};
+    // cuBLAS's destroy synchronises the device, and RMM's frees of the handles' workspaces may:
+    // in the thread's own global capture mode the driver refuses that while another thread
+    // captures in global mode (leaking what it frees). The caller drained the stream first.
+    raftrs_fence::relaxed_capture relaxed;
     delete r;
   });
 }
