@@ -469,7 +469,7 @@ struct context_check {
 
   /// Whether `s` is being captured into a CUDA graph: the query the shim makes before every
   /// allocation and free on a stream, and after one through a resource a capture can take
-  /// (`stream_capturing`, the shim's common.cpp: the same driver entry point). With a private
+  /// (`stream_capturing`, the shim's common.hpp: the same driver entry point). With a private
   /// stream (`bl_floor_private`: issue 30's flag, `result/exposure.rs`), the flag's acquire read
   /// instead, down: what the shim's `may_capture` does while no capture can begin.
   [[nodiscard]] bool capturing(cudaStream_t s) const

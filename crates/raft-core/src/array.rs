@@ -105,32 +105,47 @@ impl<T: DeviceScalar> DeviceVec<T> {
                 NativeBuffer::create_held(who, resources.device(), mr.map(|m| m.native_arc()), n.stream(), n.capture_flag(), bytes)
             })
         };
-        // Out of memory only after the releases pending on this device had their chance to
-        // give memory back: run or wait for them, then try once more. A final failure gives
-        // what the async pool holds unused back to the driver, for other processes (RMM keeps
-        // it otherwise: runs 22, 24 and 28 saw the next process fail to make a context).
-        let out_of_memory = |e: &Error| e.kind() == ErrorKind::OutOfMemory;
+        // The retry out of line (issue 30: inline, its match moved the buffer through memory
+        // twice more on every allocation).
         let buffer = match make() {
-            // Both run (`|`, not `||`): pending releases, and retired async pools that still
-            // hold memory.
+            Ok(buffer) => buffer,
+            Err(e) => Self::after_failure(who, resources, mr, e, make)?,
+        };
+        crate::stats::live_arrays::add(1);
+        Ok(DeviceVec { buffer: Some(buffer), len, resources: resources.clone(), foreign: ForeignUses::default(), _t: PhantomData })
+    }
+
+    /// An allocation failed with `e`: out of memory only after the releases pending on this
+    /// device had their chance to give memory back (run or waited for, then `make` tried once
+    /// more). A final failure gives what the async pool holds unused back to the driver, for
+    /// other processes (RMM keeps it otherwise: runs 22, 24 and 28 saw the next process fail to
+    /// make a context).
+    #[cold]
+    #[inline(never)]
+    fn after_failure(
+        who: &'static str,
+        resources: &DeviceResources,
+        mr: Option<&MemoryResource>,
+        e: Error,
+        make: impl Fn() -> Result<NativeBuffer>,
+    ) -> Result<NativeBuffer> {
+        let out_of_memory = |e: &Error| e.kind() == ErrorKind::OutOfMemory;
+        // Both run (`|`, not `||`): pending releases, and retired async pools that still hold
+        // memory.
+        let retried = if out_of_memory(&e)
+            && (crate::release::drain_device(resources.device(), crate::release::OOM_WAIT) | crate::result::mr::reclaim_retired_pools())
+        {
+            make()
+        } else {
             Err(e)
-                if out_of_memory(&e)
-                    && (crate::release::drain_device(resources.device(), crate::release::OOM_WAIT)
-                        | crate::result::mr::reclaim_retired_pools()) =>
-            {
-                make()
-            }
-            made => made,
-        }
-        .inspect_err(|e| {
+        };
+        retried.inspect_err(|e| {
             if out_of_memory(e) {
                 if let Err(trim) = crate::result::mr::trim_async_pool(who, resources.device(), mr.map(|m| m.native())) {
                     log::warn!(target: "raft", "{trim}");
                 }
             }
-        })?;
-        crate::stats::live_arrays::add(1);
-        Ok(DeviceVec { buffer: Some(buffer), len, resources: resources.clone(), foreign: ForeignUses::default(), _t: PhantomData })
+        })
     }
 
     /// `len` zeros; returns once the zeroing is queued on the array's stream (an operation on

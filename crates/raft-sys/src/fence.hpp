@@ -15,7 +15,7 @@
 // free cost ~1.3 µs, more than the arena's whole allocation):
 // - A free whose stream's owner is known (`raftrs_buffer_free` and `raftrs_mr_deallocate_held`
 //   name the Rust `Arc<CudaStream>`
-//   that keeps the stream alive, through `freeing`) records nothing. The fence takes its own
+//   that keeps the stream alive, through `freeing_on`) records nothing. The fence takes its own
 //   reference to that stream on the stream's first such free (`held`) and records the event
 //   only when it lets the stream go: when the fence is destroyed, or when the fence is the
 //   stream's last holder (every resources object and array of it gone) and another stream
@@ -110,21 +110,12 @@ struct stream_keeper {
 /// Registered once by the Rust side (`raftrs_buffer_on_streams`); never freed.
 inline std::atomic<stream_keeper const*> the_keeper{nullptr};
 
-/// The free `raftrs_buffer_free` or `raftrs_mr_deallocate_held` is running on this thread: its stream and the handle that keeps
-/// that stream alive (null when unknown). Read by every fence the free passes through.
+/// The free `raftrs_buffer_free` or `raftrs_mr_deallocate_held` is running on this thread: its
+/// stream and the handle that keeps that stream alive (null when unknown). Read by every fence
+/// the free passes through.
 struct freeing_stream {
   cudaStream_t stream{nullptr};
   void const* owner{nullptr};
-};
-inline thread_local freeing_stream freeing{};
-
-/// Set for the length of one free (see `freeing`).
-struct freeing_on {
-  freeing_stream before{freeing};
-  freeing_on(cudaStream_t stream, void const* owner) noexcept { freeing = freeing_stream{stream, owner}; }
-  ~freeing_on() { freeing = before; }
-  freeing_on(freeing_on const&)            = delete;
-  freeing_on& operator=(freeing_on const&) = delete;
 };
 
 /// This thread's hints "fence `fence` held `stream` at epoch `epoch`": the fast path of a free.
@@ -133,8 +124,26 @@ struct held_hint {
   cudaStream_t stream{nullptr};
   uint64_t epoch{0};
 };
-inline thread_local held_hint held_hints[4]{};
-inline thread_local unsigned held_hint_next{0};
+
+/// This thread's part in the frees: the free running (`freeing_on`) and the hints. One
+/// thread-local, looked up once by each user (issue 30: in a shared object loaded with dlopen,
+/// every thread-local access is a call to `__tls_get_addr`; four of them in each free).
+struct thread_frees {
+  freeing_stream freeing{};
+  held_hint hints[4]{};
+  unsigned next_hint{0};
+};
+inline thread_local thread_frees this_thread{};
+
+/// Set for the length of one free (see `freeing_stream`).
+struct freeing_on {
+  thread_frees& frees{this_thread};
+  freeing_stream before{frees.freeing};
+  freeing_on(cudaStream_t stream, void const* owner) noexcept { frees.freeing = freeing_stream{stream, owner}; }
+  ~freeing_on() { frees.freeing = before; }
+  freeing_on(freeing_on const&)            = delete;
+  freeing_on& operator=(freeing_on const&) = delete;
+};
 
 /// Per stream that freed into a resource: the last event recorded on it (or none), and the
 /// handle that keeps it alive while the fence holds it (see the header comment). Once every
@@ -157,12 +166,13 @@ class stream_fence {
   void note(cudaStream_t stream) noexcept
   {
     auto const* keeper = the_keeper.load(std::memory_order_acquire);
-    if (keeper != nullptr && freeing.owner != nullptr && freeing.stream == stream && stream != nullptr) {
+    auto const& frees = this_thread;
+    if (keeper != nullptr && frees.freeing.owner != nullptr && frees.freeing.stream == stream && stream != nullptr) {
       auto const epoch = epoch_.load(std::memory_order_seq_cst);
-      for (auto const& h : held_hints) {
+      for (auto const& h : frees.hints) {
         if (h.fence == id_ && h.stream == stream && h.epoch == epoch) { return; }  // held already
       }
-      hold(stream, freeing.owner, *keeper);
+      hold(stream, frees.freeing.owner, *keeper);
       return;
     }
     record_now(stream);
@@ -340,7 +350,8 @@ class stream_fence {
   /// This thread's hint that `stream` is held at the current epoch (under the lock).
   void remember(cudaStream_t stream) noexcept
   {
-    held_hints[held_hint_next++ % 4] = held_hint{id_, stream, epoch_.load(std::memory_order_seq_cst)};
+    auto& frees                          = this_thread;
+    frees.hints[frees.next_hint++ % 4] = held_hint{id_, stream, epoch_.load(std::memory_order_seq_cst)};
   }
 
   /// Lets the references go, outside the lock: the last reference to a stream destroys it.

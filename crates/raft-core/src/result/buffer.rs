@@ -145,8 +145,9 @@ impl NativeBuffer {
         // copy comes back owned and is kept likewise; the out-pointers are locals; the flag is
         // borrowed for the call and raised wherever a capture of the stream may begin
         // (`exposure.rs`).
+        // Through the entry point's field, as the free calls it.
         let made = check(who, api, unsafe {
-            api.raftrs_mr_allocate_held(
+            (api.raftrs_mr_allocate_held)(
                 device as i32,
                 mr_ptr,
                 mr.is_none() as i32,
@@ -330,10 +331,14 @@ impl NativeBuffer {
         // for the call, which a fence may retain through the registered keeper; the flag is null
         // or borrowed for the call, raised wherever a capture of the stream may begin.
         let flag = capture.map_or(std::ptr::null(), CaptureFlag::as_ptr);
+        // The shim's entry points are called through their fields (bindgen's wrapper methods are
+        // not inlined across crates: a call and a copy of the arguments each way, issue 30); a
+        // held allocation of 0 bytes took nothing, and its free is no call at all.
         let status = unsafe {
             match &self.owner {
-                Owner::Record(ptr) => api.raftrs_buffer_free(ptr.as_ptr(), raw_stream, keeper),
-                Owner::Held(mr) => api.raftrs_mr_deallocate_held(mr.ptr.as_ptr(), raw_stream, keeper, self.data, self.bytes, flag),
+                Owner::Record(ptr) => (api.raftrs_buffer_free)(ptr.as_ptr(), raw_stream, keeper),
+                Owner::Held(_) if self.data.is_null() => sys::RAFTRS_STATUS_OK as sys::raftrs_status,
+                Owner::Held(mr) => (api.raftrs_mr_deallocate_held)(mr.ptr.as_ptr(), raw_stream, keeper, self.data, self.bytes, flag),
             }
         };
         // The stream's last handle may go here (`into_inner` tells exactly one holder it is the

@@ -185,7 +185,10 @@ pub(crate) struct ForeignUses {
     unordered: AtomicBool,
     /// The array's being unordered was logged (`report`): once per array, not at every read.
     reported: AtomicBool,
-    uses: Mutex<Vec<Use>>,
+    /// Dropped by hand (`Drop` below): an array never used on another stream has nothing here,
+    /// and its drop is one test (issue 30: the glue of an empty `Mutex<Vec<_>>` was three calls
+    /// on every array's drop).
+    uses: std::mem::ManuallyDrop<Mutex<Vec<Use>>>,
 }
 
 impl ForeignUses {
@@ -428,8 +431,24 @@ fn unsafe_event_sync(event: &CudaEvent) -> std::result::Result<(), cudarc::drive
 }
 
 impl Drop for ForeignUses {
+    #[inline]
     fn drop(&mut self) {
-        let uses = std::mem::take(self.uses.get_mut().unwrap_or_else(|e| e.into_inner()));
+        // No entry was ever made: the vector holds no allocation, and the mutex (a futex word on
+        // Linux, this crate's one platform) has nothing to free.
+        if self.uses.get_mut().map_or_else(|e| e.into_inner().capacity(), |u| u.capacity()) == 0 {
+            return;
+        }
+        self.drop_entries();
+    }
+}
+
+impl ForeignUses {
+    /// The entries' events destroyed (out of line: most arrays have none).
+    #[cold]
+    fn drop_entries(&mut self) {
+        // SAFETY: taken once, from `drop`; the field is not used afterwards.
+        let uses = unsafe { std::mem::ManuallyDrop::take(&mut self.uses) };
+        let uses = uses.into_inner().unwrap_or_else(|e| e.into_inner());
         if uses.is_empty() {
             return;
         }

@@ -25,17 +25,23 @@ constexpr std::size_t max_allocation_bytes = std::size_t{1} << 48;
 /// Sizes within this of SIZE_MAX are not sizes (their rounding wraps): a logic error.
 constexpr std::size_t rounding_slack = 4096;
 
-/// Refuses what no resource can serve; touches no CUDA (callable without a driver).
-void refuse_unservable(std::size_t bytes)
+/// Throws the refusal of `bytes` (`refuse_unservable`; out of line, and never on the hot path).
+[[noreturn, gnu::cold, gnu::noinline]] void throw_unservable(std::size_t bytes)
 {
   if (bytes > std::numeric_limits<std::size_t>::max() - rounding_slack) {
     throw std::invalid_argument(std::to_string(bytes) +
                                 " bytes: rounding the size up to an allocation's alignment wraps around");
   }
-  if (bytes > max_allocation_bytes) {
-    throw rmm::out_of_memory(std::to_string(bytes) +
-                             " bytes is more than any device or host memory holds (at most 2^48 bytes in one allocation)");
-  }
+  throw rmm::out_of_memory(std::to_string(bytes) +
+                           " bytes is more than any device or host memory holds (at most 2^48 bytes in one allocation)");
+}
+
+/// Refuses what no resource can serve; touches no CUDA (callable without a driver). A compare
+/// inline, the message built out of line (issue 30: the whole function's frame on every
+/// allocation).
+inline void refuse_unservable(std::size_t bytes)
+{
+  if (bytes > max_allocation_bytes) [[unlikely]] { throw_unservable(bytes); }
 }
 
 /// The device memory behind raftrs_buffer: the pointer and its own copy of the resource that
@@ -65,8 +71,11 @@ bool frees_stream_ordered(free_order order, std::size_t bytes, bool on_own_strea
   // that belongs to another stream's arena; a binning resource hands sizes past its largest bin
   // to its upstream. A block within the size freed on the (non-default) stream that allocated it
   // stays with the stream-ordered part.
-  return on_own_stream && order > 0 &&
-         rmm::align_up(bytes, rmm::CUDA_ALLOCATION_ALIGNMENT) <= static_cast<std::size_t>(order);
+  // RMM's align_up, inline (it is a call into librmm otherwise); `bytes` is at most 2^48 here
+  // (refuse_unservable), so the sum cannot wrap.
+  constexpr std::size_t align = rmm::CUDA_ALLOCATION_ALIGNMENT;
+  static_assert((align & (align - 1)) == 0, "RMM's alignment is a power of two");
+  return on_own_stream && order > 0 && ((bytes + align - 1) & ~(align - 1)) <= static_cast<std::size_t>(order);
 }
 
 /// `m`'s free order, walked once per resource handle.
@@ -163,18 +172,31 @@ bool may_join_another_stream(rmm::device_async_resource_ref mr)
 /// `m`'s `may_join_another_stream`, walked once per resource handle.
 bool joins_of(shim_mr const& m) { return cached(m.joins, m, may_join_another_stream); }
 
+/// The refusals below, thrown out of line (issue 30: the message's construction kept a frame on
+/// every allocation and free).
+[[noreturn, gnu::cold, gnu::noinline]] void throw_capturing_allocation()
+{
+  throw std::logic_error(
+    "the stream is being captured into a CUDA graph: an allocation on it could become a node of the graph, its "
+    "memory valid only while the graph runs; allocate before the capture begins or after it ends");
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void throw_capturing_free()
+{
+  throw std::logic_error(
+    "the stream is being captured into a CUDA graph: the block is not freed (its free would become a node of "
+    "the graph) and stays allocated, with its resource, until the process ends; drop arrays before the "
+    "capture begins or after it ends");
+}
+
 /// Refuses an allocation on a stream being captured into a CUDA graph. Through a CUDA async pool
 /// the allocation would become a node of the graph, its address backed only while the graph
 /// runs (a copy into it outside the graph faults, or writes memory the graph's launches reuse);
 /// a pool or a bin growing from such an upstream would keep that address in its free lists.
 /// Refused for every resource, so the rule does not depend on what the resource is built from.
-void refuse_capturing_allocation(void* stream)
+inline void refuse_capturing_allocation(void* stream)
 {
-  if (stream_capturing(stream)) {
-    throw std::logic_error(
-      "the stream is being captured into a CUDA graph: an allocation on it could become a node of the graph, its "
-      "memory valid only while the graph runs; allocate before the capture begins or after it ends");
-  }
+  if (stream_capturing(stream)) [[unlikely]] { throw_capturing_allocation(); }
 }
 
 /// Refuses a free on a stream being captured into a CUDA graph: through a CUDA async pool the
@@ -182,14 +204,9 @@ void refuse_capturing_allocation(void* stream)
 /// again, after it may have been handed out anew), and not now; a pool's free would record its
 /// stream's event into the graph, where the next allocation on another stream cannot wait for
 /// it. The caller keeps the block, and the resource that owns it, for the process's life.
-void refuse_capturing_free(void* stream)
+inline void refuse_capturing_free(void* stream)
 {
-  if (stream_capturing(stream)) {
-    throw std::logic_error(
-      "the stream is being captured into a CUDA graph: the block is not freed (its free would become a node of "
-      "the graph) and stays allocated, with its resource, until the process ends; drop arrays before the "
-      "capture begins or after it ends");
-  }
+  if (stream_capturing(stream)) [[unlikely]] { throw_capturing_free(); }
 }
 
 /// Allocates `bytes` on `stream` through `b`'s resource (the device is current; the stream was

@@ -29,7 +29,9 @@ raftrs_status fail(raftrs_status status, char const* what) noexcept
 
 std::atomic<void*> noted_primaries[noted_primaries_max]{};
 
-device_scope::driver_ctx const* device_scope::driver_ctx_api()
+std::atomic<device_scope::driver_ctx const*> device_scope::driver_ctx_found{nullptr};
+
+device_scope::driver_ctx const* device_scope::driver_ctx_lookup()
 {
   static driver_ctx const* const api = []() -> driver_ctx const* {
     void* fns[4]             = {};
@@ -47,13 +49,29 @@ device_scope::driver_ctx const* device_scope::driver_ctx_api()
                           reinterpret_cast<driver_ctx::dev_fn>(fns[2]),
                           reinterpret_cast<driver_ctx::state_fn>(fns[3])};
   }();
+  // Published for driver_ctx_api's one load (release: the calls' struct is read through it).
+  if (api != nullptr) { driver_ctx_found.store(api, std::memory_order_release); }
   return api;
 }
 
-bool stream_capturing(void* stream) noexcept
+void device_scope::enter()
 {
-  if (stream == nullptr) { return false; }
-  using is_capturing_fn = int (*)(void*, int*);
+  // With a context bound, the runtime reports its device; with none, its answer is only its
+  // default (0), and the thread must be switched whatever the device.
+  if (!saved_ctx_ || previous_ != nullptr) {
+    int current = -1;
+    check(cudaGetDevice(&current), "reading the current device");
+    if (current == device_) { return; }
+    if (!saved_ctx_) { previous_device_ = current; }
+  }
+  check(cudaSetDevice(device_), "making the device current");
+  switched_ = true;
+}
+
+std::atomic<is_capturing_fn> is_capturing_found{nullptr};
+
+bool stream_capturing_lookup(void* stream) noexcept
+{
   static is_capturing_fn const query = []() -> is_capturing_fn {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -65,6 +83,7 @@ bool stream_capturing(void* stream) noexcept
     return reinterpret_cast<is_capturing_fn>(fn);
   }();
   if (query != nullptr) {
+    is_capturing_found.store(query, std::memory_order_relaxed);
     int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
     return query(stream, &status) == 0 && status != 0;
   }

@@ -104,8 +104,7 @@ raftrs_status guard(F&& body) noexcept
 constexpr int noted_primaries_max = 64;
 extern std::atomic<void*> noted_primaries[noted_primaries_max];
 
-inline 
-void* noted_primary(int device)
+inline void* noted_primary(int device)
 {
   return device >= 0 && device < noted_primaries_max ? noted_primaries[device].load(std::memory_order_acquire) : nullptr;
 }
@@ -125,18 +124,9 @@ class device_scope {
       saved_ctx_ = true;
       previous_  = ctx;
       // Already on the device's primary context (the common case): nothing to switch or ask.
-      if (ctx != nullptr && ctx == noted_primary(device)) { return; }
+      if (ctx != nullptr && ctx == noted_primary(device)) [[likely]] { return; }
     }
-    // With a context bound, the runtime reports its device; with none, its answer is only its
-    // default (0), and the thread must be switched whatever the device.
-    if (!saved_ctx_ || previous_ != nullptr) {
-      int current = -1;
-      check(cudaGetDevice(&current), "reading the current device");
-      if (current == device) { return; }
-      if (!saved_ctx_) { previous_device_ = current; }
-    }
-    check(cudaSetDevice(device), "making the device current");
-    switched_ = true;
+    enter();
   }
   ~device_scope()
   {
@@ -179,7 +169,17 @@ class device_scope {
     unsigned int flags = 0;
     return d->device_get(&dev, 0) == 0 && d->primary_state(dev, &flags, &active) == 0 && active != 0;
   }
-  static driver_ctx const* driver_ctx_api();
+  /// The switch itself, out of line (issue 30: inline, the common case kept its frame and the
+  /// error paths' code on every call); common.cpp.
+  [[gnu::noinline]] void enter();
+  /// Inline: one load once the calls are looked up (common.cpp's `driver_ctx_lookup`).
+  static driver_ctx const* driver_ctx_api()
+  {
+    auto const* found = driver_ctx_found.load(std::memory_order_acquire);
+    return found != nullptr ? found : driver_ctx_lookup();
+  }
+  static driver_ctx const* driver_ctx_lookup();
+  static std::atomic<driver_ctx const*> driver_ctx_found;
   void* previous_{nullptr};
   int device_{0};
   int previous_device_{0};
@@ -190,11 +190,26 @@ class device_scope {
 /// The number of devices (0 where the driver has none); common.cpp.
 int device_count();
 
+/// `cuStreamIsCapturing`, once looked up (`stream_capturing_lookup`, common.cpp); null before.
+using is_capturing_fn = int (*)(void*, int*);
+extern std::atomic<is_capturing_fn> is_capturing_found;
+
+/// `stream_capturing` before the entry point is found, or where it cannot be (common.cpp).
+bool stream_capturing_lookup(void* stream) noexcept;
+
 /// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`, through the
-/// driver's entry point: binds no context; common.cpp). The legacy default stream (null) cannot
-/// be captured: false without a call. A failed query (a sticky error of earlier work) is no
-/// capture: the call it guards reports that error itself.
-bool stream_capturing(void* stream) noexcept;
+/// driver's entry point: binds no context). The legacy default stream (null) cannot be captured:
+/// false without a call. A failed query (a sticky error of earlier work) is no capture: the call
+/// it guards reports that error itself. Inline (issue 30: asked up to four times an allocation).
+inline bool stream_capturing(void* stream) noexcept
+{
+  if (stream == nullptr) { return false; }
+  // Relaxed: the pointer is a function's address, nothing published with it.
+  auto const query = is_capturing_found.load(std::memory_order_relaxed);
+  if (query == nullptr) [[unlikely]] { return stream_capturing_lookup(stream); }
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  return query(stream, &status) == 0 && status != 0;
+}
 
 /// Stops the process: a capture began on `stream` (on another thread) while `what` was queued
 /// on it, so the graph may hold the allocation or free, and whether it ran cannot be known. As
