@@ -126,7 +126,10 @@ raftcomms_status raftcomms_comm_set_timeout(raftcomms_comm* comm, double timeout
 
 /** One non-blocking look: fails with NCCL's asynchronous error when there is one (the caller
  *  then aborts); else DONE when `stream` (or, when NULL, the communicator's event, recorded
- *  after each marked call) has finished, PENDING when not. */
+ *  after each marked call) has finished, PENDING when not. A `stream` being captured into a CUDA
+ *  graph (or whose capture status cannot be read) is never queried: the event answers instead.
+ *  The look runs with the thread's capture mode relaxed, so another thread's capture neither
+ *  fails it nor is invalidated by it. */
 raftcomms_status raftcomms_comm_query(raftcomms_comm* comm, void* stream, int32_t* state);
 /** ncclCommAbort now (never waits for other ranks); `reason` is kept for every later use. A
  *  communicator already ended is left as it is (OK). */

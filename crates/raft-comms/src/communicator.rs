@@ -324,20 +324,25 @@ impl Communicator {
     /// Waits for the work on the resources' stream (the collectives enqueued so far), at most
     /// the communicator's timeout.
     ///
+    /// While the stream is being captured into a CUDA graph its work cannot be waited for (CUDA
+    /// refuses, and the refusal would invalidate the capture): the call is refused, and the
+    /// communicator and the capture are left as they are.
+    ///
     /// # Errors
     /// `Generic` when NCCL reported an error or the work did not finish in time: the
     /// communicator is then aborted, and every later call returns the same error; `Cuda` when
-    /// the stream failed; `Logic` inside a group or on an ended communicator.
+    /// the stream failed; `Logic` inside a group, on an ended communicator, or while the
+    /// resources' stream is being captured (nothing is ended then).
     pub fn sync(&self) -> Result<()> {
-        self.sync_within("Communicator::sync", self.timeout())
+        self.sync_within("Communicator::sync", self.timeout(), OnCapture::Refuse)
     }
 
     /// [`sync`](Self::sync) with another bound for this wait.
     pub fn sync_timeout(&self, timeout: Duration) -> Result<()> {
-        self.sync_within("Communicator::sync_timeout", timeout)
+        self.sync_within("Communicator::sync_timeout", timeout, OnCapture::Refuse)
     }
 
-    fn sync_within(&self, who: &'static str, timeout: Duration) -> Result<()> {
+    fn sync_within(&self, who: &'static str, timeout: Duration, on_capture: OnCapture) -> Result<()> {
         group::refuse_inside(who)?;
         let sh = &self.shared;
         let stream = sh.resources.stream().map_err(|e| e.with_who(who))?;
@@ -351,7 +356,14 @@ impl Communicator {
                 if let Some(e) = Shared::unusable(&st, who) {
                     return Err(e);
                 }
-                match sh.native.query(who, Some(&stream)) {
+                // Asked each round: a capture may begin (on another thread) during the wait.
+                let ask = match (raft_core::stream_is_capturing(&stream), on_capture) {
+                    (Ok(false), _) => Some(&*stream),
+                    (Ok(true), OnCapture::Refuse) => return Err(capture_refusal(who)),
+                    (Err(e), OnCapture::Refuse) => return Err(e.with_who(who)),
+                    (_, OnCapture::Event) => None,
+                };
+                match sh.native.query(who, ask) {
                     Ok(true) => {
                         if st.token.is_some() && sh.native.query(who, None).unwrap_or(false) {
                             st.token = None;
@@ -390,7 +402,7 @@ impl Communicator {
         const WHO: &str = "Communicator::barrier";
         group::refuse_inside(WHO)?;
         self.shared.enqueue(WHO, |n, s, mark| n.barrier(WHO, s, mark))?;
-        self.sync_within(WHO, self.timeout())
+        self.sync_within(WHO, self.timeout(), OnCapture::Refuse)
     }
 
     /// Splits the ranks into new communicators (`ncclCommSplit`, collective over all ranks):
@@ -532,6 +544,10 @@ impl Communicator {
     /// Waits for the work in flight (bounded), then finalizes and destroys the communicator,
     /// and returns the first error; on a failure it is aborted instead.
     ///
+    /// While the resources' stream is being captured into a CUDA graph the wait is for the
+    /// communicator's collectives queued before the capture (their event), not for the stream,
+    /// which cannot be waited for then; NCCL's finalize completes whatever else it has queued.
+    ///
     /// # Errors
     /// As [`sync`](Self::sync), and `Generic` when the finalize does not complete in time (the
     /// other ranks must release theirs too).
@@ -555,7 +571,7 @@ impl Communicator {
         };
         for c in &comms {
             if c.ended().is_none() {
-                note(c.sync_within(WHO, c.timeout()));
+                note(c.sync_within(WHO, c.timeout(), OnCapture::Event));
             }
         }
         let mut finalizing = Vec::new();
@@ -590,6 +606,32 @@ impl Communicator {
         drop(comms);
         first.map_or(Ok(()), Err)
     }
+}
+
+/// What a wait on the resources' stream does while that stream is being captured into a CUDA
+/// graph. The stream itself is never queried then: CUDA refuses the query and invalidates the
+/// capture, and the refusal, read as a failure, aborted a healthy communicator.
+#[derive(Clone, Copy)]
+enum OnCapture {
+    /// `sync`, `barrier`: refused (`Logic`), the communicator left as it is. The event stands for
+    /// the communicator's own collectives only, not for the rest of the stream's work that
+    /// `sync` promises to wait for (kernels, copies, RAFT's collectives through `install`,
+    /// which record no event).
+    Refuse,
+    /// `release`: the communicator's event answers (recorded after every collective of this API
+    /// and at a group's end, never inside a capture, since collectives are refused on a
+    /// capturing stream): the collectives queued before the capture are waited for, and NCCL's
+    /// finalize completes the rest of its own work. A failed capture query counts as a capture.
+    Event,
+}
+
+/// `sync`'s refusal on a stream being captured.
+fn capture_refusal(who: &'static str) -> Error {
+    Error::logic(
+        who,
+        "the resources' stream is being captured into a CUDA graph: its work cannot be waited for until the capture \
+         ends (the communicator and the capture are left as they are)",
+    )
 }
 
 /// A few yields, then short sleeps: a wait that ends at once costs little, a long one little CPU.

@@ -198,7 +198,9 @@ impl NativeComm {
     }
 
     /// One look: NCCL's asynchronous error as an error, else whether `stream` (or, with `None`,
-    /// the last marked call) has finished.
+    /// the last marked call) has finished. A `stream` being captured is never queried (the
+    /// shim answers from the last marked call then), and the look runs with the thread's
+    /// capture mode relaxed: no capture fails it, and it invalidates none.
     pub(crate) fn query(&self, who: &'static str, stream: Option<&CudaStream>) -> Result<bool> {
         let mut state = sys::RAFTCOMMS_STATE_PENDING;
         let s = stream.map_or(std::ptr::null_mut(), stream_ptr);

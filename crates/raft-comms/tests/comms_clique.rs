@@ -11,6 +11,7 @@ mod common;
 
 use common::{data, reduce_cpu, typed, Val};
 
+use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
 use raft_comms::{group, group_scope, Communicator, ReduceOp};
 use raft_core::{DeviceResources, DeviceVec, ErrorKind};
 use std::sync::Mutex;
@@ -31,6 +32,12 @@ fn setup() -> (Vec<DeviceResources>, Vec<Communicator>) {
         assert_eq!((c.rank(), c.size(), c.device()), (i, 2, i));
     }
     (resources, comms)
+}
+
+/// A clique of one rank on device 0.
+fn one_rank() -> (DeviceResources, Vec<Communicator>) {
+    let res = DeviceResources::on_device(0).unwrap();
+    (res.clone(), Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap())
 }
 
 fn sync_all(comms: &[Communicator]) {
@@ -457,8 +464,7 @@ fn a_group_on_one_thread_refuses_calls_from_another_until_it_ends() {
         return;
     }
     let _gpus = serial();
-    let res = DeviceResources::on_device(0).unwrap();
-    let comms = Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap();
+    let (res, comms) = one_rank();
     let c = &comms[0];
     // Installed into other resources of the device too: RAFT's C++ path (get_comms) is checked
     // on the C++ side, past the Rust side's own check.
@@ -526,8 +532,7 @@ fn installing_waits_for_a_lend_of_the_resources_on_another_thread() {
         return;
     }
     let _gpus = serial();
-    let res = DeviceResources::on_device(0).unwrap();
-    let comms = Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap();
+    let (res, comms) = one_rank();
     let c = &comms[0];
     let entered = std::sync::Barrier::new(2);
     let lend_ended: Mutex<Option<Instant>> = Mutex::new(None);
@@ -632,10 +637,8 @@ fn a_collective_is_refused_while_the_stream_is_captured() {
     if !common::have(1, "a_collective_is_refused_while_the_stream_is_captured") {
         return;
     }
-    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
     let _gpus = serial();
-    let res = DeviceResources::on_device(0).unwrap();
-    let comms = Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap();
+    let (res, comms) = one_rank();
     let c = &comms[0];
     let n = 8;
     let input = up::<f32>(&res, &data(0, n));
@@ -678,10 +681,8 @@ fn a_collective_is_refused_while_the_stream_is_captured() {
 fn a_capture_begun_before_a_groups_end_stops_the_process_before_the_launch() {
     const NAME: &str = "a_capture_begun_before_a_groups_end_stops_the_process_before_the_launch";
     const CHILD: &str = "RAFT_COMMS_TEST_GROUP_CAPTURE_CHILD";
-    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
     if std::env::var_os(CHILD).is_some() {
-        let res = DeviceResources::on_device(0).unwrap();
-        let comms = Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap();
+        let (res, comms) = one_rank();
         let mut buf = up::<f32>(&res, &data(0, 8));
         let stream = res.stream().unwrap();
         let ended = group_scope(|g| {
@@ -784,8 +785,7 @@ fn a_rank_sends_to_itself_only_both_ways_with_one_length() {
         return;
     }
     let _gpus = serial();
-    let res = DeviceResources::on_device(0).unwrap();
-    let comms = Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::from_secs(60)).unwrap();
+    let (res, comms) = one_rank();
     let c = &comms[0];
     let big = up::<f32>(&res, &data(0, 1 << 20));
     let mut small = zeros::<f32>(&res, 16);
@@ -802,4 +802,95 @@ fn a_rank_sends_to_itself_only_both_ways_with_one_length() {
     c.sync().unwrap();
     assert_eq!(small.to_host().unwrap(), src.to_host().unwrap(), "the copy to itself");
     assert!(c.ended().is_none(), "the refusals left the communicator working");
+}
+
+/// `sync` on a communicator whose resources' stream the user captures (relaxed mode), after a
+/// collective completed: refused (`Logic`), the communicator not ended, the user's capture still
+/// valid, and a collective after the capture gives the right result. (Before, expected, to be
+/// confirmed on GPU: `sync` queried the capturing stream, the driver refused (a `Cuda` error)
+/// and invalidated the capture, and `sync` aborted the healthy communicator.)
+#[test]
+fn sync_refuses_a_captured_stream_and_leaves_the_communicator_and_the_capture_alone() {
+    if !common::have(1, "sync_refuses_a_captured_stream_and_leaves_the_communicator_and_the_capture_alone") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = one_rank();
+    let (c, n, sum) = (&comms[0], 8, typed::<f32>(&reduce_cpu(ReduceOp::Sum, 8, 1)));
+    let (input, mut out) = (up::<f32>(&res, &data(0, n)), zeros::<f32>(&res, n));
+    c.allreduce(&input, &mut out, ReduceOp::Sum).unwrap();
+    c.sync().unwrap();
+    let stream = res.stream().unwrap();
+    stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let (refused, ended) = (c.sync(), c.ended());
+    let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    let e = refused.expect_err("sync on a capturing stream answered Ok");
+    assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
+    assert!(e.message().contains("being captured"), "{e}");
+    assert!(ended.is_none() && c.ended().is_none(), "the capture ended the communicator: {:?}", c.ended());
+    drop(graph.expect("sync invalidated the user's capture"));
+    let mut again = zeros::<f32>(&res, n);
+    c.allreduce(&input, &mut again, ReduceOp::Sum).unwrap();
+    c.sync().unwrap();
+    assert_eq!((out.to_host().unwrap(), again.to_host().unwrap()), (sum.clone(), sum));
+    Communicator::release_all(comms).unwrap();
+}
+
+/// `release` while the user captures the resources' stream (relaxed mode), with a collective
+/// queued before the capture still pending (held behind a host function for 300 ms): it waits
+/// for that collective (the communicator's event), then finalizes, and returns `Ok`. Whether
+/// the user's capture survives NCCL's own teardown is printed, not asserted. (Before, expected,
+/// to be confirmed on GPU: the wait queried the capturing stream, failed, and `release` aborted
+/// the communicator and returned that error.)
+#[test]
+fn release_on_a_captured_stream_waits_for_the_collectives_from_the_event() {
+    if !common::have(1, "release_on_a_captured_stream_waits_for_the_collectives_from_the_event") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = one_rank();
+    let (mut buf, stream) = (up::<f32>(&res, &data(0, 8)), res.stream().unwrap());
+    let gate = common::Gate::close(&stream, Duration::from_secs(20));
+    comms[0].allreduce_in_place(&mut buf, ReduceOp::Sum).unwrap(); // pending behind the gate
+    stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    gate.open_after(Duration::from_millis(300));
+    let start = Instant::now();
+    let released = Communicator::release_all(comms);
+    let took = start.elapsed();
+    let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    released.expect("release on a capturing stream failed");
+    assert!(took >= Duration::from_millis(250), "release returned before the pending collective ran ({took:?})");
+    eprintln!("the user's capture after release: {:?}", graph.map(|g| g.is_some()));
+    assert_eq!(buf.to_host().unwrap(), typed::<f32>(&data(0, 8)), "one rank: a sum is the input");
+}
+
+/// An unrelated stream captured in global mode on another thread while the communicator has a
+/// collective pending (held behind a host function) and the watchdog watches it, while this
+/// thread asks `ended()` and waits in `sync`: the communicator is not aborted, `sync` returns
+/// `Ok`, the other thread's capture ends `Ok`, and a later collective works. (Before, expected,
+/// to be confirmed on GPU: in global mode the driver refused the watchdog's event query and
+/// `sync`'s stream query, invalidating the capture, and the watchdog aborted the communicator.)
+#[test]
+fn another_threads_global_capture_neither_aborts_a_watched_communicator_nor_is_invalidated() {
+    if !common::have(1, "another_threads_global_capture_neither_aborts_a_watched_communicator_nor_is_invalidated") {
+        return;
+    }
+    let _gpus = serial();
+    let (res, comms) = one_rank();
+    let (c, mut buf) = (&comms[0], up::<f32>(&res, &data(0, 8)));
+    let gate = common::Gate::close(&res.stream().unwrap(), Duration::from_secs(20));
+    c.allreduce_in_place(&mut buf, ReduceOp::Sum).unwrap(); // pending behind the gate, watched
+    let other = common::OtherCapture::begin(res.context(), Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(200)); // the watchdog looks every millisecond
+    let ended = c.ended();
+    gate.open();
+    let synced = c.sync_timeout(Duration::from_secs(20));
+    let captured = other.end();
+    assert!(ended.is_none(), "the communicator was aborted during another thread's capture: {ended:?}");
+    synced.expect("sync during another thread's capture");
+    captured.expect("the other thread's capture was invalidated");
+    c.allreduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+    c.sync().unwrap();
+    assert_eq!(buf.to_host().unwrap(), typed::<f32>(&data(0, 8)), "one rank: a sum is the input");
+    Communicator::release_all(comms).unwrap();
 }

@@ -231,6 +231,47 @@ class device_scope {
   bool switched_{false};
 };
 
+/// The calling thread's stream-capture mode set to relaxed for a scope, put back after (as
+/// `relaxed_capture` in raft-sys's fence.hpp; this shim is a shared object of its own). In global
+/// mode the driver refuses a stream or event query, at once, while any thread of the process
+/// captures a stream in global mode (in thread-local mode, while this thread captures), and the
+/// refusal invalidates that capture too: a healthy communicator read it as a failure and was
+/// aborted, and the capturing thread lost its graph. A relaxed query of a stream that is not
+/// itself being captured, or of an event recorded outside every capture, is legal and leaves
+/// every capture valid. Made inside the `device_scope`: a runtime call must not bind device 0's
+/// context to a thread that has none.
+class relaxed_capture {
+ public:
+  relaxed_capture() noexcept
+  {
+    swapped_ = cudaThreadExchangeStreamCaptureMode(&before_) == cudaSuccess;
+    if (!swapped_) { static_cast<void>(cudaGetLastError()); }
+  }
+  ~relaxed_capture()
+  {
+    if (swapped_ && cudaThreadExchangeStreamCaptureMode(&before_) != cudaSuccess) { static_cast<void>(cudaGetLastError()); }
+  }
+  relaxed_capture(relaxed_capture const&)            = delete;
+  relaxed_capture& operator=(relaxed_capture const&) = delete;
+
+ private:
+  cudaStreamCaptureMode before_{cudaStreamCaptureModeRelaxed};
+  bool swapped_{false};
+};
+
+/// Whether `stream` must not be queried because of a capture: it is being captured (active, or
+/// invalidated and not ended yet), or the driver cannot say (a failed look counts as a capture).
+/// A query of a capturing stream is refused in every capture mode and invalidates the capture.
+inline bool capture_forbids_query(cudaStream_t stream) noexcept
+{
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
 /// ncclGroupStart / ncclGroupEnd depth on this thread (a plain int: no destructor).
 extern thread_local int group_depth;
 
@@ -337,7 +378,17 @@ bool finish_split(comm_cell& child);
 void backoff(std::chrono::steady_clock::time_point start);
 double seconds_since(std::chrono::steady_clock::time_point start);
 void wait_ready(comm_cell& c, double timeout_s, char const* doing);
-int32_t query_locked(comm_cell& c, cudaStream_t stream, bool use_stream, char const* doing);
+/// What `query_locked` does when the stream it was given is being captured (it never queries it).
+enum class on_capture {
+  /// Answers from the communicator's event (raftcomms_comm_query): recorded after every marked
+  /// call and at a group's end, never inside a capture (the Rust side refuses collectives on a
+  /// capturing stream), it covers the collectives queued before the capture.
+  event,
+  /// Throws std::logic_error, the communicator left as it is (RAFT's sync_stream: its own
+  /// collectives are never marked, so the event cannot stand for them).
+  refuse,
+};
+int32_t query_locked(comm_cell& c, cudaStream_t stream, bool use_stream, on_capture capturing, char const* doing);
 void close_owned(comm_cell& c) noexcept;
 ncclConfig_t nonblocking_config();
 

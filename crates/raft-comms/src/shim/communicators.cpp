@@ -406,8 +406,12 @@ void wait_ready(comm_cell& c, double timeout_s, char const* doing)
 }
 
 /// One look at a communicator: its asynchronous error, else whether `stream` (or its event) is
-/// done. Under the cell's lock.
-int32_t query_locked(comm_cell& c, cudaStream_t stream, bool use_stream, char const* doing)
+/// done. Under the cell's lock. Never a cause to end a healthy communicator because of a CUDA
+/// graph capture: the look runs with the thread's capture mode relaxed (another thread's capture
+/// in global mode made the driver refuse it, which read as a failure and aborted), and a stream
+/// being captured is never queried (that would invalidate the capture and fail): `capturing`
+/// says what happens instead.
+int32_t query_locked(comm_cell& c, cudaStream_t stream, bool use_stream, on_capture capturing, char const* doing)
 {
   live(c, doing);
   ncclResult_t state = ncclSuccess;
@@ -416,6 +420,15 @@ int32_t query_locked(comm_cell& c, cudaStream_t stream, bool use_stream, char co
   if (state == ncclInProgress) { return RAFTCOMMS_STATE_PENDING; }
   if (state != ncclSuccess) { throw nccl_failure(state, nccl_message(state, doing)); }
   device_scope scope{c.device};  // no runtime call may bind device 0 to a thread without a context
+  relaxed_capture relaxed;
+  if (use_stream && capture_forbids_query(stream)) {
+    if (capturing == on_capture::refuse) {
+      throw std::logic_error(std::string(doing) +
+                             ": the stream is being captured into a CUDA graph: its work cannot be waited for until the "
+                             "capture ends (the communicator is left as it is)");
+    }
+    use_stream = false;
+  }
   cudaError_t e = use_stream ? cudaStreamQuery(stream) : cudaEventQuery(c.event);
   if (e == cudaSuccess) { return RAFTCOMMS_STATE_DONE; }
   if (e == cudaErrorNotReady) {
@@ -600,7 +613,7 @@ raftcomms_status raftcomms_comm_query(raftcomms_comm* comm, void* stream, int32_
   return guard([&] {
     auto& c = cell_of(comm);
     std::lock_guard<std::mutex> hold(c.lock);
-    *state = query_locked(c, as_stream(stream), stream != nullptr, "checking the communicator");
+    *state = query_locked(c, as_stream(stream), stream != nullptr, on_capture::event, "checking the communicator");
   });
 }
 

@@ -85,7 +85,9 @@ class nccl_comms final : public raft::comms::comms_iface {
         if (cell_->ended) { return raft::comms::status_t::ABORT; }
         int32_t state = RAFTCOMMS_STATE_PENDING;
         try {
-          state = query_locked(*cell_, stream, true, "sync_stream");
+          // A stream being captured is refused (ERROR), never queried nor answered from the
+          // event, which this interface's calls never record; the communicator stays as it is.
+          state = query_locked(*cell_, stream, true, on_capture::refuse, "sync_stream");
         } catch (nccl_failure const& e) {
           abort_locked(*cell_, e.what());
           return raft::comms::status_t::ABORT;

@@ -1,5 +1,6 @@
 //! Helpers shared by raft-comms's integration tests: finding `raft-run` (also inside the GPU
-//! bundle, where cargo's build paths do not exist), and the GPU / NCCL skip rules.
+//! bundle, where cargo's build paths do not exist), the GPU / NCCL skip rules, bounded waits,
+//! and the CUDA graph captures the capture tests make around a communicator.
 #![allow(dead_code)] // each test file uses its own part
 
 use std::path::PathBuf;
@@ -195,3 +196,101 @@ pub fn run_bounded(mut cmd: Command, bound: Duration) -> Run {
 }
 
 static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+// ---- CUDA graph captures around a communicator ---------------------------------------------------
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUresult, CUstreamCaptureMode as Mode};
+use cudarc::driver::{CudaContext, CudaStream, DriverError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+
+struct GateState {
+    open: AtomicBool,
+    bound: Duration,
+}
+
+/// Holds back the work queued on a stream after it (a host function on the stream that waits),
+/// so that a collective queued behind it stays pending; the stream goes on at [`Gate::open`],
+/// when the gate is dropped, or after its bound at the latest (no test may hang).
+pub struct Gate(Arc<GateState>);
+
+/// The host function of a [`Gate`]: CUDA's own thread runs it, in stream order.
+unsafe extern "C" fn wait_at_gate(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` is the `Arc::into_raw` that `Gate::close` handed to this one call.
+    let gate = unsafe { Arc::from_raw(data as *const GateState) };
+    let start = Instant::now();
+    while !gate.open.load(Ordering::Acquire) && start.elapsed() < gate.bound {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+impl Gate {
+    pub fn close(stream: &CudaStream, bound: Duration) -> Gate {
+        let state = Arc::new(GateState { open: AtomicBool::new(false), bound });
+        let data = Arc::into_raw(state.clone()) as *mut std::ffi::c_void;
+        stream.context().bind_to_thread().unwrap();
+        // SAFETY: the stream is alive for the borrow; the host function takes the one reference
+        // `data` carries and makes no CUDA call.
+        let rc = unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(wait_at_gate), data) };
+        if rc != CUresult::CUDA_SUCCESS {
+            // SAFETY: the launch failed, so the reference `data` carries was not taken.
+            drop(unsafe { Arc::from_raw(data as *const GateState) });
+            panic!("cuLaunchHostFunc: {rc:?}");
+        }
+        Gate(state)
+    }
+
+    /// Opens the gate from a thread of its own after `delay`.
+    pub fn open_after(&self, delay: Duration) {
+        let state = self.0.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            state.open.store(true, Ordering::Release);
+        });
+    }
+
+    pub fn open(&self) {
+        self.0.open.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+    }
+}
+
+/// A capture in global mode of a fresh stream of `ctx`, begun on a thread of its own and held
+/// until [`OtherCapture::end`] (or its bound): an unrelated part of the program building a CUDA
+/// graph while the communicator works.
+pub struct OtherCapture {
+    end: mpsc::Sender<()>,
+    ended: mpsc::Receiver<Result<(), DriverError>>,
+    bound: Duration,
+}
+
+impl OtherCapture {
+    pub fn begin(ctx: &Arc<CudaContext>, bound: Duration) -> OtherCapture {
+        let (ctx, (begun_tx, begun_rx), (end, end_rx), (ended_tx, ended)) =
+            (ctx.clone(), mpsc::channel(), mpsc::channel(), mpsc::channel());
+        std::thread::spawn(move || {
+            let stream = ctx.new_stream().unwrap();
+            let begun = stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+            let ok = begun.is_ok();
+            let _ = begun_tx.send(begun);
+            if ok {
+                let _ = end_rx.recv_timeout(bound);
+                let _ = ended_tx.send(stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH).map(drop));
+            }
+        });
+        begun_rx.recv_timeout(bound).expect("the capturing thread did not start").expect("cuStreamBeginCapture (global)");
+        OtherCapture { end, ended, bound }
+    }
+
+    /// Ends the capture: `Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)` when a call made meanwhile
+    /// invalidated it.
+    pub fn end(self) -> Result<(), DriverError> {
+        let _ = self.end.send(());
+        self.ended.recv_timeout(self.bound).expect("the capturing thread did not end its capture")
+    }
+}
