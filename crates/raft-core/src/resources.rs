@@ -567,36 +567,21 @@ impl DeviceResources {
     }
 
     /// Runs `f` on the live native resources, or gives the `Logic` error of released resources.
+    /// Inline, its rare paths out of line (issue 30: every allocation goes through it).
+    #[inline]
     pub(crate) fn with_native<R>(&self, who: &'static str, f: impl FnOnce(&NativeResources) -> Result<R>) -> Result<R> {
         let id = self.state.id;
         if let Some(native) = held_native(id) {
-            // A use inside a use on the same thread (a memory failure callback calling `sync`, a
-            // call inside a lend): taking the read lock again would wait behind a release
-            // waiting for the write lock (std's RwLock queues new readers behind a waiting
-            // writer), which waits for the outer use: a deadlock. The outer read lock is held.
-            let _held = Holding::enter(who, id, native)?;
-            // SAFETY: `native` points into `self.state.native`, locked by the outer use further
-            // up this thread's stack (read-locked by `with_native`, or write-locked by
-            // `with_native_exclusive`); that guard outlives this call (its
-            // `Holding` entry is removed before it is dropped), so no release can take it out.
-            return f(unsafe { &*native });
+            return Self::with_held_native(who, id, native, f);
         }
         // Once the release takes the native objects, no new use begins: it waits only for the
         // uses already in flight, which no stream of new ones can prolong.
         if self.state.closing.load(Ordering::Acquire) {
-            return Err(Error::released(who, self.state.device));
+            return Err(self.released_error(who));
         }
         let native = match self.state.native.try_read() {
             Ok(guard) => guard,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                // A writer holds the lock (no writer ever waits for it): an exclusive lend, or a
-                // release taking the objects out. Recorded as a poll while this thread waits, so
-                // that a writer polling for a use this thread holds sees the circle, and refused
-                // where this wait closes one (the writer polls for what this thread holds).
-                let _polling = waits::poll_for(id, &holding::held_ids()).ok_or_else(|| Error::logic(who, WAITS_FOR_THIS_ONE))?;
-                self.state.native.read().unwrap_or_else(|e| e.into_inner())
-            }
+            Err(e) => self.read_after(who, id, e)?,
         };
         match native.as_ref() {
             Some(n) => {
@@ -607,8 +592,56 @@ impl DeviceResources {
                 }
                 f(n)
             }
-            None => Err(Error::released(who, self.state.device)),
+            None => Err(self.released_error(who)),
         }
+    }
+
+    /// `with_native` inside a use of the same resources on this thread (a memory failure
+    /// callback calling `sync`, a call inside a lend): taking the read lock again would wait
+    /// behind a release waiting for the write lock (std's RwLock queues new readers behind a
+    /// waiting writer), which waits for the outer use: a deadlock. The outer read lock is held.
+    #[cold]
+    #[inline(never)]
+    fn with_held_native<R>(
+        who: &'static str,
+        id: u64,
+        native: *const NativeResources,
+        f: impl FnOnce(&NativeResources) -> Result<R>,
+    ) -> Result<R> {
+        let _held = Holding::enter(who, id, native)?;
+        // SAFETY: `native` points into `self.state.native`, locked by the outer use further up
+        // this thread's stack (read-locked by `with_native`, or write-locked by
+        // `with_native_exclusive`); that guard outlives this call (its `Holding` entry is removed
+        // before it is dropped), so no release can take it out.
+        f(unsafe { &*native })
+    }
+
+    /// The read lock after `try_read` did not give it: poisoned (taken anyway), or a writer
+    /// holds it (no writer ever waits for it): an exclusive lend, or a release taking the objects
+    /// out. Recorded as a poll while this thread waits, so that a writer polling for a use this
+    /// thread holds sees the circle, and refused where this wait closes one (the writer polls for
+    /// what this thread holds).
+    #[cold]
+    #[inline(never)]
+    fn read_after<'a>(
+        &'a self,
+        who: &'static str,
+        id: u64,
+        e: std::sync::TryLockError<std::sync::RwLockReadGuard<'a, Option<NativeResources>>>,
+    ) -> Result<std::sync::RwLockReadGuard<'a, Option<NativeResources>>> {
+        match e {
+            std::sync::TryLockError::Poisoned(p) => Ok(p.into_inner()),
+            std::sync::TryLockError::WouldBlock => {
+                let _polling = waits::poll_for(id, &holding::held_ids()).ok_or_else(|| Error::logic(who, WAITS_FOR_THIS_ONE))?;
+                Ok(self.state.native.read().unwrap_or_else(|e| e.into_inner()))
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn released_error(&self, who: &'static str) -> Error {
+        Error::released(who, self.state.device)
     }
 
     /// Runs `f` on the live native resources with no other use of them running, on any thread:
