@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 /// How long a release may take before the test calls it a deadlock.
 const HANG: Duration = Duration::from_secs(20);
 
-/// Runs the tests of this file one at a time (see the module comment).
+/// Runs the tests of this file one at a time (see the module comment). Every test takes it: run
+/// 178 saw four child-process tests that did not start while `cublas-oom` held the device's
+/// memory, and their children's `DeviceResources::new` fail with `CUDA_ERROR_OUT_OF_MEMORY`.
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
@@ -248,6 +250,7 @@ fn a_kernel_fault_makes_every_later_call_a_cuda_error_and_the_process_exits_with
 #[test]
 fn two_jobs_releasing_each_other_s_resources_both_return() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("jobs-release-each-other", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert_eq!(c.result("release_a").as_deref(), Some("true"), "{c:?}");
@@ -261,6 +264,7 @@ fn two_jobs_releasing_each_other_s_resources_both_return() {
 #[test]
 fn two_jobs_joining_each_other_refuse_the_second_join() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("jobs-join-each-other", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert_eq!(c.result("outcome").as_deref(), Some("done"), "{c:?}");
@@ -274,6 +278,7 @@ fn two_jobs_joining_each_other_refuse_the_second_join() {
 #[test]
 fn a_release_and_a_join_waiting_for_each_other_both_end() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("release-and-join-cross", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert_eq!(c.result("outcome").as_deref(), Some("done"), "{c:?}");
@@ -290,6 +295,7 @@ fn a_release_and_a_join_waiting_for_each_other_both_end() {
 #[test]
 fn a_job_releasing_its_resources_while_a_lend_of_them_joins_it_ends() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("job-releases-while-a-lend-joins-it", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert_eq!(c.result("joined").as_deref(), Some("ok:()"), "{c:?}");
@@ -308,6 +314,7 @@ fn a_job_releasing_its_resources_while_a_lend_of_them_joins_it_ends() {
 #[test]
 fn a_use_inside_a_lend_is_not_held_behind_a_release_waiting_for_that_lend() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("use-inside-a-lend-behind-a-release", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert_eq!(c.result("used").as_deref(), Some("Logic:DeviceResources::sync:"), "{c:?}");
@@ -324,6 +331,7 @@ fn a_use_inside_a_lend_is_not_held_behind_a_release_waiting_for_that_lend() {
 #[test]
 fn an_exit_with_a_release_waiting_for_an_endless_lend_ends_without_the_destructors() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("release-behind-a-lend-at-exit", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert!(c.result("main_end_ms").is_some(), "{c:?}");
@@ -337,6 +345,7 @@ fn an_exit_with_a_release_waiting_for_an_endless_lend_ends_without_the_destructo
 #[test]
 fn a_release_finished_elsewhere_leaves_a_later_join_of_the_second_releaser_free() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("release-handed-off-then-join", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert_eq!(c.result("first").as_deref(), Some("ok:()"), "{c:?}");
@@ -350,6 +359,7 @@ fn a_release_finished_elsewhere_leaves_a_later_join_of_the_second_releaser_free(
 #[test]
 fn a_second_release_that_a_lend_waits_for_does_not_wait_for_the_first() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("second-release-inside-a-lend-join", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert_eq!(c.result("second").as_deref(), Some("ok:()"), "{c:?}");
@@ -364,6 +374,7 @@ fn a_second_release_that_a_lend_waits_for_does_not_wait_for_the_first() {
 #[test]
 fn two_releases_crossing_inside_lends_both_end() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("releases-cross-inside-lends", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert_eq!(c.result("a").as_deref(), Some("ok:()"), "{c:?}");
@@ -380,6 +391,7 @@ fn two_releases_crossing_inside_lends_both_end() {
 #[test]
 fn two_exclusive_lends_crossing_inside_lends_end_with_one_refused() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("exclusive-lends-cross-inside-lends", &[], Duration::from_secs(60));
     c.assert_code(0);
     let (a, b) = (c.result("a").unwrap_or_default(), c.result("b").unwrap_or_default());
@@ -395,6 +407,7 @@ fn two_exclusive_lends_crossing_inside_lends_end_with_one_refused() {
 #[test]
 fn a_release_and_an_exclusive_lend_crossing_inside_lends_both_end() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("release-and-exclusive-cross-inside-lends", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert_eq!(c.result("a").as_deref(), Some("ok:()"), "the release returns either way\n{c:?}");
@@ -411,6 +424,7 @@ fn a_release_and_an_exclusive_lend_crossing_inside_lends_both_end() {
 #[test]
 fn the_current_resource_is_not_replaced_while_resources_lent_to_raft_are_alive() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("set-current-beside-a-lend", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert_eq!(c.result("refused").as_deref(), Some("Logic:raft::memory::set_current:"), "{c:?}");
@@ -425,6 +439,7 @@ fn the_current_resource_is_not_replaced_while_resources_lent_to_raft_are_alive()
 #[test]
 fn an_exclusive_lend_that_a_lend_of_its_resources_joins_is_refused() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("exclusive-lend-in-a-job-joined-inside-a-lend", &[], Duration::from_secs(60));
     c.assert_code(0);
     let got = c.result("exclusive").unwrap_or_default();
@@ -438,6 +453,7 @@ fn an_exclusive_lend_that_a_lend_of_its_resources_joins_is_refused() {
 #[test]
 fn an_exclusive_lend_releasing_what_a_waiting_use_lends_ends() {
     require_gpu!();
+    let _serial = serial();
     let c = run_scenario!("exclusive-lend-releasing-beside-a-plain-use", &[], Duration::from_secs(60));
     c.assert_code(0);
     assert_eq!(c.result("release").as_deref(), Some("ok:()"), "{c:?}");
