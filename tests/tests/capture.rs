@@ -268,35 +268,38 @@ fn a_gemm_is_refused_while_the_stream_is_captured() {
     require_gpu!();
     let _one = serial();
     use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
-    use raft::{gemm, Layout};
     let res = DeviceResources::new().unwrap();
     let n = 8;
-    let a = DeviceVec::from_host(&res, &vec![1.0f32; n * n]).unwrap();
-    let b = DeviceVec::from_host(&res, &vec![2.0f32; n * n]).unwrap();
-    let mut c = DeviceVec::<f32>::zeros(&res, n * n).unwrap();
+    let (a, b, mut c) = gemm_operands(&res, n);
     let stream = res.stream().unwrap();
     stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
-    let refused = gemm(
-        1.0,
-        a.matrix(n, n, Layout::ColMajor).unwrap(),
-        b.matrix(n, n, Layout::ColMajor).unwrap(),
-        0.0,
-        c.matrix_mut(n, n, Layout::ColMajor).unwrap(),
-    );
+    let refused = square_gemm(n, &a, &b, &mut c);
     let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
     let e = refused.expect_err("a GEMM on a capturing stream was accepted (and captured)");
     assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "gemm"), "{e}");
     assert!(e.to_string().contains("captured into a CUDA graph"), "{e}");
     drop(graph.unwrap());
-    gemm(
+    square_gemm(n, &a, &b, &mut c).unwrap();
+    assert!(c.to_host().unwrap().iter().all(|&x| x == 2.0 * n as f32));
+}
+
+/// `a` (ones), `b` (twos) and `c` (zeros), `n` × `n` each, on `res`: `a·b` is `2n` everywhere.
+fn gemm_operands(res: &DeviceResources, n: usize) -> (DeviceVec<f32>, DeviceVec<f32>, DeviceVec<f32>) {
+    let a = DeviceVec::from_host(res, &vec![1.0f32; n * n]).unwrap();
+    let b = DeviceVec::from_host(res, &vec![2.0f32; n * n]).unwrap();
+    (a, b, DeviceVec::<f32>::zeros(res, n * n).unwrap())
+}
+
+/// `c = a·b`, `n` × `n`, column-major.
+fn square_gemm(n: usize, a: &DeviceVec<f32>, b: &DeviceVec<f32>, c: &mut DeviceVec<f32>) -> raft::Result<()> {
+    use raft::Layout;
+    raft::gemm(
         1.0,
         a.matrix(n, n, Layout::ColMajor).unwrap(),
         b.matrix(n, n, Layout::ColMajor).unwrap(),
         0.0,
         c.matrix_mut(n, n, Layout::ColMajor).unwrap(),
     )
-    .unwrap();
-    assert!(c.to_host().unwrap().iter().all(|&x| x == 2.0 * n as f32));
 }
 
 /// Arrays are neither allocated nor freed into a CUDA graph captured on their stream (the fifth
@@ -547,23 +550,13 @@ fn a_release_while_the_stream_is_captured_keeps_the_native_objects_and_the_captu
     require_gpu!();
     let _one = serial();
     use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
-    use raft::{gemm, Layout};
     let res = DeviceResources::new().unwrap();
     // Large enough to run for milliseconds after it is queued (about 1.1 TFLOP).
     let n = 8192;
-    let a = DeviceVec::from_host(&res, &vec![1.0f32; n * n]).unwrap();
-    let b = DeviceVec::from_host(&res, &vec![2.0f32; n * n]).unwrap();
-    let mut c = DeviceVec::<f32>::zeros(&res, n * n).unwrap();
+    let (a, b, mut c) = gemm_operands(&res, n);
     let stream = res.stream().unwrap();
     stream.synchronize().unwrap();
-    gemm(
-        1.0,
-        a.matrix(n, n, Layout::ColMajor).unwrap(),
-        b.matrix(n, n, Layout::ColMajor).unwrap(),
-        0.0,
-        c.matrix_mut(n, n, Layout::ColMajor).unwrap(),
-    )
-    .unwrap();
+    square_gemm(n, &a, &b, &mut c).unwrap();
     let queued_before = stream.record_event(None).unwrap();
     stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
     let released = res.release();
@@ -589,21 +582,12 @@ fn a_release_while_the_stream_is_captured_keeps_the_native_objects_and_the_captu
 fn resources_dropped_during_a_short_capture_are_destroyed_after_it() {
     require_gpu!();
     let _one = serial();
-    use raft::{gemm, Layout};
     let res = DeviceResources::new().unwrap();
     let n = 64;
-    let a = DeviceVec::from_host(&res, &vec![1.0f32; n * n]).unwrap();
-    let mut c = DeviceVec::<f32>::zeros(&res, n * n).unwrap();
-    gemm(
-        1.0,
-        a.matrix(n, n, Layout::ColMajor).unwrap(),
-        a.matrix(n, n, Layout::ColMajor).unwrap(),
-        0.0,
-        c.matrix_mut(n, n, Layout::ColMajor).unwrap(),
-    )
-    .unwrap();
-    assert!(c.to_host().unwrap().iter().all(|&x| x == n as f32));
-    drop((a, c));
+    let (a, b, mut c) = gemm_operands(&res, n); // the GEMM makes the cuBLAS handle
+    square_gemm(n, &a, &b, &mut c).unwrap();
+    assert!(c.to_host().unwrap().iter().all(|&x| x == 2.0 * n as f32));
+    drop((a, b, c));
     let stream = res.stream().unwrap();
     raft_tests::settle_releases(std::time::Duration::from_secs(30));
     let done_before = raft::stats().releases_done;
