@@ -9,9 +9,12 @@ use crate::result::{self, ContextGuard, NativeResources};
 use crate::{memory, release, waits};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard, TryLockError, Weak};
 use std::thread::ThreadId;
+
+/// The read lock over the native objects, as a use holds it.
+type NativeGuard<'a> = RwLockReadGuard<'a, Option<NativeResources>>;
 
 /// Where a release is: none yet, one running (on which thread), or done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,13 +52,9 @@ pub(crate) struct ResourcesState {
     releasing: Mutex<Releasing>,
     released_cv: Condvar,
     /// Threads waiting on `released_cv` (changed under `releasing`): a release with none
-    /// notifies nobody (a notify is a system call even with no waiter).
-    release_waiters: AtomicUsize,
-    /// Those threads (changed under `releasing` too): a release that hands its rest to another
-    /// thread moves their recorded waits to it at once (`waits::retarget`), so that none of them
-    /// still seems to wait for the thread that handed off when that thread goes on to wait for
-    /// one of them.
-    release_waiter_ids: Mutex<Vec<ThreadId>>,
+    /// notifies nobody (a notify is a system call even with no waiter), and one that hands its
+    /// rest to another thread moves their recorded waits to it at once (`waits::retarget`).
+    release_waiters: waits::Waiters,
     /// The worker thread's id, once started: a job on it never waits for a release of its own
     /// resources (that release is waiting for the job).
     worker_thread: Mutex<Option<ThreadId>>,
@@ -95,7 +94,7 @@ impl ResourcesState {
                     let Some(mut waiting) = (!on_worker).then(|| waits::wait_for(by)).flatten().map(|w| (by, w)) else {
                         return Ok(());
                     };
-                    let _counted = CountedWaiter::enter(self);
+                    let _counted = self.release_waiters.enter();
                     // The exit teardown waits a bounded time, as for a lend (a release on a user
                     // thread may itself be waiting for a lend that never ends).
                     let deadline = (who == TEARDOWN).then(|| std::time::Instant::now() + TEARDOWN_LEND_WAIT);
@@ -167,10 +166,10 @@ impl ResourcesState {
                     *state = Releasing::By(w.thread_id());
                     // Waiters wait for the worker now: their recorded waits move with the state
                     // (where that closes no circle), and they check that wait again.
-                    let ids = self.release_waiter_ids.lock().unwrap_or_else(|e| e.into_inner());
+                    let ids = self.release_waiters.ids();
                     waits::retarget(&ids, std::thread::current().id(), w.thread_id());
                     drop(ids);
-                    if self.release_waiters.load(Ordering::Relaxed) > 0 {
+                    if self.release_waiters.count() > 0 {
                         self.released_cv.notify_all();
                     }
                 }
@@ -303,11 +302,11 @@ impl ResourcesState {
                 let mut state = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
                 if matches!(*state, Releasing::By(by) if by == me) {
                     *state = Releasing::By(rest_thread);
-                    let ids = self.release_waiter_ids.lock().unwrap_or_else(|e| e.into_inner());
+                    let ids = self.release_waiters.ids();
                     // The new thread waits for nothing: every wait moves.
                     waits::retarget(&ids, me, rest_thread);
                     drop(ids);
-                    if self.release_waiters.load(Ordering::Relaxed) > 0 {
+                    if self.release_waiters.count() > 0 {
                         self.released_cv.notify_all();
                     }
                 }
@@ -355,34 +354,9 @@ impl ResourcesState {
         let mut state = self.releasing.lock().unwrap_or_else(|e| e.into_inner());
         *state = Releasing::Done;
         // Read under the lock that every waiter holds while it counts itself in.
-        if self.release_waiters.load(Ordering::Relaxed) > 0 {
+        if self.release_waiters.count() > 0 {
             self.released_cv.notify_all();
         }
-    }
-}
-
-/// A second release counted among the waiters of the first (`release_waiters`, and its id in
-/// `release_waiter_ids`) for its life: made under the `releasing` lock, so that no notifier
-/// misses it.
-struct CountedWaiter<'a>(&'a ResourcesState);
-
-impl<'a> CountedWaiter<'a> {
-    fn enter(state: &'a ResourcesState) -> Self {
-        state.release_waiters.fetch_add(1, Ordering::Relaxed);
-        state.release_waiter_ids.lock().unwrap_or_else(|e| e.into_inner()).push(std::thread::current().id());
-        CountedWaiter(state)
-    }
-}
-
-impl Drop for CountedWaiter<'_> {
-    fn drop(&mut self) {
-        let me = std::thread::current().id();
-        let mut ids = self.0.release_waiter_ids.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(at) = ids.iter().position(|id| *id == me) {
-            ids.swap_remove(at);
-        }
-        drop(ids);
-        self.0.release_waiters.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -546,8 +520,7 @@ impl DeviceResources {
                 worker: Mutex::new(None),
                 releasing: Mutex::new(Releasing::No),
                 released_cv: Condvar::new(),
-                release_waiters: AtomicUsize::new(0),
-                release_waiter_ids: Mutex::new(Vec::new()),
+                release_waiters: waits::Waiters::default(),
                 worker_thread: Mutex::new(None),
                 closing: AtomicBool::new(false),
             }
@@ -577,7 +550,7 @@ impl DeviceResources {
         // Once the release takes the native objects, no new use begins: it waits only for the
         // uses already in flight, which no stream of new ones can prolong.
         if self.state.closing.load(Ordering::Acquire) {
-            return Err(self.released_error(who));
+            return Err(Error::released(who, self.state.device));
         }
         let native = match self.state.native.try_read() {
             Ok(guard) => guard,
@@ -592,7 +565,7 @@ impl DeviceResources {
                 }
                 f(n)
             }
-            None => Err(self.released_error(who)),
+            None => Err(Error::released(who, self.state.device)),
         }
     }
 
@@ -617,18 +590,12 @@ impl DeviceResources {
     }
 
     /// The read lock after `try_read` did not give it: poisoned (taken anyway), or a writer
-    /// holds it (no writer ever waits for it): an exclusive lend, or a release taking the objects
-    /// out. Recorded as a poll while this thread waits, so that a writer polling for a use this
-    /// thread holds sees the circle, and refused where this wait closes one (the writer polls for
-    /// what this thread holds).
+    /// holds it (an exclusive lend, or a release taking the objects out: no writer ever waits
+    /// for it). Recorded as a poll while this thread waits, so that a writer polling for a use
+    /// this thread holds sees the circle, and refused where this wait closes one.
     #[cold]
     #[inline(never)]
-    fn read_after<'a>(
-        &'a self,
-        who: &'static str,
-        id: u64,
-        e: std::sync::TryLockError<std::sync::RwLockReadGuard<'a, Option<NativeResources>>>,
-    ) -> Result<std::sync::RwLockReadGuard<'a, Option<NativeResources>>> {
+    fn read_after<'a>(&'a self, who: &'static str, id: u64, e: TryLockError<NativeGuard<'a>>) -> Result<NativeGuard<'a>> {
         match e {
             std::sync::TryLockError::Poisoned(p) => Ok(p.into_inner()),
             std::sync::TryLockError::WouldBlock => {
@@ -636,12 +603,6 @@ impl DeviceResources {
                 Ok(self.state.native.read().unwrap_or_else(|e| e.into_inner()))
             }
         }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn released_error(&self, who: &'static str) -> Error {
-        Error::released(who, self.state.device)
     }
 
     /// Runs `f` on the live native resources with no other use of them running, on any thread:
@@ -741,8 +702,13 @@ impl DeviceResources {
     ///   cannot be told apart: releasing from a thread that such a lend waits for never ends.
     ///
     /// # Errors
-    /// `Cuda` when draining the stream or destroying a handle failed (everything is released
-    /// all the same), including a failure cudarc recorded while destroying the stream.
+    /// `Logic` while the stream is being captured into a CUDA graph: work queued before the
+    /// capture may still use RAFT's handles, so the native objects (handles, workspaces, the
+    /// stream) are kept until the process ends rather than destroyed; the resources count as
+    /// released all the same, and a second call returns `Ok`. The same, with the wait's own
+    /// error, when draining the stream fails for any reason but a dead context. `Cuda` when
+    /// destroying a handle failed (everything is released all the same), including a failure
+    /// cudarc recorded while destroying the stream.
     pub fn release(&self) -> Result<()> {
         self.state.release("DeviceResources::release")
     }
@@ -771,10 +737,11 @@ impl DeviceResources {
         &self.state.ctx
     }
 
-    /// RAFT's `raft::resource::sync_stream` (polls the stream), beside [`sync`](Self::sync).
+    /// RAFT's `raft::resource::sync_stream` (polls the stream), beside [`sync`](Self::sync);
+    /// refused as `sync` is while the stream is being captured into a CUDA graph.
     pub fn sync_raft(&self) -> Result<()> {
         const WHO: &str = "DeviceResources::sync_raft";
-        self.with_native(WHO, |n| n.sync_raft(WHO))
+        self.with_native(WHO, |n| result::refuse_captured_wait(WHO, n.stream()).and_then(|()| n.sync_raft(WHO)))
     }
 
     /// Runs `job` on these resources' worker thread (started on the first job), after the jobs

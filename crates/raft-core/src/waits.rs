@@ -9,8 +9,53 @@
 //! choice: a release hands the rest of its work to the worker it would have waited for, a join
 //! is refused (`Logic`).
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::thread::ThreadId;
+
+/// The threads waiting for one release to finish (a second `release()` each): how many, which a
+/// release reads before it notifies (none: no notify, a system call even with no waiter), and
+/// which, whose recorded waits a release that hands its rest to another thread moves to it at
+/// once ([`retarget`]), so that none of them still seems to wait for the thread that handed off
+/// when that thread goes on to wait for one of them. Changed under the release's own lock.
+#[derive(Default)]
+pub(crate) struct Waiters {
+    count: AtomicUsize,
+    ids: Mutex<Vec<ThreadId>>,
+}
+
+impl Waiters {
+    pub(crate) fn count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn ids(&self) -> MutexGuard<'_, Vec<ThreadId>> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The calling thread counted among the waiters while the result lives: made under the
+    /// release's lock, so that no notifier misses it.
+    pub(crate) fn enter(&self) -> Counted<'_> {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.ids().push(std::thread::current().id());
+        Counted(self)
+    }
+}
+
+/// A waiter counted in (see [`Waiters::enter`]).
+pub(crate) struct Counted<'a>(&'a Waiters);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        let me = std::thread::current().id();
+        let mut ids = self.0.ids();
+        if let Some(at) = ids.iter().position(|id| *id == me) {
+            ids.swap_remove(at);
+        }
+        drop(ids);
+        self.0.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 static WAITS: Mutex<Option<HashMap<ThreadId, ThreadId>>> = Mutex::new(None);
 

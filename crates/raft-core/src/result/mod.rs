@@ -258,6 +258,13 @@ pub(crate) fn stream_sync(who: &'static str, stream: &CudaStream) -> Result<()> 
 /// `synchronize`): refused (`Logic`) while the stream is being captured into a CUDA graph, where
 /// the driver would refuse it and invalidate the capture.
 pub(crate) fn requested_sync(who: &'static str, stream: &CudaStream) -> Result<()> {
+    refuse_captured_wait(who, stream)?;
+    stream_sync(who, stream)
+}
+
+/// The refusal of a requested wait (`requested_sync`, RAFT's `sync_stream`) on a stream being
+/// captured into a CUDA graph.
+pub(crate) fn refuse_captured_wait(who: &'static str, stream: &CudaStream) -> Result<()> {
     if capturing(who, stream).unwrap_or(false) {
         return Err(Error::logic(
             who,
@@ -265,7 +272,7 @@ pub(crate) fn requested_sync(who: &'static str, stream: &CudaStream) -> Result<(
              capture); wait before the capture begins or after it ends",
         ));
     }
-    stream_sync(who, stream)
+    Ok(())
 }
 
 /// Runs `wait` with the calling thread's stream-capture mode set to relaxed
