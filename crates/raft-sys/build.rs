@@ -113,13 +113,9 @@ fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64) -> P
     }
     // The shim is small and hot: always optimised, never with debug info.
     build.opt_level(2).debug(false).flag_if_supported("-Wno-deprecated-declarations");
-    // TLS descriptors (issue 30): a dlopen'ed object's thread-locals are otherwise reached
-    // through a call to `__tls_get_addr` at every access, three in each free; with descriptors
-    // glibc places a small thread-local block in its static TLS surplus and an access is a load.
-    // Falls back to the dynamic path, never fails the load.
-    if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
-        build.flag_if_supported("-mtls-dialect=gnu2");
-    }
+    // No TLS descriptors (`-mtls-dialect=gnu2`, which would make the fence's thread-local a load
+    // instead of a call to `__tls_get_addr`): before glibc 2.40 their dynamic path, taken when a
+    // process's static TLS is used up, clobbered vector registers (glibc bugs 31372, 31501).
     let objects = build.compile_intermediates();
 
     let shim = out.join(SHIM_FILE);

@@ -598,6 +598,12 @@ fn resources_dropped_during_a_short_capture_are_destroyed_after_it() {
     assert_eq!(nodes, 0, "the release put work into the graph");
     raft_tests::settle_releases(std::time::Duration::from_secs(30));
     assert!(raft::stats().releases_done > done_before, "the release did not run");
+    // Destroyed, not kept: the release let its handle of the stream go (a kept one forgets it).
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::sync::Arc::strong_count(&stream) > 1 && std::time::Instant::now() < give_up {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(std::sync::Arc::strong_count(&stream), 1, "the resources' native objects were kept, not destroyed");
 }
 
 /// An array used on another stream (cudarc's `DevicePtrMut`) and dropped while its own stream is

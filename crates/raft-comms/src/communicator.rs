@@ -356,14 +356,20 @@ impl Communicator {
                 if let Some(e) = Shared::unusable(&st, who) {
                     return Err(e);
                 }
-                // Asked each round: a capture may begin (on another thread) during the wait.
+                // Asked each round: a capture may begin (on another thread) during the wait. A
+                // failed question (a fault of the context) lets the stream's query report it,
+                // and end the communicator, as before the question existed.
                 let ask = match (raft_core::stream_is_capturing(&stream), on_capture) {
-                    (Ok(false), _) => Some(&*stream),
                     (Ok(true), OnCapture::Refuse) => return Err(capture_refusal(who)),
-                    (Err(e), OnCapture::Refuse) => return Err(e.with_who(who)),
-                    (_, OnCapture::Event) => None,
+                    (Ok(true), OnCapture::Event) => None,
+                    (_, _) => Some(&*stream),
                 };
                 match sh.native.query(who, ask) {
+                    // The shim answers from the event when it finds the stream captured (a capture
+                    // begun since the question): `sync` promises the whole stream, so it refuses.
+                    Ok(true) if on_capture == OnCapture::Refuse && raft_core::stream_is_capturing(&stream).unwrap_or(false) => {
+                        return Err(capture_refusal(who));
+                    }
                     Ok(true) => {
                         if st.token.is_some() && sh.native.query(who, None).unwrap_or(false) {
                             st.token = None;
@@ -611,7 +617,7 @@ impl Communicator {
 /// What a wait on the resources' stream does while that stream is being captured into a CUDA
 /// graph. The stream itself is never queried then: CUDA refuses the query and invalidates the
 /// capture, and the refusal, read as a failure, aborted a healthy communicator.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum OnCapture {
     /// `sync`, `barrier`: refused (`Logic`), the communicator left as it is. The event stands for
     /// the communicator's own collectives only, not for the rest of the stream's work that
@@ -621,7 +627,7 @@ enum OnCapture {
     /// `release`: the communicator's event answers (recorded after every collective of this API
     /// and at a group's end, never inside a capture, since collectives are refused on a
     /// capturing stream): the collectives queued before the capture are waited for, and NCCL's
-    /// finalize completes the rest of its own work. A failed capture query counts as a capture.
+    /// finalize completes the rest of its own work.
     Event,
 }
 

@@ -35,9 +35,8 @@ typedef int32_t raftrs_status;
 #define RAFTRS_STATUS_GENERIC 4
 
 /** The message of the last failed call on this thread ("" when none). Valid until the next
- *  raftrs_ call on this thread. The buffer is made at the thread's first failure and freed when
- *  the thread exits, after its thread-local destructors (never at the process's exit): it stays
- *  valid while the process exits. */
+ *  raftrs_ call on this thread. The buffer is a plain thread-local array (no destructor): it
+ *  stays valid while threads and the process exit. */
 const char* raftrs_last_error(void);
 /** Forgets the last message on this thread. */
 void raftrs_clear_error(void);

@@ -384,7 +384,7 @@ impl RaftrsShim {
             raftrs_gemm_f64,
         })
     }
-    #[doc = " The message of the last failed call on this thread (\"\" when none). Valid until the next\n  raftrs_ call on this thread. The buffer is made at the thread's first failure and freed when\n  the thread exits, after its thread-local destructors (never at the process's exit): it stays\n  valid while the process exits."]
+    #[doc = " The message of the last failed call on this thread (\"\" when none). Valid until the next\n  raftrs_ call on this thread. The buffer is a plain thread-local array (no destructor): it\n  stays valid while threads and the process exit."]
     pub unsafe fn raftrs_last_error(&self) -> *const ::core::ffi::c_char {
         (self.raftrs_last_error)()
     }

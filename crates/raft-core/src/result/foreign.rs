@@ -438,15 +438,19 @@ impl Drop for ForeignUses {
         if self.uses.get_mut().map_or_else(|e| e.into_inner().capacity(), |u| u.capacity()) == 0 {
             return;
         }
-        self.drop_entries();
+        // SAFETY: called once, from `drop`; the field is not used afterwards.
+        unsafe { self.drop_entries() };
     }
 }
 
 impl ForeignUses {
     /// The entries' events destroyed (out of line: most arrays have none).
+    ///
+    /// # Safety
+    /// Called at most once, from `drop`: it takes `uses` out of its `ManuallyDrop`.
     #[cold]
-    fn drop_entries(&mut self) {
-        // SAFETY: taken once, from `drop`; the field is not used afterwards.
+    unsafe fn drop_entries(&mut self) {
+        // SAFETY: taken once (the caller's contract); the field is not used afterwards.
         let uses = unsafe { std::mem::ManuallyDrop::take(&mut self.uses) };
         let uses = uses.into_inner().unwrap_or_else(|e| e.into_inner());
         if uses.is_empty() {

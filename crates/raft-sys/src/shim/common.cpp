@@ -2,44 +2,17 @@
 // noted primary contexts, the driver's context calls, and the device count.
 #include "common.hpp"
 
-#include <pthread.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 namespace {
 
-// The message lives in a heap buffer made at the thread's first failure, which the thread-local
-// only points to (issue 30: an array of 2 KiB here made the shim's thread-local block too large
-// for the static TLS that glibc gives a dlopen'ed object, so every thread-local access of the hot
-// path, the fence's, was a call to `__tls_get_addr`). Not a std::string: glibc runs C++
-// thread-local destructors before the exit handlers, which still call the shim. The buffer is
-// freed by a pthread key's destructor, which runs when a thread exits, never at the process's
-// exit (so the exit teardown keeps it), and after every C++ and Rust thread-local destructor of
-// that thread.
+// A plain array, not a std::string: glibc runs thread-local destructors before the exit
+// handlers, so a std::string here would be destroyed while the exit teardown still calls the
+// shim. An array has no destructor and stays valid to the end of the thread and the process.
 constexpr std::size_t last_error_size = 2048;
-thread_local char* last_error = nullptr;
-
-void free_last_error(void* buffer) noexcept
-{
-  last_error = nullptr;
-  std::free(buffer);
-}
-
-/// This thread's message buffer, made on first use; null when memory is short.
-char* last_error_buffer() noexcept
-{
-  if (last_error != nullptr) { return last_error; }
-  static pthread_key_t key{};
-  static bool const keyed = pthread_key_create(&key, free_last_error) == 0;
-  auto* made = static_cast<char*>(std::malloc(last_error_size));
-  if (made == nullptr) { return nullptr; }
-  made[0] = '\0';
-  if (keyed) { static_cast<void>(pthread_setspecific(key, made)); }  // else kept to the process's end
-  last_error = made;
-  return made;
-}
+thread_local char last_error[last_error_size];
 
 }  // namespace
 
@@ -47,12 +20,10 @@ namespace raftrs_shim __attribute__((visibility("hidden"))) {
 
 raftrs_status fail(raftrs_status status, char const* what) noexcept
 {
-  char* buffer = last_error_buffer();
-  if (buffer == nullptr) { return status; }  // no memory for the message: the status says what failed
   std::size_t n = std::strlen(what);
   if (n >= last_error_size) { n = last_error_size - 1; }
-  std::memcpy(buffer, what, n);
-  buffer[n] = '\0';
+  std::memcpy(last_error, what, n);
+  last_error[n] = '\0';
   return status;
 }
 
@@ -160,12 +131,9 @@ extern "C" {
 
 uint64_t raftrs_header_hash(void) { return RAFTRS_HEADER_HASH; }
 
-const char* raftrs_last_error(void) { return last_error != nullptr ? last_error : ""; }
+const char* raftrs_last_error(void) { return last_error; }
 
-void raftrs_clear_error(void)
-{
-  if (last_error != nullptr) { last_error[0] = '\0'; }
-}
+void raftrs_clear_error(void) { last_error[0] = '\0'; }
 
 raftrs_status raftrs_note_primary_context(int32_t device, void* context)
 {
