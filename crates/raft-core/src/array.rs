@@ -105,19 +105,14 @@ impl<T: DeviceScalar> DeviceVec<T> {
                 NativeBuffer::create_held(who, resources.device(), mr.map(|m| m.native_arc()), n.stream(), n.capture_flag(), bytes)
             })
         };
-        // The retry out of line, and each path building its own array (issue 30: a buffer that
-        // either path could give was moved through memory twice more on every allocation).
-        match make() {
-            Ok(buffer) => Ok(Self::adopt(buffer, len, resources)),
-            Err(e) => Self::after_failure(who, resources, mr, e, make).map(|buffer| Self::adopt(buffer, len, resources)),
-        }
-    }
-
-    /// The array around a new buffer, counted among the live arrays.
-    #[inline]
-    fn adopt(buffer: NativeBuffer, len: usize, resources: &DeviceResources) -> Self {
+        // The retry out of line (issue 30: inline, its match moved the buffer through memory
+        // twice more on every allocation).
+        let buffer = match make() {
+            Ok(buffer) => buffer,
+            Err(e) => Self::after_failure(who, resources, mr, e, make)?,
+        };
         crate::stats::live_arrays::add(1);
-        DeviceVec { buffer: Some(buffer), len, resources: resources.clone(), foreign: ForeignUses::default(), _t: PhantomData }
+        Ok(DeviceVec { buffer: Some(buffer), len, resources: resources.clone(), foreign: ForeignUses::default(), _t: PhantomData })
     }
 
     /// An allocation failed with `e`: out of memory only after the releases pending on this

@@ -10,11 +10,8 @@ use crate::{memory, release, waits};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard, TryLockError, Weak};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::thread::ThreadId;
-
-/// The read lock over the native objects, as a use holds it.
-type NativeGuard<'a> = RwLockReadGuard<'a, Option<NativeResources>>;
 
 /// Where a release is: none yet, one running (on which thread), or done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -540,12 +537,19 @@ impl DeviceResources {
     }
 
     /// Runs `f` on the live native resources, or gives the `Logic` error of released resources.
-    /// Inline, its rare paths out of line (issue 30: every allocation goes through it).
-    #[inline]
     pub(crate) fn with_native<R>(&self, who: &'static str, f: impl FnOnce(&NativeResources) -> Result<R>) -> Result<R> {
         let id = self.state.id;
         if let Some(native) = held_native(id) {
-            return Self::with_held_native(who, id, native, f);
+            // A use inside a use on the same thread (a memory failure callback calling `sync`, a
+            // call inside a lend): taking the read lock again would wait behind a release
+            // waiting for the write lock (std's RwLock queues new readers behind a waiting
+            // writer), which waits for the outer use: a deadlock. The outer read lock is held.
+            let _held = Holding::enter(who, id, native)?;
+            // SAFETY: `native` points into `self.state.native`, locked by the outer use further
+            // up this thread's stack (read-locked by `with_native`, or write-locked by
+            // `with_native_exclusive`); that guard outlives this call (its
+            // `Holding` entry is removed before it is dropped), so no release can take it out.
+            return f(unsafe { &*native });
         }
         // Once the release takes the native objects, no new use begins: it waits only for the
         // uses already in flight, which no stream of new ones can prolong.
@@ -554,7 +558,15 @@ impl DeviceResources {
         }
         let native = match self.state.native.try_read() {
             Ok(guard) => guard,
-            Err(e) => self.read_after(who, id, e)?,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                // A writer holds the lock (no writer ever waits for it): an exclusive lend, or a
+                // release taking the objects out. Recorded as a poll while this thread waits, so
+                // that a writer polling for a use this thread holds sees the circle, and refused
+                // where this wait closes one (the writer polls for what this thread holds).
+                let _polling = waits::poll_for(id, &holding::held_ids()).ok_or_else(|| Error::logic(who, WAITS_FOR_THIS_ONE))?;
+                self.state.native.read().unwrap_or_else(|e| e.into_inner())
+            }
         };
         match native.as_ref() {
             Some(n) => {
@@ -566,42 +578,6 @@ impl DeviceResources {
                 f(n)
             }
             None => Err(Error::released(who, self.state.device)),
-        }
-    }
-
-    /// `with_native` inside a use of the same resources on this thread (a memory failure
-    /// callback calling `sync`, a call inside a lend): taking the read lock again would wait
-    /// behind a release waiting for the write lock (std's RwLock queues new readers behind a
-    /// waiting writer), which waits for the outer use: a deadlock. The outer read lock is held.
-    #[cold]
-    #[inline(never)]
-    fn with_held_native<R>(
-        who: &'static str,
-        id: u64,
-        native: *const NativeResources,
-        f: impl FnOnce(&NativeResources) -> Result<R>,
-    ) -> Result<R> {
-        let _held = Holding::enter(who, id, native)?;
-        // SAFETY: `native` points into `self.state.native`, locked by the outer use further up
-        // this thread's stack (read-locked by `with_native`, or write-locked by
-        // `with_native_exclusive`); that guard outlives this call (its `Holding` entry is removed
-        // before it is dropped), so no release can take it out.
-        f(unsafe { &*native })
-    }
-
-    /// The read lock after `try_read` did not give it: poisoned (taken anyway), or a writer
-    /// holds it (an exclusive lend, or a release taking the objects out: no writer ever waits
-    /// for it). Recorded as a poll while this thread waits, so that a writer polling for a use
-    /// this thread holds sees the circle, and refused where this wait closes one.
-    #[cold]
-    #[inline(never)]
-    fn read_after<'a>(&'a self, who: &'static str, id: u64, e: TryLockError<NativeGuard<'a>>) -> Result<NativeGuard<'a>> {
-        match e {
-            std::sync::TryLockError::Poisoned(p) => Ok(p.into_inner()),
-            std::sync::TryLockError::WouldBlock => {
-                let _polling = waits::poll_for(id, &holding::held_ids()).ok_or_else(|| Error::logic(who, WAITS_FOR_THIS_ONE))?;
-                Ok(self.state.native.read().unwrap_or_else(|e| e.into_inner()))
-            }
         }
     }
 

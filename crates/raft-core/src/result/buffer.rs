@@ -117,7 +117,6 @@ impl NativeBuffer {
     ///
     /// `capture`: the stream's flag (`exposure.rs`); while it is down the shim does not ask the
     /// stream about a capture.
-    #[inline]
     pub(crate) fn create_held(
         who: &'static str,
         device: usize,
@@ -160,32 +159,11 @@ impl NativeBuffer {
                 capture.as_ptr(),
             )
         });
-        // A fresh copy is owned from here on (in `after_held_call`), whatever else happened.
-        let fresh = NonNull::new(fresh);
-        let held = match (made, fresh, held) {
-            (Ok(()), None, Some(held)) => held,
-            (made, fresh, held) => Self::after_held_call(who, device, generation, made, fresh, held)?,
-        };
-        Ok(NativeBuffer { owner: Owner::Held(held), data, bytes, device, stream_ordered: ordered != 0, stream: stream.clone() })
-    }
-
-    /// The rest of `create_held` once the shim returned a fresh copy, failed, or used no
-    /// resource (out of line: the common case is a kept resource, issue 30).
-    #[cold]
-    #[inline(never)]
-    fn after_held_call(
-        who: &'static str,
-        device: usize,
-        generation: Option<u64>,
-        made: Result<()>,
-        fresh: Option<NonNull<sys::raftrs_mr>>,
-        held: Option<Arc<NativeMr>>,
-    ) -> Result<Arc<NativeMr>> {
         // A fresh copy is owned from here on, whatever else happened: on success the block
         // belongs to it, and nothing between here and the buffer's construction can fail.
-        let fresh = fresh.map(|p| Arc::new(NativeMr::from_shim(p, device)));
+        let fresh = NonNull::new(fresh).map(|p| Arc::new(NativeMr::from_shim(p, device)));
         made?;
-        Ok(match fresh {
+        let held = match fresh {
             Some(fresh) => {
                 // The map held another resource: this copy stands for it from now on.
                 if let Some(kept) = current_cache(device) {
@@ -202,7 +180,8 @@ impl NativeBuffer {
             // Without a handle the shim makes a fresh copy, so `held` is there; were it not, the
             // block is leaked by the error, never left to be freed through nothing.
             None => held.ok_or_else(|| Error::new(ErrorKind::Generic, who, "the shim used no resource"))?,
-        })
+        };
+        Ok(NativeBuffer { owner: Owner::Held(held), data, bytes, device, stream_ordered: ordered != 0, stream: stream.clone() })
     }
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
@@ -297,44 +276,26 @@ impl NativeBuffer {
     ///
     /// `capture`: the stream's flag (`exposure.rs`), for a free made where the flag is at hand
     /// (the array's drop); `None` asks the stream always.
-    #[inline]
     pub(crate) fn free(self, who: &'static str, capture: Option<&CaptureFlag>) -> Result<()> {
+        let api = match api(who) {
+            Ok(api) => api,
+            Err(e) => {
+                // Never dropped without its free: the resource could go while the stream still
+                // uses the block (cannot happen once the shim is loaded, as it was to allocate).
+                self.leak();
+                return Err(e);
+            }
+        };
         // Page-locked host buffers name the legacy default stream (null) and are only ever
         // used by copies that wait for themselves: nothing to wait for there.
         let waits = !self.stream_ordered && !self.stream.cu_stream().is_null();
-        if waits {
-            return self.free_after_wait(who, capture);
-        }
-        match api(who) {
-            Ok(api) => self.free_now(api, who, capture, None),
-            Err(e) => self.leak_with(e),
-        }
-    }
-
-    /// Never dropped without its free: the resource could go while the stream still uses the
-    /// block (cannot happen once the shim is loaded, as it was to allocate).
-    #[cold]
-    #[inline(never)]
-    fn leak_with(self, e: Error) -> Result<()> {
-        self.leak();
-        Err(e)
-    }
-
-    /// `free` of a block whose free is not stream-ordered: after its stream's work (out of line:
-    /// such frees run on release threads).
-    #[inline(never)]
-    fn free_after_wait(self, who: &'static str, capture: Option<&CaptureFlag>) -> Result<()> {
-        let api = match api(who) {
-            Ok(api) => api,
-            Err(e) => return self.leak_with(e),
-        };
         // A stream being captured into a CUDA graph cannot be waited for. Such a free runs on a
         // release thread, and the array may have been dropped before the capture began: the
         // capture's end is waited for a while (`capture_ended`); past that, the free is refused
         // as the shim refuses a free on a capturing stream (the block, its resource and its
         // stream are kept for the process's life, never freed while work queued before the
         // capture may still use the block).
-        if !super::capture_ended(who, &self.stream) {
+        if waits && !super::capture_ended(who, &self.stream) {
             self.leak();
             return Err(Error::logic(
                 who,
@@ -344,40 +305,35 @@ impl NativeBuffer {
             ));
         }
         // Binding a context is the only thing here that changes the caller's (the shim restores
-        // its own switch): guarded where it happens, not on the stream-ordered path.
-        let keep = ContextGuard::save(who).ok();
-        let waited = bind(who, self.stream.context()).and_then(|()| stream_sync(who, &self.stream));
-        if let Err(e) = waited {
-            if already_gone(&e) || super::context_is_dead(&e) {
-                // The context is gone or dead (a fault): nothing queued runs any more, the free
-                // may proceed.
-                log::debug!(target: "raft", "{e}");
-            } else {
-                // Anything else (a capture begun since the question refused the wait) says
-                // nothing about the work still using the block: kept, as above.
-                self.leak();
-                return Err(e);
+        // its own switch): guarded where it happens, not on the stream-ordered fast path.
+        let _keep = if waits { ContextGuard::save(who).ok() } else { None };
+        if waits {
+            let waited = bind(who, self.stream.context()).and_then(|()| stream_sync(who, &self.stream));
+            if let Err(e) = waited {
+                if already_gone(&e) || super::context_is_dead(&e) {
+                    // The context is gone or dead (a fault): nothing queued runs any more, the
+                    // free may proceed.
+                    log::debug!(target: "raft", "{e}");
+                } else {
+                    // Anything else (a capture begun since the question refused the wait) says
+                    // nothing about the work still using the block: kept, as above.
+                    self.leak();
+                    return Err(e);
+                }
             }
         }
-        self.free_now(api, who, capture, keep)
-    }
-
-    /// The shim's free, then the resource's and the stream's handles let go. `keep`: the
-    /// caller's context, saved where a wait bound another (restored when this returns).
-    #[inline]
-    fn free_now(self, api: &sys::RaftrsShim, who: &'static str, capture: Option<&CaptureFlag>, keep: Option<ContextGuard>) -> Result<()> {
         let keeper = Arc::as_ptr(&self.stream) as *const c_void;
         let raw_stream = self.stream.cu_stream() as *mut c_void;
-        let flag = capture.map_or(std::ptr::null(), CaptureFlag::as_ptr);
-        // The shim's entry points are called through their fields (bindgen's wrapper methods are
-        // not inlined across crates: a call and a copy of the arguments each way, issue 30); a
-        // held allocation of 0 bytes took nothing, and its free is no call at all.
         // SAFETY: the bytes are freed exactly once (self is consumed), on the stream they are
         // ordered on (alive: held by self until after the call), through what they came from: the
         // shim's record, or the resource of a held allocation (alive: held by self until after
         // the call) with the pointer and size it returned; `keeper` is the stream's `Arc`, alive
         // for the call, which a fence may retain through the registered keeper; the flag is null
         // or borrowed for the call, raised wherever a capture of the stream may begin.
+        let flag = capture.map_or(std::ptr::null(), CaptureFlag::as_ptr);
+        // The shim's entry points are called through their fields (bindgen's wrapper methods are
+        // not inlined across crates: a call and a copy of the arguments each way, issue 30); a
+        // held allocation of 0 bytes took nothing, and its free is no call at all.
         let status = unsafe {
             match &self.owner {
                 Owner::Record(ptr) => (api.raftrs_buffer_free)(ptr.as_ptr(), raw_stream, keeper),
@@ -385,6 +341,9 @@ impl NativeBuffer {
                 Owner::Held(mr) => (api.raftrs_mr_deallocate_held)(mr.ptr.as_ptr(), raw_stream, keeper, self.data, self.bytes, flag),
             }
         };
+        // The stream's last handle may go here (`into_inner` tells exactly one holder it is the
+        // last): cudarc binds the stream's context to destroy it, so a guard puts the caller's
+        // context back.
         // Read first: the drops below may call the shim, which keeps one last error per thread.
         let freed = check(who, api, status).or_else(|e| if already_gone(&e) { Ok(()) } else { Err(e) });
         let NativeBuffer { stream, owner, .. } = self;
@@ -395,23 +354,11 @@ impl NativeBuffer {
             // block is kept for the process's life, never destroyed while work may use the block.
             std::mem::forget(owner);
         }
-        // The stream's last handle may go here (`into_inner` tells exactly one holder it is the
-        // last): cudarc binds the stream's context to destroy it, so a guard puts the caller's
-        // context back.
         if let Some(last) = Arc::into_inner(stream) {
-            Self::drop_last_stream(who, last, keep.is_none());
+            let _restore = if _keep.is_none() { ContextGuard::save(who).ok() } else { None };
+            drop(last);
         }
-        drop(keep);
         freed
-    }
-
-    /// The stream's last handle dropped, the caller's context put back after it (`guard`: none
-    /// is saved yet).
-    #[cold]
-    #[inline(never)]
-    fn drop_last_stream(who: &'static str, last: CudaStream, guard: bool) {
-        let _restore = if guard { ContextGuard::save(who).ok() } else { None };
-        drop(last);
     }
 
     /// Leaks the memory to the OS (at exit, once the exit has decided).
