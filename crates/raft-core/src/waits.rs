@@ -13,11 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::thread::ThreadId;
 
-/// The threads waiting for one release to finish (a second `release()` each): how many, which a
-/// release reads before it notifies (none: no notify, a system call even with no waiter), and
-/// which, whose recorded waits a release that hands its rest to another thread moves to it at
-/// once ([`retarget`]), so that none of them still seems to wait for the thread that handed off
-/// when that thread goes on to wait for one of them. Changed under the release's own lock.
+/// The threads waiting for one release to finish (a second `release()` each), changed under the
+/// release's own lock. Their count: with none, the release notifies nobody (a notify is a system
+/// call even with no waiter). Their ids: a release that hands its rest to another thread moves
+/// their recorded waits to it at once ([`retarget`]), so that none of them still seems to wait
+/// for the thread that handed off when that thread goes on to wait for one of them.
 #[derive(Default)]
 pub(crate) struct Waiters {
     count: AtomicUsize,
