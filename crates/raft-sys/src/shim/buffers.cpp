@@ -71,8 +71,10 @@ bool frees_stream_ordered(free_order order, std::size_t bytes, bool on_own_strea
   // that belongs to another stream's arena; a binning resource hands sizes past its largest bin
   // to its upstream. A block within the size freed on the (non-default) stream that allocated it
   // stays with the stream-ordered part.
-  // RMM's align_up, inline (it is a call into librmm otherwise); `bytes` is at most 2^48 here
-  // (refuse_unservable), so the sum cannot wrap.
+  // RMM's align_up, inline (it is a call into librmm otherwise). `bytes` is at most 2^48 at an
+  // allocation (refuse_unservable), and a free passes the size its allocation returned, so the
+  // sum cannot wrap; a size near SIZE_MAX passed to a free anyway would only be read as
+  // stream-ordered (no relaxed capture mode around it), never used as a size.
   constexpr std::size_t align = rmm::CUDA_ALLOCATION_ALIGNMENT;
   static_assert((align & (align - 1)) == 0, "RMM's alignment is a power of two");
   return on_own_stream && order > 0 && ((bytes + align - 1) & ~(align - 1)) <= static_cast<std::size_t>(order);
