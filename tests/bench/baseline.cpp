@@ -418,6 +418,7 @@ int32_t bl_arena_threads(int32_t threads, int32_t iters, size_t bytes, int64_t* 
 }
 
 #include <shared_mutex>
+#include <unordered_map>
 #include <vector>
 
 // The fence the shim puts on every pool-like resource (pool, arena, binning: the same header,
@@ -766,19 +767,27 @@ struct floor_slot {
     reg.free.push_back(at);
   }
 };
-}  // namespace
 
-extern "C" {
-// Issue 30's floor of `DeviceResources::new()` + `release()` + drop: C++ doing the steps this
-// library's soundness requires of them, and nothing else. new: the thread's context read (which
-// device; the device's context bound for the creation), a non-blocking stream, RAFT's object on
-// it with its device recorded (so RAFT never guesses it later from whichever device is current),
-// the shared state made and its slot taken in the registry of live objects. release: the state
-// marked releasing under its mutex, the native object taken under the exclusive lock, the thread's
-// context read again (a release binds the stream's device: it may run on any thread), RAFT's
-// object and the stream destroyed, the state marked released. drop: the slot freed, the state
-// freed.
-int32_t bl_create_release_floor()
+/// The registry of the streams' capture flags (issue 30's private streams, `result/exposure.rs`):
+/// a flag made per resources object and entered under a mutex by its stream's handle, taken out
+/// at the release.
+struct floor_flags {
+  std::mutex lock;
+  std::unordered_map<std::uintptr_t, std::weak_ptr<std::atomic<bool>>> by_stream;
+};
+
+floor_flags& floor_capture_flags()
+{
+  static floor_flags f;
+  return f;
+}
+
+/// `bl_create_release_floor`, or with `as_designed` the two steps this library's design adds to
+/// them: the stream's capture flag registered at the creation and raised and taken out at the
+/// release (issue 30's private streams), and RAFT's object destroyed with the thread's capture mode
+/// relaxed (the eleventh audit: cuBLAS's destroy and RMM's frees of the workspaces, refused during
+/// another thread's global capture, leaked what they freed).
+int32_t create_release_floor(bool as_designed)
 {
   try {
     static context_check const h;
@@ -790,6 +799,14 @@ int32_t bl_create_release_floor()
     }
     s->res = new raft::device_resources(rmm::cuda_stream_view{s->stream});  // the stream is s's until released
     (void)raft::resource::get_device_id(*s->res);
+    std::shared_ptr<std::atomic<bool>> flag;
+    auto const key = reinterpret_cast<std::uintptr_t>(s->stream);
+    if (as_designed) {
+      flag = std::make_shared<std::atomic<bool>>(false);
+      auto& f = floor_capture_flags();
+      std::lock_guard<std::mutex> lock{f.lock};
+      f.by_stream.insert_or_assign(key, flag);
+    }
     // Declared after `s`: the slot is freed first when this scope ends (the drop below), also
     // when a step fails.
     floor_slot const slot{s};
@@ -807,7 +824,19 @@ int32_t bl_create_release_floor()
       stream = std::exchange(s->stream, nullptr);
     }
     bool const bound = h.on_device();
-    delete res;
+    if (as_designed) {
+      raftrs_fence::relaxed_capture relaxed;
+      delete res;
+    } else {
+      delete res;
+    }
+    if (as_designed) {
+      flag->store(true, std::memory_order_seq_cst);
+      auto& f = floor_capture_flags();
+      std::lock_guard<std::mutex> lock{f.lock};
+      auto found = f.by_stream.find(key);
+      if (found != f.by_stream.end() && found->second.lock() == flag) { f.by_stream.erase(found); }
+    }
     bool const destroyed = cudaStreamDestroy(stream) == cudaSuccess;
     {
       std::lock_guard<std::mutex> lock{s->releasing};
@@ -819,6 +848,23 @@ int32_t bl_create_release_floor()
     return 1;
   }
 }
+}  // namespace
+
+extern "C" {
+// Issue 30's floor of `DeviceResources::new()` + `release()` + drop: C++ doing the steps this
+// library's soundness requires of them, and nothing else. new: the thread's context read (which
+// device; the device's context bound for the creation), a non-blocking stream, RAFT's object on
+// it with its device recorded (so RAFT never guesses it later from whichever device is current),
+// the shared state made and its slot taken in the registry of live objects. release: the state
+// marked releasing under its mutex, the native object taken under the exclusive lock, the thread's
+// context read again (a release binds the stream's device: it may run on any thread), RAFT's
+// object and the stream destroyed, the state marked released. drop: the slot freed, the state
+// freed.
+int32_t bl_create_release_floor() { return create_release_floor(false); }
+
+// The same plus the two steps this library's design adds to them (see create_release_floor):
+// what is left between ours and this is the layer's waste.
+int32_t bl_create_release_floor_as_designed() { return create_release_floor(true); }
 }
 
 #include <rmm/mr/cuda_async_view_memory_resource.hpp>

@@ -169,6 +169,9 @@ pub mod baseline {
         pub fn bl_create_release() -> i32;
         /// What this library's soundness requires of `new()` + `release()` + drop, in C++.
         pub fn bl_create_release_floor() -> i32;
+        /// The same plus the two steps this library's design adds (the stream's capture flag in
+        /// its registry, RAFT's object destroyed with the capture mode relaxed).
+        pub fn bl_create_release_floor_as_designed() -> i32;
         pub fn bl_stream_create_destroy() -> i32;
         pub fn bl_make(out: *mut *mut std::ffi::c_void) -> i32;
         pub fn bl_destroy(made: *mut std::ffi::c_void) -> i32;

@@ -5,9 +5,12 @@
 //! process's mappings are written out, for `scripts/symbolize-profile.py` to name on a machine
 //! that has the same binaries.
 //!
+//! Then `DeviceResources::new()` + `release()` against its floor and the bare C++ (phases
+//! `create-release`, `create-release-floor`, `create-release-cpp`).
+//!
 //!     alloc-profile OUT_DIR [SECONDS_PER_PHASE]     (ALLOC_PROFILE_PHASES=ours,cpp-as-designed: a subset)
 use raft::{DeviceResources, DeviceVec};
-use raft_tests::baseline::{bl_alloc_free_held_as_designed, bl_use_stream};
+use raft_tests::baseline::{bl_alloc_free_held_as_designed, bl_create_release, bl_create_release_floor, bl_use_stream};
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -127,6 +130,11 @@ fn phase(secs: f64, f: &mut dyn FnMut()) -> (u64, Vec<usize>) {
     (calls, (0..n).map(|i| SAMPLES[i].load(Ordering::Relaxed)).collect())
 }
 
+/// ALLOC_PROFILE_PHASES: a comma-separated subset of the phases' names (all when unset).
+fn selected(name: &str) -> bool {
+    std::env::var("ALLOC_PROFILE_PHASES").map_or(true, |only| only.split(',').any(|p| p == name))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let out = std::path::PathBuf::from(args.get(1).expect("usage: alloc-profile OUT_DIR [SECONDS_PER_PHASE]"));
@@ -153,8 +161,7 @@ fn main() {
             ("cpp-as-designed", &mut || assert_eq!(unsafe { bl_alloc_free_held_as_designed(1, bytes) }, 0)),
         ];
         for (name, f) in phases {
-            // ALLOC_PROFILE_PHASES: a comma-separated subset of the phases' names (all when unset).
-            if std::env::var("ALLOC_PROFILE_PHASES").is_ok_and(|only| !only.split(',').any(|p| p == name)) {
+            if !selected(name) {
                 continue;
             }
             let t = Instant::now();
@@ -167,6 +174,31 @@ fn main() {
             for a in samples {
                 writeln!(file, "{a:x}").unwrap();
             }
+        }
+    }
+    // `DeviceResources::new()` + `release()` + drop, against C++ doing the steps soundness
+    // requires of them (`bl_create_release_floor`) and the bare C++ stream + RAFT object: where
+    // the create + release row's time goes beyond its floor (issue 30).
+    let lifecycle: [(&str, &mut dyn FnMut()); 3] = [
+        ("create-release", &mut || DeviceResources::new().unwrap().release().unwrap()),
+        // SAFETY: plain C functions of the baseline.
+        ("create-release-floor", &mut || assert_eq!(unsafe { bl_create_release_floor() }, 0)),
+        // SAFETY: as above.
+        ("create-release-cpp", &mut || assert_eq!(unsafe { bl_create_release() }, 0)),
+    ];
+    for (name, f) in lifecycle {
+        if !selected(name) {
+            continue;
+        }
+        let t = Instant::now();
+        let (calls, samples) = phase(secs, f);
+        let ns = t.elapsed().as_nanos() as f64 / calls as f64;
+        let line = format!("{name}: {calls} calls, {ns:.1} ns per call (with the sampling), {} samples\n", samples.len());
+        print!("{line}");
+        summary.push_str(&line);
+        let mut file = std::fs::File::create(out.join(format!("{name}.txt"))).unwrap();
+        for a in samples {
+            writeln!(file, "{a:x}").unwrap();
         }
     }
     // SAFETY: the baseline's own stream again, before `own` goes.

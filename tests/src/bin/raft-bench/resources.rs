@@ -126,13 +126,15 @@ pub fn create_release(t: &mut Table) -> (Arc<CudaStream>, Arc<CudaStream>) {
     );
     // Issue 30's floor of create + release: C++ doing the steps this library's soundness
     // requires (bl_create_release_floor), in turns with ours and the bare C++.
-    let [ours_f, floor, cpp_f] = measure_turns(
+    let [ours_f, floor, designed, cpp_f] = measure_turns(
         200,
         2000,
         [
             &mut || DeviceResources::new().unwrap().release().unwrap(),
             // SAFETY: plain C functions of the baseline.
             &mut || assert_eq!(unsafe { bl_create_release_floor() }, 0),
+            // SAFETY: as above.
+            &mut || assert_eq!(unsafe { bl_create_release_floor_as_designed() }, 0),
             // SAFETY: as above.
             &mut || assert_eq!(unsafe { bl_create_release() }, 0),
         ],
@@ -145,6 +147,10 @@ pub fn create_release(t: &mut Table) -> (Arc<CudaStream>, Arc<CudaStream>) {
             (
                 "C++ doing the steps soundness requires: the thread's context read, stream, RAFT object with its device recorded, a shared state (reader-writer lock, release mutex) in a registry slot; release marked, exclusive lock, context read, both destroyed, marked done; slot and state freed",
                 floor,
+            ),
+            (
+                "the same C++ plus the two steps this design adds: the stream's capture flag registered and taken out, RAFT's object destroyed with the capture mode relaxed",
+                designed,
             ),
             ("C++ stream + raft::device_resources + destroy", cpp_f),
         ],
