@@ -759,3 +759,80 @@ fn a_slice_registered_while_another_thread_captures_in_global_mode_is_unregister
     assert!(out.status.success(), "the child stopped: {:?}\n{stdout}\n{stderr}", out.status);
     assert!(stdout.contains(&format!("RESULT scope=Ok({})", 1 << 20)), "the registration failed:\n{stdout}\n{stderr}");
 }
+
+/// Staged copies (page-locked slots reused once their events say so) while another thread
+/// captures an unrelated stream in global mode (the twelfth audit): the slots' `cuEventQuery`
+/// ran in the thread's own global mode, which the driver refuses during such a capture,
+/// invalidating it; the copy failed. Now the query is relaxed, as the waits are. (Before: a
+/// `Cuda` error, and the other thread's capture invalidated.)
+#[test]
+fn staged_copies_while_another_thread_captures_in_global_mode_succeed_and_leave_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let host = pattern_f32(1 << 20, 97); // 4 MiB: staged both ways
+                                         // The staging's slots are made before the capture begins (only their reuse is asked about).
+    let mut v = DeviceVec::from_host(&res, &host).unwrap();
+    same("the warm-up copy", &v.to_host().unwrap(), &host);
+    let back = pattern_f32(1 << 20, 98);
+    let (copied, other) = while_another_thread_captures_globally(&ctx, || v.copy_from_host(&back[..]).and_then(|()| v.to_host()));
+    let copied = copied.unwrap_or_else(|e| panic!("a staged copy failed during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the staged copies invalidated another thread's capture: {e}"));
+    same("the staged copies", &copied, &back);
+}
+
+/// Copies too small to stage (a pageable `cudaMemcpyAsync`, then a relaxed wait) while another
+/// thread captures an unrelated stream in global mode: both go ahead and the capture stays valid.
+#[test]
+fn small_copies_while_another_thread_captures_in_global_mode_succeed_and_leave_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let host = pattern_f32(4096, 99);
+    let mut v = DeviceVec::<f32>::zeros(&res, 4096).unwrap();
+    res.sync().unwrap();
+    let (copied, other) = while_another_thread_captures_globally(&ctx, || v.copy_from_host(&host[..]).and_then(|()| v.to_host()));
+    let copied = copied.unwrap_or_else(|e| panic!("a small copy failed during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the small copies invalidated another thread's capture: {e}"));
+    same("the small copies", &copied, &host);
+}
+
+/// `Transfer::is_finished` while another thread captures an unrelated stream in global mode (the
+/// twelfth audit): its event query was refused in the thread's own global mode, so it answered
+/// "finished" with the copy running, and the other thread's capture was invalidated. Now the
+/// query is relaxed. (Before: the capture invalidated.)
+#[test]
+fn a_transfer_asked_while_another_thread_captures_in_global_mode_leaves_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    const N: usize = 64 << 20; // 256 MiB
+    let src = DeviceVec::<f32>::zeros(&res, N).unwrap();
+    let dst = PinnedVec::<f32>::new(&res, N).unwrap();
+    res.sync().unwrap();
+    let transfer = res.transfer_to_host(src, dst).unwrap();
+    let (asked, other) = while_another_thread_captures_globally(&ctx, || transfer.is_finished());
+    let (_src, dst) = transfer.wait().unwrap();
+    println!("is_finished during the other thread's capture: {asked}");
+    other.unwrap_or_else(|e| panic!("asking whether a transfer finished invalidated another thread's capture: {e}"));
+    assert_eq!(dst.len(), N);
+}
+
+/// `DeviceResources::sync_raft` while another thread captures an unrelated stream in global mode
+/// (the twelfth audit): RAFT's `sync_stream` polled the stream in the thread's own global mode,
+/// which the driver refuses during such a capture, invalidating it. Now the shim relaxes the mode
+/// around it. (Before: a `Cuda` error, and the other thread's capture invalidated.)
+#[test]
+fn sync_raft_while_another_thread_captures_in_global_mode_waits_and_leaves_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let _v = DeviceVec::<f32>::zeros(&res, 1 << 20).unwrap();
+    let (synced, other) = while_another_thread_captures_globally(&ctx, || res.sync_raft());
+    synced.unwrap_or_else(|e| panic!("sync_raft failed during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("sync_raft invalidated another thread's capture: {e}"));
+}

@@ -121,3 +121,19 @@ pub(crate) fn context(who: &'static str, device: usize) -> Result<Arc<CudaContex
 pub fn stream_is_capturing(stream: &CudaStream) -> Result<bool> {
     result::capturing("raft::stream_is_capturing", stream)
 }
+
+/// Runs `f` with the calling thread's stream-capture mode relaxed, then puts the mode back.
+///
+/// While any thread captures a stream in global mode (cudarc's and PyTorch's default), the
+/// driver refuses the calls it deems unsafe on every other thread in global mode (waits, event
+/// queries, `cudaFree`, `cudaMalloc`) and invalidates that capture. Work that never touches the
+/// capturing stream may make such calls in relaxed mode: this library's own waits and frees do,
+/// and the crates above run foreign work in it (cuVS's, which allocates, frees and waits inside
+/// its calls). Queue nothing in `f` on a stream that may be captured: refuse such a stream first
+/// ([`stream_is_capturing`]). Without a CUDA driver `f` simply runs.
+pub fn with_relaxed_capture<R>(f: impl FnOnce() -> R) -> R {
+    if !result::driver_present() {
+        return f();
+    }
+    result::relaxed(f)
+}

@@ -41,7 +41,7 @@ pub mod error {
 pub use array::{DeviceVec, HostCopy};
 pub use copy::{DeviceToDevice, Staging, ToDevice, ToHost, Transfer};
 pub use current::{current_device_resources, AsResources};
-pub use device::{current_device, device_count, memory_pools_supported, stream_is_capturing};
+pub use device::{current_device, device_count, memory_pools_supported, stream_is_capturing, with_relaxed_capture};
 pub use dlpack::{gemm_dlpack, DlpackElement, DlpackExport, DlpackTensor};
 pub use error::{Error, ErrorKind, Reason, Result};
 pub use gemm::gemm;

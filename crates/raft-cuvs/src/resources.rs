@@ -75,6 +75,9 @@ impl CuvsResources<'_> {
 /// A capture of the resources' stream into a CUDA graph must not be open when this is called
 /// (`Logic`: cuVS's work would run at each launch of the graph, after the index and the arrays
 /// may be gone), nor be begun by `f` and left open: the process stops then, as it does for a copy.
+/// `f` runs with the thread's capture mode relaxed ([`raft_core::with_relaxed_capture`]), so that
+/// another thread's capture in global mode neither refuses cuVS's allocations, frees and waits
+/// nor is invalidated by them.
 ///
 /// # Errors
 /// `Cuda` when cuVS cannot be loaded; `Logic` on released resources or a capturing stream; else
@@ -92,7 +95,11 @@ pub(crate) fn lend<R>(who: &'static str, res: &DeviceResources, f: impl FnOnce(C
     // Taken before the lend: inside it, calls that take the resources may wait on a release.
     let stream = res.stream().map_err(|e| e.with_who(who))?;
     refuse_capture(who, &stream)?;
-    let out = res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device, &stream))).map_err(|e| e.with_who(who))?;
+    // Relaxed: cuVS allocates, frees and waits inside its calls, which another thread's global
+    // capture would otherwise see refused (the frees leaking) and be invalidated by (the twelfth
+    // audit); the stream itself was refused above if captured.
+    let out = raft_core::with_relaxed_capture(|| res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device, &stream))))
+        .map_err(|e| e.with_who(who))?;
     if raft_core::stream_is_capturing(&stream).unwrap_or(false) {
         // A capture begun meanwhile on another thread may have taken cuVS's kernels into its
         // graph, which would then use the index and the arrays at each launch: the process stops,
@@ -150,7 +157,9 @@ pub(crate) fn destroy_lent(who: &'static str, res: &DeviceResources, destroy: im
         // Not known to be free of a capture: leaked rather than freed into one.
         Err(e) => return Err(e.with_who(who)),
     }
-    let out = res.with_raft_resources(|_| destroy()).map_err(|_| released_first(who, res))?;
+    // Relaxed, as a lend is: cuVS's frees (`cudaFree` through `cuda_memory_resource`) are
+    // otherwise refused during another thread's global capture, and RMM drops the refusal.
+    let out = raft_core::with_relaxed_capture(|| res.with_raft_resources(|_| destroy())).map_err(|_| released_first(who, res))?;
     if raft_core::stream_is_capturing(&stream).unwrap_or(false) {
         raft_exit::abort_with(format_args!(
             "{who}: a CUDA graph capture began on the resources' stream while cuVS freed an index on it; aborting"

@@ -80,8 +80,9 @@ pub(crate) fn stream_get(who: &'static str, res: &CuvsResources<'_>) -> Result<u
 /// `cuvsStreamSync`: RAFT's `sync_stream` on `res`.
 pub(crate) fn stream_sync(who: &'static str, res: &CuvsResources<'_>) -> Result<()> {
     let api = api(who)?;
-    // SAFETY: the handle is live for the borrow of `res`.
-    check(who, api, unsafe { api.cuvsStreamSync(res.raw()) })
+    // SAFETY: the handle is live for the borrow of `res`. Relaxed: RAFT's polls of the stream are
+    // otherwise refused during another thread's global capture, which they invalidate.
+    check(who, api, raft_core::with_relaxed_capture(|| unsafe { api.cuvsStreamSync(res.raw()) }))
 }
 
 /// The device of `res` as cuVS sees it (`cuvsDeviceIdGet`).

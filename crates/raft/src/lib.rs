@@ -49,10 +49,10 @@ pub use cudarc;
 pub use raft_abi::{abi, raft_release, require_raft_release, running, version, Abi, AbiField, Release, Running};
 pub use raft_core::{
     current_device, current_device_resources, device_count, driver_version, gemm, installed_default, memory, memory_pools_supported,
-    runtime_version, stats, stream_is_capturing, with_device_resources, ArenaOptions, AsResources, AsyncPoolBytes, AsyncPoolOptions,
-    DeviceMatrix, DeviceResources, DeviceScalar, DeviceVec, DeviceView, DeviceViewMut, Error, ErrorKind, GemmScalar, HandleKind, JobHandle,
-    Layout, LimitUsage, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics, PendingReleases, PoolOptions,
-    RaftResourcesPtr, Reason, Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
+    runtime_version, stats, stream_is_capturing, with_device_resources, with_relaxed_capture, ArenaOptions, AsResources, AsyncPoolBytes,
+    AsyncPoolOptions, DeviceMatrix, DeviceResources, DeviceScalar, DeviceVec, DeviceView, DeviceViewMut, Error, ErrorKind, GemmScalar,
+    HandleKind, JobHandle, Layout, LimitUsage, MatrixView, MatrixViewMut, MemoryResource, MemoryResourceKind, MemoryStatistics,
+    PendingReleases, PoolOptions, RaftResourcesPtr, Reason, Result, RmmOptions, Scoped, Stats, TrackedAllocations, WeakResources,
 };
 /// Names of earlier issues, kept as deprecated aliases of the value API ([`memory`]).
 #[allow(deprecated)]

@@ -88,8 +88,8 @@ impl NativeEvent {
 
     /// Whether the recorded work has finished (an error: it failed).
     pub(crate) fn is_complete(&self, who: &'static str) -> Result<bool> {
-        // SAFETY: the event is alive (owned by self); a query binds nothing.
-        match unsafe { cu::event::query(self.event) } {
+        // SAFETY: the event is alive (owned by self); a query binds nothing; relaxed as `wait`.
+        match super::relaxed(|| unsafe { cu::event::query(self.event) }) {
             Ok(()) => Ok(true),
             Err(e) if e.0 == cusys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             Err(e) => Err(Error::driver(who, e)),

@@ -75,3 +75,70 @@ fn counted() {
     let released = counting.statistics().unwrap();
     assert!(released.current_bytes <= built.current_bytes - graph, "the graph was not given back: {built:?} -> {released:?}");
 }
+
+/// An index's memory freed while another thread captures an unrelated stream in global mode (the
+/// twelfth audit): cuVS frees it on the dropping thread through the device's resource; with
+/// `cuda_memory_resource` that is a `cudaFree`, which the driver refuses in the thread's own
+/// global mode during such a capture, and RMM drops the refusal: the memory never went back.
+/// Now cuVS's calls run with the capture mode relaxed. In a child process: the device's resource
+/// is replaced for the whole process. The other capture's fate is printed, not asserted (a
+/// `cudaFree` synchronises the device, which the driver may count against a capture).
+#[test]
+fn an_index_freed_while_another_thread_captures_in_global_mode_gives_its_memory_back() {
+    if let Some(s) = child_scenario() {
+        assert_eq!(s, "freed-under-capture");
+        return freed_under_capture();
+    }
+    require_gpu!();
+    let test = concat!(module_path!(), "::an_index_freed_while_another_thread_captures_in_global_mode_gives_its_memory_back");
+    let c = rerun(test, "freed-under-capture", &[], std::time::Duration::from_secs(300));
+    eprintln!("{}", c.stderr.lines().filter(|l| l.contains("free") || l.contains("capture")).collect::<Vec<_>>().join("\n"));
+    c.assert_code(0);
+}
+
+/// The child: a brute-force index whose norms (`N_ROWS` floats) come from `cudaMalloc`, dropped
+/// during another thread's global capture; the dataset it owns comes from a pool that keeps
+/// its memory, so the device's free memory moves by the norms alone.
+fn freed_under_capture() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    use raft_core::{MemoryResource, PoolOptions};
+    use raft_cuvs::{BruteForceIndex, Metric};
+    require_gpu!();
+    const N_ROWS: usize = 1 << 24;
+    const DIM: usize = 2;
+    const NORMS: usize = N_ROWS * 4;
+    let res = DeviceResources::new().unwrap();
+    let device = res.device();
+    let ctx = res.context().clone();
+    let cuda = MemoryResource::cuda(device).unwrap();
+    let pool = cuda.pool(PoolOptions::initial(N_ROWS * DIM * 4 + (64 << 20))).unwrap();
+    let mut data = DeviceVec::<f32>::new_in(&res, N_ROWS * DIM, &pool).unwrap();
+    data.fill_zero().unwrap();
+    let dataset = DeviceMatrix::from_vec(data, N_ROWS, DIM, Layout::RowMajor).unwrap();
+    memory::set_current(device, &cuda).unwrap();
+    let index = BruteForceIndex::build(dataset, Metric::L2Expanded).unwrap();
+    res.sync().unwrap();
+    let (free_before, _) = ctx.mem_get_info().unwrap();
+    let unrelated = ctx.new_stream().unwrap();
+    let (begun_tx, begun_rx) = std::sync::mpsc::channel();
+    let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+    let capturer = std::thread::spawn(move || {
+        unrelated.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
+        begun_tx.send(()).unwrap();
+        let _ = end_rx.recv_timeout(std::time::Duration::from_secs(60));
+        unrelated.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH).map(drop).map_err(|e| e.to_string())
+    });
+    begun_rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the other thread began its capture");
+    let released = index.release();
+    end_tx.send(()).unwrap();
+    let other = capturer.join().unwrap();
+    let (free_after, _) = ctx.mem_get_info().unwrap();
+    eprintln!("the index's release: {released:?}; the other thread's capture: {other:?}; free {free_before} -> {free_after}");
+    released.unwrap();
+    assert!(
+        free_after >= free_before + NORMS / 2,
+        "the index's {NORMS} bytes of norms freed during another thread's global capture did not go back: {free_before} bytes free \
+         before the release, {free_after} after"
+    );
+    drop(pool);
+}

@@ -371,6 +371,10 @@ raftrs_status raftrs_resources_sync(raftrs_resources* res)
     // RAFT's sync_stream polls through the runtime, which binds device 0's primary context to a
     // thread that has none (a process that only uses device 1 would wake device 0).
     device_scope scope{r.device()};
+    // Its polls (cudaStreamQuery) in the thread's global capture mode are refused while another
+    // thread captures in global mode, invalidating that capture (the twelfth audit); the caller
+    // refused a capturing stream of its own first.
+    raftrs_fence::relaxed_capture relaxed;
     r.sync_stream();
   });
 }
