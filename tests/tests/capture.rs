@@ -836,3 +836,26 @@ fn sync_raft_while_another_thread_captures_in_global_mode_waits_and_leaves_that_
     synced.unwrap_or_else(|e| panic!("sync_raft failed during another thread's global capture: {e}"));
     other.unwrap_or_else(|e| panic!("sync_raft invalidated another thread's capture: {e}"));
 }
+
+/// Memory from `cudaMalloc` and `cudaHostAlloc` allocated while another thread captures an
+/// unrelated stream in global mode (the twelfth audit): the allocations ran in the thread's own
+/// global mode, which the driver refuses during such a capture for calls it deems unsafe, as it
+/// refused their frees before the eleventh audit. Now both run relaxed, as their frees do (the
+/// stream-ordered pools' allocations are not touched).
+#[test]
+fn memory_allocated_while_another_thread_captures_in_global_mode_is_allocated_and_leaves_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::MemoryResource;
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let mr = MemoryResource::cuda(0).unwrap();
+    drop(PinnedVec::<u8>::new(&res, 1).unwrap()); // the default pinned resource made before
+    let ((device, host), other) = while_another_thread_captures_globally(&ctx, || {
+        (DeviceVec::<u8>::new_in(&res, 64 << 20, &mr), PinnedVec::<u8>::new(&res, 64 << 20))
+    });
+    let device = device.unwrap_or_else(|e| panic!("cudaMalloc during another thread's global capture: {e}"));
+    let host = host.unwrap_or_else(|e| panic!("cudaHostAlloc during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the allocations invalidated another thread's capture: {e}"));
+    assert_eq!((device.len(), host.len()), (64 << 20, 64 << 20));
+}

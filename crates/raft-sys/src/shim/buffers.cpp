@@ -217,6 +217,10 @@ void allocate_into(shim_buffer& b, free_order order, void* stream, std::size_t b
 {
   b.stream_ordered = frees_stream_ordered(order, bytes, stream != nullptr);
   if (bytes != 0) {
+    // Relaxed unless stream-ordered, as its free is (cudaMalloc, cudaMallocHost: refused during
+    // another thread's global capture, which they invalidate; the twelfth audit).
+    std::optional<raftrs_fence::relaxed_capture> relaxed;
+    if (!b.stream_ordered) { relaxed.emplace(); }
     b.ptr = b.ref().allocate(cuda::stream_ref{static_cast<cudaStream_t>(stream)}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
     if (stream_capturing(stream) && may_be_captured(b.ref())) { stop_captured_meanwhile("an allocation"); }
   }
@@ -453,6 +457,10 @@ raftrs_status raftrs_mr_allocate_held(int32_t device,
     shim_mr const* use = held_resource(device, mr, current, made);
     *stream_ordered    = frees_stream_ordered(order_of(*use), bytes, stream != nullptr) ? 1 : 0;
     if (bytes != 0) {
+      // Relaxed where the free is (a resource that allocates with cudaMalloc: refused during
+      // another thread's global capture, invalidating it); never on the stream-ordered hot path.
+      std::optional<raftrs_fence::relaxed_capture> relaxed;
+      if (*stream_ordered == 0) { relaxed.emplace(); }
       *data = rmm::device_async_resource_ref{const_cast<any_device_resource&>(use->resource)}.allocate(
         cuda::stream_ref{static_cast<cudaStream_t>(stream)}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
       // Asked only of a resource whose allocation a capture can take (one cached walk); on a
