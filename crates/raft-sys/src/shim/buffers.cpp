@@ -436,6 +436,24 @@ static bool may_capture(uint8_t const* flag) noexcept
   return flag == nullptr || __atomic_load_n(flag, __ATOMIC_ACQUIRE) != 0;
 }
 
+/// An allocation or free that is not stream-ordered (cudaMalloc, cudaHostAlloc and their frees,
+/// the arena's large blocks) with the thread's capture mode relaxed: in its own global mode the
+/// driver refuses them while another thread captures a stream in global mode, invalidating that
+/// capture (and a refused free is swallowed by RMM, leaking the block: the eleventh and twelfth
+/// audits). Out of line, so that the stream-ordered hot path carries neither the mode's switch
+/// nor its cleanup.
+[[gnu::cold, gnu::noinline]] static void* allocate_relaxed(rmm::device_async_resource_ref r, cudaStream_t s, std::size_t bytes)
+{
+  raftrs_fence::relaxed_capture relaxed;
+  return r.allocate(cuda::stream_ref{s}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+}
+
+[[gnu::cold, gnu::noinline]] static void deallocate_relaxed(rmm::device_async_resource_ref r, cudaStream_t s, void* data, std::size_t bytes)
+{
+  raftrs_fence::relaxed_capture relaxed;
+  r.deallocate(cuda::stream_ref{s}, data, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+}
+
 raftrs_status raftrs_mr_allocate_held(int32_t device,
                                      const raftrs_mr* mr,
                                      int32_t current,
@@ -457,12 +475,11 @@ raftrs_status raftrs_mr_allocate_held(int32_t device,
     shim_mr const* use = held_resource(device, mr, current, made);
     *stream_ordered    = frees_stream_ordered(order_of(*use), bytes, stream != nullptr) ? 1 : 0;
     if (bytes != 0) {
-      // Relaxed where the free is (a resource that allocates with cudaMalloc: refused during
-      // another thread's global capture, invalidating it); never on the stream-ordered hot path.
-      std::optional<raftrs_fence::relaxed_capture> relaxed;
-      if (*stream_ordered == 0) { relaxed.emplace(); }
-      *data = rmm::device_async_resource_ref{const_cast<any_device_resource&>(use->resource)}.allocate(
-        cuda::stream_ref{static_cast<cudaStream_t>(stream)}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      rmm::device_async_resource_ref r{const_cast<any_device_resource&>(use->resource)};
+      auto const on = static_cast<cudaStream_t>(stream);
+      // Relaxed where the free is (allocate_relaxed); never on the stream-ordered hot path.
+      *data = *stream_ordered != 0 ? r.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT)
+                                   : allocate_relaxed(r, on, bytes);
       // Asked only of a resource whose allocation a capture can take (one cached walk); on a
       // private stream too when the allocation may have waited for another stream's event (a
       // capture there takes this stream in with its flag down).
@@ -484,15 +501,16 @@ raftrs_status raftrs_mr_deallocate_held(
     // The caller keeps `mr` (and the block) on failure.
     if (may_capture(capture_may_begin)) { refuse_capturing_free(stream); }
     device_scope scope{m.device};
-    // A free that is not stream-ordered (cudaFree, cudaFreeHost, the arena's large blocks) runs
-    // on a release thread after a wait for its stream: relaxed, so that the driver does not
-    // refuse it (and RMM swallow the refusal, leaking the block) while another thread captures
-    // a stream in global mode. The stream-ordered frees (the hot path) are not touched.
-    std::optional<raftrs_fence::relaxed_capture> relaxed;
-    if (!frees_stream_ordered(order_of(m), bytes, stream != nullptr)) { relaxed.emplace(); }
+    // A free that is not stream-ordered runs on a release thread after a wait for its stream,
+    // relaxed (deallocate_relaxed); the stream-ordered frees (the hot path) are not touched.
     raftrs_fence::freeing_on freeing{static_cast<cudaStream_t>(stream), stream != nullptr ? stream_owner : nullptr};
-    rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)}.deallocate(
-      cuda::stream_ref{static_cast<cudaStream_t>(stream)}, data, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    rmm::device_async_resource_ref r{const_cast<any_device_resource&>(m.resource)};
+    auto const on = static_cast<cudaStream_t>(stream);
+    if (frees_stream_ordered(order_of(m), bytes, stream != nullptr)) {
+      r.deallocate(cuda::stream_ref{on}, data, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+    } else {
+      deallocate_relaxed(r, on, data, bytes);
+    }
     if (captures_of(m) && may_capture(capture_may_begin) && stream_capturing(stream)) { stop_captured_meanwhile("a free"); }
   });
 }
