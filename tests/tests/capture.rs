@@ -859,3 +859,34 @@ fn memory_allocated_while_another_thread_captures_in_global_mode_is_allocated_an
     other.unwrap_or_else(|e| panic!("the allocations invalidated another thread's capture: {e}"));
     assert_eq!((device.len(), host.len()), (64 << 20, 64 << 20));
 }
+
+/// The calling thread's capture mode, read by exchanging it and putting it back.
+fn capture_mode_now() -> cudarc::driver::sys::CUstreamCaptureMode {
+    use cudarc::driver::sys::{self, CUstreamCaptureMode as Mode};
+    let mut mode = Mode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: exchanges the calling thread's mode through a pointer to a local, then puts the
+    // one it returned back; needs no context.
+    unsafe {
+        sys::cuThreadExchangeStreamCaptureMode(&mut mode).result().unwrap();
+        let mut back = mode;
+        sys::cuThreadExchangeStreamCaptureMode(&mut back).result().unwrap();
+    }
+    mode
+}
+
+/// `with_relaxed_capture` puts the thread's own capture mode back, also when its closure panics
+/// (the review of the twelfth audit: a panic caught further up, as `catch_unwind` or a job's
+/// join does, left the thread relaxed for good, so its unsafe calls no longer showed up against
+/// other threads' global captures).
+#[test]
+fn with_relaxed_capture_puts_the_mode_back_also_after_a_panic() {
+    require_gpu!();
+    use cudarc::driver::sys::CUstreamCaptureMode as Mode;
+    let _res = DeviceResources::new().unwrap(); // the driver loaded
+    assert_eq!(capture_mode_now(), Mode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    assert_eq!(raft::with_relaxed_capture(capture_mode_now), Mode::CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_eq!(capture_mode_now(), Mode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    let caught = std::panic::catch_unwind(|| raft::with_relaxed_capture(|| panic!("a panic inside")));
+    assert!(caught.is_err());
+    assert_eq!(capture_mode_now(), Mode::CU_STREAM_CAPTURE_MODE_GLOBAL, "a panic left the thread relaxed");
+}

@@ -283,16 +283,23 @@ pub(crate) fn refuse_captured_wait(who: &'static str, stream: &CudaStream) -> Re
 /// running, and also invalidates this thread's capture (measured on the H200 by this session's
 /// second review). Relaxed, the wait runs and the capture stays valid.
 pub(crate) fn relaxed<R>(wait: impl FnOnce() -> R) -> R {
-    let mut mode = cusys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: exchanges the calling thread's capture mode through a pointer to a local; needs
-    // no context.
-    let swapped = unsafe { cusys::cuThreadExchangeStreamCaptureMode(&mut mode) } == cusys::CUresult::CUDA_SUCCESS;
-    let out = wait();
-    if swapped {
-        // SAFETY: as above; puts back the mode the first exchange returned.
-        unsafe { cusys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    /// The thread's own mode, put back when dropped: also when `wait` unwinds (a panic caught
+    /// further up must not leave the thread relaxed).
+    struct Restore(Option<cusys::CUstreamCaptureMode>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(mut mode) = self.0.take() {
+                // SAFETY: exchanges the calling thread's capture mode through a pointer to a
+                // local; needs no context. Puts back the mode the first exchange returned.
+                unsafe { cusys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+            }
+        }
     }
-    out
+    let mut mode = cusys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: as in `Restore`.
+    let swapped = unsafe { cusys::cuThreadExchangeStreamCaptureMode(&mut mode) } == cusys::CUresult::CUDA_SUCCESS;
+    let _restore = Restore(swapped.then_some(mode));
+    wait()
 }
 
 /// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`): binds no
