@@ -1,5 +1,6 @@
 //! Compiles the benchmark's C++ baseline (bench/baseline.cpp, and issue 30's floors of create +
-//! release in bench/lifecycle_floor.cpp) with the shim's toolchain against the same headers, and links it to the RAPIDS/CUDA libraries the shim was linked with.
+//! release in bench/lifecycle_floor.cpp) with the shim's toolchain against the same headers,
+//! and links it to the RAPIDS/CUDA libraries the shim was linked with.
 //!
 //! raft-sys links nothing into Rust binaries (it loads its shim at run time), so this test crate
 //! links the baseline's libraries itself and gives its binaries an rpath to them: only this

@@ -7,13 +7,13 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -119,7 +119,9 @@ struct floor_slot {
 /// under its stream's handle, taken out at the release.
 struct floor_flags {
   std::mutex lock;
-  std::unordered_map<std::uintptr_t, std::weak_ptr<std::atomic<bool>>> by_stream;
+  /// No node allocated per entry, as in the library's `HashMap`: a short vector (a handful of
+  /// live streams in the bench).
+  std::vector<std::pair<std::uintptr_t, std::weak_ptr<std::atomic<bool>>>> by_stream;
 };
 
 floor_flags& floor_capture_flags()
@@ -151,7 +153,12 @@ int32_t create_release_floor(bool as_designed)
       flag = std::make_shared<std::atomic<bool>>(false);
       auto& f = floor_capture_flags();
       std::lock_guard<std::mutex> lock{f.lock};
-      f.by_stream.insert_or_assign(key, flag);
+      auto found = std::find_if(f.by_stream.begin(), f.by_stream.end(), [&](auto const& e) { return e.first == key; });
+      if (found != f.by_stream.end()) {
+        found->second = flag;
+      } else {
+        f.by_stream.emplace_back(key, flag);
+      }
     }
     // Declared after `s`: the slot is freed first when this scope ends (the drop below), also
     // when a step fails.
@@ -179,8 +186,12 @@ int32_t create_release_floor(bool as_designed)
       flag->store(true, std::memory_order_seq_cst);
       auto& f = floor_capture_flags();
       std::lock_guard<std::mutex> lock{f.lock};
-      auto found = f.by_stream.find(key);
-      if (found != f.by_stream.end() && found->second.lock() == flag) { f.by_stream.erase(found); }
+      auto found = std::find_if(f.by_stream.begin(), f.by_stream.end(), [&](auto const& e) { return e.first == key; });
+      // Only this object's own entry, compared by address (`Weak::as_ptr`), no count taken.
+      if (found != f.by_stream.end() && !found->second.owner_before(flag) && !flag.owner_before(found->second)) {
+        *found = std::move(f.by_stream.back());
+        f.by_stream.pop_back();
+      }
     }
     bool const destroyed = cudaStreamDestroy(stream) == cudaSuccess;
     {

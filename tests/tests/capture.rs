@@ -636,7 +636,7 @@ fn an_array_used_on_another_stream_and_dropped_during_a_capture_of_its_own_strea
 }
 
 /// Runs `body` while another thread captures an unrelated stream of `ctx` in global mode (the
-/// mode cudarc's and PyTorch's captures default to), then ends that capture: `body`'s result and
+/// mode PyTorch's captures default to), then ends that capture: `body`'s result and
 /// whether the capture stayed valid (its graph could be made).
 fn while_another_thread_captures_globally<R>(
     ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
@@ -771,8 +771,9 @@ fn staged_copies_while_another_thread_captures_in_global_mode_succeed_and_leave_
     let _one = serial();
     let res = DeviceResources::new().unwrap();
     let ctx = res.context().clone();
-    let host = pattern_f32(1 << 20, 97); // 4 MiB: staged both ways
-                                         // The staging's slots are made before the capture begins (only their reuse is asked about).
+    // 4 MiB, staged both ways; the staging's slots are made before the capture begins (only
+    // their reuse is asked about).
+    let host = pattern_f32(1 << 20, 97);
     let mut v = DeviceVec::from_host(&res, &host).unwrap();
     same("the warm-up copy", &v.to_host().unwrap(), &host);
     let back = pattern_f32(1 << 20, 98);
@@ -889,4 +890,24 @@ fn with_relaxed_capture_puts_the_mode_back_also_after_a_panic() {
     let caught = std::panic::catch_unwind(|| raft::with_relaxed_capture(|| panic!("a panic inside")));
     assert!(caught.is_err());
     assert_eq!(capture_mode_now(), Mode::CU_STREAM_CAPTURE_MODE_GLOBAL, "a panic left the thread relaxed");
+}
+
+/// A cuBLAS handle's creation and a pool's first block (`cudaMalloc` from its upstream) while
+/// another thread captures an unrelated stream in global mode (the twelfth audit's review): both
+/// ran in the thread's own global mode. Now the shim relaxes it around a handle's creation and
+/// a memory resource's construction.
+#[test]
+fn a_handle_and_a_pool_made_while_another_thread_captures_in_global_mode_leave_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::{MemoryResource, PoolOptions};
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let cuda = MemoryResource::cuda(0).unwrap();
+    let ((handle, pool), other) =
+        while_another_thread_captures_globally(&ctx, || (res.cublas_handle().map(|_| ()), cuda.pool(PoolOptions::initial(64 << 20))));
+    handle.unwrap_or_else(|e| panic!("a cuBLAS handle during another thread's global capture: {e}"));
+    let pool = pool.unwrap_or_else(|e| panic!("a pool during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("making a handle and a pool invalidated another thread's capture: {e}"));
+    drop(pool);
 }

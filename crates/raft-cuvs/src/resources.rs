@@ -75,9 +75,12 @@ impl CuvsResources<'_> {
 /// A capture of the resources' stream into a CUDA graph must not be open when this is called
 /// (`Logic`: cuVS's work would run at each launch of the graph, after the index and the arrays
 /// may be gone), nor be begun by `f` and left open: the process stops then, as it does for a copy.
-/// `f` runs with the thread's capture mode relaxed ([`raft_core::with_relaxed_capture`]), so that
-/// another thread's capture in global mode neither refuses cuVS's allocations, frees and waits
-/// nor is invalidated by them.
+/// `f` runs in the thread's own capture mode: while another thread captures a stream in global
+/// mode, the driver refuses what cuVS's calls in `f` allocate, free or wait for through a
+/// resource that is not stream-ordered (`cudaMalloc`), and that capture is invalidated. Wrap
+/// such calls in [`raft_core::with_relaxed_capture`] when that can happen (and begin no capture
+/// there). This crate's own calls (`brute_force_knn`, the indexes' builds, searches and drops)
+/// run relaxed.
 ///
 /// # Errors
 /// `Cuda` when cuVS cannot be loaded; `Logic` on released resources or a capturing stream; else
@@ -85,21 +88,29 @@ impl CuvsResources<'_> {
 pub fn with_cuvs<R>(res: &DeviceResources, f: impl FnOnce(CuvsResources<'_>) -> Result<R>) -> Result<R> {
     const WHO: &str = "raft_cuvs::with_cuvs";
     result::api(WHO)?;
-    lend(WHO, res, f)
+    lend_in(WHO, res, false, f)
 }
 
-/// Lends `res` to `f` and flattens its result: [`with_cuvs`] and the crate's own calls. The
-/// lend's own failure (released resources) is `who`'s; the closure's errors are its own.
+/// Lends `res` to the crate's own cuVS calls in `f`, with the thread's capture mode relaxed (see
+/// [`lend_in`]).
 pub(crate) fn lend<R>(who: &'static str, res: &DeviceResources, f: impl FnOnce(CuvsResources<'_>) -> Result<R>) -> Result<R> {
+    lend_in(who, res, true, f)
+}
+
+/// Lends `res` to `f` and flattens its result: [`with_cuvs`] (the user's closure, in the thread's
+/// own capture mode) and the crate's own calls (`relaxed`: cuVS allocates, frees and waits inside
+/// its calls, which another thread's global capture would otherwise see refused, the frees
+/// leaking, and be invalidated by; the twelfth audit). The lend's own failure (released
+/// resources) is `who`'s; the closure's errors are its own.
+fn lend_in<R>(who: &'static str, res: &DeviceResources, relaxed: bool, f: impl FnOnce(CuvsResources<'_>) -> Result<R>) -> Result<R> {
     let device = res.device();
     // Taken before the lend: inside it, calls that take the resources may wait on a release.
     let stream = res.stream().map_err(|e| e.with_who(who))?;
     refuse_capture(who, &stream)?;
-    // Relaxed: cuVS allocates, frees and waits inside its calls, which another thread's global
-    // capture would otherwise see refused (the frees leaking) and be invalidated by (the twelfth
-    // audit); the stream itself was refused above if captured.
-    let out = raft_core::with_relaxed_capture(|| res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device, &stream))))
-        .map_err(|e| e.with_who(who))?;
+    // The stream itself was refused above if captured; the mode only decides what the driver
+    // refuses beside other threads' captures.
+    let run = || res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device, &stream)));
+    let out = if relaxed { raft_core::with_relaxed_capture(run) } else { run() }.map_err(|e| e.with_who(who))?;
     if raft_core::stream_is_capturing(&stream).unwrap_or(false) {
         // A capture begun meanwhile on another thread may have taken cuVS's kernels into its
         // graph, which would then use the index and the arrays at each launch: the process stops,

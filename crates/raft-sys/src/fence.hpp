@@ -72,16 +72,17 @@ namespace raftrs_fence __attribute__((visibility("hidden"))) {
 /// which must never read as "the work is done".
 struct relaxed_capture {
   cudaStreamCaptureMode before{cudaStreamCaptureModeRelaxed};
+  /// Whether the mode was exchanged: a failed first exchange changed nothing, and nothing is put
+  /// back (putting `before` back then would leave the thread relaxed for good).
+  bool swapped{false};
   relaxed_capture() noexcept
   {
-    if (cudaThreadExchangeStreamCaptureMode(&before) != cudaSuccess) {
-      static_cast<void>(cudaGetLastError());
-      before = cudaStreamCaptureModeRelaxed;
-    }
+    swapped = cudaThreadExchangeStreamCaptureMode(&before) == cudaSuccess;
+    if (!swapped) { static_cast<void>(cudaGetLastError()); }
   }
   ~relaxed_capture()
   {
-    if (cudaThreadExchangeStreamCaptureMode(&before) != cudaSuccess) { static_cast<void>(cudaGetLastError()); }
+    if (swapped && cudaThreadExchangeStreamCaptureMode(&before) != cudaSuccess) { static_cast<void>(cudaGetLastError()); }
   }
   relaxed_capture(relaxed_capture const&)            = delete;
   relaxed_capture& operator=(relaxed_capture const&) = delete;

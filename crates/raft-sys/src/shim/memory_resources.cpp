@@ -139,6 +139,7 @@ raftrs_mr* adapt(raftrs_mr const* upstream, Args&&... args)
 {
   auto const& u = unwrap(upstream);
   device_scope scope{u.device};
+  raftrs_fence::relaxed_capture relaxed;  // see adapt_fenced
   return wrap(new shim_mr{u.device, any_device_resource{Adaptor{any_device_resource{u.resource}, std::forward<Args>(args)...}}});
 }
 
@@ -149,6 +150,9 @@ raftrs_mr* adapt_fenced(raftrs_mr const* upstream, Args&&... args)
 {
   auto const& u = unwrap(upstream);
   device_scope scope{u.device};
+  // A pool's or an arena's first block comes from its upstream (cudaMalloc) here: relaxed, as
+  // the allocations that are not stream-ordered are (the twelfth audit's review).
+  raftrs_fence::relaxed_capture relaxed;
   auto made = cuda::mr::make_shared_resource<raftrs_fence::fenced<R>>(
     u.device, any_device_resource{u.resource}, std::forward<Args>(args)...);
   return wrap(new shim_mr{u.device, any_device_resource{std::move(made)}});
@@ -305,6 +309,7 @@ raftrs_status raftrs_mr_new_cuda_async(int32_t device, int64_t initial_pool_size
     *out = nullptr;
     check_device(device);
     device_scope scope{device};
+    raftrs_fence::relaxed_capture relaxed;  // the pool's creation and its first block
     *out = wrap(new shim_mr{device, guarded_async(device, size_or_none(initial_pool_size), size_or_none(release_threshold))});
   });
 }

@@ -385,6 +385,11 @@ raftrs_status raftrs_resources_handle(raftrs_resources* res, int32_t kind, void*
     auto& r = unwrap(res);
     (void)handle_type(kind);  // refuses an unknown kind
     device_scope scope{r.device()};
+    // A handle's creation (cublasCreate and the like) makes calls the driver refuses in global
+    // mode while another thread captures in global mode, invalidating that capture (the twelfth
+    // audit's review). The mode decides only such refusals: what is queued on a stream is
+    // captured, or not, whatever it is.
+    raftrs_fence::relaxed_capture relaxed;
     r.ensure_checked_factories();
     switch (kind) {
       case RAFTRS_HANDLE_CUBLAS: *out = raft::resource::get_cublas_handle(r); break;
