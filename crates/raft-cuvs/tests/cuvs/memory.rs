@@ -81,8 +81,8 @@ fn counted() {
 /// `cuda_memory_resource` that is a `cudaFree`, which the driver refuses in the thread's own
 /// global mode during such a capture, and RMM drops the refusal: the memory never went back.
 /// Now cuVS's calls run with the capture mode relaxed. In a child process: the device's resource
-/// is replaced for the whole process. The other capture's fate is printed, not asserted (a
-/// `cudaFree` synchronises the device, which the driver may count against a capture).
+/// is replaced for the whole process. (Before: `release()` returned `Ok`, the memory stayed
+/// taken and the other capture was invalidated: run 181.)
 #[test]
 fn an_index_freed_while_another_thread_captures_in_global_mode_gives_its_memory_back() {
     if let Some(s) = child_scenario() {
@@ -100,7 +100,6 @@ fn an_index_freed_while_another_thread_captures_in_global_mode_gives_its_memory_
 /// during another thread's global capture; the dataset it owns comes from a pool that keeps
 /// its memory, so the device's free memory moves by the norms alone.
 fn freed_under_capture() {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
     use raft_core::{MemoryResource, PoolOptions};
     use raft_cuvs::{BruteForceIndex, Metric};
     require_gpu!();
@@ -119,6 +118,27 @@ fn freed_under_capture() {
     let index = BruteForceIndex::build(dataset, Metric::L2Expanded).unwrap();
     res.sync().unwrap();
     let (free_before, _) = ctx.mem_get_info().unwrap();
+    let (released, other) = while_another_thread_captures_globally(&ctx, || index.release());
+    let (free_after, _) = ctx.mem_get_info().unwrap();
+    eprintln!("the index's release: {released:?}; the other thread's capture: {other:?}; free {free_before} -> {free_after}");
+    released.unwrap();
+    other.unwrap_or_else(|e| panic!("the index's release invalidated another thread's capture: {e}"));
+    assert!(
+        free_after >= free_before + NORMS / 2,
+        "the index's {NORMS} bytes of norms freed during another thread's global capture did not go back: {free_before} bytes free \
+         before the release, {free_after} after"
+    );
+    drop(pool);
+}
+
+/// Runs `body` while another thread captures an unrelated stream of `ctx` in global mode (the mode
+/// PyTorch's captures default to), then ends that capture: `body`'s result and whether the capture
+/// stayed valid (its graph could be made). As raft-tests' `capture.rs` does.
+fn while_another_thread_captures_globally<R>(
+    ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+    body: impl FnOnce() -> R,
+) -> (R, Result<(), String>) {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
     let unrelated = ctx.new_stream().unwrap();
     let (begun_tx, begun_rx) = std::sync::mpsc::channel();
     let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
@@ -129,16 +149,47 @@ fn freed_under_capture() {
         unrelated.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH).map(drop).map_err(|e| e.to_string())
     });
     begun_rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the other thread began its capture");
-    let released = index.release();
+    let out = body();
     end_tx.send(()).unwrap();
-    let other = capturer.join().unwrap();
-    let (free_after, _) = ctx.mem_get_info().unwrap();
-    eprintln!("the index's release: {released:?}; the other thread's capture: {other:?}; free {free_before} -> {free_after}");
-    released.unwrap();
-    assert!(
-        free_after >= free_before + NORMS / 2,
-        "the index's {NORMS} bytes of norms freed during another thread's global capture did not go back: {free_before} bytes free \
-         before the release, {free_after} after"
-    );
-    drop(pool);
+    (out, capturer.join().unwrap())
+}
+
+/// A brute-force search while another thread captures an unrelated stream in global mode, with
+/// `cuda_memory_resource` current (the twelfth audit's review): cuVS's temporaries come from
+/// `cudaMalloc` and go back with `cudaFree` inside the lend, which the driver refused in the
+/// thread's own global mode. The crate's lends run relaxed: the search succeeds, and the capture
+/// stays valid. In a child process: the device's resource is replaced for the whole process.
+#[test]
+fn a_search_while_another_thread_captures_in_global_mode_succeeds_and_leaves_that_capture_valid() {
+    if let Some(s) = child_scenario() {
+        assert_eq!(s, "search-under-capture");
+        return search_under_capture();
+    }
+    require_gpu!();
+    let test = concat!(module_path!(), "::a_search_while_another_thread_captures_in_global_mode_succeeds_and_leaves_that_capture_valid");
+    let c = rerun(test, "search-under-capture", &[], std::time::Duration::from_secs(300));
+    eprintln!("{}", c.stderr.lines().filter(|l| l.contains("search") || l.contains("capture")).collect::<Vec<_>>().join("\n"));
+    c.assert_code(0);
+}
+
+fn search_under_capture() {
+    use raft_core::MemoryResource;
+    require_gpu!();
+    const N_ROWS: usize = 20_000;
+    const DIM: usize = 32;
+    const N_QUERIES: usize = 100;
+    let mut rng = Rng::new(0x5eed_0005);
+    let res = DeviceResources::new().unwrap();
+    let device = res.device();
+    let ctx = res.context().clone();
+    let d = DeviceVec::from_host(&res, &rng.uniform_vec(N_ROWS * DIM)).unwrap();
+    let q = DeviceVec::from_host(&res, &rng.uniform_vec(N_QUERIES * DIM)).unwrap();
+    res.sync().unwrap();
+    memory::set_current(device, &MemoryResource::cuda(device).unwrap()).unwrap();
+    let (found, other) = while_another_thread_captures_globally(&ctx, || {
+        brute_force_knn(&res, d.matrix(N_ROWS, DIM, Layout::RowMajor)?, q.matrix(N_QUERIES, DIM, Layout::RowMajor)?, 10)
+    });
+    eprintln!("the search: {:?}; the other thread's capture: {other:?}", found.as_ref().map(|_| ()));
+    found.unwrap_or_else(|e| panic!("a search during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the search invalidated another thread's capture: {e}"));
 }
