@@ -1,4 +1,5 @@
 //! Helpers of the integration tests: GPU gating and child-process scenarios.
+pub mod global_capture;
 pub mod patterns;
 
 use std::io::Write;

@@ -3,6 +3,7 @@
 //! captured, arrays used on other streams freed only after that use, registrations that
 //! page-lock no neighbour, GEMMs refused, and arrays neither allocated nor freed into a capture.
 use raft::{DeviceResources, DeviceVec, ErrorKind, PinnedVec, RegisteredSlice};
+use raft_tests::global_capture::{capture_mode_now, while_another_thread_captures_globally};
 use raft_tests::patterns::{pattern_f32, pattern_u32, pattern_u8, same};
 use raft_tests::require_gpu;
 use std::sync::{Mutex, MutexGuard};
@@ -635,30 +636,6 @@ fn an_array_used_on_another_stream_and_dropped_during_a_capture_of_its_own_strea
     assert_eq!(mr.statistics().unwrap().current_count, 0, "the array was not freed after the capture ended");
 }
 
-/// Runs `body` while another thread captures an unrelated stream of `ctx` in global mode (the
-/// mode PyTorch's captures default to), then ends that capture: `body`'s result and
-/// whether the capture stayed valid (its graph could be made).
-fn while_another_thread_captures_globally<R>(
-    ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
-    body: impl FnOnce() -> R,
-) -> (R, Result<(), String>) {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
-    use std::sync::mpsc::channel;
-    let unrelated = ctx.new_stream().unwrap();
-    let (begun_tx, begun_rx) = channel();
-    let (end_tx, end_rx) = channel::<()>();
-    let capturer = std::thread::spawn(move || {
-        unrelated.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
-        begun_tx.send(()).unwrap();
-        let _ = end_rx.recv_timeout(std::time::Duration::from_secs(60));
-        unrelated.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH).map(drop).map_err(|e| e.to_string())
-    });
-    begun_rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the other thread began its capture");
-    let out = body();
-    end_tx.send(()).unwrap();
-    (out, capturer.join().unwrap())
-}
-
 /// Resources released while another thread captures an unrelated stream in global mode (the
 /// eleventh audit): the release's first look at its stream (`cuStreamQuery`, before its wait) ran
 /// in the thread's own global mode, which the driver refuses during such a capture, invalidating
@@ -859,20 +836,6 @@ fn memory_allocated_while_another_thread_captures_in_global_mode_is_allocated_an
     let host = host.unwrap_or_else(|e| panic!("cudaHostAlloc during another thread's global capture: {e}"));
     other.unwrap_or_else(|e| panic!("the allocations invalidated another thread's capture: {e}"));
     assert_eq!((device.len(), host.len()), (64 << 20, 64 << 20));
-}
-
-/// The calling thread's capture mode, read by exchanging it and putting it back.
-fn capture_mode_now() -> cudarc::driver::sys::CUstreamCaptureMode {
-    use cudarc::driver::sys::{self, CUstreamCaptureMode as Mode};
-    let mut mode = Mode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: exchanges the calling thread's mode through a pointer to a local, then puts the
-    // one it returned back; needs no context.
-    unsafe {
-        sys::cuThreadExchangeStreamCaptureMode(&mut mode).result().unwrap();
-        let mut back = mode;
-        sys::cuThreadExchangeStreamCaptureMode(&mut back).result().unwrap();
-    }
-    mode
 }
 
 /// `with_relaxed_capture` puts the thread's own capture mode back, also when its closure panics
