@@ -124,10 +124,10 @@ pub fn stream_is_capturing(stream: &CudaStream) -> Result<bool> {
 
 /// Runs `f` with the calling thread's stream-capture mode relaxed, then puts the mode back.
 ///
-/// While any thread captures a stream in global mode (PyTorch's default; cudarc's `begin_capture`
-/// takes the mode), the
-/// driver refuses the calls it deems unsafe on every other thread in global mode (waits, event
-/// queries, `cudaFree`, `cudaMalloc`) and invalidates that capture. Work that never touches the
+/// While any thread captures a stream in global mode (PyTorch's default; cudarc's
+/// `begin_capture` takes the mode), the driver refuses the calls it deems unsafe on every other
+/// thread in global mode (waits, event queries, `cudaFree`, `cudaMalloc`) and invalidates that
+/// capture. Work that never touches the
 /// capturing stream may make such calls in relaxed mode: this library's own waits and frees do,
 /// and the crates above run foreign work in it (cuVS's, which allocates, frees and waits inside
 /// its calls). Queue nothing in `f` on a stream that may be captured: refuse such a stream first

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -383,13 +384,15 @@ raftrs_status raftrs_resources_handle(raftrs_resources* res, int32_t kind, void*
 {
   return guard([&] {
     auto& r = unwrap(res);
-    (void)handle_type(kind);  // refuses an unknown kind
+    auto const type = handle_type(kind);  // refuses an unknown kind
     device_scope scope{r.device()};
     // A handle's creation (cublasCreate and the like) makes calls the driver refuses in global
     // mode while another thread captures in global mode, invalidating that capture (the twelfth
-    // audit's review). The mode decides only such refusals: what is queued on a stream is
-    // captured, or not, whatever it is.
-    raftrs_fence::relaxed_capture relaxed;
+    // audit's review): relaxed while it is not made yet (a handle made already is only read).
+    // The mode decides only such refusals: what is queued on a stream is captured, or not,
+    // whatever it is.
+    std::optional<raftrs_fence::relaxed_capture> relaxed;
+    if (!r.has(type)) { relaxed.emplace(); }
     r.ensure_checked_factories();
     switch (kind) {
       case RAFTRS_HANDLE_CUBLAS: *out = raft::resource::get_cublas_handle(r); break;
