@@ -130,6 +130,21 @@ fn phase(secs: f64, f: &mut dyn FnMut()) -> (u64, Vec<usize>) {
     (calls, (0..n).map(|i| SAMPLES[i].load(Ordering::Relaxed)).collect())
 }
 
+/// Profiles `f` for `secs` (see [`phase`]): its addresses go to `OUT/{file}.txt`; returns (and
+/// prints) the summary line `{label}: calls, ns per call, samples`.
+fn profile(out: &std::path::Path, secs: f64, label: &str, file: &str, f: &mut dyn FnMut()) -> String {
+    let t = Instant::now();
+    let (calls, samples) = phase(secs, f);
+    let ns = t.elapsed().as_nanos() as f64 / calls as f64;
+    let line = format!("{label}: {calls} calls, {ns:.1} ns per call (with the sampling), {} samples\n", samples.len());
+    print!("{line}");
+    let mut w = std::fs::File::create(out.join(format!("{file}.txt"))).unwrap();
+    for a in samples {
+        writeln!(w, "{a:x}").unwrap();
+    }
+    line
+}
+
 /// ALLOC_PROFILE_PHASES: a comma-separated subset of the phases' names (all when unset).
 fn selected(name: &str) -> bool {
     std::env::var("ALLOC_PROFILE_PHASES").map_or(true, |only| only.split(',').any(|p| p == name))
@@ -161,18 +176,8 @@ fn main() {
             ("cpp-as-designed", &mut || assert_eq!(unsafe { bl_alloc_free_held_as_designed(1, bytes) }, 0)),
         ];
         for (name, f) in phases {
-            if !selected(name) {
-                continue;
-            }
-            let t = Instant::now();
-            let (calls, samples) = phase(secs, f);
-            let ns = t.elapsed().as_nanos() as f64 / calls as f64;
-            let line = format!("{name} {bytes} B: {calls} calls, {ns:.1} ns per call (with the sampling), {} samples\n", samples.len());
-            print!("{line}");
-            summary.push_str(&line);
-            let mut file = std::fs::File::create(out.join(format!("{name}-{bytes}.txt"))).unwrap();
-            for a in samples {
-                writeln!(file, "{a:x}").unwrap();
+            if selected(name) {
+                summary.push_str(&profile(&out, secs, &format!("{name} {bytes} B"), &format!("{name}-{bytes}"), f));
             }
         }
     }
@@ -187,18 +192,8 @@ fn main() {
         ("create-release-cpp", &mut || assert_eq!(unsafe { bl_create_release() }, 0)),
     ];
     for (name, f) in lifecycle {
-        if !selected(name) {
-            continue;
-        }
-        let t = Instant::now();
-        let (calls, samples) = phase(secs, f);
-        let ns = t.elapsed().as_nanos() as f64 / calls as f64;
-        let line = format!("{name}: {calls} calls, {ns:.1} ns per call (with the sampling), {} samples\n", samples.len());
-        print!("{line}");
-        summary.push_str(&line);
-        let mut file = std::fs::File::create(out.join(format!("{name}.txt"))).unwrap();
-        for a in samples {
-            writeln!(file, "{a:x}").unwrap();
+        if selected(name) {
+            summary.push_str(&profile(&out, secs, name, name, f));
         }
     }
     // SAFETY: the baseline's own stream again, before `own` goes.
