@@ -1,5 +1,24 @@
 //! Another thread's stream capture in global mode (the mode PyTorch's captures default to), for
-//! the tests of what the driver refuses beside it (`tests/tests/capture.rs`).
+//! the tests of what the driver refuses beside it (`tests/tests/global_capture.rs`), and the lock
+//! that runs the capture tests one at a time (`capture.rs` too).
+
+use std::sync::{Mutex, MutexGuard};
+
+/// One test at a time: a capture of one test's stream was invalidated by a neighbour test's
+/// work (`an_array_dropped_during_a_short_capture_is_freed_by_its_release_thread_after_it` failed
+/// in 1 of 3 runs of the binary, also with the library of before the seventh audit, and never
+/// single-threaded or alone: run 156). One per test binary (each links its own copy).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Takes the lock, then waits for the releases the earlier tests left to the release threads:
+/// a memory resource destroyed there frees its blocks with `cudaFree`, a device-wide wait that
+/// invalidates any capture in progress (`device_copies_and_pointers_are_refused_…` failed once in
+/// four runs of the binary with the lock alone, its relaxed capture invalidated: run 157).
+pub fn serial() -> MutexGuard<'static, ()> {
+    let one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    crate::settle_releases(std::time::Duration::from_secs(30));
+    one
+}
 
 /// Runs `body` while another thread captures an unrelated stream of `ctx` in global mode (the
 /// mode PyTorch's captures default to), then ends that capture: `body`'s result and

@@ -1,0 +1,230 @@
+//! What the driver refuses in a thread's own global capture mode while another thread captures
+//! an unrelated stream in global mode (the mode PyTorch's captures default to; the eleventh,
+//! twelfth audits): every wait, query, allocation, free and construction the
+//! library makes for the user runs relaxed where the driver would refuse it, so it succeeds and
+//! leaves that other capture valid. Captures of the resources' own stream: `capture.rs`.
+use raft::{DeviceResources, DeviceVec, PinnedVec, RegisteredSlice};
+use raft_tests::global_capture::{capture_mode_now, serial, while_another_thread_captures_globally};
+use raft_tests::patterns::{pattern_f32, pattern_u8, same};
+use raft_tests::require_gpu;
+
+/// Resources released while another thread captures an unrelated stream in global mode (the
+/// eleventh audit): the release's first look at its stream (`cuStreamQuery`, before its wait) ran
+/// in the thread's own global mode, which the driver refuses during such a capture, invalidating
+/// it; the release then failed. Now the look is relaxed, as the wait after it is: the release
+/// drains and destroys, and the other capture stays valid. (Before: a `Cuda` error, and the other
+/// thread's capture invalidated.)
+#[test]
+fn a_release_while_another_thread_captures_in_global_mode_drains_and_leaves_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.stream().unwrap().context().clone(); // the stream handed out: the release drains it
+    let v = DeviceVec::<f32>::zeros(&res, 1 << 20).unwrap();
+    res.sync().unwrap();
+    let (released, other) = while_another_thread_captures_globally(&ctx, || res.release());
+    released.unwrap();
+    other.unwrap_or_else(|e| panic!("the release invalidated another thread's capture: {e}"));
+    drop(v);
+}
+
+/// Memory of `cudaMalloc` freed (on a release thread) while another thread captures an unrelated
+/// stream in global mode (the eleventh audit): in the release thread's own global mode the driver
+/// may refuse the `cudaFree`, which RMM swallows, leaking the block. Now the free runs relaxed:
+/// the memory goes back to the device. The other capture's fate is printed, not asserted: a
+/// `cudaFree` synchronises the device, which the driver may count against a capture.
+#[test]
+fn memory_freed_while_another_thread_captures_in_global_mode_goes_back_to_the_device() {
+    require_gpu!();
+    let _one = serial();
+    use raft::MemoryResource;
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let mr = MemoryResource::cuda(0).unwrap();
+    const BYTES: usize = 4 << 30;
+    let v = DeviceVec::<u8>::new_in(&res, BYTES, &mr).unwrap();
+    res.sync().unwrap();
+    let (free_before, _) = ctx.mem_get_info().unwrap();
+    let ((), other) = while_another_thread_captures_globally(&ctx, || {
+        drop(v); // a release thread frees it
+        raft_tests::settle_releases(std::time::Duration::from_secs(30));
+    });
+    println!("the other thread's capture: {other:?}");
+    let (free_after, _) = ctx.mem_get_info().unwrap();
+    assert!(
+        free_after >= free_before + BYTES / 2,
+        "the block freed during another thread's global capture did not go back: {free_before} bytes free before the free, {free_after} after"
+    );
+}
+
+/// A slice registered and unregistered while another thread captures an unrelated stream in
+/// global mode (the eleventh audit): `cuMemHostRegister` / `cuMemHostUnregister` ran in the
+/// thread's own global mode, which the driver may refuse during such a capture; a refused
+/// unregistration stops the process (a slice is never handed back page-locked). Now both run
+/// relaxed: the scope ends normally. In a child process, which a stop would end.
+#[test]
+fn a_slice_registered_while_another_thread_captures_in_global_mode_is_unregistered() {
+    use std::process::Command;
+    if std::env::var_os("RAFT_CAPTURE_CHILD").is_some_and(|v| v == "register") {
+        let res = DeviceResources::new().unwrap();
+        let ctx = res.context().clone();
+        let mut host = pattern_u8(1 << 20, 89);
+        let (scoped, other) = while_another_thread_captures_globally(&ctx, || RegisteredSlice::scope(&res, &mut host, |r| r.len()));
+        println!("RESULT scope={scoped:?} other={other:?}");
+        return;
+    }
+    require_gpu!();
+    let _one = serial();
+    let me = std::env::current_exe().unwrap();
+    let out = Command::new(me)
+        .args([
+            "a_slice_registered_while_another_thread_captures_in_global_mode_is_unregistered",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RAFT_CAPTURE_CHILD", "register")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the child stopped: {:?}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains(&format!("RESULT scope=Ok({})", 1 << 20)), "the registration failed:\n{stdout}\n{stderr}");
+}
+
+/// Staged copies (page-locked slots reused once their events say so) while another thread
+/// captures an unrelated stream in global mode (the twelfth audit): the slots' `cuEventQuery`
+/// ran in the thread's own global mode, which the driver refuses during such a capture,
+/// invalidating it; the copy failed. Now the query is relaxed, as the waits are. (Before: a
+/// `Cuda` error, and the other thread's capture invalidated.)
+#[test]
+fn staged_copies_while_another_thread_captures_in_global_mode_succeed_and_leave_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    // 4 MiB, staged both ways; the staging's slots are made before the capture begins (only
+    // their reuse is asked about).
+    let host = pattern_f32(1 << 20, 97);
+    let mut v = DeviceVec::from_host(&res, &host).unwrap();
+    same("the warm-up copy", &v.to_host().unwrap(), &host);
+    let back = pattern_f32(1 << 20, 98);
+    let (copied, other) = while_another_thread_captures_globally(&ctx, || v.copy_from_host(&back[..]).and_then(|()| v.to_host()));
+    let copied = copied.unwrap_or_else(|e| panic!("a staged copy failed during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the staged copies invalidated another thread's capture: {e}"));
+    same("the staged copies", &copied, &back);
+}
+
+/// Copies too small to stage (a pageable `cudaMemcpyAsync`, then a relaxed wait) while another
+/// thread captures an unrelated stream in global mode: both go ahead and the capture stays valid.
+#[test]
+fn small_copies_while_another_thread_captures_in_global_mode_succeed_and_leave_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let host = pattern_f32(4096, 99);
+    let mut v = DeviceVec::<f32>::zeros(&res, 4096).unwrap();
+    res.sync().unwrap();
+    let (copied, other) = while_another_thread_captures_globally(&ctx, || v.copy_from_host(&host[..]).and_then(|()| v.to_host()));
+    let copied = copied.unwrap_or_else(|e| panic!("a small copy failed during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the small copies invalidated another thread's capture: {e}"));
+    same("the small copies", &copied, &host);
+}
+
+/// `Transfer::is_finished` while another thread captures an unrelated stream in global mode (the
+/// twelfth audit): its event query was refused in the thread's own global mode, so it answered
+/// "finished" with the copy running, and the other thread's capture was invalidated. Now the
+/// query is relaxed. (Before: the capture invalidated.)
+#[test]
+fn a_transfer_asked_while_another_thread_captures_in_global_mode_leaves_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    const N: usize = 64 << 20; // 256 MiB
+    let src = DeviceVec::<f32>::zeros(&res, N).unwrap();
+    let dst = PinnedVec::<f32>::new(&res, N).unwrap();
+    res.sync().unwrap();
+    let transfer = res.transfer_to_host(src, dst).unwrap();
+    let (asked, other) = while_another_thread_captures_globally(&ctx, || transfer.is_finished());
+    let (_src, dst) = transfer.wait().unwrap();
+    println!("is_finished during the other thread's capture: {asked}");
+    other.unwrap_or_else(|e| panic!("asking whether a transfer finished invalidated another thread's capture: {e}"));
+    assert_eq!(dst.len(), N);
+}
+
+/// `DeviceResources::sync_raft` while another thread captures an unrelated stream in global mode
+/// (the twelfth audit): RAFT's `sync_stream` polled the stream in the thread's own global mode,
+/// which the driver refuses during such a capture, invalidating it. Now the shim relaxes the mode
+/// around it. (Before: a `Cuda` error, and the other thread's capture invalidated.)
+#[test]
+fn sync_raft_while_another_thread_captures_in_global_mode_waits_and_leaves_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let _v = DeviceVec::<f32>::zeros(&res, 1 << 20).unwrap();
+    let (synced, other) = while_another_thread_captures_globally(&ctx, || res.sync_raft());
+    synced.unwrap_or_else(|e| panic!("sync_raft failed during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("sync_raft invalidated another thread's capture: {e}"));
+}
+
+/// Memory from `cudaMalloc` and `cudaHostAlloc` allocated while another thread captures an
+/// unrelated stream in global mode (the twelfth audit): the allocations ran in the thread's own
+/// global mode, which the driver refuses during such a capture for calls it deems unsafe, as it
+/// refused their frees before the eleventh audit. Now both run relaxed, as their frees do (the
+/// stream-ordered pools' allocations are not touched).
+#[test]
+fn memory_allocated_while_another_thread_captures_in_global_mode_is_allocated_and_leaves_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::MemoryResource;
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let mr = MemoryResource::cuda(0).unwrap();
+    drop(PinnedVec::<u8>::new(&res, 1).unwrap()); // the default pinned resource made before
+    let ((device, host), other) = while_another_thread_captures_globally(&ctx, || {
+        (DeviceVec::<u8>::new_in(&res, 64 << 20, &mr), PinnedVec::<u8>::new(&res, 64 << 20))
+    });
+    let device = device.unwrap_or_else(|e| panic!("cudaMalloc during another thread's global capture: {e}"));
+    let host = host.unwrap_or_else(|e| panic!("cudaHostAlloc during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the allocations invalidated another thread's capture: {e}"));
+    assert_eq!((device.len(), host.len()), (64 << 20, 64 << 20));
+}
+
+/// `with_relaxed_capture` puts the thread's own capture mode back, also when its closure panics
+/// (the review of the twelfth audit: a panic caught further up, as `catch_unwind` or a job's
+/// join does, left the thread relaxed for good, so its unsafe calls no longer showed up against
+/// other threads' global captures).
+#[test]
+fn with_relaxed_capture_puts_the_mode_back_also_after_a_panic() {
+    require_gpu!();
+    use cudarc::driver::sys::CUstreamCaptureMode as Mode;
+    let _res = DeviceResources::new().unwrap(); // the driver loaded
+    assert_eq!(capture_mode_now(), Mode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    assert_eq!(raft::with_relaxed_capture(capture_mode_now), Mode::CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_eq!(capture_mode_now(), Mode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    let caught = std::panic::catch_unwind(|| raft::with_relaxed_capture(|| panic!("a panic inside")));
+    assert!(caught.is_err());
+    assert_eq!(capture_mode_now(), Mode::CU_STREAM_CAPTURE_MODE_GLOBAL, "a panic left the thread relaxed");
+}
+
+/// A cuBLAS handle's creation and a pool's first block (`cudaMalloc` from its upstream) while
+/// another thread captures an unrelated stream in global mode (the twelfth audit's review): both
+/// ran in the thread's own global mode. Now the shim relaxes it around a handle's creation and
+/// a memory resource's construction.
+#[test]
+fn a_handle_and_a_pool_made_while_another_thread_captures_in_global_mode_leave_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::{MemoryResource, PoolOptions};
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let cuda = MemoryResource::cuda(0).unwrap();
+    let ((handle, pool), other) =
+        while_another_thread_captures_globally(&ctx, || (res.cublas_handle().map(|_| ()), cuda.pool(PoolOptions::initial(64 << 20))));
+    handle.unwrap_or_else(|e| panic!("a cuBLAS handle during another thread's global capture: {e}"));
+    let pool = pool.unwrap_or_else(|e| panic!("a pool during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("making a handle and a pool invalidated another thread's capture: {e}"));
+    drop(pool);
+}
