@@ -1,6 +1,6 @@
 //! What the driver refuses in a thread's own global capture mode while another thread captures
 //! an unrelated stream in global mode (the mode PyTorch's captures default to; the eleventh,
-//! twelfth audits): every wait, query, allocation, free and construction the
+//! twelfth and thirteenth audits): every wait, query, allocation, free and construction the
 //! library makes for the user runs relaxed where the driver would refuse it, so it succeeds and
 //! leaves that other capture valid. Captures of the resources' own stream: `capture.rs`.
 use raft::{DeviceResources, DeviceVec, PinnedVec, RegisteredSlice};
@@ -227,4 +227,35 @@ fn a_handle_and_a_pool_made_while_another_thread_captures_in_global_mode_leave_t
     let pool = pool.unwrap_or_else(|e| panic!("a pool during another thread's global capture: {e}"));
     other.unwrap_or_else(|e| panic!("making a handle and a pool invalidated another thread's capture: {e}"));
     drop(pool);
+}
+
+/// A pool and a binning resource growing from `cudaMalloc` while another thread captures an
+/// unrelated stream in global mode (the thirteenth audit; the twelfth left it open): the growth's
+/// `cudaMalloc` ran in the thread's own global mode, which the driver refuses during such a
+/// capture, invalidating it, and the allocation failed. Now the shim calls a pool's or a binning
+/// resource's upstream relaxed (only the upstream's calls: an allocation the pool serves itself
+/// pays nothing). (Before: `OutOfMemory` from RMM's `bad_alloc`, and the other capture
+/// invalidated.)
+#[test]
+fn pools_grown_while_another_thread_captures_in_global_mode_grow_and_leave_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::{MemoryResource, PoolOptions};
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let cuda = MemoryResource::cuda(0).unwrap();
+    let pool = cuda.pool(PoolOptions::initial(1 << 20)).unwrap();
+    // Bins of 256 B to 64 KiB, each taking its blocks from the upstream 128 at a time (RMM's
+    // fixed_size_memory_resource: 32 KiB for the smallest): 10 000 blocks of 256 B grow the
+    // smallest bin 78 times.
+    let binning = cuda.binning(8, 16).unwrap();
+    let ((grown, binned), other) = while_another_thread_captures_globally(&ctx, || {
+        let grown = DeviceVec::<u8>::new_in(&res, 64 << 20, &pool);
+        let binned: raft::Result<Vec<DeviceVec<u8>>> = (0..10_000).map(|_| DeviceVec::<u8>::new_in(&res, 256, &binning)).collect();
+        (grown, binned)
+    });
+    let grown = grown.unwrap_or_else(|e| panic!("a pool's growth during another thread's global capture: {e}"));
+    let binned = binned.unwrap_or_else(|e| panic!("a bin's growth during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the growths invalidated another thread's capture: {e}"));
+    assert_eq!((grown.len(), binned.len()), (64 << 20, 10_000));
 }

@@ -237,12 +237,59 @@ std::optional<rmm::device_async_resource_ref> upstream_of(rmm::device_async_reso
   return a->get_upstream_resource();
 }
 
-/// The upstream of a pool-like `R` behind `mr`, fenced (made here) or not (made elsewhere).
+/// The upstream of a pool or a binning resource made here, when that upstream's frees may block
+/// (`cudaMalloc`, `cudaMallocHost`, managed memory, and adaptors over them): every call into it,
+/// a growth (a pool's next block, a bin's next chunk, a binning resource's block too large for
+/// its bins) and the blocks handed back, runs with the thread's capture mode relaxed. In the
+/// thread's global mode the driver refuses those calls while another thread captures in global
+/// mode (PyTorch's default), and the refusal invalidates that capture (the thirteenth audit: the
+/// twelfth left a pool's growth refused). Only the upstream's calls pay the two mode switches,
+/// never an allocation the pool serves itself; an upstream whose frees are all stream-ordered
+/// (an async pool) is used bare.
+class relaxed_upstream {
+ public:
+  explicit relaxed_upstream(any_device_resource upstream) : upstream_{std::move(upstream)} {}
+
+  void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
+  {
+    raftrs_fence::relaxed_capture relaxed;
+    return upstream_.allocate(stream, bytes, alignment);
+  }
+  void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept
+  {
+    raftrs_fence::relaxed_capture relaxed;
+    upstream_.deallocate(stream, ptr, bytes, alignment);
+  }
+  void* allocate_sync(std::size_t bytes, std::size_t alignment)
+  {
+    raftrs_fence::relaxed_capture relaxed;
+    return upstream_.allocate_sync(bytes, alignment);
+  }
+  void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept
+  {
+    raftrs_fence::relaxed_capture relaxed;
+    upstream_.deallocate_sync(ptr, bytes, alignment);
+  }
+  [[nodiscard]] bool operator==(relaxed_upstream const& other) const noexcept { return upstream_ == other.upstream_; }
+  [[nodiscard]] bool operator!=(relaxed_upstream const& other) const noexcept { return !(*this == other); }
+  friend void get_property(relaxed_upstream const&, cuda::mr::device_accessible) noexcept {}
+
+  /// The resource it relaxes the calls into.
+  [[nodiscard]] rmm::device_async_resource_ref get_upstream_resource() noexcept { return upstream_; }
+
+ private:
+  any_device_resource upstream_;
+};
+
+/// The upstream of a pool-like `R` behind `mr`, fenced (made here) or not (made elsewhere); the
+/// resource under a `relaxed_upstream`, which is not a resource of its own.
 template <typename R>
 std::optional<rmm::device_async_resource_ref> upstream_of_pooled(rmm::device_async_resource_ref mr)
 {
   if (auto* f = cuda::mr::resource_cast<raftrs_fence::fenced_mr<R>>(&mr)) {
-    return f->get().inner().get_upstream_resource();
+    rmm::device_async_resource_ref up = f->get().inner().get_upstream_resource();
+    if (auto* relaxed = cuda::mr::resource_cast<relaxed_upstream>(&up)) { return relaxed->get_upstream_resource(); }
+    return up;
   }
   return upstream_of<R>(mr);
 }

@@ -143,19 +143,27 @@ raftrs_mr* adapt(raftrs_mr const* upstream, Args&&... args)
   return wrap(new shim_mr{u.device, any_device_resource{Adaptor{any_device_resource{u.resource}, std::forward<Args>(args)...}}});
 }
 
-/// A pool-like `R` over (a shared copy of) `upstream`, fenced (fence.hpp), made on the upstream's
-/// device.
-template <typename R, typename... Args>
-raftrs_mr* adapt_fenced(raftrs_mr const* upstream, Args&&... args)
+/// The upstream a pool or a binning resource is made over: (a shared copy of) `upstream`, behind
+/// a `relaxed_upstream` unless every free of it is stream-ordered (memory.hpp: their growth is
+/// what calls it after the construction).
+any_device_resource growing_from(any_device_resource const& upstream)
 {
-  auto const& u = unwrap(upstream);
-  device_scope scope{u.device};
+  rmm::device_async_resource_ref ref{const_cast<any_device_resource&>(upstream)};
+  if (free_order_of(ref) == frees_stream_ordered_always) { return any_device_resource{upstream}; }
+  return any_device_resource{relaxed_upstream{any_device_resource{upstream}}};
+}
+
+/// A pool-like `R` over `upstream` (as given: a copy of a handle's resource, or `growing_from`'s),
+/// fenced (fence.hpp), made on `device`.
+template <typename R, typename... Args>
+raftrs_mr* adapt_fenced(int device, any_device_resource upstream, Args&&... args)
+{
+  device_scope scope{device};
   // A pool's or an arena's first block comes from its upstream (cudaMalloc) here: relaxed, as
   // the allocations that are not stream-ordered are (the twelfth audit's review).
   raftrs_fence::relaxed_capture relaxed;
-  auto made = cuda::mr::make_shared_resource<raftrs_fence::fenced<R>>(
-    u.device, any_device_resource{u.resource}, std::forward<Args>(args)...);
-  return wrap(new shim_mr{u.device, any_device_resource{std::move(made)}});
+  auto made = cuda::mr::make_shared_resource<raftrs_fence::fenced<R>>(device, std::move(upstream), std::forward<Args>(args)...);
+  return wrap(new shim_mr{device, any_device_resource{std::move(made)}});
 }
 
 /// `optional` from the C side's "negative means none".
@@ -328,7 +336,8 @@ raftrs_status raftrs_mr_new_pool(const raftrs_mr* upstream, int64_t initial, int
       device_scope scope{unwrap(upstream).device};
       first = rmm::percent_of_free_device_memory(50);
     }
-    *out = adapt_fenced<rmm::mr::pool_memory_resource>(upstream, first, size_or_none(maximum));
+    auto const& u = unwrap(upstream);
+    *out = adapt_fenced<rmm::mr::pool_memory_resource>(u.device, growing_from(u.resource), first, size_or_none(maximum));
   });
 }
 
@@ -337,7 +346,9 @@ raftrs_status raftrs_mr_new_arena(const raftrs_mr* upstream, int64_t arena_size,
   return guard([&] {
     *out = nullptr;
     refuse_over_failure_callback(upstream, "arena");
-    *out = adapt_fenced<rmm::mr::arena_memory_resource>(upstream, size_or_none(arena_size));
+    // RMM 26.08's arena takes its whole global arena from the upstream here, never afterwards.
+    auto const& u = unwrap(upstream);
+    *out = adapt_fenced<rmm::mr::arena_memory_resource>(u.device, any_device_resource{u.resource}, size_or_none(arena_size));
   });
 }
 
@@ -352,8 +363,9 @@ raftrs_status raftrs_mr_new_binning(const raftrs_mr* upstream, int32_t min_expon
                                   std::to_string(min_exponent) + " and " + std::to_string(max_exponent));
     }
     refuse_over_failure_callback(upstream, "binning resource");
-    auto* made = adapt_fenced<rmm::mr::binning_memory_resource>(
-      upstream, static_cast<int8_t>(min_exponent), static_cast<int8_t>(max_exponent));
+    auto const& u = unwrap(upstream);
+    auto* made    = adapt_fenced<rmm::mr::binning_memory_resource>(
+      u.device, growing_from(u.resource), static_cast<int8_t>(min_exponent), static_cast<int8_t>(max_exponent));
     // The bins RMM's constructor adds: 2^min .. 2^max, each aligned up (add_bin), fixed-size
     // pools all; sizes up to the largest free without blocking whatever the upstream.
     // (Not found, the size stays 0: every free takes the upstream's order, as before.)
