@@ -259,3 +259,31 @@ fn pools_grown_while_another_thread_captures_in_global_mode_grow_and_leave_that_
     other.unwrap_or_else(|e| panic!("the growths invalidated another thread's capture: {e}"));
     assert_eq!((grown.len(), binned.len()), (64 << 20, 10_000));
 }
+
+/// The first GEMM of a resources object while another thread captures an unrelated stream in
+/// global mode (the thirteenth audit): the GEMM made the cuBLAS handle in the thread's own
+/// global mode (the twelfth audit's review relaxed only `cublas_handle()`), which the driver
+/// refuses during such a capture, invalidating it. Now the shim's GEMM relaxes the mode while
+/// the handle is not made yet. (Before: a `Cuda` error from the handle's creation, and the
+/// other capture invalidated.)
+#[test]
+fn a_first_gemm_while_another_thread_captures_in_global_mode_runs_and_leaves_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::{HandleKind, Layout};
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let n = 64;
+    let a = DeviceVec::from_host(&res, &vec![1.0f32; n * n]).unwrap();
+    let b = DeviceVec::from_host(&res, &vec![2.0f32; n * n]).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&res, n * n).unwrap();
+    res.sync().unwrap();
+    assert!(!res.has_handle(HandleKind::Cublas).unwrap(), "the GEMM below must make the handle");
+    let (ran, other) = while_another_thread_captures_globally(&ctx, || {
+        let (a, b) = (a.matrix(n, n, Layout::ColMajor)?, b.matrix(n, n, Layout::ColMajor)?);
+        raft::gemm(1.0, a, b, 0.0, c.matrix_mut(n, n, Layout::ColMajor)?)
+    });
+    ran.unwrap_or_else(|e| panic!("a first GEMM during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the first GEMM invalidated another thread's capture: {e}"));
+    assert!(c.to_host().unwrap().iter().all(|&x| x == 2.0 * n as f32), "the product is wrong");
+}
