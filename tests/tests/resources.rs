@@ -401,6 +401,35 @@ fn jobs_run_on_the_worker_and_a_panic_comes_back_as_an_error() {
     assert_eq!(r.spawn(|| 1 + 1).unwrap().join().unwrap(), 2, "the worker survives a panicking job");
 }
 
+/// A detached job whose result panics when dropped (the thirteenth audit): the worker dropped
+/// the result outside the job's catch, the panic ended the worker thread, and the jobs queued
+/// behind it were dropped unrun, their joins waiting for ever. Now the panic is caught on the
+/// worker, which goes on. (Before: the bounded join below timed out.)
+#[test]
+fn a_detached_job_whose_result_panics_when_dropped_leaves_the_worker_running() {
+    require_gpu!();
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("a detached job's result panicked when dropped");
+        }
+    }
+    let r = DeviceResources::new().unwrap();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    // Detached before it ends: the worker then holds its result's last copy.
+    drop(r.spawn(move || {
+        let _ = go_rx.recv_timeout(Duration::from_secs(30));
+        Bomb
+    }));
+    let next = r.spawn(|| 1 + 1).unwrap();
+    go_tx.send(()).unwrap();
+    let (got_tx, got_rx) = mpsc::channel();
+    std::thread::spawn(move || got_tx.send(next.join().map_err(|e| e.to_string())));
+    let got = got_rx.recv_timeout(Duration::from_secs(30));
+    assert_eq!(got, Ok(Ok(2)), "the job queued behind the detached one never ended");
+    assert_eq!(r.spawn(|| 3).unwrap().join().unwrap(), 3, "the worker is still running");
+}
+
 #[test]
 fn a_job_may_release_its_own_resources() {
     require_gpu!();

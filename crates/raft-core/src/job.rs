@@ -38,9 +38,7 @@ impl Worker {
                 if !ok {
                     return;
                 }
-                while let Some(task) = next_task(&rx, watch) {
-                    task();
-                }
+                run_tasks(&rx, watch);
             })
             .map_err(|e| Error::new(ErrorKind::Generic, who, format!("no worker thread could be started: {e}")))?;
         match bound_rx.recv() {
@@ -99,6 +97,43 @@ fn watch_time(who: &'static str) -> Result<Duration> {
         })
         .clone()
         .map_err(|m| Error::logic(who, m))
+}
+
+/// The worker's loop: every task queued, in order, until every sender is gone. A task that
+/// panics ends neither the loop nor the thread (a backstop: a job's own panic is caught inside
+/// its task, `job_task`): a dead worker would drop the tasks queued behind it, leaving their
+/// handles' joins waiting for ever and their releases never settled. The second panic a
+/// payload's `Drop` may raise is not unwound either: the payload is leaked, never dropped here.
+fn run_tasks(rx: &mpsc::Receiver<Task>, watch: Duration) {
+    while let Some(task) = next_task(rx, watch) {
+        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task)) {
+            log::error!(target: "raft", "a task on a resources' worker panicked: {} (the worker goes on)", panic_message(&*payload));
+            std::mem::forget(payload);
+        }
+    }
+}
+
+/// The task that runs `job` on a worker and completes `done` with its value or its panic;
+/// `token` (the exit's record of the job) is let go once the result can be seen. When the handle
+/// was dropped (a detached job), this task holds the last `done`, so the result is dropped here:
+/// its `Drop` (or a panic payload's) is user code, and a panic there is caught and the payload
+/// leaked (the thirteenth audit: it unwound out of the task and ended the worker thread, and the
+/// jobs queued behind it were dropped unrun, their joins waiting for ever).
+pub(crate) fn job_task<T, F, K>(job: F, done: Arc<Shared<T>>, token: K) -> Task
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+    K: Send + 'static,
+{
+    Box::new(move || {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+        done.complete(result);
+        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(done))) {
+            log::error!(target: "raft", "a detached job's result panicked when dropped: {}", panic_message(&*payload));
+            std::mem::forget(payload);
+        }
+        drop(token); // the job ends once its result can be seen
+    })
 }
 
 /// The next job: watched for during `watch`, then waited for asleep. `None` once every sender
@@ -359,6 +394,35 @@ mod tests {
         }
     }
 
+    /// A detached job whose result panics when dropped, one whose panic's payload does, and a
+    /// task that panics end neither the worker nor the jobs queued behind them (the thirteenth
+    /// audit: the result was dropped outside the job's catch, the panic ended the worker thread,
+    /// and the next job's join waited for ever).
+    #[test]
+    fn a_detached_job_whose_result_panics_when_dropped_ends_no_worker() {
+        struct Bomb;
+        impl Drop for Bomb {
+            fn drop(&mut self) {
+                panic!("a detached job's result panicked when dropped");
+            }
+        }
+        let (tx, rx) = mpsc::channel::<Task>();
+        let worker = std::thread::spawn(move || run_tasks(&rx, Duration::ZERO));
+        // Detached: no handle holds these results.
+        tx.send(job_task(|| Bomb, Shared::new(), ())).unwrap();
+        tx.send(job_task(|| std::panic::panic_any(Bomb), Shared::<()>::new(), ())).unwrap();
+        tx.send(Box::new(|| panic!("a task's own panic"))).unwrap();
+        let shared = Shared::new();
+        tx.send(job_task(|| 7u32, shared.clone(), ())).unwrap();
+        let h = JobHandle { shared, device: 0, worker: worker.thread().id() };
+        // Joined on a thread of its own, bounded: behind a dead worker it waits for ever.
+        let (got_tx, got_rx) = mpsc::channel();
+        std::thread::spawn(move || got_tx.send(h.join().map_err(|e| e.to_string())));
+        assert_eq!(got_rx.recv_timeout(Duration::from_secs(30)), Ok(Ok(7)), "the job queued behind them never ran");
+        drop(tx);
+        worker.join().expect("the worker thread ended by a panic");
+    }
+
     /// The worker's wait hands over every job, whether it comes while the worker watches or
     /// after it went to sleep, in order, and ends once the senders are gone.
     #[test]
@@ -367,9 +431,7 @@ mod tests {
             let (tx, rx) = mpsc::channel::<Task>();
             let seen = Arc::new(Mutex::new(Vec::new()));
             let worker = std::thread::spawn(move || {
-                while let Some(task) = next_task(&rx, watch) {
-                    task();
-                }
+                run_tasks(&rx, watch);
             });
             for i in 0..40u32 {
                 if i % 4 == 0 {

@@ -4,7 +4,7 @@
 use crate::device::{context, current_device_bound};
 use crate::error::{Error, ErrorKind, Result};
 use crate::holding::{self, held_native, holding, Holding};
-use crate::job::{JobHandle, Shared, Worker};
+use crate::job::{job_task, JobHandle, Shared, Worker};
 use crate::result::{self, ContextGuard, NativeResources};
 use crate::{memory, release, waits};
 use cudarc::driver::{CudaContext, CudaStream};
@@ -755,12 +755,7 @@ impl DeviceResources {
         let label = raft_exit::Label { what: "job", id: raft_exit::next_id(), device: Some(device) };
         let token = raft_exit::JobToken::try_register(label, bound).map_err(|e| Error::logic(WHO, e.to_string()))?;
         let shared = Shared::new();
-        let done = shared.clone();
-        let task = Box::new(move || {
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-            done.complete(result);
-            drop(token); // the job ends once its result can be seen
-        });
+        let task = job_task(job, shared.clone(), token);
         let Some(w) = worker.as_ref() else { return Err(Error::new(ErrorKind::Generic, WHO, "the worker thread has stopped")) };
         let on = w.thread_id();
         if w.send(task).is_err() {
