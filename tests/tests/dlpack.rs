@@ -367,6 +367,51 @@ fn an_export_whose_consumer_stream_is_destroyed_before_the_deleter_is_freed_afte
     drop((src, x, y));
 }
 
+/// A consumer's stream being captured when the export is ordered before it (PyTorch's
+/// `torch.from_dlpack` inside `torch.cuda.graph`, which captures in global mode): the order
+/// queued a wait for an event recorded outside the capture, which the driver refuses,
+/// invalidating the capture (the thirteenth audit). Now the host waits for the array's work
+/// instead: the call succeeds, the capture stays valid and takes no node, and the data is the
+/// array's.
+#[test]
+fn an_export_ordered_before_a_capturing_stream_waits_on_the_host_and_leaves_the_capture_valid() {
+    require_gpu!();
+    let _one = one_at_a_time();
+    use cudarc::driver::{result as cu, sys};
+    let r = DeviceResources::new().unwrap();
+    let want = raft_tests::patterns::pattern_f32(1 << 20, 17);
+    let mut e = DeviceVec::from_host(&r, &want).unwrap().into_dlpack().unwrap();
+    let consumer = r.context().new_stream().unwrap();
+    r.context().bind_to_thread().unwrap();
+    // SAFETY: the consumer's stream is alive for the borrow; its context is bound above.
+    unsafe { sys::cuStreamBeginCapture_v2(consumer.cu_stream(), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL) }
+        .result()
+        .unwrap();
+    // SAFETY: a live stream of the array's device, for the call.
+    let ordered = unsafe { e.order_before_stream(consumer.cu_stream() as usize) };
+    r.context().bind_to_thread().unwrap();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above on the same stream; the graph comes back owned.
+    let ended = unsafe { sys::cuStreamEndCapture(consumer.cu_stream(), &mut graph) }.result();
+    let mut nodes = 0usize;
+    if !graph.is_null() {
+        // SAFETY: `graph` is the captured graph, destroyed once after its nodes are counted.
+        unsafe {
+            sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes).result().unwrap();
+            sys::cuGraphDestroy(graph).result().unwrap();
+        }
+    }
+    ordered.unwrap_or_else(|err| panic!("ordering an export before a capturing stream: {err}"));
+    ended.unwrap_or_else(|err| panic!("the order invalidated the consumer's capture: {err:?}"));
+    assert_eq!(nodes, 0, "the order joined the consumer's capture");
+    let mut got = vec![0f32; want.len()];
+    // SAFETY: the export owns the array (alive until `e` drops below); the host wait above
+    // ordered its copy in before this read.
+    unsafe { cu::memcpy_dtoh_sync(&mut got, e.data_ptr()) }.unwrap();
+    assert!(got == want, "the exported data is not the array's");
+    drop(e);
+}
+
 /// `gemm_dlpack` asks the driver what an imported tensor's memory is before cuBLAS reads it
 /// (helper-35's third finding): host memory labelled CUDA is refused (`Logic`), where before
 /// cuBLAS read it as device memory (a fault that ends the context, or host bytes read through

@@ -127,6 +127,27 @@ def test_stream_argument_checked():
     check("stream_arguments_refused_and_the_tensor_kept", x.numel() == 16 and float(x.sum()) == 0.0, f"{x}")
 
 
+def test_from_dlpack_inside_a_graph_capture():
+    """`torch.from_dlpack` of a raft_py tensor inside `torch.cuda.graph` (global capture mode):
+    the export's order made the capturing stream wait for an event recorded outside the capture,
+    which the driver refuses, invalidating the capture (the thirteenth audit). Now the host waits
+    for the tensor's work instead: the capture ends, and its graph replays on the tensor's data.
+    Last: a failed capture may leave torch's capture state behind."""
+    a = torch.randn(256, 256, device="cuda")
+    r = raft_py.gemm(a, a)
+    want = 2 * (a @ a)
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            x = torch.from_dlpack(r)
+            out = x * 2
+        g.replay()
+        torch.cuda.synchronize()
+        check("from_dlpack_inside_a_graph_capture", torch.allclose(out, want, atol=1e-2, rtol=1e-3))
+    except Exception as e:  # noqa: BLE001 (the check reports whatever the capture raised)
+        check("from_dlpack_inside_a_graph_capture", False, repr(e))
+
+
 if __name__ == "__main__":
     print(f"INFO torch {torch.__version__}, device {torch.cuda.get_device_name()}, pid {os.getpid()}", flush=True)
     test_one_rmm()
@@ -134,4 +155,5 @@ if __name__ == "__main__":
     test_no_copy()
     test_no_leak()
     test_stream_argument_checked()
+    test_from_dlpack_inside_a_graph_capture()
     print("RESULT all ok", flush=True)

@@ -263,6 +263,19 @@ impl Exported {
         if stream == self.owned.stream.cu_stream() as usize {
             return Ok(()); // the array's own order suffices, both ways
         }
+        // A consumer's stream being captured (PyTorch's `from_dlpack` inside `torch.cuda.graph`):
+        // a wait for an event recorded outside the capture is refused by the driver, which
+        // invalidates the capture (the thirteenth audit). The host waits for the array's work
+        // instead (relaxed, refused only while the array's own stream is captured): the data is
+        // then ready for every launch of the graph, and nothing joins the capture. A failed
+        // question (the legacy stream beside another stream's global capture) takes the wait's
+        // path, which reports the driver's answer.
+        // SAFETY: `stream` is live for the call (the caller's contract).
+        if unsafe { super::capturing_handle(who, stream as cusys::CUstream) }.unwrap_or(false) {
+            super::requested_sync(who, &self.owned.stream)?;
+            self.owned.consumed = true;
+            return Ok(());
+        }
         order(who, self.owned.stream.context(), self.owned.stream.cu_stream() as usize, stream)?;
         self.owned.consumed = true;
         Ok(())

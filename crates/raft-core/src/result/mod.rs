@@ -305,10 +305,19 @@ pub(crate) fn relaxed<R>(wait: impl FnOnce() -> R) -> R {
 /// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`): binds no
 /// context and leaves cudarc's recorded context error alone (cudarc's `capture_status` does both).
 pub(crate) fn capturing(who: &'static str, stream: &CudaStream) -> Result<bool> {
+    // SAFETY: the stream is alive for the borrow.
+    unsafe { capturing_handle(who, stream.cu_stream()) }
+}
+
+/// [`capturing`] for a raw stream handle (1 and 2: the legacy and per-thread default streams).
+///
+/// # Safety
+/// `stream` is a live stream (or 1 or 2) for the duration of the call.
+pub(crate) unsafe fn capturing_handle(who: &'static str, stream: cusys::CUstream) -> Result<bool> {
     let mut status = cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: the stream is alive for the borrow; the call writes one status and needs no
-    // current context.
-    let rc = unsafe { cusys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
+    // SAFETY: the stream is live (the caller's contract); the call writes one status and needs
+    // no current context.
+    let rc = unsafe { cusys::cuStreamIsCapturing(stream, &mut status) };
     if rc != cusys::CUresult::CUDA_SUCCESS {
         return Err(Error::driver(who, cudarc::driver::DriverError(rc)));
     }
