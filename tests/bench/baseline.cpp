@@ -451,8 +451,10 @@ std::shared_ptr<any_device_resource> fenced_like_the_shim(Args&&... args)
 struct context_check {
   using get_fn       = CUresult (*)(CUcontext*);
   using capturing_fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+  using exchange_fn  = CUresult (*)(CUstreamCaptureMode*);
   get_fn get_current{};
   capturing_fn is_capturing{};
+  exchange_fn exchange_mode{};
   CUcontext ctx{};
 
   context_check()
@@ -465,7 +467,29 @@ struct context_check {
     void* g{};
     cudaGetDriverEntryPointByVersion("cuStreamIsCapturing", &g, 12000, cudaEnableDefault, &q);
     is_capturing = reinterpret_cast<capturing_fn>(g);
+    void* x{};
+    cudaGetDriverEntryPointByVersion("cuThreadExchangeStreamCaptureMode", &x, 12000, cudaEnableDefault, &q);
+    exchange_mode = reinterpret_cast<exchange_fn>(x);
   }
+
+  /// The thread's capture mode relaxed for a scope where `on` (an async pool's call, as the
+  /// shim's `async_pool_guard` relaxes each since the thirteenth audit: the driver refuses them
+  /// while another thread captures in global mode): two driver calls, as the shim's
+  /// `relaxed_capture_hot` makes.
+  struct relaxed_if {
+    exchange_fn exchange{};
+    CUstreamCaptureMode before{CU_STREAM_CAPTURE_MODE_RELAXED};
+    relaxed_if(context_check const& h, bool on) : exchange{on ? h.exchange_mode : nullptr}
+    {
+      if (exchange != nullptr && exchange(&before) != CUDA_SUCCESS) { exchange = nullptr; }
+    }
+    ~relaxed_if()
+    {
+      if (exchange != nullptr) { exchange(&before); }
+    }
+    relaxed_if(relaxed_if const&)            = delete;
+    relaxed_if& operator=(relaxed_if const&) = delete;
+  };
 
   /// Whether `s` is being captured into a CUDA graph: the query the shim makes before every
   /// allocation and free on a stream, and after one through a resource a capture can take
@@ -548,6 +572,11 @@ struct held_state : context_check {
 /// library's async pool in the bench); not the arena (1).
 bool may_be_captured(int32_t kind) { return kind != 1; }
 
+/// Whether the floor resource of `kind` is an async pool (3, 5, and 4, the current resource: the
+/// library's async pool in the bench), whose every allocation and free the shim makes with the
+/// thread's capture mode relaxed (the thirteenth audit).
+bool relaxes_calls(int32_t kind) { return kind >= 3; }
+
 /// Whether an allocation through the floor resource of `kind` may make the stream wait for
 /// another stream's event, as the shim's `may_join_another_stream` says of it: the pool (0) and
 /// the binning resource (2). After such an allocation the shim asks the driver whatever the
@@ -596,7 +625,9 @@ extern "C" {
 // it is being captured into a CUDA graph before the allocation and before the free, and again
 // after each through a resource a capture can take (every kind but the arena: may_be_captured);
 // after an allocation through a pool or a binning resource the driver is asked whatever a private
-// stream's flag says (joins_another_stream), as the shim asks since the tenth audit.
+// stream's flag says (joins_another_stream), as the shim asks since the tenth audit. An async
+// pool's allocation and free each with the thread's capture mode relaxed (relaxes_calls), as the
+// shim's since the thirteenth audit.
 int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
 {
   struct record {
@@ -618,7 +649,10 @@ int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
     if (h.capturing(on)) { return 6; }
     // 0 bytes: no RMM call, as the shim skips it (the row that isolates the steps' own cost).
     if (bytes != 0) {
-      r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      {
+        context_check::relaxed_if relaxed{h, relaxes_calls(kind)};
+        r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      }
       if (captured_after_allocation(h, kind, on)) { return 7; }
       if (h.capturing(on)) { return 8; }
       // The free on the block's device: checked (one context read compared), as the shim's
@@ -626,7 +660,10 @@ int32_t bl_alloc_free_held(int32_t kind, size_t bytes)
       if (!h.on_device()) { return 5; }
       // The free names the stream's keeping handle, so a fence takes its hint path (fence.hpp).
       raftrs_fence::freeing_on freeing{on, r->stream.get()};
-      ref.deallocate(cuda::stream_ref{on}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      {
+        context_check::relaxed_if relaxed{h, relaxes_calls(kind)};
+        ref.deallocate(cuda::stream_ref{on}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      }
       if (may_be_captured(kind) && h.capturing(on)) { return 9; }
     }
     count_live(-1);
@@ -666,7 +703,10 @@ int32_t bl_alloc_free_held_as_designed(int32_t kind, size_t bytes)
     cudaStream_t on = bench_stream();
     if (h.capturing(on)) { return 6; }
     if (bytes != 0) {
-      r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      {
+        context_check::relaxed_if relaxed{h, relaxes_calls(kind)};
+        r->ptr = ref.allocate(cuda::stream_ref{on}, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      }
       if (captured_after_allocation(h, kind, on)) { return 7; }
     }
     in_use.pop_back();
@@ -679,7 +719,10 @@ int32_t bl_alloc_free_held_as_designed(int32_t kind, size_t bytes)
       // free scopes its device and as RMM's own device_buffer sets its device to free.
       if (!h.on_device()) { return 5; }
       raftrs_fence::freeing_on freeing{on, r->stream.get()};
-      ref.deallocate(cuda::stream_ref{on}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      {
+        context_check::relaxed_if relaxed{h, relaxes_calls(kind)};
+        ref.deallocate(cuda::stream_ref{on}, r->ptr, bytes, rmm::CUDA_ALLOCATION_ALIGNMENT);
+      }
       if (may_be_captured(kind) && h.capturing(on)) { return 9; }
     }
     r.reset();

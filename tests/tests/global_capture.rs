@@ -287,3 +287,99 @@ fn a_first_gemm_while_another_thread_captures_in_global_mode_runs_and_leaves_tha
     other.unwrap_or_else(|e| panic!("the first GEMM invalidated another thread's capture: {e}"));
     assert!(c.to_host().unwrap().iter().all(|&x| x == 2.0 * n as f32), "the product is wrong");
 }
+
+/// Arrays of the default async pool allocated and freed while another thread captures an
+/// unrelated stream in global mode (the thirteenth audit): `cuMemAllocFromPoolAsync` and
+/// `cuMemFreeAsync` ran in the thread's own global mode, which the driver refuses during such a
+/// capture, invalidating it; RMM swallows a refused free, so the block never went back to the
+/// pool. Now every call into this library's async pools runs relaxed. (Before: a `Cuda` error,
+/// the other capture invalidated, the freed array's 4 MiB still in use.)
+#[test]
+fn async_pool_arrays_made_and_dropped_while_another_thread_captures_in_global_mode_leave_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::MemoryResource;
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let pool = MemoryResource::current(0).unwrap();
+    let old = DeviceVec::<f32>::zeros(&res, 1 << 20).unwrap();
+    res.sync().unwrap();
+    let in_use_before = pool.async_pool_bytes().unwrap().expect("the default resource is an async pool").in_use;
+    let (made, other) = while_another_thread_captures_globally(&ctx, || {
+        let made = DeviceVec::<f32>::new(&res, 1 << 20);
+        drop(old); // freed inline, in stream order
+        made
+    });
+    let made = made.unwrap_or_else(|e| panic!("an async pool's allocation during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the allocation and the free invalidated another thread's capture: {e}"));
+    drop(made);
+    res.sync().unwrap();
+    let in_use_after = pool.async_pool_bytes().unwrap().unwrap().in_use;
+    assert!(
+        in_use_after + (4 << 20) <= in_use_before,
+        "the array freed during the capture did not go back to the pool: {in_use_before} bytes in use before, {in_use_after} after"
+    );
+}
+
+/// An async pool made, asked about and trimmed while another thread captures an unrelated stream
+/// in global mode (the thirteenth audit): `cudaMemPoolCreate`, the pool's attributes and its
+/// trims ran in the thread's own global mode, refused during such a capture, which the refusal
+/// invalidated. Now relaxed. (Before: a `Cuda` error, the other capture invalidated.)
+#[test]
+fn async_pools_made_and_trimmed_while_another_thread_captures_in_global_mode_leave_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::MemoryResource;
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let (done, other) = while_another_thread_captures_globally(&ctx, || -> raft::Result<()> {
+        let first = MemoryResource::cuda_async(0)?;
+        first.async_pool_bytes()?;
+        drop(first);
+        MemoryResource::cuda_async(0)?.async_pool_bytes()?; // a fresh pool or the retired one
+        raft::memory::trim_retired_pools()?;
+        Ok(())
+    });
+    done.unwrap_or_else(|e| panic!("an async pool made, asked about or trimmed during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("making, asking about or trimming an async pool invalidated another thread's capture: {e}"));
+}
+
+/// The process's first resources made while another thread captures in global mode (the
+/// thirteenth audit): installing the default async pool ran in the thread's own global mode,
+/// refused during such a capture, which the refusal invalidated; the installation is made once,
+/// so the process kept `cudaMalloc` as its default resource for good. Now relaxed. In a child
+/// process (the installation happens once per process).
+#[test]
+fn the_first_resources_made_while_another_thread_captures_in_global_mode_install_the_async_pool() {
+    use std::process::Command;
+    if std::env::var_os("RAFT_CAPTURE_CHILD").is_some_and(|v| v == "first-resources") {
+        let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+        let (kind, other) = while_another_thread_captures_globally(&ctx, || -> raft::Result<raft::MemoryResourceKind> {
+            let res = DeviceResources::new()?;
+            let kind = raft::MemoryResource::current(0)?.kind();
+            drop(res);
+            Ok(kind)
+        });
+        println!("RESULT kind={kind:?} other={other:?}");
+        return;
+    }
+    require_gpu!();
+    let _one = serial();
+    let me = std::env::current_exe().unwrap();
+    let out = Command::new(me)
+        .args([
+            "the_first_resources_made_while_another_thread_captures_in_global_mode_install_the_async_pool",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RAFT_CAPTURE_CHILD", "first-resources")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the child stopped: {:?}\n{stdout}\n{stderr}", out.status);
+    assert!(
+        stdout.contains("RESULT kind=Ok(CudaAsync) other=Ok(())"),
+        "the default pool was not installed, or the capture was lost:\n{stdout}\n{stderr}"
+    );
+}

@@ -78,6 +78,11 @@ any_device_resource guarded_async(int device,
                                   std::optional<std::size_t> initial_pool_size,
                                   std::optional<std::size_t> release_threshold)
 {
+  // A pool's creation (cudaMemPoolCreate), a reused one's questions and settings, and its
+  // priming: all refused in the thread's global mode while another thread captures in global
+  // mode, which the refusal invalidates (the thirteenth audit: through MemoryResource::cuda_async
+  // and the first resources' installation of the default pool, which then kept cudaMalloc).
+  raftrs_fence::relaxed_capture relaxed;
   auto& r = the_retired();
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) {
@@ -154,6 +159,7 @@ raftrs_status raftrs_mr_async_pool_bytes(const raftrs_mr* mr, int32_t* found, ui
     *used     = 0;
     auto const& m = unwrap(mr);
     device_scope scope{m.device};
+    raftrs_fence::relaxed_capture relaxed;  // the pool's attributes: as in guarded_async
     std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)}};
     for (int depth = 0; at.has_value() && depth < 32; ++depth) {
       if (auto* async = as_async(*at)) {
@@ -174,6 +180,7 @@ raftrs_status raftrs_mr_trim_retired(uint64_t* released, uint64_t* held)
     *released = 0;
     *held     = 0;
     auto& r = the_retired();
+    raftrs_fence::relaxed_capture relaxed;  // the pools' attributes and trims: as in guarded_async
     std::lock_guard<std::mutex> lock{r.lock};
     cudaError_t failed = cudaSuccess;
     auto note     = [&](cudaError_t code) {
@@ -210,6 +217,7 @@ raftrs_status raftrs_mr_trim_async(int32_t device, const raftrs_mr* mr, int32_t*
     *trimmed = 0;
     check_device(device);
     device_scope scope{device};
+    raftrs_fence::relaxed_capture relaxed;  // the trim: as in guarded_async
     any_device_resource held = mr == nullptr ? copy_current(device) : unwrap(mr).resource;
     std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{held}};
     for (int depth = 0; at.has_value() && depth < 32; ++depth) {

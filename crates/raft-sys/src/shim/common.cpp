@@ -95,6 +95,24 @@ bool stream_capturing_lookup(void* stream) noexcept
   return status != cudaStreamCaptureStatusNone;
 }
 
+std::atomic<exchange_mode_fn> exchange_mode_found{nullptr};
+
+exchange_mode_fn exchange_mode_lookup() noexcept
+{
+  static exchange_mode_fn const exchange = []() -> exchange_mode_fn {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuThreadExchangeStreamCaptureMode", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return reinterpret_cast<exchange_mode_fn>(fn);
+  }();
+  if (exchange != nullptr) { exchange_mode_found.store(exchange, std::memory_order_relaxed); }
+  return exchange;
+}
+
 void stop_captured_meanwhile(char const* what) noexcept
 {
   std::fprintf(stderr, "raft-rs: a CUDA graph capture began on a stream while %s was queued on it; aborting\n", what);

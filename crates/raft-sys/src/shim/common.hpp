@@ -211,6 +211,35 @@ inline bool stream_capturing(void* stream) noexcept
   return query(stream, &status) == 0 && status != 0;
 }
 
+/// `cuThreadExchangeStreamCaptureMode`, once looked up (`exchange_mode_lookup`, common.cpp); null
+/// before, and where it cannot be found.
+using exchange_mode_fn = int (*)(int*);
+extern std::atomic<exchange_mode_fn> exchange_mode_found;
+
+/// Looks `cuThreadExchangeStreamCaptureMode` up and publishes it (null where it cannot be found).
+exchange_mode_fn exchange_mode_lookup() noexcept;
+
+/// The calling thread's stream-capture mode set to relaxed for a scope, for the hot paths (an
+/// async pool's every allocation and free): the driver's entry point called directly (the
+/// runtime's `cudaThreadExchangeStreamCaptureMode`, which `raftrs_fence::relaxed_capture` uses,
+/// adds its own entry), the mode put back only when it was exchanged.
+struct relaxed_capture_hot {
+  int before{2};  // CU_STREAM_CAPTURE_MODE_RELAXED
+  exchange_mode_fn exchange{nullptr};
+  relaxed_capture_hot() noexcept
+  {
+    exchange = exchange_mode_found.load(std::memory_order_relaxed);
+    if (exchange == nullptr) [[unlikely]] { exchange = exchange_mode_lookup(); }
+    if (exchange != nullptr && exchange(&before) != 0) [[unlikely]] { exchange = nullptr; }
+  }
+  ~relaxed_capture_hot()
+  {
+    if (exchange != nullptr) { exchange(&before); }
+  }
+  relaxed_capture_hot(relaxed_capture_hot const&)            = delete;
+  relaxed_capture_hot& operator=(relaxed_capture_hot const&) = delete;
+};
+
 /// Stops the process: a capture began on `stream` (on another thread) while `what` was queued
 /// on it, so the graph may hold the allocation or free, and whether it ran cannot be known. As
 /// the Rust side does for copies and GEMMs (`stop_if_captured_meanwhile`); common.cpp.

@@ -97,17 +97,31 @@ class async_pool_guard {
   async_pool_guard& operator=(async_pool_guard const&) = delete;
   async_pool_guard& operator=(async_pool_guard&&)      = delete;
 
+  // Every call into the pool runs with the thread's capture mode relaxed: the driver refuses
+  // cuMemAllocFromPoolAsync and cuMemFreeAsync, on a stream no capture holds, in the thread's
+  // global mode while another thread captures in global mode (PyTorch's default), and the
+  // refusal invalidates that capture; RMM's free swallows it (noexcept), so the block never went
+  // back (the thirteenth audit, its second helper's probe on the H200). A capture of the
+  // allocating stream itself is refused before the call, whatever the mode (buffers.cpp). Two
+  // mode switches through the driver's entry point per call (`relaxed_capture_hot`).
   void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
   {
+    relaxed_capture_hot relaxed;
     return pool_.allocate(stream, bytes, alignment);
   }
   void deallocate(cuda::stream_ref stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept
   {
+    relaxed_capture_hot relaxed;
     pool_.deallocate(stream, ptr, bytes, alignment);
   }
-  void* allocate_sync(std::size_t bytes, std::size_t alignment) { return pool_.allocate_sync(bytes, alignment); }
+  void* allocate_sync(std::size_t bytes, std::size_t alignment)
+  {
+    relaxed_capture_hot relaxed;
+    return pool_.allocate_sync(bytes, alignment);
+  }
   void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept
   {
+    relaxed_capture_hot relaxed;
     pool_.deallocate_sync(ptr, bytes, alignment);
   }
   [[nodiscard]] bool operator==(async_pool_guard const& other) const noexcept { return pool_ == other.pool_; }
@@ -245,7 +259,7 @@ std::optional<rmm::device_async_resource_ref> upstream_of(rmm::device_async_reso
 /// mode (PyTorch's default), and the refusal invalidates that capture (the thirteenth audit: the
 /// twelfth left a pool's growth refused). Only the upstream's calls pay the two mode switches,
 /// never an allocation the pool serves itself; an upstream whose frees are all stream-ordered
-/// (an async pool) is used bare.
+/// (this shim's async pool, which relaxes its own calls: `async_pool_guard`) is used bare.
 class relaxed_upstream {
  public:
   explicit relaxed_upstream(any_device_resource upstream) : upstream_{std::move(upstream)} {}

@@ -86,10 +86,10 @@ fn fragmentation(t: &mut Table) {
 }
 
 /// C++ doing the steps soundness requires of an allocation (`bl_alloc_free_held`).
-const FLOOR: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent (again at the free: its device), a record holding the resource and the stream (two shared_ptr copies; inline, as the array's), a per-thread live count, allocate + free through the type-erased resource (a pool-like one fenced as the shim fences it)";
+const FLOOR: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent (again at the free: its device), a record holding the resource and the stream (two shared_ptr copies; inline, as the array's), a per-thread live count, allocate + free through the type-erased resource (a pool-like one fenced as the shim fences it; an async pool's each with the capture mode relaxed)";
 /// The same for the default path: the kept copy of the current resource compared with RMM's map
 /// entry under RMM's lock first.
-const FLOOR_DEFAULT: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent (again at the free), the kept copy of the current resource compared with RMM's map entry under RMM's lock, a record holding it and the stream (two shared_ptr copies; inline), a per-thread live count, allocate + free through it";
+const FLOOR_DEFAULT: &str = "C++ doing the steps soundness requires: released check (shared lock), cuCtxGetCurrent (again at the free), the kept copy of the current resource compared with RMM's map entry under RMM's lock, a record holding it and the stream (two shared_ptr copies; inline), a per-thread live count, allocate + free through it (the async pool's each with the capture mode relaxed)";
 /// The floor plus what this design adds (`bl_alloc_free_held_as_designed`).
 const DESIGNED: &str = "the same C++ plus the two steps this design adds: a third counted handle (the array's resources object) and the thread's record of resources in use";
 
