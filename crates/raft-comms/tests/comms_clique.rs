@@ -867,9 +867,11 @@ fn release_on_a_captured_stream_waits_for_the_collectives_from_the_event() {
 /// An unrelated stream captured in global mode on another thread while the communicator has a
 /// collective pending (held behind a host function) and the watchdog watches it, while this
 /// thread asks `ended()` and waits in `sync`: the communicator is not aborted, `sync` returns
-/// `Ok`, the other thread's capture ends `Ok`, and a later collective works. (Before, expected,
-/// to be confirmed on GPU: in global mode the driver refused the watchdog's event query and
-/// `sync`'s stream query, invalidating the capture, and the watchdog aborted the communicator.)
+/// `Ok`, a barrier meets, the other thread's capture ends `Ok`, and a later collective works.
+/// (Before, expected, to be confirmed on GPU: in global mode the driver refused the watchdog's
+/// event query and `sync`'s stream query, invalidating the capture, and the watchdog aborted the
+/// communicator. The barrier since the thirteenth audit: its int's stream-ordered allocation and
+/// free were refused in global mode, a `Cuda` error and the capture invalidated.)
 #[test]
 fn another_threads_global_capture_neither_aborts_a_watched_communicator_nor_is_invalidated() {
     if !common::have(1, "another_threads_global_capture_neither_aborts_a_watched_communicator_nor_is_invalidated") {
@@ -885,9 +887,11 @@ fn another_threads_global_capture_neither_aborts_a_watched_communicator_nor_is_i
     let ended = c.ended();
     gate.open();
     let synced = c.sync_timeout(Duration::from_secs(20));
+    let met = c.barrier();
     let captured = other.end();
     assert!(ended.is_none(), "the communicator was aborted during another thread's capture: {ended:?}");
     synced.expect("sync during another thread's capture");
+    met.expect("a barrier during another thread's capture");
     captured.expect("the other thread's capture was invalidated");
     c.allreduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
     c.sync().unwrap();

@@ -135,6 +135,10 @@ void barrier_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing)
   int* flag = nullptr;
   {
     device_scope scope{c.device};
+    // The stream-ordered allocation and frees below are refused in the thread's global capture
+    // mode while another thread captures in global mode, which the refusal invalidates (the
+    // thirteenth audit): relaxed, as the communicator's looks are.
+    relaxed_capture relaxed;
     check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&flag), sizeof(int), stream), "allocating the barrier's int");
     cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int), stream);
     if (e != cudaSuccess) {
@@ -148,11 +152,13 @@ void barrier_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing)
     // Either nothing was enqueued, or the communicator was aborted (no launch after that):
     // the free follows whatever did reach the stream.
     device_scope scope{c.device, std::nothrow};
+    relaxed_capture relaxed;
     cudaFreeAsync(flag, stream);
     cudaGetLastError();
     throw;
   }
   device_scope scope{c.device};
+  relaxed_capture relaxed;
   check_cuda(cudaFreeAsync(flag, stream), "freeing the barrier's int");
 }
 

@@ -547,10 +547,18 @@ raftcomms_status raftcomms_comm_init_clique(int32_t n, const int32_t* devices, d
     ncclResult_t first  = ncclSuccess;
     ncclResult_t r      = nccl().GroupStart();
     if (r != ncclSuccess) { throw nccl_failure(r, nccl_message(r, "ncclGroupStart")); }
-    for (int32_t i = 0; i < n && first == ncclSuccess; ++i) {
-      device_scope scope{devices[i]};
-      ncclResult_t e = nccl().CommInitRankConfig(&cells[i]->comm, n, uid, i, &config);
-      if (e != ncclSuccess && e != ncclInProgress) { first = e; }
+    try {
+      for (int32_t i = 0; i < n && first == ncclSuccess; ++i) {
+        device_scope scope{devices[i]};
+        ncclResult_t e = nccl().CommInitRankConfig(&cells[i]->comm, n, uid, i, &config);
+        if (e != ncclSuccess && e != ncclInProgress) { first = e; }
+      }
+    } catch (...) {
+      // A device switch that failed: the group ends before the cleanup aborts the communicators
+      // it holds (the thirteenth audit: left open, the thread's next NCCL call joined it, and
+      // its end walked aborted communicators).
+      static_cast<void>(nccl().GroupEnd());
+      throw;
     }
     r = nccl().GroupEnd();
     if (first == ncclSuccess && r != ncclSuccess && r != ncclInProgress) { first = r; }
