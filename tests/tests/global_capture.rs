@@ -57,6 +57,20 @@ fn memory_freed_while_another_thread_captures_in_global_mode_goes_back_to_the_de
     );
 }
 
+/// Runs this binary's test `name` alone in a child process with `RAFT_CAPTURE_CHILD=role` (a test
+/// whose failure would stop the process, or that needs a process of its own): the child's
+/// standard output and error, once it ended normally.
+fn child(name: &str, role: &str) -> (String, String) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("RAFT_CAPTURE_CHILD", role)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "the child stopped: {:?}\n{stdout}\n{stderr}", out.status);
+    (stdout, stderr)
+}
+
 /// A slice registered and unregistered while another thread captures an unrelated stream in
 /// global mode (the eleventh audit): `cuMemHostRegister` / `cuMemHostUnregister` ran in the
 /// thread's own global mode, which the driver may refuse during such a capture; a refused
@@ -64,7 +78,6 @@ fn memory_freed_while_another_thread_captures_in_global_mode_goes_back_to_the_de
 /// relaxed: the scope ends normally. In a child process, which a stop would end.
 #[test]
 fn a_slice_registered_while_another_thread_captures_in_global_mode_is_unregistered() {
-    use std::process::Command;
     if std::env::var_os("RAFT_CAPTURE_CHILD").is_some_and(|v| v == "register") {
         let res = DeviceResources::new().unwrap();
         let ctx = res.context().clone();
@@ -75,19 +88,7 @@ fn a_slice_registered_while_another_thread_captures_in_global_mode_is_unregister
     }
     require_gpu!();
     let _one = serial();
-    let me = std::env::current_exe().unwrap();
-    let out = Command::new(me)
-        .args([
-            "a_slice_registered_while_another_thread_captures_in_global_mode_is_unregistered",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("RAFT_CAPTURE_CHILD", "register")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the child stopped: {:?}\n{stdout}\n{stderr}", out.status);
+    let (stdout, stderr) = child("a_slice_registered_while_another_thread_captures_in_global_mode_is_unregistered", "register");
     assert!(stdout.contains(&format!("RESULT scope=Ok({})", 1 << 20)), "the registration failed:\n{stdout}\n{stderr}");
 }
 
@@ -351,7 +352,6 @@ fn async_pools_made_and_trimmed_while_another_thread_captures_in_global_mode_lea
 /// process (the installation happens once per process).
 #[test]
 fn the_first_resources_made_while_another_thread_captures_in_global_mode_install_the_async_pool() {
-    use std::process::Command;
     if std::env::var_os("RAFT_CAPTURE_CHILD").is_some_and(|v| v == "first-resources") {
         let ctx = cudarc::driver::CudaContext::new(0).unwrap();
         let (kind, other) = while_another_thread_captures_globally(&ctx, || -> raft::Result<raft::MemoryResourceKind> {
@@ -365,19 +365,8 @@ fn the_first_resources_made_while_another_thread_captures_in_global_mode_install
     }
     require_gpu!();
     let _one = serial();
-    let me = std::env::current_exe().unwrap();
-    let out = Command::new(me)
-        .args([
-            "the_first_resources_made_while_another_thread_captures_in_global_mode_install_the_async_pool",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("RAFT_CAPTURE_CHILD", "first-resources")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the child stopped: {:?}\n{stdout}\n{stderr}", out.status);
+    let (stdout, stderr) =
+        child("the_first_resources_made_while_another_thread_captures_in_global_mode_install_the_async_pool", "first-resources");
     assert!(
         stdout.contains("RESULT kind=Ok(CudaAsync) other=Ok(())"),
         "the default pool was not installed, or the capture was lost:\n{stdout}\n{stderr}"

@@ -70,18 +70,24 @@ void device_scope::enter()
 
 std::atomic<is_capturing_fn> is_capturing_found{nullptr};
 
+namespace {
+/// The driver's entry point `name` (CUDA 12.0's version), or null where it cannot be found.
+void* driver_entry(char const* name) noexcept
+{
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
+}  // namespace
+
 bool stream_capturing_lookup(void* stream) noexcept
 {
-  static is_capturing_fn const query = []() -> is_capturing_fn {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamIsCapturing", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess || fn == nullptr) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    return reinterpret_cast<is_capturing_fn>(fn);
-  }();
+  static auto const query = reinterpret_cast<is_capturing_fn>(driver_entry("cuStreamIsCapturing"));
   if (query != nullptr) {
     is_capturing_found.store(query, std::memory_order_relaxed);
     int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
@@ -99,16 +105,7 @@ std::atomic<exchange_mode_fn> exchange_mode_found{nullptr};
 
 exchange_mode_fn exchange_mode_lookup() noexcept
 {
-  static exchange_mode_fn const exchange = []() -> exchange_mode_fn {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuThreadExchangeStreamCaptureMode", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess || fn == nullptr) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    return reinterpret_cast<exchange_mode_fn>(fn);
-  }();
+  static auto const exchange = reinterpret_cast<exchange_mode_fn>(driver_entry("cuThreadExchangeStreamCaptureMode"));
   if (exchange != nullptr) { exchange_mode_found.store(exchange, std::memory_order_relaxed); }
   return exchange;
 }
