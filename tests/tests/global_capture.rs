@@ -344,31 +344,3 @@ fn async_pools_made_and_trimmed_while_another_thread_captures_in_global_mode_lea
     done.unwrap_or_else(|e| panic!("an async pool made, asked about or trimmed during another thread's global capture: {e}"));
     other.unwrap_or_else(|e| panic!("making, asking about or trimming an async pool invalidated another thread's capture: {e}"));
 }
-
-/// The process's first resources made while another thread captures in global mode (the
-/// thirteenth audit): installing the default async pool ran in the thread's own global mode,
-/// refused during such a capture, which the refusal invalidated; the installation is made once,
-/// so the process kept `cudaMalloc` as its default resource for good. Now relaxed. In a child
-/// process (the installation happens once per process).
-#[test]
-fn the_first_resources_made_while_another_thread_captures_in_global_mode_install_the_async_pool() {
-    if std::env::var_os("RAFT_CAPTURE_CHILD").is_some_and(|v| v == "first-resources") {
-        let ctx = cudarc::driver::CudaContext::new(0).unwrap();
-        let (kind, other) = while_another_thread_captures_globally(&ctx, || -> raft::Result<raft::MemoryResourceKind> {
-            let res = DeviceResources::new()?;
-            let kind = raft::MemoryResource::current(0)?.kind();
-            drop(res);
-            Ok(kind)
-        });
-        println!("RESULT kind={kind:?} other={other:?}");
-        return;
-    }
-    require_gpu!();
-    let _one = serial();
-    let (stdout, stderr) =
-        child("the_first_resources_made_while_another_thread_captures_in_global_mode_install_the_async_pool", "first-resources");
-    assert!(
-        stdout.contains("RESULT kind=Ok(CudaAsync) other=Ok(())"),
-        "the default pool was not installed, or the capture was lost:\n{stdout}\n{stderr}"
-    );
-}
