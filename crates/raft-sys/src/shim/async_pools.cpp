@@ -81,7 +81,7 @@ any_device_resource guarded_async(int device,
   // A pool's creation (cudaMemPoolCreate), a reused one's questions and settings, and its
   // priming: all refused in the thread's global mode while another thread captures in global
   // mode, which the refusal invalidates (the thirteenth audit: through MemoryResource::cuda_async
-  // and the first resources' installation of the default pool, which then kept cudaMalloc).
+  // and the default pool's installation).
   raftrs_fence::relaxed_capture relaxed;
   auto& r = the_retired();
   int devices = 0;
