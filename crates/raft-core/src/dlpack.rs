@@ -173,17 +173,16 @@ impl DlpackExport {
     /// without `CU_STREAM_NON_BLOCKING` (CuPy's). A consumer working on a non-blocking stream
     /// of its own (a PyTorch side stream) finishes or orders that work before it lets the
     /// tensor go, as DLPack leaves it to the consumer. A consumer's stream being captured into a
-    /// CUDA graph (PyTorch's `from_dlpack` inside `torch.cuda.graph`) gets a host wait for the
-    /// array's work instead: the driver refuses a captured wait for work outside the capture,
-    /// and invalidates the capture.
+    /// CUDA graph (PyTorch's `from_dlpack` inside `torch.cuda.graph`) while the array's own is
+    /// not gets a host wait for the array's work instead: the driver refuses a captured wait for
+    /// work outside the capture, and invalidates the capture.
     ///
     /// # Safety
     /// `stream` is 1, 2 or a live stream of the array's device, for the duration of the call.
     ///
     /// # Errors
-    /// `Logic` for stream 0 (ambiguous for CUDA), or when the consumer's stream and the
-    /// array's own are both being captured; `Cuda` when the driver refuses the event or the
-    /// wait.
+    /// `Logic` for stream 0 (ambiguous for CUDA); `Cuda` when the driver refuses the event or
+    /// the wait (the array's stream and the consumer's captured into two different graphs).
     pub unsafe fn order_before_stream(&mut self, stream: usize) -> Result<()> {
         const WHO: &str = "DlpackExport::order_before_stream";
         let inner = self.inner.as_mut().expect("a DlpackExport holds its tensor until handed over");

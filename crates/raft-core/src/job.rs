@@ -118,7 +118,9 @@ fn run_tasks(rx: &mpsc::Receiver<Task>, watch: Duration) {
 /// was dropped (a detached job), this task holds the last `done`, so the result is dropped here:
 /// its `Drop` (or a panic payload's) is user code, and a panic there is caught and the payload
 /// leaked (the thirteenth audit: it unwound out of the task and ended the worker thread, and the
-/// jobs queued behind it were dropped unrun, their joins waiting for ever).
+/// jobs queued behind it were dropped unrun, their joins waiting for ever). Not covered: an
+/// awaiting executor's `Waker::wake` that panics inside `complete` unwinds through this task
+/// (`run_tasks` catches it), and a result whose `Drop` then panics too aborts the process.
 pub(crate) fn job_task<T, F, K>(job: F, done: Arc<Shared<T>>, token: K) -> Task
 where
     F: FnOnce() -> T + Send + 'static,
@@ -132,7 +134,7 @@ where
             log::error!(target: "raft", "a detached job's result panicked when dropped: {}", panic_message(&*payload));
             std::mem::forget(payload);
         }
-        drop(token); // the job ends once its result can be seen
+        drop(token); // the job ends once its result can be seen (detached: once it was dropped)
     })
 }
 

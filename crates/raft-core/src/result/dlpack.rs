@@ -263,16 +263,23 @@ impl Exported {
         if stream == self.owned.stream.cu_stream() as usize {
             return Ok(()); // the array's own order suffices, both ways
         }
-        // A consumer's stream being captured (PyTorch's `from_dlpack` inside `torch.cuda.graph`):
-        // a wait for an event recorded outside the capture is refused by the driver, which
-        // invalidates the capture (the thirteenth audit). The host waits for the array's work
-        // instead (relaxed, refused only while the array's own stream is captured): the data is
-        // then ready for every launch of the graph, and nothing joins the capture. A failed
-        // question (the legacy stream beside another stream's global capture) takes the wait's
-        // path, which reports the driver's answer.
-        // SAFETY: `stream` is live for the call (the caller's contract).
-        if unsafe { super::capturing_handle(who, stream as cusys::CUstream) }.unwrap_or(false) {
-            super::requested_sync(who, &self.owned.stream)?;
+        // A consumer's stream being captured (PyTorch's `from_dlpack` inside `torch.cuda.graph`)
+        // while the array's own is not: a wait for an event recorded outside the capture is
+        // refused by the driver, which invalidates the capture (the thirteenth audit). The host
+        // waits for the array's work instead (relaxed): the data is then ready for every launch
+        // of the graph, and nothing joins the capture. Both streams captured (the array's joined
+        // the consumer's capture): the event's record and wait are the graph's own dependency,
+        // as before. A failed question (the legacy stream beside another stream's global
+        // capture) takes the wait's path, which reports the driver's answer. Asked in the
+        // array's context: the default streams (1, 2) are the current context's.
+        let consumer_captured = {
+            let _keep = ContextGuard::save(who)?;
+            bind(who, self.owned.stream.context())?;
+            // SAFETY: `stream` is live for the call (the caller's contract).
+            unsafe { super::capturing_handle(who, stream as cusys::CUstream) }.unwrap_or(false)
+        };
+        if consumer_captured && !super::capturing(who, &self.owned.stream).unwrap_or(true) {
+            super::stream_sync(who, &self.owned.stream)?;
             self.owned.consumed = true;
             return Ok(());
         }

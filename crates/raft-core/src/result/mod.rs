@@ -309,14 +309,16 @@ pub(crate) fn capturing(who: &'static str, stream: &CudaStream) -> Result<bool> 
     unsafe { capturing_handle(who, stream.cu_stream()) }
 }
 
-/// [`capturing`] for a raw stream handle (1 and 2: the legacy and per-thread default streams).
+/// [`capturing`] for a raw stream handle (1 and 2: the legacy and per-thread default streams of
+/// the thread's current context).
 ///
 /// # Safety
 /// `stream` is a live stream (or 1 or 2) for the duration of the call.
 pub(crate) unsafe fn capturing_handle(who: &'static str, stream: cusys::CUstream) -> Result<bool> {
     let mut status = cusys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: the stream is live (the caller's contract); the call writes one status and needs
-    // no current context.
+    // no current context for a stream of its own (the default streams, 1 and 2, are the current
+    // context's: the caller binds the one it means).
     let rc = unsafe { cusys::cuStreamIsCapturing(stream, &mut status) };
     if rc != cusys::CUresult::CUDA_SUCCESS {
         return Err(Error::driver(who, cudarc::driver::DriverError(rc)));

@@ -82,7 +82,9 @@ any_device_resource guarded_async(int device,
   // priming: all refused in the thread's global mode while another thread captures in global
   // mode, which the refusal invalidates (the thirteenth audit: through MemoryResource::cuda_async
   // and the default pool's installation).
-  raftrs_fence::relaxed_capture relaxed;
+  // Through the driver's entry point: no runtime call that could bind device 0's context on a
+  // thread that has none.
+  relaxed_capture_hot relaxed;
   auto& r = the_retired();
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) {
@@ -159,7 +161,7 @@ raftrs_status raftrs_mr_async_pool_bytes(const raftrs_mr* mr, int32_t* found, ui
     *used     = 0;
     auto const& m = unwrap(mr);
     device_scope scope{m.device};
-    raftrs_fence::relaxed_capture relaxed;  // the pool's attributes: as in guarded_async
+    relaxed_capture_hot relaxed;  // the pool's attributes: as in guarded_async
     std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{const_cast<any_device_resource&>(m.resource)}};
     for (int depth = 0; at.has_value() && depth < 32; ++depth) {
       if (auto* async = as_async(*at)) {
@@ -180,7 +182,7 @@ raftrs_status raftrs_mr_trim_retired(uint64_t* released, uint64_t* held)
     *released = 0;
     *held     = 0;
     auto& r = the_retired();
-    raftrs_fence::relaxed_capture relaxed;  // the pools' attributes and trims: as in guarded_async
+    relaxed_capture_hot relaxed;  // the pools' attributes and trims, outside any device scope: as in guarded_async
     std::lock_guard<std::mutex> lock{r.lock};
     cudaError_t failed = cudaSuccess;
     auto note     = [&](cudaError_t code) {
@@ -217,7 +219,7 @@ raftrs_status raftrs_mr_trim_async(int32_t device, const raftrs_mr* mr, int32_t*
     *trimmed = 0;
     check_device(device);
     device_scope scope{device};
-    raftrs_fence::relaxed_capture relaxed;  // the trim: as in guarded_async
+    relaxed_capture_hot relaxed;  // the trim: as in guarded_async
     any_device_resource held = mr == nullptr ? copy_current(device) : unwrap(mr).resource;
     std::optional<rmm::device_async_resource_ref> at{rmm::device_async_resource_ref{held}};
     for (int depth = 0; at.has_value() && depth < 32; ++depth) {

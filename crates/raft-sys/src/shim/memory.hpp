@@ -101,9 +101,11 @@ class async_pool_guard {
   // cuMemAllocFromPoolAsync and cuMemFreeAsync, on a stream no capture holds, in the thread's
   // global mode while another thread captures in global mode (PyTorch's default), and the
   // refusal invalidates that capture; RMM's free swallows it (noexcept), so the block never went
-  // back (the thirteenth audit, its second helper's probe on the H200). A capture of the
-  // allocating stream itself is refused before the call, whatever the mode (buffers.cpp). Two
-  // mode switches through the driver's entry point per call (`relaxed_capture_hot`).
+  // back (the thirteenth audit, its second helper's probe on the H200). The shim's own buffers
+  // refuse a capture of the allocating stream before the call, whatever the mode (buffers.cpp);
+  // RAFT's or cuVS's allocations through the current resource reach the pool unchecked, where the
+  // mode decides nothing about what a captured stream takes. Two mode switches through the
+  // driver's entry point per call (`relaxed_capture_hot`).
   void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment)
   {
     relaxed_capture_hot relaxed;
@@ -258,8 +260,8 @@ std::optional<rmm::device_async_resource_ref> upstream_of(rmm::device_async_reso
 /// thread's global mode the driver refuses those calls while another thread captures in global
 /// mode (PyTorch's default), and the refusal invalidates that capture (the thirteenth audit: the
 /// twelfth left a pool's growth refused). Only the upstream's calls pay the two mode switches,
-/// never an allocation the pool serves itself; an upstream whose frees are all stream-ordered
-/// (this shim's async pool, which relaxes its own calls: `async_pool_guard`) is used bare.
+/// never an allocation the pool serves itself; an upstream that relaxes its own calls (this
+/// shim's async pool, pools and binning resources) is used bare (`growing_from`).
 class relaxed_upstream {
  public:
   explicit relaxed_upstream(any_device_resource upstream) : upstream_{std::move(upstream)} {}

@@ -144,12 +144,17 @@ raftrs_mr* adapt(raftrs_mr const* upstream, Args&&... args)
 }
 
 /// The upstream a pool or a binning resource is made over: (a shared copy of) `upstream`, behind
-/// a `relaxed_upstream` unless every free of it is stream-ordered (memory.hpp: their growth is
-/// what calls it after the construction).
+/// a `relaxed_upstream` (memory.hpp: their growth is what calls it after the construction) unless
+/// it relaxes its own calls: this shim's async pool (`async_pool_guard`) and its own pools and
+/// binning resources (their growth is relaxed by their own upstream). Anything else, an async
+/// pool or a pool made by other code included, is wrapped: the switches cost only on growth.
 any_device_resource growing_from(any_device_resource const& upstream)
 {
   rmm::device_async_resource_ref ref{const_cast<any_device_resource&>(upstream)};
-  if (free_order_of(ref) == frees_stream_ordered_always) { return any_device_resource{upstream}; }
+  auto const& type = ref.type();
+  if (type == typeid(guarded_async_mr) || type == typeid(fenced_pool) || type == typeid(fenced_binning)) {
+    return any_device_resource{upstream};
+  }
   return any_device_resource{relaxed_upstream{any_device_resource{upstream}}};
 }
 
@@ -346,7 +351,8 @@ raftrs_status raftrs_mr_new_arena(const raftrs_mr* upstream, int64_t arena_size,
   return guard([&] {
     *out = nullptr;
     refuse_over_failure_callback(upstream, "arena");
-    // RMM 26.08's arena takes its whole global arena from the upstream here, never afterwards.
+    // RMM 26.08's arena takes its whole global arena from the upstream here and gives it back
+    // only when destroyed (relaxed where it is destroyed): no growth to relax.
     auto const& u = unwrap(upstream);
     *out = adapt_fenced<rmm::mr::arena_memory_resource>(u.device, any_device_resource{u.resource}, size_or_none(arena_size));
   });
