@@ -264,9 +264,9 @@ fn pools_grown_while_another_thread_captures_in_global_mode_grow_and_leave_that_
 /// The first GEMM of a resources object while another thread captures an unrelated stream in
 /// global mode (the thirteenth audit): the GEMM made the cuBLAS handle in the thread's own
 /// global mode (the twelfth audit's review relaxed only `cublas_handle()`), which the driver
-/// refuses during such a capture, invalidating it. Now the shim's GEMM relaxes the mode while
-/// the handle is not made yet. (Before: a `Cuda` error from the handle's creation, and the
-/// other capture invalidated.)
+/// refuses during such a capture, invalidating it. Now the shim runs every GEMM relaxed (see
+/// the next test). (Before: a `Cuda` error from the handle's creation, and the other capture
+/// invalidated.)
 #[test]
 fn a_first_gemm_while_another_thread_captures_in_global_mode_runs_and_leaves_that_capture_valid() {
     require_gpu!();
@@ -343,4 +343,73 @@ fn async_pools_made_and_trimmed_while_another_thread_captures_in_global_mode_lea
     });
     done.unwrap_or_else(|e| panic!("an async pool made, asked about or trimmed during another thread's global capture: {e}"));
     other.unwrap_or_else(|e| panic!("making, asking about or trimming an async pool invalidated another thread's capture: {e}"));
+}
+
+/// The first GEMM on a handle made through `cublas_handle()` while another thread captures an
+/// unrelated stream in global mode (the thirteenth audit's review asked): the GEMM relaxed the
+/// mode only while the handle was not made yet, so what cuBLAS does at a handle's first GEMM ran
+/// in the thread's own global mode, which the driver refuses during such a capture. Now every
+/// GEMM runs relaxed. The handle is made and the GEMM run inside the same capture window.
+/// (Before, run 189: the product right, the other capture invalidated.)
+#[test]
+fn a_first_gemm_on_a_handle_made_while_another_thread_captures_in_global_mode_runs_and_leaves_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::{HandleKind, Layout};
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let n = 96;
+    let a = DeviceVec::from_host(&res, &vec![1.0f32; n * n]).unwrap();
+    let b = DeviceVec::from_host(&res, &vec![3.0f32; n * n]).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&res, n * n).unwrap();
+    res.sync().unwrap();
+    assert!(!res.has_handle(HandleKind::Cublas).unwrap(), "the handle must be made inside the window");
+    let (ran, other) = while_another_thread_captures_globally(&ctx, || {
+        res.cublas_handle()?;
+        let (a, b) = (a.matrix(n, n, Layout::ColMajor)?, b.matrix(n, n, Layout::ColMajor)?);
+        raft::gemm(1.0, a, b, 0.0, c.matrix_mut(n, n, Layout::ColMajor)?)
+    });
+    ran.unwrap_or_else(|e| panic!("a first GEMM on a handle made during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the handle and its first GEMM invalidated another thread's capture: {e}"));
+    assert!(c.to_host().unwrap().iter().all(|&x| x == 3.0 * n as f32), "the product is wrong");
+}
+
+/// The process's first resources on a device made while another thread captures a stream of the
+/// same context in global mode (the thirteenth audit left it open): the first resources set up
+/// the device's context object, whose first stream cudarc made with a `cuCtxSynchronize`, a
+/// device-wide wait the driver refuses in every capture mode while a stream of the context is
+/// captured; the creation failed and the capture was invalidated. Now the library makes a fresh
+/// object's first stream without that wait (the object is its own: no work of it can precede
+/// the stream). In a child process: the device's context object is made once per process.
+/// (Before, runs 186–188: `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, the capture invalidated.)
+#[test]
+fn the_first_resources_made_while_another_thread_captures_in_global_mode_are_made_and_leave_that_capture_valid() {
+    if std::env::var_os("RAFT_CAPTURE_CHILD").is_some_and(|v| v == "first-resources") {
+        // The capture's own context object, made with cudarc alone: nothing of this library yet.
+        let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+        let (made, other) = while_another_thread_captures_globally(&ctx, || -> raft::Result<(raft::MemoryResourceKind, Vec<f32>)> {
+            let res = DeviceResources::new()?;
+            let kind = raft::MemoryResource::current(0)?.kind();
+            let v = DeviceVec::<f32>::zeros(&res, 1 << 16)?;
+            let back = v.to_host()?;
+            drop(v);
+            res.release()?;
+            Ok((kind, back))
+        });
+        match made {
+            Ok((kind, back)) => println!("RESULT kind={kind:?} zeros={} other={other:?}", back.iter().all(|&x| x == 0.0)),
+            Err(e) => println!("RESULT error={e} other={other:?}"),
+        }
+        return;
+    }
+    require_gpu!();
+    let _one = serial();
+    let (stdout, stderr) = child(
+        "the_first_resources_made_while_another_thread_captures_in_global_mode_are_made_and_leave_that_capture_valid",
+        "first-resources",
+    );
+    assert!(
+        stdout.contains("RESULT kind=CudaAsync zeros=true other=Ok(())"),
+        "the first resources failed, or the capture was lost:\n{stdout}\n{stderr}"
+    );
 }

@@ -110,17 +110,22 @@ fn recycle_event_object(mut object: Arc<CudaContext>) {
 }
 
 /// Makes `device`'s records context: a second object of the primary context `primary` (made and
-/// retained by the caller), with a stream of its own. Called once per device, with the library's
-/// own object, where a first stream of an object synchronises nothing yet in use.
+/// retained by the caller), with a stream of its own, made without cudarc's context-wide wait
+/// (`first_stream`: the object is fresh). Called at each device's first resources; made once.
 pub(crate) fn make_records_context(who: &'static str, device: usize) -> Result<()> {
-    let ctx = super::retain_primary(who, device)?;
-    let anchor = super::new_stream(who, &ctx)?;
-    let made: &'static RecordsContext = Box::leak(Box::new(RecordsContext { ctx, _anchor: anchor }));
+    // Made under the lock, once: threads racing on a device's first resources each made and
+    // leaked an object and its stream before (the fourteenth audit, low).
     let mut all = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
+    if all.get(device).is_some_and(Option::is_some) {
+        return Ok(());
+    }
+    let ctx = super::retain_primary(who, device)?;
+    let anchor = super::first_stream(who, &ctx)?;
+    let made: &'static RecordsContext = Box::leak(Box::new(RecordsContext { ctx, _anchor: anchor }));
     if all.len() <= device {
         all.resize(device + 1, None);
     }
-    all[device].get_or_insert(made);
+    all[device] = Some(made);
     Ok(())
 }
 

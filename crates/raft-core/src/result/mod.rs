@@ -669,6 +669,30 @@ pub(crate) fn new_stream(who: &'static str, ctx: &Arc<CudaContext>) -> Result<Ar
     ctx.new_stream().map_err(|e| Error::driver(who, e))
 }
 
+/// The first stream of `ctx`, a context object the caller has just made with
+/// [`retain_primary`] and holds alone: cudarc's `new_stream` synchronises the whole context
+/// (`cuCtxSynchronize`) when an object's stream count goes from 0 to 1, so that work the
+/// object queued on the legacy stream while untracked is done before streams share its arrays.
+/// A fresh object has queued nothing, so the wait orders nothing of it; it would only wait for
+/// every other library's work on the device, and the driver refuses it (in every capture mode)
+/// while any stream of the context is being captured. Made here with tracking off for the one
+/// call, which skips only that wait; an object someone else holds takes cudarc's path.
+pub(crate) fn first_stream(who: &'static str, ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
+    if Arc::strong_count(ctx) != 1 || Arc::weak_count(ctx) != 0 || ctx.is_in_multi_stream_mode() || !ctx.is_event_tracking() {
+        return new_stream(who, ctx);
+    }
+    // SAFETY: cudarc's contract for switching tracking is about the `CudaSlice`s made while it
+    // is off (they record no uses). `ctx` is held by this thread alone (one strong handle, no
+    // weak one: checked above), so no slice of it is made between the two switches, and none
+    // exists from before: an object with no stream has handed none out through this library,
+    // and nobody else holds it. Tracking is on again before the object is shared.
+    unsafe { ctx.disable_event_tracking() };
+    let made = ctx.new_stream();
+    // SAFETY: as above: no slice of `ctx` was made while tracking was off.
+    unsafe { ctx.enable_event_tracking() };
+    made.map_err(|e| Error::driver(who, e))
+}
+
 /// Binds `ctx` on the calling (library) thread.
 pub(crate) fn bind(who: &'static str, ctx: &CudaContext) -> Result<()> {
     ctx.bind_to_thread().map_err(|e| Error::driver(who, e))

@@ -239,13 +239,14 @@ raftrs_status gemm(raftrs_resources* res,
       }
     }
     device_scope scope{r.device()};
-    // The first GEMM makes the handle (and cuBLAS its workspace for the stream): relaxed while
-    // the handle is not made yet, as in raftrs_resources_handle (the thirteenth audit: this
-    // second way to the handle's creation ran in global mode, refused during another thread's
-    // global capture, which the refusal invalidated). The resources' stream is not being
-    // captured (refused before this call), and the mode decides nothing about what is queued.
-    std::optional<raftrs_fence::relaxed_capture> relaxed;
-    if (!r.has(raft::resource::resource_type::CUBLAS_HANDLE)) { relaxed.emplace(); }
+    // Every GEMM runs relaxed. The first makes the handle (the thirteenth audit: that second
+    // way to the handle's creation ran in global mode, refused during another thread's global
+    // capture, which the refusal invalidated); and a handle's first GEMM, made already, still
+    // made cuBLAS do work the driver refuses beside such a capture (run 189: the capture
+    // invalidated, the GEMM itself fine), as may a kernel cuBLAS first loads for a later shape.
+    // The resources' stream is not being captured (refused before this call), so the mode
+    // decides nothing about what is queued; two driver calls beside a cuBLAS launch.
+    relaxed_capture_hot relaxed;
     r.ensure_checked_factories();
     auto handle = raft::resource::get_cublas_handle(r);
     check_cublas(cublasSetStream(handle, raft::resource::get_cuda_stream(r).value()),
