@@ -462,3 +462,47 @@ fn an_exclusive_lend_releasing_what_a_waiting_use_lends_ends() {
     assert_eq!(c.result("again").as_deref(), Some("ok:()"), "{c:?}");
     assert_eq!(c.result("released").as_deref(), Some("true"), "{c:?}");
 }
+
+/// The fourteenth audit (child scenario `stored-error-unregister`): an error code stored in the
+/// library's context object (safe code can store one: `res.context().record_err(..)`; cudarc's
+/// own drops store theirs there) was returned by the library's next bind of the object, as if
+/// that call had failed. Stored inside a `RegisteredSlice::scope`, `CUDA_ERROR_ILLEGAL_ADDRESS`
+/// read as "the context is dead" and the unregistration skipped the driver: the slice came back
+/// page-locked to safe code (a later copy from it would run truly asynchronously, past the
+/// slice's end of life), and registering it again failed as already page-locked;
+/// `CUDA_ERROR_INVALID_VALUE` stopped the process. Now the library binds through the driver
+/// alone: both scopes succeed, and the stored code stays for cudarc's next call to report.
+#[test]
+fn an_error_stored_in_the_context_object_neither_skips_an_unregistration_nor_stops_the_process() {
+    require_gpu!();
+    let _serial = serial();
+    for stored in ["illegal-address", "invalid-value"] {
+        let c = run_scenario!("stored-error-unregister", &[("STORED_ERROR", stored)], Duration::from_secs(60));
+        let context = format!("{stored}\nstdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
+        assert_eq!(c.signal, None, "ended by a signal\n{context}");
+        c.assert_code(0);
+        assert_eq!(c.result("first").as_deref(), Some("ok"), "the first scope: {}\n{context}", message(&c, "first"));
+        assert_eq!(
+            c.result("again").as_deref(),
+            Some("ok"),
+            "the slice was left page-locked: registering it again: {}\n{context}",
+            message(&c, "again")
+        );
+    }
+}
+
+/// The fourteenth audit (child scenario `failure-callback-payload-panics`): a memory failure
+/// callback that panics with a payload whose own `Drop` panics. The payload was dropped inside
+/// the `extern "C"` trampoline the shim calls, where that second panic cannot unwind: the
+/// process aborted. Now a caught panic's payload is forgotten: the allocation fails as out of
+/// memory, as the callback's documentation promises, and the process ends normally.
+#[test]
+fn a_failure_callback_panicking_with_a_payload_that_panics_when_dropped_fails_the_allocation() {
+    require_gpu!();
+    let _serial = serial();
+    let c = run_scenario!("failure-callback-payload-panics", &[], Duration::from_secs(60));
+    let context = format!("stdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
+    assert_eq!(c.signal, None, "ended by a signal (an abort)\n{context}");
+    c.assert_code(0);
+    assert_eq!(c.result("alloc").as_deref(), Some("out-of-memory"), "the allocation: {}\n{context}", message(&c, "alloc"));
+}

@@ -106,7 +106,11 @@ pub(crate) struct DeviceBound {
 pub(crate) fn bind_device(who: &'static str, res: &raft_core::DeviceResources) -> Result<DeviceBound> {
     let previous = cudarc::driver::result::ctx::get_current().map_err(|e| Error::driver(who, e))?;
     if previous != Some(res.context().cu_ctx()) {
-        res.context().bind_to_thread().map_err(|e| Error::driver(who, e))?;
+        // Not cudarc's `bind_to_thread`, which fails with whatever error code any holder of the
+        // context object stored in it (`record_err`) as if this call had failed.
+        // SAFETY: the resources' primary context, retained while `res` lives (borrowed here and
+        // held by the caller across the guard's life).
+        unsafe { cudarc::driver::result::ctx::set_current(res.context().cu_ctx()) }.map_err(|e| Error::driver(who, e))?;
     }
     Ok(DeviceBound { previous })
 }

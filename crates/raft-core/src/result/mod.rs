@@ -693,9 +693,24 @@ pub(crate) fn first_stream(who: &'static str, ctx: &Arc<CudaContext>) -> Result<
     made.map_err(|e| Error::driver(who, e))
 }
 
-/// Binds `ctx` on the calling (library) thread.
+/// Binds `ctx` on the calling thread, when it is not current already.
+///
+/// Not cudarc's `bind_to_thread`: its first step takes (and clears) the error code stored in
+/// the object, which cudarc's own drops store and which any holder of the object can store with
+/// the safe `record_err` (the library's context object is reachable from `context()`,
+/// `stream().context()`). Returned from here, such a code read as the failure of the library's
+/// next call: a stored `CUDA_ERROR_ILLEGAL_ADDRESS` said "the context is dead", and the callers
+/// that may then skip a wait or an unregistration (nothing of a dead context runs any more) did,
+/// handing page-locked memory back to safe code (the fourteenth audit). Only the driver's
+/// answers to these two calls fail this function.
 pub(crate) fn bind(who: &'static str, ctx: &CudaContext) -> Result<()> {
-    ctx.bind_to_thread().map_err(|e| Error::driver(who, e))
+    let current = cu::ctx::get_current().map_err(|e| Error::driver(who, e))?;
+    if current != Some(ctx.cu_ctx()) {
+        // SAFETY: `ctx` is a context cudarc retained for as long as the borrowed `CudaContext`
+        // lives (the caller holds it across its use of the binding).
+        unsafe { cu::ctx::set_current(ctx.cu_ctx()) }.map_err(|e| Error::driver(who, e))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

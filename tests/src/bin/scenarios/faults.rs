@@ -145,3 +145,49 @@ pub(crate) fn spawn_bad_exit_wait() {
     report("after_default", &res.spawn(|| ()).and_then(raft::JobHandle::join));
     res.release().expect("release");
 }
+
+/// The fourteenth audit: an error code stored in the library's context object (cudarc's safe
+/// `record_err`; cudarc's own drops store theirs there too) was read as the failure of the
+/// library's next bind of that object. `STORED_ERROR` picks the code: `illegal-address` ("the
+/// context is dead") made a registered slice's unregistration skip the driver, handing the
+/// slice back page-locked (registering it again then failed as "already page-locked");
+/// `invalid-value` made it stop the process. Reports both registrations' outcomes.
+pub(crate) fn stored_error_unregister() {
+    use cudarc::driver::sys::CUresult;
+    let code = match std::env::var("STORED_ERROR").as_deref() {
+        Ok("illegal-address") => CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+        Ok("invalid-value") => CUresult::CUDA_ERROR_INVALID_VALUE,
+        other => panic!("STORED_ERROR={other:?}"),
+    };
+    let res = raft::DeviceResources::new().expect("resources");
+    let mut data = vec![1.0f32; 1 << 20];
+    let first = raft::RegisteredSlice::scope(&res, &mut data, |_| {
+        res.context().record_err::<()>(Err(cudarc::driver::DriverError(code)));
+    });
+    report("first", &first);
+    let again = raft::RegisteredSlice::scope(&res, &mut data, |_| ());
+    report("again", &again);
+    // Whatever the library left stored, so that nothing later reads it.
+    println!("RESULT stored_left={}", res.context().check_err().is_err());
+}
+
+/// The fourteenth audit: a memory failure callback that panics with a payload whose own `Drop`
+/// panics. The payload was dropped inside the shim's `extern "C"` callback, where the second
+/// panic cannot unwind: the process aborted. Now the allocation fails as out of memory.
+pub(crate) fn failure_callback_payload_panics() {
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("the payload's drop panics");
+        }
+    }
+    let res = raft::DeviceResources::new().expect("resources");
+    let mr = raft::MemoryResource::cuda(0)
+        .and_then(|m| m.with_limit(1 << 20))
+        .and_then(|m| m.with_failure_callback(|_| std::panic::panic_any(Bomb)))
+        .expect("a limited resource with a failure callback");
+    let v = raft::DeviceVec::<u8>::new_in(&res, 2 << 20, &mr);
+    report("alloc", &v.map(|v| v.len()));
+    drop(mr);
+    res.release().expect("release");
+}

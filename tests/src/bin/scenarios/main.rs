@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use common::{atexit, job, mr, now_ms, report, stream_work, user_exit_handler, PANICKING_LOGGER};
-use faults::{cublas_oom, kernel_fault, spawn_bad_exit_wait};
+use faults::{cublas_oom, failure_callback_payload_panics, kernel_fault, spawn_bad_exit_wait, stored_error_unregister};
 
 fn env_f64(name: &str, default: f64) -> f64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -315,6 +315,10 @@ fn main() -> ExitCode {
         "kernel-fault" => return kernel_fault(),
         // A bad RAFT_EXIT_WAIT makes `spawn` fail as `DeviceResources::spawn`.
         "spawn-bad-exit-wait" => spawn_bad_exit_wait(),
+        // The fourteenth audit: an error stored in the library's context object, a failure
+        // callback's payload that panics when dropped.
+        "stored-error-unregister" => stored_error_unregister(),
+        "failure-callback-payload-panics" => failure_callback_payload_panics(),
         // Audit finding 4b: jobs of two resources waiting for each other.
         "jobs-release-each-other" => waits::jobs_release_each_other(),
         "jobs-join-each-other" => waits::jobs_join_each_other(),
