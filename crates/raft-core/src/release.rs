@@ -304,7 +304,7 @@ impl Pool {
             b.store(epoch().elapsed().as_nanos() as u64 + 1, Ordering::Relaxed);
         }
         // A failing release must not stop the ones behind it.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(release));
+        crate::result::catch_forgetting(release);
         if let Some(b) = busy {
             b.store(0, Ordering::Relaxed);
         }
@@ -501,7 +501,7 @@ pub(crate) fn on_worker(worker: crate::job::Worker, label: raft_exit::Label, hel
     ledger.on_workers.fetch_add(1, Ordering::Relaxed);
     let task: Release = Box::new(move || {
         let start = Instant::now();
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(release));
+        crate::result::catch_forgetting(release);
         RUN_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         DONE.fetch_add(1, Ordering::Relaxed);
         pool.ledger(device).on_workers.fetch_sub(1, Ordering::Relaxed);
@@ -548,7 +548,7 @@ pub(crate) fn on_own_thread(label: raft_exit::Label, held: Held, release: Releas
     let spawned = std::thread::Builder::new().name("raft-release-rest".into()).spawn(move || {
         raft_exit::mark_library_thread();
         let start = Instant::now();
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(release));
+        crate::result::catch_forgetting(release);
         RUN_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         DONE.fetch_add(1, Ordering::Relaxed);
         settle();

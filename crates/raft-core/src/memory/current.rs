@@ -125,6 +125,9 @@ pub(crate) fn ensure_default(who: &'static str, device: usize) -> Result<()> {
     }
     let configured = RmmOptions::from_env().map_err(|e| e.with_who(who))?;
     let Some(slot) = per_device().get(device) else { return Ok(()) };
+    // A failure is logged once the `Once` is done: a logger that panics inside `call_once`
+    // would poison it, and every later `new()` on the device would panic (the fourteenth audit).
+    let mut failed = None;
     slot.once.call_once(|| {
         let installed = match &configured {
             Some(options) if still_initial(device) => reinitialize(device, options).map(|_| true),
@@ -137,9 +140,12 @@ pub(crate) fn ensure_default(who: &'static str, device: usize) -> Result<()> {
                 slot.installed.store(true, Ordering::Release);
             }
             Ok(false) => {}
-            Err(e) => log::warn!(target: "raft", "keeping the memory resource of device {device}: {e}"),
+            Err(e) => failed = Some(e),
         }
     });
+    if let Some(e) = failed {
+        log::warn!(target: "raft", "keeping the memory resource of device {device}: {e}");
+    }
     Ok(())
 }
 

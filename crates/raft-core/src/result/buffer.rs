@@ -425,7 +425,7 @@ extern "C" fn retain_stream(owner: *const c_void) {
 /// Drops a reference [`retain_stream`] took; the last one destroys the stream (cudarc binds its
 /// context to do so: the caller's is put back).
 extern "C" fn release_stream(owner: *const c_void) {
-    let _ = std::panic::catch_unwind(|| {
+    super::catch_forgetting(|| {
         if !raft_exit::native_release_allowed() {
             return; // the exit has decided: left to the OS, no CUDA call
         }

@@ -225,7 +225,7 @@ impl Crew {
                     if let Some(job) = job {
                         // `work` does not panic (the poster wraps it); were it to, the thread
                         // would still leave its seat (`Leave`) and serve on.
-                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                        super::catch_forgetting(job);
                     }
                     return;
                 }

@@ -190,7 +190,7 @@ unsafe extern "C" fn delete_versioned(p: *mut DLManagedTensorVersioned) {
     // that the deleter runs once: the box is reclaimed exactly once.
     let b = unsafe { Box::from_raw(p as *mut VersionedBox) };
     // A panic must not unwind into C (it would abort): logged and swallowed.
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || b.owned.release())).is_err() {
+    if super::catch_forgetting(move || b.owned.release()).is_none() {
         log::warn!(target: "raft", "{}: releasing the array panicked", DELETER);
     }
 }
@@ -201,7 +201,7 @@ unsafe extern "C" fn delete_unversioned(p: *mut DLManagedTensor) {
     }
     // SAFETY: as in `delete_versioned`, for an `UnversionedBox` from `into_raw_unversioned`.
     let b = unsafe { Box::from_raw(p as *mut UnversionedBox) };
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || b.owned.release())).is_err() {
+    if super::catch_forgetting(move || b.owned.release()).is_none() {
         log::warn!(target: "raft", "{}: releasing the array panicked", DELETER);
     }
 }

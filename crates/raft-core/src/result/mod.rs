@@ -693,6 +693,21 @@ pub(crate) fn first_stream(who: &'static str, ctx: &Arc<CudaContext>) -> Result<
     made.map_err(|e| Error::driver(who, e))
 }
 
+/// Runs `f`, catching a panic: `Some` of what it returned, `None` when it panicked. The panic's
+/// payload is forgotten, not dropped: a payload's own `Drop` may panic (`panic_any` of such a
+/// value), which from inside an `extern "C"` function aborts the process and ends a library
+/// thread's loop (the fourteenth audit; the thirteenth found it in `job.rs`). A payload is a
+/// message or a user's value: forgetting it leaks at most that value, once per caught panic.
+pub(crate) fn catch_forgetting<R>(f: impl FnOnce() -> R) -> Option<R> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => Some(r),
+        Err(payload) => {
+            std::mem::forget(payload);
+            None
+        }
+    }
+}
+
 /// Binds `ctx` on the calling thread, when it is not current already.
 ///
 /// Not cudarc's `bind_to_thread`: its first step takes (and clears) the error code stored in

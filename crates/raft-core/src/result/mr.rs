@@ -211,9 +211,9 @@ impl NativeMr {
             // SAFETY: `arg` is the Box<Box<FailureCallback>> leaked below, alive until drop_arg
             // (the shim keeps it as long as the adaptor), and shared only immutably (`Fn + Sync`).
             let f = unsafe { &*(arg as *const Box<FailureCallback>) };
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(bytes))) {
-                Ok(retry) => retry as i32,
-                Err(_) => {
+            match super::catch_forgetting(|| f(bytes)) {
+                Some(retry) => retry as i32,
+                None => {
                     log::warn!(target: "raft", "a memory failure callback panicked: the allocation of {bytes} bytes fails");
                     0
                 }
@@ -224,7 +224,7 @@ impl NativeMr {
             let callback = unsafe { Box::from_raw(arg as *mut Box<FailureCallback>) };
             // A value the closure captured may panic in its drop: caught here, as in `call`, for
             // a panic must not cross into the shim's C++ destructor (the process would abort).
-            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(callback))).is_err() {
+            if super::catch_forgetting(|| drop(callback)).is_none() {
                 log::warn!(target: "raft", "dropping a memory failure callback panicked");
             }
         }
@@ -378,7 +378,7 @@ fn register_deferred_hook(api: &sys::RaftrsShim) {
 
 /// Called by the shim, inside the destructor of a resource's last copy, when its wait is deferred.
 extern "C" fn deferred_hook(device: i32) {
-    let _ = std::panic::catch_unwind(|| {
+    super::catch_forgetting(|| {
         if !raft_exit::native_release_allowed() {
             return; // the exit has decided: the deferred resources are left to the OS
         }
