@@ -191,7 +191,7 @@ unsafe extern "C" fn delete_versioned(p: *mut DLManagedTensorVersioned) {
     let b = unsafe { Box::from_raw(p as *mut VersionedBox) };
     // A panic must not unwind into C (it would abort): logged and swallowed.
     if super::catch_forgetting(move || b.owned.release()).is_none() {
-        log::warn!(target: "raft", "{}: releasing the array panicked", DELETER);
+        super::catch_forgetting(|| log::warn!(target: "raft", "{}: releasing the array panicked", DELETER));
     }
 }
 
@@ -202,7 +202,7 @@ unsafe extern "C" fn delete_unversioned(p: *mut DLManagedTensor) {
     // SAFETY: as in `delete_versioned`, for an `UnversionedBox` from `into_raw_unversioned`.
     let b = unsafe { Box::from_raw(p as *mut UnversionedBox) };
     if super::catch_forgetting(move || b.owned.release()).is_none() {
-        log::warn!(target: "raft", "{}: releasing the array panicked", DELETER);
+        super::catch_forgetting(|| log::warn!(target: "raft", "{}: releasing the array panicked", DELETER));
     }
 }
 

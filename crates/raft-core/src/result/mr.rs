@@ -214,7 +214,10 @@ impl NativeMr {
             match super::catch_forgetting(|| f(bytes)) {
                 Some(retry) => retry as i32,
                 None => {
-                    log::warn!(target: "raft", "a memory failure callback panicked: the allocation of {bytes} bytes fails");
+                    // A logger may panic too: inside the catch, as nothing may unwind from here.
+                    super::catch_forgetting(
+                        || log::warn!(target: "raft", "a memory failure callback panicked: the allocation of {bytes} bytes fails"),
+                    );
                     0
                 }
             }
@@ -225,7 +228,7 @@ impl NativeMr {
             // A value the closure captured may panic in its drop: caught here, as in `call`, for
             // a panic must not cross into the shim's C++ destructor (the process would abort).
             if super::catch_forgetting(|| drop(callback)).is_none() {
-                log::warn!(target: "raft", "dropping a memory failure callback panicked");
+                super::catch_forgetting(|| log::warn!(target: "raft", "dropping a memory failure callback panicked"));
             }
         }
         let mut arg = Some(Box::into_raw(Box::new(callback)) as *mut c_void);
