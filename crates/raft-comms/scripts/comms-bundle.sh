@@ -51,7 +51,7 @@ for lib in librmm/lib64/librmm.so rapids_logger/lib64/librapids_logger.so nvidia
 done
 cp crates/raft-comms/bench/torch_allreduce.py crates/raft-comms/bench/compare_allreduce.py "$out/bench/"
 find "$out/tests" "$out/bin" -type f -exec strip --strip-debug {} \;
-for f in lib/libraftrs_shim.so lib/libraftcomms_shim.so bin/raft-run bin/comms-bench bin/allreduce_sum tests/comms_clique tests/comms_processes; do
+for f in lib/libraftrs_shim.so lib/libraftcomms_shim.so bin/raft-run bin/comms-bench bin/allreduce_sum tests/comms_clique tests/comms_splits tests/comms_processes; do
   [ -e "$out/$f" ] || { echo "comms-bundle: $f is missing" >&2; exit 1; }
 done
 cat >"$out/comms.sh" <<'RUN'
@@ -78,7 +78,7 @@ export RAFT_REQUIRE_GPU=1 RAFT_RUN="$here/bin/raft-run"
 logs=${2:-$here/logs}; mkdir -p "$logs"
 failed=0
 tests() {
-  for t in comms_counts comms_groups comms_rendezvous comms_launcher raft_comms comms_clique comms_processes; do
+  for t in comms_counts comms_groups comms_rendezvous comms_launcher raft_comms comms_clique comms_splits comms_processes; do
     start=$SECONDS
     "$here/tests/$t" --test-threads=1 --nocapture >"$logs/$t.log" 2>&1
     rc=$?

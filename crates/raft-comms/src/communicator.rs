@@ -2,10 +2,11 @@
 //! `DeviceResources` whose stream its collectives run on; how it is made (a clique of this
 //! process's GPUs, or one rank of several processes), split, installed into RAFT's resources,
 //! waited for, and ended. The collectives themselves are in `collectives.rs`.
+use crate::counts;
 use crate::group;
 use crate::launch::{timeout_from_env, Launch};
 use crate::rendezvous;
-use crate::result::{self, NativeComm};
+use crate::result::{self, IssuedSplit, NativeComm};
 use crate::secret::Secret;
 use crate::shared::{nanos, register_live, Closing, Shared, State, NEXT_ID};
 use crate::unique_id::UniqueId;
@@ -427,15 +428,15 @@ impl Communicator {
         if let Some(e) = Shared::unusable(&st, WHO) {
             return Err(e);
         }
-        let child = sh.native.split(WHO, color, key).map_err(|e| sh.fail_unless_refused(&mut st, WHO, e))?;
+        let mut child = IssuedSplit::new(sh.native.split(WHO, color, key).map_err(|e| sh.fail_unless_refused(&mut st, WHO, e))?);
         // The split completes with the parent; only then has NCCL written the child.
         sh.native.wait(WHO, self.timeout()).map_err(|e| sh.fail_unless_refused(&mut st, WHO, e))?;
         drop(st);
-        if !child.split_done(WHO)? {
-            return Ok(None);
+        child.completed();
+        match child.finish(WHO, self.timeout())? {
+            Some(child) => Self::new(child, sh.resources.clone(), self.timeout()).map(Some),
+            None => Ok(None),
         }
-        child.wait(WHO, self.timeout())?;
-        Self::new(child, sh.resources.clone(), self.timeout()).map(Some)
     }
 
     /// [`split`](Self::split) of several communicators of this process at once, in one NCCL
@@ -446,7 +447,21 @@ impl Communicator {
     pub fn split_all(parts: &[(&Communicator, Option<u32>, i32)]) -> Result<Vec<Option<Communicator>>> {
         const WHO: &str = "Communicator::split_all";
         group::refuse_inside(WHO)?;
-        for (c, _, _) in parts {
+        // Everything Rust can refuse, before any split is issued (a part refused inside the
+        // group below leaves its siblings' splits issued: their children are aborted then).
+        for (i, (c, color, _)) in parts.iter().enumerate() {
+            if parts[..i].iter().any(|(earlier, _, _)| Arc::ptr_eq(&earlier.shared, &c.shared)) {
+                // NCCL runs each split of a group on a thread of its own: two splits of one
+                // parent would exchange their colors over its bootstrap connections at once
+                // (the fourteenth audit).
+                return Err(Error::logic(
+                    WHO,
+                    format!("part {i} splits a communicator an earlier part splits too: split it again in a second call"),
+                ));
+            }
+            if let Some(color) = color {
+                counts::as_int(WHO, "color", *color as usize)?;
+            }
             if let Some(e) = Shared::unusable(&c.shared.lock(), WHO) {
                 return Err(e);
             }
@@ -456,7 +471,7 @@ impl Communicator {
         let mut first_error = None;
         for (c, color, key) in parts {
             match c.shared.native.split(WHO, *color, *key) {
-                Ok(child) => children.push(Some(child)),
+                Ok(child) => children.push(Some(IssuedSplit::new(child))),
                 Err(e) => {
                     first_error.get_or_insert(e);
                     children.push(None);
@@ -473,21 +488,22 @@ impl Communicator {
                 c.shared.end_with(&mut st, WHO, e.clone());
             }
         }
-        if let Some(e) = first_error.or(ended.err()) {
-            return Err(e); // the children's slots are leaked, never freed under NCCL
+        ended?; // the parents were aborted: the children's slots are left to NCCL
+                // The splits completed: from here a child dropped unfinished (an early return) is taken
+                // from its slot and aborted, never left to nobody.
+        children.iter_mut().flatten().for_each(IssuedSplit::completed);
+        if let Some(e) = first_error {
+            return Err(e);
         }
+        // Each child taken, waited for and made a communicator in turn (NCCL readies them all
+        // meanwhile); a communicator made already is dropped normally should a later one fail.
         let mut made = Vec::with_capacity(parts.len());
-        for child in children.into_iter().flatten() {
-            made.push(if child.split_done(WHO)? { Some(child) } else { None });
+        for (child, (c, _, _)) in children.into_iter().flatten().zip(parts) {
+            made.push(match child.finish(WHO, c.timeout())? {
+                Some(native) => Some(Self::new(native, c.shared.resources.clone(), c.timeout())?),
+                None => None,
+            });
         }
-        for child in made.iter().flatten() {
-            child.wait(WHO, parts[0].0.timeout())?;
-        }
-        let made: Vec<Option<Communicator>> = made
-            .into_iter()
-            .zip(parts)
-            .map(|(child, (c, _, _))| child.map(|n| Self::new(n, c.shared.resources.clone(), c.timeout())).transpose())
-            .collect::<Result<_>>()?;
         // The shim made the children of one color a clique of their own (as for any split of a
         // clique's ranks in this process).
         Ok(made)

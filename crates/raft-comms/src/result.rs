@@ -90,6 +90,59 @@ fn handle_out(who: &'static str, api: &'static RaftcommsShim, raw: *mut raftcomm
     Ok(NativeComm { ptr, api })
 }
 
+/// A split's child from its `ncclCommSplit` until [`finish`](Self::finish) hands it over (ready,
+/// to be made a `Communicator`, which aborts it on any later failure) or finds no color. NCCL
+/// writes the child's communicator into the shim's slot when the parent's split completes: a
+/// handle dropped before taking it from there left that communicator to nobody, with its memory
+/// and proxy threads, for the process's life, unseen by the exit's teardown (the fourteenth
+/// audit: `split_all` returned early on a refused part or a failed step). Dropped once the
+/// parent's split completed ([`completed`](Self::completed)), the child is taken and aborted;
+/// dropped before (the parent's wait or group failed and the parent was aborted: the slot may
+/// never be written), the slot's 8 bytes are left to NCCL, as before.
+pub(crate) struct IssuedSplit {
+    child: Option<NativeComm>,
+    completed: bool,
+}
+
+impl IssuedSplit {
+    pub(crate) fn new(child: NativeComm) -> Self {
+        IssuedSplit { child: Some(child), completed: false }
+    }
+
+    /// The parent's split has completed (its wait, or its group's end, succeeded).
+    pub(crate) fn completed(&mut self) {
+        self.completed = true;
+    }
+
+    /// After [`completed`](Self::completed): takes the child NCCL made and waits (at most
+    /// `timeout`) until it is ready; `None` when this rank gave no color. A child that does not
+    /// turn ready is aborted.
+    pub(crate) fn finish(mut self, who: &'static str, timeout: Duration) -> Result<Option<NativeComm>> {
+        debug_assert!(self.completed, "finished before the parent's split completed");
+        let child = self.child.take().expect("finished once");
+        // A failure here left nothing to abort: the shim aborted a child whose clique ended, or
+        // left a slot NCCL never wrote in time.
+        if !child.split_done(who)? {
+            return Ok(None);
+        }
+        if let Err(e) = child.wait(who, timeout) {
+            let _ = child.abort(who, e.message());
+            return Err(e);
+        }
+        Ok(Some(child))
+    }
+}
+
+impl Drop for IssuedSplit {
+    fn drop(&mut self) {
+        const WHO: &str = "Communicator::split";
+        let Some(child) = self.child.take() else { return };
+        if self.completed && raft_exit::native_release_allowed() && child.split_done(WHO).unwrap_or(false) {
+            let _ = child.abort(WHO, "a later step of its split failed");
+        }
+    }
+}
+
 /// What `raftcomms_comm_info` says.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Info {
@@ -169,7 +222,7 @@ impl NativeComm {
     }
 
     /// After the parent's split completed: whether this rank's color made a communicator.
-    pub(crate) fn split_done(&self, who: &'static str) -> Result<bool> {
+    fn split_done(&self, who: &'static str) -> Result<bool> {
         let mut present = 0;
         // SAFETY: the handle is alive; one int is written.
         check(who, self.api, unsafe { (self.api.raftcomms_comm_split_done)(self.ptr.as_ptr(), &mut present) })?;

@@ -75,10 +75,29 @@ pub(crate) fn register_live(shared: &Arc<Shared>) {
 fn abort_all_live() {
     const WHO: &str = "exit teardown";
     let live: Vec<Arc<Shared>> = LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
+    let why = "the process exited with the communicator alive";
     for sh in live {
-        let mut st = sh.lock();
-        if st.ended.is_none() {
-            sh.end_with(&mut st, WHO, Error::logic(WHO, "the process exited with the communicator alive"));
+        match sh.state.try_lock() {
+            Ok(mut st) => {
+                if st.ended.is_none() {
+                    sh.end_with(&mut st, WHO, Error::logic(WHO, why));
+                }
+            }
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                let mut st = p.into_inner();
+                if st.ended.is_none() {
+                    sh.end_with(&mut st, WHO, Error::logic(WHO, why));
+                }
+            }
+            // Held across a wait (a split waits for its peers under it, up to the timeout):
+            // aborted through the shim, which serialises it with that wait's looks and ends the
+            // wait; the holder then records the end (the fourteenth audit: the teardown waited
+            // out the split's timeout on the lock).
+            Err(std::sync::TryLockError::WouldBlock) => {
+                if let Err(e) = sh.native.abort(WHO, why) {
+                    log::debug!(target: "raft", "{e}");
+                }
+            }
         }
     }
 }
