@@ -447,6 +447,29 @@ fn an_exclusive_lend_that_a_lend_of_its_resources_joins_is_refused() {
     assert!(c.stdout.contains("waits for this one"), "the refusal says why\n{c:?}");
 }
 
+/// The fourteenth audit: inside an exclusive lend, a job of the same resources that uses them
+/// (`sync`; `release`) is joined. The job's use waited in the read lock behind the lend's write
+/// lock, unseen by the wait records, while the lend waited for the job: both for ever (the
+/// child was killed). Now the use polls and is refused (`Logic`, "waits for this one") once it
+/// sees the join; a release is handed on and done once the lend ends.
+#[test]
+fn a_use_in_a_job_joined_inside_an_exclusive_lend_is_refused_and_everything_ends() {
+    require_gpu!();
+    let _serial = serial();
+    let c = run_scenario!("a-use-in-a-job-joined-inside-an-exclusive-lend", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    let used = c.result("used").unwrap_or_default();
+    assert!(used.starts_with("Logic:DeviceResources::sync"), "used={used}\n{c:?}");
+    assert!(c.stdout.contains("waits for this one"), "the refusal says why\n{c:?}");
+    assert_eq!(c.result("again").as_deref(), Some("ok:()"), "{c:?}");
+    let c = run_scenario!("a-use-in-a-job-joined-inside-an-exclusive-lend", &[("RELEASE", "1")], Duration::from_secs(60));
+    c.assert_code(0);
+    let used = c.result("used").unwrap_or_default();
+    assert!(used == "ok:()" || used.starts_with("Logic:DeviceResources::release"), "used={used}\n{c:?}");
+    assert_eq!(c.result("again").as_deref(), Some("ok:()"), "{c:?}");
+    assert_eq!(c.result("released").as_deref(), Some("true"), "{c:?}");
+}
+
 /// The review's M2: an exclusive lend that releases other resources while a lend of those waits
 /// for the first resources' read lock. Before: both waited for ever. Now both end; the release
 /// returns `Ok` either way and the released resources are released.

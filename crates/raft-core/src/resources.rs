@@ -170,8 +170,7 @@ impl ResourcesState {
                         self.released_cv.notify_all();
                     }
                 }
-                let held =
-                    self.native.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(crate::handle_kind::held_by).unwrap_or_default();
+                let held = self.held_estimate();
                 let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
                 let state = Arc::clone(self);
                 let rest = move || {
@@ -271,6 +270,18 @@ impl ResourcesState {
         }
     }
 
+    /// What the native objects hold (the device ledger's estimate for a release handed on), read
+    /// only when the lock is free: a writer holding it (an exclusive lend) may be waiting for
+    /// this very thread (its join of the job releasing), and a blocking read would wait for it
+    /// in turn, for ever (the fourteenth audit). The estimate is then nothing.
+    fn held_estimate(&self) -> crate::release::Held {
+        match self.native.try_read() {
+            Ok(native) => native.as_ref().map(crate::handle_kind::held_by).unwrap_or_default(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().as_ref().map(crate::handle_kind::held_by).unwrap_or_default(),
+            Err(std::sync::TryLockError::WouldBlock) => Default::default(),
+        }
+    }
+
     /// The rest of a release whose thread cannot wait for the uses in flight (see
     /// [`take_native_when_unused`](Self::take_native_when_unused)): a thread of its own waits for
     /// them, destroys the native objects and tells the waiters, counted as a release in flight by
@@ -279,8 +290,8 @@ impl ResourcesState {
     fn finish_release_elsewhere(self: &Arc<Self>, who: &'static str) {
         let label = raft_exit::Label { what: "release of resources", id: self.id, device: Some(self.device) };
         // What the rest will free, counted in the device's ledger until it has run (an
-        // out-of-memory retry waits for it); read under the read lock, which no writer waits for.
-        let held = self.native.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(crate::handle_kind::held_by).unwrap_or_default();
+        // out-of-memory retry waits for it).
+        let held = self.held_estimate();
         let state = Arc::clone(self);
         let rest = Box::new(move || {
             // Only second releases wait for this thread, and they never hold a use of these
@@ -565,7 +576,29 @@ impl DeviceResources {
                 // that a writer polling for a use this thread holds sees the circle, and refused
                 // where this wait closes one (the writer polls for what this thread holds).
                 let _polling = waits::poll_for(id, &holding::held_ids()).ok_or_else(|| Error::logic(who, WAITS_FOR_THIS_ONE))?;
-                self.state.native.read().unwrap_or_else(|e| e.into_inner())
+                // Polled, not a blocking read: a reader blocked in the lock is in no recorded
+                // wait, so a writer that then waits for this thread (an exclusive lend joining
+                // the job making this call) waited for ever (the fourteenth audit). Polling,
+                // this thread sees that it is awaited and refuses, as a release's poll does.
+                let start = std::time::Instant::now();
+                loop {
+                    if self.state.closing.load(Ordering::Acquire) {
+                        return Err(Error::released(who, self.state.device));
+                    }
+                    match self.state.native.try_read() {
+                        Ok(guard) => break guard,
+                        Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                        Err(std::sync::TryLockError::WouldBlock)
+                            if start.elapsed() >= std::time::Duration::from_millis(2) && waits::awaited(std::thread::current().id()) =>
+                        {
+                            return Err(Error::logic(who, WAITS_FOR_THIS_ONE));
+                        }
+                        Err(std::sync::TryLockError::WouldBlock) if start.elapsed() < std::time::Duration::from_millis(1) => {
+                            std::thread::yield_now()
+                        }
+                        Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_micros(50)),
+                    }
+                }
             }
         };
         match native.as_ref() {

@@ -330,6 +330,7 @@ fn main() -> ExitCode {
         "second-release-inside-a-lend-join" => waits::second_release_inside_a_lend_join(),
         "set-current-beside-a-lend" => waits::set_current_beside_a_lend(),
         "exclusive-lend-in-a-job-joined-inside-a-lend" => waits::exclusive_lend_in_a_job_joined_inside_a_lend(),
+        "a-use-in-a-job-joined-inside-an-exclusive-lend" => waits::a_use_in_a_job_joined_inside_an_exclusive_lend(),
         "exclusive-lend-releasing-beside-a-plain-use" => waits::exclusive_lend_releasing_beside_a_plain_use(),
         "releases-cross-inside-lends" => waits::uses_cross_inside_lends("release"),
         "exclusive-lends-cross-inside-lends" => waits::uses_cross_inside_lends("mut"),

@@ -373,3 +373,28 @@ pub fn exclusive_lend_releasing_beside_a_plain_use() {
     let again = describe(y.release());
     println!("RESULT release={release} sync={sync} again={again} released={}", y.is_released());
 }
+
+/// The fourteenth audit: inside an exclusive lend of `r`, a job of `r` that uses `r` (`sync`, or
+/// `release` with `RELEASE=1`) is joined. The job's use waited in the read lock behind the
+/// lend's write lock, a wait no record saw, while the lend waited for the job: both for ever
+/// (a release blocked the same way sizing its ledger entry). Now the use polls and is refused
+/// (`Logic`) once it sees the join; a release is handed on and ends after the lend.
+pub fn a_use_in_a_job_joined_inside_an_exclusive_lend() {
+    let r = DeviceResources::new().expect("resources");
+    let release = std::env::var("RELEASE").as_deref() == Ok("1");
+    let start = Instant::now();
+    let joined = r
+        .with_raft_resources_mut(|_| {
+            let victim = r.clone();
+            let job = r.spawn(move || if release { describe(victim.release()) } else { describe(victim.sync()) }).expect("spawn");
+            job.join()
+        })
+        .expect("the exclusive lend");
+    let used = match joined {
+        Ok(s) => s,
+        Err(e) => format!("join {:?}:{e}", e.kind()),
+    };
+    println!("RESULT used={used} ms={}", start.elapsed().as_millis());
+    println!("RESULT again={}", describe(r.release()));
+    println!("RESULT released={}", r.is_released());
+}
