@@ -58,6 +58,7 @@ extern "C" {
 /// it too). For teardown steps that must run in a process that may never make either, such as
 /// the tracking report of leaked allocations.
 pub fn ensure_registered() {
+    let mut refused = 0;
     HOOK.call_once(|| {
         #[cfg(target_env = "gnu")]
         // SAFETY: `exit_hook_with_status` never unwinds (it catches every panic) and uses no
@@ -66,10 +67,13 @@ pub fn ensure_registered() {
         #[cfg(not(target_env = "gnu"))]
         // SAFETY: `exit_hook` never unwinds (it catches every panic); atexit only stores it.
         let rc = unsafe { libc::atexit(exit_hook) };
-        if rc != 0 {
-            log::warn!(target: "raft", "the C library refused the exit hook ({rc}): exits will not wait for GPU jobs");
-        }
+        refused = rc;
     });
+    // Logged outside the `Once`: a panicking logger would poison it, and every later job's
+    // registration would panic (the fourteenth audit, low).
+    if refused != 0 {
+        log_guarded(|| log::warn!(target: "raft", "the C library refused the exit hook ({refused}): exits will not wait for GPU jobs"));
+    }
 }
 
 /// Whether the hook was registered (the first job or release was made).
@@ -161,8 +165,12 @@ fn run_hook() -> bool {
                 releases
             )
         });
-        // The exiting thread holds one of them itself.
-        return jobs.len() + releases > 1;
+        // Ended at once, whatever else counts as in flight: the teardown is skipped, and a use
+        // on a user's thread (a lend, a sync, an allocation: not counted here) may be inside
+        // CUDA or RAFT, under which the static destructors registered before the hook would
+        // pull the runtime away (the fourteenth audit: only jobs and releases beside the
+        // exiting one ended it; otherwise the exit went on into those destructors).
+        return true;
     }
     let in_flight = REGISTRY.jobs_now();
     match REGISTRY.wait_and_decide(start, RELEASE_GRACE) {

@@ -63,8 +63,12 @@ fn main() -> ExitCode {
             assert_eq!(rc, 0, "atexit refused the handler");
             let _keep = job(secs);
         }
-        // The job itself calls exit.
+        // The job itself calls exit. A handler registered before the hook (as the C++ static
+        // destructors of libcudart and RMM are) must not run: the process ends at once.
         "job-calls-exit" => {
+            // SAFETY: `user_exit_handler` never unwinds (it ignores every write error).
+            let rc = unsafe { atexit(user_exit_handler) };
+            assert_eq!(rc, 0, "atexit refused the handler");
             if std::env::var("SCENARIO_GPU").as_deref() == Ok("1") {
                 let res = raft::DeviceResources::new().expect("resources");
                 let _job = res.spawn(|| std::process::exit(3)).expect("spawn");
