@@ -97,6 +97,9 @@ fn abort_all_live() {
                 if let Err(e) = sh.native.abort(WHO, why) {
                     log::debug!(target: "raft", "{e}");
                 }
+                // The holder is still inside NCCL's code (on its way out of the wait): the
+                // static destructors after the teardown must not run under it (helper 65).
+                raft_exit::teardown_left_running();
             }
         }
     }
@@ -290,8 +293,14 @@ impl Watched for Shared {
         if self.groups.load(Ordering::Acquire) > 0 {
             return true;
         }
-        // A caller in `sync` or `release` holds the lock: look next time.
-        let Ok(mut st) = self.state.try_lock() else { return true };
+        // A caller in `sync` or `release` holds the lock: look next time. A lock poisoned by a
+        // panic under it is taken as it is (looked at "next time" for ever, the communicator's
+        // dropped teardown never finished: the fourteenth audit, low).
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return true,
+        };
         if st.token.is_some() && st.ended.is_none() {
             match self.native.query(WHO, None) {
                 Ok(true) => st.token = None,

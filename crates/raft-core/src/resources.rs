@@ -324,12 +324,14 @@ impl ResourcesState {
                 // the use in flight may be in RAFT's or cuVS's code, which the static destructors
                 // after the teardown would pull the ground from under.
                 raft_exit::teardown_left_running();
-                log::warn!(target: "raft", "exit teardown: resources {} on device {} are in use on another thread: left to the OS", self.id, self.device);
+                // Done first: a panicking logger must not leave the release unfinished for
+                // ever (a second release would wait for it).
                 self.mark_released_done();
+                log::warn!(target: "raft", "exit teardown: resources {} on device {} are in use on another thread: left to the OS", self.id, self.device);
             }
             Err(release::NotStarted::NoThread) => {
-                log::warn!(target: "raft", "resources {} on device {}: released while in use, and no thread could finish the release: the native objects are destroyed with the last handle", self.id, self.device);
                 self.mark_released_done();
+                log::warn!(target: "raft", "resources {} on device {}: released while in use, and no thread could finish the release: the native objects are destroyed with the last handle", self.id, self.device);
             }
         }
     }
