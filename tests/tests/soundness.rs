@@ -468,6 +468,13 @@ fn a_use_in_a_job_joined_inside_an_exclusive_lend_is_refused_and_everything_ends
     assert!(used == "ok:()" || used.starts_with("Logic:DeviceResources::release"), "used={used}\n{c:?}");
     assert_eq!(c.result("again").as_deref(), Some("ok:()"), "{c:?}");
     assert_eq!(c.result("released").as_deref(), Some("true"), "{c:?}");
+    // The review of the fix: behind a lend on another thread that waits for nothing here, the
+    // job's use waits for the lend's end (about 300 ms) and succeeds, though this thread joins
+    // it (the first version refused it: it asked whether any thread awaited the job's).
+    let c = run_scenario!("a-use-in-a-job-joined-inside-an-exclusive-lend", &[("ELSEWHERE", "1")], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("used").as_deref(), Some("ok:()"), "{c:?}");
+    assert_eq!(c.result("lend").as_deref(), Some("ok:()"), "{c:?}");
 }
 
 /// The review's M2: an exclusive lend that releases other resources while a lend of those waits

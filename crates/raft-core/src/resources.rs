@@ -55,6 +55,9 @@ pub(crate) struct ResourcesState {
     /// The worker thread's id, once started: a job on it never waits for a release of its own
     /// resources (that release is waiting for the job).
     worker_thread: Mutex<Option<ThreadId>>,
+    /// The thread holding the write lock for an exclusive lend (`with_native_exclusive`), while
+    /// it does: a use polling behind it is refused only when that thread waits for the use's.
+    exclusive_by: Mutex<Option<ThreadId>>,
 }
 
 impl ResourcesState {
@@ -268,6 +271,13 @@ impl ResourcesState {
                 }
             }
         }
+    }
+
+    /// Whether the thread holding an exclusive lend of these resources waits, directly or through
+    /// others, for thread `me` (a use polling behind that lend would then wait for ever).
+    fn lender_waits_for(&self, me: ThreadId) -> bool {
+        let lender = *self.exclusive_by.lock().unwrap_or_else(|e| e.into_inner());
+        lender.is_some_and(|lender| waits::waits_for(lender, me))
     }
 
     /// What the native objects hold (the device ledger's estimate for a release handed on), read
@@ -532,6 +542,7 @@ impl DeviceResources {
                 released_cv: Condvar::new(),
                 release_waiters: waits::Waiters::default(),
                 worker_thread: Mutex::new(None),
+                exclusive_by: Mutex::new(None),
                 closing: AtomicBool::new(false),
             }
         });
@@ -578,28 +589,13 @@ impl DeviceResources {
                 // that a writer polling for a use this thread holds sees the circle, and refused
                 // where this wait closes one (the writer polls for what this thread holds).
                 let _polling = waits::poll_for(id, &holding::held_ids()).ok_or_else(|| Error::logic(who, WAITS_FOR_THIS_ONE))?;
-                // Polled, not a blocking read: a reader blocked in the lock is in no recorded
-                // wait, so a writer that then waits for this thread (an exclusive lend joining
-                // the job making this call) waited for ever (the fourteenth audit). Polling,
-                // this thread sees that it is awaited and refuses, as a release's poll does.
-                let start = std::time::Instant::now();
-                loop {
-                    if self.state.closing.load(Ordering::Acquire) {
-                        return Err(Error::released(who, self.state.device));
-                    }
-                    match self.state.native.try_read() {
-                        Ok(guard) => break guard,
-                        Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
-                        Err(std::sync::TryLockError::WouldBlock)
-                            if start.elapsed() >= std::time::Duration::from_millis(2) && waits::awaited(std::thread::current().id()) =>
-                        {
-                            return Err(Error::logic(who, WAITS_FOR_THIS_ONE));
-                        }
-                        Err(std::sync::TryLockError::WouldBlock) if start.elapsed() < std::time::Duration::from_millis(1) => {
-                            std::thread::yield_now()
-                        }
-                        Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_micros(50)),
-                    }
+                // Polled, not a blocking read (`waits::read_behind_writer`): refused once the
+                // lend's thread waits for this one (the fourteenth audit: it waited for ever).
+                let me = std::thread::current().id();
+                match waits::read_behind_writer(&self.state.native, &self.state.closing, || self.state.lender_waits_for(me)) {
+                    Ok(guard) => guard,
+                    Err(waits::Behind::Closing) => return Err(Error::released(who, self.state.device)),
+                    Err(waits::Behind::Refused) => return Err(Error::logic(who, WAITS_FOR_THIS_ONE)),
                 }
             }
         };
@@ -664,6 +660,16 @@ impl DeviceResources {
             }
         };
         drop(polling);
+        /// Names this thread as the lend's while it holds the write lock (cleared first when
+        /// dropped: declared after the guard).
+        struct Lending<'a>(&'a Mutex<Option<ThreadId>>);
+        impl Drop for Lending<'_> {
+            fn drop(&mut self) {
+                *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+        }
+        *self.state.exclusive_by.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current().id());
+        let _lending = Lending(&self.state.exclusive_by);
         match native.as_ref() {
             Some(n) => {
                 // A use of the same resources from inside `f` on this thread (the read lock would

@@ -110,6 +110,57 @@ pub(crate) fn awaited(on: ThreadId) -> bool {
     })
 }
 
+/// Why [`read_behind_writer`] gave up.
+pub(crate) enum Behind {
+    /// `closing` was raised: a release takes the objects.
+    Closing,
+    /// The writer waits for this thread (`refuse` said so): the wait would never end.
+    Refused,
+}
+
+/// Takes a read guard of `lock` behind the writer now holding it, polling rather than blocking:
+/// a reader blocked in the lock is in no recorded wait, so a writer that then waited for the
+/// reader's thread (an exclusive lend joining the job making the read) waited for ever (the
+/// fourteenth audit). Gives up when `closing` is raised, or once `refuse` says (after 2 ms) the
+/// writer waits for this thread; behind any other writer it waits, as a blocking read would.
+/// Polls every tenth of the time waited so far, 50 µs to 1 ms (a lend may last long).
+pub(crate) fn read_behind_writer<'a, T>(
+    lock: &'a std::sync::RwLock<T>,
+    closing: &std::sync::atomic::AtomicBool,
+    refuse: impl Fn() -> bool,
+) -> Result<std::sync::RwLockReadGuard<'a, T>, Behind> {
+    use std::sync::TryLockError::{Poisoned, WouldBlock};
+    use std::time::{Duration, Instant};
+    let start = Instant::now();
+    loop {
+        if closing.load(Ordering::Acquire) {
+            return Err(Behind::Closing);
+        }
+        match lock.try_read() {
+            Ok(guard) => return Ok(guard),
+            Err(Poisoned(p)) => return Ok(p.into_inner()),
+            Err(WouldBlock) if start.elapsed() >= Duration::from_millis(2) && refuse() => return Err(Behind::Refused),
+            Err(WouldBlock) if start.elapsed() < Duration::from_millis(1) => std::thread::yield_now(),
+            Err(WouldBlock) => std::thread::sleep((start.elapsed() / 10).clamp(Duration::from_micros(50), Duration::from_millis(1))),
+        }
+    }
+}
+
+/// Whether thread `from` waits, directly or through others, for thread `on`.
+pub(crate) fn waits_for(from: ThreadId, on: ThreadId) -> bool {
+    let guard = WAITS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(map) = guard.as_ref() else { return false };
+    // The map holds no circle (`wait_for`), so the walk ends.
+    let mut at = from;
+    while let Some(&next) = map.get(&at) {
+        if next == on {
+            return true;
+        }
+        at = next;
+    }
+    false
+}
+
 /// Moves the recorded waits of `waiters` that are for thread `from` to thread `to` (the thread
 /// that now does `from`'s work). A wait whose move would close a circle (`to` waits, directly or
 /// through others, for that waiter) is forgotten instead: the map never holds a circle, `from`

@@ -381,6 +381,9 @@ pub fn exclusive_lend_releasing_beside_a_plain_use() {
 /// (`Logic`) once it sees the join; a release is handed on and ends after the lend.
 pub fn a_use_in_a_job_joined_inside_an_exclusive_lend() {
     let r = DeviceResources::new().expect("resources");
+    if std::env::var("ELSEWHERE").as_deref() == Ok("1") {
+        return a_use_in_a_job_joined_beside_an_exclusive_lend(r);
+    }
     let release = std::env::var("RELEASE").as_deref() == Ok("1");
     let start = Instant::now();
     let joined = r
@@ -397,4 +400,32 @@ pub fn a_use_in_a_job_joined_inside_an_exclusive_lend() {
     println!("RESULT used={used} ms={}", start.elapsed().as_millis());
     println!("RESULT again={}", describe(r.release()));
     println!("RESULT released={}", r.is_released());
+}
+
+/// The review of the fix above: an exclusive lend on another thread that waits for nothing here
+/// (it sleeps 300 ms), while this thread joins a job of the same resources that uses them. The
+/// job's use must wait for the lend's end, not be refused: the refusal asked only whether *some*
+/// thread awaited the job's, not the lend's.
+fn a_use_in_a_job_joined_beside_an_exclusive_lend(r: DeviceResources) {
+    let barrier = Arc::new(Barrier::new(2));
+    let lend = {
+        let (r, bar) = (r.clone(), barrier.clone());
+        std::thread::spawn(move || {
+            r.with_raft_resources_mut(|_| {
+                bar.wait();
+                std::thread::sleep(Duration::from_millis(300));
+            })
+        })
+    };
+    barrier.wait();
+    std::thread::sleep(Duration::from_millis(20));
+    let start = Instant::now();
+    let victim = r.clone();
+    let used = match r.spawn(move || describe(victim.sync())).expect("spawn").join() {
+        Ok(s) => s,
+        Err(e) => format!("join {:?}:{e}", e.kind()),
+    };
+    println!("RESULT used={used} ms={}", start.elapsed().as_millis());
+    println!("RESULT lend={}", describe(lend.join().expect("the lend's thread")));
+    println!("RESULT again={}", describe(r.release()));
 }
