@@ -413,3 +413,30 @@ fn the_first_resources_made_while_another_thread_captures_in_global_mode_are_mad
         "the first resources failed, or the capture was lost:\n{stdout}\n{stderr}"
     );
 }
+
+/// The review of the fourteenth audit: the half-precision GEMMs (`cublasGemmEx`, called from
+/// Rust, not through the shim) were not relaxed with the shim's: a handle's first `f16` GEMM
+/// during another thread's global capture invalidated it, as the `f32` one did (run 189).
+#[test]
+fn a_first_half_precision_gemm_while_another_thread_captures_in_global_mode_leaves_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::half::f16;
+    use raft::{HandleKind, Layout};
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().clone();
+    let n = 64;
+    let a = DeviceVec::from_host(&res, &vec![f16::from_f32(1.0); n * n]).unwrap();
+    let b = DeviceVec::from_host(&res, &vec![f16::from_f32(2.0); n * n]).unwrap();
+    let mut c = DeviceVec::<f16>::zeros(&res, n * n).unwrap();
+    res.sync().unwrap();
+    assert!(!res.has_handle(HandleKind::Cublas).unwrap(), "the handle must be made inside the window");
+    let (ran, other) = while_another_thread_captures_globally(&ctx, || {
+        res.cublas_handle()?;
+        let (a, b) = (a.matrix(n, n, Layout::ColMajor)?, b.matrix(n, n, Layout::ColMajor)?);
+        raft::gemm(f16::from_f32(1.0), a, b, f16::from_f32(0.0), c.matrix_mut(n, n, Layout::ColMajor)?)
+    });
+    ran.unwrap_or_else(|e| panic!("a first f16 GEMM during another thread's global capture: {e}"));
+    other.unwrap_or_else(|e| panic!("the handle and its first f16 GEMM invalidated another thread's capture: {e}"));
+    assert!(c.to_host().unwrap().iter().all(|&x| x.to_f32() == 2.0 * n as f32), "the product is wrong");
+}

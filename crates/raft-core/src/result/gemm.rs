@@ -179,7 +179,10 @@ fn gemm_ex(who: &'static str, g: &GemmArgs<'_>, dtype: i32, alpha: f32, beta: f3
     // held by them); every operand's extent was checked against its buffer by `gemm`, which holds
     // the borrows (C exclusively) for the call; alpha and beta are locals read during the call
     // (host pointer mode is set first); the dimensions fit `int` (checked above).
-    unsafe {
+    // Relaxed, as the shim's GEMMs: cuBLAS's work at a handle's first GEMM (or a kernel's first
+    // load) is refused beside another thread's global capture, which the refusal invalidates
+    // (run 189); the resources' stream is not being captured here (refused by `gemm`).
+    super::relaxed(|| unsafe {
         cublas_ex::status(
             who,
             "binding the cuBLAS handle to the resources' stream",
@@ -211,7 +214,7 @@ fn gemm_ex(who: &'static str, g: &GemmArgs<'_>, dtype: i32, alpha: f32, beta: f3
                 cublas_ex::CUBLAS_GEMM_DEFAULT,
             ),
         )
-    }
+    })
 }
 
 /// Refuses a dimension cuBLAS's 32-bit `int` arguments cannot carry (it would wrap to a smaller
