@@ -99,8 +99,8 @@ pub(crate) fn context(who: &'static str, device: usize) -> Result<Arc<CudaContex
     }
     // Retaining makes the context current on this thread: put the caller's back.
     let _keep = ContextGuard::save(who)?;
-    let ctx = result::retain_primary(who, device)?;
-    let anchor = result::first_stream(who, &ctx)?;
+    let mut ctx = result::retain_primary(who, device)?;
+    let anchor = result::first_stream(who, &mut ctx)?;
     // The private object that records other streams' uses of arrays (`result/foreign.rs`).
     result::foreign::make_records_context(who, device)?;
     let made: &'static DeviceContext = slots[device].get_or_init(|| DeviceContext { ctx, _anchor: anchor });

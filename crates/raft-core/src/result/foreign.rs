@@ -119,8 +119,8 @@ pub(crate) fn make_records_context(who: &'static str, device: usize) -> Result<(
     if all.get(device).is_some_and(Option::is_some) {
         return Ok(());
     }
-    let ctx = super::retain_primary(who, device)?;
-    let anchor = super::first_stream(who, &ctx)?;
+    let mut ctx = super::retain_primary(who, device)?;
+    let anchor = super::first_stream(who, &mut ctx)?;
     let made: &'static RecordsContext = Box::leak(Box::new(RecordsContext { ctx, _anchor: anchor }));
     if all.len() <= device {
         all.resize(device + 1, None);

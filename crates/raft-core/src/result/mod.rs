@@ -677,15 +677,15 @@ pub(crate) fn new_stream(who: &'static str, ctx: &Arc<CudaContext>) -> Result<Ar
 /// every other library's work on the device, and the driver refuses it (in every capture mode)
 /// while any stream of the context is being captured. Made here with tracking off for the one
 /// call, which skips only that wait; an object someone else holds takes cudarc's path.
-pub(crate) fn first_stream(who: &'static str, ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
-    if Arc::strong_count(ctx) != 1 || Arc::weak_count(ctx) != 0 || ctx.is_in_multi_stream_mode() || !ctx.is_event_tracking() {
+pub(crate) fn first_stream(who: &'static str, ctx: &mut Arc<CudaContext>) -> Result<Arc<CudaStream>> {
+    if Arc::get_mut(ctx).is_none() || ctx.is_in_multi_stream_mode() || !ctx.is_event_tracking() {
         return new_stream(who, ctx);
     }
     // SAFETY: cudarc's contract for switching tracking is about the `CudaSlice`s made while it
-    // is off (they record no uses). `ctx` is held by this thread alone (one strong handle, no
-    // weak one: checked above), so no slice of it is made between the two switches, and none
-    // exists from before: an object with no stream has handed none out through this library,
-    // and nobody else holds it. Tracking is on again before the object is shared.
+    // is off (they record no uses). `ctx` is held by this caller alone (`get_mut`: no other
+    // strong or weak handle), and the `&mut` borrow keeps it so until this returns: no slice
+    // of it is made between the two switches, and none exists from before (nobody else ever
+    // held the object). Tracking is on again before the object is shared.
     unsafe { ctx.disable_event_tracking() };
     let made = ctx.new_stream();
     // SAFETY: as above: no slice of `ctx` was made while tracking was off.
@@ -693,16 +693,20 @@ pub(crate) fn first_stream(who: &'static str, ctx: &Arc<CudaContext>) -> Result<
     made.map_err(|e| Error::driver(who, e))
 }
 
-/// Runs `f`, catching a panic: `Some` of what it returned, `None` when it panicked. The panic's
-/// payload is forgotten, not dropped: a payload's own `Drop` may panic (`panic_any` of such a
-/// value), which from inside an `extern "C"` function aborts the process and ends a library
-/// thread's loop (the fourteenth audit; the thirteenth found it in `job.rs`). A payload is a
-/// message or a user's value: forgetting it leaks at most that value, once per caught panic.
+/// Runs `f`, catching a panic: `Some` of what it returned, `None` when it panicked. A payload
+/// of `panic!` (a `String` or a `&str`, whose drop cannot panic) is dropped; any other is
+/// forgotten: its own `Drop` may panic (`panic_any` of such a value), which from inside an
+/// `extern "C"` function aborts the process and ends a library thread's loop (the fourteenth
+/// audit; the thirteenth found it in `job.rs`). Forgetting leaks that one value.
 pub(crate) fn catch_forgetting<R>(f: impl FnOnce() -> R) -> Option<R> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => Some(r),
         Err(payload) => {
-            std::mem::forget(payload);
+            if payload.is::<String>() || payload.is::<&'static str>() {
+                drop(payload);
+            } else {
+                std::mem::forget(payload);
+            }
             None
         }
     }
