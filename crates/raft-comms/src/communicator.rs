@@ -488,9 +488,13 @@ impl Communicator {
                 c.shared.end_with(&mut st, WHO, e.clone());
             }
         }
-        ended?; // the parents were aborted: the children's slots are left to NCCL
-                // The splits completed: from here a child dropped unfinished (an early return) is taken
-                // from its slot and aborted, never left to nobody.
+        if let Err(e) = ended {
+            // The parents were aborted: the children's slots are left to NCCL. A part refused
+            // before the group's end says more than the end's failure.
+            return Err(first_error.unwrap_or(e));
+        }
+        // The splits completed: from here a child dropped unfinished (an early return) is taken
+        // from its slot and aborted, never left to nobody.
         children.iter_mut().flatten().for_each(IssuedSplit::completed);
         if let Some(e) = first_error {
             return Err(e);

@@ -137,7 +137,13 @@ impl Drop for IssuedSplit {
     fn drop(&mut self) {
         const WHO: &str = "Communicator::split";
         let Some(child) = self.child.take() else { return };
-        if self.completed && raft_exit::native_release_allowed() && child.split_done(WHO).unwrap_or(false) {
+        if !self.completed || !raft_exit::native_release_allowed() {
+            return;
+        }
+        // One look at the slot, no wait (the shim waits up to the child's timeout for a slot not
+        // written yet: per child, on an error path): a slot still empty is left to NCCL.
+        let _ = child.set_timeout(WHO, Duration::ZERO);
+        if child.split_done(WHO).unwrap_or(false) {
             let _ = child.abort(WHO, "a later step of its split failed");
         }
     }

@@ -77,7 +77,15 @@ fn abort_all_live() {
     let live: Vec<Arc<Shared>> = LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
     let why = "the process exited with the communicator alive";
     for sh in live {
-        match sh.state.try_lock() {
+        // A call holds the lock a moment (an enqueue, the watchdog's look): waited for up to
+        // 100 ms; a split waiting for its peers holds it up to its timeout.
+        let start = std::time::Instant::now();
+        let mut locked = sh.state.try_lock();
+        while matches!(locked, Err(std::sync::TryLockError::WouldBlock)) && start.elapsed() < Duration::from_millis(100) {
+            std::thread::sleep(Duration::from_millis(1));
+            locked = sh.state.try_lock();
+        }
+        match locked {
             Ok(mut st) => {
                 if st.ended.is_none() {
                     sh.end_with(&mut st, WHO, Error::logic(WHO, why));

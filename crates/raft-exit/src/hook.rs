@@ -149,9 +149,10 @@ fn list<T: std::fmt::Display>(items: &[T]) -> String {
     items.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
-/// Waits, then tears down or skips; returns whether the process must end at once (something
-/// other than the exiting thread still runs). The decision itself is made in the registry,
-/// under its lock, so that no job is registered past it.
+/// Waits, then tears down or skips; returns whether the process must end at once (always on a
+/// library thread; otherwise when something still runs after the wait or the teardown). The
+/// decision itself is made in the registry, under its lock, so that no job is registered past
+/// it.
 fn run_hook() -> bool {
     let start = Instant::now();
     set_phase(Phase::Waiting);
