@@ -85,14 +85,13 @@ fn abort_all_live() {
             std::thread::sleep(Duration::from_millis(1));
             locked = sh.state.try_lock();
         }
+        let locked = match locked {
+            Ok(st) => Some(st),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
         match locked {
-            Ok(mut st) => {
-                if st.ended.is_none() {
-                    sh.end_with(&mut st, WHO, Error::logic(WHO, why));
-                }
-            }
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                let mut st = p.into_inner();
+            Some(mut st) => {
                 if st.ended.is_none() {
                     sh.end_with(&mut st, WHO, Error::logic(WHO, why));
                 }
@@ -101,7 +100,7 @@ fn abort_all_live() {
             // aborted through the shim, which serialises it with that wait's looks and ends the
             // wait; the holder then records the end (the fourteenth audit: the teardown waited
             // out the split's timeout on the lock).
-            Err(std::sync::TryLockError::WouldBlock) => {
+            None => {
                 if let Err(e) = sh.native.abort(WHO, why) {
                     log::debug!(target: "raft", "{e}");
                 }

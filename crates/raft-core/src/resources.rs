@@ -285,11 +285,12 @@ impl ResourcesState {
     /// this very thread (its join of the job releasing), and a blocking read would wait for it
     /// in turn, for ever (the fourteenth audit). The estimate is then nothing.
     fn held_estimate(&self) -> crate::release::Held {
-        match self.native.try_read() {
-            Ok(native) => native.as_ref().map(crate::handle_kind::held_by).unwrap_or_default(),
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().as_ref().map(crate::handle_kind::held_by).unwrap_or_default(),
-            Err(std::sync::TryLockError::WouldBlock) => Default::default(),
-        }
+        let native = match self.native.try_read() {
+            Ok(native) => native,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Default::default(),
+        };
+        native.as_ref().map(crate::handle_kind::held_by).unwrap_or_default()
     }
 
     /// The rest of a release whose thread cannot wait for the uses in flight (see
