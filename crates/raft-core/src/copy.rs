@@ -107,7 +107,7 @@ impl<B: Send + 'static> Transfer<B> {
     /// Whether the copy has finished (a failed copy counts as finished: [`wait`](Self::wait)
     /// reports it).
     pub fn is_finished(&self) -> bool {
-        self.inner.as_ref().map_or(true, |i| i.is_complete("Transfer::is_finished").unwrap_or(true))
+        self.inner.as_ref().is_none_or(|i| i.is_complete("Transfer::is_finished").unwrap_or(true))
     }
 
     /// The resources whose stream runs the copy.
@@ -527,7 +527,7 @@ impl Staging {
     /// # Errors
     /// `Logic` for an odd count or one outside 2 to 16.
     pub fn with_pieces_in_flight(self, pieces: usize) -> Result<Staging> {
-        if !(2..=16).contains(&pieces) || pieces % 2 != 0 {
+        if !(2..=16).contains(&pieces) || !pieces.is_multiple_of(2) {
             return Err(Error::logic("Staging::with_pieces_in_flight", format!("pieces in flight must be even, 2 to 16, given {pieces}")));
         }
         Ok(Staging { slots: pieces, ..self })

@@ -348,7 +348,7 @@ impl CagraIndex {
         let whole = view.as_slice();
         let (raw, rows) = lend(WHO, &res, |cuvs| {
             let mut tensor = Tensor::input(WHO, &whole, n_rows, dim, &stream)?;
-            let rows = if (dim * std::mem::size_of::<f32>()) % 16 == 0 {
+            let rows = if (dim * std::mem::size_of::<f32>()).is_multiple_of(16) {
                 // SAFETY: the view is of `dataset`, which the CagraIndex made below owns, never
                 // writes and drops only after destroying this view and the index.
                 unsafe { DatasetRaw::padded_view(WHO, &cuvs, &mut tensor) }?

@@ -12,7 +12,7 @@ pub(crate) fn matrix(who: &'static str, what: &str, rows: usize, cols: usize, la
     if rows == 0 || cols == 0 {
         return Err(Error::logic(who, format!("{what}: a {rows}×{cols} matrix is empty")));
     }
-    if !rows.checked_mul(cols).is_some_and(|n| i64::try_from(n).is_ok()) {
+    if rows.checked_mul(cols).is_none_or(|n| i64::try_from(n).is_err()) {
         return Err(Error::logic(who, format!("{what}: a {rows}×{cols} matrix does not fit DLPack's 64-bit shape")));
     }
     if layout != Layout::RowMajor {

@@ -791,7 +791,7 @@ impl NativeHostBuffer {
     fn check_fits<T>(&self, len: usize) {
         let fits = len.checked_mul(std::mem::size_of::<T>()).is_some_and(|b| b <= self.buffer.bytes);
         assert!(fits, "{len} elements do not fit in {} bytes of page-locked memory", self.buffer.bytes);
-        assert!((self.buffer.data as usize) % std::mem::align_of::<T>() == 0, "page-locked memory misaligned");
+        assert!((self.buffer.data as usize).is_multiple_of(std::mem::align_of::<T>()), "page-locked memory misaligned");
     }
 
     fn elements<T>(&self) -> *mut T {

@@ -154,7 +154,7 @@ pub(crate) fn before_join_handles(waiter: usize, on: usize) {
     if waiting.may_capture() {
         return;
     }
-    if lookup(on).map_or(true, |f| f.may_capture()) {
+    if lookup(on).is_none_or(|f| f.may_capture()) {
         waiting.raise();
     }
 }

@@ -144,7 +144,10 @@ mod tests {
             for bytes in [0usize, 1, 4095, 4096, 8193, 40_000] {
                 let r = whole_pages(addr, bytes, page);
                 if !r.is_empty() {
-                    assert!(r.end <= bytes && (addr + r.start) % page == 0 && r.len() % page == 0, "{addr} {bytes}: {r:?}");
+                    assert!(
+                        r.end <= bytes && (addr + r.start).is_multiple_of(page) && r.len().is_multiple_of(page),
+                        "{addr} {bytes}: {r:?}"
+                    );
                 }
             }
         }
