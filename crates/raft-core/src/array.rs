@@ -336,18 +336,43 @@ impl<T: DeviceScalar> DeviceSlice<T> for DeviceVec<T> {
 /// `result/foreign.rs`). Panics when either stream is being captured into a CUDA graph.
 impl<T: DeviceScalar> DevicePtr<T> for DeviceVec<T> {
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
-        let buffer = self.buf();
-        (buffer.address(), self.foreign.guard("DeviceVec::device_ptr", buffer.stream(), self.resources.capture_flag(), stream, false))
+        self.try_device_ptr(stream).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
 impl<T: DeviceScalar> DevicePtrMut<T> for DeviceVec<T> {
     fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        self.try_device_ptr_mut(stream).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+impl<T: DeviceScalar> DeviceVec<T> {
+    /// [`DevicePtr::device_ptr`] with its refusal as an error: the array's address for a read
+    /// on `stream`, ordered as the trait's (`stream` waits for the array's stream; the guard
+    /// records an event the array's stream waits for before its next write and its free).
+    ///
+    /// # Errors
+    /// `Logic` when `stream` or the array's stream is being captured into a CUDA graph (where
+    /// the trait panics): the graph would use the memory at each launch, after the array may be
+    /// gone; the driver's error when that question fails.
+    pub fn try_device_ptr<'a>(&'a self, stream: &'a CudaStream) -> Result<(CUdeviceptr, SyncOnDrop<'a>)> {
+        let buffer = self.buf();
+        let guard = self.foreign.guard("DeviceVec::device_ptr", buffer.stream(), self.resources.capture_flag(), stream, false)?;
+        Ok((buffer.address(), guard))
+    }
+
+    /// [`DevicePtrMut::device_ptr_mut`] with its refusal as an error (see
+    /// [`try_device_ptr`](Self::try_device_ptr)): the address for a write on `stream`.
+    ///
+    /// # Errors
+    /// As [`try_device_ptr`](Self::try_device_ptr).
+    pub fn try_device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> Result<(CUdeviceptr, SyncOnDrop<'a>)> {
         // Ordered after every earlier use elsewhere (a write must not overtake their reads).
         self.buf_mut();
         let this: &'a Self = self;
         let buffer = this.buffer.as_ref().expect("a DeviceVec holds its buffer until dropped");
-        (buffer.address(), this.foreign.guard("DeviceVec::device_ptr_mut", buffer.stream(), this.resources.capture_flag(), stream, true))
+        let guard = this.foreign.guard("DeviceVec::device_ptr_mut", buffer.stream(), this.resources.capture_flag(), stream, true)?;
+        Ok((buffer.address(), guard))
     }
 }
 

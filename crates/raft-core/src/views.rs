@@ -311,35 +311,60 @@ impl<T: DeviceScalar> DeviceSlice<T> for DeviceViewMut<'_, T> {
 /// there that the array's stream waits for before its next write and its free.
 impl<T: DeviceScalar> DevicePtr<T> for DeviceView<'_, T> {
     fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (CUdeviceptr, SyncOnDrop<'b>) {
-        let buffer = self.buffer();
-        let (_, foreign) = self.vec.parts();
-        (
-            address::<T>(buffer, self.offset),
-            foreign.guard("DeviceView::device_ptr", buffer.stream(), self.vec.resources().capture_flag(), stream, false),
-        )
+        self.try_device_ptr(stream).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
 impl<T: DeviceScalar> DevicePtr<T> for DeviceViewMut<'_, T> {
     fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (CUdeviceptr, SyncOnDrop<'b>) {
-        let buffer = self.buffer();
-        let (_, foreign) = self.vec.parts();
-        (
-            address::<T>(buffer, self.offset),
-            foreign.guard("DeviceViewMut::device_ptr", buffer.stream(), self.vec.resources().capture_flag(), stream, false),
-        )
+        self.try_device_ptr(stream).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
 /// A write on `stream`: ordered after every known use on other streams, recorded as a write.
 impl<T: DeviceScalar> DevicePtrMut<T> for DeviceViewMut<'_, T> {
     fn device_ptr_mut<'b>(&'b mut self, stream: &'b CudaStream) -> (CUdeviceptr, SyncOnDrop<'b>) {
+        self.try_device_ptr_mut(stream).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+impl<T: DeviceScalar> DeviceView<'_, T> {
+    /// [`DevicePtr::device_ptr`] with its refusal as an error, as
+    /// [`DeviceVec::try_device_ptr`].
+    ///
+    /// # Errors
+    /// As [`DeviceVec::try_device_ptr`].
+    pub fn try_device_ptr<'b>(&'b self, stream: &'b CudaStream) -> Result<(CUdeviceptr, SyncOnDrop<'b>)> {
+        let buffer = self.buffer();
+        let (_, foreign) = self.vec.parts();
+        let guard = foreign.guard("DeviceView::device_ptr", buffer.stream(), self.vec.resources().capture_flag(), stream, false)?;
+        Ok((address::<T>(buffer, self.offset), guard))
+    }
+}
+
+impl<T: DeviceScalar> DeviceViewMut<'_, T> {
+    /// [`DevicePtr::device_ptr`] with its refusal as an error, as
+    /// [`DeviceVec::try_device_ptr`]: a read.
+    ///
+    /// # Errors
+    /// As [`DeviceVec::try_device_ptr`].
+    pub fn try_device_ptr<'b>(&'b self, stream: &'b CudaStream) -> Result<(CUdeviceptr, SyncOnDrop<'b>)> {
+        let buffer = self.buffer();
+        let (_, foreign) = self.vec.parts();
+        let guard = foreign.guard("DeviceViewMut::device_ptr", buffer.stream(), self.vec.resources().capture_flag(), stream, false)?;
+        Ok((address::<T>(buffer, self.offset), guard))
+    }
+
+    /// [`DevicePtrMut::device_ptr_mut`] with its refusal as an error, as
+    /// [`DeviceVec::try_device_ptr_mut`]: a write.
+    ///
+    /// # Errors
+    /// As [`DeviceVec::try_device_ptr`].
+    pub fn try_device_ptr_mut<'b>(&'b mut self, stream: &'b CudaStream) -> Result<(CUdeviceptr, SyncOnDrop<'b>)> {
         let buffer = self.buffer_mut();
         let (_, foreign) = self.vec.parts();
-        (
-            address::<T>(buffer, self.offset),
-            foreign.guard("DeviceViewMut::device_ptr_mut", buffer.stream(), self.vec.resources().capture_flag(), stream, true),
-        )
+        let guard = foreign.guard("DeviceViewMut::device_ptr_mut", buffer.stream(), self.vec.resources().capture_flag(), stream, true)?;
+        Ok((address::<T>(buffer, self.offset), guard))
     }
 }
 

@@ -28,12 +28,15 @@ pub struct Neighbors {
 /// Both are row-major matrix views with contiguous rows (any [`MatrixView`]: a whole array, a
 /// range of rows of one, a [`DeviceMatrix`]); checked before any native call: as many columns
 /// each, `1 ≤ k ≤ dataset rows`, both on `res`'s device. Arrays of other resources are ordered
-/// too: `res`'s stream waits for their pending work first, and this call waits for the search
-/// before it returns.
+/// too: `res`'s stream waits for their pending work first, and their own streams wait (on the
+/// device, through an event) for the search before their next write or free; the call itself
+/// returns once the search is queued.
 ///
 /// # Errors
 /// `Logic` for a column-major or strided view, columns that differ, a bad `k`, arrays of another
-/// device, or released resources; `Cuda` when cuVS cannot be loaded or CUDA fails; `OutOfMemory`.
+/// device, released resources, or a stream being captured into a CUDA graph (`res`'s, or that
+/// of an array of other resources); `Cuda` when cuVS cannot be loaded or CUDA fails;
+/// `OutOfMemory`.
 ///
 /// ```no_run
 /// # fn main() -> raft_core::Result<()> {

@@ -404,8 +404,9 @@ impl CagraIndex {
     /// # Errors
     /// `Logic` for queries that do not match (layout, columns, the index's device), a
     /// bad `k`, parameters outside cuVS's limits (see [`CagraSearchParams`]), more queries than
-    /// cuVS's 32-bit batch offsets reach (`n_queries × max(k, dim)` above 2^32), or released
-    /// resources; `Cuda` / `OutOfMemory` from cuVS.
+    /// cuVS's 32-bit batch offsets reach (`n_queries × max(k, dim)` above 2^32), released
+    /// resources, or a stream being captured into a CUDA graph (the index's, or the queries' of
+    /// other resources); `Cuda` / `OutOfMemory` from cuVS.
     pub fn search(&self, queries: MatrixView<'_, f32>, k: usize, params: &CagraSearchParams) -> Result<Neighbors> {
         const WHO: &str = "CagraIndex::search";
         check::view(WHO, "queries", &queries)?;

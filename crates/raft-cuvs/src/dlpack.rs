@@ -4,10 +4,11 @@
 //! A [`Tensor`] borrows its array for its whole life, describes no more elements than the array
 //! holds (checked when made), and holds the ordering guard of the array's stream against the
 //! stream cuVS runs on: when they differ, that stream first waits for the array's pending work,
-//! and is synchronised when the tensor is dropped, so the array can be neither freed nor written
-//! under cuVS's kernels.
+//! and when the tensor is dropped an event is recorded after cuVS's work, which the array's
+//! stream waits for (on the device) before its next write and its free, so the array can be
+//! neither freed nor written under cuVS's kernels. Nothing waits on the host.
 use crate::sys;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaStream, SyncOnDrop};
 use raft_core::{DeviceScalar, DeviceView, DeviceViewMut, Error, Result};
 
 /// An element type cuVS's C API takes, with its DLPack type code and width.
@@ -33,8 +34,8 @@ pub(crate) struct Tensor<'a> {
     shape: Box<[i64; 2]>,
     rows: usize,
     cols: usize,
-    /// Orders the cuVS stream after the array's stream now, and synchronises it when dropped
-    /// (nothing when they are the same stream).
+    /// Orders the cuVS stream after the array's stream now, and, when dropped, the array's
+    /// stream after cuVS's work (an event; nothing when they are the same stream).
     _ordered: SyncOnDrop<'a>,
 }
 
@@ -48,7 +49,9 @@ impl<'a> Tensor<'a> {
         stream: &'a CudaStream,
     ) -> Result<Self> {
         let (shape, device) = (extent(who, v.len(), rows, cols)?, v.resources().device());
-        let (ptr, ordered) = v.device_ptr(stream);
+        // Fallible: an array of other resources whose stream is being captured is refused
+        // (`Logic`), where cudarc's `DevicePtr` would panic (the fifteenth audit).
+        let (ptr, ordered) = v.try_device_ptr(stream).map_err(|e| e.with_who(who))?;
         Ok(Self::new::<T>(ptr, device, shape, rows, cols, ordered))
     }
 
@@ -61,7 +64,7 @@ impl<'a> Tensor<'a> {
         stream: &'a CudaStream,
     ) -> Result<Self> {
         let (shape, device) = (extent(who, v.len(), rows, cols)?, v.resources().device());
-        let (ptr, ordered) = v.device_ptr_mut(stream);
+        let (ptr, ordered) = v.try_device_ptr_mut(stream).map_err(|e| e.with_who(who))?;
         Ok(Self::new::<T>(ptr, device, shape, rows, cols, ordered))
     }
 

@@ -198,13 +198,12 @@ pub(crate) struct ForeignUses {
 
 impl ForeignUses {
     /// Makes `stream` wait for the work queued on the array's stream `own` (and, through it, for
-    /// the uses it waited for), refusing a stream being captured; returns the guard that records
-    /// after the use. `write`: the use writes (the caller holds the array exclusively).
+    /// the uses it waited for); returns the guard that records after the use. `write`: the use
+    /// writes (the caller holds the array exclusively).
     ///
-    /// # Panics
-    /// When `stream` or `own` is being captured into a CUDA graph: the graph would use the
-    /// array's memory at each launch, after the array may be gone (the trait leaves no error to
-    /// return).
+    /// # Errors
+    /// `Logic` when `stream` or `own` is being captured into a CUDA graph; the driver's error
+    /// when the question fails. Nothing is queued then.
     pub(crate) fn guard<'a>(
         &'a self,
         who: &'static str,
@@ -212,12 +211,10 @@ impl ForeignUses {
         own_capture: &super::exposure::CaptureFlag,
         stream: &'a CudaStream,
         write: bool,
-    ) -> SyncOnDrop<'a> {
-        if let Err(e) = super::refuse_capture(who, [stream, own]) {
-            panic!("{e}");
-        }
+    ) -> Result<SyncOnDrop<'a>> {
+        super::refuse_capture(who, [stream, own])?;
         if own.cu_stream() == stream.cu_stream() && own.context().cu_ctx() == stream.context().cu_ctx() {
-            return SyncOnDrop::Sync(None); // the array's own order suffices
+            return Ok(SyncOnDrop::Sync(None)); // the array's own order suffices
         }
         // The array's stream will wait for this use's event (`settle`), on a stream the user
         // holds: it may join a capture there (`exposure.rs`). Raised directly, no lookup.
@@ -233,7 +230,7 @@ impl ForeignUses {
         let (failures, records) = take_failures(Some(stream));
         let Some(records) = records else {
             // Another context than the device's primary one: no record can be trusted.
-            return self.cannot_order(self.uses.lock().unwrap_or_else(|e| e.into_inner()), stream);
+            return Ok(self.cannot_order(self.uses.lock().unwrap_or_else(|e| e.into_inner()), stream));
         };
         let handle = stream.cu_stream() as usize;
         let key = (stream.context().cu_ctx() as usize, handle, (handle == PER_THREAD).then(|| std::thread::current().id()));
@@ -244,7 +241,7 @@ impl ForeignUses {
         if shared.is_none() && uses.len() >= MAX_USES {
             // Entries go only at an exclusive use (`settle_all`); per-thread streams add one per
             // guard. Past the bound the array is leaked once rather than the list grown forever.
-            return self.cannot_order(uses, stream);
+            return Ok(self.cannot_order(uses, stream));
         }
         let at = match shared {
             Some(at) => {
@@ -264,7 +261,7 @@ impl ForeignUses {
                     }
                     .is_ok();
                 if !chained {
-                    return self.cannot_order(uses, stream);
+                    return Ok(self.cannot_order(uses, stream));
                 }
                 at
             }
@@ -282,7 +279,7 @@ impl ForeignUses {
                         uses.push(Use { key, event, stream: wrapped, failures, read: false, write: false });
                         uses.len() - 1
                     }
-                    Err(_) => return self.cannot_order(uses, stream),
+                    Err(_) => return Ok(self.cannot_order(uses, stream)),
                 }
             }
         };
@@ -306,7 +303,7 @@ impl ForeignUses {
         // SAFETY: the event is boxed and the wrapper behind an `Arc`, so neither moves when the
         // list grows, and both leave the list only through `&mut self` (`settle_all`, `Drop`),
         // which cannot run while this borrow of `self` for 'a lives.
-        SyncOnDrop::Record(Some(unsafe { (&*event, &*wrapped) }))
+        Ok(SyncOnDrop::Record(Some(unsafe { (&*event, &*wrapped) })))
     }
 
     /// A use handed out with no event to order the array after it (a stream or an event could

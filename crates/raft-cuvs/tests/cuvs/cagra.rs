@@ -167,3 +167,31 @@ fn search_width_zero_is_a_logic_error_not_a_sigfpe() {
     assert_eq!(c.message("zero").as_deref(), Some("CagraIndex::search: search_width must be at least 1"));
     assert_eq!(c.result("after").as_deref(), Some("ok"), "{}", c.stdout);
 }
+
+/// The fifteenth audit, as `knn::an_array_of_other_resources_on_a_captured_stream_is_refused_not_a_panic`
+/// for CAGRA: queries of other resources whose stream is being captured are refused (`Logic`),
+/// not a panic; after the capture they are searched. (Before: a panic.)
+#[test]
+fn queries_of_other_resources_on_a_captured_stream_are_refused_not_a_panic() {
+    require_gpu!();
+    use cudarc::driver::sys::{CUgraphInstantiate_flags as Flags, CUstreamCaptureMode as Mode};
+    let (ra, rb) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
+    let mut rng = Rng::new(11);
+    let index = CagraIndex::build(
+        DeviceMatrix::from_host(&ra, &rng.uniform_vec(1000 * 16), 1000, 16, Layout::RowMajor).unwrap(),
+        &Default::default(),
+    )
+    .unwrap();
+    let q = DeviceMatrix::from_host(&rb, &rng.uniform_vec(3 * 16), 3, 16, Layout::RowMajor).unwrap();
+    rb.sync().unwrap();
+    let stream = rb.stream().unwrap();
+    stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| index.search(q.view(), 5, &Default::default()).map(drop)));
+    let graph = stream.end_capture(Flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    let e = got.expect("CagraIndex::search panicked on queries whose stream is being captured").expect_err("searched");
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "CagraIndex::search"), "{e}");
+    assert!(e.message().contains("captured into a CUDA graph"), "{e}");
+    graph.expect("the capture was invalidated");
+    let found = index.search(q.view(), 5, &Default::default()).unwrap();
+    assert_eq!(found.neighbors.to_host().unwrap().len(), 15);
+}

@@ -305,3 +305,48 @@ fn cuvs_work_is_refused_while_the_stream_is_captured() {
     let q = DeviceVec::from_host(&res, &queries).unwrap();
     brute_force_knn(&res, rows(&d, N_ROWS), rows(&q, N_QUERIES), K).unwrap();
 }
+
+/// The fifteenth audit: an input array of *other* resources whose stream is being captured into
+/// a CUDA graph. Only the lent stream was asked; the array's own stream was asked inside
+/// cudarc's infallible `DevicePtr`, which panics, so `search` panicked where `Logic` is promised,
+/// and `brute_force_knn` panicked after building its temporary index, leaking it (its destroy
+/// was skipped by the unwind). Now both return `Logic`, nothing enters the capture, and both
+/// work after it. (Before: both panicked.)
+#[test]
+fn an_array_of_other_resources_on_a_captured_stream_is_refused_not_a_panic() {
+    require_gpu!();
+    use cudarc::driver::sys::{self, CUstreamCaptureMode as Mode};
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let (ra, rb) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
+    let (dataset, queries) = data();
+    let index = BruteForceIndex::build(matrix(&ra, &dataset, N_ROWS), Metric::L2Expanded).unwrap();
+    let d = DeviceVec::from_host(&ra, &dataset).unwrap();
+    let q = DeviceVec::from_host(&rb, &queries).unwrap();
+    rb.sync().unwrap();
+    let stream = rb.stream().unwrap();
+    stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let searched = catch_unwind(AssertUnwindSafe(|| index.search(rows(&q, N_QUERIES), K).map(drop)));
+    let one_shot = catch_unwind(AssertUnwindSafe(|| brute_force_knn(&ra, rows(&d, N_ROWS), rows(&q, N_QUERIES), K).map(drop)));
+    stream.context().bind_to_thread().unwrap();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above on the same stream; the graph comes back owned.
+    let ended = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result();
+    let mut nodes = 0usize;
+    if !graph.is_null() {
+        // SAFETY: `graph` is the captured graph, destroyed once after its nodes are counted.
+        unsafe {
+            sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes).result().unwrap();
+            sys::cuGraphDestroy(graph).result().unwrap();
+        }
+    }
+    for (who, got) in [("BruteForceIndex::search", searched), ("raft_cuvs::brute_force_knn", one_shot)] {
+        let e = got.unwrap_or_else(|_| panic!("{who} panicked on an array whose stream is being captured")).expect_err(who);
+        assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, who), "{e}");
+        assert!(e.message().contains("captured into a CUDA graph"), "{e}");
+    }
+    assert!(ended.is_ok(), "the capture was invalidated: {ended:?}");
+    assert_eq!(nodes, 0, "work entered the capture");
+    let found = index.search(rows(&q, N_QUERIES), K).unwrap();
+    assert_exact(&found.neighbors.to_host().unwrap(), &found.distances.to_host().unwrap(), &dataset, &queries, K);
+    brute_force_knn(&ra, rows(&d, N_ROWS), rows(&q, N_QUERIES), K).unwrap();
+}
