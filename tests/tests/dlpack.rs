@@ -493,3 +493,44 @@ fn gemm_on_imported_tensors_matches_gemm_on_arrays() {
         assert_eq!(c, want.to_host().unwrap(), "{lb:?}: the same cuBLAS call on the same values");
     }
 }
+
+/// The fifteenth audit: an array of a pinned-host or managed memory resource (accepted by
+/// `new_in`) was exported labelled `kDLCUDA` device memory, which this library's own import
+/// refuses ("not device memory, though labelled CUDA") and a consumer copying it to the host as
+/// device memory would name the wrong direction. The export labels the memory as the driver
+/// describes it: `kDLCUDAHost` and `kDLCUDAManaged`; device memory stays `kDLCUDA`; the
+/// deleter frees each. (Before: `kDLCUDA` for all three.)
+#[test]
+fn an_export_labels_pinned_host_and_managed_memory_as_what_they_are() {
+    use raft::MemoryResource;
+    require_gpu!();
+    let _one = one_at_a_time();
+    let r = DeviceResources::new().unwrap();
+    let before = live_arrays();
+    let kinds = [
+        ("pinned host", MemoryResource::pinned_host(r.device()).unwrap(), KDL_CUDA_HOST),
+        ("managed", MemoryResource::managed(r.device()).unwrap(), KDL_CUDA_MANAGED),
+        ("device", MemoryResource::cuda(r.device()).unwrap(), KDL_CUDA),
+    ];
+    for (what, mr, want) in kinds {
+        let mut v = DeviceVec::<f32>::new_in(&r, 64, &mr).unwrap();
+        v.copy_from_host(&[2.5f32; 64]).unwrap();
+        let e = v.into_dlpack().unwrap();
+        assert_eq!(e.device_type(), want, "{what} memory labelled {}", e.device_type());
+        e.synchronize().unwrap();
+        let raw = e.into_raw();
+        // SAFETY: `raw` is the tensor just handed over, read and then deleted once here.
+        let device = unsafe { (*raw).dl_tensor.device };
+        assert_eq!((device.device_type, device.device_id), (want, r.device() as i32), "{what}");
+        if want == KDL_CUDA_MANAGED || want == KDL_CUDA {
+            // SAFETY: a tensor this library made; ownership passes to the import.
+            let t = unsafe { DlpackTensor::<f32>::from_raw(raw, r.device()) }.unwrap();
+            drop(t);
+        } else {
+            // SAFETY: as above; the import refuses host memory and calls the deleter itself.
+            let refused = unsafe { DlpackTensor::<f32>::from_raw(raw, r.device()) };
+            assert_eq!(refused.map(drop).unwrap_err().kind(), ErrorKind::Logic, "{what}");
+        }
+    }
+    assert_eq!(live_arrays(), before, "each deleter dropped its array");
+}

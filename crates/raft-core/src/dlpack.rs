@@ -5,7 +5,10 @@
 //! move the array into a [`DlpackExport`]; [`into_raw`](DlpackExport::into_raw) (versioned) or
 //! [`into_raw_unversioned`](DlpackExport::into_raw_unversioned) hand it over as a managed tensor
 //! whose deleter drops the array the way any array drops (stream-ordered free, or a release
-//! thread; after the exit has decided, leaked to the OS), from any thread. Before handing over,
+//! thread; after the exit has decided, leaked to the OS), from any thread. The tensor's device
+//! type is the memory's, as the driver describes it ([`DlpackExport::device_type`]): `kDLCUDA`,
+//! or `kDLCUDAHost` / `kDLCUDAManaged` for an array of a pinned-host or managed memory resource.
+//! Before handing over,
 //! order the consumer: [`order_before_stream`](DlpackExport::order_before_stream) (the consumer's
 //! stream of `__dlpack__(stream=...)`: the consumer's stream waits for the array's work, and the
 //! array's free waits for the consumer's work up to its deleter) or
@@ -63,12 +66,12 @@ impl<T: DlpackElement> DeviceVec<T> {
     /// The array as a 1-D DLPack tensor of `len` elements, owning it.
     ///
     /// # Errors
-    /// `Logic` on released resources.
+    /// `Logic` on released resources; `Cuda` when the driver cannot describe the memory.
     pub fn into_dlpack(self) -> Result<DlpackExport> {
         const WHO: &str = "DeviceVec::into_dlpack";
         self.live(WHO)?;
         let shape = [extent(WHO, self.len())?, 0];
-        Ok(self.export(1, shape, None))
+        self.export(WHO, 1, shape, None)
     }
 
     /// The array as a 2-D `rows × cols` DLPack tensor in `layout` (row-major: C order, null
@@ -82,16 +85,16 @@ impl<T: DlpackElement> DeviceVec<T> {
             Layout::RowMajor => None,
             Layout::ColMajor => Some([1, r]),
         };
-        Ok(self.export(2, [r, c], strides))
+        self.export(WHO, 2, [r, c], strides)
     }
 
-    fn export(mut self, ndim: i32, shape: [i64; 2], strides: Option<[i64; 2]>) -> DlpackExport {
+    fn export(mut self, who: &'static str, ndim: i32, shape: [i64; 2], strides: Option<[i64; 2]>) -> Result<DlpackExport> {
         // Every use on other streams (reads included: the consumer may write) is ordered before
         // the array's stream first; the consumer is then ordered after that stream.
         let data = self.native_mut().address();
         let (stream, device) = (self.stream().clone(), self.resources().device());
-        let inner = Exported::new(Box::new(self), stream, data, device, T::DTYPE, ndim, shape, strides);
-        DlpackExport { inner: Some(inner), read_only: false }
+        let inner = Exported::new(who, Box::new(self), stream, data, device, T::DTYPE, ndim, shape, strides)?;
+        Ok(DlpackExport { inner: Some(inner), read_only: false })
     }
 }
 
@@ -108,7 +111,7 @@ impl<T: DlpackElement> DeviceMatrix<T> {
     /// strides `[1, rows]`), owning its array.
     ///
     /// # Errors
-    /// `Logic` on released resources.
+    /// `Logic` on released resources; `Cuda` when the driver cannot describe the memory.
     pub fn into_dlpack(self) -> Result<DlpackExport> {
         let (rows, cols, layout) = (self.rows(), self.cols(), self.layout());
         self.into_vec().into_dlpack_2d(rows, cols, layout)
@@ -135,6 +138,13 @@ impl DlpackExport {
     /// The device address of the first element (the tensor's `data`; its `byte_offset` is 0).
     pub fn data_ptr(&self) -> u64 {
         self.inner().data()
+    }
+
+    /// DLPack's device type of the memory, as the driver describes it: [`KDL_CUDA`] for device
+    /// memory, [`KDL_CUDA_HOST`] for an array from a pinned-host memory resource,
+    /// [`KDL_CUDA_MANAGED`] for one from a managed resource (what `__dlpack_device__` answers).
+    pub fn device_type(&self) -> i32 {
+        self.inner().device_type()
     }
 
     /// The tensor's shape.

@@ -94,6 +94,9 @@ unsafe extern "C" fn drop_unversioned_capsule(capsule: *mut ffi::PyObject) {
 #[pyclass(module = "raft_py")]
 struct Tensor {
     export: Mutex<Option<DlpackExport>>,
+    /// DLPack's device type of the memory (`DlpackExport::device_type`): `kDLCUDA` unless the
+    /// array came from a pinned-host or managed memory resource.
+    device_type: i32,
     device: usize,
     data_ptr: u64,
     shape: Vec<i64>,
@@ -101,8 +104,8 @@ struct Tensor {
 
 impl Tensor {
     fn new(export: DlpackExport, device: usize) -> Self {
-        let (data_ptr, shape) = (export.data_ptr(), export.shape().to_vec());
-        Tensor { export: Mutex::new(Some(export)), device, data_ptr, shape }
+        let (data_ptr, shape, device_type) = (export.data_ptr(), export.shape().to_vec(), export.device_type());
+        Tensor { export: Mutex::new(Some(export)), device_type, device, data_ptr, shape }
     }
 }
 
@@ -124,10 +127,10 @@ impl Tensor {
             ));
         }
         if let Some(d) = dl_device {
-            if d != (KDL_CUDA, self.device as i32) {
+            if d != self.__dlpack_device__() {
                 return Err(PyBufferError::new_err(format!(
-                    "raft_py.Tensor.__dlpack__: the tensor is on (2, {}), asked for {d:?}",
-                    self.device
+                    "raft_py.Tensor.__dlpack__: the tensor is on {:?}, asked for {d:?}",
+                    self.__dlpack_device__()
                 )));
             }
         }
@@ -190,7 +193,7 @@ impl Tensor {
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (KDL_CUDA, self.device as i32)
+        (self.device_type, self.device as i32)
     }
 
     /// The device address of the data (compare with `torch_tensor.data_ptr()`).

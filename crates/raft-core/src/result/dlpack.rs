@@ -211,6 +211,8 @@ unsafe extern "C" fn delete_unversioned(p: *mut DLManagedTensor) {
 pub(crate) struct Exported {
     owned: Owned,
     data: u64,
+    /// DLPack's device type for the memory, as the driver describes it (`memory_label`).
+    device_type: i32,
     device: i32,
     dtype: DLDataType,
     ndim: i32,
@@ -219,11 +221,17 @@ pub(crate) struct Exported {
 }
 
 impl Exported {
-    /// `owner` holds `data` (device memory of `device`, ordered on `stream`) for as long as it
-    /// lives; `shape` / `strides` (the first `ndim` used) describe no more than it holds (the
-    /// caller checked).
+    /// `owner` holds `data` (memory of a resource of `device`, ordered on `stream`) for as long
+    /// as it lives; `shape` / `strides` (the first `ndim` used) describe no more than it holds
+    /// (the caller checked). The memory is labelled as the driver describes it: an array from a
+    /// pinned-host or managed memory resource is not labelled device memory (the fifteenth
+    /// audit: a consumer copying "device" memory to the host would name the wrong direction).
+    ///
+    /// # Errors
+    /// The driver's, when it cannot describe the memory (the owner is dropped then).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
+        who: &'static str,
         owner: Box<dyn KeepMemory>,
         stream: Arc<CudaStream>,
         data: u64,
@@ -232,9 +240,15 @@ impl Exported {
         ndim: i32,
         shape: [i64; 2],
         strides: Option<[i64; 2]>,
-    ) -> Self {
+    ) -> Result<Self> {
+        let device_type = memory_label(who, stream.context(), data)?;
         let owned = Owned { stream, owner: Some(owner), shape, strides: strides.unwrap_or([0; 2]), consumed: false };
-        Exported { owned, data, device: device as i32, dtype, ndim, explicit_strides: strides.is_some() }
+        Ok(Exported { owned, data, device_type, device: device as i32, dtype, ndim, explicit_strides: strides.is_some() })
+    }
+
+    /// DLPack's device type of the memory: `KDL_CUDA`, `KDL_CUDA_HOST` or `KDL_CUDA_MANAGED`.
+    pub(crate) fn device_type(&self) -> i32 {
+        self.device_type
     }
 
     pub(crate) fn data(&self) -> u64 {
@@ -296,7 +310,7 @@ impl Exported {
     fn tensor(&mut self) -> DLTensor {
         DLTensor {
             data: self.data as *mut c_void,
-            device: DLDevice { device_type: KDL_CUDA, device_id: self.device },
+            device: DLDevice { device_type: self.device_type, device_id: self.device },
             ndim: self.ndim,
             dtype: self.dtype,
             shape: std::ptr::null_mut(),
@@ -585,6 +599,35 @@ pub(crate) fn check_memory(who: &'static str, ctx: &Arc<CudaContext>, view: &Che
         }
     }
     Ok(())
+}
+
+/// DLPack's device type for the memory at `data` (an allocation of a memory resource of `ctx`'s
+/// device), asked of the driver: `KDL_CUDA_MANAGED` for managed memory, `KDL_CUDA_HOST` for
+/// page-locked host memory (a pinned-host resource), else `KDL_CUDA`. An empty array's null
+/// address is `KDL_CUDA` (nothing to read).
+fn memory_label(who: &'static str, ctx: &Arc<CudaContext>, data: u64) -> Result<i32> {
+    if data == 0 {
+        return Ok(KDL_CUDA);
+    }
+    let _keep = ContextGuard::save(who)?;
+    bind(who, ctx)?;
+    let (mut kind, mut managed) = (0u32, 0u32);
+    let mut attributes =
+        [cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED];
+    let mut out = [&mut kind as *mut u32 as *mut c_void, &mut managed as *mut u32 as *mut c_void];
+    // SAFETY: two attributes, each written into a local of its documented size (an unsigned int,
+    // a boolean into a zeroed unsigned int); `data` is only looked up, never dereferenced; the
+    // context is bound above.
+    unsafe { cusys::cuPointerGetAttributes(2, attributes.as_mut_ptr(), out.as_mut_ptr(), data) }
+        .result()
+        .map_err(|e| Error::driver(who, e))?;
+    Ok(if managed != 0 {
+        KDL_CUDA_MANAGED
+    } else if kind == cusys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
+        KDL_CUDA_HOST
+    } else {
+        KDL_CUDA
+    })
 }
 
 fn device_name(t: i32) -> String {
