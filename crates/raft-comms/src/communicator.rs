@@ -338,9 +338,19 @@ impl Communicator {
         self.sync_within("Communicator::sync", self.timeout(), OnCapture::Refuse)
     }
 
-    /// [`sync`](Self::sync) with another bound for this wait.
+    /// [`sync`](Self::sync) with another bound for this wait. Like the communicator's own
+    /// bound, it is a deadline for the collectives, not a poll: when it runs out the
+    /// communicator is aborted (as [`sync`](Self::sync) says).
+    ///
+    /// # Errors
+    /// As [`sync`](Self::sync); `Logic` for a zero bound (as [`set_timeout`](Self::set_timeout)),
+    /// which would abort a communicator whose collectives merely had not finished yet.
     pub fn sync_timeout(&self, timeout: Duration) -> Result<()> {
-        self.sync_within("Communicator::sync_timeout", timeout, OnCapture::Refuse)
+        const WHO: &str = "Communicator::sync_timeout";
+        if timeout.is_zero() {
+            return Err(Error::logic(WHO, "a zero timeout (the communicator would be aborted at once if any collective is still running)"));
+        }
+        self.sync_within(WHO, timeout, OnCapture::Refuse)
     }
 
     fn sync_within(&self, who: &'static str, timeout: Duration, on_capture: OnCapture) -> Result<()> {

@@ -54,10 +54,17 @@ pub(crate) fn refuse_inside(who: &'static str) -> Result<()> {
 
 /// Refuses a collective made inside a [`group_scope`](crate::group_scope) other than through its [`GroupScope`](crate::GroupScope): only
 /// those borrow their arrays until the group has ended.
+///
+/// A scoped call's mark is taken here, by the one collective it vouches for (each
+/// `GroupScope` method makes exactly one, and asks this first): user code that runs further
+/// inside that call (a logger the library logs to while it takes the arrays' addresses, a panic
+/// hook) makes its own collectives unmarked, refused like any other direct call, instead of
+/// slipping into the group with arrays it may free before the group's end (the fifteenth audit).
 pub(crate) fn check_call(who: &'static str) -> Result<()> {
     let allowed = FRAME.try_with(|f| {
-        let f = f.borrow();
-        f.depth == 0 || f.unchecked > 0 || f.via_scope
+        let mut f = f.borrow_mut();
+        let via_scope = std::mem::take(&mut f.via_scope);
+        f.depth == 0 || f.unchecked > 0 || via_scope
     });
     if allowed.unwrap_or(true) {
         return Ok(());
@@ -221,7 +228,7 @@ impl Drop for Open {
     }
 }
 
-/// Runs `call` as a scoped call (allowed by [`check_call`]).
+/// Runs `call` as a scoped call: the first [`check_call`] inside it, the call's own, is allowed.
 pub(crate) fn via_scope<R>(call: impl FnOnce() -> Result<R>) -> Result<R> {
     struct Reset;
     impl Drop for Reset {

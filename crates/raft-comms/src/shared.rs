@@ -66,6 +66,13 @@ static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 pub(crate) fn register_live(shared: &Arc<Shared>) {
     static TEARDOWN: Once = Once::new();
     TEARDOWN.call_once(|| raft_exit::on_teardown(abort_all_live));
+    // The exit hook runs the teardown: registered here too, not only by the first job or
+    // release, so that a process whose communicators never queue a collective from Rust (kept
+    // in a static, used only by RAFT's C++ through `install`) still aborts them before the C++
+    // static destructors tear CUDA down under NCCL's threads (the fifteenth audit). The
+    // teardown never reads RMM's per-device map once destroyed (the shim's flag), so the hook
+    // may come before that map.
+    raft_exit::register_exit_hook();
     let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
     live.retain(|w| w.strong_count() > 0);
     live.push(Arc::downgrade(shared));

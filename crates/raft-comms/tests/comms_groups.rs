@@ -1,11 +1,15 @@
 //! How groups nest, checked before any collective (NCCL loaded, no GPU needed): a scoped group
 //! refuses an unsafe `group` inside it (whose calls would be launched only at the scope's end,
 //! after the inner closure's arrays may be gone), refuses to open inside another group, and the
-//! thread is left with no group open afterwards. Skips where NCCL cannot be loaded.
+//! thread is left with no group open afterwards. Skips where NCCL cannot be loaded. And, on one
+//! GPU, a collective made by user code running inside a scoped call (a logger) is refused.
 mod common;
 
-use raft_comms::{group, group_scope};
-use raft_core::ErrorKind;
+use raft_comms::{group, group_scope, Communicator, ReduceOp};
+use raft_core::{DeviceResources, DeviceVec, ErrorKind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
 
 #[test]
 fn groups_nest_only_where_every_array_outlives_the_launch() {
@@ -27,4 +31,78 @@ fn groups_nest_only_where_every_array_outlives_the_launch() {
     assert_eq!(group_scope(|_g| Ok(5)).unwrap(), 5);
     // SAFETY: as above.
     assert_eq!(unsafe { group(|| group(|| Ok(6))) }.unwrap(), 6);
+}
+
+/// A clique of one rank on device 0, on resources of its own.
+fn one_rank(res: &DeviceResources) -> Communicator {
+    Communicator::clique_with_timeout(std::slice::from_ref(res), Duration::from_secs(60)).unwrap().pop().unwrap()
+}
+
+static OTHER: OnceLock<Communicator> = OnceLock::new();
+/// The logger's array: kept alive past the group's end, so that the run before the fix (when
+/// the logger's collective entered the group) wrote into live memory, not a freed block.
+static SPARE: Mutex<Option<DeviceVec<f32>>> = Mutex::new(None);
+static ARMED: AtomicBool = AtomicBool::new(false);
+static SEEN: Mutex<Vec<Result<(), ErrorKind>>> = Mutex::new(Vec::new());
+
+/// A logger that, once armed, makes a collective on another communicator and notes its result.
+struct Reenter;
+
+impl log::Log for Reenter {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, _: &log::Record) {
+        if !ARMED.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(other), Some(buf)) = (OTHER.get(), spare.as_mut()) {
+            let got = other.allreduce_in_place(buf, ReduceOp::Sum).map_err(|e| e.kind());
+            SEEN.lock().unwrap_or_else(|e| e.into_inner()).push(got);
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// The fifteenth audit: a `GroupScope` method marked the thread for its whole call, and every
+/// collective made meanwhile passed as the scope's own. The library logs inside such a call (an
+/// array whose uses on other streams can no longer be ordered says so when read), so a logger
+/// could make a collective on another communicator that entered the open group with an array
+/// the logger then freed, before the group's end launched NCCL's writes into it. The mark is
+/// taken by the scope's own collective: the logger's is refused (`Logic`) as any direct call
+/// inside a scoped group. (Before: it was accepted into the group.)
+#[test]
+fn a_collective_made_by_a_logger_inside_a_scoped_call_is_refused() {
+    use cudarc::driver::DevicePtr;
+    if !common::have(1, "a_collective_made_by_a_logger_inside_a_scoped_call_is_refused") {
+        return;
+    }
+    static LOGGER: Reenter = Reenter;
+    log::set_logger(&LOGGER).expect("no other logger in this binary");
+    log::set_max_level(log::LevelFilter::Warn);
+    let (res, other_res) = (DeviceResources::on_device(0).unwrap(), DeviceResources::on_device(0).unwrap());
+    let comm = one_rank(&res);
+    assert!(OTHER.set(one_rank(&other_res)).is_ok());
+    *SPARE.lock().unwrap() = Some(DeviceVec::from_host(&other_res, &[1.0f32; 16]).unwrap());
+    // Read past the bound on per-thread streams: the array's next read logs once
+    // (`foreign::an_array_read_past_the_bound_on_per_thread_streams_is_kept_and_says_so_once`).
+    let v = DeviceVec::from_host(&res, &[1.0f32; 16]).unwrap();
+    let pts = res.context().per_thread_stream();
+    for _ in 0..4097 {
+        drop(v.device_ptr(&pts));
+    }
+    pts.synchronize().unwrap();
+    let mut out = DeviceVec::<f32>::zeros(&res, 16).unwrap();
+    ARMED.store(true, Ordering::SeqCst);
+    group_scope(|g| g.on(&comm).allreduce(&v, &mut out, ReduceOp::Sum)).unwrap();
+    comm.sync().unwrap();
+    OTHER.get().unwrap().sync().unwrap();
+    assert!(!ARMED.load(Ordering::SeqCst), "nothing was logged inside the scoped call: the test did not reach its case");
+    assert_eq!(
+        *SEEN.lock().unwrap(),
+        [Err(ErrorKind::Logic)],
+        "a collective made by a logger inside a scoped call was not refused (it entered the open group)"
+    );
+    assert_eq!(out.to_host().unwrap(), [1.0f32; 16]);
 }

@@ -1,7 +1,9 @@
 //! Splits that fail part-way, and an exit while a split waits for its peers (the fourteenth
 //! audit): nothing NCCL made is left to nobody, and the exit does not wait out a split's
 //! timeout. The one-GPU tests split cliques of one rank on device 0; the exit test needs two
-//! GPUs. Skips without them (fails under `RAFT_REQUIRE_GPU=1`).
+//! GPUs. And (the fifteenth audit) a communicator alive at exit in a process that never queued a
+//! collective is aborted by the exit's teardown, and a zero `sync_timeout` aborts nothing.
+//! Skips without them (fails under `RAFT_REQUIRE_GPU=1`).
 mod common;
 
 use raft_comms::Communicator;
@@ -113,4 +115,74 @@ fn an_exit_while_a_split_waits_for_its_peers_does_not_wait_out_the_timeout() {
     let run = common::run_bounded(cmd, Duration::from_secs(150));
     assert!(run.stdout.contains("child: main returns"), "{}", run.show());
     assert!(run.took < Duration::from_secs(30), "the exit took {:?} (the split's timeout is 60 s): {}", run.took, run.show());
+}
+
+/// The child's communicator, kept alive to the exit (as in a static of a program that hands it
+/// to RAFT's C++ and never queues a collective from Rust).
+static KEPT: std::sync::OnceLock<Communicator> = std::sync::OnceLock::new();
+
+/// Registered before the communicator is made, so the C library runs it after the library's
+/// exit hook (handlers run in reverse order): says whether the hook's teardown aborted it.
+extern "C" fn after_the_exit_hook() {
+    let ended = KEPT.get().map(|c| c.ended().is_some());
+    eprintln!("child: kept communicator ended at exit: {ended:?}");
+}
+
+/// The fifteenth audit: the exit's teardown, which aborts every live communicator so that NCCL's
+/// threads stop before the C++ static destructors tear CUDA down, runs from an exit hook that
+/// only a job, a release or a collective registered. A process that made a communicator and
+/// exited without queueing a collective from Rust left it running under those destructors.
+/// Making a communicator registers the hook now. In a child process, bounded to 120 s.
+/// (Before: the communicator was not ended at exit.)
+#[test]
+fn a_communicator_alive_at_exit_is_aborted_even_without_a_collective() {
+    const NAME: &str = "a_communicator_alive_at_exit_is_aborted_even_without_a_collective";
+    const CHILD: &str = "RAFT_COMMS_TEST_KEPT_AT_EXIT_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        // SAFETY: atexit stores a handler that takes nothing and never unwinds (it prints).
+        assert_eq!(unsafe { libc::atexit(after_the_exit_hook) }, 0);
+        assert!(KEPT.set(one_rank()).is_ok());
+        println!("child: made the communicator, exiting");
+        std::process::exit(0);
+    }
+    if !common::have(1, NAME) {
+        return;
+    }
+    let _gpus = serial();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", NAME, "--nocapture", "--test-threads=1"]).env(CHILD, "1");
+    let run = common::run_bounded(cmd, Duration::from_secs(120));
+    assert!(run.stdout.contains("child: made the communicator, exiting"), "{}", run.show());
+    assert_eq!(run.status.and_then(|s| s.code()), Some(0), "{}", run.show());
+    assert!(
+        run.stderr.contains("child: kept communicator ended at exit: Some(true)"),
+        "the exit's teardown did not abort a communicator alive at exit: {}",
+        run.show()
+    );
+}
+
+/// The fifteenth audit: `sync_timeout(Duration::ZERO)` with a collective still pending (held
+/// behind a host function) ran out at once and aborted a healthy communicator, and with it its
+/// clique, for good. A zero bound is refused (`Logic`), as `set_timeout` refuses one; the
+/// communicator stays usable. (Before: `Timeout`, the communicator aborted.)
+#[test]
+fn a_zero_sync_timeout_is_refused_and_aborts_nothing() {
+    use raft_comms::ReduceOp;
+    if !common::have(1, "a_zero_sync_timeout_is_refused_and_aborts_nothing") {
+        return;
+    }
+    let _gpus = serial();
+    let c = one_rank();
+    let res = c.resources().clone();
+    let mut buf = raft_core::DeviceVec::from_host(&res, &[1.5f32; 8]).unwrap();
+    let gate = common::Gate::close(&res.stream().unwrap(), Duration::from_secs(20));
+    c.allreduce_in_place(&mut buf, ReduceOp::Sum).unwrap(); // pending behind the gate
+    let zero = c.sync_timeout(Duration::ZERO);
+    gate.open();
+    let e = zero.expect_err("a zero bound was taken");
+    assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "Communicator::sync_timeout"), "{e}");
+    assert!(c.ended().is_none(), "a zero bound aborted the communicator: {:?}", c.ended());
+    c.sync_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(buf.to_host().unwrap(), [1.5f32; 8], "one rank: a sum is the input");
+    Communicator::release_all(vec![c]).unwrap();
 }
