@@ -80,7 +80,10 @@ enum Owner {
 // is only touched by the GPU in stream order, through the checked calls below. Freeing consumes
 // `self`.
 unsafe impl Send for NativeBuffer {}
-// SAFETY: shared use only reads the fields or queues reads of the device memory.
+// SAFETY: shared use reads the fields and queues device work in stream order. Writes queued
+// through a shared buffer cover only ranges that a `DeviceViewMut` / `MatrixViewMut` holds
+// exclusively, which are disjoint by construction (`split_at_mut`, `Shape::sub`); a write of the
+// whole buffer, its free and its resource's release take `&mut` or `self`.
 unsafe impl Sync for NativeBuffer {}
 
 impl NativeBuffer {

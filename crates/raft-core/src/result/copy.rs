@@ -658,9 +658,6 @@ fn enable_peer_access(who: &'static str, a: &NativeBuffer, b: &NativeBuffer) {
     }
 }
 
-/// Queues a device-to-device copy on `dst`'s own stream after the work queued so far on `src`'s
-/// stream; `src`'s stream then waits for it. Returns once queued: every later use of either
-/// buffer is ordered after the copy by its own stream.
 /// Copies between page-locked host memory and a device buffer on the buffer's own stream,
 /// after the work queued there; returns once the copy has finished (an event after it).
 pub(crate) fn copy_page_locked(who: &'static str, ends: Ends<'_>) -> Result<()> {
@@ -714,6 +711,9 @@ fn refuse_capture_of_memset(who: &'static str, stream: &CudaStream) -> Result<()
     })
 }
 
+/// Queues a device-to-device copy on `dst`'s own stream after the work queued so far on `src`'s
+/// stream; `src`'s stream then waits for it. Returns once queued: every later use of either
+/// buffer is ordered after the copy by its own stream.
 pub(crate) fn copy_device_ordered(who: &'static str, src: &NativeBuffer, dst: &mut NativeBuffer) -> Result<()> {
     let stream = dst.stream.clone();
     queue(who, &stream, &Ends::Device(src, dst), false, true).map(drop).map_err(|q| q.error)
