@@ -498,8 +498,9 @@ fn gemm_on_imported_tensors_matches_gemm_on_arrays() {
 /// `new_in`) was exported labelled `kDLCUDA` device memory, which this library's own import
 /// refuses ("not device memory, though labelled CUDA") and a consumer copying it to the host as
 /// device memory would name the wrong direction. The export labels the memory as the driver
-/// describes it: `kDLCUDAHost` and `kDLCUDAManaged`; device memory stays `kDLCUDA`; the
-/// deleter frees each. (Before: `kDLCUDA` for all three.)
+/// describes it: `kDLCUDAHost` (device id 0, DLPack's rule for host memory) and
+/// `kDLCUDAManaged`; device memory stays `kDLCUDA`; the deleter frees each. (Before: `kDLCUDA`
+/// for all three.)
 #[test]
 fn an_export_labels_pinned_host_and_managed_memory_as_what_they_are() {
     use raft::MemoryResource;
@@ -507,21 +508,22 @@ fn an_export_labels_pinned_host_and_managed_memory_as_what_they_are() {
     let _one = one_at_a_time();
     let r = DeviceResources::new().unwrap();
     let before = live_arrays();
+    let d = r.device() as i32;
     let kinds = [
-        ("pinned host", MemoryResource::pinned_host(r.device()).unwrap(), KDL_CUDA_HOST),
-        ("managed", MemoryResource::managed(r.device()).unwrap(), KDL_CUDA_MANAGED),
-        ("device", MemoryResource::cuda(r.device()).unwrap(), KDL_CUDA),
+        ("pinned host", MemoryResource::pinned_host(r.device()).unwrap(), (KDL_CUDA_HOST, 0)),
+        ("managed", MemoryResource::managed(r.device()).unwrap(), (KDL_CUDA_MANAGED, d)),
+        ("device", MemoryResource::cuda(r.device()).unwrap(), (KDL_CUDA, d)),
     ];
-    for (what, mr, want) in kinds {
+    for (what, mr, (want, id)) in kinds {
         let mut v = DeviceVec::<f32>::new_in(&r, 64, &mr).unwrap();
         v.copy_from_host(&[2.5f32; 64]).unwrap();
         let e = v.into_dlpack().unwrap();
-        assert_eq!(e.device_type(), want, "{what} memory labelled {}", e.device_type());
+        assert_eq!(e.device(), DLDevice { device_type: want, device_id: id }, "{what} memory");
         e.synchronize().unwrap();
         let raw = e.into_raw();
         // SAFETY: `raw` is the tensor just handed over, read and then deleted once here.
         let device = unsafe { (*raw).dl_tensor.device };
-        assert_eq!((device.device_type, device.device_id), (want, r.device() as i32), "{what}");
+        assert_eq!((device.device_type, device.device_id), (want, id), "{what}");
         if want == KDL_CUDA_MANAGED || want == KDL_CUDA {
             // SAFETY: a tensor this library made; ownership passes to the import.
             let t = unsafe { DlpackTensor::<f32>::from_raw(raw, r.device()) }.unwrap();

@@ -51,7 +51,10 @@ use std::time::{Duration, Instant};
 /// From its first collective until its work is seen finished, a communicator counts as a job of
 /// `raft-exit` (with the exit wait read when the collective was enqueued): an exit waits for it,
 /// then tears down, or skips the teardown when it does not finish in time — never destroying
-/// CUDA state under a running collective.
+/// CUDA state under a running collective. One still alive at the teardown (kept in a static,
+/// leaked, or never given a collective from Rust) is aborted then, so that NCCL's threads stop
+/// before the C++ static destructors tear CUDA down: making a communicator registers the exit
+/// hook.
 ///
 /// # Thread safety
 /// `Send + Sync`: calls from several threads are serialised on the communicator (NCCL forbids
@@ -127,8 +130,8 @@ impl Communicator {
     /// the group: NVIDIA/cuvs#968). Bounded by `RAFT_COMMS_TIMEOUT` (default 300 s).
     ///
     /// # Errors
-    /// `Logic` for no resources, two on one device, released resources, or a call inside a
-    /// group; `Generic` / `Cuda` when NCCL fails or does not finish in time (every communicator
+    /// `Logic` for no resources, two on one device, released resources, a zero bound, or a call
+    /// inside a group; `Generic` / `Cuda` when NCCL fails or does not finish in time (every communicator
     /// made so far is aborted).
     pub fn clique(resources: &[DeviceResources]) -> Result<Vec<Communicator>> {
         Self::clique_with_timeout(resources, timeout_from_env()?)
@@ -138,6 +141,9 @@ impl Communicator {
     pub fn clique_with_timeout(resources: &[DeviceResources], timeout: Duration) -> Result<Vec<Communicator>> {
         const WHO: &str = "Communicator::clique";
         group::refuse_inside(WHO)?;
+        if timeout.is_zero() {
+            return Err(Error::logic(WHO, "a zero timeout (every wait would be over before it began)"));
+        }
         if resources.is_empty() {
             return Err(Error::logic(WHO, "no resources: a clique needs one per device"));
         }
@@ -195,13 +201,16 @@ impl Communicator {
     /// is aborted (`ncclCommAbort`).
     ///
     /// # Errors
-    /// `Logic` for a rank not below `size`, released resources, another rank's mismatching
-    /// world size, a call inside a group, a peer without the job's secret, or no secret for an
+    /// `Logic` for a rank not below `size`, a zero bound, released resources, another rank's
+    /// mismatching world size, a call inside a group, a peer without the job's secret, or no secret for an
     /// address that is not loopback; `Generic` when the rendezvous or NCCL fails or runs out of
     /// time.
     pub fn init(resources: &DeviceResources, rank: usize, size: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
         const WHO: &str = "Communicator::init";
         group::refuse_inside(WHO)?;
+        if timeout.is_zero() {
+            return Err(Error::logic(WHO, "a zero timeout (every wait would be over before it began)"));
+        }
         if size == 0 || rank >= size {
             return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a size of {size}")));
         }
@@ -231,6 +240,9 @@ impl Communicator {
     pub fn init_with_id(resources: &DeviceResources, id: &UniqueId, rank: usize, size: usize, timeout: Duration) -> Result<Communicator> {
         const WHO: &str = "Communicator::init_with_id";
         group::refuse_inside(WHO)?;
+        if timeout.is_zero() {
+            return Err(Error::logic(WHO, "a zero timeout (every wait would be over before it began)"));
+        }
         if size == 0 || rank >= size {
             return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a size of {size}")));
         }

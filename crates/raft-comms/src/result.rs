@@ -178,15 +178,15 @@ fn on_stream<T: NcclType>(who: &'static str, what: &str, v: &DeviceVec<T>, strea
 }
 
 /// The device address of an array on its own stream (no synchronisation: checked by `on_stream`).
-/// A capture begun on the stream since the collective's own question is refused (`Logic`), not
-/// a panic (the fifteenth audit: the infallible `DevicePtr` panicked there).
-fn addr<T: NcclType>(v: &DeviceVec<T>, stream: &CudaStream) -> Result<*const c_void> {
-    let (ptr, _same_stream) = v.try_device_ptr(stream)?;
+/// A capture begun on the stream since the collective's own question is refused (`Logic`, as
+/// `who`'s), not a panic (the fifteenth audit: the infallible `DevicePtr` panicked there).
+fn addr<T: NcclType>(who: &'static str, v: &DeviceVec<T>, stream: &CudaStream) -> Result<*const c_void> {
+    let (ptr, _same_stream) = v.try_device_ptr(stream).map_err(|e| e.with_who(who))?;
     Ok(ptr as usize as *const c_void)
 }
 
-fn addr_mut<T: NcclType>(v: &mut DeviceVec<T>, stream: &CudaStream) -> Result<*mut c_void> {
-    let (ptr, _same_stream) = v.try_device_ptr_mut(stream)?;
+fn addr_mut<T: NcclType>(who: &'static str, v: &mut DeviceVec<T>, stream: &CudaStream) -> Result<*mut c_void> {
+    let (ptr, _same_stream) = v.try_device_ptr_mut(stream).map_err(|e| e.with_who(who))?;
     Ok(ptr as usize as *mut c_void)
 }
 
@@ -313,7 +313,7 @@ impl NativeComm {
         counts::allreduce(send.len(), recv.len()).map_err(|e| e.with_who(who))?;
         on_stream(who, "send", send, stream)?;
         on_stream(who, "receive", recv, stream)?;
-        let (s, r, n) = (addr(send, stream)?, addr_mut(recv, stream)?, send.len());
+        let (s, r, n) = (addr(who, send, stream)?, addr_mut(who, recv, stream)?, send.len());
         // SAFETY: both arrays hold `n` elements of T (checked above), live for the borrows, and
         // are ordered on `stream` (checked), so their frees follow the call.
         self.run(who, |api, c| unsafe { (api.raftcomms_allreduce)(c, s, r, n, code_of::<T>(), op.code(), stream_ptr(stream), mark as i32) })
@@ -328,7 +328,7 @@ impl NativeComm {
         mark: bool,
     ) -> Result<()> {
         on_stream(who, "", buf, stream)?;
-        let (p, n) = (addr_mut(buf, stream)?, buf.len());
+        let (p, n) = (addr_mut(who, buf, stream)?, buf.len());
         // SAFETY: `n` elements in one live array ordered on `stream`; NCCL allows send == recv.
         self.run(who, |api, c| unsafe { (api.raftcomms_allreduce)(c, p, p, n, code_of::<T>(), op.code(), stream_ptr(stream), mark as i32) })
     }
@@ -350,9 +350,9 @@ impl NativeComm {
             on_stream(who, "send", s, stream)?;
         }
         on_stream(who, "receive", recv, stream)?;
-        let r = addr_mut(recv, stream)?;
+        let r = addr_mut(who, recv, stream)?;
         let s = match send {
-            Some(s) => addr(s, stream)?,
+            Some(s) => addr(who, s, stream)?,
             None => r as *const c_void,
         };
         let (n, root) = (recv.len(), counts::as_int(who, "root", root)?);
@@ -378,11 +378,11 @@ impl NativeComm {
         let r = match recv {
             Some(r) => {
                 on_stream(who, "receive", r, stream)?;
-                addr_mut(r, stream)?
+                addr_mut(who, r, stream)?
             }
             None => std::ptr::null_mut(), // not the root: NCCL does not use it
         };
-        let (s, n, root) = (addr(send, stream)?, send.len(), counts::as_int(who, "root", root)?);
+        let (s, n, root) = (addr(who, send, stream)?, send.len(), counts::as_int(who, "root", root)?);
         // SAFETY: `n` elements in the send array and (on the root, checked) in the receive array,
         // both alive and ordered on `stream`; elsewhere NCCL ignores the receive pointer.
         self.run(who, |api, c| unsafe {
@@ -402,7 +402,7 @@ impl NativeComm {
         counts::allgather(world, send.len(), recv.len()).map_err(|e| e.with_who(who))?;
         on_stream(who, "send", send, stream)?;
         on_stream(who, "receive", recv, stream)?;
-        let (s, r, n) = (addr(send, stream)?, addr_mut(recv, stream)?, send.len());
+        let (s, r, n) = (addr(who, send, stream)?, addr_mut(who, recv, stream)?, send.len());
         // SAFETY: `n` elements sent, world × n received (checked), both alive on `stream`.
         self.run(who, |api, c| unsafe { (api.raftcomms_allgather)(c, s, r, n, code_of::<T>(), stream_ptr(stream), mark as i32) })
     }
@@ -421,7 +421,7 @@ impl NativeComm {
         let displs = counts::allgatherv(world, rank, counts_per_rank, send.len(), recv.len()).map_err(|e| e.with_who(who))?;
         on_stream(who, "send", send, stream)?;
         on_stream(who, "receive", recv, stream)?;
-        let (s, r) = (addr(send, stream)?, addr_mut(recv, stream)?);
+        let (s, r) = (addr(who, send, stream)?, addr_mut(who, recv, stream)?);
         // SAFETY: `counts_per_rank` and `displs` hold one entry per rank (the shim reads `world`
         // of each); every block lies inside the receive array (the counts add up to its length,
         // checked); this rank's block is its send array's length (checked).
@@ -447,11 +447,11 @@ impl NativeComm {
         let r = match recv {
             Some(r) => {
                 on_stream(who, "receive", r, stream)?;
-                addr_mut(r, stream)?
+                addr_mut(who, r, stream)?
             }
             None => std::ptr::null_mut(),
         };
-        let (s, n, root) = (addr(send, stream)?, send.len(), counts::as_int(who, "root", root)?);
+        let (s, n, root) = (addr(who, send, stream)?, send.len(), counts::as_int(who, "root", root)?);
         // SAFETY: `n` elements sent; on the root, world × n received (checked); elsewhere the shim
         // posts no receive and does not touch the null pointer.
         self.run(who, |api, c| unsafe { (api.raftcomms_gather)(c, s, r, n, code_of::<T>(), root, stream_ptr(stream), mark as i32) })
@@ -471,7 +471,7 @@ impl NativeComm {
         counts::reduce_scatter(world, send.len(), recv.len()).map_err(|e| e.with_who(who))?;
         on_stream(who, "send", send, stream)?;
         on_stream(who, "receive", recv, stream)?;
-        let (s, r, n) = (addr(send, stream)?, addr_mut(recv, stream)?, recv.len());
+        let (s, r, n) = (addr(who, send, stream)?, addr_mut(who, recv, stream)?, recv.len());
         // SAFETY: world × n elements sent, n received (checked), both alive on `stream`.
         self.run(who, |api, c| unsafe {
             (api.raftcomms_reducescatter)(c, s, r, n, code_of::<T>(), op.code(), stream_ptr(stream), mark as i32)
@@ -489,7 +489,7 @@ impl NativeComm {
     ) -> Result<()> {
         counts::peer(world, rank, peer).map_err(|e| e.with_who(who))?;
         on_stream(who, "send", buf, stream)?;
-        let (p, n, peer) = (addr(buf, stream)?, buf.len(), counts::as_int(who, "peer", peer)?);
+        let (p, n, peer) = (addr(who, buf, stream)?, buf.len(), counts::as_int(who, "peer", peer)?);
         // SAFETY: the array's `n` elements, alive and ordered on `stream`.
         self.run(who, |api, c| unsafe { (api.raftcomms_send)(c, p, n, code_of::<T>(), peer, stream_ptr(stream), mark as i32) })
     }
@@ -505,7 +505,7 @@ impl NativeComm {
     ) -> Result<()> {
         counts::peer(world, rank, peer).map_err(|e| e.with_who(who))?;
         on_stream(who, "receive", buf, stream)?;
-        let (p, n, peer) = (addr_mut(buf, stream)?, buf.len(), counts::as_int(who, "peer", peer)?);
+        let (p, n, peer) = (addr_mut(who, buf, stream)?, buf.len(), counts::as_int(who, "peer", peer)?);
         // SAFETY: the array's `n` elements, alive and ordered on `stream`.
         self.run(who, |api, c| unsafe { (api.raftcomms_recv)(c, p, n, code_of::<T>(), peer, stream_ptr(stream), mark as i32) })
     }
@@ -525,7 +525,7 @@ impl NativeComm {
         counts::sendrecv(world, rank, dest, source, send.len(), recv.len()).map_err(|e| e.with_who(who))?;
         on_stream(who, "send", send, stream)?;
         on_stream(who, "receive", recv, stream)?;
-        let (s, sn, r, rn) = (addr(send, stream)?, send.len(), addr_mut(recv, stream)?, recv.len());
+        let (s, sn, r, rn) = (addr(who, send, stream)?, send.len(), addr_mut(who, recv, stream)?, recv.len());
         let (dest, source) = (counts::as_int(who, "peer", dest)?, counts::as_int(who, "peer", source)?);
         // SAFETY: each array's own length, alive and ordered on `stream`.
         self.run(who, |api, c| unsafe {
@@ -580,7 +580,7 @@ pub(crate) fn raft_allreduce<T: NcclType>(
     counts::allreduce(send.len(), recv.len()).map_err(|e| e.with_who(who))?;
     on_stream(who, "send", send, stream)?;
     on_stream(who, "receive", recv, stream)?;
-    let (s, r, n) = (addr(send, stream)?, addr_mut(recv, stream)?, send.len());
+    let (s, r, n) = (addr(who, send, stream)?, addr_mut(who, recv, stream)?, send.len());
     // SAFETY: the resources are lent for the call; both arrays hold `n` elements (checked), are
     // alive and ordered on `stream`, the resources' own.
     check(who, api, unsafe { (api.raftcomms_raft_allreduce)(res.as_ptr(), s, r, n, code_of::<T>(), op.code(), stream_ptr(stream)) })

@@ -43,6 +43,8 @@ static OTHER: OnceLock<Communicator> = OnceLock::new();
 /// the logger's collective entered the group) wrote into live memory, not a freed block.
 static SPARE: Mutex<Option<DeviceVec<f32>>> = Mutex::new(None);
 static ARMED: AtomicBool = AtomicBool::new(false);
+/// The test's thread: a line logged by another test's thread meanwhile is not the case.
+static TEST_THREAD: OnceLock<std::thread::ThreadId> = OnceLock::new();
 static SEEN: Mutex<Vec<Result<(), ErrorKind>>> = Mutex::new(Vec::new());
 
 /// A logger that, once armed, makes a collective on another communicator and notes its result.
@@ -53,7 +55,7 @@ impl log::Log for Reenter {
         true
     }
     fn log(&self, _: &log::Record) {
-        if !ARMED.swap(false, Ordering::SeqCst) {
+        if TEST_THREAD.get() != Some(&std::thread::current().id()) || !ARMED.swap(false, Ordering::SeqCst) {
             return;
         }
         let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
@@ -94,6 +96,7 @@ fn a_collective_made_by_a_logger_inside_a_scoped_call_is_refused() {
     }
     pts.synchronize().unwrap();
     let mut out = DeviceVec::<f32>::zeros(&res, 16).unwrap();
+    assert!(TEST_THREAD.set(std::thread::current().id()).is_ok());
     ARMED.store(true, Ordering::SeqCst);
     group_scope(|g| g.on(&comm).allreduce(&v, &mut out, ReduceOp::Sum)).unwrap();
     comm.sync().unwrap();

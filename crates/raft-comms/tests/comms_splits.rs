@@ -186,3 +186,30 @@ fn a_zero_sync_timeout_is_refused_and_aborts_nothing() {
     assert_eq!(buf.to_host().unwrap(), [1.5f32; 8], "one rank: a sum is the input");
     Communicator::release_all(vec![c]).unwrap();
 }
+
+/// The fifteenth audit's review: a zero bound for a communicator's making (`clique_with_timeout`,
+/// `init`, `init_with_id`) made every later wait a deadline already past, where `set_timeout`,
+/// `sync_timeout` and `RAFT_COMMS_TIMEOUT` refuse zero. Refused (`Logic`) before anything is
+/// made; a non-zero bound then works. (Before: accepted.)
+#[test]
+fn a_zero_bound_for_a_new_communicator_is_refused() {
+    if !common::have(1, "a_zero_bound_for_a_new_communicator_is_refused") {
+        return;
+    }
+    let _gpus = serial();
+    let res = DeviceResources::on_device(0).unwrap();
+    let id = raft_comms::UniqueId::new().unwrap();
+    let made = [
+        ("Communicator::clique", Communicator::clique_with_timeout(std::slice::from_ref(&res), Duration::ZERO).map(drop)),
+        ("Communicator::init", Communicator::init(&res, 0, 1, "127.0.0.1:0", Duration::ZERO).map(drop)),
+        ("Communicator::init_with_id", Communicator::init_with_id(&res, &id, 0, 1, Duration::ZERO).map(drop)),
+    ];
+    for (who, got) in made {
+        let e = got.expect_err(who);
+        assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, who), "{e}");
+        assert!(e.message().contains("zero timeout"), "{e}");
+    }
+    let c = Communicator::init_with_id(&res, &id, 0, 1, Duration::from_secs(60)).unwrap();
+    c.barrier().unwrap();
+    Communicator::release_all(vec![c]).unwrap();
+}

@@ -6,8 +6,9 @@
 //! [`into_raw_unversioned`](DlpackExport::into_raw_unversioned) hand it over as a managed tensor
 //! whose deleter drops the array the way any array drops (stream-ordered free, or a release
 //! thread; after the exit has decided, leaked to the OS), from any thread. The tensor's device
-//! type is the memory's, as the driver describes it ([`DlpackExport::device_type`]): `kDLCUDA`,
-//! or `kDLCUDAHost` / `kDLCUDAManaged` for an array of a pinned-host or managed memory resource.
+//! type is the memory's, as the driver describes it ([`DlpackExport::device`]): `kDLCUDA`,
+//! or `kDLCUDAHost` / `kDLCUDAManaged` / `kDLCPU` for an array of a pinned-host, managed or
+//! system-memory resource.
 //! Before handing over,
 //! order the consumer: [`order_before_stream`](DlpackExport::order_before_stream) (the consumer's
 //! stream of `__dlpack__(stream=...)`: the consumer's stream waits for the array's work, and the
@@ -140,11 +141,13 @@ impl DlpackExport {
         self.inner().data()
     }
 
-    /// DLPack's device type of the memory, as the driver describes it: [`KDL_CUDA`] for device
-    /// memory, [`KDL_CUDA_HOST`] for an array from a pinned-host memory resource,
-    /// [`KDL_CUDA_MANAGED`] for one from a managed resource (what `__dlpack_device__` answers).
-    pub fn device_type(&self) -> i32 {
-        self.inner().device_type()
+    /// DLPack's device of the memory, as the driver describes it (what `__dlpack_device__`
+    /// answers): [`KDL_CUDA`] and the array's device for device memory, [`KDL_CUDA_MANAGED`]
+    /// and the device for an array of a managed resource, [`KDL_CUDA_HOST`] and 0 for one of a
+    /// pinned-host resource, [`KDL_CPU`] and 0 for memory the driver does not know (a
+    /// system-memory resource). An empty array is [`KDL_CUDA`].
+    pub fn device(&self) -> DLDevice {
+        self.inner().device()
     }
 
     /// The tensor's shape.

@@ -6,7 +6,10 @@
 //! stream cuVS runs on: when they differ, that stream first waits for the array's pending work,
 //! and when the tensor is dropped an event is recorded after cuVS's work, which the array's
 //! stream waits for (on the device) before its next write and its free, so the array can be
-//! neither freed nor written under cuVS's kernels. Nothing waits on the host.
+//! neither freed nor written under cuVS's kernels. Nothing waits on the host, except where a use
+//! cannot be ordered by an event (a context other than the device's primary one, an array used on
+//! too many streams): the guard then waits for cuVS's work when dropped, and the array is kept
+//! (leaked) rather than freed under a use it cannot order.
 use crate::sys;
 use cudarc::driver::{CudaStream, SyncOnDrop};
 use raft_core::{DeviceScalar, DeviceView, DeviceViewMut, Error, Result};

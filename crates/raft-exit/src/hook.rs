@@ -1,5 +1,5 @@
-//! The exit hook: registered with `atexit` when the first job or release is made; at exit it
-//! waits for what is in flight, then tears down or, when the wait runs out, leaks.
+//! The exit hook: registered with `atexit` when the first job, release or communicator is made;
+//! at exit it waits for what is in flight, then tears down or, when the wait runs out, leaks.
 use crate::phase::{set_phase, Phase};
 use crate::registry::{Outcome, REGISTRY};
 use std::cell::Cell;
@@ -54,9 +54,9 @@ extern "C" {
     fn on_exit(function: extern "C" fn(libc::c_int, *mut libc::c_void), arg: *mut libc::c_void) -> libc::c_int;
 }
 
-/// Registers the hook with the C library's exit handlers, once (the first job or release does
-/// it too). For teardown steps that must run in a process that may never make either, such as
-/// the tracking report of leaked allocations.
+/// Registers the hook with the C library's exit handlers, once (the first job, release or
+/// communicator does it too). For teardown steps that must run in a process that may never make
+/// any of them, such as the tracking report of leaked allocations.
 pub fn ensure_registered() {
     let mut refused = 0;
     HOOK.call_once(|| {
@@ -76,7 +76,7 @@ pub fn ensure_registered() {
     }
 }
 
-/// Whether the hook was registered (the first job or release was made).
+/// Whether the hook was registered (the first job, release or communicator was made).
 pub fn hook_registered() -> bool {
     HOOK.is_completed()
 }
@@ -88,12 +88,12 @@ pub fn hook_registered() -> bool {
 /// # Handlers that do not run after a skipped teardown
 /// The C library runs exit handlers in the reverse order of their registration, and `_exit`
 /// ends the process without the rest. So after a skipped teardown:
-/// - handlers registered *after* this hook (after the process's first job or release) have
-///   already run: they are unaffected;
-/// - handlers registered *before* it (before the first job or release; LLVM's coverage writer
-///   and profilers usually register at start-up), the C++ static destructors and the C++
-///   streams' flush do not run. C stdio streams are flushed here, and Rust's stdout was
-///   flushed before the exit began.
+/// - handlers registered *after* this hook (after the process's first job, release or
+///   communicator) have already run: they are unaffected;
+/// - handlers registered *before* it (before the first job, release or communicator; LLVM's
+///   coverage writer and profilers usually register at start-up), the C++ static destructors
+///   and the C++ streams' flush do not run. C stdio streams are flushed here, and Rust's
+///   stdout was flushed before the exit began.
 ///
 /// Workaround: register such a handler after the first job (then it runs before the hook), or
 /// flush its data yourself before exiting (`__llvm_profile_write_file`, `__gcov_dump`, …).

@@ -94,18 +94,17 @@ unsafe extern "C" fn drop_unversioned_capsule(capsule: *mut ffi::PyObject) {
 #[pyclass(module = "raft_py")]
 struct Tensor {
     export: Mutex<Option<DlpackExport>>,
-    /// DLPack's device type of the memory (`DlpackExport::device_type`): `kDLCUDA` unless the
-    /// array came from a pinned-host or managed memory resource.
-    device_type: i32,
-    device: usize,
+    /// DLPack's device of the memory (`DlpackExport::device`): `(kDLCUDA, device)` unless the
+    /// array came from a pinned-host, managed or system-memory resource.
+    dl_device: (i32, i32),
     data_ptr: u64,
     shape: Vec<i64>,
 }
 
 impl Tensor {
-    fn new(export: DlpackExport, device: usize) -> Self {
-        let (data_ptr, shape, device_type) = (export.data_ptr(), export.shape().to_vec(), export.device_type());
-        Tensor { export: Mutex::new(Some(export)), device_type, device, data_ptr, shape }
+    fn new(export: DlpackExport) -> Self {
+        let (data_ptr, shape, d) = (export.data_ptr(), export.shape().to_vec(), export.device());
+        Tensor { export: Mutex::new(Some(export)), dl_device: (d.device_type, d.device_id), data_ptr, shape }
     }
 }
 
@@ -193,7 +192,7 @@ impl Tensor {
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (self.device_type, self.device as i32)
+        self.dl_device
     }
 
     /// The device address of the data (compare with `torch_tensor.data_ptr()`).
@@ -315,7 +314,6 @@ fn resources_for(obj: &Bound<'_, PyAny>) -> PyResult<DeviceResources> {
 fn gemm(py: Python<'_>, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<Tensor> {
     let res = resources_for(a)?;
     let (ia, ib) = (import(a, &res)?, import(b, &res)?);
-    let device = res.device();
     let out = py.detach(move || {
         fn run<T: raft::GemmScalar + DlpackElement>(
             res: &DeviceResources,
@@ -335,7 +333,7 @@ fn gemm(py: Python<'_>, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<
         }
     });
     let export = out.map_err(PyTypeError::new_err)?.map_err(py_err)?;
-    Ok(Tensor::new(export, device))
+    Ok(Tensor::new(export))
 }
 
 /// `n` zeros of `dtype` ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
@@ -358,7 +356,7 @@ fn zeros(n: usize, dtype: &str, device: usize) -> PyResult<Tensor> {
         "int64" => z::<i64>(&res, n),
         other => return Err(PyValueError::new_err(format!("raft_py.zeros: unknown dtype {other:?}"))),
     };
-    Ok(Tensor::new(e.map_err(py_err)?, device))
+    Ok(Tensor::new(e.map_err(py_err)?))
 }
 
 /// Where `obj`'s data is as this extension imports it (taken through `__dlpack__`, viewed in

@@ -211,9 +211,8 @@ unsafe extern "C" fn delete_unversioned(p: *mut DLManagedTensor) {
 pub(crate) struct Exported {
     owned: Owned,
     data: u64,
-    /// DLPack's device type for the memory, as the driver describes it (`memory_label`).
-    device_type: i32,
-    device: i32,
+    /// DLPack's device of the memory, as the driver describes it (`memory_label`).
+    device: DLDevice,
     dtype: DLDataType,
     ndim: i32,
     /// Null strides (C-contiguous) unless set.
@@ -242,13 +241,18 @@ impl Exported {
         strides: Option<[i64; 2]>,
     ) -> Result<Self> {
         let device_type = memory_label(who, stream.context(), data)?;
+        // DLPack's rule: host memory (plain or page-locked) is device 0; device and managed
+        // memory name their device.
+        let device_id = if device_type == KDL_CPU || device_type == KDL_CUDA_HOST { 0 } else { device as i32 };
         let owned = Owned { stream, owner: Some(owner), shape, strides: strides.unwrap_or([0; 2]), consumed: false };
-        Ok(Exported { owned, data, device_type, device: device as i32, dtype, ndim, explicit_strides: strides.is_some() })
+        let device = DLDevice { device_type, device_id };
+        Ok(Exported { owned, data, device, dtype, ndim, explicit_strides: strides.is_some() })
     }
 
-    /// DLPack's device type of the memory: `KDL_CUDA`, `KDL_CUDA_HOST` or `KDL_CUDA_MANAGED`.
-    pub(crate) fn device_type(&self) -> i32 {
-        self.device_type
+    /// DLPack's device of the memory: `KDL_CUDA` or `KDL_CUDA_MANAGED` and the array's device,
+    /// or `KDL_CUDA_HOST` or `KDL_CPU` and 0 (`memory_label`).
+    pub(crate) fn device(&self) -> DLDevice {
+        self.device
     }
 
     pub(crate) fn data(&self) -> u64 {
@@ -310,7 +314,7 @@ impl Exported {
     fn tensor(&mut self) -> DLTensor {
         DLTensor {
             data: self.data as *mut c_void,
-            device: DLDevice { device_type: self.device_type, device_id: self.device },
+            device: self.device,
             ndim: self.ndim,
             dtype: self.dtype,
             shape: std::ptr::null_mut(),
@@ -602,9 +606,11 @@ pub(crate) fn check_memory(who: &'static str, ctx: &Arc<CudaContext>, view: &Che
 }
 
 /// DLPack's device type for the memory at `data` (an allocation of a memory resource of `ctx`'s
-/// device), asked of the driver: `KDL_CUDA_MANAGED` for managed memory, `KDL_CUDA_HOST` for
-/// page-locked host memory (a pinned-host resource), else `KDL_CUDA`. An empty array's null
-/// address is `KDL_CUDA` (nothing to read).
+/// device), asked of the driver: `KDL_CUDA` for device memory, `KDL_CUDA_MANAGED` for managed
+/// memory, `KDL_CUDA_HOST` for page-locked host memory (a pinned-host resource), and `KDL_CPU`
+/// for memory the driver does not know (a system-memory resource, as on HMM or ATS machines:
+/// plain host memory). An empty array's null address is `KDL_CUDA` whatever its resource
+/// (there is nothing to read).
 fn memory_label(who: &'static str, ctx: &Arc<CudaContext>, data: u64) -> Result<i32> {
     if data == 0 {
         return Ok(KDL_CUDA);
@@ -623,10 +629,12 @@ fn memory_label(who: &'static str, ctx: &Arc<CudaContext>, data: u64) -> Result<
         .map_err(|e| Error::driver(who, e))?;
     Ok(if managed != 0 {
         KDL_CUDA_MANAGED
+    } else if kind == cusys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+        KDL_CUDA
     } else if kind == cusys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
         KDL_CUDA_HOST
     } else {
-        KDL_CUDA
+        KDL_CPU
     })
 }
 

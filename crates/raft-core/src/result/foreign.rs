@@ -212,7 +212,14 @@ impl ForeignUses {
         stream: &'a CudaStream,
         write: bool,
     ) -> Result<SyncOnDrop<'a>> {
-        super::refuse_capture(who, [stream, own])?;
+        super::refuse_capture(who, [stream, own]).map_err(|e| match e.kind() {
+            crate::error::ErrorKind::Logic => Error::logic(
+                who,
+                "the stream is being captured into a CUDA graph: the graph would use the array at each launch, after it may \
+                 be gone; take the address before the capture begins or after it ends",
+            ),
+            _ => e,
+        })?;
         if own.cu_stream() == stream.cu_stream() && own.context().cu_ctx() == stream.context().cu_ctx() {
             return Ok(SyncOnDrop::Sync(None)); // the array's own order suffices
         }
