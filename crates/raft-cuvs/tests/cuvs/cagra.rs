@@ -174,7 +174,7 @@ fn search_width_zero_is_a_logic_error_not_a_sigfpe() {
 #[test]
 fn queries_of_other_resources_on_a_captured_stream_are_refused_not_a_panic() {
     require_gpu!();
-    use cudarc::driver::sys::{self, CUstreamCaptureMode as Mode};
+    use cudarc::driver::sys::CUstreamCaptureMode as Mode;
     let (ra, rb) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
     let mut rng = Rng::new(11);
     let index = CagraIndex::build(
@@ -187,18 +187,7 @@ fn queries_of_other_resources_on_a_captured_stream_are_refused_not_a_panic() {
     let stream = rb.stream().unwrap();
     stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
     let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| index.search(q.view(), 5, &Default::default()).map(drop)));
-    stream.context().bind_to_thread().unwrap();
-    let mut graph = std::ptr::null_mut();
-    // SAFETY: ends the capture begun above on the same stream; the graph comes back owned.
-    let ended = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result();
-    let mut nodes = 0usize;
-    if !graph.is_null() {
-        // SAFETY: `graph` is the captured graph, destroyed once after its nodes are counted.
-        unsafe {
-            sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes).result().unwrap();
-            sys::cuGraphDestroy(graph).result().unwrap();
-        }
-    }
+    let (ended, nodes) = crate::common::end_capture_counting_nodes(&stream);
     let e = got.expect("CagraIndex::search panicked on queries whose stream is being captured").expect_err("searched");
     assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "CagraIndex::search"), "{e}");
     assert!(e.message().contains("captured into a CUDA graph"), "{e}");

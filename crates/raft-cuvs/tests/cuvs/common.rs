@@ -260,3 +260,22 @@ pub fn report<T>(key: &str, outcome: &raft_core::Result<T>) {
         }
     }
 }
+
+/// Ends the capture begun on `stream` (on this thread), and says whether the driver ended it
+/// (an invalidated capture does not) and how many nodes its graph held, destroyed here.
+pub fn end_capture_counting_nodes(stream: &cudarc::driver::CudaStream) -> (Result<(), cudarc::driver::DriverError>, usize) {
+    use cudarc::driver::sys;
+    stream.context().bind_to_thread().unwrap();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun on the same stream; the graph comes back owned.
+    let ended = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result();
+    let mut nodes = 0usize;
+    if !graph.is_null() {
+        // SAFETY: `graph` is the captured graph, destroyed once after its nodes are counted.
+        unsafe {
+            sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes).result().unwrap();
+            sys::cuGraphDestroy(graph).result().unwrap();
+        }
+    }
+    (ended, nodes)
+}

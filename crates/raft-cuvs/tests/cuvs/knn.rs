@@ -250,7 +250,7 @@ fn argument_checks_refuse_before_any_native_call() {
 #[test]
 fn an_index_dropped_while_the_stream_is_captured_is_leaked_not_freed_into_the_graph() {
     require_gpu!();
-    use cudarc::driver::sys::{self, CUstreamCaptureMode as Mode};
+    use cudarc::driver::sys::CUstreamCaptureMode as Mode;
     let res = DeviceResources::new().unwrap();
     let (dataset, _) = data();
     let index = BruteForceIndex::build(matrix(&res, &dataset, N_ROWS), Metric::L2Expanded).unwrap();
@@ -258,18 +258,7 @@ fn an_index_dropped_while_the_stream_is_captured_is_leaked_not_freed_into_the_gr
     res.sync().unwrap();
     stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
     let released = index.release();
-    stream.context().bind_to_thread().unwrap();
-    let mut graph = std::ptr::null_mut();
-    // SAFETY: ends the capture begun above on the same stream; the graph comes back owned.
-    let ended = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result();
-    let mut nodes = 0usize;
-    if !graph.is_null() {
-        // SAFETY: `graph` is the captured graph, destroyed once after its nodes are counted.
-        unsafe {
-            sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes).result().unwrap();
-            sys::cuGraphDestroy(graph).result().unwrap();
-        }
-    }
+    let (ended, nodes) = crate::common::end_capture_counting_nodes(&stream);
     let e = released.expect_err("an index was freed on a capturing stream");
     assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "BruteForceIndex::release"), "{e}");
     assert!(e.message().contains("captured into a CUDA graph") && e.message().contains("leaked"), "{e}");
@@ -315,7 +304,7 @@ fn cuvs_work_is_refused_while_the_stream_is_captured() {
 #[test]
 fn an_array_of_other_resources_on_a_captured_stream_is_refused_not_a_panic() {
     require_gpu!();
-    use cudarc::driver::sys::{self, CUstreamCaptureMode as Mode};
+    use cudarc::driver::sys::CUstreamCaptureMode as Mode;
     use std::panic::{catch_unwind, AssertUnwindSafe};
     let (ra, rb) = (DeviceResources::new().unwrap(), DeviceResources::new().unwrap());
     let (dataset, queries) = data();
@@ -327,18 +316,7 @@ fn an_array_of_other_resources_on_a_captured_stream_is_refused_not_a_panic() {
     stream.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
     let searched = catch_unwind(AssertUnwindSafe(|| index.search(rows(&q, N_QUERIES), K).map(drop)));
     let one_shot = catch_unwind(AssertUnwindSafe(|| brute_force_knn(&ra, rows(&d, N_ROWS), rows(&q, N_QUERIES), K).map(drop)));
-    stream.context().bind_to_thread().unwrap();
-    let mut graph = std::ptr::null_mut();
-    // SAFETY: ends the capture begun above on the same stream; the graph comes back owned.
-    let ended = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) }.result();
-    let mut nodes = 0usize;
-    if !graph.is_null() {
-        // SAFETY: `graph` is the captured graph, destroyed once after its nodes are counted.
-        unsafe {
-            sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes).result().unwrap();
-            sys::cuGraphDestroy(graph).result().unwrap();
-        }
-    }
+    let (ended, nodes) = crate::common::end_capture_counting_nodes(&stream);
     for (who, got) in [("BruteForceIndex::search", searched), ("raft_cuvs::brute_force_knn", one_shot)] {
         let e = got.unwrap_or_else(|_| panic!("{who} panicked on an array whose stream is being captured")).expect_err(who);
         assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, who), "{e}");
