@@ -358,6 +358,28 @@ fn a_reused_async_pool_takes_the_settings_asked_for() {
     assert_eq!(count("used"), 0, "{}", c.stdout);
 }
 
+/// The fifteenth audit: an async pool whose initial size cannot be had (64 TiB) was made by RMM's
+/// constructor, which primes before it completes; the priming threw, no destructor ran, and the
+/// pool was never destroyed nor retired: one more lost at every such call, until the driver had
+/// none left. Now the pool is made, guarded, then primed: a failed priming retires it, and the
+/// next call reuses it. In a child process (`pool-priming-fails`): four calls, each
+/// `OutOfMemory`, and as many pools retired as were made or reused. (Before: four made, none
+/// retired.)
+#[test]
+fn an_async_pool_whose_initial_size_cannot_be_had_is_retired_not_lost() {
+    require_gpu!();
+    let c = run_scenario!("pool-priming-fails", &[], std::time::Duration::from_secs(60));
+    c.assert_code(0);
+    let count = |k: &str| -> u64 {
+        let v = c.result(k).unwrap_or_else(|| panic!("no {k} in {}: {}", c.stdout, c.stderr));
+        v.parse().unwrap_or_else(|_| panic!("{k}={v} is no count"))
+    };
+    assert_eq!(c.result("kinds").as_deref(), Some("OutOfMemory,OutOfMemory,OutOfMemory,OutOfMemory"), "{}", c.stdout);
+    assert!(count("made") + count("reused") >= 4, "each call made or reused a pool: {}", c.stdout);
+    assert_eq!(count("made") + count("reused"), count("retired"), "a pool of a failed call was not retired: {}", c.stdout);
+    assert!(count("made") <= 1, "a retired pool was not reused by the next call: {}", c.stdout);
+}
+
 /// Async pools made and dropped in a loop while the resources whose streams freed into them
 /// stay alive and keep allocating, syncing and releasing (8 threads × 200 pools). Reusing such a
 /// stream for later resources crashed or hung the driver (GPU runs 36-38); this is the

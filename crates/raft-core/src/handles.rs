@@ -12,6 +12,14 @@ impl DeviceResources {
     /// and bound to their stream, as an untyped pointer (see the typed accessors below). Valid
     /// until the resources are released; using it is the caller's `unsafe`.
     ///
+    /// The handle is the resources' own, shared by every thread that uses them: each of these
+    /// accessors binds it to the resources' stream again, and the library's GEMMs set its
+    /// pointer mode to host. Using it, leave its stream, pointer mode, math mode and workspace
+    /// as they are (or put them back with no other use of the resources running, which
+    /// [`with_raft_resources_mut`](Self::with_raft_resources_mut) does not ensure for a handle
+    /// taken earlier): work queued on another stream of your own is ordered with neither the
+    /// resources' stream nor their arrays.
+    ///
     /// # Errors
     /// `Logic` on released resources; `OutOfMemory` when the library cannot allocate the handle
     /// (a cuBLAS handle takes about 65 MiB of device memory) even after the releases pending on

@@ -64,10 +64,15 @@ impl DeviceResources {
 
     /// Runs `f` with the `raft::resources*` lent exclusively: no other use of these resources
     /// through this library (a lend, an allocation, a sync, a job's use of them) runs meanwhile
-    /// on any thread. For C++ code that changes the object, such as `raft::resource::set_comms`
-    /// or any other `set_*`: RAFT replaces a resource cell there, which its documentation allows
-    /// only with no concurrent use of the object (a reader meanwhile races the cell's
-    /// replacement and can be left with a reference into the freed cell).
+    /// on any thread. For C++ code that changes the object, such as `raft::resource::set_comms`:
+    /// RAFT replaces a resource cell there, which its documentation allows only with no
+    /// concurrent use of the object (a reader meanwhile races the cell's replacement and can be
+    /// left with a reference into the freed cell). Never the cells this library keeps in step
+    /// with its own: the stream (`set_cuda_stream`, `set_stream_view`), the stream pool, the
+    /// library handles and the workspace resource. Every check of this library (array order,
+    /// captures, `sync`, releases) is made against the resources' stream, while RAFT's code
+    /// (its GEMM, cuVS) runs on the cell's: changed, their work would race the arrays' frees.
+    /// That is part of the caller's `unsafe` contract for the pointer.
     /// [`with_raft_resources`](Self::with_raft_resources) is for reading (RAFT's `get_*`
     /// accessors, algorithms). Work already queued on the stream, and a stream or handle taken
     /// out earlier (`stream()`, `cublas_handle()`), are not held back: they never read RAFT's

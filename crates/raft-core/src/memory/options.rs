@@ -129,9 +129,13 @@ impl RmmOptions {
                 Some(t) => Err(Error::logic(WHO, format!("{name}: expected 1 or 0 (true or false), given {t:?}"))),
             }
         };
-        let pool_size = size("RAFT_RMM_POOL_SIZE", get("RAFT_RMM_POOL_SIZE"))?;
+        // Pool sizes rounded down to RMM's 256-byte multiple, as dask-cuda rounds them
+        // (`parse_device_memory_limit(.., alignment_size=256)`): RMM's pool refuses another
+        // size, and the setup was then dropped with a warning (the fifteenth audit).
+        let aligned = |b: Option<usize>| b.map(|b| b & !255);
+        let pool_size = aligned(size("RAFT_RMM_POOL_SIZE", get("RAFT_RMM_POOL_SIZE"))?);
         let pool = flag("RAFT_RMM_POOL", get("RAFT_RMM_POOL"))?;
-        let maximum = size("RAFT_RMM_MAXIMUM_POOL_SIZE", get("RAFT_RMM_MAXIMUM_POOL_SIZE"))?;
+        let maximum = aligned(size("RAFT_RMM_MAXIMUM_POOL_SIZE", get("RAFT_RMM_MAXIMUM_POOL_SIZE"))?);
         let managed = flag("RAFT_RMM_MANAGED", get("RAFT_RMM_MANAGED"))?;
         let async_pool = flag("RAFT_RMM_ASYNC", get("RAFT_RMM_ASYNC"))?;
         let release_threshold = size("RAFT_RMM_RELEASE_THRESHOLD", get("RAFT_RMM_RELEASE_THRESHOLD"))?;
@@ -241,6 +245,17 @@ mod tests {
         assert_eq!(o.allocator, Allocator::Async(AsyncPoolOptions::initial(1 << 30).release_threshold(2 << 30)));
         let o = RmmOptions::from_vars(vars(&[("RAFT_RMM_MANAGED", "1")])).unwrap().unwrap();
         assert_eq!(o.allocator, Allocator::Direct(Base::Managed));
+    }
+
+    /// The fifteenth audit: `1.23GB` is no multiple of 256, which RMM's pool requires; the
+    /// setup was dropped with a warning and the device left on `cudaMalloc`. Rounded down, as
+    /// dask-cuda does. (Before: 1 230 000 000.)
+    #[test]
+    fn pool_sizes_are_rounded_down_to_rmm_s_256_bytes() {
+        let o = RmmOptions::from_vars(vars(&[("RAFT_RMM_POOL_SIZE", "1.23GB"), ("RAFT_RMM_MAXIMUM_POOL_SIZE", "2000000100")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(o.allocator, Allocator::Pool(Base::Device, PoolOptions::initial(1_229_999_872).maximum(2_000_000_000)));
     }
 
     #[test]

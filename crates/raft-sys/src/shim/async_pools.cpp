@@ -70,6 +70,17 @@ guarded_async_mr guard_pool(int device, rmm::mr::cuda_async_memory_resource&& po
   }
 }
 
+/// Primes a guarded pool to `initial_pool_size` (one allocation of that size, freed at once),
+/// as RMM's constructor does; a failure throws, and the guard (dropped by the caller's unwind)
+/// retires the pool.
+void prime(guarded_async_mr& shared, std::optional<std::size_t> initial_pool_size)
+{
+  if (!initial_pool_size.has_value()) { return; }
+  auto& pool = shared.get().pool();
+  void* p    = pool.allocate(cuda::stream_ref{cudaStream_t{nullptr}}, *initial_pool_size, rmm::CUDA_ALLOCATION_ALIGNMENT);
+  pool.deallocate(cuda::stream_ref{cudaStream_t{nullptr}}, p, *initial_pool_size, rmm::CUDA_ALLOCATION_ALIGNMENT);
+}
+
 }  // namespace
 
 namespace raftrs_shim __attribute__((visibility("hidden"))) {
@@ -109,9 +120,15 @@ any_device_resource guarded_async(int device,
     }
   }
   if (!taken) {
-    rmm::mr::cuda_async_memory_resource fresh{initial_pool_size, release_threshold};
+    // Made without its initial size and primed below through the guard, as a reused pool is:
+    // RMM's constructor primes before it completes, and a priming that failed (an initial size
+    // past the device's memory) left the pool made and never destroyed, one more at every
+    // such call, until the driver had none left (the fifteenth audit).
+    rmm::mr::cuda_async_memory_resource fresh{std::nullopt, release_threshold};
     r.made.fetch_add(1, std::memory_order_relaxed);
-    return any_device_resource{guard_pool(device, std::move(fresh))};
+    auto shared = guard_pool(device, std::move(fresh));
+    prime(shared, initial_pool_size);
+    return any_device_resource{std::move(shared)};
   }
   // From here the guard owns the pool: if anything below throws, it retires the pool again.
   auto shared          = guard_pool(device, std::move(*taken));
@@ -122,11 +139,7 @@ any_device_resource guarded_async(int device,
   uint64_t zero = 0;
   check(cudaMemPoolSetAttribute(handle, cudaMemPoolAttrReservedMemHigh, &zero), "resetting an async pool's peak");
   check(cudaMemPoolSetAttribute(handle, cudaMemPoolAttrUsedMemHigh, &zero), "resetting an async pool's peak");
-  if (initial_pool_size.has_value()) {
-    auto& pool = shared.get().pool();
-    void* p    = pool.allocate(cuda::stream_ref{cudaStream_t{nullptr}}, *initial_pool_size, rmm::CUDA_ALLOCATION_ALIGNMENT);
-    pool.deallocate(cuda::stream_ref{cudaStream_t{nullptr}}, p, *initial_pool_size, rmm::CUDA_ALLOCATION_ALIGNMENT);
-  }
+  prime(shared, initial_pool_size);
   any_device_resource out{std::move(shared)};
   r.reused.fetch_add(1, std::memory_order_relaxed);
   return out;

@@ -338,10 +338,14 @@ free_order free_order_of(rmm::device_async_resource_ref mr)
         // Sizes up to this shim's own binning resource's largest bin go to the fixed-size pools
         // its constructor made (RMM's `stream_ordered_memory_resource`: a free never blocks);
         // larger ones to the upstream. A binning resource made elsewhere may hold bins of any
-        // resource (`add_bin`): only its upstream's order is known.
-        std::size_t bins = 0;
-        if (auto* f = cuda::mr::resource_cast<fenced_binning>(&*at)) { bins = f->get().ordered_up_to(); }
-        auto up       = upstream_of_pooled<rmm::mr::binning_memory_resource>(*at);
+        // resource (`add_bin`, a `cuda_memory_resource` bin say), which its upstream's order
+        // does not tell: its frees may block (the fifteenth audit: an async upstream made them
+        // all "stream-ordered", freed inline with no stream wait and in the thread's own capture
+        // mode).
+        auto* f = cuda::mr::resource_cast<fenced_binning>(&*at);
+        if (f == nullptr) { return frees_may_block; }
+        std::size_t bins = f->get().ordered_up_to();
+        auto up          = upstream_of_pooled<rmm::mr::binning_memory_resource>(*at);
         auto upstream = up.has_value() ? free_order_of(*up) : frees_may_block;
         if (upstream == frees_stream_ordered_always) { return upstream; }
         return std::max(upstream, static_cast<free_order>(bins));

@@ -450,7 +450,13 @@ raftrs_status raftrs_mr_tracking(const raftrs_mr* mr, size_t* count, size_t* byt
   return guard([&] {
     auto* t = cast<tracking_mr>(mr);
     if (t == nullptr) { throw std::logic_error("the memory resource is not a tracking adaptor"); }
-    *count = t->get_outstanding_allocations().size();
+    // Counted under the adaptor's own lock: `get_outstanding_allocations()` hands out the map
+    // itself, which RMM documents as safe only with no concurrent allocation or free through
+    // the adaptor, and reading its size then raced their changes (the fifteenth audit). The
+    // report takes the read lock and writes one line per allocation (no call stacks: the shim
+    // makes its tracking adaptors without them).
+    std::string const report = t->get_outstanding_allocations_str();
+    *count                   = static_cast<std::size_t>(std::count(report.begin(), report.end(), '\n'));
     *bytes = t->get_allocated_bytes();
   });
 }

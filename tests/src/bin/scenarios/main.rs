@@ -263,6 +263,7 @@ fn main() -> ExitCode {
         "pool-destroy-race" => pool::pool_destroy_race(),
         "pool-last-copy-in-array" => pool::pool_last_copy_in_array(),
         "pool-reuse-settings" => pool::pool_reuse_settings(),
+        "pool-priming-fails" => pool::pool_priming_fails(),
         "pool-dies-beside-live-streams" => pool::pool_dies_beside_live_streams(),
         "pool-dies-default-path" => pool::pool_dies_default_path(),
         // Runs 37-38's pattern without this library, RMM or RAFT: the driver API alone, to tell

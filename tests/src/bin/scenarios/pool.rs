@@ -364,6 +364,31 @@ pub(crate) fn pool_reuse_settings() {
     res.release().expect("release");
 }
 
+/// The fifteenth audit: async pools asked for with an initial size the device cannot give (64
+/// TiB), four times: each call fails (`OutOfMemory`), and every pool made or reused for it is
+/// retired, none left made and never destroyed. Prints `RESULT kinds=… made=… retired=…
+/// reused=…` (counted from after the first resources).
+pub(crate) fn pool_priming_fails() {
+    let res = raft::DeviceResources::new().expect("resources");
+    let start = raft::stats();
+    let kinds: Vec<String> = (0..4)
+        .map(|_| match raft::MemoryResource::cuda_async_with(0, raft::AsyncPoolOptions::initial(1 << 46)) {
+            Ok(_) => "made".to_string(),
+            Err(e) => format!("{:?}", e.kind()),
+        })
+        .collect();
+    settle_releases();
+    let end = raft::stats();
+    println!(
+        "RESULT kinds={} made={} retired={} reused={}",
+        kinds.join(","),
+        end.async_pools_made - start.async_pools_made,
+        end.async_pools_retired - start.async_pools_retired,
+        end.async_pools_reused - start.async_pools_reused
+    );
+    res.release().expect("release");
+}
+
 /// Async pools made and dropped while the resources whose streams freed into them live
 /// on and keep working (each thread's resources last the whole run): what a user does
 /// who tries pool settings in a loop.
