@@ -363,8 +363,10 @@ fn a_reused_async_pool_takes_the_settings_asked_for() {
 /// pool was never destroyed nor retired: one more lost at every such call, until the driver had
 /// none left. Now the pool is made, guarded, then primed: a failed priming retires it, and the
 /// next call reuses it. In a child process (`pool-priming-fails`): four calls, each
-/// `OutOfMemory`, and as many pools retired as were made or reused. (Before: four made, none
-/// retired.)
+/// `OutOfMemory`, each retiring the pool it tried (one made, then reused: the counts of made and
+/// reused pools count completed ones, so a failed reuse shows as a retirement only). (Before:
+/// none retired, and none counted as made either: the lost pools' constructors never
+/// completed.)
 #[test]
 fn an_async_pool_whose_initial_size_cannot_be_had_is_retired_not_lost() {
     require_gpu!();
@@ -375,8 +377,7 @@ fn an_async_pool_whose_initial_size_cannot_be_had_is_retired_not_lost() {
         v.parse().unwrap_or_else(|_| panic!("{k}={v} is no count"))
     };
     assert_eq!(c.result("kinds").as_deref(), Some("OutOfMemory,OutOfMemory,OutOfMemory,OutOfMemory"), "{}", c.stdout);
-    assert!(count("made") + count("reused") >= 4, "each call made or reused a pool: {}", c.stdout);
-    assert_eq!(count("made") + count("reused"), count("retired"), "a pool of a failed call was not retired: {}", c.stdout);
+    assert!(count("retired") >= 4, "the pool of a failed call was not retired (lost): {}", c.stdout);
     assert!(count("made") <= 1, "a retired pool was not reused by the next call: {}", c.stdout);
 }
 
