@@ -131,8 +131,8 @@ impl Communicator {
     ///
     /// # Errors
     /// `Logic` for no resources, two on one device, released resources, a zero bound, or a call
-    /// inside a group; `Generic` / `Cuda` when NCCL fails or does not finish in time (every communicator
-    /// made so far is aborted).
+    /// inside a group; `Generic` / `Cuda` when NCCL fails or does not finish in time (every
+    /// communicator made so far is aborted).
     pub fn clique(resources: &[DeviceResources]) -> Result<Vec<Communicator>> {
         Self::clique_with_timeout(resources, timeout_from_env()?)
     }
@@ -141,9 +141,7 @@ impl Communicator {
     pub fn clique_with_timeout(resources: &[DeviceResources], timeout: Duration) -> Result<Vec<Communicator>> {
         const WHO: &str = "Communicator::clique";
         group::refuse_inside(WHO)?;
-        if timeout.is_zero() {
-            return Err(Error::logic(WHO, "a zero timeout (every wait would be over before it began)"));
-        }
+        refuse_zero_timeout(WHO, timeout)?;
         if resources.is_empty() {
             return Err(Error::logic(WHO, "no resources: a clique needs one per device"));
         }
@@ -202,15 +200,13 @@ impl Communicator {
     ///
     /// # Errors
     /// `Logic` for a rank not below `size`, a zero bound, released resources, another rank's
-    /// mismatching world size, a call inside a group, a peer without the job's secret, or no secret for an
-    /// address that is not loopback; `Generic` when the rendezvous or NCCL fails or runs out of
+    /// mismatching world size, a call inside a group, a peer without the job's secret, or no
+    /// secret for an address that is not loopback; `Generic` when the rendezvous or NCCL fails or runs out of
     /// time.
     pub fn init(resources: &DeviceResources, rank: usize, size: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
         const WHO: &str = "Communicator::init";
         group::refuse_inside(WHO)?;
-        if timeout.is_zero() {
-            return Err(Error::logic(WHO, "a zero timeout (every wait would be over before it began)"));
-        }
+        refuse_zero_timeout(WHO, timeout)?;
         if size == 0 || rank >= size {
             return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a size of {size}")));
         }
@@ -240,9 +236,7 @@ impl Communicator {
     pub fn init_with_id(resources: &DeviceResources, id: &UniqueId, rank: usize, size: usize, timeout: Duration) -> Result<Communicator> {
         const WHO: &str = "Communicator::init_with_id";
         group::refuse_inside(WHO)?;
-        if timeout.is_zero() {
-            return Err(Error::logic(WHO, "a zero timeout (every wait would be over before it began)"));
-        }
+        refuse_zero_timeout(WHO, timeout)?;
         if size == 0 || rank >= size {
             return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a size of {size}")));
         }
@@ -301,9 +295,7 @@ impl Communicator {
     /// `Logic` for a zero bound or an ended communicator.
     pub fn set_timeout(&self, timeout: Duration) -> Result<()> {
         const WHO: &str = "Communicator::set_timeout";
-        if timeout.is_zero() {
-            return Err(Error::logic(WHO, "a zero timeout"));
-        }
+        refuse_zero_timeout(WHO, timeout)?;
         let st = self.shared.lock();
         if let Some(e) = Shared::ended_error(&st, WHO) {
             return Err(e);
@@ -359,9 +351,7 @@ impl Communicator {
     /// which would abort a communicator whose collectives merely had not finished yet.
     pub fn sync_timeout(&self, timeout: Duration) -> Result<()> {
         const WHO: &str = "Communicator::sync_timeout";
-        if timeout.is_zero() {
-            return Err(Error::logic(WHO, "a zero timeout (the communicator would be aborted at once if any collective is still running)"));
-        }
+        refuse_zero_timeout(WHO, timeout)?;
         self.sync_within(WHO, timeout, OnCapture::Refuse)
     }
 
@@ -728,4 +718,17 @@ impl fmt::Display for Communicator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "rank {} of {} on cuda:{}", self.rank(), self.size(), self.device())
     }
+}
+
+/// Every bound a communicator takes (its making, `set_timeout`, `sync_timeout`) refuses zero:
+/// each wait under it would be over before it began, and a wait that runs out aborts the
+/// communicator (and its clique), healthy or not.
+fn refuse_zero_timeout(who: &'static str, timeout: Duration) -> Result<()> {
+    if timeout.is_zero() {
+        return Err(Error::logic(
+            who,
+            "a zero timeout (every wait would be over before it began, and a wait that runs out aborts the communicator)",
+        ));
+    }
+    Ok(())
 }

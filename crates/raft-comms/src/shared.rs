@@ -65,15 +65,18 @@ static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 
 pub(crate) fn register_live(shared: &Arc<Shared>) {
     static TEARDOWN: Once = Once::new();
-    TEARDOWN.call_once(|| raft_exit::on_teardown(abort_all_live));
+    TEARDOWN.call_once(|| {
+        raft_exit::on_teardown(abort_all_live);
+        // RMM's per-device map made before the exit hook below (as `with_tracking` does), so
+        // that the C library destroys it after the hook has run; where it could not be, the
+        // teardown never reads the map once it is gone (the shim's flag).
+        let _ = raft_core::memory::rmm_map_address();
+    });
     // The exit hook runs the teardown: registered here too, not only by the first job or
     // release, so that a process whose communicators never queue a collective from Rust (kept
     // in a static, used only by RAFT's C++ through `install`) still aborts them before the C++
-    // static destructors tear CUDA down under NCCL's threads (the fifteenth audit). RMM's
-    // per-device map is made first (as `with_tracking` does), so that the C library destroys it
-    // after the hook has run; where it could not be, the teardown never reads the map once it
-    // is gone (the shim's flag).
-    let _ = raft_core::memory::rmm_map_address();
+    // static destructors tear CUDA down under NCCL's threads (the fifteenth audit). Its own
+    // `Once` makes later calls one load; it logs outside any `Once` of ours.
     raft_exit::register_exit_hook();
     let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
     live.retain(|w| w.strong_count() > 0);
