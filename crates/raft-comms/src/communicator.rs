@@ -201,8 +201,8 @@ impl Communicator {
     /// # Errors
     /// `Logic` for a rank not below `size`, a zero bound, released resources, another rank's
     /// mismatching world size, a call inside a group, a peer without the job's secret, or no
-    /// secret for an address that is not loopback; `Generic` when the rendezvous or NCCL fails or runs out of
-    /// time.
+    /// secret for an address that is not loopback; `Generic` when the rendezvous or NCCL fails
+    /// or runs out of time.
     pub fn init(resources: &DeviceResources, rank: usize, size: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
         const WHO: &str = "Communicator::init";
         group::refuse_inside(WHO)?;
