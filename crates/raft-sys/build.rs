@@ -50,6 +50,9 @@ fn main() {
     println!("cargo:rustc-env=RAFT_SYS_HEADER_HASH={header_hash}");
     let shim = build_shim(&manifest, &out, &stack, header_hash);
     let info = read_build_info(&manifest, &stack);
+    if let Some(warning) = raft_build::unpinned(info.raft, info.rmm) {
+        println!("cargo:warning={warning}");
+    }
     write_build_info(&out, &info, true);
 
     let lib_dirs = env::join_paths(&stack.lib_dirs).expect("library paths contain no separator");

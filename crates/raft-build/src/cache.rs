@@ -5,12 +5,30 @@ use std::path::PathBuf;
 use crate::pins::PINNED;
 
 /// Reads a knob and asks cargo to rerun when it changes (a no-op outside build scripts, so
-/// xtask prints nothing).
+/// xtask prints nothing). Unset and empty are the same.
+///
+/// # Panics
+/// When the knob is set to something that is not UTF-8, with a message naming it: cargo's build
+/// directives carry paths as text, and a knob read as unset would build against another stack
+/// than the one it names.
 pub fn env_var_rerun(name: &str) -> Option<String> {
     if env::var_os("CARGO_MANIFEST_DIR").is_some() && env::var_os("OUT_DIR").is_some() {
         println!("cargo:rerun-if-env-changed={name}");
     }
-    env::var(name).ok().filter(|v| !v.is_empty())
+    knob_value(name, env::var_os(name)).unwrap_or_else(|message| panic!("{message}"))
+}
+
+/// [`env_var_rerun`]'s rule on a given value.
+fn knob_value(name: &str, value: Option<std::ffi::OsString>) -> Result<Option<String>, String> {
+    match value.map(std::ffi::OsString::into_string) {
+        None => Ok(None),
+        Some(Ok(text)) => Ok(Some(text).filter(|v| !v.is_empty())),
+        Some(Err(raw)) => Err(format!(
+            "{name}={} is not UTF-8: raft-rs's build passes paths to cargo and the compiler as text and will not \
+             read it as unset (which would build against another stack); use a path that is UTF-8",
+            raw.to_string_lossy()
+        )),
+    }
 }
 
 /// The cache `cargo xtask deps` fills: `RAFT_RS_CACHE`, else `$XDG_CACHE_HOME/raft-rs`, else
@@ -46,6 +64,19 @@ fn prefix_in(cache: PathBuf) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fifteenth audit (helper 72): a knob that is not UTF-8 was read as unset, so a
+    /// `RAFT_SYS_PREFIX` naming a stack at such a path silently built against another one.
+    #[test]
+    fn a_knob_that_is_not_utf8_is_refused_by_name_not_read_as_unset() {
+        use std::os::unix::ffi::OsStringExt;
+        let raw = std::ffi::OsString::from_vec(b"/opt/st\xffck".to_vec());
+        let err = knob_value("RAFT_SYS_PREFIX", Some(raw)).unwrap_err();
+        assert!(err.starts_with("RAFT_SYS_PREFIX=/opt/st\u{fffd}ck is not UTF-8"), "{err}");
+        assert_eq!(knob_value("X", None), Ok(None));
+        assert_eq!(knob_value("X", Some("".into())), Ok(None), "empty is unset");
+        assert_eq!(knob_value("X", Some("/p".into())), Ok(Some("/p".into())));
+    }
 
     fn s(v: &str) -> Option<String> {
         Some(v.to_string())

@@ -27,6 +27,28 @@ pub const WHEELS: &[(&str, &str)] = &[
     ("nvidia-nvjitlink", "13.3.33"),
     ("nvidia-nccl-cu13", "2.28.9"),
 ];
+/// What to tell the user when the headers a shim is compiled with are not of the pinned release's
+/// `year.month` (RAFT's and RMM's version macros, `(year, month, patch)`): raft-rs was written
+/// and tested against [`PINNED`], RAFT and RMM keep no C++ ABI across their releases, and the
+/// shim compiling is no proof that it behaves as this release's. `None` when both match.
+pub fn unpinned(raft: (u32, u32, u32), rmm: (u32, u32, u32)) -> Option<String> {
+    let mut pin = PINNED.split('.').map(|p| p.parse::<u32>().unwrap_or(u32::MAX));
+    let (year, month) = (pin.next()?, pin.next()?);
+    let off: Vec<String> = [("RAFT", raft), ("RMM", rmm)]
+        .iter()
+        .filter(|(_, (y, m, _))| (*y, *m) != (year, month))
+        .map(|(name, (y, m, p))| format!("{name} {y}.{m:02}.{p:02}"))
+        .collect();
+    (!off.is_empty()).then(|| {
+        format!(
+            "raft-rs is pinned to RAPIDS {PINNED}, but the headers it is building against are {}: it compiles, and \
+             nothing else is checked; run `raft-doctor` and the tests before relying on it, or install the pinned stack ({})",
+            off.join(" and "),
+            pip_line()
+        )
+    })
+}
+
 /// NCCL's wheel (raft-comms's `nccl.h`, `libnccl.so.2`): one of [`WHEELS`], since libraft asks for it.
 pub const NCCL_WHEEL: (&str, &str) = ("nvidia-nccl-cu13", "2.28.9");
 
@@ -42,6 +64,16 @@ pub const LIBRARIES: &[&str] = &["rapids_logger", "rmm", "cudart", "cublas", "cu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fifteenth audit (helper 72): headers of another release were built against in silence.
+    #[test]
+    fn headers_of_another_release_are_named_and_the_pinned_ones_pass() {
+        assert_eq!(unpinned((26, 8, 0), (26, 8, 1)), None, "a patch release of the pin is the pin");
+        let w = unpinned((26, 10, 0), (26, 8, 0)).expect("another RAFT is said");
+        assert!(w.contains("RAFT 26.10.00") && !w.contains("RMM 26") && w.contains(PINNED), "{w}");
+        let w = unpinned((26, 10, 0), (26, 10, 0)).unwrap();
+        assert!(w.contains("RAFT 26.10.00 and RMM 26.10.00"), "{w}");
+    }
 
     #[test]
     fn the_pip_line_pins_every_wheel_exactly_in_order() {

@@ -135,6 +135,41 @@ fn python_site_dirs() -> Vec<(PathBuf, String)> {
 /// Python environment (`VIRTUAL_ENV`, else `python3 -m site`); `CONDA_PREFIX`. The error says
 /// where it looked and what to do.
 pub fn find() -> Result<Stack, String> {
+    find_anywhere().and_then(Stack::with_plain_paths)
+}
+
+impl Stack {
+    /// The stack, refused when one of its directories cannot be passed on as it must be: the
+    /// library and include directories travel to the crates built after raft-sys as
+    /// `:`-separated lists (`DEP_RAFTRS_*`) and into the shim's RUNPATH, and cargo's directives
+    /// carry them as text, so a `:` in a path, or a path that is not UTF-8, would name other
+    /// directories than the ones found (the fifteenth audit, helper 72).
+    fn with_plain_paths(self) -> Result<Stack, String> {
+        for dir in std::iter::once(&self.root).chain(&self.includes).chain(&self.lib_dirs) {
+            let Some(text) = dir.to_str() else {
+                return Err(format!(
+                    "the stack found at {} ({}) has a path that is not UTF-8: {}",
+                    self.root.display(),
+                    self.source,
+                    dir.display()
+                ));
+            };
+            if text.contains(':') {
+                return Err(format!(
+                    "the stack found at {} ({}) has a path with a ':' in it, {text}: raft-rs passes its directories on as \
+                     ':'-separated lists (and the shim's RUNPATH is one), which would split it; install or link the stack \
+                     at a path without ':' and point RAFT_SYS_PREFIX there",
+                    self.root.display(),
+                    self.source
+                ));
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// [`find`]'s search, before its paths are checked.
+fn find_anywhere() -> Result<Stack, String> {
     if let Some(prefix) = env_var_rerun("RAFT_SYS_PREFIX") {
         let root = PathBuf::from(&prefix);
         return Stack::at(&root, "RAFT_SYS_PREFIX").ok_or(format!(
@@ -175,6 +210,21 @@ pub fn find() -> Result<Stack, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fifteenth audit (helper 72): a `:` in a directory of the stack split it in the lists
+    /// handed to later build scripts and in the shim's RUNPATH.
+    #[test]
+    fn a_stack_with_a_colon_in_a_path_is_refused_with_the_path() {
+        let stack = |lib: &str| Stack {
+            root: PathBuf::from("/s"),
+            source: "RAFT_SYS_PREFIX".into(),
+            includes: vec![PathBuf::from("/s/include")],
+            lib_dirs: vec![PathBuf::from(lib)],
+        };
+        let err = stack("/s/a:b/lib").with_plain_paths().unwrap_err();
+        assert!(err.contains("/s/a:b/lib") && err.contains("':'"), "{err}");
+        assert!(stack("/s/lib").with_plain_paths().is_ok());
+    }
 
     /// A fresh directory of this test's own, holding `files` (empty files at those paths).
     fn tree(name: &str, files: &[&str]) -> PathBuf {
