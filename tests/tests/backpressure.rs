@@ -338,3 +338,49 @@ fn a_cublas_handle_runs_the_pending_releases_before_any_out_of_memory() {
     drop(stalled);
     settle(Duration::from_secs(30));
 }
+
+/// The fifteenth audit's left-open item: a resources object's first GEMM made its cuBLAS handle
+/// inside the shim's GEMM, past `handles.rs`, so with the card full of memory only waiting to be
+/// freed it failed for want of the handle's memory instead of running those releases first. Now
+/// a GEMM makes the handle through the same path as `cublas_handle()` (backpressure, and a drain
+/// and one more try on `OutOfMemory`). As the test above, with a GEMM for the handle.
+#[test]
+fn a_first_gemm_runs_the_pending_releases_before_any_out_of_memory() {
+    require_gpu!();
+    if std::env::var_os(CHILD).is_none() {
+        let _serial = serial();
+        let err = child("a_first_gemm_runs_the_pending_releases_before_any_out_of_memory");
+        assert!(err.contains("OOM-CHILD gemm"), "{err}");
+        return;
+    }
+    let r = DeviceResources::new().unwrap();
+    r.cublas_handle().unwrap(); // cuBLAS loaded: only the new handle's own memory is missing below
+    let fresh = DeviceResources::new().unwrap();
+    const N: usize = 64;
+    let a = DeviceVec::from_host(&fresh, &vec![1.0f32; N * N]).unwrap();
+    let b = DeviceVec::from_host(&fresh, &vec![2.0f32; N * N]).unwrap();
+    let mut c = DeviceVec::<f32>::zeros(&fresh, N * N).unwrap();
+    fresh.sync().unwrap();
+    let cuda = raft::MemoryResource::cuda(0).unwrap();
+    let stalled = StalledReleaseThread::new(&r);
+    let (pending, free_now) = fill_and_drop(&r, &cuda, 16 << 20);
+    let t = Instant::now();
+    let got = raft::gemm(
+        1.0f32,
+        a.matrix(N, N, raft::Layout::ColMajor).unwrap(),
+        b.matrix(N, N, raft::Layout::ColMajor).unwrap(),
+        0.0,
+        c.matrix_mut(N, N, raft::Layout::ColMajor).unwrap(),
+    );
+    say(format!(
+        "OOM-CHILD gemm: {} MiB pending behind the stalled release thread, {} MiB free: {:?} after {:.2?}",
+        pending >> 20,
+        free_now >> 20,
+        got.as_ref().map(|_| "ran"),
+        t.elapsed()
+    ));
+    got.expect("the first GEMM ran once the pending releases had run, not OutOfMemory");
+    assert_eq!(c.to_host().unwrap(), vec![2.0 * N as f32; N * N], "the product");
+    drop(stalled);
+    settle(Duration::from_secs(30));
+}

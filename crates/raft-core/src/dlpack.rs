@@ -395,6 +395,7 @@ pub fn gemm_dlpack<T: GemmScalar + DlpackElement>(
     for t in [a, b] {
         dl::check_memory(WHO, &ctx, t.view(), resources.device())?;
     }
+    crate::gemm::cublas_handle_for_a_gemm(WHO, resources)?;
     let mut c = DeviceVec::<T>::alloc(WHO, resources, None, len)?;
     resources.with_native(WHO, |native| {
         // Row-major C is column-major Cᵀ = Bᵀ·Aᵀ; a row-major operand is, stored, its transpose.

@@ -49,6 +49,7 @@ pub fn gemm<T: GemmScalar>(alpha: T, a: MatrixView<'_, T>, b: MatrixView<'_, T>,
         return Err(Error::logic(WHO, "A, B and C must belong to the same resources"));
     }
     let (c_layout, c_ld) = (c.layout(), c.ld());
+    cublas_handle_for_a_gemm(WHO, &res)?;
     res.with_native(WHO, |native| {
         let (c_buf, c_offset) = c.write_parts();
         if c_layout == Layout::ColMajor {
@@ -62,4 +63,12 @@ pub fn gemm<T: GemmScalar>(alpha: T, a: MatrixView<'_, T>, b: MatrixView<'_, T>,
             gemm::gemm(WHO, native, n, m, k, alpha, &ob, &oa, beta, &oc)
         }
     })
+}
+
+/// The resources' cuBLAS handle made before a GEMM queues (through `made_handle`: backpressure,
+/// and a drain and one more try on `OutOfMemory`), not inside the shim's GEMM; a stream being
+/// captured is refused first, as the GEMM itself would be, so no handle is made into a capture.
+pub(crate) fn cublas_handle_for_a_gemm(who: &'static str, res: &crate::DeviceResources) -> Result<()> {
+    res.with_native(who, |native| gemm::refuse_capture_of_gemm(who, native.stream()))?;
+    res.made_handle(who, crate::handle_kind::HandleKind::Cublas).map(drop)
 }

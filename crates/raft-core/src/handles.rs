@@ -37,6 +37,14 @@ impl DeviceResources {
         // A handle carries the stream (`cublasGetStream`): its handle leaves the library
         // (`result/exposure.rs`).
         self.capture_flag().raise();
+        self.made_handle(who, kind)
+    }
+
+    /// The handle, made on first use as [`handle_for`](Self::handle_for) makes it, for the
+    /// library's own calls through it (a GEMM), where it does not leave the library: the stream
+    /// stays private. Every way to a handle goes through here, so none skips the backpressure or
+    /// the retry (the fifteenth audit: a first GEMM made its handle inside the shim's GEMM).
+    pub(crate) fn made_handle(&self, who: &'static str, kind: HandleKind) -> Result<*mut std::ffi::c_void> {
         let device = self.device();
         if release::over_limits(device) && !self.has_handle(kind).unwrap_or(true) {
             release::make_room(device);

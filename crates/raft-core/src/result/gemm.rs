@@ -381,7 +381,7 @@ pub(crate) fn gemm<T: GemmScalar>(
 /// A GEMM queued on a stream being captured into a CUDA graph would run at each launch of the
 /// graph, reading and writing the arrays after they may be gone (and through a cuBLAS handle, and
 /// its workspace, a release destroys): refused, as copies and zeroing are.
-fn refuse_capture_of_gemm(who: &'static str, stream: &cudarc::driver::CudaStream) -> Result<()> {
+pub(crate) fn refuse_capture_of_gemm(who: &'static str, stream: &cudarc::driver::CudaStream) -> Result<()> {
     super::refuse_capture(who, [stream]).map_err(|e| match e.kind() {
         crate::error::ErrorKind::Logic => Error::logic(
             who,
