@@ -1,6 +1,7 @@
 //! Compiles the benchmark's C++ baseline (bench/baseline.cpp, and issue 30's floors of create +
-//! release in bench/lifecycle_floor.cpp) with the shim's toolchain against the same headers,
-//! and links it to the RAPIDS/CUDA libraries the shim was linked with.
+//! release in bench/lifecycle_floor.cpp) and the tests' C++ "other library" (native/foreign_mr.cpp:
+//! resources installed past this binding) with the shim's toolchain against the same headers,
+//! and links them to the RAPIDS/CUDA libraries the shim was linked with.
 //!
 //! raft-sys links nothing into Rust binaries (it loads its shim at run time), so this test crate
 //! links the baseline's libraries itself and gives its binaries an rpath to them: only this
@@ -10,11 +11,19 @@ use raft_build::{Stack, LIBRARIES};
 fn main() {
     println!("cargo:rerun-if-changed=bench/baseline.cpp");
     println!("cargo:rerun-if-changed=bench/lifecycle_floor.cpp");
+    println!("cargo:rerun-if-changed=native/foreign_mr.cpp");
     // raft-sys's build metadata (DEP_RAFTRS_*); absent in documentation builds, which need no
     // baseline.
     let Some(found) = Stack::from_dep_metadata() else { return };
     let mut build = cc::Build::new();
-    build.cpp(true).std("c++20").file("bench/baseline.cpp").file("bench/lifecycle_floor.cpp").opt_level(2).debug(false);
+    build
+        .cpp(true)
+        .std("c++20")
+        .file("bench/baseline.cpp")
+        .file("bench/lifecycle_floor.cpp")
+        .file("native/foreign_mr.cpp")
+        .opt_level(2)
+        .debug(false);
     // The shim's fence (crates/raft-sys/src/fence.hpp), which the floor rows put on their
     // pool-like resources as the shim does.
     build.include(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/raft-sys/src"));

@@ -161,6 +161,24 @@ pub fn run_scenario_at(built: &str, name: &str, envs: &[(&str, &str)], limit: st
     }
 }
 
+/// Another library's C++ beside this one (native/foreign_mr.cpp): it sets RMM's per-device
+/// resource itself, past this binding.
+pub mod foreign {
+    extern "C" {
+        fn raft_tests_install_foreign_binning(device: i32, bin_bytes: usize) -> i32;
+    }
+
+    /// Makes `device` current on the calling thread and installs, as its RMM resource, a binning
+    /// resource over a fresh CUDA async pool whose one bin (sizes up to `bin_bytes`) is plain
+    /// `cudaMalloc`/`cudaFree`. Panics when it could not.
+    pub fn install_binning_with_a_cuda_malloc_bin(device: i32, bin_bytes: usize) {
+        // SAFETY: the function takes two values and touches RMM's per-device map under RMM's
+        // own lock; it catches every C++ exception.
+        let rc = unsafe { raft_tests_install_foreign_binning(device, bin_bytes) };
+        assert_eq!(rc, 0, "installing another library's binning resource on device {device} failed");
+    }
+}
+
 /// The benchmark's C++ baseline (bench/baseline.cpp): the same operations written directly
 /// against RAFT, RMM and the CUDA runtime.
 pub mod baseline {

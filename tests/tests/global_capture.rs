@@ -57,6 +57,45 @@ fn memory_freed_while_another_thread_captures_in_global_mode_goes_back_to_the_de
     );
 }
 
+/// An array of a binning resource installed by another library, whose one bin is plain
+/// `cudaMalloc`/`cudaFree`, dropped while another thread captures an unrelated stream in global
+/// mode (the fifteenth audit): the binning resource's async upstream made every one of its frees
+/// look stream-ordered, so the array was freed inline, in the thread's own global mode, where the
+/// driver refuses the bin's `cudaFree` and RMM swallows the refusal: the block never went back.
+/// Now a binning resource this library did not make frees as "may block" (a release thread,
+/// relaxed, after a stream wait). In a child process: the other library's resource stays
+/// installed to its exit.
+#[test]
+fn an_array_of_another_library_s_binning_resource_dropped_while_another_thread_captures_goes_back_to_the_device() {
+    const BYTES: usize = 1 << 30;
+    if std::env::var_os("RAFT_CAPTURE_CHILD").is_some_and(|v| v == "foreign-binning") {
+        let res = DeviceResources::new().unwrap();
+        let ctx = res.context().clone();
+        raft_tests::foreign::install_binning_with_a_cuda_malloc_bin(0, BYTES);
+        let v = DeviceVec::<u8>::new(&res, BYTES).unwrap();
+        res.sync().unwrap();
+        let (free_before, _) = ctx.mem_get_info().unwrap();
+        let ((), other) = while_another_thread_captures_globally(&ctx, || {
+            drop(v);
+            raft_tests::settle_releases(std::time::Duration::from_secs(30));
+        });
+        let (free_after, _) = ctx.mem_get_info().unwrap();
+        println!("free before the drop {free_before}, after {free_after}; the other thread's capture: {other:?}");
+        println!("RESULT freed={}", free_after >= free_before + BYTES / 2);
+        return;
+    }
+    require_gpu!();
+    let _one = serial();
+    let (stdout, stderr) = child(
+        "an_array_of_another_library_s_binning_resource_dropped_while_another_thread_captures_goes_back_to_the_device",
+        "foreign-binning",
+    );
+    assert!(
+        stdout.contains("RESULT freed=true"),
+        "the block of another library's binning resource, freed during another thread's global capture, did not go back:\n{stdout}\n{stderr}"
+    );
+}
+
 /// Runs this binary's test `name` alone in a child process with `RAFT_CAPTURE_CHILD=role` (a test
 /// whose failure would stop the process, or that needs a process of its own): the child's
 /// standard output and error, once it ended normally.
