@@ -56,7 +56,7 @@ where
     F: for<'scope> FnOnce(&'scope GroupScope<'scope, 'env>) -> Result<R>,
 {
     const WHO: &str = "raft_comms::group_scope";
-    let scope = GroupScope { _scope: std::marker::PhantomData, _env: std::marker::PhantomData };
+    let scope = GroupScope { _scope: std::marker::PhantomData, _env: std::marker::PhantomData, _thread: std::marker::PhantomData };
     group::scoped(WHO, || calls(&scope))
 }
 
@@ -76,9 +76,28 @@ where
 /// })?;
 /// # Ok(()) }
 /// ```
+///
+/// The group is the calling thread's (NCCL's `ncclGroupStart` is per thread), so the scope
+/// stays on it: a collective made through it on another thread would run at once, outside the
+/// group (the sixteenth audit).
+///
+/// ```compile_fail,E0277
+/// # use raft_comms::{Communicator, ReduceOp};
+/// # use raft_core::DeviceVec;
+/// # fn f(c: Communicator, buf: &mut DeviceVec<f32>) -> raft_core::Result<()> {
+/// raft_comms::group_scope(|g| {
+///     std::thread::scope(|s| {
+///         s.spawn(|| g.on(&c).allreduce_in_place(buf, ReduceOp::Sum)); // error: `GroupScope` is not `Sync`
+///     });
+///     Ok(())
+/// })?;
+/// # Ok(()) }
+/// ```
 pub struct GroupScope<'scope, 'env: 'scope> {
     _scope: std::marker::PhantomData<&'scope mut &'scope ()>,
     _env: std::marker::PhantomData<&'env mut &'env ()>,
+    /// Neither `Send` nor `Sync`: the group is this thread's.
+    _thread: std::marker::PhantomData<*const ()>,
 }
 
 impl<'scope, 'env> GroupScope<'scope, 'env> {
