@@ -479,3 +479,43 @@ fn a_first_half_precision_gemm_while_another_thread_captures_in_global_mode_leav
     other.unwrap_or_else(|e| panic!("the handle and its first f16 GEMM invalidated another thread's capture: {e}"));
     assert!(c.to_host().unwrap().iter().all(|&x| x.to_f32() == 2.0 * n as f32), "the product is wrong");
 }
+
+/// The sixteenth audit (helper 75): resources whose library handles were made, released while
+/// another thread captures an unrelated stream in global mode. `cublasDestroy` (and the other
+/// libraries' destroys) synchronise the device, which a capture in progress on it does not
+/// allow in any mode. Each kind alone, then all four; released, and dropped (a release thread
+/// destroys them later).
+#[test]
+fn resources_with_library_handles_released_while_another_thread_captures_leave_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    use raft::HandleKind;
+    let kinds = [HandleKind::Cublas, HandleKind::CusolverDn, HandleKind::CusolverSp, HandleKind::Cusparse];
+    let mut broken = Vec::new();
+    for (name, which) in [("cuBLAS", &kinds[..1]), ("cuSOLVER dense", &kinds[1..2]), ("cuSOLVER sparse", &kinds[2..3]), ("cuSPARSE", &kinds[3..]), ("all four", &kinds[..])] {
+        for dropped in [false, true] {
+            let res = DeviceResources::new().unwrap();
+            for &k in which {
+                res.handle(k).unwrap();
+            }
+            res.sync().unwrap();
+            let ctx = res.context().clone();
+            let (released, other) = while_another_thread_captures_globally(&ctx, || {
+                if dropped {
+                    drop(res);
+                    raft_tests::settle_releases(std::time::Duration::from_secs(30));
+                    Ok(())
+                } else {
+                    res.release()
+                }
+            });
+            let how = if dropped { "dropped" } else { "released" };
+            println!("HANDLES {name} {how}: release {released:?}, the other capture {other:?}");
+            released.unwrap();
+            if let Err(e) = other {
+                broken.push(format!("{name} {how}: {e}"));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "releasing library handles invalidated another thread's capture: {broken:?}");
+}

@@ -401,6 +401,23 @@ fn jobs_run_on_the_worker_and_a_panic_comes_back_as_an_error() {
     assert_eq!(r.spawn(|| 1 + 1).unwrap().join().unwrap(), 2, "the worker survives a panicking job");
 }
 
+/// The sixteenth audit: a worker bound its resources' context once, and a job that left another
+/// context current (another library's, or none) left it to the next job of the same resources,
+/// whose `DeviceResources::new()`, `current_device()` and lent RAFT code then followed it. Now
+/// every job starts on the resources' context. (Before: the second job saw no context.)
+#[test]
+fn each_job_starts_on_its_resources_context_whatever_the_job_before_left() {
+    require_gpu!();
+    let r = DeviceResources::new().unwrap();
+    let ctx = r.context().cu_ctx() as usize;
+    let current = || cudarc::driver::result::ctx::get_current().unwrap().map(|c| c as usize);
+    assert_eq!(r.spawn(current).unwrap().join().unwrap(), Some(ctx), "the first job");
+    // Another library's code in a job that leaves no context current.
+    // SAFETY: unbinding the thread's context touches no memory; nothing here uses it after.
+    r.spawn(|| unsafe { cudarc::driver::result::ctx::set_current(std::ptr::null_mut()) }.unwrap()).unwrap().join().unwrap();
+    assert_eq!(r.spawn(current).unwrap().join().unwrap(), Some(ctx), "the next job starts on the resources' context");
+}
+
 /// A detached job whose result panics when dropped (the thirteenth audit): the worker dropped
 /// the result outside the job's catch, the panic ended the worker thread, and the jobs queued
 /// behind it were dropped unrun, their joins waiting for ever. Now the panic is caught on the

@@ -32,13 +32,12 @@ impl Worker {
                 raft_exit::mark_library_thread();
                 // Jobs start on the resources' device, as RAFT code in them expects.
                 let bound = crate::result::bind(who, &ctx);
-                drop(ctx);
                 let ok = bound.is_ok();
                 let _ = bound_tx.send(bound);
                 if !ok {
                     return;
                 }
-                run_tasks(&rx, watch);
+                run_tasks(&rx, watch, &ctx);
             })
             .map_err(|e| Error::new(ErrorKind::Generic, who, format!("no worker thread could be started: {e}")))?;
         match bound_rx.recv() {
@@ -104,8 +103,16 @@ fn watch_time(who: &'static str) -> Result<Duration> {
 /// its task, `job_task`): a dead worker would drop the tasks queued behind it, leaving their
 /// handles' joins waiting for ever and their releases never settled. The second panic a
 /// payload's `Drop` may raise is not unwound either: the payload is leaked, never dropped here.
-fn run_tasks(rx: &mpsc::Receiver<Task>, watch: Duration) {
+///
+/// Each task starts on `ctx`, whatever the task before it left current (a job that made
+/// resources of another device, or another library's context): jobs of the same resources are
+/// unrelated, and a library thread puts back no caller's context (the sixteenth audit: a later
+/// job's `DeviceResources::new()` and RAFT code lent there followed the drifted device).
+fn run_tasks(rx: &mpsc::Receiver<Task>, watch: Duration, ctx: &cudarc::driver::CudaContext) {
     while let Some(task) = next_task(rx, watch) {
+        if let Err(e) = crate::result::bind("raft::DeviceResources::spawn", ctx) {
+            log::warn!(target: "raft", "a resources' worker could not bind its device for the next job: {e}");
+        }
         if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task)) {
             log::error!(target: "raft", "a task on a resources' worker panicked: {} (the worker goes on)", panic_message(&*payload));
             std::mem::forget(payload);

@@ -66,6 +66,10 @@ impl CuvsResources<'_> {
 /// cuVS is loaded first (at the first call in the process, see [`crate::load`]): a missing
 /// `libcuvs_c.so` is this call's `Cuda` error, before `f` runs.
 ///
+/// `f` runs with the resources' device current on the thread (its primary context, which cuVS's
+/// and RAFT's runtime calls work on), and the thread's own context (or none) is current again
+/// after the call.
+///
 /// Inside `f`, calls on `res` from the same thread (`res.stream()`, `res.sync()`,
 /// `DeviceVec::new(&res, ..)`) are nested uses of the lend and go ahead; `res.release()` there is
 /// refused (`Logic`: it would wait for the lend). Uses of `res` that `f` hands to other threads
@@ -107,6 +111,11 @@ fn lend_in<R>(who: &'static str, res: &DeviceResources, relaxed: bool, f: impl F
     // Taken before the lend: inside it, calls that take the resources may wait on a release.
     let stream = res.stream().map_err(|e| e.with_who(who))?;
     refuse_capture(who, &stream)?;
+    // cuVS and RAFT call the runtime, which works on the thread's current device (and, on a
+    // thread with none, makes device 0's primary context current for good): the resources'
+    // device for the lend, and the thread's own context back after it (the sixteenth audit:
+    // `CuvsResources::sync` and a `with_cuvs` closure ran on whatever was current).
+    let _bound = crate::result::bind_device(who, res)?;
     // The stream itself was refused above if captured; the mode only decides what the driver
     // refuses beside other threads' captures.
     let run = || res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device, &stream)));

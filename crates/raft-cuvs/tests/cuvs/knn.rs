@@ -125,6 +125,31 @@ fn cuvs_runs_on_the_lent_stream_and_device() {
     assert_eq!((e.kind(), e.who()), (ErrorKind::Logic, "raft_cuvs::with_cuvs"));
 }
 
+/// The sixteenth audit: a lend ran on whatever context the thread had. On a thread with none,
+/// `CuvsResources::sync` (RAFT's `cudaStreamQuery`) made the runtime bind device 0's primary
+/// context to the thread for good, and the closure saw no context of the resources' device.
+/// Now the lend binds the resources' device and puts the thread's own context (none) back.
+#[test]
+fn a_lend_runs_on_the_resources_device_and_leaves_the_thread_s_context_as_it_was() {
+    require_gpu!();
+    let res = DeviceResources::new().unwrap();
+    let ctx = res.context().cu_ctx() as usize;
+    let (inside, after) = std::thread::spawn(move || {
+        let none = cudarc::driver::result::ctx::get_current().unwrap();
+        assert_eq!(none, None, "a fresh thread has no context");
+        let inside = with_cuvs(&res, |c| {
+            c.sync()?;
+            Ok(cudarc::driver::result::ctx::get_current().unwrap().map(|c| c as usize))
+        })
+        .unwrap();
+        (inside, cudarc::driver::result::ctx::get_current().unwrap().map(|c| c as usize))
+    })
+    .join()
+    .unwrap();
+    assert_eq!(inside, Some(ctx), "the closure runs on the resources' context");
+    assert_eq!(after, None, "the thread's own context (none) is current again after the lend");
+}
+
 /// The closure's error is `with_cuvs`'s own, unchanged (no `??`).
 #[test]
 fn with_cuvs_returns_the_closures_error_as_its_own() {
