@@ -220,3 +220,46 @@ fn raft_exit_wait_sets_the_default_and_a_bad_value_is_an_error_at_first_use() {
         );
     }
 }
+
+/// The sixteenth audit (helper 73): a `RegisteredSlice` whose scope ended after the exit's
+/// teardown skipped its unregistration and handed the slice back page-locked, where a copy into
+/// it runs on past the host (which may then free the memory). Now it is made pageable all the
+/// same (a driver call; a driver already shut down unlocks everything). (Before:
+/// `page_locked_after=true`.)
+#[test]
+fn a_slice_registered_before_the_exit_decided_is_pageable_when_handed_back_after_it() {
+    if !gpu() {
+        return;
+    }
+    let c = run_scenario!("registered-slice-at-exit", &[], LIMIT);
+    assert_eq!(c.result("scoped").as_deref(), Some("true"), "{c:?}");
+    assert_eq!(c.result("page_locked_after").as_deref(), Some("false"), "the slice came back page-locked:\n{c:?}");
+}
+
+/// The sixteenth audit (helper 73): the user's logger panicked at the teardown's warning of
+/// resources still lent on another thread, which the teardown logged before recording that
+/// thread as left running: the exit went on into the C library's handlers and the static
+/// destructors under the lend. Now the record comes first and the line is logged guarded.
+/// (Before: `user_atexit=ran`.)
+#[test]
+fn a_panicking_logger_at_the_teardown_s_lend_warning_still_ends_the_process_before_the_static_destructors() {
+    if !gpu() {
+        return;
+    }
+    let c = run_scenario!("logger-panics-teardown-lend", &[], LIMIT);
+    assert_eq!(c.result("main_returns").as_deref(), Some("1"), "{c:?}");
+    assert!(c.result("user_atexit").is_none(), "the exit went on to the static destructors under the lend:\n{c:?}");
+}
+
+/// The sixteenth audit (helper 73): a worker's own log lines (a detached job's result that
+/// panicked when dropped) went to the user's logger unguarded; a logger that panics ended the
+/// worker thread and the job queued behind was never run. (Before: `joined=false`.)
+#[test]
+fn a_panicking_logger_does_not_end_a_resources_worker() {
+    if !gpu() {
+        return;
+    }
+    let c = run_scenario!("logger-panics-worker", &[], LIMIT);
+    c.assert_code(0);
+    assert_eq!(c.result("joined").as_deref(), Some("true"), "the job queued behind was never run:\n{c:?}");
+}

@@ -492,7 +492,13 @@ fn resources_with_library_handles_released_while_another_thread_captures_leave_t
     use raft::HandleKind;
     let kinds = [HandleKind::Cublas, HandleKind::CusolverDn, HandleKind::CusolverSp, HandleKind::Cusparse];
     let mut broken = Vec::new();
-    for (name, which) in [("cuBLAS", &kinds[..1]), ("cuSOLVER dense", &kinds[1..2]), ("cuSOLVER sparse", &kinds[2..3]), ("cuSPARSE", &kinds[3..]), ("all four", &kinds[..])] {
+    for (name, which) in [
+        ("cuBLAS", &kinds[..1]),
+        ("cuSOLVER dense", &kinds[1..2]),
+        ("cuSOLVER sparse", &kinds[2..3]),
+        ("cuSPARSE", &kinds[3..]),
+        ("all four", &kinds[..]),
+    ] {
         for dropped in [false, true] {
             let res = DeviceResources::new().unwrap();
             for &k in which {

@@ -85,40 +85,51 @@ pub(crate) fn register_live(shared: &Arc<Shared>) {
 
 /// The exit teardown's step (everything drained by then): aborts what is still alive.
 fn abort_all_live() {
-    const WHO: &str = "exit teardown";
     let live: Vec<Arc<Shared>> = LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
-    let why = "the process exited with the communicator alive";
     for sh in live {
-        // A call holds the lock a moment (an enqueue, the watchdog's look): waited for up to
-        // 100 ms; a split waiting for its peers holds it up to its timeout.
-        let start = std::time::Instant::now();
-        let mut locked = sh.state.try_lock();
-        while matches!(locked, Err(std::sync::TryLockError::WouldBlock)) && start.elapsed() < Duration::from_millis(100) {
-            std::thread::sleep(Duration::from_millis(1));
-            locked = sh.state.try_lock();
+        // Each on its own: a panic in one (the user's logger, called on the way) neither stops
+        // the others nor lets the exit go on as if that one had ended.
+        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| abort_one(&sh))) {
+            std::mem::forget(payload);
+            raft_exit::teardown_left_running();
         }
-        let locked = match locked {
-            Ok(st) => Some(st),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        };
-        match locked {
-            Some(mut st) => {
-                if st.ended.is_none() {
-                    sh.end_with(&mut st, WHO, Error::logic(WHO, why));
-                }
+    }
+}
+
+/// Aborts one live communicator for the exit's teardown (see [`abort_all_live`]).
+fn abort_one(sh: &Shared) {
+    const WHO: &str = "exit teardown";
+    let why = "the process exited with the communicator alive";
+    // A call holds the lock a moment (an enqueue, the watchdog's look): waited for up to
+    // 100 ms; a split waiting for its peers holds it up to its timeout.
+    let start = std::time::Instant::now();
+    let mut locked = sh.state.try_lock();
+    while matches!(locked, Err(std::sync::TryLockError::WouldBlock)) && start.elapsed() < Duration::from_millis(100) {
+        std::thread::sleep(Duration::from_millis(1));
+        locked = sh.state.try_lock();
+    }
+    let locked = match locked {
+        Ok(st) => Some(st),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    };
+    match locked {
+        Some(mut st) => {
+            if st.ended.is_none() {
+                sh.end_with(&mut st, WHO, Error::logic(WHO, why));
             }
-            // Held across a wait (a split waits for its peers under it, up to the timeout):
-            // aborted through the shim, which serialises it with that wait's looks and ends the
-            // wait; the holder then records the end (the fourteenth audit: the teardown waited
-            // out the split's timeout on the lock).
-            None => {
-                if let Err(e) = sh.native.abort(WHO, why) {
-                    log::debug!(target: "raft", "{e}");
-                }
-                // The holder is still inside NCCL's code (on its way out of the wait): the
-                // static destructors after the teardown must not run under it (helper 65).
-                raft_exit::teardown_left_running();
+        }
+        // Held across a wait (a split waits for its peers under it, up to the timeout):
+        // aborted through the shim, which serialises it with that wait's looks and ends the
+        // wait; the holder then records the end (the fourteenth audit: the teardown waited
+        // out the split's timeout on the lock).
+        None => {
+            // The holder is still inside NCCL's code (on its way out of the wait): the
+            // static destructors after the teardown must not run under it (helper 65).
+            // Recorded first: the user's logger below may panic.
+            raft_exit::teardown_left_running();
+            if let Err(e) = sh.native.abort(WHO, why) {
+                raft_exit::log_guarded(|| log::debug!(target: "raft", "{e}"));
             }
         }
     }
@@ -148,10 +159,13 @@ impl Shared {
     /// for every later call, and ends the exit-wait job. Returns the error.
     pub(crate) fn end_with(&self, st: &mut State, who: &'static str, error: Error) -> Error {
         if st.ended.is_none() {
-            if let Err(e) = self.native.abort(who, error.message()) {
-                log::debug!(target: "raft", "{e}");
-            }
+            let aborted = self.native.abort(who, error.message());
+            // Recorded before the log line: a panic in the user's logger must not leave an
+            // aborted communicator unmarked (nor the teardown's loop stopped).
             st.ended = Some(error.clone());
+            if let Err(e) = aborted {
+                raft_exit::log_guarded(|| log::debug!(target: "raft", "{e}"));
+            }
         }
         st.token = None;
         error

@@ -339,9 +339,9 @@ impl<'a, T: DeviceScalar> RegisteredSlice<'a, T> {
     /// give page-locked memory to copies that take it for pageable and do not wait for it.
     ///
     /// # Errors
-    /// `Logic` for a device that does not exist or memory the driver reports as already
-    /// page-locked (part of a [`PinnedVec`], or registered elsewhere); `Cuda` when the driver
-    /// refuses otherwise.
+    /// `Logic` for a device that does not exist, memory the driver reports as already
+    /// page-locked (part of a [`PinnedVec`], or registered elsewhere), or once the process's exit
+    /// has decided; `Cuda` when the driver refuses otherwise.
     pub fn scope<R>(device: impl AsResources, slice: &'a mut [T], body: impl FnOnce(&mut RegisteredSlice<'a, T>) -> R) -> Result<R> {
         const WHO: &str = "RegisteredSlice::scope";
         let device = device.as_device().map_err(|e| e.with_who(WHO))?;

@@ -37,7 +37,7 @@ impl Worker {
                 if !ok {
                     return;
                 }
-                run_tasks(&rx, watch, &ctx);
+                run_tasks(&rx, watch, Some(&ctx));
             })
             .map_err(|e| Error::new(ErrorKind::Generic, who, format!("no worker thread could be started: {e}")))?;
         match bound_rx.recv() {
@@ -104,18 +104,24 @@ fn watch_time(who: &'static str) -> Result<Duration> {
 /// handles' joins waiting for ever and their releases never settled. The second panic a
 /// payload's `Drop` may raise is not unwound either: the payload is leaked, never dropped here.
 ///
-/// Each task starts on `ctx`, whatever the task before it left current (a job that made
+/// Each task starts on `ctx` (the unit tests' workers have none), whatever the task before it left current (a job that made
 /// resources of another device, or another library's context): jobs of the same resources are
 /// unrelated, and a library thread puts back no caller's context (the sixteenth audit: a later
 /// job's `DeviceResources::new()` and RAFT code lent there followed the drifted device).
-fn run_tasks(rx: &mpsc::Receiver<Task>, watch: Duration, ctx: &cudarc::driver::CudaContext) {
+fn run_tasks(rx: &mpsc::Receiver<Task>, watch: Duration, ctx: Option<&cudarc::driver::CudaContext>) {
     while let Some(task) = next_task(rx, watch) {
-        if let Err(e) = crate::result::bind("raft::DeviceResources::spawn", ctx) {
-            log::warn!(target: "raft", "a resources' worker could not bind its device for the next job: {e}");
+        // Every log line here through `log_guarded`: a panicking logger must not end the worker
+        // either (the sixteenth audit: it did, and the joins of the jobs queued behind waited for
+        // ever).
+        if let Some(Err(e)) = ctx.map(|ctx| crate::result::bind("raft::DeviceResources::spawn", ctx)) {
+            raft_exit::log_guarded(|| log::warn!(target: "raft", "a resources' worker could not bind its device for the next job: {e}"));
         }
         if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task)) {
-            log::error!(target: "raft", "a task on a resources' worker panicked: {} (the worker goes on)", panic_message(&*payload));
+            let message = panic_message(&*payload);
             std::mem::forget(payload);
+            raft_exit::log_guarded(
+                || log::error!(target: "raft", "a task on a resources' worker panicked: {message} (the worker goes on)"),
+            );
         }
     }
 }
@@ -138,8 +144,9 @@ where
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
         done.complete(result);
         if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(done))) {
-            log::error!(target: "raft", "a detached job's result panicked when dropped: {}", panic_message(&*payload));
+            let message = panic_message(&*payload);
             std::mem::forget(payload);
+            raft_exit::log_guarded(|| log::error!(target: "raft", "a detached job's result panicked when dropped: {message}"));
         }
         drop(token); // the job ends once its result can be seen (detached: once it was dropped)
     })
@@ -416,7 +423,7 @@ mod tests {
             }
         }
         let (tx, rx) = mpsc::channel::<Task>();
-        let worker = std::thread::spawn(move || run_tasks(&rx, Duration::ZERO));
+        let worker = std::thread::spawn(move || run_tasks(&rx, Duration::ZERO, None));
         // Detached: no handle holds these results.
         tx.send(job_task(|| Bomb, Shared::new(), ())).unwrap();
         tx.send(job_task(|| std::panic::panic_any(Bomb), Shared::<()>::new(), ())).unwrap();
@@ -440,7 +447,7 @@ mod tests {
             let (tx, rx) = mpsc::channel::<Task>();
             let seen = Arc::new(Mutex::new(Vec::new()));
             let worker = std::thread::spawn(move || {
-                run_tasks(&rx, watch);
+                run_tasks(&rx, watch, None);
             });
             for i in 0..40u32 {
                 if i % 4 == 0 {

@@ -133,8 +133,11 @@ impl ResourcesState {
                             Some(deadline) => {
                                 let now = std::time::Instant::now();
                                 if now >= deadline {
-                                    log::warn!(target: "raft", "exit teardown: resources {} on device {} are still being released on another thread: left to the OS", self.id, self.device);
+                                    // Recorded before the log line: the user's logger may panic.
                                     raft_exit::teardown_left_running();
+                                    raft_exit::log_guarded(
+                                        || log::warn!(target: "raft", "exit teardown: resources {} on device {} are still being released on another thread: left to the OS", self.id, self.device),
+                                    );
                                     break;
                                 }
                                 state = self.released_cv.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
@@ -206,10 +209,13 @@ impl ResourcesState {
                         std::thread::sleep(std::time::Duration::from_millis(1))
                     }
                     Err(std::sync::TryLockError::WouldBlock) => {
-                        log::warn!(target: "raft", "exit teardown: resources {} on device {} are still lent on another thread: left to the OS", self.id, self.device);
                         // That thread may still be in RAFT's or cuVS's code, which the static
-                        // destructors after the teardown would pull the ground from under.
+                        // destructors after the teardown would pull the ground from under:
+                        // recorded before the log line, which the user's logger may panic in.
                         raft_exit::teardown_left_running();
+                        raft_exit::log_guarded(
+                            || log::warn!(target: "raft", "exit teardown: resources {} on device {} are still lent on another thread: left to the OS", self.id, self.device),
+                        );
                         break None;
                     }
                 }
@@ -882,12 +888,19 @@ impl fmt::Debug for DeviceResources {
     }
 }
 
-/// Releases every live resources object: the exit teardown, once everything drained.
+/// Releases every live resources object: the exit teardown, once everything drained. Each on
+/// its own: a panic in one (the user's logger, called on the way) neither stops the others nor
+/// leaves the teardown believing that one ended (it is counted as left running).
 pub(crate) fn release_all_live() {
     let all = live_registry().lock().unwrap_or_else(|e| e.into_inner()).alive();
     for state in all {
-        if let Err(e) = state.release(TEARDOWN) {
-            log::debug!(target: "raft", "{e}");
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.release(TEARDOWN))) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => raft_exit::log_guarded(|| log::debug!(target: "raft", "{e}")),
+            Err(payload) => {
+                std::mem::forget(payload);
+                raft_exit::teardown_left_running();
+            }
         }
     }
 }

@@ -135,8 +135,10 @@ fn run_hook_guarded() -> bool {
 }
 
 /// Logs through the user's logger, which may panic: the hook's decision is already made by
-/// then, and a panic in the logger must not change it (nor stop the teardown).
-fn log_guarded(log: impl FnOnce()) {
+/// then, and a panic in the logger must not change it (nor stop the teardown). For every log
+/// line of a path that must finish whatever the logger does (the teardown's steps, a worker's
+/// loop); the payload of a logger's panic is leaked, never dropped (its `Drop` may panic too).
+pub fn log_guarded(log: impl FnOnce()) {
     if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(log)) {
         std::mem::forget(payload);
     }

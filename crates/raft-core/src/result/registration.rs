@@ -48,6 +48,9 @@ impl<'a, T: DeviceScalar> NativeRegistration<'a, T> {
         if locked.is_empty() {
             return Ok(NativeRegistration { slice, locked, ctx: None });
         }
+        if !raft_exit::native_release_allowed() {
+            return Err(Error::logic(who, "the process is exiting: no slice is page-locked any more"));
+        }
         let _keep = ContextGuard::save(who)?;
         bind(who, ctx)?;
         let start = (slice.as_mut_ptr() as *mut u8).wrapping_add(locked.start) as *mut c_void;
@@ -89,13 +92,13 @@ impl<'a, T: DeviceScalar> NativeRegistration<'a, T> {
     /// Makes the slice pageable again (`cuMemHostUnregister`); once. Never returns with the
     /// slice still page-locked: when the driver refuses (other than at its own teardown, which
     /// unlocks everything), the process aborts, as the slice's borrow is about to end and safe
-    /// code would reach page-locked memory as a plain slice. Once the exit has decided (no more
-    /// CUDA calls: the process is ending), nothing is done.
+    /// code would reach page-locked memory as a plain slice. Also once the exit has decided,
+    /// unlike the releases (the sixteenth audit: the slice came back page-locked to threads that
+    /// still run under the exit's last handlers): these are driver calls only, never RAFT's or
+    /// RMM's C++, and a driver already shut down answers `CUDA_ERROR_DEINITIALIZED`, having
+    /// unlocked everything.
     pub(crate) fn unregister(&mut self, who: &'static str) {
         let Some(ctx) = self.ctx.take() else { return };
-        if !raft_exit::native_release_allowed() {
-            return;
-        }
         let start = (self.slice.as_mut_ptr() as *mut u8).wrapping_add(self.locked.start) as *mut c_void;
         let done = ContextGuard::save(who).and_then(|_keep| {
             bind(who, &ctx)?;

@@ -20,7 +20,7 @@ fn env_f64(name: &str, default: f64) -> f64 {
 
 fn main() -> ExitCode {
     let name = std::env::args().nth(1).unwrap_or_default();
-    if name == "logger-panics-at-exit" {
+    if name.starts_with("logger-panics-") {
         log::set_logger(&PANICKING_LOGGER).expect("the first logger");
         log::set_max_level(log::LevelFilter::Trace);
     } else {
@@ -303,6 +303,92 @@ fn main() -> ExitCode {
                 })
                 .collect();
             drop(handles);
+        }
+        // The sixteenth audit (helper 73): the user's logger panics at the teardown's warning of
+        // resources still lent on another thread (past the teardown's bound). The teardown logged
+        // before it recorded that thread as left running, so the panic dropped the record and the
+        // exit went on into the static destructors under the lend (and the user's handler ran).
+        "logger-panics-teardown-lend" => {
+            // SAFETY: `user_exit_handler` never unwinds (it ignores every write error).
+            assert_eq!(unsafe { atexit(user_exit_handler) }, 0, "atexit refused the handler");
+            let res = raft::DeviceResources::new().expect("resources");
+            res.spawn(|| ()).expect("a job").join().expect("the job"); // registers the exit hook
+            let (lent_tx, lent_rx) = std::sync::mpsc::channel();
+            let r = res.clone();
+            std::thread::spawn(move || {
+                let _ = r.with_raft_resources(|_| {
+                    lent_tx.send(()).unwrap();
+                    std::thread::sleep(Duration::from_secs(20));
+                });
+            });
+            lent_rx.recv_timeout(Duration::from_secs(20)).expect("lent");
+            println!("RESULT main_returns=1");
+        }
+        // The sixteenth audit (helper 73): the user's logger panics when a resources' worker logs
+        // (a detached job's result that panics when dropped): the worker thread ended, and the
+        // job queued behind was never run, its join waiting for ever.
+        "logger-panics-worker" => {
+            struct Bomb;
+            impl Drop for Bomb {
+                fn drop(&mut self) {
+                    panic!("the detached job's result panics when dropped");
+                }
+            }
+            let res = raft::DeviceResources::new().expect("resources");
+            let gate = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let g = gate.clone();
+            drop(res.spawn(move || {
+                g.wait();
+                Bomb
+            }));
+            let next = res.spawn(|| 1).expect("a job");
+            gate.wait();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(next.join().map_err(|e| e.to_string()));
+            });
+            let joined = rx.recv_timeout(Duration::from_secs(10));
+            println!("RESULT joined={:?}", joined.as_ref().map(|r| r.is_ok()).unwrap_or(false));
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            // SAFETY: ends the process at once (a worker that died would hold the exit's wait).
+            unsafe { libc::_exit(0) };
+        }
+        // The sixteenth audit (helper 73): a slice registered before the exit decided and handed
+        // back after the teardown ran. Its unregistration was skipped once the exit had decided,
+        // so the slice came back page-locked: a copy into it then runs past the host, which may
+        // free it meanwhile. A handler registered before the hook (it runs after it) holds the
+        // exit a moment so the thread can report.
+        "registered-slice-at-exit" => {
+            extern "C" fn hold_the_exit() {
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+            // SAFETY: the handler only sleeps; it never unwinds.
+            assert_eq!(unsafe { atexit(hold_the_exit) }, 0, "atexit refused the handler");
+            let res = raft::DeviceResources::new().expect("resources");
+            res.spawn(|| ()).expect("a job").join().expect("the job"); // registers the exit hook
+            let (registered_tx, registered_rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut data = vec![0u8; 4 << 20];
+                let scoped = raft::RegisteredSlice::scope(&res, &mut data, |_| {
+                    registered_tx.send(()).unwrap();
+                    while !matches!(raft::exit::phase(), raft::exit::Phase::TornDown | raft::exit::Phase::Skipped) {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                });
+                println!("RESULT scoped={:?} phase={:?}", scoped.is_ok(), raft::exit::phase());
+                // Whether the driver still counts the slice's pages as page-locked.
+                res.context().bind_to_thread().unwrap();
+                let page = (data.as_ptr() as usize + 4095) & !4095;
+                let mut flags = 0u32;
+                // SAFETY: asks about an address inside a live vector; writes one integer.
+                let rc = unsafe { cudarc::driver::sys::cuMemHostGetFlags(&mut flags, page as *mut std::ffi::c_void) };
+                println!("RESULT page_locked_after={}", rc == cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                std::thread::sleep(Duration::from_secs(60));
+            });
+            registered_rx.recv_timeout(Duration::from_secs(20)).expect("the slice was registered");
         }
         // Nothing that makes a job or a release: no exit hook.
         "no-jobs" => {
