@@ -87,12 +87,7 @@ pub(crate) fn register_live(shared: &Arc<Shared>) {
 fn abort_all_live() {
     let live: Vec<Arc<Shared>> = LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
     for sh in live {
-        // Each on its own: a panic in one (the user's logger, called on the way) neither stops
-        // the others nor lets the exit go on as if that one had ended.
-        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| abort_one(&sh))) {
-            std::mem::forget(payload);
-            raft_exit::teardown_left_running();
-        }
+        raft_exit::teardown_step(|| abort_one(&sh));
     }
 }
 
@@ -126,11 +121,12 @@ fn abort_one(sh: &Shared) {
         None => {
             // The holder is still inside NCCL's code (on its way out of the wait): the
             // static destructors after the teardown must not run under it (helper 65).
-            // Recorded first: the user's logger below may panic.
-            raft_exit::teardown_left_running();
-            if let Err(e) = sh.native.abort(WHO, why) {
-                raft_exit::log_guarded(|| log::debug!(target: "raft", "{e}"));
-            }
+            let aborted = sh.native.abort(WHO, why);
+            raft_exit::left_running_saying(|| {
+                if let Err(e) = aborted {
+                    log::debug!(target: "raft", "{e}");
+                }
+            });
         }
     }
 }

@@ -133,9 +133,7 @@ impl ResourcesState {
                             Some(deadline) => {
                                 let now = std::time::Instant::now();
                                 if now >= deadline {
-                                    // Recorded before the log line: the user's logger may panic.
-                                    raft_exit::teardown_left_running();
-                                    raft_exit::log_guarded(
+                                    raft_exit::left_running_saying(
                                         || log::warn!(target: "raft", "exit teardown: resources {} on device {} are still being released on another thread: left to the OS", self.id, self.device),
                                     );
                                     break;
@@ -210,10 +208,8 @@ impl ResourcesState {
                     }
                     Err(std::sync::TryLockError::WouldBlock) => {
                         // That thread may still be in RAFT's or cuVS's code, which the static
-                        // destructors after the teardown would pull the ground from under:
-                        // recorded before the log line, which the user's logger may panic in.
-                        raft_exit::teardown_left_running();
-                        raft_exit::log_guarded(
+                        // destructors after the teardown would pull the ground from under.
+                        raft_exit::left_running_saying(
                             || log::warn!(target: "raft", "exit teardown: resources {} on device {} are still lent on another thread: left to the OS", self.id, self.device),
                         );
                         break None;
@@ -888,19 +884,15 @@ impl fmt::Debug for DeviceResources {
     }
 }
 
-/// Releases every live resources object: the exit teardown, once everything drained. Each on
-/// its own: a panic in one (the user's logger, called on the way) neither stops the others nor
-/// leaves the teardown believing that one ended (it is counted as left running).
+/// Releases every live resources object: the exit teardown, once everything drained; each in
+/// its own step (`raft_exit::teardown_step`).
 pub(crate) fn release_all_live() {
     let all = live_registry().lock().unwrap_or_else(|e| e.into_inner()).alive();
     for state in all {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.release(TEARDOWN))) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => raft_exit::log_guarded(|| log::debug!(target: "raft", "{e}")),
-            Err(payload) => {
-                std::mem::forget(payload);
-                raft_exit::teardown_left_running();
+        raft_exit::teardown_step(|| {
+            if let Err(e) = state.release(TEARDOWN) {
+                raft_exit::log_guarded(|| log::debug!(target: "raft", "{e}"));
             }
-        }
+        });
     }
 }

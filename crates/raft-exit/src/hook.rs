@@ -48,6 +48,23 @@ pub fn teardown_left_running() {
     LEFT_RUNNING.store(true, Ordering::SeqCst);
 }
 
+/// [`teardown_left_running`], then `why` logged through [`log_guarded`]: the record first, so a
+/// user's logger that panics cannot drop it (the sixteenth audit).
+pub fn left_running_saying(why: impl FnOnce()) {
+    teardown_left_running();
+    log_guarded(why);
+}
+
+/// One step of a teardown over many objects (one object's release or abort): a panic in it (a
+/// user's logger, called on the way) neither stops the steps after it nor lets the exit go on
+/// as if that object had ended: it counts as left running, its payload leaked.
+pub fn teardown_step(step: impl FnOnce()) {
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)) {
+        std::mem::forget(payload);
+        teardown_left_running();
+    }
+}
+
 #[cfg(target_env = "gnu")]
 extern "C" {
     /// glibc's `on_exit`: like `atexit`, but the handler receives the exit status.

@@ -45,8 +45,8 @@ mod registry;
 mod wait;
 
 pub use hook::{
-    ensure_registered as register_exit_hook, hook_registered, log_guarded, mark_library_thread, on_library_thread, on_teardown,
-    teardown_left_running,
+    ensure_registered as register_exit_hook, hook_registered, left_running_saying, log_guarded, mark_library_thread, on_library_thread,
+    on_teardown, teardown_left_running, teardown_step,
 };
 pub use phase::{exiting, native_release_allowed, phase, ExitDecided, Phase};
 pub use registry::Label;
