@@ -610,10 +610,12 @@ pub(crate) fn over_limits(device: usize) -> bool {
 
 /// For an allocation or handle creation that failed with `OutOfMemory`: runs the queued
 /// releases of `device` on the calling thread and waits, up to `wait`, for those running
-/// elsewhere. Returns whether any release of the device was pending (then a retry may succeed;
-/// otherwise the `OutOfMemory` stands at once).
+/// elsewhere, then destroys the handles kept for reuse on the device. Returns whether either
+/// freed anything (then a retry may succeed; otherwise the `OutOfMemory` stands at once).
 pub(crate) fn drain_device(device: usize, wait: Duration) -> bool {
-    pool().drain(device, wait)
+    // Then the handles kept for reuse, the drained releases' among them (destroyed only here:
+    // it synchronises the device, which breaks other threads' captures; memory wins).
+    pool().drain(device, wait) | (crate::result::trim_kept_handles(device) > 0)
 }
 
 /// What the releases pending on `device` hold now.

@@ -449,7 +449,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// on the first [`spawn`](Self::spawn)), and the cuBLAS, cuSOLVER (dense and sparse) and
 /// cuSPARSE handles RAFT creates on first use, bound to that stream. Making one costs a stream
 /// and a small C++ object; a first cuBLAS handle costs tens of milliseconds and about 65 MiB of
-/// device memory, paid only by the resources that use one.
+/// device memory, paid only by the resources that use one. Released resources' handles are kept
+/// for the next resources of the device (destroying one would synchronise the device, breaking
+/// other threads' stream captures), and destroyed only when an allocation runs out of memory.
 ///
 /// `Clone` gives the *same* resources (a cheap handle); `==` is identity. Resources are
 /// released by [`release`](Self::release), at the end of [`with_device_resources`], or when

@@ -110,6 +110,7 @@ pub struct RaftrsShim {
         bytes: usize,
         stream: *mut ::core::ffi::c_void,
     ) -> raftrs_status,
+    pub raftrs_handles_trim: unsafe extern "C" fn(device: i32, destroyed: *mut i32) -> raftrs_status,
     pub raftrs_resources_create:
         unsafe extern "C" fn(device: i32, stream: *mut ::core::ffi::c_void, out: *mut *mut raftrs_resources) -> raftrs_status,
     pub raftrs_resources_destroy: unsafe extern "C" fn(res: *mut raftrs_resources) -> raftrs_status,
@@ -268,6 +269,7 @@ impl RaftrsShim {
         let raftrs_device_memory_pools_supported = __library.get(b"raftrs_device_memory_pools_supported\0").map(|sym| *sym)?;
         let raftrs_memcpy_async = __library.get(b"raftrs_memcpy_async\0").map(|sym| *sym)?;
         let raftrs_memset_async = __library.get(b"raftrs_memset_async\0").map(|sym| *sym)?;
+        let raftrs_handles_trim = __library.get(b"raftrs_handles_trim\0").map(|sym| *sym)?;
         let raftrs_resources_create = __library.get(b"raftrs_resources_create\0").map(|sym| *sym)?;
         let raftrs_resources_destroy = __library.get(b"raftrs_resources_destroy\0").map(|sym| *sym)?;
         let raftrs_resources_sync = __library.get(b"raftrs_resources_sync\0").map(|sym| *sym)?;
@@ -332,6 +334,7 @@ impl RaftrsShim {
             raftrs_device_memory_pools_supported,
             raftrs_memcpy_async,
             raftrs_memset_async,
+            raftrs_handles_trim,
             raftrs_resources_create,
             raftrs_resources_destroy,
             raftrs_resources_sync,
@@ -444,6 +447,10 @@ impl RaftrsShim {
         stream: *mut ::core::ffi::c_void,
     ) -> raftrs_status {
         (self.raftrs_memset_async)(device, dst, value, bytes, stream)
+    }
+    #[doc = " Destroys the library handles (cuBLAS, cuSOLVER, cuSPARSE) that released resources of `device`\n left to be reused (a handle is otherwise never destroyed while the process runs: destroying\n one synchronises the device, which invalidates another thread's stream capture). For the\n out-of-memory path. `*destroyed`: how many."]
+    pub unsafe fn raftrs_handles_trim(&self, device: i32, destroyed: *mut i32) -> raftrs_status {
+        (self.raftrs_handles_trim)(device, destroyed)
     }
     #[doc = " Builds raft::device_resources on `stream` for `device`; no handle is created yet."]
     pub unsafe fn raftrs_resources_create(

@@ -435,6 +435,21 @@ pub(crate) fn driver_version(who: &'static str) -> Result<i32> {
     Ok(v)
 }
 
+/// Destroys the library handles that released resources of `device` left to be reused
+/// (`raftrs_handles_trim`); how many. For the out-of-memory path only: each destroy synchronises
+/// the device. 0 when the shim is missing or refuses (no such device).
+pub(crate) fn trim_kept_handles(device: usize) -> usize {
+    const WHO: &str = "the out-of-memory retry";
+    let Ok(api) = api(WHO) else { return 0 };
+    let mut destroyed = 0;
+    // SAFETY: writes one int through a valid pointer; the shim refuses a device that does not
+    // exist, and destroys only handles no resources object holds (they were let go).
+    match check(WHO, api, unsafe { api.raftrs_handles_trim(device as i32, &mut destroyed) }) {
+        Ok(()) => usize::try_from(destroyed).unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
 /// `cudaDevAttrMemoryPoolsSupported` of an existing device.
 pub(crate) fn memory_pools_supported(who: &'static str, device: usize) -> Result<bool> {
     let api = api(who)?;

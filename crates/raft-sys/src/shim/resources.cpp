@@ -19,10 +19,13 @@
 
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 static_assert(sizeof(raft::device_resources) == RAFTRS_EXPECTED_HANDLE_SIZE,
               "raft::device_resources changed size: RAFT's handle layout moved under this binding. "
@@ -53,16 +56,80 @@ raft::resource::resource_type handle_type(int32_t kind)
   }
 }
 
-/// A library handle made for RAFT's resources, created eagerly in the constructor, which throws
-/// when the library refuses. RAFT 26.08's own handle resources only log a failed create (and
-/// then hand out an uninitialised handle); through these, a failed create reaches the caller as
-/// an error (`*_STATUS_ALLOC_FAILED`: out of memory) and nothing is cached, so a later call may
-/// try again.
+/// The library handles of one kind that resources objects let go, kept per device for the next
+/// ones: while the process runs a handle is never destroyed. `cublasDestroy`, `cusolverDnDestroy`
+/// and `cusolverSpDestroy` synchronise the device, which invalidates any stream capture in
+/// progress on it, in any thread and any mode (the sixteenth audit; run 206: a release or drop
+/// of resources that had made one broke another thread's capture, PyTorch's CUDA graphs say),
+/// and a handle costs tens of milliseconds (and a cuBLAS one ~65 MiB) to make. PyTorch keeps its
+/// cuBLAS handles the same way. `raftrs_handles_trim` destroys the kept ones of a device (the
+/// out-of-memory path). Never destroyed itself: releases at the exit still hand handles back.
+template <typename Handle>
+struct kept_handles {
+  std::mutex lock;
+  std::vector<std::pair<int, Handle>> kept;  // (device, handle)
+
+  static kept_handles& of()
+  {
+    static auto* k = new kept_handles;
+    return *k;
+  }
+  /// The handle of `device` kept last (its memory the likeliest still in cache).
+  std::optional<Handle> take(int device)
+  {
+    std::lock_guard<std::mutex> hold{lock};
+    for (auto it = kept.rbegin(); it != kept.rend(); ++it) {
+      if (it->first == device) {
+        Handle h = it->second;
+        kept.erase(std::next(it).base());
+        return h;
+      }
+    }
+    return std::nullopt;
+  }
+  void keep(int device, Handle h)
+  {
+    std::lock_guard<std::mutex> hold{lock};
+    kept.emplace_back(device, h);
+  }
+  /// Takes every kept handle of `device` out, for the caller to destroy outside the lock.
+  std::vector<Handle> take_all(int device)
+  {
+    std::lock_guard<std::mutex> hold{lock};
+    std::vector<Handle> out;
+    for (auto it = kept.begin(); it != kept.end();) {
+      if (it->first == device) {
+        out.push_back(it->second);
+        it = kept.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+};
+
+/// A library handle made for RAFT's resources (or one kept from earlier resources of the same
+/// device, its settings put back to the library's defaults), ready in the constructor, which
+/// throws when the library refuses. RAFT 26.08's own handle resources only log a failed create
+/// (and then hand out an uninitialised handle); through these, a failed create reaches the
+/// caller as an error (`*_STATUS_ALLOC_FAILED`: out of memory) and nothing is cached, so a later
+/// call may try again. Let go, the handle is kept (`kept_handles`), not destroyed.
 template <typename Handle, typename Status, Status Success, typename Traits>
 class checked_handle final : public raft::resource::resource {
  public:
   explicit checked_handle(rmm::cuda_stream_view stream)
   {
+    // Made under the resources' device (the shim's entry points scope it).
+    check(cudaGetDevice(&device_), "reading the device a handle is made on");
+    if (auto kept = kept_handles<Handle>::of().take(device_)) {
+      // Bound to this stream and set back to the defaults: a reused handle is one made now.
+      if (Traits::set_stream(*kept, stream.value()) == Success && Traits::reset(*kept) == Success) {
+        handle_ = *kept;
+        return;
+      }
+      Traits::destroy(*kept);  // a handle that refuses its settings is not reused
+    }
     auto created = Traits::create(&handle_);
     if (created != Success) { Traits::fail("creating", created); }
     auto bound = Traits::set_stream(handle_, stream.value());
@@ -71,13 +138,14 @@ class checked_handle final : public raft::resource::resource {
       Traits::fail("binding to the resources' stream", bound);
     }
   }
-  ~checked_handle() override { Traits::destroy(handle_); }
+  ~checked_handle() override { kept_handles<Handle>::of().keep(device_, handle_); }
   checked_handle(checked_handle const&)            = delete;
   checked_handle& operator=(checked_handle const&) = delete;
   void* get_resource() override { return &handle_; }
 
  private:
   Handle handle_{};
+  int device_{-1};
 };
 
 template <typename Resource>
@@ -94,7 +162,15 @@ class checked_factory final : public raft::resource::resource_factory {
 
 struct cublas_traits {
   static cublasStatus_t create(cublasHandle_t* h) { return cublasCreate(h); }
+  /// `cublasSetStream` also puts the workspace back to cuBLAS's own.
   static cublasStatus_t set_stream(cublasHandle_t h, cudaStream_t s) { return cublasSetStream(h, s); }
+  static cublasStatus_t reset(cublasHandle_t h)
+  {
+    cublasStatus_t st = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST);
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH); }
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED); }
+    return st;
+  }
   static void destroy(cublasHandle_t h) { cublasDestroy(h); }
   [[noreturn]] static void fail(char const* doing, cublasStatus_t st)
   {
@@ -120,6 +196,7 @@ std::string cusolver_status_name(cusolverStatus_t st)
 struct cusolver_dn_traits {
   static cusolverStatus_t create(cusolverDnHandle_t* h) { return cusolverDnCreate(h); }
   static cusolverStatus_t set_stream(cusolverDnHandle_t h, cudaStream_t s) { return cusolverDnSetStream(h, s); }
+  static cusolverStatus_t reset(cusolverDnHandle_t) { return CUSOLVER_STATUS_SUCCESS; }
   static void destroy(cusolverDnHandle_t h) { cusolverDnDestroy(h); }
   [[noreturn]] static void fail(char const* doing, cusolverStatus_t st)
   {
@@ -130,6 +207,7 @@ struct cusolver_dn_traits {
 struct cusolver_sp_traits {
   static cusolverStatus_t create(cusolverSpHandle_t* h) { return cusolverSpCreate(h); }
   static cusolverStatus_t set_stream(cusolverSpHandle_t h, cudaStream_t s) { return cusolverSpSetStream(h, s); }
+  static cusolverStatus_t reset(cusolverSpHandle_t) { return CUSOLVER_STATUS_SUCCESS; }
   static void destroy(cusolverSpHandle_t h) { cusolverSpDestroy(h); }
   [[noreturn]] static void fail(char const* doing, cusolverStatus_t st)
   {
@@ -140,6 +218,7 @@ struct cusolver_sp_traits {
 struct cusparse_traits {
   static cusparseStatus_t create(cusparseHandle_t* h) { return cusparseCreate(h); }
   static cusparseStatus_t set_stream(cusparseHandle_t h, cudaStream_t s) { return cusparseSetStream(h, s); }
+  static cusparseStatus_t reset(cusparseHandle_t h) { return cusparseSetPointerMode(h, CUSPARSE_POINTER_MODE_HOST); }
   static void destroy(cusparseHandle_t h) { cusparseDestroy(h); }
   [[noreturn]] static void fail(char const* doing, cusparseStatus_t st)
   {
@@ -409,6 +488,27 @@ raftrs_status raftrs_resources_handle(raftrs_resources* res, int32_t kind, void*
       case RAFTRS_HANDLE_CUSPARSE: *out = raft::resource::get_cusparse_handle(r); break;
       default: break;
     }
+  });
+}
+
+raftrs_status raftrs_handles_trim(int32_t device, int32_t* destroyed)
+{
+  return guard([&] {
+    *destroyed = 0;
+    device_scope scope{device};
+    // Destroying synchronises the device: relaxed, as every such call here (the driver's
+    // refusal beside another thread's global capture would leave the handle half-destroyed).
+    raftrs_fence::relaxed_capture relaxed;
+    auto destroy_all = [&](auto& kept, auto destroy) {
+      for (auto h : kept.take_all(device)) {
+        destroy(h);
+        ++*destroyed;
+      }
+    };
+    destroy_all(kept_handles<cublasHandle_t>::of(), cublas_traits::destroy);
+    destroy_all(kept_handles<cusolverDnHandle_t>::of(), cusolver_dn_traits::destroy);
+    destroy_all(kept_handles<cusolverSpHandle_t>::of(), cusolver_sp_traits::destroy);
+    destroy_all(kept_handles<cusparseHandle_t>::of(), cusparse_traits::destroy);
   });
 }
 

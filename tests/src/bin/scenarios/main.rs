@@ -377,13 +377,22 @@ fn main() -> ExitCode {
                     }
                 });
                 println!("RESULT scoped={:?} phase={:?}", scoped.is_ok(), raft::exit::phase());
-                // Whether the driver still counts the slice's pages as page-locked.
-                res.context().bind_to_thread().unwrap();
-                let page = (data.as_ptr() as usize + 4095) & !4095;
-                let mut flags = 0u32;
-                // SAFETY: asks about an address inside a live vector; writes one integer.
-                let rc = unsafe { cudarc::driver::sys::cuMemHostGetFlags(&mut flags, page as *mut std::ffi::c_void) };
-                println!("RESULT page_locked_after={}", rc == cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+                // Whether the driver still counts the slice's pages as page-locked. A driver that
+                // has shut down meanwhile (the exit's last handlers: run 206) runs no copy into
+                // them any more, and has let every registration go.
+                match res.context().bind_to_thread() {
+                    Ok(()) => {
+                        let page = (data.as_ptr() as usize + 4095) & !4095;
+                        let mut flags = 0u32;
+                        // SAFETY: asks about an address inside a live vector; writes one integer.
+                        let rc = unsafe { cudarc::driver::sys::cuMemHostGetFlags(&mut flags, page as *mut std::ffi::c_void) };
+                        println!("RESULT page_locked_after={}", rc == cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+                    }
+                    Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_DEINITIALIZED => {
+                        println!("RESULT page_locked_after=false driver=shut_down");
+                    }
+                    Err(e) => println!("RESULT page_locked_after=unknown bind={e:?}"),
+                }
                 use std::io::Write;
                 let _ = std::io::stdout().flush();
                 std::thread::sleep(Duration::from_secs(60));
