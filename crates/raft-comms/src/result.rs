@@ -9,7 +9,7 @@ use crate::counts;
 use crate::dtype::{code_of, NcclType, ReduceOp};
 use crate::load::{loaded, take_last_error};
 use crate::sys::{self, raftcomms_comm, RaftcommsShim};
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaStream, SyncOnDrop};
 use raft_core::{DeviceVec, RaftResourcesPtr};
 use raft_error::{Error, ErrorKind, Result};
 use std::ffi::{c_void, CString};
@@ -180,13 +180,18 @@ fn on_stream<T: NcclType>(who: &'static str, what: &str, v: &DeviceVec<T>, strea
 /// The device address of an array on its own stream (no synchronisation: checked by `on_stream`).
 /// A capture begun on the stream since the collective's own question is refused (`Logic`, as
 /// `who`'s), not a panic (the fifteenth audit: the infallible `DevicePtr` panicked there).
+/// The ordering guard is dropped here, before NCCL queues: sound only because `on_stream`
+/// refused an array of another stream (on its own stream the guard orders nothing, `Sync(None)`),
+/// which debug builds check again (the sixteenth audit's hardening note).
 fn addr<T: NcclType>(who: &'static str, v: &DeviceVec<T>, stream: &CudaStream) -> Result<*const c_void> {
-    let (ptr, _same_stream) = v.try_device_ptr(stream).map_err(|e| e.with_who(who))?;
+    let (ptr, order) = v.try_device_ptr(stream).map_err(|e| e.with_who(who))?;
+    debug_assert!(matches!(order, SyncOnDrop::Sync(None)), "{who}: an array of another stream reached addr");
     Ok(ptr as usize as *const c_void)
 }
 
 fn addr_mut<T: NcclType>(who: &'static str, v: &mut DeviceVec<T>, stream: &CudaStream) -> Result<*mut c_void> {
-    let (ptr, _same_stream) = v.try_device_ptr_mut(stream).map_err(|e| e.with_who(who))?;
+    let (ptr, order) = v.try_device_ptr_mut(stream).map_err(|e| e.with_who(who))?;
+    debug_assert!(matches!(order, SyncOnDrop::Sync(None)), "{who}: an array of another stream reached addr_mut");
     Ok(ptr as usize as *mut c_void)
 }
 

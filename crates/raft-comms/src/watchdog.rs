@@ -50,11 +50,15 @@ pub(crate) fn watch(shared: Arc<dyn Watched>) {
         if !*running {
             match std::thread::Builder::new().name("raft-comms-watchdog".into()).spawn(move || run(dog)) {
                 Ok(_) => *running = true,
-                Err(e) => log::warn!(
-                    target: "raft",
-                    "raft-comms: the watchdog thread could not start ({e}): collectives are watched only by sync() \
-                     until a later collective starts it"
-                ),
+                // Guarded: this runs inside a group's end for each member, whose later members a
+                // logger's panic would leave half-ended (the sixteenth audit).
+                Err(e) => raft_exit::log_guarded(|| {
+                    log::warn!(
+                        target: "raft",
+                        "raft-comms: the watchdog thread could not start ({e}): collectives are watched only by sync() \
+                         until a later collective starts it"
+                    )
+                }),
             }
         }
     }

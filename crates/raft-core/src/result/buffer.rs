@@ -413,7 +413,9 @@ fn register_stream_keeper(api: &sys::RaftrsShim) {
         // SAFETY: three `extern "C"` functions that never unwind and live as long as the process.
         let status = unsafe { api.raftrs_buffer_on_streams(Some(retain_stream), Some(release_stream), Some(sole_stream)) };
         if let Err(e) = check("DeviceVec::new", api, status) {
-            log::warn!(target: "raft", "{e}: frees into pools record an event each");
+            // Guarded: a logger's panic would poison the `Once`, and every later allocation
+            // would panic on it (the sixteenth audit).
+            raft_exit::log_guarded(|| log::warn!(target: "raft", "{e}: frees into pools record an event each"));
         }
     });
 }

@@ -374,7 +374,8 @@ fn register_deferred_hook(api: &sys::RaftrsShim) {
         // SAFETY: `deferred_hook` is an `extern "C"` function that never unwinds (it catches every
         // panic) and lives as long as the process.
         if let Err(e) = check("MemoryResource::pool", api, unsafe { api.raftrs_mr_on_deferred(Some(deferred_hook)) }) {
-            log::warn!(target: "raft", "{e}: pools will be waited for where their last copy goes");
+            // Guarded, as `register_stream_keeper`'s: a panic would poison the `Once`.
+            raft_exit::log_guarded(|| log::warn!(target: "raft", "{e}: pools will be waited for where their last copy goes"));
         }
     });
 }
