@@ -1,6 +1,6 @@
-// Memory resources installed by "another library": C++ beside this one that sets RMM's
-// per-device resource itself, as a library linked into the same process would. Used by the tests
-// of what the shim assumes of resources it did not make (`tests/tests/global_capture.rs`).
+// "Another library": C++ beside this one that sets RMM's per-device resource itself, or uses a
+// raw cuBLAS handle, as a library linked into the same process would. Used by the tests of what
+// the shim assumes of what it did not do (`tests/tests/global_capture.rs`, `backpressure.rs`).
 #include <rmm/cuda_device.hpp>
 #include <rmm/mr/binning_memory_resource.hpp>
 #include <rmm/mr/cuda_async_memory_resource.hpp>
@@ -8,6 +8,7 @@
 #include <rmm/mr/per_device_resource.hpp>
 #include <rmm/resource_ref.hpp>
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -31,6 +32,28 @@ int raft_tests_install_foreign_binning(int device, std::size_t bin_bytes)
   } catch (...) {
     return 2;
   }
+}
+
+/// Sets a cuBLAS handle's pointer mode to device (`device != 0`) or host, as a user of the raw
+/// handle might; 0 on success.
+int raft_tests_cublas_set_pointer_mode(void* handle, int device)
+{
+  return cublasSetPointerMode(static_cast<cublasHandle_t>(handle),
+                              device != 0 ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST) == CUBLAS_STATUS_SUCCESS
+           ? 0
+           : 1;
+}
+
+/// A cuBLAS handle's stream and pointer mode (1: device, 0: host); 0 on success.
+int raft_tests_cublas_state(void* handle, void** stream, int* device_pointers)
+{
+  auto h = static_cast<cublasHandle_t>(handle);
+  cudaStream_t s{};
+  cublasPointerMode_t mode{};
+  if (cublasGetStream(h, &s) != CUBLAS_STATUS_SUCCESS || cublasGetPointerMode(h, &mode) != CUBLAS_STATUS_SUCCESS) { return 1; }
+  *stream          = s;
+  *device_pointers = mode == CUBLAS_POINTER_MODE_DEVICE ? 1 : 0;
+  return 0;
 }
 
 }  // extern "C"

@@ -166,6 +166,28 @@ pub fn run_scenario_at(built: &str, name: &str, envs: &[(&str, &str)], limit: st
 pub mod foreign {
     extern "C" {
         fn raft_tests_install_foreign_binning(device: i32, bin_bytes: usize) -> i32;
+        fn raft_tests_cublas_set_pointer_mode(handle: *mut std::ffi::c_void, device: i32) -> i32;
+        fn raft_tests_cublas_state(handle: *mut std::ffi::c_void, stream: *mut *mut std::ffi::c_void, device_pointers: *mut i32) -> i32;
+    }
+
+    /// Sets a live cuBLAS handle's pointer mode to device, as a user of the raw handle might.
+    ///
+    /// # Safety
+    /// `handle` is a live cuBLAS handle of the process's libcublas, used by nothing else now.
+    pub unsafe fn cublas_set_device_pointer_mode(handle: *mut std::ffi::c_void) {
+        // SAFETY: as the caller promises.
+        assert_eq!(unsafe { raft_tests_cublas_set_pointer_mode(handle, 1) }, 0, "cublasSetPointerMode");
+    }
+
+    /// A live cuBLAS handle's stream and whether it is in device pointer mode.
+    ///
+    /// # Safety
+    /// As [`cublas_set_device_pointer_mode`].
+    pub unsafe fn cublas_state(handle: *mut std::ffi::c_void) -> (usize, bool) {
+        let (mut stream, mut device) = (std::ptr::null_mut(), 0);
+        // SAFETY: as the caller promises; writes a pointer and an int through valid pointers.
+        assert_eq!(unsafe { raft_tests_cublas_state(handle, &mut stream, &mut device) }, 0, "cublasGetStream / GetPointerMode");
+        (stream as usize, device != 0)
     }
 
     /// Makes `device` current on the calling thread and installs, as its RMM resource, a binning

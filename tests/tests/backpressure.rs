@@ -389,14 +389,19 @@ fn a_first_gemm_runs_the_pending_releases_before_any_out_of_memory() {
 /// resources of the device (destroying one synchronises the device, which breaks other threads'
 /// captures: `global_capture.rs`), and so hold device memory (~65 MiB a cuBLAS handle). An
 /// allocation that needs that memory destroys them on its `OutOfMemory` and tries again
-/// (`release::drain_device`). Ten handles kept, then an array of all the memory that was free
-/// before they were made, less 256 MiB. (Not a test that failed before: without kept handles the
-/// memory was free already; it fails with handles kept and never given back.)
+/// (`release::drain_device`). In a child (a process's kept handles are its own): ten handles
+/// kept, then an array of all the memory that was free before they were made, less 256 MiB.
+/// (Not a test that failed before: without kept handles the memory was free already; it fails
+/// with handles kept and never given back.)
 #[test]
 fn memory_held_by_kept_handles_is_given_back_to_an_allocation_that_needs_it() {
     require_gpu!();
-    let _serial = serial();
-    settle(Duration::from_secs(30));
+    if std::env::var_os(CHILD).is_none() {
+        let _serial = serial();
+        let err = child("memory_held_by_kept_handles_is_given_back_to_an_allocation_that_needs_it");
+        assert!(err.contains("KEPT "), "{err}");
+        return;
+    }
     let probe = DeviceResources::new().unwrap();
     let ctx = probe.context().clone();
     let (free_before, _) = ctx.mem_get_info().unwrap();
@@ -414,6 +419,7 @@ fn memory_held_by_kept_handles_is_given_back_to_an_allocation_that_needs_it() {
     settle(Duration::from_secs(30));
     let (free_kept, _) = ctx.mem_get_info().unwrap();
     let want = free_before - (256 << 20);
+    assert!(free_kept < want, "the ten handles were kept, holding their memory: {free_before} bytes free before, {free_kept} after");
     let cuda = raft::MemoryResource::cuda(0).unwrap();
     let got = DeviceVec::<u8>::new_in(&probe, want, &cuda);
     say(format!(
@@ -424,4 +430,32 @@ fn memory_held_by_kept_handles_is_given_back_to_an_allocation_that_needs_it() {
         got.as_ref().map(|_| "allocated")
     ));
     got.expect("allocated once the kept handles were destroyed, not OutOfMemory");
+}
+
+/// The sixteenth audit's review: a kept handle comes back to the next resources of the device,
+/// bound to their stream and with the settings its last user changed put back (here the
+/// pointer mode, set to device through the raw handle). In a child: a fresh process's kept
+/// handles are only this test's.
+#[test]
+fn a_kept_cublas_handle_comes_back_to_the_next_resources_in_host_pointer_mode() {
+    require_gpu!();
+    if std::env::var_os(CHILD).is_none() {
+        let _serial = serial();
+        let err = child("a_kept_cublas_handle_comes_back_to_the_next_resources_in_host_pointer_mode");
+        assert!(err.contains("REUSED "), "{err}");
+        return;
+    }
+    let a = DeviceResources::new().unwrap();
+    let first = a.cublas_handle().unwrap() as *mut std::ffi::c_void;
+    // SAFETY: `a`'s live handle, used by nothing else now (its stream is idle).
+    unsafe { raft_tests::foreign::cublas_set_device_pointer_mode(first) };
+    a.release().unwrap();
+    let b = DeviceResources::new().unwrap();
+    let next = b.cublas_handle().unwrap() as *mut std::ffi::c_void;
+    // SAFETY: `b`'s live handle, used by nothing else now.
+    let (stream, device_pointers) = unsafe { raft_tests::foreign::cublas_state(next) };
+    say(format!("REUSED {}: device pointer mode {device_pointers}", next == first));
+    assert_eq!(next, first, "the released resources' handle is the next resources'");
+    assert_eq!(stream, b.stream().unwrap().cu_stream() as usize, "bound to the next resources' stream");
+    assert!(!device_pointers, "its pointer mode put back to host");
 }

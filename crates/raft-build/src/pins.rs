@@ -59,7 +59,7 @@ pub fn pip_line() -> String {
 }
 
 /// The libraries the shim links, in load order (a library after what it needs).
-pub const LIBRARIES: &[&str] = &["rapids_logger", "rmm", "cudart", "cublas", "cusparse", "cusolver"];
+pub const LIBRARIES: &[&str] = &["rapids_logger", "rmm", "cudart", "cublasLt", "cublas", "cusparse", "cusolver"];
 
 #[cfg(test)]
 mod tests {

@@ -132,13 +132,12 @@ impl<T: DeviceScalar> DeviceVec<T> {
         let out_of_memory = |e: &Error| e.kind() == ErrorKind::OutOfMemory;
         // Both run (`|`, not `||`): pending releases, and retired async pools that still hold
         // memory.
-        let retried = if out_of_memory(&e)
-            && (crate::release::drain_device(resources.device(), crate::release::OOM_WAIT) | crate::result::mr::reclaim_retired_pools())
-        {
-            make()
-        } else {
-            Err(e)
-        };
+        let retried =
+            if out_of_memory(&e) && (crate::release::drain_device(resources.device(), true) | crate::result::mr::reclaim_retired_pools()) {
+                make()
+            } else {
+                Err(e)
+            };
         retried.inspect_err(|e| {
             if out_of_memory(e) {
                 if let Err(trim) = crate::result::mr::trim_async_pool(who, resources.device(), mr.map(|m| m.native())) {

@@ -18,7 +18,11 @@ impl DeviceResources {
     /// as they are (or put them back with no other use of the resources running, which
     /// [`with_raft_resources_mut`](Self::with_raft_resources_mut) does not ensure for a handle
     /// taken earlier): work queued on another stream of your own is ordered with neither the
-    /// resources' stream nor their arrays.
+    /// resources' stream nor their arrays. Once the resources are released the handle goes to
+    /// later resources of the device (it is kept, not destroyed: a destroy would synchronise
+    /// the device, breaking other threads' stream captures); the library puts its stream and
+    /// the settings it knows back (pointer, math and atomics modes, SM count target, emulation
+    /// strategy, cuSOLVER's deterministic mode), not a workspace or anything else you set.
     ///
     /// # Errors
     /// `Logic` on released resources; `OutOfMemory` when the library cannot allocate the handle
@@ -50,7 +54,7 @@ impl DeviceResources {
             release::make_room(device);
         }
         match self.with_native(who, |n| n.handle(who, kind.code())) {
-            Err(e) if e.kind() == ErrorKind::OutOfMemory && release::drain_device(device, release::OOM_WAIT) => {
+            Err(e) if e.kind() == ErrorKind::OutOfMemory && release::drain_device(device, true) => {
                 self.with_native(who, |n| n.handle(who, kind.code()))
             }
             made => made,

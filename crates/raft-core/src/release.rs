@@ -608,14 +608,12 @@ pub(crate) fn over_limits(device: usize) -> bool {
     pool.limits.exceeded_by(pool.ledger(Some(device)))
 }
 
-/// For an allocation or handle creation that failed with `OutOfMemory`: runs the queued
-/// releases of `device` on the calling thread and waits, up to `wait`, for those running
-/// elsewhere, then destroys the handles kept for reuse on the device. Returns whether either
-/// freed anything (then a retry may succeed; otherwise the `OutOfMemory` stands at once).
-pub(crate) fn drain_device(device: usize, wait: Duration) -> bool {
-    // Then the handles kept for reuse, the drained releases' among them (destroyed only here:
-    // it synchronises the device, which breaks other threads' captures; memory wins).
-    pool().drain(device, wait) | (crate::result::trim_kept_handles(device) > 0)
+/// Runs the queued releases of `device` on the calling thread and waits, up to [`OOM_WAIT`], for
+/// those running elsewhere; with `kept_handles` (an `OutOfMemory` retry: the one place), then
+/// destroys the handles kept for reuse, the drained ones' among them (it synchronises the device,
+/// which breaks other threads' captures: memory wins). Whether anything was pending or destroyed.
+pub(crate) fn drain_device(device: usize, kept_handles: bool) -> bool {
+    pool().drain(device, OOM_WAIT) | (kept_handles && crate::result::trim_kept_handles(device) > 0)
 }
 
 /// What the releases pending on `device` hold now.

@@ -523,7 +523,7 @@ impl DeviceResources {
         // Memory only waiting for a pending release is not missing: run or wait for them, then
         // try once more.
         let native = match make() {
-            Err(e) if e.kind() == ErrorKind::OutOfMemory && release::drain_device(device, release::OOM_WAIT) => make(),
+            Err(e) if e.kind() == ErrorKind::OutOfMemory && release::drain_device(device, true) => make(),
             made => made,
         }?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);

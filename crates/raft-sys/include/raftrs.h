@@ -108,7 +108,7 @@ typedef struct raftrs_resources raftrs_resources;
 #define RAFTRS_HANDLE_CUSOLVER_SP 2
 #define RAFTRS_HANDLE_CUSPARSE 3
 
-/** Destroys the library handles (cuBLAS, cuSOLVER, cuSPARSE) that released resources of `device`
+/** Destroys the library handles (cuBLAS, cuBLASLt, cuSOLVER, cuSPARSE) that released resources of `device`
  * left to be reused (a handle is otherwise never destroyed while the process runs: destroying
  * one synchronises the device, which invalidates another thread's stream capture). For the
  * out-of-memory path. `*destroyed`: how many. */
@@ -116,7 +116,8 @@ raftrs_status raftrs_handles_trim(int32_t device, int32_t* destroyed);
 
 /** Builds raft::device_resources on `stream` for `device`; no handle is created yet. */
 raftrs_status raftrs_resources_create(int32_t device, void* stream, raftrs_resources** out);
-/** Destroys the resources and the handles they made (not the stream). */
+/** Destroys the resources (not the stream); the handles they made are kept for later resources of
+ *  the device (see raftrs_handles_trim). */
 raftrs_status raftrs_resources_destroy(raftrs_resources* res);
 /** raft::resource::sync_stream: waits for the resources' stream. */
 raftrs_status raftrs_resources_sync(raftrs_resources* res);

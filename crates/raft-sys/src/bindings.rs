@@ -448,7 +448,7 @@ impl RaftrsShim {
     ) -> raftrs_status {
         (self.raftrs_memset_async)(device, dst, value, bytes, stream)
     }
-    #[doc = " Destroys the library handles (cuBLAS, cuSOLVER, cuSPARSE) that released resources of `device`\n left to be reused (a handle is otherwise never destroyed while the process runs: destroying\n one synchronises the device, which invalidates another thread's stream capture). For the\n out-of-memory path. `*destroyed`: how many."]
+    #[doc = " Destroys the library handles (cuBLAS, cuBLASLt, cuSOLVER, cuSPARSE) that released resources of `device`\n left to be reused (a handle is otherwise never destroyed while the process runs: destroying\n one synchronises the device, which invalidates another thread's stream capture). For the\n out-of-memory path. `*destroyed`: how many."]
     pub unsafe fn raftrs_handles_trim(&self, device: i32, destroyed: *mut i32) -> raftrs_status {
         (self.raftrs_handles_trim)(device, destroyed)
     }
@@ -461,7 +461,7 @@ impl RaftrsShim {
     ) -> raftrs_status {
         (self.raftrs_resources_create)(device, stream, out)
     }
-    #[doc = " Destroys the resources and the handles they made (not the stream)."]
+    #[doc = " Destroys the resources (not the stream); the handles they made are kept for later resources of\n  the device (see raftrs_handles_trim)."]
     pub unsafe fn raftrs_resources_destroy(&self, res: *mut raftrs_resources) -> raftrs_status {
         (self.raftrs_resources_destroy)(res)
     }

@@ -40,7 +40,7 @@ pub fn set_current(device: usize, resource: &MemoryResource) -> Result<MemoryRes
     // Lent resources released or dropped a moment ago may still be on a release thread, and
     // count until destroyed: the device's pending releases run first.
     if result::lent::lent_to_raft_on(device) > 0 {
-        crate::release::drain_device(device, crate::release::OOM_WAIT);
+        crate::release::drain_device(device, false);
     }
     let previous = MemoryResource::wrap(WHO, resource.native.set_current(WHO)?)?;
     let _ = forget_ours_if_replaced(device, &previous, resource);

@@ -440,6 +440,10 @@ pub(crate) fn driver_version(who: &'static str) -> Result<i32> {
 /// the device. 0 when the shim is missing or refuses (no such device).
 pub(crate) fn trim_kept_handles(device: usize) -> usize {
     const WHO: &str = "the out-of-memory retry";
+    // Never once the exit has decided: the static destructors may be running (as every destroy).
+    if !raft_exit::native_release_allowed() {
+        return 0;
+    }
     let Ok(api) = api(WHO) else { return 0 };
     let mut destroyed = 0;
     // SAFETY: writes one int through a valid pointer; the shim refuses a device that does not

@@ -6,6 +6,7 @@
 
 #include <raft/core/device_resources.hpp>
 #include <raft/core/resource/cublas_handle.hpp>
+#include <raft/core/resource/cublaslt_handle.hpp>
 #include <raft/core/resource/cusolver_dn_handle.hpp>
 #include <raft/core/resource/cusolver_sp_handle.hpp>
 #include <raft/core/resource/cusparse_handle.hpp>
@@ -87,10 +88,14 @@ struct kept_handles {
     }
     return std::nullopt;
   }
-  void keep(int device, Handle h)
+  /// Keeps `h` for `device`; leaks it when the list cannot grow (a destructor may not throw).
+  void keep(int device, Handle h) noexcept
   {
-    std::lock_guard<std::mutex> hold{lock};
-    kept.emplace_back(device, h);
+    try {
+      std::lock_guard<std::mutex> hold{lock};
+      kept.emplace_back(device, h);
+    } catch (...) {
+    }
   }
   /// Takes every kept handle of `device` out, for the caller to destroy outside the lock.
   std::vector<Handle> take_all(int device)
@@ -114,14 +119,16 @@ struct kept_handles {
 /// throws when the library refuses. RAFT 26.08's own handle resources only log a failed create
 /// (and then hand out an uninitialised handle); through these, a failed create reaches the
 /// caller as an error (`*_STATUS_ALLOC_FAILED`: out of memory) and nothing is cached, so a later
-/// call may try again. Let go, the handle is kept (`kept_handles`), not destroyed.
+/// call may try again. Made (and taken) on `device`'s primary context, whatever context the
+/// thread that first asks has (RAFT code in a lend may run under another library's): a kept
+/// handle belongs to its device's primary context. Let go, the handle is unbound from the
+/// resources' stream (which is destroyed next) and kept (`kept_handles`), not destroyed.
 template <typename Handle, typename Status, Status Success, typename Traits>
 class checked_handle final : public raft::resource::resource {
  public:
-  explicit checked_handle(rmm::cuda_stream_view stream)
+  checked_handle(rmm::cuda_stream_view stream, int device) : device_{device}
   {
-    // Made under the resources' device (the shim's entry points scope it).
-    check(cudaGetDevice(&device_), "reading the device a handle is made on");
+    device_scope scope{device_};
     if (auto kept = kept_handles<Handle>::of().take(device_)) {
       // Bound to this stream and set back to the defaults: a reused handle is one made now.
       if (Traits::set_stream(*kept, stream.value()) == Success && Traits::reset(*kept) == Success) {
@@ -138,37 +145,50 @@ class checked_handle final : public raft::resource::resource {
       Traits::fail("binding to the resources' stream", bound);
     }
   }
-  ~checked_handle() override { kept_handles<Handle>::of().keep(device_, handle_); }
+  ~checked_handle() override
+  {
+    // Bound to the legacy stream until reused: the resources' stream is destroyed right after.
+    (void)Traits::set_stream(handle_, nullptr);
+    kept_handles<Handle>::of().keep(device_, handle_);
+  }
   checked_handle(checked_handle const&)            = delete;
   checked_handle& operator=(checked_handle const&) = delete;
   void* get_resource() override { return &handle_; }
 
  private:
   Handle handle_{};
-  int device_{-1};
+  int device_;
 };
 
 template <typename Resource>
 class checked_factory final : public raft::resource::resource_factory {
  public:
-  checked_factory(raft::resource::resource_type type, rmm::cuda_stream_view stream) : type_(type), stream_(stream) {}
+  checked_factory(raft::resource::resource_type type, rmm::cuda_stream_view stream, int device)
+    : type_(type), stream_(stream), device_(device)
+  {
+  }
   raft::resource::resource_type get_resource_type() override { return type_; }
-  raft::resource::resource* make_resource() override { return new Resource(stream_); }
+  raft::resource::resource* make_resource() override { return new Resource(stream_, device_); }
 
  private:
   raft::resource::resource_type type_;
   rmm::cuda_stream_view stream_;
+  int device_;
 };
 
 struct cublas_traits {
   static cublasStatus_t create(cublasHandle_t* h) { return cublasCreate(h); }
   /// `cublasSetStream` also puts the workspace back to cuBLAS's own.
   static cublasStatus_t set_stream(cublasHandle_t h, cudaStream_t s) { return cublasSetStream(h, s); }
+  /// The settings a previous user may have changed through the raw handle, back to cuBLAS's
+  /// defaults (the handles' contract asks users to leave them; this is the safety net).
   static cublasStatus_t reset(cublasHandle_t h)
   {
     cublasStatus_t st = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST);
     if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH); }
     if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED); }
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetSmCountTarget(h, 0); }
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetEmulationStrategy(h, CUBLAS_EMULATION_STRATEGY_DEFAULT); }
     return st;
   }
   static void destroy(cublasHandle_t h) { cublasDestroy(h); }
@@ -196,7 +216,7 @@ std::string cusolver_status_name(cusolverStatus_t st)
 struct cusolver_dn_traits {
   static cusolverStatus_t create(cusolverDnHandle_t* h) { return cusolverDnCreate(h); }
   static cusolverStatus_t set_stream(cusolverDnHandle_t h, cudaStream_t s) { return cusolverDnSetStream(h, s); }
-  static cusolverStatus_t reset(cusolverDnHandle_t) { return CUSOLVER_STATUS_SUCCESS; }
+  static cusolverStatus_t reset(cusolverDnHandle_t h) { return cusolverDnSetDeterministicMode(h, CUSOLVER_DETERMINISTIC_RESULTS); }
   static void destroy(cusolverDnHandle_t h) { cusolverDnDestroy(h); }
   [[noreturn]] static void fail(char const* doing, cusolverStatus_t st)
   {
@@ -227,21 +247,38 @@ struct cusparse_traits {
   }
 };
 
+/// cuBLASLt (RAFT's `linalg::gemm`, and cuVS through it): no stream or settings on the handle;
+/// `cublasLtDestroy` synchronises the device as `cublasDestroy` does.
+struct cublaslt_traits {
+  static cublasStatus_t create(cublasLtHandle_t* h) { return cublasLtCreate(h); }
+  static cublasStatus_t set_stream(cublasLtHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+  static cublasStatus_t reset(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+  static void destroy(cublasLtHandle_t h) { cublasLtDestroy(h); }
+  [[noreturn]] static void fail(char const* doing, cublasStatus_t st)
+  {
+    throw raft::cublas_error(std::string(doing) + " the cuBLASLt handle failed: " + cublasGetStatusName(st) + ": " +
+                             cublasGetStatusString(st));
+  }
+};
+
 using checked_cublas      = checked_handle<cublasHandle_t, cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublas_traits>;
+using checked_cublaslt    = checked_handle<cublasLtHandle_t, cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublaslt_traits>;
 using checked_cusolver_dn = checked_handle<cusolverDnHandle_t, cusolverStatus_t, CUSOLVER_STATUS_SUCCESS, cusolver_dn_traits>;
 using checked_cusolver_sp = checked_handle<cusolverSpHandle_t, cusolverStatus_t, CUSOLVER_STATUS_SUCCESS, cusolver_sp_traits>;
 using checked_cusparse    = checked_handle<cusparseHandle_t, cusparseStatus_t, CUSPARSE_STATUS_SUCCESS, cusparse_traits>;
 
-/// The four factories of one resources object, allocated together.
+/// The five factories of one resources object, allocated together.
 struct checked_factories {
-  explicit checked_factories(rmm::cuda_stream_view s)
-    : cublas(raft::resource::resource_type::CUBLAS_HANDLE, s),
-      cusolver_dn(raft::resource::resource_type::CUSOLVER_DN_HANDLE, s),
-      cusolver_sp(raft::resource::resource_type::CUSOLVER_SP_HANDLE, s),
-      cusparse(raft::resource::resource_type::CUSPARSE_HANDLE, s)
+  checked_factories(rmm::cuda_stream_view s, int device)
+    : cublas(raft::resource::resource_type::CUBLAS_HANDLE, s, device),
+      cublaslt(raft::resource::resource_type::CUBLASLT_HANDLE, s, device),
+      cusolver_dn(raft::resource::resource_type::CUSOLVER_DN_HANDLE, s, device),
+      cusolver_sp(raft::resource::resource_type::CUSOLVER_SP_HANDLE, s, device),
+      cusparse(raft::resource::resource_type::CUSPARSE_HANDLE, s, device)
   {
   }
   checked_factory<checked_cublas> cublas;
+  checked_factory<checked_cublaslt> cublaslt;
   checked_factory<checked_cusolver_dn> cusolver_dn;
   checked_factory<checked_cusolver_sp> cusolver_sp;
   checked_factory<checked_cusparse> cusparse;
@@ -265,9 +302,10 @@ class shim_resources final : public raft::device_resources {
   {
     using raft::resource::resource_type;
     if (has_resource_factory(resource_type::CUBLAS_HANDLE)) { return; }
-    // One allocation for the four; each cell gets an aliasing pointer into it. The cells exist
+    // One allocation for the five; each cell gets an aliasing pointer into it. The cells exist
     // (RAFT's constructor made them): a CAS each; a racing caller's CAS simply loses.
-    auto all = std::make_shared<checked_factories>(raft::resource::get_cuda_stream(*this));
+    auto all = std::make_shared<checked_factories>(raft::resource::get_cuda_stream(*this), device_);
+    ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cublaslt));
     ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusolver_dn));
     ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusolver_sp));
     ensure_default_factory(std::shared_ptr<raft::resource::resource_factory>(all, &all->cusparse));
@@ -442,9 +480,9 @@ raftrs_status raftrs_resources_destroy(raftrs_resources* res)
   return guard([&] {
     if (res == nullptr) { return; }
     auto* r = &unwrap(res);
-    // Handles are destroyed on their own device.
+    // Handles are let go on their own device (kept, not destroyed: `kept_handles`).
     device_scope scope{r->device()};
-    // cuBLAS's destroy synchronises the device, and RMM's frees of the handles' workspaces may:
+    // RMM's frees of the resources' workspaces may synchronise:
     // in the thread's own global capture mode the driver refuses that while another thread
     // captures in global mode (leaking what it frees). The caller drained the stream first.
     raftrs_fence::relaxed_capture relaxed;
@@ -506,6 +544,7 @@ raftrs_status raftrs_handles_trim(int32_t device, int32_t* destroyed)
       }
     };
     destroy_all(kept_handles<cublasHandle_t>::of(), cublas_traits::destroy);
+    destroy_all(kept_handles<cublasLtHandle_t>::of(), cublaslt_traits::destroy);
     destroy_all(kept_handles<cusolverDnHandle_t>::of(), cusolver_dn_traits::destroy);
     destroy_all(kept_handles<cusolverSpHandle_t>::of(), cusolver_sp_traits::destroy);
     destroy_all(kept_handles<cusparseHandle_t>::of(), cusparse_traits::destroy);
