@@ -1,6 +1,8 @@
 // "Another library": C++ beside this one that sets RMM's per-device resource itself, or uses a
 // raw cuBLAS handle, as a library linked into the same process would. Used by the tests of what
 // the shim assumes of what it did not do (`tests/tests/global_capture.rs`, `backpressure.rs`).
+#include <raft/core/resource/cublaslt_handle.hpp>
+#include <raft/core/resources.hpp>
 #include <rmm/cuda_device.hpp>
 #include <rmm/mr/binning_memory_resource.hpp>
 #include <rmm/mr/cuda_async_memory_resource.hpp>
@@ -31,6 +33,17 @@ int raft_tests_install_foreign_binning(int device, std::size_t bin_bytes)
     return 0;
   } catch (...) {
     return 2;
+  }
+}
+
+/// RAFT's cuBLASLt handle of a lent `raft::resources` (what RAFT's `linalg::gemm` takes, and cuVS
+/// through it), made on first use by the resources' factory; null when that failed.
+void* raft_tests_cublaslt_handle(void* raft_resources)
+{
+  try {
+    return raft::resource::get_cublaslt_handle(*static_cast<raft::resources*>(raft_resources));
+  } catch (...) {
+    return nullptr;
   }
 }
 

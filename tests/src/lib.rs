@@ -166,8 +166,17 @@ pub fn run_scenario_at(built: &str, name: &str, envs: &[(&str, &str)], limit: st
 pub mod foreign {
     extern "C" {
         fn raft_tests_install_foreign_binning(device: i32, bin_bytes: usize) -> i32;
+        fn raft_tests_cublaslt_handle(raft_resources: *mut std::ffi::c_void) -> *mut std::ffi::c_void;
         fn raft_tests_cublas_set_pointer_mode(handle: *mut std::ffi::c_void, device: i32) -> i32;
         fn raft_tests_cublas_state(handle: *mut std::ffi::c_void, stream: *mut *mut std::ffi::c_void, device_pointers: *mut i32) -> i32;
+    }
+
+    /// RAFT's cuBLASLt handle of lent resources (`raft::resource::get_cublaslt_handle`), made on
+    /// first use; null when making it failed.
+    pub fn cublaslt_handle(lent: &raft::RaftResourcesPtr<'_>) -> *mut std::ffi::c_void {
+        // SAFETY: the pointer is a live `raft::resources` for the lend's borrow; the C++ catches
+        // every exception.
+        unsafe { raft_tests_cublaslt_handle(lent.as_ptr()) }
     }
 
     /// Sets a live cuBLAS handle's pointer mode to device, as a user of the raw handle might.

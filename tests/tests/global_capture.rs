@@ -525,3 +525,37 @@ fn resources_with_library_handles_released_while_another_thread_captures_leave_t
     }
     assert!(broken.is_empty(), "releasing library handles invalidated another thread's capture: {broken:?}");
 }
+
+/// The sixteenth audit's review: RAFT's cuBLASLt handle (its `linalg::gemm`, and cuVS through
+/// it), made through a lend, let go with the resources while another thread captures an
+/// unrelated stream in global mode: `cublasLtDestroy` synchronises the device as `cublasDestroy`
+/// does. Now kept as the other handles are. Released, and dropped.
+#[test]
+fn resources_whose_lend_made_a_cublaslt_handle_released_while_another_thread_captures_leave_that_capture_valid() {
+    require_gpu!();
+    let _one = serial();
+    let mut broken = Vec::new();
+    for dropped in [false, true] {
+        let res = DeviceResources::new().unwrap();
+        let made = res.with_raft_resources(|lent| raft_tests::foreign::cublaslt_handle(&lent)).unwrap();
+        assert!(!made.is_null(), "RAFT made no cuBLASLt handle");
+        res.sync().unwrap();
+        let ctx = res.context().clone();
+        let (released, other) = while_another_thread_captures_globally(&ctx, || {
+            if dropped {
+                drop(res);
+                raft_tests::settle_releases(std::time::Duration::from_secs(30));
+                Ok(())
+            } else {
+                res.release()
+            }
+        });
+        let how = if dropped { "dropped" } else { "released" };
+        println!("CUBLASLT {how}: release {released:?}, the other capture {other:?}");
+        released.unwrap();
+        if let Err(e) = other {
+            broken.push(format!("{how}: {e}"));
+        }
+    }
+    assert!(broken.is_empty(), "letting RAFT's cuBLASLt handle go invalidated another thread's capture: {broken:?}");
+}
