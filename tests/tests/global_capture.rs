@@ -480,6 +480,27 @@ fn a_first_half_precision_gemm_while_another_thread_captures_in_global_mode_leav
     assert!(c.to_host().unwrap().iter().all(|&x| x.to_f32() == 2.0 * n as f32), "the product is wrong");
 }
 
+/// Releases `res` (or drops it and waits for its release thread, `dropped`) while another thread
+/// captures an unrelated stream in global mode; prints what happened under `label`. The other
+/// capture's failure, named, if it was invalidated. The release itself must succeed.
+fn let_go_while_another_thread_captures(res: DeviceResources, dropped: bool, label: &str) -> Option<String> {
+    res.sync().unwrap();
+    let ctx = res.context().clone();
+    let (released, other) = while_another_thread_captures_globally(&ctx, || {
+        if dropped {
+            drop(res);
+            raft_tests::settle_releases(std::time::Duration::from_secs(30));
+            Ok(())
+        } else {
+            res.release()
+        }
+    });
+    let how = if dropped { "dropped" } else { "released" };
+    println!("{label} {how}: release {released:?}, the other capture {other:?}");
+    released.unwrap();
+    other.err().map(|e| format!("{label} {how}: {e}"))
+}
+
 /// The sixteenth audit (helper 75): resources whose library handles were made, released while
 /// another thread captures an unrelated stream in global mode. `cublasDestroy` (and the other
 /// libraries' destroys) synchronise the device, which a capture in progress on it does not
@@ -504,22 +525,8 @@ fn resources_with_library_handles_released_while_another_thread_captures_leave_t
             for &k in which {
                 res.handle(k).unwrap();
             }
-            res.sync().unwrap();
-            let ctx = res.context().clone();
-            let (released, other) = while_another_thread_captures_globally(&ctx, || {
-                if dropped {
-                    drop(res);
-                    raft_tests::settle_releases(std::time::Duration::from_secs(30));
-                    Ok(())
-                } else {
-                    res.release()
-                }
-            });
-            let how = if dropped { "dropped" } else { "released" };
-            println!("HANDLES {name} {how}: release {released:?}, the other capture {other:?}");
-            released.unwrap();
-            if let Err(e) = other {
-                broken.push(format!("{name} {how}: {e}"));
+            if let Some(e) = let_go_while_another_thread_captures(res, dropped, &format!("HANDLES {name}")) {
+                broken.push(e);
             }
         }
     }
@@ -539,22 +546,8 @@ fn resources_whose_lend_made_a_cublaslt_handle_released_while_another_thread_cap
         let res = DeviceResources::new().unwrap();
         let made = res.with_raft_resources(|lent| raft_tests::foreign::cublaslt_handle(&lent)).unwrap();
         assert!(!made.is_null(), "RAFT made no cuBLASLt handle");
-        res.sync().unwrap();
-        let ctx = res.context().clone();
-        let (released, other) = while_another_thread_captures_globally(&ctx, || {
-            if dropped {
-                drop(res);
-                raft_tests::settle_releases(std::time::Duration::from_secs(30));
-                Ok(())
-            } else {
-                res.release()
-            }
-        });
-        let how = if dropped { "dropped" } else { "released" };
-        println!("CUBLASLT {how}: release {released:?}, the other capture {other:?}");
-        released.unwrap();
-        if let Err(e) = other {
-            broken.push(format!("{how}: {e}"));
+        if let Some(e) = let_go_while_another_thread_captures(res, dropped, "CUBLASLT") {
+            broken.push(e);
         }
     }
     assert!(broken.is_empty(), "letting RAFT's cuBLASLt handle go invalidated another thread's capture: {broken:?}");
