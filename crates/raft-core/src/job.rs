@@ -104,10 +104,11 @@ fn watch_time(who: &'static str) -> Result<Duration> {
 /// handles' joins waiting for ever and their releases never settled. The second panic a
 /// payload's `Drop` may raise is not unwound either: the payload is leaked, never dropped here.
 ///
-/// Each task starts on `ctx` (the unit tests' workers have none), whatever the task before it left current (a job that made
-/// resources of another device, or another library's context): jobs of the same resources are
-/// unrelated, and a library thread puts back no caller's context (the sixteenth audit: a later
-/// job's `DeviceResources::new()` and RAFT code lent there followed the drifted device).
+/// Each task starts on `ctx` (the unit tests' workers have none), whatever the task before it
+/// left current (a job that made resources of another device, or another library's context):
+/// jobs of the same resources are unrelated, and a library thread puts back no caller's context
+/// (the sixteenth audit: a later job's `DeviceResources::new()` and RAFT code lent there
+/// followed the drifted device).
 fn run_tasks(rx: &mpsc::Receiver<Task>, watch: Duration, ctx: Option<&cudarc::driver::CudaContext>) {
     while let Some(task) = next_task(rx, watch) {
         // Every log line here through `log_guarded`: a panicking logger must not end the worker
