@@ -68,7 +68,12 @@ pub fn gemm<T: GemmScalar>(alpha: T, a: MatrixView<'_, T>, b: MatrixView<'_, T>,
 /// The resources' cuBLAS handle made before a GEMM queues (through `made_handle`: backpressure,
 /// and a drain and one more try on `OutOfMemory`), not inside the shim's GEMM; a stream being
 /// captured is refused first, as the GEMM itself would be, so no handle is made into a capture.
+/// Once made, one look (the GEMM asks about the capture itself).
 pub(crate) fn cublas_handle_for_a_gemm(who: &'static str, res: &crate::DeviceResources) -> Result<()> {
+    use crate::handle_kind::HandleKind;
+    if res.has_handle(HandleKind::Cublas).map_err(|e| e.with_who(who))? {
+        return Ok(());
+    }
     res.with_native(who, |native| gemm::refuse_capture_of_gemm(who, native.stream()))?;
-    res.made_handle(who, crate::handle_kind::HandleKind::Cublas).map(drop)
+    res.made_handle(who, HandleKind::Cublas).map(drop)
 }
