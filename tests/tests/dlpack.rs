@@ -367,6 +367,69 @@ fn an_export_whose_consumer_stream_is_destroyed_before_the_deleter_is_freed_afte
     drop((src, x, y));
 }
 
+/// A tensor handed over after `synchronize` (Python's `__dlpack__(stream=None)`, whose consumer
+/// then works on the legacy default stream) or with no order at all (`stream=-1`): the
+/// consumer's copy into it, queued on the legacy default stream behind a backlog, must not reach
+/// the next array given the same block. Before the seventeenth audit's fix only a consumer that
+/// named a stream got the free ordered after the legacy default stream: the copy landed in the
+/// next owner's zeroed array.
+#[test]
+fn an_export_handed_over_without_a_consumer_stream_is_freed_after_the_legacy_default_stream_s_work() {
+    require_gpu!();
+    use cudarc::driver::{result as cu, sys};
+    let _one = one_at_a_time();
+    let r = DeviceResources::new().unwrap();
+    let ctx = r.stream().unwrap().context().clone();
+    let n = 256 << 20; // 1 GiB of f32
+    let src = DeviceVec::from_host(&r, &raft_tests::patterns::pattern_f32(n, 93)).unwrap();
+    let (x, y) = (DeviceVec::<f32>::zeros(&r, n).unwrap(), DeviceVec::<f32>::zeros(&r, n).unwrap());
+    r.sync().unwrap(); // `src`, `x` and `y` are ready for any stream
+                       // CUDA's `CU_STREAM_LEGACY` (`cuda.h` defines it as `((CUstream)0x1)`; cudarc has no constant).
+    let legacy = 1usize as sys::CUstream;
+    for synchronized in [true, false] {
+        let before = live_arrays();
+        ctx.bind_to_thread().unwrap();
+        // A backlog on the legacy default stream (tens of milliseconds of copies), so the
+        // consumer's copy into the export runs long after the deleter.
+        for _ in 0..16 {
+            // SAFETY: 1 GiB each, live device memory (the arrays outlive the work: the final
+            // read below waits for it); queued on the legacy default stream of the bound context.
+            unsafe {
+                cu::memcpy_dtod_async(y.device_address(), x.device_address(), n * 4, legacy).unwrap();
+                cu::memcpy_dtod_async(x.device_address(), y.device_address(), n * 4, legacy).unwrap();
+            }
+        }
+        let e = DeviceVec::<f32>::zeros(&r, n).unwrap().into_dlpack().unwrap();
+        if synchronized {
+            e.synchronize().unwrap();
+        }
+        let freed_at = e.data_ptr();
+        let raw = e.into_raw();
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: the tensor is owned until its deleter and `src` lives to the end; queued on
+        // the legacy default stream of the bound context.
+        unsafe { cu::memcpy_dtod_async(freed_at, src.device_address(), n * 4, legacy).unwrap() };
+        // SAFETY: a tensor this library made, deleted once.
+        unsafe { ((*raw).deleter.unwrap())(raw) };
+        assert_eq!(live_arrays(), before, "the exported array was not let go by its deleter");
+        let mut fresh = DeviceVec::<f32>::new(&r, n).unwrap();
+        fresh.fill_zero().unwrap();
+        let got = fresh.to_host().unwrap();
+        assert_eq!(fresh.device_address(), freed_at, "the pool did not reissue the freed block: the test proves nothing");
+        if let Some(i) = got.iter().position(|v| *v != 0.0) {
+            panic!(
+                "element {i} of an array zeroed after it was allocated holds {} (synchronized: {synchronized}): the consumer's \
+                 copy on the legacy default stream wrote it after the free",
+                got[i]
+            );
+        }
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: waits for the legacy default stream of the bound context (the backlog).
+        unsafe { cu::stream::synchronize(legacy) }.unwrap();
+    }
+    drop((src, x, y));
+}
+
 /// A consumer's stream being captured when the export is ordered before it (PyTorch's
 /// `torch.from_dlpack` inside `torch.cuda.graph`, which captures in global mode): the order
 /// queued a wait for an event recorded outside the capture, which the driver refuses,

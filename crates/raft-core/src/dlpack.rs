@@ -11,9 +11,12 @@
 //! system-memory resource.
 //! Before handing over,
 //! order the consumer: [`order_before_stream`](DlpackExport::order_before_stream) (the consumer's
-//! stream of `__dlpack__(stream=...)`: the consumer's stream waits for the array's work, and the
-//! array's free waits for the consumer's work up to its deleter) or
-//! [`synchronize`](DlpackExport::synchronize).
+//! stream of `__dlpack__(stream=...)`: the consumer's stream waits for the array's work) or
+//! [`synchronize`](DlpackExport::synchronize). Either way, and also with neither (`stream=-1`),
+//! the deleter orders the array's free after the work queued so far on the legacy default
+//! stream, which waits for every blocking stream of the context (PyTorch's default stream,
+//! CuPy's streams): work a consumer queued on a non-blocking stream of its own is the
+//! consumer's to finish before it lets the tensor go, as DLPack leaves it.
 //!
 //! **Import.** [`DlpackTensor::from_raw`] / [`from_raw_unversioned`](DlpackTensor::from_raw_unversioned)
 //! take another library's managed tensor, check it (device type and id, dtype, shape, strides,
@@ -167,7 +170,8 @@ impl DlpackExport {
     }
 
     /// Waits until the array's work so far is done: the data is then ready for any stream (the
-    /// `__dlpack__(stream=None)` case).
+    /// `__dlpack__(stream=None)` case). The free, at the deleter, is ordered after the legacy
+    /// default stream's work, where such a consumer works (see the [module](self)).
     ///
     /// # Errors
     /// `Logic` while the array's stream is being captured into a CUDA graph (the driver would

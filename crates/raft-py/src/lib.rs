@@ -14,8 +14,10 @@
 //! `Tensor.__dlpack__(stream=s)` makes the consumer's stream `s` wait for the array's work (`s`
 //! is used during the call only), and the array's free, at the consumer's deleter, wait for the
 //! work queued so far on every blocking stream (the legacy default stream's order: PyTorch's
-//! default stream, CuPy's streams); work on a non-blocking stream of the consumer's own is the
-//! consumer's to finish before it lets the tensor go.
+//! default stream, CuPy's streams), whatever stream the consumer named (`None` and `-1`
+//! included); work on a non-blocking stream of the consumer's own is the consumer's to finish
+//! before it lets the tensor go. Waits on the host (a handshake beside a capture, making
+//! resources, an allocation's out-of-memory retry) run without the GIL.
 use pyo3::exceptions::{PyBufferError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -138,7 +140,7 @@ impl Tensor {
         // small or unaligned values are never one. Beyond that, no driver call can tell a live
         // handle from a stale one: the value is trusted for the handshake only, as the DLPack
         // protocol trusts it (PyTorch and CuPy as producers do too), and never kept: the free is
-        // ordered after the legacy default stream instead (`DlpackExport::order_before_stream`).
+        // ordered after the legacy default stream instead, for every tensor handed over.
         match stream {
             None | Some(-1 | 1 | 2) => {}
             Some(0) => return Err(PyValueError::new_err("raft_py.Tensor.__dlpack__: stream 0 is ambiguous for CUDA (use 1 or 2)")),
@@ -156,10 +158,21 @@ impl Tensor {
         let ordered = match stream {
             // The consumer will synchronise itself (or uses the data on the host side of a wait).
             Some(-1) => Ok(()),
-            // SAFETY: 1, 2, or (checked above to look like one) the consumer's live stream of the
-            // tensor's device, which the protocol has the consumer name for this call; it is
-            // used during the call only.
-            Some(s) => unsafe { export.order_before_stream(s as usize) },
+            // Without the GIL: beside a capture of the consumer's stream the order is a host
+            // wait for the array's work, which may wait for a stream whose host function needs
+            // the GIL (the seventeenth audit).
+            Some(s) => {
+                let (back, ordered) = py.detach(move || {
+                    // SAFETY: 1, 2, or (checked above to look like one) the consumer's live
+                    // stream of the tensor's device, which the protocol has the consumer name
+                    // for this call (the consumer is inside it while this runs); it is used
+                    // during the call only.
+                    let ordered = unsafe { export.order_before_stream(s as usize) };
+                    (export, ordered)
+                });
+                export = back;
+                ordered
+            }
             // A host wait: without the GIL, so other Python threads run meanwhile.
             None => {
                 let (back, waited) = py.detach(move || {
@@ -235,8 +248,13 @@ unsafe fn raw_dtype(p: *mut c_void, versioned: bool) -> Option<DlDataType> {
     }
 }
 
-fn typed<T: DlpackElement>(p: *mut c_void, versioned: bool, device: usize) -> raft::Result<DlpackTensor<T>> {
-    // SAFETY: `p` came out of a capsule this function's caller took (renamed): ownership is ours.
+/// Takes the raw tensor `p` as a typed view (checked; its deleter runs once either way).
+///
+/// # Safety
+/// `p` is a valid versioned (`versioned`) or unversioned managed tensor whose ownership passes
+/// here: it came out of a capsule the caller took (renamed), and nobody else calls its deleter.
+unsafe fn typed<T: DlpackElement>(p: *mut c_void, versioned: bool, device: usize) -> raft::Result<DlpackTensor<T>> {
+    // SAFETY: the caller's contract is the one `from_raw` / `from_raw_unversioned` ask.
     unsafe {
         if versioned {
             DlpackTensor::from_raw(p as *mut DLManagedTensorVersioned, device)
@@ -290,15 +308,17 @@ fn import(obj: &Bound<'_, PyAny>, res: &DeviceResources) -> PyResult<Imported> {
     let device = res.device();
     // SAFETY: `p` is a valid tensor of the kind the capsule's name says.
     let dtype = unsafe { raw_dtype(p, versioned) };
+    // SAFETY (each `typed`): `p` came out of the capsule taken (renamed) above, of the kind its
+    // name says; exactly one `typed` call takes it.
     let t = match dtype {
-        Some(d) if d == f32::DTYPE => Imported::F32(typed(p, versioned, device).map_err(py_err)?),
-        Some(d) if d == f64::DTYPE => Imported::F64(typed(p, versioned, device).map_err(py_err)?),
-        Some(d) if d == f16::DTYPE => Imported::F16(typed(p, versioned, device).map_err(py_err)?),
-        Some(d) if d == bf16::DTYPE => Imported::Bf16(typed(p, versioned, device).map_err(py_err)?),
+        Some(d) if d == f32::DTYPE => Imported::F32(unsafe { typed(p, versioned, device) }.map_err(py_err)?),
+        Some(d) if d == f64::DTYPE => Imported::F64(unsafe { typed(p, versioned, device) }.map_err(py_err)?),
+        Some(d) if d == f16::DTYPE => Imported::F16(unsafe { typed(p, versioned, device) }.map_err(py_err)?),
+        Some(d) if d == bf16::DTYPE => Imported::Bf16(unsafe { typed(p, versioned, device) }.map_err(py_err)?),
         // Taken (and its deleter run) by a view that refuses it with the reason.
         _ => {
             let d = dtype.unwrap_or(u8::DTYPE);
-            Imported::Other(typed(p, versioned, device).map_err(py_err)?, d)
+            Imported::Other(unsafe { typed(p, versioned, device) }.map_err(py_err)?, d)
         }
     };
     Ok(t)
@@ -306,7 +326,8 @@ fn import(obj: &Bound<'_, PyAny>, res: &DeviceResources) -> PyResult<Imported> {
 
 fn resources_for(obj: &Bound<'_, PyAny>) -> PyResult<DeviceResources> {
     let (_, id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
-    raft::current_device_resources(id.max(0) as usize).map_err(py_err)
+    // Without the GIL: making resources may wait for pending releases.
+    obj.py().detach(|| raft::current_device_resources(id.max(0) as usize)).map_err(py_err)
 }
 
 /// `a @ b` (2-D, or 1-D as a row) on the calling thread's default resources of their device.
@@ -340,22 +361,25 @@ fn gemm(py: Python<'_>, a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<
 /// made here, as a 1-D tensor.
 #[pyfunction]
 #[pyo3(signature = (n, dtype="float32", device=0))]
-fn zeros(n: usize, dtype: &str, device: usize) -> PyResult<Tensor> {
-    let res = raft::current_device_resources(device).map_err(py_err)?;
-    fn z<T: DlpackElement>(res: &DeviceResources, n: usize) -> raft::Result<DlpackExport> {
-        DeviceVec::<T>::zeros(res, n)?.into_dlpack()
+fn zeros(py: Python<'_>, n: usize, dtype: &str, device: usize) -> PyResult<Tensor> {
+    fn z<T: DlpackElement>(device: usize, n: usize) -> raft::Result<DlpackExport> {
+        let res = raft::current_device_resources(device)?;
+        DeviceVec::<T>::zeros(&res, n)?.into_dlpack()
     }
-    let e = match dtype {
-        "float32" => z::<f32>(&res, n),
-        "float64" => z::<f64>(&res, n),
-        "float16" => z::<f16>(&res, n),
-        "bfloat16" => z::<bf16>(&res, n),
-        "int8" => z::<i8>(&res, n),
-        "uint8" => z::<u8>(&res, n),
-        "int32" => z::<i32>(&res, n),
-        "int64" => z::<i64>(&res, n),
+    let make: fn(usize, usize) -> raft::Result<DlpackExport> = match dtype {
+        "float32" => z::<f32>,
+        "float64" => z::<f64>,
+        "float16" => z::<f16>,
+        "bfloat16" => z::<bf16>,
+        "int8" => z::<i8>,
+        "uint8" => z::<u8>,
+        "int32" => z::<i32>,
+        "int64" => z::<i64>,
         other => return Err(PyValueError::new_err(format!("raft_py.zeros: unknown dtype {other:?}"))),
     };
+    // Without the GIL: making resources may wait for pending releases, and an allocation's
+    // out-of-memory retry for the releases of its device (seconds).
+    let e = py.detach(|| make(device, n));
     Ok(Tensor::new(e.map_err(py_err)?))
 }
 

@@ -127,6 +127,29 @@ def test_stream_argument_checked():
     check("stream_arguments_refused_and_the_tensor_kept", x.numel() == 16 and float(x.sum()) == 0.0, f"{x}")
 
 
+def test_a_consumer_naming_no_stream_does_not_write_into_the_next_array():
+    """A tensor taken with `__dlpack__()` (stream=None: the consumer works on the legacy default
+    stream) or `__dlpack__(stream=-1)`, written by torch behind a second of sleep there and let
+    go at once: the next raft_py array given the same block must read zeros. Before the
+    seventeenth audit's fix the free was ordered after the consumer's stream only when the
+    consumer named one, and torch's write landed in the next array (helper-77's finding)."""
+    n = 1 << 24
+    for stream in (None, -1):
+        t = raft_py.zeros(n)
+        old = t.data_ptr
+        cap = t.__dlpack__() if stream is None else t.__dlpack__(stream=stream)
+        x = torch.utils.dlpack.from_dlpack(cap)
+        torch.cuda._sleep(2_000_000_000)  # about a second on torch's (legacy default) stream
+        x.fill_(7.0)
+        del x, cap, t
+        z = raft_py.zeros(n)
+        reused = z.data_ptr == old
+        total = float(torch.from_dlpack(z).sum())
+        torch.cuda.synchronize()
+        check(f"no_stream_{stream}_the_pool_reissued_the_block", reused, f"{old:#x} -> {z.data_ptr:#x}")
+        check(f"no_stream_{stream}_consumer_write_ordered_before_the_free", total == 0.0, f"sum {total}")
+
+
 def test_from_dlpack_inside_a_graph_capture():
     """`torch.from_dlpack` of a raft_py tensor inside `torch.cuda.graph` (global capture mode):
     the export's order made the capturing stream wait for an event recorded outside the capture,
@@ -155,5 +178,6 @@ if __name__ == "__main__":
     test_no_copy()
     test_no_leak()
     test_stream_argument_checked()
+    test_a_consumer_naming_no_stream_does_not_write_into_the_next_array()
     test_from_dlpack_inside_a_graph_capture()
     print("RESULT all ok", flush=True)

@@ -109,8 +109,11 @@ struct Owned {
     owner: Option<Box<dyn KeepMemory>>,
     shape: [i64; 2],
     strides: [i64; 2],
-    /// A consumer named a stream other than the array's own: the free is ordered after the
-    /// legacy default stream at the deleter (see [`Owned::release`]).
+    /// The tensor was handed over (`into_raw*`), or a consumer named a stream other than the
+    /// array's own: the free is ordered after the legacy default stream at the deleter (see
+    /// [`Owned::release`]). A consumer that named no stream (`__dlpack__(stream=None)`, whose
+    /// work then goes to the legacy default stream, or `-1`) is ordered so too: the seventeenth
+    /// audit found its work racing the array's next owner.
     consumed: bool,
 }
 
@@ -332,6 +335,8 @@ impl Exported {
         let managed =
             DLManagedTensorVersioned { version, manager_ctx: std::ptr::null_mut(), deleter: Some(delete_versioned), flags, dl_tensor };
         let strided = self.explicit_strides;
+        // Whatever the handshake said, the receiver may use the memory until its deleter.
+        self.owned.consumed = true;
         let b = Box::into_raw(Box::new(VersionedBox { managed, owned: self.owned }));
         // SAFETY: `b` is a fresh, unique allocation; the pointers set here point into it (heap,
         // never moved) and live until its deleter reclaims it.
@@ -350,6 +355,8 @@ impl Exported {
         let dl_tensor = self.tensor();
         let managed = DLManagedTensor { dl_tensor, manager_ctx: std::ptr::null_mut(), deleter: Some(delete_unversioned) };
         let strided = self.explicit_strides;
+        // As in `into_raw`.
+        self.owned.consumed = true;
         let b = Box::into_raw(Box::new(UnversionedBox { managed, owned: self.owned }));
         // SAFETY: as in `into_raw`.
         unsafe {
