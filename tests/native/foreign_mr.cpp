@@ -11,6 +11,7 @@
 #include <rmm/resource_ref.hpp>
 
 #include <cublas_v2.h>
+#include <cusolverDn.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -67,6 +68,51 @@ int raft_tests_cublas_state(void* handle, void** stream, int* device_pointers)
   *stream          = s;
   *device_pointers = mode == CUBLAS_POINTER_MODE_DEVICE ? 1 : 0;
   return 0;
+}
+
+/// Changes a cuBLAS handle's FP64 emulation settings as a user of the raw handle might: the
+/// device address cuBLAS writes the mantissa bit count to (`bit_count`), and the largest
+/// mantissa bit count (40); 0 on success.
+int raft_tests_cublas_set_emulation(void* handle, void* bit_count)
+{
+  auto h = static_cast<cublasHandle_t>(handle);
+  return cublasSetFixedPointEmulationMantissaBitCountPointer(h, static_cast<int*>(bit_count)) == CUBLAS_STATUS_SUCCESS &&
+             cublasSetFixedPointEmulationMaxMantissaBitCount(h, 40) == CUBLAS_STATUS_SUCCESS
+           ? 0
+           : 1;
+}
+
+/// A cuBLAS handle's FP64 emulation settings: the bit count's device address and the largest
+/// mantissa bit count; 0 on success.
+int raft_tests_cublas_emulation(void* handle, void** bit_count, int* max_bits)
+{
+  auto h = static_cast<cublasHandle_t>(handle);
+  int* p{};
+  if (cublasGetFixedPointEmulationMantissaBitCountPointer(h, &p) != CUBLAS_STATUS_SUCCESS ||
+      cublasGetFixedPointEmulationMaxMantissaBitCount(h, max_bits) != CUBLAS_STATUS_SUCCESS) {
+    return 1;
+  }
+  *bit_count = p;
+  return 0;
+}
+
+/// Sets a dense cuSOLVER handle's math mode to FP32 emulated through BF16x9 (`emulated != 0`)
+/// or the default; 0 on success.
+int raft_tests_cusolver_dn_set_math_mode(void* handle, int emulated)
+{
+  return cusolverDnSetMathMode(static_cast<cusolverDnHandle_t>(handle),
+                               emulated != 0 ? CUSOLVER_FP32_EMULATED_BF16X9_MATH : CUSOLVER_DEFAULT_MATH) ==
+             CUSOLVER_STATUS_SUCCESS
+           ? 0
+           : 1;
+}
+
+/// A dense cuSOLVER handle's math mode (1: emulated, 0: default), or -1 when it cannot be read.
+int raft_tests_cusolver_dn_math_mode(void* handle)
+{
+  cusolverMathMode_t mode{};
+  if (cusolverDnGetMathMode(static_cast<cusolverDnHandle_t>(handle), &mode) != CUSOLVER_STATUS_SUCCESS) { return -1; }
+  return mode == CUSOLVER_FP32_EMULATED_BF16X9_MATH ? 1 : 0;
 }
 
 }  // extern "C"

@@ -169,6 +169,54 @@ pub mod foreign {
         fn raft_tests_cublaslt_handle(raft_resources: *mut std::ffi::c_void) -> *mut std::ffi::c_void;
         fn raft_tests_cublas_set_pointer_mode(handle: *mut std::ffi::c_void, device: i32) -> i32;
         fn raft_tests_cublas_state(handle: *mut std::ffi::c_void, stream: *mut *mut std::ffi::c_void, device_pointers: *mut i32) -> i32;
+        fn raft_tests_cublas_set_emulation(handle: *mut std::ffi::c_void, bit_count: *mut std::ffi::c_void) -> i32;
+        fn raft_tests_cublas_emulation(handle: *mut std::ffi::c_void, bit_count: *mut *mut std::ffi::c_void, max_bits: *mut i32) -> i32;
+        fn raft_tests_cusolver_dn_set_math_mode(handle: *mut std::ffi::c_void, emulated: i32) -> i32;
+        fn raft_tests_cusolver_dn_math_mode(handle: *mut std::ffi::c_void) -> i32;
+    }
+
+    /// Points a live cuBLAS handle's FP64 emulation at `bit_count` (a device address cuBLAS
+    /// writes the mantissa bit count to) and sets its largest mantissa bit count to 40, as a
+    /// user of the raw handle might.
+    ///
+    /// # Safety
+    /// As [`cublas_set_device_pointer_mode`].
+    pub unsafe fn cublas_set_emulation(handle: *mut std::ffi::c_void, bit_count: u64) {
+        // SAFETY: as the caller promises; cuBLAS only stores the address here.
+        assert_eq!(unsafe { raft_tests_cublas_set_emulation(handle, bit_count as usize as *mut std::ffi::c_void) }, 0);
+    }
+
+    /// A live cuBLAS handle's FP64 emulation settings: the bit count's device address (0: none)
+    /// and the largest mantissa bit count.
+    ///
+    /// # Safety
+    /// As [`cublas_set_device_pointer_mode`].
+    pub unsafe fn cublas_emulation(handle: *mut std::ffi::c_void) -> (u64, i32) {
+        let (mut p, mut bits) = (std::ptr::null_mut(), 0);
+        // SAFETY: as the caller promises; writes a pointer and an int through valid pointers.
+        assert_eq!(unsafe { raft_tests_cublas_emulation(handle, &mut p, &mut bits) }, 0);
+        (p as usize as u64, bits)
+    }
+
+    /// Sets a live dense cuSOLVER handle's math mode to FP32 emulated through BF16x9.
+    ///
+    /// # Safety
+    /// `handle` is a live dense cuSOLVER handle of the process's libcusolver, used by nothing
+    /// else now.
+    pub unsafe fn cusolver_dn_set_emulated_math(handle: *mut std::ffi::c_void) {
+        // SAFETY: as the caller promises.
+        assert_eq!(unsafe { raft_tests_cusolver_dn_set_math_mode(handle, 1) }, 0, "cusolverDnSetMathMode");
+    }
+
+    /// Whether a live dense cuSOLVER handle's math mode is the emulated one.
+    ///
+    /// # Safety
+    /// As [`cusolver_dn_set_emulated_math`].
+    pub unsafe fn cusolver_dn_emulated_math(handle: *mut std::ffi::c_void) -> bool {
+        // SAFETY: as the caller promises.
+        let mode = unsafe { raft_tests_cusolver_dn_math_mode(handle) };
+        assert!(mode >= 0, "cusolverDnGetMathMode");
+        mode == 1
     }
 
     /// RAFT's cuBLASLt handle of lent resources (`raft::resource::get_cublaslt_handle`), made on

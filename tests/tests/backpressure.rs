@@ -432,6 +432,96 @@ fn memory_held_by_kept_handles_is_given_back_to_an_allocation_that_needs_it() {
     got.expect("allocated once the kept handles were destroyed, not OutOfMemory");
 }
 
+/// The seventeenth audit (helper 78): an out-of-memory retry destroyed the kept handles on the
+/// allocating thread, and each destroy synchronises the device: the allocation's `OutOfMemory`
+/// waited for every other thread's work (another rank's collective waiting for this very
+/// thread: a deadlock). Now the handles are destroyed on a thread of their own and the retry
+/// waits for that at most 5 s (`release::OOM_WAIT`). In a child: ten handles kept, another
+/// resources' stream shut by a gate (opened after 20 s, so that the code before ends too), then
+/// an allocation of more than the device holds from the default resource (the async pool: a
+/// `cudaMalloc` that cannot be met waits for the whole device inside the driver, run 213's
+/// stacks). Before: `OutOfMemory` once the gate opened (~20 s); now within about 5 s.
+#[test]
+fn an_out_of_memory_does_not_wait_for_other_work_to_destroy_the_kept_handles() {
+    require_gpu!();
+    if std::env::var_os(CHILD).is_none() {
+        let _serial = serial();
+        let err = child("an_out_of_memory_does_not_wait_for_other_work_to_destroy_the_kept_handles");
+        assert!(err.contains("TRIM "), "{err}");
+        return;
+    }
+    let probe = DeviceResources::new().unwrap();
+    let many: Vec<DeviceResources> = (0..10)
+        .map(|_| {
+            let r = DeviceResources::new().unwrap();
+            r.cublas_handle().unwrap();
+            r
+        })
+        .collect();
+    for r in &many {
+        r.release().unwrap();
+    }
+    drop(many);
+    settle(Duration::from_secs(30));
+    let other = DeviceResources::new().unwrap();
+    let gate = raft_tests::Gate::close(&other.stream().unwrap());
+    let _backstop = gate.open_after(Duration::from_secs(20));
+    let total = probe.context().total_mem().unwrap();
+    let start = Instant::now();
+    let got = DeviceVec::<u8>::new(&probe, total + (1 << 30));
+    let took = start.elapsed();
+    gate.open();
+    say(format!("TRIM the allocation ended after {took:?}: {:?}", got.as_ref().err()));
+    assert_eq!(got.err().map(|e| e.kind()), Some(ErrorKind::OutOfMemory), "more than the device holds");
+    assert!(took < Duration::from_secs(10), "the out-of-memory retry waited {took:?} for another stream's work");
+    other.sync().unwrap();
+}
+
+/// The seventeenth audit (helper 78): a kept handle came back with some of the settings its
+/// last user changed through the raw handle, among them a device address cuBLAS writes to in
+/// emulated FP64 GEMMs (the last user's memory, freed since) and cuSOLVER's math mode (its
+/// solvers then ran emulated in the next resources, RAFT's and cuVS's among them). Now every
+/// setting is put back to a fresh handle's. In a child: a fresh process's kept handles are only
+/// this test's. Before: the address and the math mode came back.
+#[test]
+fn a_kept_handle_comes_back_with_every_setting_of_its_last_user_put_back() {
+    require_gpu!();
+    if std::env::var_os(CHILD).is_none() {
+        let _serial = serial();
+        let err = child("a_kept_handle_comes_back_with_every_setting_of_its_last_user_put_back");
+        assert!(err.contains("SETTINGS "), "{err}");
+        return;
+    }
+    let a = DeviceResources::new().unwrap();
+    let scratch = DeviceVec::<i32>::zeros(&a, 1).unwrap();
+    let blas = a.cublas_handle().unwrap() as *mut std::ffi::c_void;
+    let solver = a.cusolver_dn_handle().unwrap() as *mut std::ffi::c_void;
+    // SAFETY: `a`'s live handles, used by nothing else now (its stream is idle); cuBLAS only
+    // stores the address.
+    let (fresh_address, fresh_bits) = unsafe { raft_tests::foreign::cublas_emulation(blas) };
+    unsafe {
+        raft_tests::foreign::cublas_set_emulation(blas, scratch.device_address());
+        raft_tests::foreign::cusolver_dn_set_emulated_math(solver);
+    }
+    drop(scratch);
+    a.release().unwrap();
+    let b = DeviceResources::new().unwrap();
+    let (blas_next, solver_next) =
+        (b.cublas_handle().unwrap() as *mut std::ffi::c_void, b.cusolver_dn_handle().unwrap() as *mut std::ffi::c_void);
+    // SAFETY: `b`'s live handles, used by nothing else now.
+    let ((address, bits), emulated) =
+        unsafe { (raft_tests::foreign::cublas_emulation(blas_next), raft_tests::foreign::cusolver_dn_emulated_math(solver_next)) };
+    say(format!(
+        "SETTINGS reused {} {}: bit count address {address:#x} (fresh {fresh_address:#x}), max bits {bits} (fresh {fresh_bits}), \
+         cuSOLVER emulated math {emulated}",
+        blas_next == blas,
+        solver_next == solver
+    ));
+    assert!(blas_next == blas && solver_next == solver, "the released resources' handles are the next resources'");
+    assert_eq!((address, bits), (fresh_address, fresh_bits), "cuBLAS's emulation settings put back to a fresh handle's");
+    assert!(!emulated, "cuSOLVER's math mode put back to the default");
+}
+
 /// The sixteenth audit's review: a kept handle comes back to the next resources of the device,
 /// bound to their stream and with the settings its last user changed put back (here the
 /// pointer mode, set to device through the raw handle). In a child: a fresh process's kept

@@ -20,9 +20,12 @@ impl DeviceResources {
     /// taken earlier): work queued on another stream of your own is ordered with neither the
     /// resources' stream nor their arrays. Once the resources are released the handle goes to
     /// later resources of the device (it is kept, not destroyed: a destroy would synchronise
-    /// the device, breaking other threads' stream captures); the library puts its stream and
-    /// the settings it knows back (pointer, math and atomics modes, SM count target, emulation
-    /// strategy, cuSOLVER's deterministic mode), not a workspace or anything else you set.
+    /// the device, breaking other threads' stream captures); the library binds it to the next
+    /// resources' stream (cuBLAS's workspace goes back to its own with it) and puts every other
+    /// setting of the handle's API back to what a fresh handle has: cuBLAS's pointer, math and
+    /// atomics modes, SM count target and FP64 emulation settings (the bit count's device
+    /// address among them), cuSOLVER's deterministic and math modes and emulation settings,
+    /// cuSPARSE's pointer mode. A handle that refuses them is destroyed, never reused.
     ///
     /// # Errors
     /// `Logic` on released resources; `OutOfMemory` when the library cannot allocate the handle

@@ -436,8 +436,9 @@ pub(crate) fn driver_version(who: &'static str) -> Result<i32> {
 }
 
 /// Destroys the library handles that released resources of `device` left to be reused
-/// (`raftrs_handles_trim`); how many. For the out-of-memory path only: each destroy synchronises
-/// the device. 0 when the shim is missing or refuses (no such device).
+/// (`raftrs_handles_trim`); how many. For the out-of-memory path only, on a thread of its own
+/// (`release::drain_device`): each destroy synchronises the device. 0 when the shim is missing
+/// or refuses (no such device).
 pub(crate) fn trim_kept_handles(device: usize) -> usize {
     const WHO: &str = "the out-of-memory retry";
     // Never once the exit has decided: the static destructors may be running (as every destroy).

@@ -18,6 +18,8 @@
 
 #include <cuda/std/version>
 
+#include <dlfcn.h>
+
 #include <cstdint>
 #include <cstring>
 #include <iterator>
@@ -115,7 +117,8 @@ struct kept_handles {
 };
 
 /// A library handle made for RAFT's resources (or one kept from earlier resources of the same
-/// device, its settings put back to the library's defaults), ready in the constructor, which
+/// device, every setting put back to what the first handle of its kind made in this process
+/// read: `Traits::settings`), ready in the constructor, which
 /// throws when the library refuses. RAFT 26.08's own handle resources only log a failed create
 /// (and then hand out an uninitialised handle); through these, a failed create reaches the
 /// caller as an error (`*_STATUS_ALLOC_FAILED`: out of memory) and nothing is cached, so a later
@@ -130,8 +133,11 @@ class checked_handle final : public raft::resource::resource {
   {
     device_scope scope{device_};
     if (auto kept = kept_handles<Handle>::of().take(device_)) {
-      // Bound to this stream and set back to the defaults: a reused handle is one made now.
-      if (Traits::set_stream(*kept, stream.value()) == Success && Traits::reset(*kept) == Success) {
+      // Bound to this stream and every setting put back to a fresh handle's: a reused handle is
+      // one made now (the seventeenth audit: settings missed here outlived their user, among
+      // them a device address cuBLAS writes through in emulated FP64 GEMMs).
+      auto fresh = fresh_settings();
+      if (fresh && Traits::set_stream(*kept, stream.value()) == Success && Traits::apply(*kept, *fresh) == Success) {
         handle_ = *kept;
         return;
       }
@@ -139,6 +145,8 @@ class checked_handle final : public raft::resource::resource {
     }
     auto created = Traits::create(&handle_);
     if (created != Success) { Traits::fail("creating", created); }
+    // The settings of a handle nobody has touched yet: what a reused one is put back to.
+    remember_fresh_settings(handle_);
     auto bound = Traits::set_stream(handle_, stream.value());
     if (bound != Success) {
       Traits::destroy(handle_);
@@ -156,6 +164,23 @@ class checked_handle final : public raft::resource::resource {
   void* get_resource() override { return &handle_; }
 
  private:
+  /// The settings read from the first handle of this kind made in the process, right after
+  /// its create (none yet: a kept handle cannot be put back, and is not reused).
+  static std::optional<typename Traits::settings> fresh_settings()
+  {
+    std::lock_guard<std::mutex> hold{fresh_lock_};
+    return fresh_;
+  }
+  static void remember_fresh_settings(Handle h) noexcept
+  {
+    std::lock_guard<std::mutex> hold{fresh_lock_};
+    if (fresh_) { return; }
+    typename Traits::settings s{};
+    if (Traits::read(h, &s) == Success) { fresh_ = s; }
+  }
+  static inline std::mutex fresh_lock_;
+  static inline std::optional<typename Traits::settings> fresh_;
+
   Handle handle_{};
   int device_;
 };
@@ -176,19 +201,101 @@ class checked_factory final : public raft::resource::resource_factory {
   int device_;
 };
 
+/// A getter and a setter of one handle setting that older updates of the library lack (cuBLAS
+/// 13 and cuSOLVER 12 gained their FP64 emulation settings in later updates: the PyTorch
+/// image's cuSOLVER has none of them). Looked up in the copy of the library the shim already
+/// links (`RTLD_NOLOAD`), never linked: a library without them would refuse to load the shim.
+/// Absent, the setting cannot have been changed by anyone, and is neither read nor put back.
+template <typename Get, typename Set>
+struct optional_setting {
+  Get get = nullptr;
+  Set set = nullptr;
+  optional_setting(char const* library, char const* get_name, char const* set_name) noexcept
+  {
+    void* lib = dlopen(library, RTLD_NOLOAD | RTLD_LAZY);
+    if (lib == nullptr) { return; }
+    auto g = reinterpret_cast<Get>(dlsym(lib, get_name));
+    auto s = reinterpret_cast<Set>(dlsym(lib, set_name));
+    if (g != nullptr && s != nullptr) {
+      get = g;
+      set = s;
+    }
+    dlclose(lib);  // the reference RTLD_NOLOAD took; the library stays (the shim links it)
+  }
+  [[nodiscard]] bool present() const noexcept { return get != nullptr; }
+};
+
+/// `prefix` `Get`/`Set` `what` (cuBLAS's and cuSOLVER's naming), as a member named `what`.
+#define RAFTRS_OPTIONAL_SETTING(library, prefix, what)                                   \
+  optional_setting<decltype(&prefix##Get##what), decltype(&prefix##Set##what)> what{ \
+    library, #prefix "Get" #what, #prefix "Set" #what}
+
 struct cublas_traits {
   static cublasStatus_t create(cublasHandle_t* h) { return cublasCreate(h); }
   /// `cublasSetStream` also puts the workspace back to cuBLAS's own.
   static cublasStatus_t set_stream(cublasHandle_t h, cudaStream_t s) { return cublasSetStream(h, s); }
-  /// The settings a previous user may have changed through the raw handle, back to cuBLAS's
-  /// defaults (the handles' contract asks users to leave them; this is the safety net).
-  static cublasStatus_t reset(cublasHandle_t h)
+  /// Every setting of cuBLAS 13's handle a previous user may have changed through the raw
+  /// handle (the handles' contract asks users to leave them; this is the safety net). The
+  /// workspace goes back with the stream.
+  struct settings {
+    cublasPointerMode_t pointer_mode;
+    cublasMath_t math_mode;
+    cublasAtomicsMode_t atomics;
+    int sm_count_target;
+    cublasEmulationStrategy_t emulation;
+    cudaEmulationSpecialValuesSupport special_values;
+    cudaEmulationMantissaControl mantissa_control;
+    int max_mantissa_bits;
+    int mantissa_bit_offset;
+    int* mantissa_bit_count;  // a device address cuBLAS writes in emulated FP64 GEMMs (null: none)
+  };
+  /// The settings later cuBLAS 13 updates added (`optional_setting`).
+  struct optional {
+    RAFTRS_OPTIONAL_SETTING("libcublas.so.13", cublas, EmulationSpecialValuesSupport);
+    RAFTRS_OPTIONAL_SETTING("libcublas.so.13", cublas, FixedPointEmulationMantissaControl);
+    RAFTRS_OPTIONAL_SETTING("libcublas.so.13", cublas, FixedPointEmulationMaxMantissaBitCount);
+    RAFTRS_OPTIONAL_SETTING("libcublas.so.13", cublas, FixedPointEmulationMantissaBitOffset);
+    RAFTRS_OPTIONAL_SETTING("libcublas.so.13", cublas, FixedPointEmulationMantissaBitCountPointer);
+    static optional const& api()
+    {
+      static optional const looked_up{};
+      return looked_up;
+    }
+  };
+  static cublasStatus_t read(cublasHandle_t h, settings* s)
   {
-    cublasStatus_t st = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST);
-    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetMathMode(h, CUBLAS_DEFAULT_MATH); }
-    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED); }
-    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetSmCountTarget(h, 0); }
-    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetEmulationStrategy(h, CUBLAS_EMULATION_STRATEGY_DEFAULT); }
+    auto const& o  = optional::api();
+    cublasStatus_t st = cublasGetPointerMode(h, &s->pointer_mode);
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasGetMathMode(h, &s->math_mode); }
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasGetAtomicsMode(h, &s->atomics); }
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasGetSmCountTarget(h, &s->sm_count_target); }
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasGetEmulationStrategy(h, &s->emulation); }
+    auto get = [&](auto const& setting, auto* value) {
+      if (st == CUBLAS_STATUS_SUCCESS && setting.present()) { st = setting.get(h, value); }
+    };
+    get(o.EmulationSpecialValuesSupport, &s->special_values);
+    get(o.FixedPointEmulationMantissaControl, &s->mantissa_control);
+    get(o.FixedPointEmulationMaxMantissaBitCount, &s->max_mantissa_bits);
+    get(o.FixedPointEmulationMantissaBitOffset, &s->mantissa_bit_offset);
+    get(o.FixedPointEmulationMantissaBitCountPointer, &s->mantissa_bit_count);
+    return st;
+  }
+  static cublasStatus_t apply(cublasHandle_t h, settings const& s)
+  {
+    auto const& o  = optional::api();
+    cublasStatus_t st = cublasSetPointerMode(h, s.pointer_mode);
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetMathMode(h, s.math_mode); }
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetAtomicsMode(h, s.atomics); }
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetSmCountTarget(h, s.sm_count_target); }
+    if (st == CUBLAS_STATUS_SUCCESS) { st = cublasSetEmulationStrategy(h, s.emulation); }
+    auto set = [&](auto const& setting, auto value) {
+      if (st == CUBLAS_STATUS_SUCCESS && setting.present()) { st = setting.set(h, value); }
+    };
+    set(o.EmulationSpecialValuesSupport, s.special_values);
+    set(o.FixedPointEmulationMantissaControl, s.mantissa_control);
+    set(o.FixedPointEmulationMaxMantissaBitCount, s.max_mantissa_bits);
+    set(o.FixedPointEmulationMantissaBitOffset, s.mantissa_bit_offset);
+    set(o.FixedPointEmulationMantissaBitCountPointer, s.mantissa_bit_count);
     return st;
   }
   static void destroy(cublasHandle_t h) { cublasDestroy(h); }
@@ -216,7 +323,60 @@ std::string cusolver_status_name(cusolverStatus_t st)
 struct cusolver_dn_traits {
   static cusolverStatus_t create(cusolverDnHandle_t* h) { return cusolverDnCreate(h); }
   static cusolverStatus_t set_stream(cusolverDnHandle_t h, cudaStream_t s) { return cusolverDnSetStream(h, s); }
-  static cusolverStatus_t reset(cusolverDnHandle_t h) { return cusolverDnSetDeterministicMode(h, CUSOLVER_DETERMINISTIC_RESULTS); }
+  /// Every setting of cuSOLVER 12's dense handle (as cuBLAS's above).
+  struct settings {
+    cusolverDeterministicMode_t deterministic;
+    cusolverMathMode_t math_mode;
+    cudaEmulationStrategy_t emulation;
+    cudaEmulationMantissaControl_t mantissa_control;
+    int max_mantissa_bits;
+    int mantissa_bit_offset;
+    cudaEmulationSpecialValuesSupport_t special_values;
+  };
+  /// The settings later cuSOLVER 12 updates added (`optional_setting`).
+  struct optional {
+    RAFTRS_OPTIONAL_SETTING("libcusolver.so.12", cusolverDn, MathMode);
+    RAFTRS_OPTIONAL_SETTING("libcusolver.so.12", cusolverDn, EmulationStrategy);
+    RAFTRS_OPTIONAL_SETTING("libcusolver.so.12", cusolverDn, FixedPointEmulationMantissaControl);
+    RAFTRS_OPTIONAL_SETTING("libcusolver.so.12", cusolverDn, FixedPointEmulationMaxMantissaBitCount);
+    RAFTRS_OPTIONAL_SETTING("libcusolver.so.12", cusolverDn, FixedPointEmulationMantissaBitOffset);
+    RAFTRS_OPTIONAL_SETTING("libcusolver.so.12", cusolverDn, EmulationSpecialValuesSupport);
+    static optional const& api()
+    {
+      static optional const looked_up{};
+      return looked_up;
+    }
+  };
+  static cusolverStatus_t read(cusolverDnHandle_t h, settings* s)
+  {
+    auto const& o    = optional::api();
+    cusolverStatus_t st = cusolverDnGetDeterministicMode(h, &s->deterministic);
+    auto get = [&](auto const& setting, auto* value) {
+      if (st == CUSOLVER_STATUS_SUCCESS && setting.present()) { st = setting.get(h, value); }
+    };
+    get(o.MathMode, &s->math_mode);
+    get(o.EmulationStrategy, &s->emulation);
+    get(o.FixedPointEmulationMantissaControl, &s->mantissa_control);
+    get(o.FixedPointEmulationMaxMantissaBitCount, &s->max_mantissa_bits);
+    get(o.FixedPointEmulationMantissaBitOffset, &s->mantissa_bit_offset);
+    get(o.EmulationSpecialValuesSupport, &s->special_values);
+    return st;
+  }
+  static cusolverStatus_t apply(cusolverDnHandle_t h, settings const& s)
+  {
+    auto const& o    = optional::api();
+    cusolverStatus_t st = cusolverDnSetDeterministicMode(h, s.deterministic);
+    auto set = [&](auto const& setting, auto value) {
+      if (st == CUSOLVER_STATUS_SUCCESS && setting.present()) { st = setting.set(h, value); }
+    };
+    set(o.MathMode, s.math_mode);
+    set(o.EmulationStrategy, s.emulation);
+    set(o.FixedPointEmulationMantissaControl, s.mantissa_control);
+    set(o.FixedPointEmulationMaxMantissaBitCount, s.max_mantissa_bits);
+    set(o.FixedPointEmulationMantissaBitOffset, s.mantissa_bit_offset);
+    set(o.EmulationSpecialValuesSupport, s.special_values);
+    return st;
+  }
   static void destroy(cusolverDnHandle_t h) { cusolverDnDestroy(h); }
   [[noreturn]] static void fail(char const* doing, cusolverStatus_t st)
   {
@@ -227,7 +387,9 @@ struct cusolver_dn_traits {
 struct cusolver_sp_traits {
   static cusolverStatus_t create(cusolverSpHandle_t* h) { return cusolverSpCreate(h); }
   static cusolverStatus_t set_stream(cusolverSpHandle_t h, cudaStream_t s) { return cusolverSpSetStream(h, s); }
-  static cusolverStatus_t reset(cusolverSpHandle_t) { return CUSOLVER_STATUS_SUCCESS; }
+  struct settings {};  // none besides the stream
+  static cusolverStatus_t read(cusolverSpHandle_t, settings*) { return CUSOLVER_STATUS_SUCCESS; }
+  static cusolverStatus_t apply(cusolverSpHandle_t, settings const&) { return CUSOLVER_STATUS_SUCCESS; }
   static void destroy(cusolverSpHandle_t h) { cusolverSpDestroy(h); }
   [[noreturn]] static void fail(char const* doing, cusolverStatus_t st)
   {
@@ -238,7 +400,11 @@ struct cusolver_sp_traits {
 struct cusparse_traits {
   static cusparseStatus_t create(cusparseHandle_t* h) { return cusparseCreate(h); }
   static cusparseStatus_t set_stream(cusparseHandle_t h, cudaStream_t s) { return cusparseSetStream(h, s); }
-  static cusparseStatus_t reset(cusparseHandle_t h) { return cusparseSetPointerMode(h, CUSPARSE_POINTER_MODE_HOST); }
+  struct settings {
+    cusparsePointerMode_t pointer_mode;
+  };
+  static cusparseStatus_t read(cusparseHandle_t h, settings* s) { return cusparseGetPointerMode(h, &s->pointer_mode); }
+  static cusparseStatus_t apply(cusparseHandle_t h, settings const& s) { return cusparseSetPointerMode(h, s.pointer_mode); }
   static void destroy(cusparseHandle_t h) { cusparseDestroy(h); }
   [[noreturn]] static void fail(char const* doing, cusparseStatus_t st)
   {
@@ -252,7 +418,9 @@ struct cusparse_traits {
 struct cublaslt_traits {
   static cublasStatus_t create(cublasLtHandle_t* h) { return cublasLtCreate(h); }
   static cublasStatus_t set_stream(cublasLtHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
-  static cublasStatus_t reset(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+  struct settings {};
+  static cublasStatus_t read(cublasLtHandle_t, settings*) { return CUBLAS_STATUS_SUCCESS; }
+  static cublasStatus_t apply(cublasLtHandle_t, settings const&) { return CUBLAS_STATUS_SUCCESS; }
   static void destroy(cublasLtHandle_t h) { cublasLtDestroy(h); }
   [[noreturn]] static void fail(char const* doing, cublasStatus_t st)
   {

@@ -1,0 +1,258 @@
+//! The release machinery's unit tests (the ledger, releases on threads of their own, the queue).
+use super::*;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+
+/// A release on a thread of its own is counted by its device's ledger (as waiting on a
+/// worker, which a library thread's out-of-memory retry does not wait for) from the call
+/// until it has run, and runs on another thread. Device 41: no other test counts there.
+#[test]
+#[cfg_attr(miri, ignore = "registers the exit hook with glibc's on_exit, a foreign function Miri cannot run")]
+fn a_release_on_its_own_thread_is_counted_until_it_has_run() {
+    let device = 41;
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (ran_tx, ran_rx) = std::sync::mpsc::channel();
+    let label = raft_exit::Label { what: "test release", id: raft_exit::next_id(), device: Some(device) };
+    let held = Held { streams: 1, handles: 2, bytes: 3 * MIB };
+    let started = on_own_thread(
+        label,
+        held,
+        Box::new(move || {
+            go_rx.recv().unwrap();
+            ran_tx.send(std::thread::current().id()).unwrap();
+        }),
+    )
+    .unwrap();
+    let during = pending(device);
+    assert_eq!((during.releases, during.on_workers, during.streams, during.handles, during.bytes), (1, 1, 1, 2, 3 * MIB));
+    go_tx.send(()).unwrap();
+    let ran_on = ran_rx.recv().unwrap();
+    assert_eq!(ran_on, started);
+    assert_ne!(ran_on, std::thread::current().id());
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while pending(device).releases != 0 && Instant::now() < give_up {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(pending(device), PendingReleases::default(), "settled once it ran");
+}
+
+fn handle() -> Held {
+    Held { streams: 1, handles: 1, bytes: 65 * MIB }
+}
+
+/// A pool with no threads: only helping threads run its releases.
+fn pool(releases: usize, bytes: u64) -> Pool {
+    Pool::new(Limits { releases, bytes }, 1, 1, false)
+}
+
+fn queued(device: usize, held: Held, ran: &Arc<AtomicUsize>) -> Queued {
+    let ran = ran.clone();
+    Queued {
+        release: Box::new(move || {
+            ran.fetch_add(1, Ordering::SeqCst);
+        }),
+        device: Some(device),
+        held,
+        queued_at: Instant::now(),
+        _token: None,
+        counts_itself: false,
+    }
+}
+
+#[test]
+fn the_ledger_counts_what_is_queued_and_forgets_what_ran() {
+    let p = pool(1000, 10_000 * MIB);
+    let ran = Arc::new(AtomicUsize::new(0));
+    for _ in 0..3 {
+        p.push_local(queued(0, handle(), &ran));
+    }
+    p.push_local(queued(1, Held { streams: 1, handles: 0, bytes: 0 }, &ran));
+    let d0 = p.ledger(Some(0)).snapshot();
+    assert_eq!((d0.releases, d0.queued, d0.streams, d0.handles, d0.bytes), (3, 3, 3, 3, 195 * MIB));
+    assert_eq!(p.totals().releases, 4);
+    assert_eq!(p.totals().bytes, 195 * MIB);
+    // Nothing over the limits: helping runs nothing.
+    assert_eq!(p.make_room(0), 0);
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    // Draining device 1 runs its release only.
+    assert!(p.drain(1, Duration::from_secs(1)));
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert_eq!(p.ledger(Some(1)).snapshot(), Default::default());
+    assert_eq!(p.ledger(Some(0)).snapshot().releases, 3);
+    // Nothing pending on device 1 any more: no retry is worth it.
+    assert!(!p.drain(1, Duration::from_secs(1)));
+    assert!(p.drain(0, Duration::from_secs(1)));
+    assert_eq!(ran.load(Ordering::SeqCst), 4);
+    assert_eq!(p.totals(), Default::default());
+}
+
+#[test]
+fn helping_runs_the_oldest_of_its_device_until_under_the_limits() {
+    // 4 handles' worth of bytes allowed: 10 queued handles leave 4 after helping.
+    let p = pool(1000, 4 * 65 * MIB);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    for i in 0..10 {
+        let order = order.clone();
+        p.push_local(Queued {
+            release: Box::new(move || order.lock().unwrap().push(i)),
+            device: Some(0),
+            held: handle(),
+            queued_at: Instant::now(),
+            _token: None,
+            counts_itself: false,
+        });
+    }
+    assert_eq!(p.make_room(0), 6);
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+    let left = p.ledger(Some(0)).snapshot();
+    assert_eq!((left.releases, left.bytes), (4, 4 * 65 * MIB));
+    assert!(!p.limits.exceeded_by(p.ledger(Some(0))));
+    // Another device's backlog is not this device's business.
+    let ran = Arc::new(AtomicUsize::new(0));
+    for _ in 0..10 {
+        p.push_local(queued(1, handle(), &ran));
+    }
+    assert_eq!(p.make_room(0), 0);
+    assert_eq!(p.make_room(1), 6);
+}
+
+#[test]
+fn the_count_limit_holds_for_releases_holding_no_memory() {
+    let p = pool(8, u64::MAX);
+    let ran = Arc::new(AtomicUsize::new(0));
+    for _ in 0..20 {
+        p.push_local(queued(2, Held { streams: 1, handles: 0, bytes: 0 }, &ran));
+    }
+    assert_eq!(p.make_room(2), 12);
+    assert_eq!(p.ledger(Some(2)).snapshot().releases, 8);
+}
+
+#[test]
+fn a_panicking_release_is_settled_like_any_other() {
+    let p = pool(0, 0);
+    p.push_local(Queued {
+        release: Box::new(|| panic!("a release failing")),
+        device: Some(0),
+        held: handle(),
+        queued_at: Instant::now(),
+        _token: None,
+        counts_itself: false,
+    });
+    assert_eq!(p.make_room(0), 1);
+    assert_eq!(p.ledger(Some(0)).snapshot(), Default::default());
+}
+
+/// A pool for the process's life (its threads hold `&'static` to it), kept reachable from a
+/// static so that valgrind's leak check over the test binary stays meaningful.
+fn kept(p: Pool) -> &'static Pool {
+    static KEPT: std::sync::Mutex<Vec<&'static Pool>> = std::sync::Mutex::new(Vec::new());
+    let p: &'static Pool = Box::leak(Box::new(p));
+    KEPT.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+    p
+}
+
+#[test]
+fn an_out_of_memory_wait_ends_when_the_release_running_elsewhere_ends() {
+    let p = kept(pool(1000, u64::MAX));
+    let ran = Arc::new(AtomicUsize::new(0));
+    p.push_local(queued(0, handle(), &ran));
+    // Another thread takes it off the queue and is slow to run it: a drain finds nothing
+    // queued and waits for it.
+    let q = p.take_for(0).unwrap();
+    let other = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        p.run(q, None, false);
+    });
+    let t = Instant::now();
+    assert!(p.drain(0, Duration::from_secs(5)));
+    let waited = t.elapsed();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert!(waited >= Duration::from_millis(90), "waited {waited:?} for the release running elsewhere");
+    assert!(waited < Duration::from_secs(4), "woken when it ended, not at the deadline: {waited:?}");
+    other.join().unwrap();
+    // And a release that never ends only holds the wait up to its bound.
+    p.ledger(Some(0)).add(handle());
+    let t = Instant::now();
+    assert!(p.drain(0, Duration::from_millis(50)));
+    assert!(t.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn a_long_queue_starts_more_threads_which_end_when_idle() {
+    let p = kept(Pool::new(Limits { releases: usize::MAX, bytes: u64::MAX }, 1, 4, true));
+    p.threads.fetch_add(1, Ordering::AcqRel);
+    assert!(p.spawn(false));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    for _ in 0..400 {
+        let (ran, most) = (ran.clone(), most.clone());
+        p.push(Queued {
+            release: Box::new(move || {
+                most.fetch_max(p.threads.load(Ordering::Relaxed), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_micros(500));
+                ran.fetch_add(1, Ordering::SeqCst);
+            }),
+            device: Some(0),
+            held: handle(),
+            queued_at: Instant::now(),
+            _token: None,
+            counts_itself: false,
+        });
+    }
+    let t = Instant::now();
+    while p.ledger(Some(0)).snapshot().releases > 0 && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 400);
+    assert_eq!(p.ledger(Some(0)).snapshot(), Default::default());
+    assert!(most.load(Ordering::SeqCst) > 1, "the backlog started more threads");
+    assert!(p.threads.load(Ordering::SeqCst) <= 4);
+    let t = Instant::now();
+    while p.threads.load(Ordering::SeqCst) > 1 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(p.threads.load(Ordering::SeqCst), 1, "the threads started on demand ended once idle");
+}
+
+#[test]
+fn an_out_of_memory_wait_ends_once_no_pending_release_holds_memory() {
+    let p = pool(1000, u64::MAX);
+    let ran = Arc::new(AtomicUsize::new(0));
+    // A release that holds no memory runs elsewhere and never ends; the handle queued
+    // behind it is run by the drain itself, which then stops waiting.
+    p.ledger(Some(0)).add(Held { streams: 1, handles: 0, bytes: 0 });
+    p.push_local(queued(0, handle(), &ran));
+    let t = Instant::now();
+    assert!(p.drain(0, Duration::from_secs(5)));
+    assert!(t.elapsed() < Duration::from_secs(2), "waited {:?} for a release holding no memory", t.elapsed());
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_worker_s_release_falling_back_to_the_queue_is_counted_once_it_ran() {
+    let p = pool(1000, u64::MAX);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let q = Queued { device: None, held: Held::default(), counts_itself: true, ..queued(0, Held::default(), &ran) };
+    p.push_local(q);
+    assert_eq!(p.totals().releases, 1);
+    let q = {
+        let mut queue = p.lock();
+        queue.pop_front().unwrap()
+    };
+    p.ledger(None).queued.fetch_sub(1, Ordering::Relaxed);
+    p.run(q, None, false);
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert_eq!(p.totals(), Default::default());
+}
+
+#[test]
+fn devices_beyond_the_last_ledger_share_it() {
+    let p = pool(1000, u64::MAX);
+    let ran = Arc::new(AtomicUsize::new(0));
+    p.push_local(queued(MAX_DEVICES + 5, handle(), &ran));
+    assert_eq!(p.ledger(Some(MAX_DEVICES - 1)).snapshot().releases, 1);
+    assert!(p.drain(MAX_DEVICES + 5, Duration::from_secs(1)));
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
