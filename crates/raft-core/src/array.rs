@@ -43,7 +43,14 @@ use std::sync::Arc;
 /// can take the event out of it and record it elsewhere (or reach the context it was made in)
 /// after the guard is gone; the array's stream then waits for that record instead of the use.
 /// cudarc's own slices order their frees through the same events and share the gap. Never
-/// take a guard apart.
+/// take a guard apart. A fourth, in cudarc 0.19's `nccl` feature (which this library does not
+/// turn on; a crate of yours that does turns it on for every user of cudarc in the build): its
+/// safe collectives take the send buffer's length as the count and never compare it with the
+/// receive buffer's (`all_reduce`, `reduce`; `all_gather` and `reduce_scatter` scale one by the
+/// world size unchecked), so a shorter receive array or view is written past its end; and its
+/// safe `group_start` lets a `send` record its guard's event before `ncclGroupEnd` queues the
+/// work, so the array's free is not ordered after it. Hand arrays to NCCL through raft-comms,
+/// which checks the counts, never through cudarc's `nccl` wrappers.
 ///
 /// CUDA graphs: an array is neither allocated nor freed on a stream being captured into a graph
 /// (through the async pool either would become a node of the graph, run at each launch rather

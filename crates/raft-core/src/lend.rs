@@ -16,6 +16,12 @@ use std::ptr::NonNull;
 /// only read (RAFT's `get_*` accessors, algorithms): other threads may use it at the same time.
 /// Changes (`raft::resource::set_*`) need the exclusive lend,
 /// [`DeviceResources::with_raft_resources_mut`].
+///
+/// ```compile_fail
+/// # fn f(res: &raft_core::DeviceResources) -> raft_core::Result<()> {
+/// let ptr = res.with_raft_resources(|p| p)?; // error: the lent pointer cannot leave the closure
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct RaftResourcesPtr<'a> {
     ptr: NonNull<c_void>,
@@ -64,7 +70,8 @@ impl DeviceResources {
 
     /// Runs `f` with the `raft::resources*` lent exclusively: no other use of these resources
     /// through this library (a lend, an allocation, a sync, a job's use of them) runs meanwhile
-    /// on any thread. For C++ code that changes the object, such as `raft::resource::set_comms`:
+    /// on any other thread (uses that `f` itself makes on this thread go ahead: they are part of
+    /// the lend, and run between `f`'s own steps). For C++ code that changes the object, such as `raft::resource::set_comms`:
     /// RAFT replaces a resource cell there, which its documentation allows only with no
     /// concurrent use of the object (a reader meanwhile races the cell's replacement and can be
     /// left with a reference into the freed cell). Never the cells this library keeps in step

@@ -130,6 +130,18 @@ pub struct MatrixView<'a, T: DeviceScalar> {
 /// let view = MatrixViewMut { data: v.view_mut(), shape: todo!() };
 /// # }
 /// ```
+///
+/// Two writable sub-matrices of one view never exist at once (they could overlap):
+///
+/// ```compile_fail,E0499
+/// # use raft_core::{DeviceVec, Layout};
+/// # fn f(v: &mut DeviceVec<f32>) -> raft_core::Result<()> {
+/// let mut m = v.matrix_mut(4, 4, Layout::RowMajor)?;
+/// let top = m.submatrix_mut(0..2, ..)?;
+/// let bottom = m.submatrix_mut(2..4, ..)?; // error: `m` is borrowed by `top`
+/// drop((top, bottom));
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct MatrixViewMut<'a, T: DeviceScalar> {
     data: DeviceViewMut<'a, T>,

@@ -71,6 +71,17 @@ pub struct DeviceView<'a, T: DeviceScalar> {
 /// the array's own record of those uses is cleared only by the array's next exclusive use (its
 /// free included), once no view is left, so no free can overtake a use made through a view.
 ///
+/// A read-only view made from it borrows it: it cannot be moved (or written) meanwhile.
+///
+/// ```compile_fail,E0505
+/// # fn f(v: &mut raft_core::DeviceVec<f32>) -> raft_core::Result<()> {
+/// let (left, right) = v.split_at_mut(4)?;
+/// let seen = left.as_view();
+/// let moved = left; // error: `left` is borrowed by `seen`
+/// drop((seen, moved, right));
+/// # Ok(()) }
+/// ```
+///
 /// # Thread safety
 /// `Send + Sync`; writes need `&mut self`.
 pub struct DeviceViewMut<'a, T: DeviceScalar> {

@@ -86,6 +86,18 @@ impl CuvsResources<'_> {
 /// there). This crate's own calls (`brute_force_knn`, the indexes' builds, searches and drops)
 /// run relaxed.
 ///
+/// The lent [`CuvsResources`] cannot leave `f`:
+///
+/// ```compile_fail,E0521
+/// # fn f(res: &raft_core::DeviceResources) {
+/// let mut out = None;
+/// let _ = raft_cuvs::with_cuvs(res, |cuvs| {
+///     out = Some(cuvs); // error: borrowed data escapes the closure
+///     Ok(())
+/// });
+/// # drop(out); }
+/// ```
+///
 /// # Errors
 /// `Cuda` when cuVS cannot be loaded; `Logic` on released resources or a capturing stream; else
 /// the closure's error.
