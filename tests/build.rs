@@ -16,6 +16,8 @@ fn main() {
     // baseline.
     let Some(found) = Stack::from_dep_metadata() else { return };
     let mut build = cc::Build::new();
+    // C++ never instrumented by Rust's sanitizer flags (nor cc's CARGO_CFG_SANITIZE), as the shim's: it can't take ASan.
+    build.inherit_rustflags(false).flag("-fno-sanitize=address");
     build
         .cpp(true)
         .std("c++20")
