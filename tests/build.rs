@@ -16,8 +16,9 @@ fn main() {
     // baseline.
     let Some(found) = Stack::from_dep_metadata() else { return };
     let mut build = cc::Build::new();
-    // C++ never instrumented by Rust's sanitizer flags (nor cc's CARGO_CFG_SANITIZE), as the shim's: it can't take ASan.
-    build.inherit_rustflags(false).flag("-fno-sanitize=address");
+    // The C++ never instrumented: under -Zsanitizer=address cc adds -fsanitize=address for
+    // CARGO_CFG_SANITIZE, and `--no-undefined` links cannot take ASan's runtime.
+    build.flag("-fno-sanitize=address");
     build
         .cpp(true)
         .std("c++20")

@@ -148,8 +148,9 @@ fn watch_for_header(root: &Path, include: &str, whole_root: bool) {
 /// stack's library directories and NCCL's (where libnccl.so.2 is looked for at run time).
 fn build_shim(manifest: &Path, out: &Path, stack: &Stack, nccl: &Nccl, header_hash: u64) -> PathBuf {
     let mut build = cc::Build::new();
-    // C++ never instrumented by Rust's sanitizer flags (nor cc's CARGO_CFG_SANITIZE): `--no-undefined` can't take ASan.
-    build.inherit_rustflags(false).flag("-fno-sanitize=address");
+    // The C++ never instrumented: under -Zsanitizer=address cc adds -fsanitize=address for
+    // CARGO_CFG_SANITIZE, and `--no-undefined` links cannot take ASan's runtime.
+    build.flag("-fno-sanitize=address");
     build.cpp(true).std("c++20").pic(true).files(SHIM_SOURCES.iter().map(|f| manifest.join(f))).include(manifest.join("include"));
     build.define("RAFTCOMMS_HEADER_HASH", Some(format!("{header_hash}ULL").as_str()));
     build.flag(format!("-isystem{}", nccl.include.display()));

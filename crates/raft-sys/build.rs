@@ -107,8 +107,9 @@ fn watch_stack(stack: &Stack) {
 /// into `OUT_DIR/libraftrs_shim.so`, with RUNPATH `$ORIGIN` and the stack's library directories.
 fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64) -> PathBuf {
     let mut build = cc::Build::new();
-    // C++ never instrumented by Rust's sanitizer flags (nor cc's CARGO_CFG_SANITIZE): `--no-undefined` can't take ASan.
-    build.inherit_rustflags(false).flag("-fno-sanitize=address");
+    // The C++ never instrumented: under -Zsanitizer=address cc adds -fsanitize=address for
+    // CARGO_CFG_SANITIZE, and `--no-undefined` links cannot take ASan's runtime.
+    build.flag("-fno-sanitize=address");
     build.define("RAFTRS_HEADER_HASH", Some(format!("{header_hash}ULL").as_str()));
     build.cpp(true).std("c++20").pic(true).include(manifest.join("include"));
     build.files(SHIM_SOURCES.iter().map(|f| manifest.join("src/shim").join(f)));
@@ -185,8 +186,9 @@ fn pinned_info() -> Info {
 /// version macros: the facts are then exactly those the shim was compiled with.
 fn read_build_info(manifest: &Path, stack: &Stack) -> Info {
     let mut build = cc::Build::new();
-    // C++ never instrumented by Rust's sanitizer flags (nor cc's CARGO_CFG_SANITIZE): the shim's compiler flags.
-    build.inherit_rustflags(false).flag("-fno-sanitize=address");
+    // The C++ never instrumented: under -Zsanitizer=address cc adds -fsanitize=address for
+    // CARGO_CFG_SANITIZE, and `--no-undefined` links cannot take ASan's runtime.
+    build.flag("-fno-sanitize=address");
     build.cpp(true).std("c++20").file(manifest.join("build/probe.cpp")).cargo_metadata(false);
     for dir in &stack.includes {
         build.flag(format!("-isystem{}", dir.display()));

@@ -414,6 +414,12 @@ fn an_export_handed_over_without_a_consumer_stream_is_freed_after_the_legacy_def
         assert_eq!(live_arrays(), before, "the exported array was not let go by its deleter");
         let mut fresh = DeviceVec::<f32>::new(&r, n).unwrap();
         fresh.fill_zero().unwrap();
+        r.sync().unwrap();
+        // The consumer's copy has landed, before or after the zeroing (the reviewer: read while
+        // it lands, the test failed only where it had reached).
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: waits for the legacy default stream of the bound context (the backlog).
+        unsafe { cu::stream::synchronize(legacy) }.unwrap();
         let got = fresh.to_host().unwrap();
         assert_eq!(fresh.device_address(), freed_at, "the pool did not reissue the freed block: the test proves nothing");
         if let Some(i) = got.iter().position(|v| *v != 0.0) {
@@ -423,9 +429,6 @@ fn an_export_handed_over_without_a_consumer_stream_is_freed_after_the_legacy_def
                 got[i]
             );
         }
-        ctx.bind_to_thread().unwrap();
-        // SAFETY: waits for the legacy default stream of the bound context (the backlog).
-        unsafe { cu::stream::synchronize(legacy) }.unwrap();
     }
     drop((src, x, y));
 }

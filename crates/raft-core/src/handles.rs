@@ -25,7 +25,7 @@ impl DeviceResources {
     /// setting of the handle's API back to what a fresh handle has: cuBLAS's pointer, math and
     /// atomics modes, SM count target and FP64 emulation settings (the bit count's device
     /// address among them), cuSOLVER's deterministic and math modes and emulation settings,
-    /// cuSPARSE's pointer mode. A handle that refuses them is destroyed, never reused.
+    /// cuSPARSE's pointer mode. A handle that refuses them is never reused.
     ///
     /// # Errors
     /// `Logic` on released resources; `OutOfMemory` when the library cannot allocate the handle

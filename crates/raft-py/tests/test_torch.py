@@ -134,6 +134,13 @@ def test_a_consumer_naming_no_stream_does_not_write_into_the_next_array():
     seventeenth audit's fix the free was ordered after the consumer's stream only when the
     consumer named one, and torch's write landed in the next array (helper-77's finding)."""
     n = 1 << 24
+    # The kernels loaded before the timed part (CUDA loads modules lazily: a first launch waits
+    # for the load, which let the write land before the free on the code before the fix).
+    warm = torch.empty(n, device="cuda")
+    torch.cuda._sleep(1000)
+    warm.fill_(1.0)
+    torch.cuda.synchronize()
+    del warm
     for stream in (None, -1):
         t = raft_py.zeros(n)
         old = t.data_ptr

@@ -545,18 +545,22 @@ pub(crate) fn on_own_thread(label: raft_exit::Label, held: Held, release: Releas
         pool.ledger(device).on_workers.fetch_sub(1, Ordering::Relaxed);
         pool.settle(device, held);
     };
-    let spawned = std::thread::Builder::new().name("raft-release-rest".into()).spawn(move || {
-        raft_exit::mark_library_thread();
-        let start = Instant::now();
-        crate::result::catch_forgetting(release);
-        RUN_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        DONE.fetch_add(1, Ordering::Relaxed);
-        settle();
-        drop(token);
-    });
+    // As `Pool::spawn`: the caller may be a thread-local destructor (an out-of-memory retry in
+    // one), where std's spawn can panic.
+    let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        std::thread::Builder::new().name("raft-release-rest".into()).spawn(move || {
+            raft_exit::mark_library_thread();
+            let start = Instant::now();
+            crate::result::catch_forgetting(release);
+            RUN_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            DONE.fetch_add(1, Ordering::Relaxed);
+            settle();
+            drop(token);
+        })
+    }));
     match spawned {
-        Ok(thread) => Ok(thread.thread().id()),
-        Err(_) => {
+        Ok(Ok(thread)) => Ok(thread.thread().id()),
+        Ok(Err(_)) | Err(_) => {
             // The closure (with the token and the release) was dropped unrun: undo the accounts.
             pool.ledger(device).on_workers.fetch_sub(1, Ordering::Relaxed);
             pool.settle(device, held);

@@ -70,7 +70,8 @@ raft::resource::resource_type handle_type(int32_t kind)
 template <typename Handle>
 struct kept_handles {
   std::mutex lock;
-  std::vector<std::pair<int, Handle>> kept;  // (device, handle)
+  std::vector<std::pair<int, Handle>> kept;     // (device, handle)
+  std::vector<std::pair<int, Handle>> spoiled;  // refused their settings: never reused, trimmed
 
   static kept_handles& of()
   {
@@ -99,17 +100,30 @@ struct kept_handles {
     } catch (...) {
     }
   }
-  /// Takes every kept handle of `device` out, for the caller to destroy outside the lock.
+  /// Keeps `h`, which refused its settings, for the trim only (a destroy now would synchronise
+  /// the device); leaks it when the list cannot grow.
+  void keep_spoiled(int device, Handle h) noexcept
+  {
+    try {
+      std::lock_guard<std::mutex> hold{lock};
+      spoiled.emplace_back(device, h);
+    } catch (...) {
+    }
+  }
+  /// Takes every kept handle of `device` out (the spoiled ones too), for the caller to destroy
+  /// outside the lock.
   std::vector<Handle> take_all(int device)
   {
     std::lock_guard<std::mutex> hold{lock};
     std::vector<Handle> out;
-    for (auto it = kept.begin(); it != kept.end();) {
-      if (it->first == device) {
-        out.push_back(it->second);
-        it = kept.erase(it);
-      } else {
-        ++it;
+    for (auto* list : {&kept, &spoiled}) {
+      for (auto it = list->begin(); it != list->end();) {
+        if (it->first == device) {
+          out.push_back(it->second);
+          it = list->erase(it);
+        } else {
+          ++it;
+        }
       }
     }
     return out;
@@ -136,17 +150,20 @@ class checked_handle final : public raft::resource::resource {
       // Bound to this stream and every setting put back to a fresh handle's: a reused handle is
       // one made now (the seventeenth audit: settings missed here outlived their user, among
       // them a device address cuBLAS writes through in emulated FP64 GEMMs).
-      auto fresh = fresh_settings();
+      auto fresh = fresh_settings(device_);
       if (fresh && Traits::set_stream(*kept, stream.value()) == Success && Traits::apply(*kept, *fresh) == Success) {
         handle_ = *kept;
         return;
       }
-      Traits::destroy(*kept);  // a handle that refuses its settings is not reused
+      // A handle that refuses its settings is not reused, nor destroyed now (a destroy
+      // synchronises the device): left to the trim, and a new one made.
+      (void)Traits::set_stream(*kept, nullptr);
+      kept_handles<Handle>::of().keep_spoiled(device_, *kept);
     }
     auto created = Traits::create(&handle_);
     if (created != Success) { Traits::fail("creating", created); }
     // The settings of a handle nobody has touched yet: what a reused one is put back to.
-    remember_fresh_settings(handle_);
+    remember_fresh_settings(device_, handle_);
     auto bound = Traits::set_stream(handle_, stream.value());
     if (bound != Success) {
       Traits::destroy(handle_);
@@ -164,22 +181,32 @@ class checked_handle final : public raft::resource::resource {
   void* get_resource() override { return &handle_; }
 
  private:
-  /// The settings read from the first handle of this kind made in the process, right after
-  /// its create (none yet: a kept handle cannot be put back, and is not reused).
-  static std::optional<typename Traits::settings> fresh_settings()
+  /// The settings read from the first handle of this kind made on `device` in the process,
+  /// right after its create (none yet: a kept handle cannot be put back, and is not reused).
+  /// Per device: a host may hold GPUs of different architectures.
+  static std::optional<typename Traits::settings> fresh_settings(int device)
   {
     std::lock_guard<std::mutex> hold{fresh_lock_};
-    return fresh_;
+    for (auto const& [d, s] : fresh_) {
+      if (d == device) { return s; }
+    }
+    return std::nullopt;
   }
-  static void remember_fresh_settings(Handle h) noexcept
+  static void remember_fresh_settings(int device, Handle h) noexcept
   {
-    std::lock_guard<std::mutex> hold{fresh_lock_};
-    if (fresh_) { return; }
-    typename Traits::settings s{};
-    if (Traits::read(h, &s) == Success) { fresh_ = s; }
+    try {
+      std::lock_guard<std::mutex> hold{fresh_lock_};
+      for (auto const& entry : fresh_) {
+        if (entry.first == device) { return; }
+      }
+      typename Traits::settings s{};
+      if (Traits::read(h, &s) == Success) { fresh_.emplace_back(device, s); }
+    } catch (...) {
+      // Not remembered: this device's kept handles are then not reused (`fresh_settings`).
+    }
   }
   static inline std::mutex fresh_lock_;
-  static inline std::optional<typename Traits::settings> fresh_;
+  static inline std::vector<std::pair<int, typename Traits::settings>> fresh_;
 
   Handle handle_{};
   int device_;
@@ -203,7 +230,8 @@ class checked_factory final : public raft::resource::resource_factory {
 
 /// A getter and a setter of one handle setting that older updates of the library lack (cuBLAS
 /// 13 and cuSOLVER 12 gained their FP64 emulation settings in later updates: the PyTorch
-/// image's cuSOLVER has none of them). Looked up in the copy of the library the shim already
+/// image's cuSOLVER has its math mode and emulation strategy but none of the FP64 fixed-point
+/// settings). Looked up in the copy of the library the shim already
 /// links (`RTLD_NOLOAD`), never linked: a library without them would refuse to load the shim.
 /// Absent, the setting cannot have been changed by anyone, and is neither read nor put back.
 template <typename Get, typename Set>
