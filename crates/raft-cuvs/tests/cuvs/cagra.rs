@@ -196,3 +196,67 @@ fn queries_of_other_resources_on_a_captured_stream_are_refused_not_a_panic() {
     let found = index.search(q.view(), 5, &Default::default()).unwrap();
     assert_eq!(found.neighbors.to_host().unwrap().len(), 15);
 }
+
+/// The seventeenth audit's open question (helper 79: some cuVS CAGRA out-of-bounds bugs were
+/// driven by data values): a dataset with rows of NaN, of infinities and hundreds of exact
+/// duplicates, searched with finite, NaN and infinite queries. The build and the searches end
+/// (an answer or an error, never a crash or a hang), and every row number a finite query gets
+/// is a row of the dataset. Run 215 ran it also under compute-sanitizer memcheck, which sees
+/// cuVS's own accesses: cuVS 26.08 refuses this build cleanly ("too many invalid or duplicated
+/// neighbor nodes"), with no memory error.
+#[test]
+fn cagra_on_rows_of_nan_infinities_and_duplicates_ends_and_names_rows_of_the_dataset() {
+    require_gpu!();
+    const N_ROWS: usize = 4000;
+    const DIM: usize = 32;
+    const K: usize = 10;
+    let mut rng = Rng::new(0x5eed_0017);
+    let a = mixing(&mut rng, DIM);
+    let mut dataset = embeddings(&mut rng, &a, DIM, N_ROWS);
+    let dup: Vec<f32> = dataset[..DIM].to_vec();
+    for (i, row) in dataset.chunks_exact_mut(DIM).enumerate() {
+        match i {
+            100..=109 => row.fill(f32::NAN),
+            110..=119 => row.fill(f32::INFINITY),
+            120..=129 => row.fill(f32::NEG_INFINITY),
+            130..=139 => row[i % DIM] = f32::NAN, // one NaN element
+            1000..=1499 => row.copy_from_slice(&dup),
+            _ => {}
+        }
+    }
+    let mut queries = embeddings(&mut rng, &a, DIM, 64);
+    queries[..DIM].fill(f32::NAN); // query 0: NaN
+    queries[DIM..2 * DIM].fill(f32::INFINITY); // query 1: +inf
+    queries[2 * DIM..3 * DIM].copy_from_slice(&dup); // query 2: the duplicated row
+    let res = DeviceResources::new().unwrap();
+    let params = CagraIndexParams { graph_degree: Some(32), intermediate_graph_degree: Some(64), ..Default::default() };
+    let built = CagraIndex::build(DeviceMatrix::from_host(&res, &dataset, N_ROWS, DIM, Layout::RowMajor).unwrap(), &params);
+    let index = match built {
+        Ok(index) => index,
+        Err(e) => {
+            // An error is an answer too (cuVS may refuse such data): it must be a clean one.
+            eprintln!("CAGRA on NaN/inf rows: build refused: {e}");
+            assert_ne!(e.kind(), ErrorKind::OutOfMemory, "{e}");
+            res.sync().unwrap();
+            return;
+        }
+    };
+    let q = DeviceMatrix::from_host(&res, &queries, 64, DIM, Layout::RowMajor).unwrap();
+    match index.search(q.view(), K, &CagraSearchParams::default()) {
+        Ok(found) => {
+            let ids = found.neighbors.to_host().unwrap();
+            let outside: Vec<(usize, i64)> =
+                ids.iter().enumerate().filter(|(_, id)| !(0..N_ROWS as i64).contains(id)).map(|(i, id)| (i / K, *id)).collect();
+            eprintln!(
+                "CAGRA on NaN/inf rows: {} of {} row numbers outside the dataset, by query: {:?}",
+                outside.len(),
+                ids.len(),
+                outside.iter().take(12).collect::<Vec<_>>()
+            );
+            assert!(outside.iter().all(|(query, _)| *query < 2), "a finite query got a row number outside the dataset: {outside:?}");
+        }
+        Err(e) => eprintln!("CAGRA on NaN/inf rows: search refused: {e}"),
+    }
+    res.sync().unwrap();
+    index.release().unwrap();
+}
