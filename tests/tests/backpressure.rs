@@ -385,6 +385,23 @@ fn a_first_gemm_runs_the_pending_releases_before_any_out_of_memory() {
     settle(Duration::from_secs(30));
 }
 
+/// `n` resources make their cuBLAS handle and are released: `n` handles kept for the device
+/// (in a child, whose kept handles are only its test's).
+fn keep_cublas_handles(n: usize) {
+    let many: Vec<DeviceResources> = (0..n)
+        .map(|_| {
+            let r = DeviceResources::new().unwrap();
+            r.cublas_handle().unwrap();
+            r
+        })
+        .collect();
+    for r in &many {
+        r.release().unwrap();
+    }
+    drop(many);
+    settle(Duration::from_secs(30));
+}
+
 /// The sixteenth audit: the library handles of released resources are kept for the next
 /// resources of the device (destroying one synchronises the device, which breaks other threads'
 /// captures: `global_capture.rs`), and so hold device memory (~65 MiB a cuBLAS handle). An
@@ -405,18 +422,7 @@ fn memory_held_by_kept_handles_is_given_back_to_an_allocation_that_needs_it() {
     let probe = DeviceResources::new().unwrap();
     let ctx = probe.context().clone();
     let (free_before, _) = ctx.mem_get_info().unwrap();
-    let many: Vec<DeviceResources> = (0..10)
-        .map(|_| {
-            let r = DeviceResources::new().unwrap();
-            r.cublas_handle().unwrap();
-            r
-        })
-        .collect();
-    for r in &many {
-        r.release().unwrap();
-    }
-    drop(many);
-    settle(Duration::from_secs(30));
+    keep_cublas_handles(10);
     let (free_kept, _) = ctx.mem_get_info().unwrap();
     let want = free_before - (256 << 20);
     assert!(free_kept < want, "the ten handles were kept, holding their memory: {free_before} bytes free before, {free_kept} after");
@@ -451,18 +457,7 @@ fn an_out_of_memory_does_not_wait_for_other_work_to_destroy_the_kept_handles() {
         return;
     }
     let probe = DeviceResources::new().unwrap();
-    let many: Vec<DeviceResources> = (0..10)
-        .map(|_| {
-            let r = DeviceResources::new().unwrap();
-            r.cublas_handle().unwrap();
-            r
-        })
-        .collect();
-    for r in &many {
-        r.release().unwrap();
-    }
-    drop(many);
-    settle(Duration::from_secs(30));
+    keep_cublas_handles(10);
     let other = DeviceResources::new().unwrap();
     let gate = raft_tests::Gate::close(&other.stream().unwrap());
     let _backstop = gate.open_after(Duration::from_secs(20));
