@@ -131,8 +131,8 @@ struct kept_handles {
 };
 
 /// A library handle made for RAFT's resources (or one kept from earlier resources of the same
-/// device, every setting put back to what the first handle of its kind made in this process
-/// read: `Traits::settings`), ready in the constructor, which
+/// device, every setting put back to what the first handle of its kind made on that device in
+/// this process read: `Traits::settings`), ready in the constructor, which
 /// throws when the library refuses. RAFT 26.08's own handle resources only log a failed create
 /// (and then hand out an uninitialised handle); through these, a failed create reaches the
 /// caller as an error (`*_STATUS_ALLOC_FAILED`: out of memory) and nothing is cached, so a later
@@ -231,9 +231,9 @@ class checked_factory final : public raft::resource::resource_factory {
 /// A getter and a setter of one handle setting that older updates of the library lack (cuBLAS
 /// 13 and cuSOLVER 12 gained their FP64 emulation settings in later updates: the PyTorch
 /// image's cuSOLVER has its math mode and emulation strategy but none of the FP64 fixed-point
-/// settings). Looked up in the copy of the library the shim already
-/// links (`RTLD_NOLOAD`), never linked: a library without them would refuse to load the shim.
-/// Absent, the setting cannot have been changed by anyone, and is neither read nor put back.
+/// settings). Looked up in the copy of the library the shim already links (`RTLD_NOLOAD`),
+/// never linked: a library without them would refuse to load the shim. Absent, the setting
+/// cannot have been changed by anyone, and is neither read nor put back.
 template <typename Get, typename Set>
 struct optional_setting {
   Get get = nullptr;
