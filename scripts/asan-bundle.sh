@@ -5,8 +5,10 @@
 #                                      `tests/tests/NAME.rs`, `raft_tests`, `raft_core`,
 #                                      `raft_exit`) into ./asan-bundle, and pack it into
 #                                      ./asan-bundle/asan-bundle.txz (at most 60 MiB)
-#   ASAN_TARGET_DIR=DIR ...            build there (default target/asan; needs `rustup toolchain
-#                                      install nightly`)
+#   ASAN_TARGET_DIR=DIR ...            build there (default target/asan)
+#   ASAN_TOOLCHAIN=TC ...              the nightly toolchain to build with (default nightly)
+#   ASAN_BUNDLE_NO_PACK=1 ...          lay out asan-bundle/ without the archive (a run on this
+#                                      machine: CI runs the binaries' CPU paths so)
 #   ASAN_BUNDLE_NO_BUILD=1 ...         bundle what the last build made, without cargo
 #   ASAN_BUNDLE_KEEP_DEBUG=1 ...       keep the line tables (about 50 MiB a binary instead of 5:
 #                                      for a few binaries); by default only the symbol table stays
@@ -77,7 +79,7 @@ if [ -z "${ASAN_BUNDLE_NO_BUILD:-}" ]; then
   # The tests crate's library and integration tests (their child binaries `scenarios`,
   # `tls-exit`, `rmm-exit` are built with them, instrumented too), raft-core's and raft-exit's
   # unit tests. Not the bins' own harnesses.
-  cargo +nightly test --no-run --target "$triple" -p raft-tests --lib --test '*' -p rapids-raft-core -p raft-exit \
+  cargo "+${ASAN_TOOLCHAIN:-nightly}" test --no-run --target "$triple" -p raft-tests --lib --test '*' -p rapids-raft-core -p raft-exit \
     --message-format=json-render-diagnostics --manifest-path "$root/Cargo.toml" > "$target_dir/asan-build.json"
   # What cargo made: `test NAME PATH` for harnesses, `bin NAME PATH`, `shim PATH`, `root PREFIX`.
   python3 - "$target_dir/asan-build.json" > "$list" <<'EOF'
@@ -212,6 +214,10 @@ exit $failed
 EOF
 chmod +x "$out/run.sh"
 
+if [ -n "${ASAN_BUNDLE_NO_PACK:-}" ]; then
+  echo "asan bundle: $out ($n test binaries; not packed)"
+  exit 0
+fi
 # xz with a dictionary larger than a binary: the binaries share most of their code (std,
 # cudarc, the library), which gzip's 32 KiB window cannot see: 11 MiB instead of 42 for all.
 archive=$out/asan-bundle.txz
