@@ -38,6 +38,27 @@ fn a_release_on_its_own_thread_is_counted_until_it_has_run() {
     assert_eq!(pending(device), PendingReleases::default(), "settled once it ran");
 }
 
+/// The out-of-memory retry's trim of the kept handles (`trim_kept_handles_elsewhere`) runs as a
+/// release of its own (counted as one run), answers as soon as it has run rather than at the
+/// end of its wait, and leaves its device's ledger as it was. The shim refuses device 43 (no
+/// driver here, no such device on a GPU machine), so nothing is destroyed and the answer is
+/// `false`. Device 43: no other test counts there.
+#[test]
+#[cfg_attr(miri, ignore = "registers the exit hook with glibc's on_exit, a foreign function Miri cannot run")]
+fn the_kept_handles_trim_runs_elsewhere_counted_until_it_has_run() {
+    let device = 43;
+    let done_before = releases_done();
+    let start = Instant::now();
+    assert!(!trim_kept_handles_elsewhere(device, Duration::from_secs(5)), "no handle of device 43 could be destroyed");
+    assert!(start.elapsed() < Duration::from_secs(5), "the trim's answer came only with the wait's end");
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while pending(device).releases != 0 && Instant::now() < give_up {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(pending(device), PendingReleases::default(), "settled once it ran");
+    assert!(releases_done() > done_before, "counted as a release run");
+}
+
 fn handle() -> Held {
     Held { streams: 1, handles: 1, bytes: 65 * MIB }
 }
