@@ -629,8 +629,7 @@ pub(crate) fn drain_device(device: usize, kept_handles: bool) -> bool {
 /// (the seventeenth audit: another rank's collective waiting for this very thread was a
 /// deadlock). Whether it destroyed any within the wait.
 fn trim_kept_handles_elsewhere(device: usize, wait: Duration) -> bool {
-    type Done = (std::sync::Mutex<Option<usize>>, std::sync::Condvar);
-    let done: std::sync::Arc<Done> = Default::default();
+    let done: std::sync::Arc<(Mutex<Option<usize>>, Condvar)> = Default::default();
     let report = done.clone();
     let trim: Release = Box::new(move || {
         let destroyed = crate::result::trim_kept_handles(device);

@@ -45,7 +45,7 @@ fn a_release_on_its_own_thread_is_counted_until_it_has_run() {
 /// `false`. Device 43: no other test counts there.
 #[test]
 #[cfg_attr(miri, ignore = "registers the exit hook with glibc's on_exit, a foreign function Miri cannot run")]
-fn the_kept_handles_trim_runs_elsewhere_counted_until_it_has_run() {
+fn the_kept_handles_trim_runs_as_a_release_and_answers_before_its_wait_ends() {
     let device = 43;
     let done_before = releases_done();
     let start = Instant::now();
