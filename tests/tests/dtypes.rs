@@ -176,3 +176,30 @@ fn half_types_are_device_scalars_on_the_cpu_too() {
     gemm_scalar::<f16>();
     gemm_scalar::<bf16>();
 }
+
+/// An element type aligned past RMM's 256 bytes (size equal to its alignment: no padding, so
+/// the `unsafe impl` keeps every rule but that one).
+#[derive(Clone, Copy, Default, Debug, PartialEq)]
+#[repr(C, align(512))]
+struct OverAligned([u128; 32]);
+// SAFETY: every bit pattern is a value, no padding (512 bytes of integers), nothing owned; its
+// alignment is what the contract excludes, which the test checks the library refuses.
+unsafe impl DeviceScalar for OverAligned {}
+
+#[test]
+fn an_element_type_aligned_past_rmms_alignment_is_refused_before_any_memory_is_made() {
+    // The eighteenth audit: RMM's blocks (device and page-locked) are aligned to 256 bytes, so
+    // page-locked memory for this type was misaligned and every accessor panicked. Refused
+    // before any CUDA call, so the same answer with or without a device.
+    let pinned = PinnedVec::<OverAligned>::new(0, 4).unwrap_err();
+    assert_eq!((pinned.kind(), pinned.who()), (raft::ErrorKind::Logic, "PinnedVec::new"), "{pinned}");
+    assert!(pinned.message().contains("aligned to 512 bytes"), "{pinned}");
+    let copied = PinnedVec::from_slice(0, &[OverAligned::default()]).unwrap_err();
+    assert_eq!(copied.kind(), raft::ErrorKind::Logic, "{copied}");
+    if let Ok(r) = DeviceResources::new() {
+        let device = DeviceVec::<OverAligned>::new(&r, 4).unwrap_err();
+        assert_eq!((device.kind(), device.who()), (raft::ErrorKind::Logic, "DeviceVec::new"), "{device}");
+        let zeros = DeviceVec::<OverAligned>::zeros(&r, 4).unwrap_err();
+        assert_eq!(zeros.kind(), raft::ErrorKind::Logic, "{zeros}");
+    }
+}

@@ -100,6 +100,7 @@ impl<T: DeviceScalar> PinnedVec<T> {
     /// As [`new`](Self::new).
     pub fn from_slice(device: impl AsResources, data: &[T]) -> Result<Self> {
         const WHO: &str = "PinnedVec::from_slice";
+        bytes_for::<T>(WHO, data.len())?;
         let mr = default_pinned(WHO, device.as_device().map_err(|e| e.with_who(WHO))?)?;
         Self::made(WHO, mr, data.len(), |ctx, mr| NativeHostBuffer::copied(WHO, ctx, mr, data))
     }

@@ -42,10 +42,27 @@ pub(crate) fn check_allocation(who: &'static str, bytes: usize) -> Result<()> {
     Ok(())
 }
 
+/// The alignment every allocation of RMM's resources has (`rmm::CUDA_ALLOCATION_ALIGNMENT`; the
+/// pinned host resource places its blocks 256 bytes past a page start, so never more): an
+/// element type aligned to more cannot be stored in them (the eighteenth audit).
+pub(crate) const ALLOCATION_ALIGNMENT: usize = 256;
+
 /// The bytes of `len` elements of `T`, refused as [`check_allocation`] refuses them; a product
-/// that overflows is a `Logic` error (the length is wrong, not the memory short).
+/// that overflows is a `Logic` error (the length is wrong, not the memory short), and so is an
+/// element type aligned to more than [`ALLOCATION_ALIGNMENT`] (a `DeviceScalar` implemented
+/// against its contract: its memory would be misaligned).
 pub(crate) fn allocation_bytes<T>(who: &'static str, len: usize) -> Result<usize> {
     let size = std::mem::size_of::<T>();
+    if std::mem::align_of::<T>() > ALLOCATION_ALIGNMENT {
+        return Err(Error::logic(
+            who,
+            format!(
+                "an element type aligned to {} bytes: RMM's allocations are aligned to {ALLOCATION_ALIGNMENT} bytes (the \
+                 DeviceScalar contract)",
+                std::mem::align_of::<T>()
+            ),
+        ));
+    }
     let bytes =
         len.checked_mul(size).ok_or_else(|| Error::logic(who, format!("{len} elements of {size} bytes: the byte count overflows")))?;
     check_allocation(who, bytes)?;

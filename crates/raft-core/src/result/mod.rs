@@ -653,11 +653,13 @@ pub(crate) fn install_default(who: &'static str, device: usize) -> Result<bool> 
 
 /// Element types that may live in device memory: `Copy`, nothing to drop, every bit pattern a
 /// value (so bytes copied from the device are always a valid `T`), no padding (so every byte a
-/// copy reads is initialised).
+/// copy reads is initialised), aligned to at most 256 bytes (what RMM's allocations are aligned
+/// to; arrays of a type aligned to more are refused with `Logic`).
 ///
 /// # Safety
 /// Implement only for types where any bit pattern is a valid value, which have no padding
-/// bytes (as bytemuck's `Pod` requires), and which own no resources.
+/// bytes (as bytemuck's `Pod` requires), which own no resources, and whose alignment is at most
+/// 256 bytes.
 pub unsafe trait DeviceScalar: Copy + Default + Send + Sync + 'static {}
 
 macro_rules! scalars {
