@@ -219,12 +219,36 @@ impl Serving {
             let _ = old.stream.shutdown(std::net::Shutdown::Both);
             log::debug!(target: "raft", "{}: every handshake slot taken: closed the oldest unproved connection", self.who);
         }
-        match stream.try_clone() {
-            Ok(handle) => {
-                slots.push(Slot { serial, stream: handle, proved: false });
-                true
+        // The handle takes a descriptor: out of them, a stranger's slot gives one back (its
+        // thread closes the connection as it ends) and the clone is tried again for a while.
+        for attempt in 0..20 {
+            match stream.try_clone() {
+                Ok(handle) => {
+                    slots.push(Slot { serial, stream: handle, proved: false });
+                    return true;
+                }
+                Err(e) if attempt < 19 && accept_may_recover(&e) => {
+                    if let Some(i) = slots.iter().position(|s| !s.proved) {
+                        let old = slots.remove(i);
+                        let _ = old.stream.shutdown(std::net::Shutdown::Both);
+                    }
+                    drop(slots);
+                    std::thread::sleep(Duration::from_millis(1));
+                    slots = self.slots();
+                }
+                Err(_) => break,
             }
-            Err(_) => false,
+        }
+        false
+    }
+
+    /// Closes the oldest connection whose peer has not proved itself, if any (its thread ends at
+    /// once, and its descriptors go back).
+    fn evict_oldest_unproved(&self) {
+        let mut slots = self.slots();
+        if let Some(i) = slots.iter().position(|s| !s.proved) {
+            let old = slots.remove(i);
+            let _ = old.stream.shutdown(std::net::Shutdown::Both);
         }
     }
 
@@ -305,6 +329,34 @@ impl Serving {
 
 /// Serves `id` on a bound listener until `world − 1` distinct ranks holding `secret` have it, or
 /// `deadline`.
+/// Whether an `accept` error leaves the listener able to accept later: the process or the system
+/// out of descriptors or memory, and the network errors of a pending connection that Linux's
+/// accept(2) says to treat like `EAGAIN`. Anything else (the listener itself broken) ends the
+/// rendezvous with the error.
+fn accept_may_recover(e: &io::Error) -> bool {
+    matches!(e.kind(), IoKind::ConnectionAborted | IoKind::ConnectionReset | IoKind::OutOfMemory)
+        || e.raw_os_error().is_some_and(|code| {
+            [
+                libc::EMFILE,
+                libc::ENFILE,
+                libc::ENOBUFS,
+                libc::ENOMEM,
+                libc::ECONNABORTED,
+                libc::EPROTO,
+                libc::EPERM,
+                libc::ENETDOWN,
+                libc::ENOPROTOOPT,
+                libc::EHOSTDOWN,
+                libc::ENONET,
+                libc::EHOSTUNREACH,
+                libc::EOPNOTSUPP,
+                libc::ENETUNREACH,
+                libc::ETIMEDOUT,
+            ]
+            .contains(&code)
+        })
+}
+
 pub(crate) fn serve_on(
     who: &'static str,
     listener: &TcpListener,
@@ -345,6 +397,18 @@ pub(crate) fn serve_on(
         let (mut stream, peer) = match listener.accept() {
             Ok(s) => s,
             Err(e) if e.kind() == IoKind::WouldBlock || e.kind() == IoKind::Interrupted => {
+                if let Ok(rank) = rx.recv_timeout(Duration::from_millis(5).min(left)) {
+                    served.insert(rank);
+                }
+                continue;
+            }
+            Err(e) if accept_may_recover(&e) => {
+                // Out of descriptors or memory (a flood of strangers' connections in a process
+                // near its limit: the eighteenth audit), or a connection that failed before it
+                // was taken: the oldest stranger's slot is given up and the next accept tried
+                // after a pause, as for no connection; never the end of the rendezvous.
+                log::debug!(target: "raft", "{who}: accepting a rank's connection: {e} (trying again)");
+                shared.evict_oldest_unproved();
                 if let Ok(rank) = rx.recv_timeout(Duration::from_millis(5).min(left)) {
                     served.insert(rank);
                 }

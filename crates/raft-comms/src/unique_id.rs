@@ -101,10 +101,17 @@ impl UniqueId {
     }
 }
 
+/// The bytes of an id the `Debug` fingerprint leaves out: NCCL 2.x's id begins with a 64-bit
+/// random magic, which its bootstrap root checks on every connection (the rest is the root's
+/// socket address). An unkeyed 64-bit hash over it can be inverted from a log line (the
+/// eighteenth audit): the id is what the rendezvous encrypts to keep it from strangers.
+const SECRET_PREFIX: usize = 8;
+
 impl fmt::Debug for UniqueId {
-    /// Only a short fingerprint: the bytes are an address, not worth a screenful.
+    /// Only a short fingerprint of the root's address (equal on every rank given the same id),
+    /// never of NCCL's magic: see `SECRET_PREFIX`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let h = self.0.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+        let h = self.0[SECRET_PREFIX..].iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3));
         write!(f, "UniqueId({h:016x})")
     }
 }
@@ -119,5 +126,15 @@ mod tests {
         let text = format!("{id:?}");
         assert!(text.starts_with("UniqueId(") && text.len() == "UniqueId()".len() + 16, "{text}");
         assert_ne!(format!("{:?}", UniqueId::from_bytes([8; 128])), text);
+    }
+
+    #[test]
+    fn debug_says_nothing_of_nccls_magic() {
+        // Ids that differ only in the magic print alike; the address part still tells ids apart.
+        let mut other = [7; 128];
+        other[..SECRET_PREFIX].copy_from_slice(&0x0123_4567_89ab_cdefu64.to_le_bytes());
+        assert_eq!(format!("{:?}", UniqueId::from_bytes(other)), format!("{:?}", UniqueId::from_bytes([7; 128])));
+        other[SECRET_PREFIX] = 9;
+        assert_ne!(format!("{:?}", UniqueId::from_bytes(other)), format!("{:?}", UniqueId::from_bytes([7; 128])));
     }
 }

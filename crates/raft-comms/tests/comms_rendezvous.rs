@@ -485,3 +485,48 @@ fn jobs_sharing_a_secret_but_not_a_job_id_refuse_each_other() {
     }
     server.join().unwrap().unwrap();
 }
+
+/// Rank 0 in a process near its descriptor limit, flooded by a stranger's idle connections,
+/// still serves the honest rank: an `accept` out of descriptors gives up the oldest stranger's
+/// slot and tries again. (Any `accept` error ended rank 0's rendezvous, so a stranger without
+/// the secret could end it: the eighteenth audit, `Too many open files` within half a second.)
+/// Rank 0 runs in a child process of this test binary, whose descriptor limit alone is lowered.
+#[test]
+fn rank_zero_out_of_descriptors_under_a_flood_still_serves_the_honest_rank() {
+    const CHILD: &str = "RAFT_COMMS_TEST_LOW_FD_SERVE";
+    if let Ok(addr) = std::env::var(CHILD) {
+        // The child: 24 descriptors (the test harness and the listener use a few; each
+        // connection under way takes two), rank 0 of 2.
+        let limit = libc::rlimit { rlim_cur: 24, rlim_max: 24 };
+        // SAFETY: sets this process's own limit from a local.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+        match fake_id(4).serve_with_secret(&addr, 2, Duration::from_secs(8), Some(&secret("low-fd"))) {
+            Ok(()) => println!("SERVED"),
+            Err(e) => println!("FAILED: {e}"),
+        }
+        return;
+    }
+    let addr = free_addr();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["rank_zero_out_of_descriptors_under_a_flood_still_serves_the_honest_rank", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, &addr)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Rank 0 listening first.
+    let up = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(&addr).is_err() {
+        assert!(Instant::now() < up, "rank 0 never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let attacker = flood(addr.clone(), 200, stop.clone());
+    std::thread::sleep(Duration::from_millis(500)); // past the descriptors' limit
+    let got = UniqueId::fetch_with_secret(&addr, 1, 2, Duration::from_secs(5), Some(&secret("low-fd")));
+    stop.store(true, Ordering::Relaxed);
+    let opened = attacker.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("SERVED"), "rank 0 ({opened} idle connections opened): {said}");
+    assert_eq!(got.unwrap(), fake_id(4));
+}

@@ -310,7 +310,10 @@ struct comm_cell : std::enable_shared_from_this<comm_cell> {
   int rank{-1};
   int size{-1};
   int device{0};
-  double timeout_s{300.0};
+  /// Written under `lock` (raftcomms_comm_set_timeout), read also outside it (a wait that let go
+  /// of the lock, RAFT's interface): atomic, so another thread's new timeout is no data race
+  /// (the eighteenth audit).
+  std::atomic<double> timeout_s{300.0};
   /// Recorded after each marked call: what the owner's watchdog looks at.
   cudaEvent_t event{nullptr};
   /// Where a non-blocking ncclCommSplit writes the new communicator, from NCCL's own thread,
