@@ -384,3 +384,57 @@ fn an_event_object_a_guard_let_out_is_never_reused() {
     drop(x); // its entry goes, and with it the event
     assert!(weak.upgrade().is_none(), "the event object a guard let out was pooled for reuse");
 }
+
+/// The eighteenth audit (helper 82): a thread whose current context is another library's context
+/// of the same device (`cuCtxCreate`, PyCUDA's `autoinit`) got the shim's allocations, handles and
+/// launches in that context: the shim's device scope saw "the same device" and switched nothing.
+/// Memory of that context dies with it (the driver frees a destroyed context's memory), a device
+/// use after free for arrays the library still holds. Now the primary context is bound around
+/// the call and the thread's own context put back.
+#[test]
+fn memory_made_while_another_librarys_context_of_the_device_is_current_belongs_to_the_primary_context() {
+    require_gpu!();
+    let _one = serial();
+    use cudarc::driver::sys;
+    let res = DeviceResources::on_device(0).unwrap();
+    let primary = res.stream().unwrap().context().cu_ctx() as usize;
+    let mr = raft::MemoryResource::cuda(0).unwrap();
+    let owner_of = |address: u64| {
+        let mut owner: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle into a local; the address is a live array's.
+        unsafe {
+            sys::cuPointerGetAttribute(
+                &mut owner as *mut sys::CUcontext as *mut std::ffi::c_void,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+                address,
+            )
+        }
+        .result()
+        .unwrap();
+        owner as usize
+    };
+    std::thread::spawn(move || {
+        let mut foreign: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: makes a new context of device 0 current on this thread; destroyed below, after
+        // the library's calls, with no use of it left.
+        unsafe { sys::cuCtxCreate_v4(&mut foreign, std::ptr::null_mut(), 0, 0) }.result().unwrap();
+        assert_ne!(foreign as usize, primary);
+        let v = DeviceVec::<f32>::new_in(&res, 1 << 20, &mr).unwrap();
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes the thread's current context into a local.
+        unsafe { sys::cuCtxGetCurrent(&mut current) }.result().unwrap();
+        assert_eq!(current as usize, foreign as usize, "the thread's own context was not put back");
+        let owner = owner_of(v.device_address());
+        // SAFETY: the context made above, current on this thread, holds nothing the library uses
+        // (checked: the array is the primary context's).
+        unsafe { sys::cuCtxDestroy_v2(foreign) }.result().unwrap();
+        assert_eq!(owner, primary, "an array of the library was made in another library's context (the foreign one: {})", foreign as usize);
+        // Still usable after the foreign context is gone.
+        let mut z = DeviceVec::<f32>::from_host(&res, &[1.0; 1024]).unwrap();
+        z.fill_zero().unwrap();
+        assert_eq!(z.to_host().unwrap(), vec![0.0; 1024]);
+        drop(v);
+    })
+    .join()
+    .unwrap();
+}

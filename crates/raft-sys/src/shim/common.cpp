@@ -56,6 +56,21 @@ device_scope::driver_ctx const* device_scope::driver_ctx_lookup()
 
 void device_scope::enter()
 {
+  // A context is bound that is not the device's noted primary (the constructor's fast path said
+  // so): another library's context of this device or another (cuCtxCreate, PyCUDA, a green
+  // context). The runtime names its device, so "the same device" kept it before, and handles,
+  // memory and launches landed in that context, whose addresses die with it (the eighteenth
+  // audit). With the primary noted, it is bound whatever the device, and the exact context put
+  // back on exit.
+  if (saved_ctx_ && previous_ != nullptr) {
+    if (void* primary = noted_primary(device_); primary != nullptr) {
+      if (driver_ctx_api()->set(primary) != 0) {
+        throw cuda_failure(cudaErrorDeviceUninitialized, "binding the device's primary context");
+      }
+      switched_ = true;
+      return;
+    }
+  }
   // With a context bound, the runtime reports its device; with none, its answer is only its
   // default (0), and the thread must be switched whatever the device.
   if (!saved_ctx_ || previous_ != nullptr) {
