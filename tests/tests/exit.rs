@@ -24,6 +24,24 @@ fn secs(c: &Child) -> f64 {
     c.elapsed.as_secs_f64()
 }
 
+/// The eighteenth audit (helper 82): the child of a `fork()` inherited the exit hook and the
+/// parent's jobs, which never end there; its `exit` waited out their bound (for ever here).
+/// Now the child is marked at the fork: its exit ends at once, and a library call there is
+/// refused (`Cuda`, GPU variant) rather than made with CUDA's state copied from the parent.
+#[test]
+fn the_child_of_a_fork_exits_at_once_and_is_refused_the_library() {
+    for g in variants() {
+        let c = scenario("fork-then-exit", g, "inf", "7");
+        c.assert_code(0);
+        assert_eq!(c.result("child_ended").as_deref(), Some("true"), "gpu={g}: the child hung in its exit: {}", c.stdout);
+        let took: u64 = c.result("child_ms").and_then(|v| v.parse().ok()).expect("child_ms");
+        assert!(took < 2000, "gpu={g}: the child took {took} ms to exit");
+        assert_eq!(c.result("child_status").as_deref(), Some("0"), "gpu={g}: {}", c.stdout);
+        let asked = if g == "1" { "refused" } else { "not-asked" };
+        assert_eq!(c.result("child_new").as_deref(), Some(asked), "gpu={g}: {}", c.stdout);
+    }
+}
+
 #[test]
 fn a_job_ending_within_its_bound_is_waited_for_and_torn_down() {
     for g in variants() {

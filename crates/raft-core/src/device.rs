@@ -92,11 +92,16 @@ struct DeviceContext {
 
 /// The device's primary context as a cudarc context, retained once per process.
 pub(crate) fn context(who: &'static str, device: usize) -> Result<Arc<CudaContext>> {
+    if raft_exit::forked() {
+        return Err(result::forked(who));
+    }
     let count = check_device(who, device)?;
     let slots = CONTEXTS.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect());
     if let Some(dc) = slots[device].get() {
         return Ok(dc.ctx.clone());
     }
+    // A fork's child from here on is marked (`raft_exit::watch_forks`).
+    raft_exit::watch_forks();
     // Retaining makes the context current on this thread: put the caller's back.
     let _keep = ContextGuard::save(who)?;
     let mut ctx = result::retain_primary(who, device)?;

@@ -86,11 +86,23 @@ pub fn ensure_registered() {
         let rc = unsafe { libc::atexit(exit_hook) };
         refused = rc;
     });
+    watch_forks();
     // Logged outside the `Once`: a panicking logger would poison it, and every later job's
     // registration would panic (the fourteenth audit, low).
     if refused != 0 {
         log_guarded(|| log::warn!(target: "raft", "the C library refused the exit hook ({refused}): exits will not wait for GPU jobs"));
     }
+}
+
+/// Marks the child of any later `fork()` (see `forked_child`), once; the exit hook's registration
+/// does it, and so does the library's first CUDA use.
+pub fn watch_forks() {
+    static WATCH: Once = Once::new();
+    WATCH.call_once(|| {
+        // SAFETY: `forked_child` touches two atomics only (async-signal-safe, as a fork's child
+        // handler must be) and never unwinds; pthread_atfork only stores the pointer.
+        let _ = unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+    });
 }
 
 /// Whether the hook was registered (the first job, release or communicator was made).
@@ -116,7 +128,7 @@ pub fn hook_registered() -> bool {
 /// flush its data yourself before exiting (`__llvm_profile_write_file`, `__gcov_dump`, …).
 #[cfg(target_env = "gnu")]
 extern "C" fn exit_hook_with_status(status: libc::c_int, _arg: *mut libc::c_void) {
-    if run_hook_guarded() {
+    if crate::phase::forked() || run_hook_guarded() {
         // Something still runs on the GPU (or the teardown did not run): the C++ static
         // destructors that would run next (libcudart's, RMM's per-device map) would tear CUDA
         // down under it and crash the process. End it here with its own status; the OS
@@ -134,7 +146,20 @@ extern "C" fn exit_hook_with_status(status: libc::c_int, _arg: *mut libc::c_void
 /// with its own status, so after a skipped teardown the static destructors still run.
 #[cfg(not(target_env = "gnu"))]
 extern "C" fn exit_hook() {
-    let _ = run_hook_guarded();
+    if !crate::phase::forked() {
+        let _ = run_hook_guarded();
+    }
+}
+
+/// The child of a `fork()` (Python's `os.fork`, a prefork server's workers) inherits the exit
+/// hook, the registry's entries and every lock as it was, but none of the library's threads:
+/// the jobs and releases it lists never end there, a lock another thread held at the fork is
+/// never let go, and CUDA may not be used until an `exec` (the eighteenth audit: such a child's
+/// `exit` waited out every job's bound, or for ever). Marked here, in the child, before anything
+/// else runs: the exit decided as skipped (drops leak, no job or release is taken, no CUDA call
+/// is made), and the hook ends the child at once, touching no lock.
+extern "C" fn forked_child() {
+    crate::phase::mark_forked();
 }
 
 /// Runs the hook; returns whether the process must end at once. A panic must not unwind into

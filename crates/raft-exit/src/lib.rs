@@ -46,9 +46,9 @@ mod wait;
 
 pub use hook::{
     ensure_registered as register_exit_hook, hook_registered, left_running_saying, log_guarded, mark_library_thread, on_library_thread,
-    on_teardown, teardown_left_running, teardown_step,
+    on_teardown, teardown_left_running, teardown_step, watch_forks,
 };
-pub use phase::{exiting, native_release_allowed, phase, ExitDecided, Phase};
+pub use phase::{exiting, forked, native_release_allowed, phase, ExitDecided, Phase};
 pub use registry::Label;
 pub use wait::{
     current_exit_wait, default_exit_wait, set_default_exit_wait, spawn_thread, validate, with_exit_wait, ExitWait, InvalidExitWait,

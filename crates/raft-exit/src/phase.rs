@@ -2,7 +2,7 @@
 //! to refuse jobs once the exit has decided) and by the library (whether a release may still
 //! call into CUDA), written by the exit hook. It lives apart from both so that neither the
 //! registry nor the hook has to reach into the other.
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// Where the process is in its exit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,4 +121,21 @@ mod tests {
         assert_eq!(e.to_string(), "the process is exiting");
         assert_eq!(e.phase(), Phase::Skipped);
     }
+}
+
+/// Set in the child of a `fork()` made after the exit hook was registered (`hook::forked_child`).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process is the child of a `fork()` of a process that used the library: CUDA,
+/// RAFT and the library's threads are not usable here (CUDA allows no use after a fork until an
+/// `exec`).
+#[inline]
+pub fn forked() -> bool {
+    FORKED.load(Ordering::Relaxed)
+}
+
+/// In a fork's child (async-signal-safe: two atomic stores).
+pub(crate) fn mark_forked() {
+    FORKED.store(true, Ordering::Relaxed);
+    PHASE.set(Phase::Skipped);
 }

@@ -38,7 +38,23 @@ static_assertions::const_assert_eq!(sys::RAFTRS_EXPECTED_HANDLE_SIZE as usize, s
 /// The loaded shim, or the `Cuda` error saying why it is not there.
 #[inline]
 pub(crate) fn api(who: &'static str) -> Result<&'static sys::RaftrsShim> {
+    if raft_exit::forked() {
+        return Err(forked(who));
+    }
     sys::shim().map_err(|e| Error::library_missing(who, e.clone()))
+}
+
+/// The error of a call in the child of a `fork()` of a process that used the library (see
+/// `raft_exit::forked`): CUDA allows no use there until an `exec`, and the library's threads
+/// were not copied.
+#[cold]
+pub(crate) fn forked(who: &'static str) -> Error {
+    Error::new(
+        ErrorKind::Cuda,
+        who,
+        "CUDA was in use when this process was forked: a fork's child cannot use CUDA or this library (start it with \
+         spawn or forkserver, or exec)",
+    )
 }
 
 /// Turns a shim status into a result; the thread-local message is read and cleared at once.

@@ -3,7 +3,9 @@
 // the map gone, so no touch runs against a dying map.
 #include "memory.hpp"
 
+#include <atomic>
 #include <cstdlib>
+#include <unistd.h>
 #include <stdexcept>
 
 using namespace raftrs_shim;
@@ -25,8 +27,14 @@ rmm_map_state& map_state()
   return *s;
 }
 
+/// The process that registered `mark_map_gone`: the child of a fork() inherits the handler and
+/// the lock as another thread may have held it at the fork, never to be let go there; the
+/// child, which may not use CUDA anyway, leaves it alone (the eighteenth audit).
+std::atomic<pid_t> registered_by{0};
+
 void mark_map_gone() noexcept
 {
+  if (getpid() != registered_by.load(std::memory_order_relaxed)) { return; }
   auto& s = map_state();
   std::unique_lock<std::shared_mutex> lock{s.lock};
   s.gone = true;
@@ -40,6 +48,7 @@ void register_map_exit()
 {
   static bool const registered = [] {
     static_cast<void>(rmm::mr::detail::get_ref_map());
+    registered_by.store(getpid(), std::memory_order_relaxed);
     return std::atexit(mark_map_gone) == 0;
   }();
   static_cast<void>(registered);

@@ -54,6 +54,52 @@ fn main() -> ExitCode {
         "job-then-return" => {
             let _keep = job(secs);
         }
+        // A job in flight (bound: SCENARIO_WAIT), then a fork whose child only exits (or, with
+        // SCENARIO_GPU=1, first asks for resources); the parent reports how long the child took
+        // to end (or kills it after 5 s). The eighteenth audit: the child's inherited exit hook
+        // waited for the parent's jobs, which never end there.
+        "fork-then-exit" => {
+            let _keep = job(secs);
+            let gpu = std::env::var("SCENARIO_GPU").as_deref() == Ok("1");
+            // SAFETY: the child calls only async-signal-safe functions (write, exit's handlers
+            // are the library's, which touch atomics in a fork's child) and, in the GPU variant,
+            // the library's refusal, which reads an atomic and makes an error on the heap (as a
+            // child of a multithreaded process may not strictly do: a test of what users do).
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let line: &[u8] = if gpu {
+                    match raft::DeviceResources::new() {
+                        Err(e) if e.kind() == raft::ErrorKind::Cuda && e.message().contains("forked") => b"RESULT child_new=refused\n",
+                        Err(_) => b"RESULT child_new=other-error\n",
+                        Ok(_) => b"RESULT child_new=made\n",
+                    }
+                } else {
+                    b"RESULT child_new=not-asked\n"
+                };
+                // SAFETY: writes a static buffer to stdout; exit runs the inherited handlers.
+                unsafe {
+                    libc::write(1, line.as_ptr().cast(), line.len());
+                    libc::exit(0);
+                }
+            }
+            let start = std::time::Instant::now();
+            let mut status = 0;
+            let ended = loop {
+                // SAFETY: waits for our own child, writing its status into a local.
+                if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                    break true;
+                }
+                if start.elapsed() > Duration::from_secs(5) {
+                    // SAFETY: our own child.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    // SAFETY: as above.
+                    unsafe { libc::waitpid(pid, &mut status, 0) };
+                    break false;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            println!("RESULT child_ended={ended} child_ms={} child_status={status}", start.elapsed().as_millis());
+        }
         // The user's logger panics inside the exit hook (at its warning of a skipped teardown),
         // while a job outlives its bound; a user's exit handler registered before the first job
         // must not run (the static destructors that follow it would run under the job).
