@@ -100,6 +100,24 @@ impl ExitDecided {
     }
 }
 
+/// Set in the child of a `fork()` made after the library's first CUDA use or the exit
+/// hook's registration (the fork's child handler sets it).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process is the child of a `fork()` of a process that used the library: CUDA,
+/// RAFT and the library's threads are not usable here (CUDA allows no use after a fork until an
+/// `exec`).
+#[inline]
+pub fn forked() -> bool {
+    FORKED.load(Ordering::Relaxed)
+}
+
+/// In a fork's child (async-signal-safe: two atomic stores).
+pub(crate) fn mark_forked() {
+    FORKED.store(true, Ordering::Relaxed);
+    PHASE.set(Phase::Skipped);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,21 +139,4 @@ mod tests {
         assert_eq!(e.to_string(), "the process is exiting");
         assert_eq!(e.phase(), Phase::Skipped);
     }
-}
-
-/// Set in the child of a `fork()` made after the exit hook was registered (`hook::forked_child`).
-static FORKED: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process is the child of a `fork()` of a process that used the library: CUDA,
-/// RAFT and the library's threads are not usable here (CUDA allows no use after a fork until an
-/// `exec`).
-#[inline]
-pub fn forked() -> bool {
-    FORKED.load(Ordering::Relaxed)
-}
-
-/// In a fork's child (async-signal-safe: two atomic stores).
-pub(crate) fn mark_forked() {
-    FORKED.store(true, Ordering::Relaxed);
-    PHASE.set(Phase::Skipped);
 }
