@@ -53,6 +53,22 @@ pub(crate) fn unique_id(who: &'static str) -> Result<[u8; sys::RAFTCOMMS_UNIQUE_
     Ok(id)
 }
 
+/// Whether the shim runs `ncclCommAbort` on a thread of its own (see `raftcomms.h`): on from the
+/// first communicator, off for the exit's teardown. Where the shim cannot be loaded there is no
+/// communicator to abort: nothing to do.
+pub(crate) fn abort_elsewhere(on: bool) {
+    if let Ok(api) = api("raft-comms") {
+        // SAFETY: sets an atomic in the shim; takes no pointer.
+        let _ = unsafe { (api.raftcomms_set_abort_elsewhere)(i32::from(on)) };
+    }
+}
+
+/// The aborts begun on threads of their own that have not returned yet (0 without the shim).
+pub(crate) fn aborts_in_flight() -> i32 {
+    // SAFETY: reads an atomic in the shim.
+    api("raft-comms").map_or(0, |api| unsafe { (api.raftcomms_aborts_in_flight)() })
+}
+
 /// `nccl.h`'s version code the shim was built with.
 pub(crate) fn header_nccl_version(who: &'static str) -> Result<i32> {
     let api = api(who)?;

@@ -3,7 +3,7 @@
 //! `watchdog.rs`, which see it only through their traits ([`Member`], [`Watched`]): the watchdog
 //! step and the group hooks are here, with the state they change.
 use crate::group::{self, Member};
-use crate::result::NativeComm;
+use crate::result::{self, NativeComm};
 use crate::watchdog::{self, Watched};
 use cudarc::driver::CudaStream;
 use raft_core::DeviceResources;
@@ -67,6 +67,11 @@ pub(crate) fn register_live(shared: &Arc<Shared>) {
     static TEARDOWN: Once = Once::new();
     TEARDOWN.call_once(|| {
         raft_exit::on_teardown(abort_all_live);
+        // An abort can wait for the device (NCCL's clean-up follows the user's stream): made
+        // under the communicator's locks it held every use of it, and the watchdog's looks at
+        // every other communicator, for as long (run 216). The shim runs it on a thread of its
+        // own, counted; the teardown below turns that off and waits for the count.
+        result::abort_elsewhere(true);
         // RMM's per-device map made before the exit hook below (as `with_tracking` does), so
         // that the C library destroys it after the hook has run; where it could not be, the
         // teardown never reads the map once it is gone (the shim's flag).
@@ -83,13 +88,34 @@ pub(crate) fn register_live(shared: &Arc<Shared>) {
     live.push(Arc::downgrade(shared));
 }
 
-/// The exit teardown's step (everything drained by then): aborts what is still alive.
+/// The exit teardown's step (everything drained by then): aborts what is still alive, here, and
+/// waits (up to [`ABORTS_AT_EXIT`]) for the aborts begun on threads of their own; one still
+/// inside NCCL then keeps the static destructors from running under it.
 fn abort_all_live() {
+    result::abort_elsewhere(false);
     let live: Vec<Arc<Shared>> = LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
     for sh in live {
         raft_exit::teardown_step(|| abort_one(&sh));
     }
+    let start = std::time::Instant::now();
+    while result::aborts_in_flight() > 0 {
+        if start.elapsed() > ABORTS_AT_EXIT {
+            raft_exit::left_running_saying(|| {
+                log::warn!(
+                    target: "raft",
+                    "exit teardown: {} communicator abort(s) still inside NCCL after {:.1} s",
+                    result::aborts_in_flight(),
+                    ABORTS_AT_EXIT.as_secs_f64()
+                )
+            });
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
+
+/// How long the exit's teardown waits for aborts running on threads of their own.
+const ABORTS_AT_EXIT: Duration = Duration::from_secs(5);
 
 /// Aborts one live communicator for the exit's teardown (see [`abort_all_live`]).
 fn abort_one(sh: &Shared) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <thread>
 
 #pragma GCC visibility push(hidden)  // internal to the shim, as in common.hpp
 
@@ -35,19 +36,50 @@ void release_device_objects(comm_cell& c) noexcept
   c.event = nullptr;
 }
 
-/// ncclCommAbort now, of a cell marked ended. Under the cell's lock.
+/// Whether aborts run on threads of their own (raftcomms_set_abort_elsewhere), and how many
+/// such aborts have not returned yet (raftcomms_aborts_in_flight).
+std::atomic<int32_t> abort_elsewhere{0};
+std::atomic<int32_t> aborts_in_flight{0};
+
+/// ncclCommAbort of `comm` on `device`, waiting for it.
+ncclResult_t abort_comm(ncclComm_t comm, int device) noexcept
+{
+  device_scope scope{device, std::nothrow};
+  try {
+    return nccl().CommAbort(comm);
+  } catch (...) {
+    return ncclInternalError;
+  }
+}
+
+/// ncclCommAbort of a cell marked ended. Under the cell's lock. ncclCommAbort can wait for the
+/// device: its clean-up waits for NCCL's internal stream, which follows the user's stream after
+/// NCCL's kernel (run 216: 17 s behind a shut stream). Made under the lock it held every use of
+/// the communicator (`ended`, `sync`, the Rust side's lock, the watchdog's looks at every other
+/// communicator) for that long: the eighteenth audit. So, once the Rust side allows it (not in
+/// the exit's teardown), the communicator is taken out of the cell at once, nothing reaches it
+/// any more, and NCCL's abort runs on a thread of its own, counted until it returns.
 ncclResult_t abort_now(comm_cell& c) noexcept
 {
   ncclResult_t r = ncclSuccess;
   if (c.comm != nullptr) {
-    device_scope scope{c.device, std::nothrow};
-    try {
-      r = nccl().CommAbort(c.comm);
-    } catch (...) {
-      r = ncclInternalError;
+    ncclComm_t const comm = c.comm;
+    c.comm                = nullptr;
+    bool elsewhere        = false;
+    if (abort_elsewhere.load(std::memory_order_acquire) != 0) {
+      aborts_in_flight.fetch_add(1, std::memory_order_acq_rel);
+      try {
+        std::thread([comm, device = c.device] {
+          static_cast<void>(abort_comm(comm, device));
+          aborts_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+        }).detach();
+        elsewhere = true;
+      } catch (...) {
+        aborts_in_flight.fetch_sub(1, std::memory_order_acq_rel);  // no thread: aborted here
+      }
     }
+    if (!elsewhere) { r = abort_comm(comm, c.device); }
   }
-  c.comm = nullptr;
   release_device_objects(c);
   return r;
 }
@@ -676,5 +708,12 @@ raftcomms_status raftcomms_comm_destroy(raftcomms_comm* comm)
 }
 
 void raftcomms_comm_free(raftcomms_comm* comm) { delete comm; }
+
+raftcomms_status raftcomms_set_abort_elsewhere(int32_t on)
+{
+  return guard([&] { abort_elsewhere.store(on != 0 ? 1 : 0, std::memory_order_release); });
+}
+
+int32_t raftcomms_aborts_in_flight(void) { return aborts_in_flight.load(std::memory_order_acquire); }
 
 }  // extern "C"
