@@ -140,11 +140,12 @@ raftcomms_status raftcomms_comm_finalize(raftcomms_comm* comm);
 raftcomms_status raftcomms_comm_destroy(raftcomms_comm* comm);
 /** Drops this handle; no NCCL call (a communicator never ended is leaked with it). */
 void raftcomms_comm_free(raftcomms_comm* comm);
-/** Whether ncclCommAbort runs on a thread of its own (non-zero) or inside the call that ends the
- *  communicator (0, the default; the exit's teardown). Either way the communicator is ended and
- *  unreachable when that call returns. */
+/** Whether ncclCommAbort and ncclCommDestroy (both may wait for the device) run on a thread of
+ *  their own (non-zero) or inside the call that ends the communicator (0, the default; the
+ *  exit's teardown). Either way the communicator is ended and unreachable when that call
+ *  returns. */
 raftcomms_status raftcomms_set_abort_elsewhere(int32_t on);
-/** The aborts begun on threads of their own that have not returned yet. */
+/** The aborts and destroys begun on threads of their own that have not returned yet. */
 int32_t raftcomms_aborts_in_flight(void);
 
 /* ---- RAFT's resources ------------------------------------------------------------------------ */

@@ -899,24 +899,6 @@ fn another_threads_global_capture_neither_aborts_a_watched_communicator_nor_is_i
     Communicator::release_all(comms).unwrap();
 }
 
-/// Shuts `stream` (a host function that waits for the flag, at most 30 s) until the flag is set.
-fn gate(stream: &cudarc::driver::CudaStream) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    unsafe extern "C" fn hold(arg: *mut std::ffi::c_void) {
-        // SAFETY: `arg` is the `Arc<AtomicBool>` leaked below, reclaimed here once.
-        let open = unsafe { std::sync::Arc::from_raw(arg as *const AtomicBool) };
-        let start = Instant::now();
-        while !open.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(30) {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-    let open = std::sync::Arc::new(AtomicBool::new(false));
-    let arg = std::sync::Arc::into_raw(open.clone()) as *mut std::ffi::c_void;
-    // SAFETY: the stream is alive for the call; `hold` makes no CUDA call and owns `arg`.
-    unsafe { cudarc::driver::result::stream::launch_host_function(stream.cu_stream(), hold, arg) }.expect("cuLaunchHostFunc");
-    open
-}
-
 /// The eighteenth audit (helper 83, read in NCCL's source, not yet reproduced): the watchdog's
 /// abort of a communicator runs under the communicator's lock, and `ncclCommAbort` may wait for
 /// NCCL's internal stream, which follows the user's stream. A collective queued behind other
@@ -934,21 +916,13 @@ fn a_watchdog_abort_behind_a_shut_stream_does_not_hold_up_ended() {
     comms[0].allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
     comms[0].sync().unwrap();
     comms[0].set_timeout(Duration::from_secs(1)).unwrap();
-    let open = gate(&res.stream().unwrap());
-    let opener = {
-        let open = open.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_secs(20));
-            open.store(true, std::sync::atomic::Ordering::Release);
-        })
-    };
+    let gate = common::Gate::close(&res.stream().unwrap(), Duration::from_secs(20));
     comms[0].allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
     std::thread::sleep(Duration::from_secs(3)); // past the timeout: the watchdog has aborted
     let start = Instant::now();
     let ended = comms[0].ended();
     let took = start.elapsed();
-    open.store(true, std::sync::atomic::Ordering::Release);
-    opener.join().unwrap();
+    gate.open();
     eprintln!("ended() after {took:?}: {ended:?}");
     assert!(took < Duration::from_secs(1), "ended() waited {took:?} for the abort behind the shut stream");
     assert!(ended.is_some_and(|e| e.message().contains("did not finish within")), "the timeout did not end the communicator");

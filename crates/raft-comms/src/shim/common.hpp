@@ -367,7 +367,6 @@ namespace raftcomms {
 
 comm_cell& cell_of(raftcomms_comm* h);
 void live(comm_cell& c, char const* doing);
-void release_device_objects(comm_cell& c) noexcept;
 ncclResult_t abort_now(comm_cell& c) noexcept;
 /// Schedules the abort of `c`'s clique peers (under `c`'s lock), saying that `c` was aborted.
 void schedule_peer_aborts(comm_cell& c, std::string const& reason) noexcept;

@@ -25,31 +25,64 @@ void live(comm_cell& c, char const* doing)
   }
 }
 
-/// Destroys the event (after the communicator ended; never waits for the device). Under the
-/// cell's lock.
-void release_device_objects(comm_cell& c) noexcept
-{
-  if (c.event == nullptr) { return; }
-  device_scope scope{c.device, std::nothrow};
-  cudaEventDestroy(c.event);
-  cudaGetLastError();  // a broken context fails it: nothing more to do about it
-  c.event = nullptr;
-}
-
 /// Whether aborts run on threads of their own (raftcomms_set_abort_elsewhere), and how many
 /// such aborts have not returned yet (raftcomms_aborts_in_flight).
 std::atomic<int32_t> abort_elsewhere{0};
 std::atomic<int32_t> aborts_in_flight{0};
 
-/// ncclCommAbort of `comm` on `device`, waiting for it.
-ncclResult_t abort_comm(ncclComm_t comm, int device) noexcept
+/// ncclCommAbort (or, with `destroy`, ncclCommDestroy after a completed finalize) of `comm` on
+/// `device`, waiting for it.
+ncclResult_t end_comm(ncclComm_t comm, int device, bool destroy) noexcept
 {
   device_scope scope{device, std::nothrow};
+  // As every look of the watchdog: another thread's global capture neither fails these calls
+  // nor is invalidated by them (run 217: a destroy on its own thread invalidated one).
+  relaxed_capture relaxed;
   try {
-    return nccl().CommAbort(comm);
+    return destroy ? nccl().CommDestroy(comm) : nccl().CommAbort(comm);
   } catch (...) {
     return ncclInternalError;
   }
+}
+
+/// Destroys `event` of `device` (after the communicator ended).
+void destroy_event(cudaEvent_t event, int device) noexcept
+{
+  device_scope scope{device, std::nothrow};
+  relaxed_capture relaxed;
+  cudaEventDestroy(event);
+  cudaGetLastError();  // a broken context fails it: nothing more to do about it
+}
+
+/// Ends the cell's communicator (see `abort_now`) and lets its event go: both taken out of the
+/// cell here, ended on a thread of their own where allowed, else here. Under the cell's lock.
+/// The event too: a destroy waits for the driver's lock, which another thread's cudaFreeHost
+/// (NCCL's destroy of another communicator) holds until the whole device is idle (run 217's
+/// stacks: the watchdog waited there under this cell's lock). The result of an end made here.
+ncclResult_t take_and_end(comm_cell& c, bool destroy) noexcept
+{
+  ncclComm_t const comm  = c.comm;
+  cudaEvent_t const event = c.event;
+  c.comm                 = nullptr;
+  c.event                = nullptr;
+  if (comm == nullptr && event == nullptr) { return ncclSuccess; }
+  int const device = c.device;
+  if (abort_elsewhere.load(std::memory_order_acquire) != 0) {
+    aborts_in_flight.fetch_add(1, std::memory_order_acq_rel);
+    try {
+      std::thread([comm, event, device, destroy] {
+        if (comm != nullptr) { static_cast<void>(end_comm(comm, device, destroy)); }
+        if (event != nullptr) { destroy_event(event, device); }
+        aborts_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+      }).detach();
+      return ncclSuccess;
+    } catch (...) {
+      aborts_in_flight.fetch_sub(1, std::memory_order_acq_rel);  // no thread: ended here
+    }
+  }
+  ncclResult_t const r = comm != nullptr ? end_comm(comm, device, destroy) : ncclSuccess;
+  if (event != nullptr) { destroy_event(event, device); }
+  return r;
 }
 
 /// ncclCommAbort of a cell marked ended. Under the cell's lock. ncclCommAbort can wait for the
@@ -61,27 +94,7 @@ ncclResult_t abort_comm(ncclComm_t comm, int device) noexcept
 /// any more, and NCCL's abort runs on a thread of its own, counted until it returns.
 ncclResult_t abort_now(comm_cell& c) noexcept
 {
-  ncclResult_t r = ncclSuccess;
-  if (c.comm != nullptr) {
-    ncclComm_t const comm = c.comm;
-    c.comm                = nullptr;
-    bool elsewhere        = false;
-    if (abort_elsewhere.load(std::memory_order_acquire) != 0) {
-      aborts_in_flight.fetch_add(1, std::memory_order_acq_rel);
-      try {
-        std::thread([comm, device = c.device] {
-          static_cast<void>(abort_comm(comm, device));
-          aborts_in_flight.fetch_sub(1, std::memory_order_acq_rel);
-        }).detach();
-        elsewhere = true;
-      } catch (...) {
-        aborts_in_flight.fetch_sub(1, std::memory_order_acq_rel);  // no thread: aborted here
-      }
-    }
-    if (!elsewhere) { r = abort_comm(comm, c.device); }
-  }
-  release_device_objects(c);
-  return r;
+  return take_and_end(c, false);
 }
 
 namespace {
@@ -491,12 +504,10 @@ void close_owned(comm_cell& c) noexcept
     wait_ready(c, c.timeout_s, "finalizing a split communicator");
     std::lock_guard<std::mutex> hold(c.lock);
     if (c.ended || c.comm == nullptr) { return; }
-    device_scope scope{c.device};
-    nccl().CommDestroy(c.comm);
-    c.comm  = nullptr;
+    // ncclCommDestroy frees device memory (a cudaFree waits for the whole device): as an abort.
+    static_cast<void>(take_and_end(c, true));
     c.ended = true;
     c.why   = "was destroyed";
-    release_device_objects(c);
   } catch (...) {
     std::lock_guard<std::mutex> hold(c.lock);
     abort_locked(c, "finalizing a split communicator failed");
@@ -697,12 +708,12 @@ raftcomms_status raftcomms_comm_destroy(raftcomms_comm* comm)
     }
     live(c, "ncclCommDestroy");
     refuse_held_elsewhere(c, "ncclCommDestroy");
-    device_scope scope{c.device};
-    ncclResult_t r = nccl().CommDestroy(c.comm);
-    c.comm         = nullptr;
+    // ncclCommDestroy frees device memory (a cudaFree waits for the whole device, run 217: the
+    // watchdog destroying one test's communicator waited behind another's shut stream): ended as
+    // an abort is, on a thread of its own where allowed.
+    ncclResult_t r = take_and_end(c, true);
     c.ended        = true;
     c.why          = "was released";
-    release_device_objects(c);
     if (r != ncclSuccess) { throw nccl_failure(r, nccl_message(r, "ncclCommDestroy")); }
   });
 }
