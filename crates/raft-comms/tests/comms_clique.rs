@@ -899,12 +899,14 @@ fn another_threads_global_capture_neither_aborts_a_watched_communicator_nor_is_i
     Communicator::release_all(comms).unwrap();
 }
 
-/// The eighteenth audit (helper 83, read in NCCL's source, not yet reproduced): the watchdog's
-/// abort of a communicator runs under the communicator's lock, and `ncclCommAbort` may wait for
-/// NCCL's internal stream, which follows the user's stream. A collective queued behind other
-/// work on its stream that outlives the timeout would then hold `ended()` (and `sync`, `Drop`,
-/// every other communicator's watchdog step) until that work ends. One rank, its stream shut by
-/// a gate for 20 s, a timeout of 1 s: `ended()` must answer at once, not when the gate opens.
+/// The eighteenth audit (helper 83; run 216 reproduced it): the watchdog's abort of a
+/// communicator ran under the communicator's locks, and `ncclCommAbort` waits for NCCL's
+/// internal stream, which follows the user's stream (so does `ncclCommDestroy` of any other
+/// communicator, in `cudaFreeHost`, holding the driver's lock that destroying the cell's event
+/// waits for). A collective queued behind other work that outlives the timeout held `ended()`
+/// (and `sync`, `Drop`, every other communicator's watchdog step) until that work ended: 17 s
+/// here before. One rank, its stream shut by a gate for 20 s, a timeout of 1 s: `ended()` must
+/// answer at once, not when the gate opens.
 #[test]
 fn a_watchdog_abort_behind_a_shut_stream_does_not_hold_up_ended() {
     if !common::have(1, "a_watchdog_abort_behind_a_shut_stream_does_not_hold_up_ended") {
