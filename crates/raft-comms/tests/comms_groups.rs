@@ -2,14 +2,15 @@
 //! refuses an unsafe `group` inside it (whose calls would be launched only at the scope's end,
 //! after the inner closure's arrays may be gone), refuses to open inside another group, and the
 //! thread is left with no group open afterwards. Skips where NCCL cannot be loaded. And, on one
-//! GPU, a collective made by user code running inside a scoped call (a logger) is refused.
+//! GPU, a collective made by user code running inside a scoped call (a logger) is refused, and
+//! the watchdog's abort behind a shut stream holds up no use of the communicator.
 mod common;
 
 use raft_comms::{group, group_scope, Communicator, ReduceOp};
 use raft_core::{DeviceResources, DeviceVec, ErrorKind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[test]
 fn groups_nest_only_where_every_array_outlives_the_launch() {
@@ -108,4 +109,35 @@ fn a_collective_made_by_a_logger_inside_a_scoped_call_is_refused() {
         "a collective made by a logger inside a scoped call was not refused (it entered the open group)"
     );
     assert_eq!(out.to_host().unwrap(), [1.0f32; 16]);
+}
+
+/// The eighteenth audit (helper 83; run 216 reproduced it): the watchdog's abort of a
+/// communicator ran under the communicator's locks, and `ncclCommAbort` waits for NCCL's
+/// internal stream, which follows the user's stream (so does `ncclCommDestroy` of any other
+/// communicator, in `cudaFreeHost`, holding the driver's lock that destroying the cell's event
+/// waits for: run 217). A collective queued behind other work that outlived the timeout held
+/// `ended()` (and `sync`, `Drop`, every other communicator's watchdog step) until that work
+/// ended: 17 s here before. One rank, its stream shut by a gate for 20 s, a timeout of 1 s:
+/// `ended()` must answer at once, not when the gate opens.
+#[test]
+fn a_watchdog_abort_behind_a_shut_stream_does_not_hold_up_ended() {
+    if !common::have(1, "a_watchdog_abort_behind_a_shut_stream_does_not_hold_up_ended") {
+        return;
+    }
+    let res = DeviceResources::on_device(0).unwrap();
+    let comm = one_rank(&res);
+    let mut v: DeviceVec<f32> = DeviceVec::from_host(&res, &vec![1.0f32; 1 << 16]).unwrap();
+    comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    comm.sync().unwrap();
+    comm.set_timeout(Duration::from_secs(1)).unwrap();
+    let gate = common::Gate::close(&res.stream().unwrap(), Duration::from_secs(20));
+    comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    std::thread::sleep(Duration::from_secs(3)); // past the timeout: the watchdog has aborted
+    let start = Instant::now();
+    let ended = comm.ended();
+    let took = start.elapsed();
+    gate.open();
+    eprintln!("ended() after {took:?}: {ended:?}");
+    assert!(took < Duration::from_secs(1), "ended() waited {took:?} for the abort behind the shut stream");
+    assert!(ended.is_some_and(|e| e.message().contains("did not finish within")), "the timeout did not end the communicator");
 }

@@ -55,7 +55,7 @@ pub(crate) fn default_pinned(who: &'static str, device: usize) -> Result<MemoryR
 /// [`to_vec`](Self::to_vec), [`copy_from_slice`](Self::copy_from_slice), …), not as a `&[T]`:
 /// a copy from or into a plain slice of page-locked memory runs asynchronously, and cudarc's
 /// safe copies (`memcpy_htod`, `memcpy_dtoh`) take any `&[T]` as pageable memory, whose copies
-/// are synchronous, and do not wait for them. Such a slice in safe code could be read while
+/// they take to be synchronous, and do not wait for them. Such a slice in safe code could be read while
 /// the device writes it, or freed under the copy. [`as_slice`](Self::as_slice) gives it, with
 /// that contract, as `unsafe`:
 ///

@@ -152,13 +152,20 @@ impl Limits {
     }
 }
 
-/// A numeric setting from the environment, or `default` when unset or out of `range` (logged).
+/// A numeric setting from the environment, or `default` when unset, not UTF-8 or out of `range`
+/// (logged). Read inside the pool's `OnceLock`, whose first use may be a drop: the warning goes
+/// through `log_guarded`, so a user's logger that panics cannot make that drop panic (the
+/// eighteenth audit).
 fn knob(name: &str, default: usize, range: std::ops::RangeInclusive<usize>) -> usize {
-    let Ok(text) = std::env::var(name) else { return default };
+    let text = match std::env::var(name) {
+        Ok(text) => text,
+        Err(std::env::VarError::NotPresent) => return default,
+        Err(std::env::VarError::NotUnicode(raw)) => raw.to_string_lossy().into_owned(),
+    };
     match text.trim().parse::<usize>() {
         Ok(n) if range.contains(&n) => n,
         _ => {
-            log::warn!(target: "raft", "{name}={text:?} is not a number in {range:?}: using {default}");
+            raft_exit::log_guarded(|| log::warn!(target: "raft", "{name}={text:?} is not a number in {range:?}: using {default}"));
             default
         }
     }

@@ -269,8 +269,8 @@ fn host_pieces(bytes: usize, locked: &std::ops::Range<usize>) -> impl Iterator<I
 /// page-locked bytes with the typed driver call (which names each end's kind, sparing the driver
 /// the address lookup that `cuMemcpyAsync` makes on every call: about a microsecond, a tenth of
 /// a 1 MiB device copy), the pageable ones through the runtime's `cudaMemcpyAsync` (the path of
-/// every pageable copy of this crate, which returns once the host bytes are read or written).
-/// A failure names the piece.
+/// every pageable copy of this crate; CUDA says it *might* be synchronous, so every caller waits
+/// for the copy before the host memory is let go). A failure names the piece.
 ///
 /// # Safety
 /// `p` describes live memory: a device buffer and host memory of `p.src_bytes` bytes each, of
@@ -292,8 +292,8 @@ unsafe fn queue_host_pieces(who: &'static str, p: &Plan<'_>, stream: &CudaStream
             rc.result().map_err(|e| Error::driver(who, e))
         } else {
             let api = super::api(who)?;
-            // SAFETY: `len` bytes at `at` of both ends (the caller's contract); the host bytes
-            // are pageable, so the call returns once it has read (or written) them.
+            // SAFETY: `len` bytes at `at` of both ends (the caller's contract, which keeps the
+            // host bytes untouched until the copy is done: the call may return before it).
             let status = unsafe {
                 api.raftrs_memcpy_async(device as i32, dst as *mut c_void, src as *const c_void, len, stream.cu_stream() as *mut c_void)
             };
