@@ -131,8 +131,9 @@ raftcomms_status raftcomms_comm_set_timeout(raftcomms_comm* comm, double timeout
  *  The look runs with the thread's capture mode relaxed, so another thread's capture neither
  *  fails it nor is invalidated by it. */
 raftcomms_status raftcomms_comm_query(raftcomms_comm* comm, void* stream, int32_t* state);
-/** ncclCommAbort now (never waits for other ranks); `reason` is kept for every later use. A
- *  communicator already ended is left as it is (OK). */
+/** Ends the communicator now by ncclCommAbort, made here or on a thread of its own
+ *  (raftcomms_set_abort_elsewhere; never waits for other ranks); `reason` is kept for every
+ *  later use. A communicator already ended is left as it is (OK). */
 raftcomms_status raftcomms_comm_abort(raftcomms_comm* comm, const char* reason);
 /** ncclCommFinalize (non-blocking: wait with raftcomms_comm_wait, then destroy). */
 raftcomms_status raftcomms_comm_finalize(raftcomms_comm* comm);
