@@ -165,3 +165,30 @@ fn a_dropped_or_forgotten_transfer_never_frees_what_its_copy_uses() {
         }
     }
 }
+
+/// The eighteenth audit (helper 84): a staged copy that gave its buffers back to a full pool
+/// freed the surplus (`cudaFreeHost`, which waits for the whole device) on the caller's thread,
+/// so a blocking copy on idle resources waited for another resources' stream. The pool is filled
+/// with buffers of 64 MiB pieces, another stream is shut for 5 s, and a copy with the default
+/// pieces (whose new buffers push the old ones out) must return well before the gate opens.
+#[test]
+fn a_staged_copy_does_not_wait_for_other_streams_to_free_surplus_staging_buffers() {
+    require_gpu!();
+    let _one = GATED.lock().unwrap_or_else(|e| e.into_inner());
+    let res = DeviceResources::new().unwrap();
+    let other = DeviceResources::new().unwrap();
+    let before = raft::Staging::set_current(raft::Staging::new(64 << 20, 8).unwrap());
+    let big = DeviceVec::<u8>::from_host(&res, &vec![7u8; 512 << 20]).unwrap();
+    raft::Staging::set_current(raft::Staging::default());
+    drop(big);
+    res.sync().unwrap();
+    let shut = raft_tests::Gate::close(&other.stream().unwrap());
+    let opener = shut.open_after(Duration::from_secs(5));
+    let start = Instant::now();
+    let small = DeviceVec::<u8>::from_host(&res, &vec![3u8; 64 << 20]).unwrap();
+    let took = start.elapsed();
+    opener.join().unwrap();
+    raft::Staging::set_current(before);
+    assert_eq!(small.to_host().unwrap()[(64 << 20) - 1], 3);
+    assert!(took < Duration::from_secs(3), "the staged copy waited {took:?} for another stream (the surplus buffers' free)");
+}

@@ -409,9 +409,10 @@ pub(crate) fn defer_releases_to(queue: Defer) {
     let _ = DEFER.set(queue);
 }
 
-/// Sends `release` to the installed queue. Unset only if a resource were made without the
-/// memory layer (none is): then it runs here, as in the exit teardown.
-fn defer(label: raft_exit::Label, release: Box<dyn FnOnce() + Send + 'static>) {
+/// Sends `release` to the installed queue (also the staging buffers' frees, `staging.rs`: their
+/// memory comes from a pinned resource, so the queue is installed). Unset only if a resource
+/// were made without the memory layer (none is): then it runs here, as in the exit teardown.
+pub(super) fn defer(label: raft_exit::Label, release: Box<dyn FnOnce() + Send + 'static>) {
     match DEFER.get() {
         Some(queue) => queue(label, release),
         None => release(),

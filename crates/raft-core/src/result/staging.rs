@@ -734,19 +734,39 @@ pub(crate) fn staged_download<T: DeviceScalar>(
 
 impl Drop for StagingBuffers {
     /// Waits for the buffers' last copies (a staged copy always finishes them first, so this
-    /// does not block in practice), then frees them; leaks a buffer whose copy cannot be waited
+    /// does not block in practice), then frees them on a release thread: `cudaFreeHost` waits
+    /// for the whole device, and a staged copy that gave surplus buffers back waited for every
+    /// other stream's work (the eighteenth audit). Leaks a buffer whose copy cannot be waited
     /// for, and everything once the exit has decided.
     fn drop(&mut self) {
         let free = raft_exit::native_release_allowed() && !self.poisoned;
+        let mut settled = Vec::with_capacity(2);
         for i in 0..2 {
-            let settled = free && self.settle("staging buffers", i).is_ok();
+            let waited = free && self.settle("staging buffers", i).is_ok();
             let Some(host) = self.slots[i].host.take() else { continue };
-            if !settled {
+            if waited {
+                settled.push(host);
+            } else {
                 host.leak();
-            } else if let Err(e) = host.free("staging buffers") {
-                log::warn!(target: "raft", "{e}");
             }
         }
+        if settled.is_empty() {
+            return;
+        }
+        let device = Some(settled[0].device());
+        let label = raft_exit::Label { what: "release of staging buffers", id: raft_exit::next_id(), device };
+        super::mr::defer(
+            label,
+            Box::new(move || {
+                for host in settled {
+                    if !raft_exit::native_release_allowed() {
+                        host.leak();
+                    } else if let Err(e) = host.free("staging buffers") {
+                        log::warn!(target: "raft", "{e}");
+                    }
+                }
+            }),
+        );
     }
 }
 
