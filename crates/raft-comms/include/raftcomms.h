@@ -131,9 +131,8 @@ raftcomms_status raftcomms_comm_set_timeout(raftcomms_comm* comm, double timeout
  *  The look runs with the thread's capture mode relaxed, so another thread's capture neither
  *  fails it nor is invalidated by it. */
 raftcomms_status raftcomms_comm_query(raftcomms_comm* comm, void* stream, int32_t* state);
-/** Ends the communicator now by ncclCommAbort, made here or on a thread of its own
- *  (raftcomms_set_abort_elsewhere; never waits for other ranks); `reason` is kept for every
- *  later use. A communicator already ended is left as it is (OK). */
+/** ncclCommAbort now (never waits for other ranks); `reason` is kept for every later use. A
+ *  communicator already ended is left as it is (OK). */
 raftcomms_status raftcomms_comm_abort(raftcomms_comm* comm, const char* reason);
 /** ncclCommFinalize (non-blocking: wait with raftcomms_comm_wait, then destroy). */
 raftcomms_status raftcomms_comm_finalize(raftcomms_comm* comm);
@@ -141,12 +140,13 @@ raftcomms_status raftcomms_comm_finalize(raftcomms_comm* comm);
 raftcomms_status raftcomms_comm_destroy(raftcomms_comm* comm);
 /** Drops this handle; no NCCL call (a communicator never ended is leaked with it). */
 void raftcomms_comm_free(raftcomms_comm* comm);
-/** Whether ncclCommAbort and ncclCommDestroy (both may wait for the device) run on a thread of
- *  their own (non-zero) or inside the call that ends the communicator (0, the default; the
- *  exit's teardown). Either way the communicator is ended and unreachable when that call
- *  returns. */
+/** For the calling thread: whether ncclCommDestroy after a completed finalize and the
+ *  communicator's event destroy (both may wait for the whole device; no kernel depends on them)
+ *  run on a thread of their own (non-zero) or inside the call (0, the default). ncclCommAbort
+ *  always runs inside the call: its rank's kernels have stopped when it returns. Either way the
+ *  communicator is ended and unreachable when the call returns. */
 raftcomms_status raftcomms_set_abort_elsewhere(int32_t on);
-/** The aborts and destroys begun on threads of their own that have not returned yet. */
+/** The destroys begun on threads of their own that have not returned yet. */
 int32_t raftcomms_aborts_in_flight(void);
 
 /* ---- RAFT's resources ------------------------------------------------------------------------ */

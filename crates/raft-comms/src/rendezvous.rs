@@ -227,7 +227,7 @@ impl Serving {
                     slots.push(Slot { serial, stream: handle, proved: false });
                     return true;
                 }
-                Err(e) if attempt < 19 && accept_may_recover(&e) => {
+                Err(e) if attempt < 19 && out_of_resources(&e) => {
                     if let Some(i) = slots.iter().position(|s| !s.proved) {
                         let old = slots.remove(i);
                         let _ = old.stream.shutdown(std::net::Shutdown::Both);
@@ -334,13 +334,10 @@ impl Serving {
 /// accept(2) says to treat like `EAGAIN`. Anything else (the listener itself broken) ends the
 /// rendezvous with the error.
 fn accept_may_recover(e: &io::Error) -> bool {
-    matches!(e.kind(), IoKind::ConnectionAborted | IoKind::ConnectionReset | IoKind::OutOfMemory)
+    matches!(e.kind(), IoKind::ConnectionAborted | IoKind::ConnectionReset)
+        || out_of_resources(e)
         || e.raw_os_error().is_some_and(|code| {
             [
-                libc::EMFILE,
-                libc::ENFILE,
-                libc::ENOBUFS,
-                libc::ENOMEM,
                 libc::ECONNABORTED,
                 libc::EPROTO,
                 libc::EPERM,
@@ -355,6 +352,14 @@ fn accept_may_recover(e: &io::Error) -> bool {
             ]
             .contains(&code)
         })
+}
+
+/// Whether the process or the system is out of descriptors or memory: then a stranger's slot is
+/// given up (its descriptors go back). A failed connection frees nothing, so its error evicts
+/// no one (the review: a stranger could otherwise push honest ranks out mid-handshake).
+fn out_of_resources(e: &io::Error) -> bool {
+    e.kind() == IoKind::OutOfMemory
+        || e.raw_os_error().is_some_and(|code| [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM].contains(&code))
 }
 
 pub(crate) fn serve_on(
@@ -408,7 +413,9 @@ pub(crate) fn serve_on(
                 // was taken: the oldest stranger's slot is given up and the next accept tried
                 // after a pause, as for no connection; never the end of the rendezvous.
                 log::debug!(target: "raft", "{who}: accepting a rank's connection: {e} (trying again)");
-                shared.evict_oldest_unproved();
+                if out_of_resources(&e) {
+                    shared.evict_oldest_unproved();
+                }
                 if let Ok(rank) = rx.recv_timeout(Duration::from_millis(5).min(left)) {
                     served.insert(rank);
                 }

@@ -25,6 +25,9 @@ static_assertions::const_assert_eq!(sys::RAFTCOMMS_STATUS_GENERIC, 4);
 
 /// The loaded shim (with NCCL opened), or the error saying what is missing.
 pub(crate) fn api(who: &'static str) -> Result<&'static RaftcommsShim> {
+    if raft_exit::forked() {
+        return Err(Error::forked(who));
+    }
     loaded(who).map(|l| &l.api)
 }
 
@@ -53,9 +56,9 @@ pub(crate) fn unique_id(who: &'static str) -> Result<[u8; sys::RAFTCOMMS_UNIQUE_
     Ok(id)
 }
 
-/// Whether the shim runs `ncclCommAbort` on a thread of its own (see `raftcomms.h`): on from the
-/// first communicator, off for the exit's teardown. Where the shim cannot be loaded there is no
-/// communicator to abort: nothing to do.
+/// Whether the shim runs, for the calling thread, the destroys that may wait for the whole
+/// device on threads of their own (see `raftcomms.h`): the watchdog's thread turns it on. Where
+/// the shim cannot be loaded there is no communicator to destroy: nothing to do.
 pub(crate) fn abort_elsewhere(on: bool) {
     if let Ok(api) = api("raft-comms") {
         // SAFETY: sets an atomic in the shim; takes no pointer.
@@ -63,7 +66,7 @@ pub(crate) fn abort_elsewhere(on: bool) {
     }
 }
 
-/// The aborts begun on threads of their own that have not returned yet (0 without the shim).
+/// The destroys begun on threads of their own that have not returned yet (0 without the shim).
 pub(crate) fn aborts_in_flight() -> i32 {
     // SAFETY: reads an atomic in the shim.
     api("raft-comms").map_or(0, |api| unsafe { (api.raftcomms_aborts_in_flight)() })

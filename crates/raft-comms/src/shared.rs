@@ -67,11 +67,6 @@ pub(crate) fn register_live(shared: &Arc<Shared>) {
     static TEARDOWN: Once = Once::new();
     TEARDOWN.call_once(|| {
         raft_exit::on_teardown(abort_all_live);
-        // An abort can wait for the device (NCCL's clean-up follows the user's stream): made
-        // under the communicator's locks it held every use of it, and the watchdog's looks at
-        // every other communicator, for as long (run 216). The shim runs it on a thread of its
-        // own, counted; the teardown below turns that off and waits for the count.
-        result::abort_elsewhere(true);
         // RMM's per-device map made before the exit hook below (as `with_tracking` does), so
         // that the C library destroys it after the hook has run; where it could not be, the
         // teardown never reads the map once it is gone (the shim's flag).
@@ -89,10 +84,9 @@ pub(crate) fn register_live(shared: &Arc<Shared>) {
 }
 
 /// The exit teardown's step (everything drained by then): aborts what is still alive, here, and
-/// waits (up to [`ABORTS_AT_EXIT`]) for the aborts begun on threads of their own; one still
-/// inside NCCL then keeps the static destructors from running under it.
+/// waits (up to [`ABORTS_AT_EXIT`]) for the destroys the watchdog began on threads of their own;
+/// one still inside NCCL then keeps the static destructors from running under it.
 fn abort_all_live() {
-    result::abort_elsewhere(false);
     let live: Vec<Arc<Shared>> = LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
     for sh in live {
         raft_exit::teardown_step(|| abort_one(&sh));
@@ -103,7 +97,7 @@ fn abort_all_live() {
             raft_exit::left_running_saying(|| {
                 log::warn!(
                     target: "raft",
-                    "exit teardown: {} communicator abort(s) still inside NCCL after {:.1} s",
+                    "exit teardown: {} communicator destroy(s) still inside NCCL after {:.1} s",
                     result::aborts_in_flight(),
                     ABORTS_AT_EXIT.as_secs_f64()
                 )
@@ -114,7 +108,7 @@ fn abort_all_live() {
     }
 }
 
-/// How long the exit's teardown waits for aborts running on threads of their own.
+/// How long the exit's teardown waits for destroys running on threads of their own.
 const ABORTS_AT_EXIT: Duration = Duration::from_secs(5);
 
 /// Aborts one live communicator for the exit's teardown (see [`abort_all_live`]).
@@ -343,6 +337,11 @@ impl Watched for Shared {
         const WHO: &str = "raft-comms watchdog";
         if !raft_exit::native_release_allowed() {
             return false; // the exit has decided: no native call any more
+        }
+        if raft_exit::exiting() {
+            // From the exit's first step on, destroys run here again, counted by their
+            // release, so none is left on a thread of its own under the teardown.
+            result::abort_elsewhere(false);
         }
         // An open group has queued calls on it, not launched yet: look after the group.
         if self.groups.load(Ordering::Acquire) > 0 {

@@ -314,6 +314,10 @@ impl<T> JobHandle<T> {
                 format!("a job on device {} cannot join a later job of the same resources: it runs only after this one", self.device),
             ));
         }
+        // In a fork's child the job's worker was not copied: it never ends there.
+        if !self.is_finished() && raft_exit::forked() {
+            return Err(crate::result::forked("JobHandle::join"));
+        }
         // A short spin first: most jobs this waits for are short, and parking costs a few µs.
         for _ in 0..2000 {
             if self.is_finished() {

@@ -20,6 +20,9 @@ use std::ptr::NonNull;
 /// The loaded C API, or the `Cuda` error saying why it is not there (the kind raft-core gives a
 /// missing shim).
 pub(crate) fn api(who: &'static str) -> Result<&'static sys::CuvsApi> {
+    if raft_exit::forked() {
+        return Err(Error::forked(who));
+    }
     sys::api().map_err(|e| Error::library_missing(who, e.clone()))
 }
 

@@ -255,6 +255,18 @@ impl Error {
         Self::new(ErrorKind::Cuda, who, why.to_string()).with_reason(Reason::LibraryMissing).with_source(why)
     }
 
+    /// The `Cuda` error of a call in the child of a `fork()` of a process that used the library
+    /// (`raft_exit::forked`): CUDA allows no use there until an `exec`, and the library's
+    /// threads were not copied. Every crate of the workspace refuses through this.
+    pub fn forked(who: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(
+            ErrorKind::Cuda,
+            who,
+            "CUDA was in use when this process was forked: a fork's child cannot use CUDA or this library (start it with \
+             spawn or forkserver, or exec)",
+        )
+    }
+
     /// The `Cuda` error of a process without a CUDA driver ([`Reason::NoDriver`],
     /// `cuda_code() == Some(35)`, what the runtime says then).
     pub fn no_driver(who: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {

@@ -120,7 +120,11 @@ impl JobToken {
 
 impl Drop for JobToken {
     fn drop(&mut self) {
-        REGISTRY.end_job(self.slot);
+        // In a fork's child the registry's lock may have been copied held: its counts are left
+        // as they are (the child's exit waits for nothing).
+        if !forked() {
+            REGISTRY.end_job(self.slot);
+        }
     }
 }
 
@@ -151,7 +155,9 @@ impl ReleaseToken {
 
 impl Drop for ReleaseToken {
     fn drop(&mut self) {
-        REGISTRY.end_release(self.slot);
+        if !forked() {
+            REGISTRY.end_release(self.slot); // as `JobToken`'s drop
+        }
     }
 }
 

@@ -214,7 +214,22 @@ class device_scope {
       cudaGetLastError();
       current = -1;
     }
-    if (has_ctx && current == device) { return; }
+    if (has_ctx && current == device) {
+      if (!saved_ctx_) { return; }
+      // The runtime names a context's device, not whether it is the primary one: another
+      // library's context of this device (PyCUDA's, `cuCtxCreate`) would have the events and
+      // NCCL's calls made in it (the review of the eighteenth audit, as raft-sys's scope).
+      // cudaSetDevice binds the device's primary context; when that is the one already current,
+      // nothing changed and nothing is put back.
+      if (cudaSetDevice(device) != cudaSuccess) {
+        cudaGetLastError();
+        if (throwing) { throw std::runtime_error("binding the communicator's device's primary context failed"); }
+        return;
+      }
+      void* now = nullptr;
+      switched_ = d->get(&now) == 0 && now != ctx_;
+      return;
+    }
     previous_      = current < 0 ? 0 : current;
     cudaError_t e  = cudaSetDevice(device);
     if (e != cudaSuccess) {

@@ -25,10 +25,11 @@ void live(comm_cell& c, char const* doing)
   }
 }
 
-/// Whether aborts run on threads of their own (raftcomms_set_abort_elsewhere), and how many
-/// such aborts have not returned yet (raftcomms_aborts_in_flight).
-std::atomic<int32_t> abort_elsewhere{0};
-std::atomic<int32_t> aborts_in_flight{0};
+/// Whether the calling thread hands the ends that may wait for the whole device to threads of
+/// their own (raftcomms_set_abort_elsewhere: the Rust side's watchdog thread), and how many
+/// such ends have not returned yet (raftcomms_aborts_in_flight).
+thread_local bool ends_elsewhere = false;
+std::atomic<int32_t> ends_in_flight{0};
 
 /// ncclCommAbort (or, with `destroy`, ncclCommDestroy after a completed finalize) of `comm` on
 /// `device`, waiting for it.
@@ -54,44 +55,54 @@ void destroy_event(cudaEvent_t event, int device) noexcept
   cudaGetLastError();  // a broken context fails it: nothing more to do about it
 }
 
-/// Ends the cell's communicator (see `abort_now`) and lets its event go: both taken out of the
-/// cell here, ended on a thread of their own where allowed, else here. Under the cell's lock.
-/// The event too: a destroy waits for the driver's lock, which another thread's cudaFreeHost
-/// (NCCL's destroy of another communicator) holds until the whole device is idle (run 217's
-/// stacks: the watchdog waited there under this cell's lock). The result of an end made here.
+/// Runs `work` on a thread of its own, counted in `ends_in_flight`; false (and nothing run)
+/// when no thread could be made.
+template <typename Work>
+bool run_elsewhere(Work work) noexcept
+{
+  ends_in_flight.fetch_add(1, std::memory_order_acq_rel);
+  try {
+    std::thread([work] {
+      work();
+      ends_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+    }).detach();
+    return true;
+  } catch (...) {
+    ends_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+    return false;
+  }
+}
+
+/// Ends the cell's communicator and lets its event go, both taken out of the cell. Under the
+/// cell's lock. An abort always runs here: when the call that ends a rank returns, that rank's
+/// kernels have stopped, and so have its clique's (`abort_scheduled_peers`) before the entry
+/// point returns: a peer still running would reach arrays the caller then frees (the review of
+/// the eighteenth audit, helper 85). So it may wait for the device (run 216: 17 s behind a shut
+/// stream), holding the cell's lock: docs/RELIABILITY.md, left open. What runs elsewhere, on
+/// the watchdog's thread, is what no kernel depends on: the destroy after a completed finalize
+/// (every rank's work done; NCCL's `cudaFreeHost` in it waits for the whole device) and the
+/// event's destroy (it waits for the driver's lock, which such a `cudaFreeHost` holds: run 217's
+/// stacks showed the watchdog there under this cell's lock). The result of an end made here.
 ncclResult_t take_and_end(comm_cell& c, bool destroy) noexcept
 {
-  ncclComm_t const comm  = c.comm;
+  ncclComm_t const comm   = c.comm;
   cudaEvent_t const event = c.event;
-  c.comm                 = nullptr;
-  c.event                = nullptr;
-  if (comm == nullptr && event == nullptr) { return ncclSuccess; }
-  int const device = c.device;
-  if (abort_elsewhere.load(std::memory_order_acquire) != 0) {
-    aborts_in_flight.fetch_add(1, std::memory_order_acq_rel);
-    try {
-      std::thread([comm, event, device, destroy] {
-        if (comm != nullptr) { static_cast<void>(end_comm(comm, device, destroy)); }
-        if (event != nullptr) { destroy_event(event, device); }
-        aborts_in_flight.fetch_sub(1, std::memory_order_acq_rel);
-      }).detach();
-      return ncclSuccess;
-    } catch (...) {
-      aborts_in_flight.fetch_sub(1, std::memory_order_acq_rel);  // no thread: ended here
+  c.comm                  = nullptr;
+  c.event                 = nullptr;
+  int const device        = c.device;
+  ncclResult_t r          = ncclSuccess;
+  if (comm != nullptr) {
+    if (!(destroy && ends_elsewhere && run_elsewhere([comm, device] { static_cast<void>(end_comm(comm, device, true)); }))) {
+      r = end_comm(comm, device, destroy);
     }
   }
-  ncclResult_t const r = comm != nullptr ? end_comm(comm, device, destroy) : ncclSuccess;
-  if (event != nullptr) { destroy_event(event, device); }
+  if (event != nullptr && !(ends_elsewhere && run_elsewhere([event, device] { destroy_event(event, device); }))) {
+    destroy_event(event, device);
+  }
   return r;
 }
 
-/// ncclCommAbort of a cell marked ended. Under the cell's lock. ncclCommAbort can wait for the
-/// device: its clean-up waits for NCCL's internal stream, which follows the user's stream after
-/// NCCL's kernel (run 216: 17 s behind a shut stream). Made under the lock it held every use of
-/// the communicator (`ended`, `sync`, the Rust side's lock, the watchdog's looks at every other
-/// communicator) for that long: the eighteenth audit. So, once the Rust side allows it (not in
-/// the exit's teardown), the communicator is taken out of the cell at once, nothing reaches it
-/// any more, and NCCL's abort runs on a thread of its own, counted until it returns.
+/// ncclCommAbort of a cell marked ended (see `take_and_end`). Under the cell's lock.
 ncclResult_t abort_now(comm_cell& c) noexcept
 {
   return take_and_end(c, false);
@@ -504,7 +515,7 @@ void close_owned(comm_cell& c) noexcept
     wait_ready(c, c.timeout_s, "finalizing a split communicator");
     std::lock_guard<std::mutex> hold(c.lock);
     if (c.ended || c.comm == nullptr) { return; }
-    // ncclCommDestroy frees device memory (a cudaFree waits for the whole device): as an abort.
+    // After a completed finalize: on its own thread when called from the watchdog's.
     static_cast<void>(take_and_end(c, true));
     c.ended = true;
     c.why   = "was destroyed";
@@ -708,9 +719,8 @@ raftcomms_status raftcomms_comm_destroy(raftcomms_comm* comm)
     }
     live(c, "ncclCommDestroy");
     refuse_held_elsewhere(c, "ncclCommDestroy");
-    // ncclCommDestroy frees device memory (a cudaFree waits for the whole device, run 217: the
-    // watchdog destroying one test's communicator waited behind another's shut stream): ended as
-    // an abort is, on a thread of its own where allowed.
+    // After a completed finalize: on its own thread when called from the watchdog's (whose
+    // failure is then not seen here: the communicator ended either way).
     ncclResult_t r = take_and_end(c, true);
     c.ended        = true;
     c.why          = "was released";
@@ -722,9 +732,9 @@ void raftcomms_comm_free(raftcomms_comm* comm) { delete comm; }
 
 raftcomms_status raftcomms_set_abort_elsewhere(int32_t on)
 {
-  return guard([&] { abort_elsewhere.store(on != 0 ? 1 : 0, std::memory_order_release); });
+  return guard([&] { ends_elsewhere = on != 0; });
 }
 
-int32_t raftcomms_aborts_in_flight(void) { return aborts_in_flight.load(std::memory_order_acquire); }
+int32_t raftcomms_aborts_in_flight(void) { return ends_in_flight.load(std::memory_order_acquire); }
 
 }  // extern "C"

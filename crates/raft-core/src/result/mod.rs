@@ -44,17 +44,10 @@ pub(crate) fn api(who: &'static str) -> Result<&'static sys::RaftrsShim> {
     sys::shim().map_err(|e| Error::library_missing(who, e.clone()))
 }
 
-/// The error of a call in the child of a `fork()` of a process that used the library (see
-/// `raft_exit::forked`): CUDA allows no use there until an `exec`, and the library's threads
-/// were not copied.
+/// The error of a call in the child of a `fork()` (see `raft_exit::forked`).
 #[cold]
 pub(crate) fn forked(who: &'static str) -> Error {
-    Error::new(
-        ErrorKind::Cuda,
-        who,
-        "CUDA was in use when this process was forked: a fork's child cannot use CUDA or this library (start it with \
-         spawn or forkserver, or exec)",
-    )
+    Error::forked(who)
 }
 
 /// Turns a shim status into a result; the thread-local message is read and cleared at once.

@@ -407,6 +407,10 @@ static DEFER: std::sync::OnceLock<Defer> = std::sync::OnceLock::new();
 /// every caller installs the same one).
 pub(crate) fn defer_releases_to(queue: Defer) {
     let _ = DEFER.set(queue);
+    // A memory resource's first use reaches CUDA through the shim, not always through a device
+    // context of this crate: a fork's child from here on is marked (the review of the
+    // eighteenth audit).
+    raft_exit::watch_forks();
 }
 
 /// Sends `release` to the installed queue (also the staging buffers' frees, `staging.rs`: their
