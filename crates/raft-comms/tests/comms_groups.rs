@@ -144,3 +144,35 @@ fn a_watchdog_abort_behind_a_shut_stream_does_not_hold_up_ended() {
     assert!(took < Duration::from_secs(1), "ended() waited {took:?} for the abort behind the shut stream");
     assert!(ended.is_some_and(|e| e.message().contains("did not finish within")), "the timeout did not end the communicator");
 }
+
+/// The review of the eighteenth audit (helper 85): raft-comms' own device scope kept another
+/// library's context of the same device current (PyCUDA's `autoinit`, `cuCtxCreate`), so the
+/// communicator's event and NCCL's calls were made in it, and died with it. A communicator made
+/// while such a context is current must work after that context is destroyed.
+#[test]
+fn a_communicator_made_under_another_librarys_context_outlives_that_context() {
+    if !common::have(1, "a_communicator_made_under_another_librarys_context_outlives_that_context") {
+        return;
+    }
+    use cudarc::driver::sys;
+    let res = DeviceResources::on_device(0).unwrap();
+    std::thread::spawn(move || {
+        let mut foreign: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: makes a new context of device 0 current on this thread; destroyed below, with
+        // nothing of the library's in it (what the test checks).
+        unsafe { sys::cuCtxCreate_v4(&mut foreign, std::ptr::null_mut(), 0, 0) }.result().unwrap();
+        let comm = one_rank(&res);
+        let mut v: DeviceVec<f32> = DeviceVec::from_host(&res, &[2.0f32; 1024]).unwrap();
+        comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        comm.sync().unwrap();
+        // SAFETY: the context made above, current on this thread.
+        unsafe { sys::cuCtxDestroy_v2(foreign) }.result().unwrap();
+        comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        comm.sync().unwrap();
+        assert_eq!(v.to_host().unwrap(), vec![2.0f32; 1024], "one rank: a sum is the input");
+        assert!(comm.ended().is_none(), "{:?}", comm.ended());
+        comm.release().unwrap();
+    })
+    .join()
+    .unwrap();
+}
