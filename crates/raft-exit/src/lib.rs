@@ -69,8 +69,30 @@ pub fn abort_with(message: std::fmt::Arguments<'_>) -> ! {
         }
     }
     let _abort = AbortOnDrop; // a panic while writing still aborts, in the unwinding
-    let _ = std::io::Write::write_fmt(&mut std::io::stderr().lock(), format_args!("{message}\n"));
+                              // Formatted first, then written straight to fd 2, not through Rust's stderr lock: another
+                              // thread may hold that lock for ever (blocked writing to a full pipe), and the abort must
+                              // not wait for it (the eighteenth audit). A stderr that takes nothing within a moment gets
+                              // nothing.
+    let text = format!("{message}\n");
+    write_to_stderr_unless_stuck(text.as_bytes());
     std::process::abort()
+}
+
+/// Writes `bytes` to fd 2, giving up on an error or when fd 2 accepts nothing for 100 ms.
+fn write_to_stderr_unless_stuck(mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        let mut ready = libc::pollfd { fd: 2, events: libc::POLLOUT, revents: 0 };
+        // SAFETY: one pollfd, a local, for the call.
+        if unsafe { libc::poll(&mut ready, 1, 100) } != 1 || ready.revents & libc::POLLOUT == 0 {
+            return;
+        }
+        // SAFETY: writes from a live slice of `bytes.len()` bytes.
+        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        if n <= 0 {
+            return;
+        }
+        bytes = &bytes[n as usize..];
+    }
 }
 
 use registry::REGISTRY;
@@ -218,6 +240,49 @@ mod tests {
             .unwrap();
         let status = child.wait().unwrap();
         assert_eq!(status.signal(), Some(libc::SIGABRT), "the child did not abort: {status:?}");
+    }
+
+    /// The eighteenth audit (helper 82): `abort_with` wrote through Rust's stderr lock, so a
+    /// thread holding that lock for ever (blocked writing to a full pipe, say) kept the process
+    /// from aborting. A child whose other thread holds the lock must still end by SIGABRT.
+    #[test]
+    #[cfg_attr(miri, ignore = "spawns a process")]
+    fn abort_with_aborts_while_another_thread_holds_stderr() {
+        use std::os::unix::process::ExitStatusExt;
+        const CHILD: &str = "RAFT_EXIT_TEST_ABORT_LOCKED_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            let (held, holding) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _lock = std::io::stderr().lock();
+                held.send(()).unwrap();
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            });
+            holding.recv().unwrap();
+            abort_with(format_args!("the child stops here"));
+        }
+        let exe = std::env::current_exe().unwrap();
+        let mut child = std::process::Command::new(exe)
+            .args(["--exact", "tests::abort_with_aborts_while_another_thread_holds_stderr", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if start.elapsed() > std::time::Duration::from_secs(10) {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(status.and_then(|s| s.signal()), Some(libc::SIGABRT), "the child did not abort within 10 s: {status:?}");
     }
 
     /// The crate's files, for the layout checks below.
