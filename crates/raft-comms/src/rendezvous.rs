@@ -528,7 +528,9 @@ fn fetch_once(
         if read_by(stream, &mut len, deadline).is_ok() {
             let mut buf = vec![0u8; (u32::from_le_bytes(len) as usize).min(4096)];
             if read_by(stream, &mut buf, deadline).is_ok() {
-                text = String::from_utf8_lossy(&buf).into_owned();
+                // Whoever answered at rank 0's address wrote it (before any proof): control
+                // characters (terminal escapes, new lines forging log lines) become spaces.
+                text = String::from_utf8_lossy(&buf).chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
             }
         }
         Attempt::Fail(Error::logic(who, format!("rank 0 at {addr} refused rank {rank}: {text}")))

@@ -530,3 +530,26 @@ fn rank_zero_out_of_descriptors_under_a_flood_still_serves_the_honest_rank() {
     assert!(said.contains("SERVED"), "rank 0 ({opened} idle connections opened): {said}");
     assert_eq!(got.unwrap(), fake_id(4));
 }
+
+/// Whatever answers at rank 0's address writes the refusal's text before proving anything: its
+/// control characters (a terminal escape, a new line forging a log line) never reach the error
+/// (the eighteenth audit, helper 83).
+#[test]
+fn a_refusal_s_text_comes_without_control_characters() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 8 + 32];
+        s.read_exact(&mut hello).unwrap();
+        let text = b"go away\x1b[31m\nWARN forged line\r";
+        let mut reply = vec![1u8];
+        reply.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        reply.extend_from_slice(text);
+        s.write_all(&reply).unwrap();
+    });
+    let e = UniqueId::fetch(&addr, 1, 2, Duration::from_secs(3)).unwrap_err();
+    fake.join().unwrap();
+    assert!(e.message().contains("go away"), "{e}");
+    assert!(!e.message().chars().any(char::is_control), "{:?}", e.message());
+}
