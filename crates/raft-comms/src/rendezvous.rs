@@ -409,9 +409,9 @@ pub(crate) fn serve_on(
             }
             Err(e) if accept_may_recover(&e) => {
                 // Out of descriptors or memory (a flood of strangers' connections in a process
-                // near its limit: the eighteenth audit), or a connection that failed before it
-                // was taken: the oldest stranger's slot is given up and the next accept tried
-                // after a pause, as for no connection; never the end of the rendezvous.
+                // near its limit: the eighteenth audit): the oldest stranger's slot is given up.
+                // Either that or a connection that failed before it was taken: the next accept
+                // is tried after a pause, as for no connection; never the end of the rendezvous.
                 log::debug!(target: "raft", "{who}: accepting a rank's connection: {e} (trying again)");
                 if out_of_resources(&e) {
                     shared.evict_oldest_unproved();
