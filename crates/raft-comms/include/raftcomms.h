@@ -145,9 +145,9 @@ void raftcomms_comm_free(raftcomms_comm* comm);
  *  run on a thread of their own (non-zero) or inside the call (0, the default). ncclCommAbort
  *  always runs inside the call: its rank's kernels have stopped when it returns. Either way the
  *  communicator is ended and unreachable when the call returns. */
-raftcomms_status raftcomms_set_abort_elsewhere(int32_t on);
+raftcomms_status raftcomms_set_ends_elsewhere(int32_t on);
 /** The destroys begun on threads of their own that have not returned yet. */
-int32_t raftcomms_aborts_in_flight(void);
+int32_t raftcomms_ends_in_flight(void);
 
 /* ---- RAFT's resources ------------------------------------------------------------------------ */
 

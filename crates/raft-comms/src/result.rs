@@ -59,17 +59,17 @@ pub(crate) fn unique_id(who: &'static str) -> Result<[u8; sys::RAFTCOMMS_UNIQUE_
 /// Whether the shim runs, for the calling thread, the destroys that may wait for the whole
 /// device on threads of their own (see `raftcomms.h`): the watchdog's thread turns it on. Where
 /// the shim cannot be loaded there is no communicator to destroy: nothing to do.
-pub(crate) fn abort_elsewhere(on: bool) {
+pub(crate) fn ends_elsewhere(on: bool) {
     if let Ok(api) = api("raft-comms") {
         // SAFETY: sets an atomic in the shim; takes no pointer.
-        let _ = unsafe { (api.raftcomms_set_abort_elsewhere)(i32::from(on)) };
+        let _ = unsafe { (api.raftcomms_set_ends_elsewhere)(i32::from(on)) };
     }
 }
 
 /// The destroys begun on threads of their own that have not returned yet (0 without the shim).
-pub(crate) fn aborts_in_flight() -> i32 {
+pub(crate) fn ends_in_flight() -> i32 {
     // SAFETY: reads an atomic in the shim.
-    api("raft-comms").map_or(0, |api| unsafe { (api.raftcomms_aborts_in_flight)() })
+    api("raft-comms").map_or(0, |api| unsafe { (api.raftcomms_ends_in_flight)() })
 }
 
 /// `nccl.h`'s version code the shim was built with.

@@ -84,7 +84,7 @@ pub(crate) fn register_live(shared: &Arc<Shared>) {
 }
 
 /// The exit teardown's step (everything drained by then): aborts what is still alive, here, and
-/// waits (up to [`ABORTS_AT_EXIT`]) for the destroys the watchdog began on threads of their own;
+/// waits (up to [`ENDS_AT_EXIT`]) for the destroys the watchdog began on threads of their own;
 /// one still inside NCCL then keeps the static destructors from running under it.
 fn abort_all_live() {
     let live: Vec<Arc<Shared>> = LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
@@ -92,14 +92,14 @@ fn abort_all_live() {
         raft_exit::teardown_step(|| abort_one(&sh));
     }
     let start = std::time::Instant::now();
-    while result::aborts_in_flight() > 0 {
-        if start.elapsed() > ABORTS_AT_EXIT {
+    while result::ends_in_flight() > 0 {
+        if start.elapsed() > ENDS_AT_EXIT {
             raft_exit::left_running_saying(|| {
                 log::warn!(
                     target: "raft",
                     "exit teardown: {} communicator destroy(s) still inside NCCL after {:.1} s",
-                    result::aborts_in_flight(),
-                    ABORTS_AT_EXIT.as_secs_f64()
+                    result::ends_in_flight(),
+                    ENDS_AT_EXIT.as_secs_f64()
                 )
             });
             return;
@@ -109,7 +109,7 @@ fn abort_all_live() {
 }
 
 /// How long the exit's teardown waits for destroys running on threads of their own.
-const ABORTS_AT_EXIT: Duration = Duration::from_secs(5);
+const ENDS_AT_EXIT: Duration = Duration::from_secs(5);
 
 /// Aborts one live communicator for the exit's teardown (see [`abort_all_live`]).
 fn abort_one(sh: &Shared) {
@@ -341,7 +341,7 @@ impl Watched for Shared {
         if raft_exit::exiting() {
             // From the exit's first step on, destroys run here again, counted by their
             // release, so none is left on a thread of its own under the teardown.
-            result::abort_elsewhere(false);
+            result::ends_elsewhere(false);
         }
         // An open group has queued calls on it, not launched yet: look after the group.
         if self.groups.load(Ordering::Acquire) > 0 {

@@ -94,8 +94,8 @@ shim_functions! {
     fn raftcomms_comm_finalize(comm: *mut raftcomms_comm) -> raftcomms_status;
     fn raftcomms_comm_destroy(comm: *mut raftcomms_comm) -> raftcomms_status;
     fn raftcomms_comm_free(comm: *mut raftcomms_comm);
-    fn raftcomms_set_abort_elsewhere(on: i32) -> raftcomms_status;
-    fn raftcomms_aborts_in_flight() -> i32;
+    fn raftcomms_set_ends_elsewhere(on: i32) -> raftcomms_status;
+    fn raftcomms_ends_in_flight() -> i32;
     fn raftcomms_comm_install(comm: *mut raftcomms_comm, raft_resources: *mut c_void, stream: *mut c_void) -> raftcomms_status;
     fn raftcomms_installed(raft_resources: *mut c_void, present: *mut i32, rank: *mut i32, size: *mut i32) -> raftcomms_status;
     fn raftcomms_raft_allreduce(raft_resources: *mut c_void, send: *const c_void, recv: *mut c_void, count: usize, dtype: i32, op: i32, stream: *mut c_void) -> raftcomms_status;

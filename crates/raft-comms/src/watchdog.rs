@@ -80,7 +80,7 @@ fn run(dog: &'static Watchdog) {
     // The destroys of dropped communicators (after their finalize completed) and their events'
     // destroys wait for the whole device: on threads of their own, so that one communicator's
     // teardown holds up no other's look (run 217).
-    crate::result::abort_elsewhere(true);
+    crate::result::ends_elsewhere(true);
     loop {
         let now: Vec<(u64, Arc<dyn Watched>)> = {
             let mut list = dog.watched.lock().unwrap_or_else(|e| e.into_inner());

@@ -93,7 +93,7 @@ struct DeviceContext {
 /// The device's primary context as a cudarc context, retained once per process.
 pub(crate) fn context(who: &'static str, device: usize) -> Result<Arc<CudaContext>> {
     if raft_exit::forked() {
-        return Err(result::forked(who));
+        return Err(crate::error::Error::forked(who));
     }
     let count = check_device(who, device)?;
     let slots = CONTEXTS.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect());

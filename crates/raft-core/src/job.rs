@@ -316,7 +316,7 @@ impl<T> JobHandle<T> {
         }
         // In a fork's child the job's worker was not copied: it never ends there.
         if !self.is_finished() && raft_exit::forked() {
-            return Err(crate::result::forked("JobHandle::join"));
+            return Err(Error::forked("JobHandle::join"));
         }
         // A short spin first: most jobs this waits for are short, and parking costs a few µs.
         for _ in 0..2000 {

@@ -26,8 +26,8 @@ void live(comm_cell& c, char const* doing)
 }
 
 /// Whether the calling thread hands the ends that may wait for the whole device to threads of
-/// their own (raftcomms_set_abort_elsewhere: the Rust side's watchdog thread), and how many
-/// such ends have not returned yet (raftcomms_aborts_in_flight).
+/// their own (raftcomms_set_ends_elsewhere: the Rust side's watchdog thread), and how many
+/// such ends have not returned yet (raftcomms_ends_in_flight).
 thread_local bool ends_elsewhere = false;
 std::atomic<int32_t> ends_in_flight{0};
 
@@ -730,11 +730,11 @@ raftcomms_status raftcomms_comm_destroy(raftcomms_comm* comm)
 
 void raftcomms_comm_free(raftcomms_comm* comm) { delete comm; }
 
-raftcomms_status raftcomms_set_abort_elsewhere(int32_t on)
+raftcomms_status raftcomms_set_ends_elsewhere(int32_t on)
 {
   return guard([&] { ends_elsewhere = on != 0; });
 }
 
-int32_t raftcomms_aborts_in_flight(void) { return ends_in_flight.load(std::memory_order_acquire); }
+int32_t raftcomms_ends_in_flight(void) { return ends_in_flight.load(std::memory_order_acquire); }
 
 }  // extern "C"

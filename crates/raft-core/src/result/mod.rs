@@ -39,15 +39,9 @@ static_assertions::const_assert_eq!(sys::RAFTRS_EXPECTED_HANDLE_SIZE as usize, s
 #[inline]
 pub(crate) fn api(who: &'static str) -> Result<&'static sys::RaftrsShim> {
     if raft_exit::forked() {
-        return Err(forked(who));
+        return Err(Error::forked(who));
     }
     sys::shim().map_err(|e| Error::library_missing(who, e.clone()))
-}
-
-/// The error of a call in the child of a `fork()` (see `raft_exit::forked`).
-#[cold]
-pub(crate) fn forked(who: &'static str) -> Error {
-    Error::forked(who)
 }
 
 /// Turns a shim status into a result; the thread-local message is read and cleared at once.
