@@ -161,6 +161,14 @@ fn refusal(message: &str) -> Vec<u8> {
     reply
 }
 
+/// 1, 10, 100, …: the counts at which a repeated warning is given again.
+fn is_power_of_ten(mut n: u64) -> bool {
+    while n >= 10 && n.is_multiple_of(10) {
+        n /= 10;
+    }
+    n == 1
+}
+
 fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
@@ -198,6 +206,9 @@ struct Serving {
     claimed: Mutex<BTreeSet<usize>>,
     /// The handshakes under way, oldest first.
     slots: Mutex<Vec<Slot>>,
+    /// Peers refused for a wrong proof: warned of at the 1st, 10th, 100th, … (a stranger
+    /// hammering the port costs one log line per power of ten, not one per attempt).
+    refused: std::sync::atomic::AtomicU64,
 }
 
 impl Serving {
@@ -288,13 +299,19 @@ impl Serving {
         read_by(stream, &mut answer, deadline)?;
         let (world_b, rank_b) = (&answer[TAG..TAG + 4], &answer[TAG + 4..]);
         if !secret::verify(&self.key, &[b"raft-comms rank", &ns, nc, world_b, rank_b], &answer[..TAG]) {
-            log::warn!(
-                target: "raft",
-                "{}: refused a connection from {peer}: it did not prove it holds the job's secret ({}); another job's rank, or \
-                 not a rank at all",
-                self.who,
-                secret::SECRET_VAR
-            );
+            let n = self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if is_power_of_ten(n) {
+                log::warn!(
+                    target: "raft",
+                    "{}: refused a connection from {peer}: it did not prove it holds the job's secret ({}); another job's rank, \
+                     or not a rank at all ({n} refused so far; warned again at {} refused)",
+                    self.who,
+                    secret::SECRET_VAR,
+                    n.saturating_mul(10)
+                );
+            } else {
+                log::debug!(target: "raft", "{}: refused a connection from {peer} (no proof of the secret; {n} so far)", self.who);
+            }
             return Ok(Outcome::Other);
         }
         if !self.prove(serial) {
@@ -375,7 +392,15 @@ pub(crate) fn serve_on(
     let here = listener.local_addr().map_err(|e| generic(who, format!("the rendezvous listener: {e}")))?;
     let key = key_for(who, &here.to_string(), &[here], secret)?.to_vec();
     listener.set_nonblocking(true).map_err(|e| generic(who, format!("the rendezvous listener: {e}")))?;
-    let shared = Arc::new(Serving { who, key, id: *id, world, claimed: Mutex::new(BTreeSet::new()), slots: Mutex::new(Vec::new()) });
+    let shared = Arc::new(Serving {
+        who,
+        key,
+        id: *id,
+        world,
+        claimed: Mutex::new(BTreeSet::new()),
+        slots: Mutex::new(Vec::new()),
+        refused: Default::default(),
+    });
     let mut serial = 0u64;
     let (tx, rx) = mpsc::channel::<usize>();
     let mut served = BTreeSet::new();

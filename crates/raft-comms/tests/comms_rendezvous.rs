@@ -553,3 +553,70 @@ fn a_refusal_s_text_comes_without_control_characters() {
     assert!(e.message().contains("go away"), "{e}");
     assert!(!e.message().chars().any(char::is_control), "{:?}", e.message());
 }
+
+/// A peer that answers rank 0's challenge with a wrong proof, then reads until rank 0 closes.
+fn answer_without_the_secret(addr: &str) {
+    let mut peer = connect(addr);
+    let mut hello = b"RFTC".to_vec();
+    hello.extend_from_slice(&VERSION.to_le_bytes());
+    hello.extend_from_slice(&[3u8; 32]);
+    peer.write_all(&hello).unwrap();
+    let mut challenge = [0u8; 65];
+    peer.read_exact(&mut challenge).unwrap();
+    let mut answer = vec![0u8; 32];
+    answer.extend_from_slice(&2u32.to_le_bytes());
+    answer.extend_from_slice(&1u32.to_le_bytes());
+    peer.write_all(&answer).unwrap();
+    assert_eq!(read_all(&mut peer), Vec::<u8>::new(), "rank 0 must close without a word");
+}
+
+/// A stranger hammering rank 0's port with wrong proofs costs rank 0's log a line at the 1st,
+/// 10th, 100th, … refusal, not one per attempt (the eighteenth audit's open item: 30 strangers
+/// wrote 30 warnings). Rank 0 runs in a child process with a logger counting its warnings.
+#[test]
+fn strangers_failing_the_proof_are_warned_of_once_per_power_of_ten() {
+    const CHILD: &str = "RAFT_COMMS_TEST_COUNT_WARNINGS";
+    if let Ok(addr) = std::env::var(CHILD) {
+        static WARNINGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        struct Counting;
+        impl log::Log for Counting {
+            fn enabled(&self, _: &log::Metadata) -> bool {
+                true
+            }
+            fn log(&self, r: &log::Record) {
+                if r.level() == log::Level::Warn && r.args().to_string().contains("did not prove") {
+                    WARNINGS.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            fn flush(&self) {}
+        }
+        log::set_logger(&Counting).unwrap();
+        log::set_max_level(log::LevelFilter::Trace);
+        match fake_id(3).serve_with_secret(&addr, 2, Duration::from_secs(20), Some(&secret("warn-count"))) {
+            Ok(()) => println!("SERVED, warnings: {}", WARNINGS.load(Ordering::Relaxed)),
+            Err(e) => println!("FAILED: {e}"),
+        }
+        return;
+    }
+    let addr = free_addr();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["strangers_failing_the_proof_are_warned_of_once_per_power_of_ten", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, &addr)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let up = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(&addr).is_err() {
+        assert!(Instant::now() < up, "rank 0 never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for _ in 0..30 {
+        answer_without_the_secret(&addr);
+    }
+    let got = UniqueId::fetch_with_secret(&addr, 1, 2, Duration::from_secs(5), Some(&secret("warn-count")));
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(got.unwrap(), fake_id(3), "{said}");
+    // Warned at the 1st and the 10th of 30 refusals.
+    assert!(said.contains("SERVED, warnings: 2\n"), "rank 0 said: {said}");
+}
