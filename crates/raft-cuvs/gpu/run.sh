@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The cuVS GPU run, on the GPU machine: reassembles what pack.sh split, then runs raft-cuvs's tests
-# under RAFT_REQUIRE_GPU=1 RAFT_REQUIRE_CUVS=1, the knn example and the bench; logs go to $OUT
+# under RAFT_REQUIRE_GPU=1 RAFT_REQUIRE_CUVS=1, the NaN-row CAGRA tests under memcheck, the knn
+# example and the bench; logs go to $OUT
 # (the device call's output folder) or to DIR/logs.
 #
 #   crates/raft-cuvs/gpu/run.sh DIR    (DIR holds part-aa, part-ab, ... from pack.sh)
@@ -27,6 +28,16 @@ for t in "$b"/tests/*; do
   grep -E "SKIP|CAGRA|brute force:|panicked" "$logs/test-$name.log" | head -20
   [ $rc -eq 0 ] || failed=1
 done
+# cuVS's own accesses over data with NaN and infinite rows (the seventeenth audit's question):
+# the two CAGRA tests whose names hold "nan", under compute-sanitizer memcheck.
+if command -v compute-sanitizer >/dev/null; then
+  timeout 400 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 "$b/tests/cuvs" nan --test-threads=1 >"$logs/memcheck-nan.log" 2>&1
+  rc=$?; echo "memcheck cuvs nan: rc=$rc $(grep -E 'ERROR SUMMARY|^test result:' "$logs/memcheck-nan.log" | tr '\n' ' ')"
+  grep -E "CAGRA" "$logs/memcheck-nan.log" | head -8
+  [ $rc -eq 0 ] || failed=1
+else
+  echo "memcheck cuvs nan: FAILED, no compute-sanitizer on PATH"; failed=1
+fi
 "$b/bin/cuvs-knn" >"$logs/knn.log" 2>&1; rc=$?; echo "example knn: rc=$rc"; cat "$logs/knn.log"; [ $rc -eq 0 ] || failed=1
 "$b/bin/cuvs-bench" >"$logs/bench.log" 2>&1; rc=$?; echo "bench: rc=$rc"; cat "$logs/bench.log"; [ $rc -eq 0 ] || failed=1
 exit $failed

@@ -197,6 +197,21 @@ fn queries_of_other_resources_on_a_captured_stream_are_refused_not_a_panic() {
     assert_eq!(found.neighbors.to_host().unwrap().len(), 15);
 }
 
+/// Row numbers an `n_queries × k` answer holds outside `0..n_rows`, as (query, row number).
+fn outside_the_dataset(ids: &[i64], k: usize, n_rows: usize) -> Vec<(usize, i64)> {
+    ids.iter().enumerate().filter(|(_, id)| !(0..n_rows as i64).contains(id)).map(|(i, id)| (i / k, *id)).collect()
+}
+
+/// Queries for the NaN tests: query 0 all NaN, query 1 all +inf, query 2 the dataset's row
+/// `row`, the rest finite.
+fn queries_with_nan_and_infinity(rng: &mut Rng, a: &[f32], dim: usize, n: usize, row: &[f32]) -> Vec<f32> {
+    let mut queries = embeddings(rng, a, dim, n);
+    queries[..dim].fill(f32::NAN);
+    queries[dim..2 * dim].fill(f32::INFINITY);
+    queries[2 * dim..3 * dim].copy_from_slice(row);
+    queries
+}
+
 /// The seventeenth audit's open question (helper 79: some cuVS CAGRA out-of-bounds bugs were
 /// driven by data values): a dataset with rows of NaN, of infinities and hundreds of exact
 /// duplicates, searched with finite, NaN and infinite queries. The build and the searches end
@@ -224,10 +239,7 @@ fn cagra_on_rows_of_nan_infinities_and_duplicates_ends_and_names_rows_of_the_dat
             _ => {}
         }
     }
-    let mut queries = embeddings(&mut rng, &a, DIM, 64);
-    queries[..DIM].fill(f32::NAN); // query 0: NaN
-    queries[DIM..2 * DIM].fill(f32::INFINITY); // query 1: +inf
-    queries[2 * DIM..3 * DIM].copy_from_slice(&dup); // query 2: the duplicated row
+    let queries = queries_with_nan_and_infinity(&mut rng, &a, DIM, 64, &dup);
     let res = DeviceResources::new().unwrap();
     let params = CagraIndexParams { graph_degree: Some(32), intermediate_graph_degree: Some(64), ..Default::default() };
     let built = CagraIndex::build(DeviceMatrix::from_host(&res, &dataset, N_ROWS, DIM, Layout::RowMajor).unwrap(), &params);
@@ -244,18 +256,75 @@ fn cagra_on_rows_of_nan_infinities_and_duplicates_ends_and_names_rows_of_the_dat
     let q = DeviceMatrix::from_host(&res, &queries, 64, DIM, Layout::RowMajor).unwrap();
     match index.search(q.view(), K, &CagraSearchParams::default()) {
         Ok(found) => {
-            let ids = found.neighbors.to_host().unwrap();
-            let outside: Vec<(usize, i64)> =
-                ids.iter().enumerate().filter(|(_, id)| !(0..N_ROWS as i64).contains(id)).map(|(i, id)| (i / K, *id)).collect();
+            let outside = outside_the_dataset(&found.neighbors.to_host().unwrap(), K, N_ROWS);
             eprintln!(
-                "CAGRA on NaN/inf rows: {} of {} row numbers outside the dataset, by query: {:?}",
+                "CAGRA on NaN/inf rows: {} row numbers outside the dataset, by query: {:?}",
                 outside.len(),
-                ids.len(),
-                outside.iter().take(12).collect::<Vec<_>>()
+                &outside[..outside.len().min(12)]
             );
             assert!(outside.iter().all(|(query, _)| *query < 2), "a finite query got a row number outside the dataset: {outside:?}");
         }
         Err(e) => eprintln!("CAGRA on NaN/inf rows: search refused: {e}"),
+    }
+    res.sync().unwrap();
+    index.release().unwrap();
+}
+
+/// The search the test above could not reach (cuVS refuses that build): a dataset with only a
+/// few rows of NaN or infinities, which cuVS does build a graph over, searched with finite, NaN
+/// and infinite queries and with a wider search. The build must
+/// succeed (else this test examines nothing), every search ends, and every row number a finite
+/// query gets is a row of the dataset. `crates/raft-cuvs/gpu/run.sh` runs it (and the test above)
+/// also under compute-sanitizer memcheck, which sees cuVS's own accesses.
+#[test]
+fn cagra_built_over_a_few_rows_of_nan_and_infinity_searches_within_the_dataset() {
+    require_gpu!();
+    const N_ROWS: usize = 4000;
+    const DIM: usize = 32;
+    const K: usize = 10;
+    let mut rng = Rng::new(0x5eed_0028);
+    let a = mixing(&mut rng, DIM);
+    let mut dataset = embeddings(&mut rng, &a, DIM, N_ROWS);
+    for (i, row) in dataset.chunks_exact_mut(DIM).enumerate() {
+        match i {
+            100 | 2100 => row.fill(f32::NAN),
+            200 => row.fill(f32::INFINITY),
+            300 => row.fill(f32::NEG_INFINITY),
+            400 | 3400 => row[i % DIM] = f32::NAN, // one NaN element
+            _ => {}
+        }
+    }
+    let row7 = dataset[7 * DIM..8 * DIM].to_vec();
+    let queries = queries_with_nan_and_infinity(&mut rng, &a, DIM, 64, &row7);
+    let res = DeviceResources::new().unwrap();
+    let params = CagraIndexParams { graph_degree: Some(32), intermediate_graph_degree: Some(64), ..Default::default() };
+    let index = CagraIndex::build(DeviceMatrix::from_host(&res, &dataset, N_ROWS, DIM, Layout::RowMajor).unwrap(), &params)
+        .expect("cuVS builds over a dataset with six rows of NaN or infinities");
+    let q = DeviceMatrix::from_host(&res, &queries, 64, DIM, Layout::RowMajor).unwrap();
+    for (what, search) in [
+        ("default", CagraSearchParams::default()),
+        ("wide", CagraSearchParams { itopk_size: Some(128), search_width: Some(8), ..Default::default() }),
+    ] {
+        match index.search(q.view(), K, &search) {
+            Ok(found) => {
+                let ids = found.neighbors.to_host().unwrap();
+                let outside = outside_the_dataset(&ids, K, N_ROWS);
+                eprintln!(
+                    "CAGRA over a few NaN rows ({what}): {} row numbers outside the dataset: {:?}",
+                    outside.len(),
+                    &outside[..outside.len().min(12)]
+                );
+                assert!(
+                    outside.iter().all(|(query, _)| *query < 2),
+                    "{what}: a finite query got a row number outside the dataset: {outside:?}"
+                );
+            }
+            Err(e) => {
+                // A refusal is a clean answer; a crash or a hang is not (the harness sees those).
+                eprintln!("CAGRA over a few NaN rows ({what}): search refused: {e}");
+                assert_ne!(e.kind(), ErrorKind::OutOfMemory, "{e}");
+            }
+        }
     }
     res.sync().unwrap();
     index.release().unwrap();
