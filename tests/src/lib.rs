@@ -26,6 +26,28 @@ pub fn gpu() -> bool {
     false
 }
 
+/// The device count when the machine has at least `n` GPUs (`n` ≥ 2: the tests of several
+/// devices); otherwise a visible SKIP and `None`, or a panic when `RAFT_REQUIRE_GPUS` asks for
+/// `n` or more (the two-GPU runs set `RAFT_REQUIRE_GPUS=2`: a test of two devices that found
+/// one must fail there, not pass unrun). `RAFT_REQUIRE_GPU=1` alone asks for one GPU, so these
+/// tests still skip visibly on a one-GPU run.
+pub fn gpus_or_skip(n: usize) -> Option<usize> {
+    let required = std::env::var("RAFT_REQUIRE_GPUS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    if required < n && !gpu() {
+        return None;
+    }
+    let found = raft::device_count().unwrap_or(0);
+    if found >= n {
+        return Some(found);
+    }
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    if required >= n {
+        panic!("RAFT_REQUIRE_GPUS={required} but {test} found {found} GPU(s); it needs {n}");
+    }
+    let _ = writeln!(std::io::stderr(), "SKIP {test}: needs {n} or more GPUs, found {found}");
+    None
+}
+
 /// Waits until no release is pending on any release thread or worker (`raft::stats`); panics
 /// past `limit`, with the statistics. Returns how long it took.
 pub fn settle_releases(limit: std::time::Duration) -> std::time::Duration {

@@ -439,9 +439,7 @@ fn copies_on_another_stream_are_ordered_with_the_arrays_streams() {
 #[test]
 fn peer_copies_between_two_gpus() {
     require_gpu!();
-    let count = raft::device_count().unwrap();
-    if count < 2 {
-        eprintln!("SKIP peer_copies_between_two_gpus: {count} GPU(s), a peer copy needs 2");
+    if raft_tests::gpus_or_skip(2).is_none() {
         return;
     }
     let (r0, r1) = (DeviceResources::on_device(0).unwrap(), DeviceResources::on_device(1).unwrap());

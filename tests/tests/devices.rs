@@ -6,15 +6,7 @@ use raft_tests::{require_gpu, run_scenario};
 use std::time::Duration;
 
 fn devices_or_skip() -> Option<usize> {
-    let n = raft::device_count().ok()?;
-    if n < 2 {
-        let _ = std::io::Write::write_all(
-            &mut std::io::stderr(),
-            format!("SKIP {}: needs 2 or more GPUs, found {n}\n", std::thread::current().name().unwrap_or("?")).as_bytes(),
-        );
-        return None;
-    }
-    Some(n)
+    raft_tests::gpus_or_skip(2)
 }
 
 #[test]
@@ -145,4 +137,38 @@ fn library_calls_on_another_device_leave_the_caller_on_its_own() {
     .unwrap();
     assert!(bound.is_none() || bound == Some(device0), "a thread with no context was left on {bound:?}");
     assert_eq!(device, 0);
+}
+
+/// The two-GPU tests above must fail, not skip, where the run asks for two GPUs
+/// (`RAFT_REQUIRE_GPUS=2`, `scripts/gpu-session.sh tests2`) and fewer are found; without it they
+/// skip visibly. (Before the twenty-eighth session they skipped even under
+/// `RAFT_REQUIRE_GPU=1`, so a two-GPU run that found one GPU passed them unrun.) Runs on the
+/// CPU too: a child of this binary.
+#[test]
+fn a_test_of_two_gpus_fails_where_the_run_requires_two_and_finds_fewer() {
+    const CHILD: &str = "RAFT_TEST_REQUIRE_GPUS_CHILD";
+    const NAME: &str = "a_test_of_two_gpus_fails_where_the_run_requires_two_and_finds_fewer";
+    if std::env::var_os(CHILD).is_some() {
+        let found = raft_tests::gpus_or_skip(2);
+        println!("NOT REFUSED: {found:?}");
+        return;
+    }
+    if raft::device_count().is_ok_and(|n| n >= 2) {
+        eprintln!("SKIP {NAME}: this machine has two GPUs, nothing to refuse");
+        return;
+    }
+    let child = |require: Option<&str>| {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", NAME, "--nocapture", "--test-threads=1"]).env(CHILD, "1").env_remove("RAFT_REQUIRE_GPU");
+        match require {
+            Some(n) => cmd.env("RAFT_REQUIRE_GPUS", n),
+            None => cmd.env_remove("RAFT_REQUIRE_GPUS"),
+        };
+        let out = cmd.output().unwrap();
+        (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    };
+    let (passed, text) = child(Some("2"));
+    assert!(!passed && text.contains("RAFT_REQUIRE_GPUS=2 but"), "a two-GPU test passed where two were required:\n{text}");
+    let (passed, text) = child(None);
+    assert!(passed && text.contains("NOT REFUSED: None") && text.contains("SKIP"), "without the requirement it skips visibly:\n{text}");
 }

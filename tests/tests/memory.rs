@@ -282,9 +282,8 @@ fn new_in_allocates_from_the_resource_given_and_not_from_the_current_one() {
 #[test]
 fn new_in_refuses_a_resource_of_another_device() {
     require_gpu!();
-    let n = raft::device_count().unwrap();
-    if n < 2 {
-        skip(&format!("{n} device(s): no resource of another device to refuse"));
+    // (One device: no resource of another device to refuse.)
+    if raft_tests::gpus_or_skip(2).is_none() {
         return;
     }
     let _one = one_at_a_time();
@@ -396,6 +395,8 @@ fn a_failing_shim_call_from_an_exit_handler_writes_no_destroyed_thread_local() {
     // The handler read its own call's message back, whole: the same failure as main's.
     assert_eq!(line("AT_EXIT "), line("MAIN "), "{}", plain.stdout);
     if !Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        // CI installs valgrind and sets RAFT_REQUIRE_VALGRIND=1: there a missing one fails.
+        assert_ne!(std::env::var("RAFT_REQUIRE_VALGRIND").as_deref(), Ok("1"), "RAFT_REQUIRE_VALGRIND=1 but valgrind is not installed");
         skip("valgrind is not installed: the binary ran without it only");
         return;
     }
@@ -454,8 +455,8 @@ fn a_failure_callback_deep_down_the_chain_still_refuses_a_pool_over_it() {
 #[test]
 fn a_pool_of_default_size_takes_half_the_free_memory_of_its_own_device() {
     require_gpu!();
-    if raft::device_count().unwrap() < 2 {
-        skip("needs two GPUs: the pool is made for device 1 from a thread on device 0");
+    // The pool is made for device 1 from a thread on device 0.
+    if raft_tests::gpus_or_skip(2).is_none() {
         return;
     }
     let _one = one_at_a_time();

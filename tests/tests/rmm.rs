@@ -176,8 +176,8 @@ fn set_current_returns_the_previous_and_arrays_keep_theirs() {
     drop(v);
     assert_eq!(counted.statistics().unwrap().current_count, 0);
     // A resource of another device is refused: that refusal, not "no device 1" (issue 33, 14).
-    if raft::device_count().unwrap() < 2 {
-        eprintln!("SKIP set_current's refusal of another device's resource: one GPU, no device 1 to refuse it for");
+    // (One GPU: no device 1 to refuse it for.)
+    if raft_tests::gpus_or_skip(2).is_none() {
         return;
     }
     let e = memory::set_current(1, &counted).unwrap_err();
@@ -207,8 +207,7 @@ fn reinitialize_builds_what_the_options_describe() {
 #[test]
 fn a_pool_on_one_device_and_an_async_resource_on_another_stay_on_their_devices() {
     require_gpu!();
-    if raft::device_count().unwrap() < 2 {
-        eprintln!("SKIP a_pool_on_one_device_and_an_async_resource_on_another_stay_on_their_devices: one GPU");
+    if raft_tests::gpus_or_skip(2).is_none() {
         return;
     }
     let ordinal = raft_tests::device_of::<u8>;

@@ -469,12 +469,26 @@ mod tests {
     #[cfg_attr(miri, ignore = "loads the shim (dlopen)")]
     fn without_the_shim_s_cublas_in_the_process_gemm_ex_is_an_error_not_a_panic() {
         // cudarc's own loader would panic, or load another cuBLAS than the one that made RAFT's
-        // handle; the unit test process never loads the shim (nor cuBLAS).
-        if crate::result::api("t").is_ok() {
-            return; // a process that loaded the shim has its cuBLAS: nothing to refuse
+        // handle. The shim (which loads cuBLAS) is found in this process too, so the check runs
+        // in a child of this test binary whose `RAFT_RS_SHIM` names no file: nothing loads
+        // cuBLAS there. (It returned early when the shim loaded, which it does here: the test
+        // could not fail.)
+        const CHILD: &str = "RAFT_CORE_TEST_NO_SHIM_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            assert!(crate::result::api("t").is_err(), "the shim loaded from a path that does not exist");
+            let e = cublas_ex::table("gemm").err().expect("no cuBLAS is loaded without the shim");
+            assert_eq!(e.kind(), ErrorKind::Cuda);
+            assert!(e.message().contains("libcublas.so.13 is not loaded"), "{e}");
+            return;
         }
-        let e = cublas_ex::table("gemm").err().expect("no cuBLAS is loaded in a unit test process");
-        assert_eq!(e.kind(), ErrorKind::Cuda);
-        assert!(e.message().contains("libcublas.so.13 is not loaded"), "{e}");
+        let name = "result::gemm::tests::without_the_shim_s_cublas_in_the_process_gemm_ex_is_an_error_not_a_panic";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .env("RAFT_RS_SHIM", "/nonexistent/raft/libraftrs_shim.so")
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
     }
 }
