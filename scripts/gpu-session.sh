@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session over the bundle: runs the named steps, writes each step's output under
-# $OUT (or ./gpu-out), prints a summary. Steps: tests soak soak1 examples bench bench2 doctor
-# sanitizer latency torture rmm-torture rmm-repeat copy downstream.
+# $OUT (or ./gpu-out), prints a summary. Steps: tests tests2 python soak soak1 examples bench
+# bench2 doctor sanitizer latency torture rmm-torture rmm-repeat copy downstream.
 #   scripts/gpu-session.sh tests bench          (from the repository root, bundle built)
 #   OUT=/tmp/o SAVE_TO=$OUT scripts/gpu-session.sh ...   (device tool: results saved per step)
 set -u
@@ -16,20 +16,42 @@ for step in "$@"; do
   case $step in
     tests) "$b/run.sh" tests /tmp/raft-logs > "$out/tests.txt" 2>&1; rc=$?
            tar czf "$out/logs.tgz" -C /tmp raft-logs ;;
+    # On a machine of two GPUs: every binary with RAFT_REQUIRE_GPUS=2, so a test of two devices
+    # that found one fails instead of skipping (raft_tests::gpus_or_skip).
+    tests2) RAFT_REQUIRE_GPUS=2 "$b/run.sh" tests /tmp/raft-logs2 > "$out/tests2.txt" 2>&1; rc=$?
+           tar czf "$out/logs2.tgz" -C /tmp raft-logs2 ;;
+    # raft-py's PyTorch tests (the bundle's python/, from scripts/build-raft-py.sh).
+    python) if [ -x "$b/python/run-gpu.sh" ]; then
+              "$b/python/run-gpu.sh" test > "$out/python.txt" 2>&1; rc=$?
+              grep -q '^RESULT all ok' "$out/python.txt" || rc=1
+            else
+              echo "MISSING $b/python/run-gpu.sh: run scripts/build-raft-py.sh before packing" > "$out/python.txt"; rc=1
+            fi ;;
     soak) RAFT_SOAK_SECS=${SOAK_SECS:-60} "$b/tests/soak" --nocapture > "$out/soak.txt" 2>&1; rc=$? ;;
     soak1) RAFT_RELEASE_THREADS=1 RAFT_SOAK_SECS=${SOAK_SECS:-60} "$b/tests/soak" --nocapture > "$out/soak1.txt" 2>&1; rc=$? ;;
     examples) rc=0; : > "$out/examples.txt"
       for e in resources devices memory_resource errors exit_while_jobs_run version_abi; do
-        echo "== $e" >> "$out/examples.txt"; RUST_LOG=raft=debug "$b/bin/$e" >> "$out/examples.txt" 2>&1 || { rc=1; echo "FAILED $e" >> "$out/examples.txt"; }
+        echo "== $e" >> "$out/examples.txt"; RUST_LOG=raft=debug "$b/bin/$e" > /tmp/example-one.txt 2>&1 || { rc=1; echo "FAILED $e" >> /tmp/example-one.txt; }
+        cat /tmp/example-one.txt >> "$out/examples.txt"
+        # errors prints its advice for each failure (seed 2.2.4): on a GPU, exactly these three
+        # (tests/tests/errors.rs checks the same calls); an example that printed nothing passes no more.
+        if [ "$e" = errors ] && [ "$(grep -xE 'ok|fix-the-call|free-memory-and-retry' /tmp/example-one.txt | tr '\n' ' ')" != "ok fix-the-call free-memory-and-retry " ]; then
+          rc=1; echo "FAILED errors: expected the advice ok, fix-the-call, free-memory-and-retry" >> "$out/examples.txt"
+        fi
       done ;;
     bench) "$b/bin/raft-bench" "$out/bench.json" > "$out/bench.md" 2> "$out/bench.err"; rc=$? ;;
     copy) timeout ${COPY_TIMEOUT:-300} "$b/bin/copy-bench" "$out/copy.json" > "$out/copy.md" 2> "$out/copy.err"; rc=$? ;;
     bench2) "$b/bin/raft-bench" "$out/bench2.json" > "$out/bench2.md" 2> "$out/bench2.err"; rc=$? ;;
-    doctor) { "$b/bin/raft-doctor"; echo "doctor rc=$?"; } > "$out/doctor.txt" 2>&1; "$b/bin/raft-doctor" --json > "$out/doctor.json" 2>/dev/null; rc=$? ;;
+    doctor) "$b/bin/raft-doctor" > "$out/doctor.txt" 2>&1; r1=$?; echo "doctor rc=$r1" >> "$out/doctor.txt"
+            "$b/bin/raft-doctor" --json > "$out/doctor.json" 2>/dev/null; rc=$?; [ $r1 -eq 0 ] || rc=1 ;;
     sanitizer) rc=0; : > "$out/sanitizer.txt"
       # memcheck: memory (arrays outliving their resource, freed from other threads; the exit
       # teardown's children) and soundness (issue 13's defects) with the earlier binaries.
-      for t in resources arrays errors memory soundness rmm copies capture lend; do
+      # The rest of the suite (run 213's sweep): dlpack dtypes global_capture foreign teardown
+      # blocking exit. exit and blocking have timed assertions that fail under the sanitizer's
+      # slowdown (children 7-10 s, a queued zeroing 2 s): for those two only a memory error
+      # (memcheck's exit code 99) fails the step; their failed tests are reported.
+      for t in resources arrays errors memory soundness rmm copies capture lend dlpack dtypes global_capture foreign teardown blocking exit; do
         echo "== memcheck $t" >> "$out/sanitizer.txt"
         if [ ! -x "$b/tests/$t" ]; then echo "MISSING $b/tests/$t" >> "$out/sanitizer.txt"; rc=1; continue; fi
         # errors provokes out-of-memory on purpose: its API errors are the point of the test.
@@ -39,11 +61,22 @@ for step in "$@"; do
         [ "$t" = copies ] && api=no
         # capture provokes refused waits and captures on purpose: memory errors only.
         [ "$t" = capture ] && api=no
+        # exit asks the driver whether pageable memory is page-locked on purpose (the answer is
+        # CUDA_ERROR_INVALID_VALUE): memory errors only.
+        [ "$t" = exit ] && api=no
         # soundness faults a kernel and fills the card on purpose (two child processes): memcheck
         # reports exactly those; they run, unsanitized, in the tests step.
         skip=""; [ "$t" = soundness ] && skip="--skip a_kernel_fault --skip exhausting_device_memory"
-        timeout 240 compute-sanitizer --tool memcheck --report-api-errors $api --error-exitcode 99 --target-processes all "$b/tests/$t" --test-threads=4 $skip >> "$out/sanitizer.txt" 2>&1
-        r=$?; echo "rc=$r" >> "$out/sanitizer.txt"; [ $r -eq 0 ] || rc=1
+        timeout 240 compute-sanitizer --tool memcheck --report-api-errors $api --error-exitcode 99 --target-processes all "$b/tests/$t" --test-threads=4 $skip > /tmp/memcheck-one.txt 2>&1
+        r=$?; cat /tmp/memcheck-one.txt >> "$out/sanitizer.txt"; echo "rc=$r" >> "$out/sanitizer.txt"
+        case "$t:$r" in
+          *:0) ;;
+          exit:101|blocking:101)
+            # Every process's summary must still say 0 errors.
+            if grep "ERROR SUMMARY" /tmp/memcheck-one.txt | grep -qv "ERROR SUMMARY: 0 errors"; then rc=1
+            else echo "($t: the failed tests above are timed assertions under the slowdown; every ERROR SUMMARY says 0 errors)" >> "$out/sanitizer.txt"; fi ;;
+          *) rc=1 ;;
+        esac
       done
       for t in arrays soundness copies; do
         echo "== racecheck $t" >> "$out/sanitizer.txt"

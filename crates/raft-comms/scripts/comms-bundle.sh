@@ -80,13 +80,18 @@ failed=0
 tests() {
   for t in comms_counts comms_groups comms_rendezvous comms_launcher raft_comms comms_clique comms_splits comms_processes; do
     start=$SECONDS
-    "$here/tests/$t" --test-threads=1 --nocapture >"$logs/$t.log" 2>&1
+    # A hung binary ends the step at its bound (124), not the device call.
+    timeout -k 10 "${RAFT_TEST_BOUND:-540}" "$here/tests/$t" --test-threads=1 --nocapture >"$logs/$t.log" 2>&1
     rc=$?
     summary=$(grep -E '^test result:' "$logs/$t.log" | tail -n 1)
     echo "$t: rc=$rc ${summary:-no summary (see $logs/$t.log)} ($((SECONDS - start)) s)"
     [ $rc -eq 0 ] || failed=1
   done
   grep -h "SURVIVOR_ERROR\|NCCL (" "$logs"/comms_*.log || true
+  # The ignored probe (docs/RELIABILITY.md, left open): reported, not counted, so a run says
+  # when it starts passing.
+  timeout -k 10 120 "$here/tests/comms_groups" --ignored --test-threads=1 --nocapture >"$logs/comms_groups-ignored.log" 2>&1
+  echo "comms_groups --ignored (reported only): rc=$? $(grep -E '^test result:' "$logs/comms_groups-ignored.log" | tail -n 1)"
 }
 example() {
   "$here/bin/raft-run" -n 2 "$here/bin/allreduce_sum" || failed=1

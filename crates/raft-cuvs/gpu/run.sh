@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 failed=0
 for t in "$b"/tests/*; do
   name=$(basename "$t")
-  "$t" --test-threads=4 >"$logs/test-$name.log" 2>&1
+  timeout -k 10 "${RAFT_TEST_BOUND:-400}" "$t" --test-threads=4 >"$logs/test-$name.log" 2>&1
   rc=$?
   echo "test $name: rc=$rc $(grep -E '^test result:' "$logs/test-$name.log" | tail -n 1)"
   grep -E "SKIP|CAGRA|brute force:|panicked" "$logs/test-$name.log" | head -20
