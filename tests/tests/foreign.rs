@@ -438,3 +438,18 @@ fn memory_made_while_another_librarys_context_of_the_device_is_current_belongs_t
     .join()
     .unwrap();
 }
+
+/// The nineteenth audit (helper 86): the memory resources' constructors did not set up the
+/// device's primary context, so a pool made first, with another library's context of the device
+/// current, took its first block in that context (the shim binds the primary context only once
+/// noted), and an array from the pool died with the foreign context. Now every constructor sets
+/// the device up first. A fresh process: the pool must be the library's first step on device 0.
+#[test]
+fn a_pool_made_first_under_another_librarys_context_takes_its_memory_in_the_primary_context() {
+    require_gpu!();
+    let c = raft_tests::run_scenario!("pool-made-first-under-a-foreign-context", &[], std::time::Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("foreign_is_primary").as_deref(), Some("false"), "{c:?}");
+    assert_eq!(c.result("owner").as_deref(), Some("primary"), "the pool's memory is another library's context's:\n{c:?}");
+    assert_eq!(c.result("used_after_destroy").as_deref(), Some("true"), "{c:?}");
+}

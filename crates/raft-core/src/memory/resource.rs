@@ -1,7 +1,6 @@
 //! [`MemoryResource`]: one RMM resource as an owned Rust value, its constructors and adaptors,
 //! the options and facts they take and give, and the tracking adaptors' leak report at exit.
 use super::kind::MemoryResourceKind;
-use crate::device::check_device;
 use crate::error::{Error, ErrorKind, Result};
 use crate::result;
 use crate::result::mr::{self, NativeMr};
@@ -123,6 +122,14 @@ pub struct MemoryResource {
 
 static_assertions::assert_impl_all!(MemoryResource: Send, Sync, Clone);
 
+/// Checks `device` and sets up its primary context (`device::context`, once per device): the
+/// shim's device scope binds that context only once it is noted, so a resource made first, with
+/// another library's context of the device current on the thread, would take its first block
+/// (a pool's, an arena's) in that context, whose memory dies with it (the nineteenth audit).
+fn on_device(who: &'static str, device: usize) -> Result<()> {
+    crate::device::context(who, device).map(drop)
+}
+
 impl MemoryResource {
     pub(crate) fn wrap(who: &'static str, native: NativeMr) -> Result<Self> {
         let kind = MemoryResourceKind::from_raw(native.kind(who)?);
@@ -136,13 +143,13 @@ impl MemoryResource {
     /// does not compare equal to it); `Cuda` without a driver.
     pub fn current(device: usize) -> Result<Self> {
         const WHO: &str = "MemoryResource::current";
-        check_device(WHO, device)?;
+        on_device(WHO, device)?;
         route_releases();
         Self::wrap(WHO, NativeMr::current(WHO, device)?)
     }
 
     pub(crate) fn made(who: &'static str, device: usize, kind: i32) -> Result<Self> {
-        check_device(who, device)?;
+        on_device(who, device)?;
         route_releases();
         Self::wrap(who, reclaiming(|| NativeMr::new(who, device, kind))?)
     }
@@ -170,7 +177,7 @@ impl MemoryResource {
     /// `cuda_async_with(0, AsyncPoolOptions::default().release_threshold(32 << 20))`.
     pub fn cuda_async_with(device: usize, options: AsyncPoolOptions) -> Result<Self> {
         const WHO: &str = "MemoryResource::cuda_async_with";
-        check_device(WHO, device)?;
+        on_device(WHO, device)?;
         route_releases();
         Self::wrap(WHO, reclaiming(|| NativeMr::cuda_async(WHO, device, options.initial, options.release_threshold))?)
     }
@@ -179,7 +186,7 @@ impl MemoryResource {
     /// device reads and writes directly.
     pub fn pinned_host(device: usize) -> Result<Self> {
         const WHO: &str = "MemoryResource::pinned_host";
-        check_device(WHO, device)?;
+        on_device(WHO, device)?;
         route_releases();
         Self::wrap(WHO, NativeMr::pinned_host(WHO, device)?)
     }

@@ -1,9 +1,10 @@
 //! Child-process scenarios for the integration tests: each runs in a fresh process, because it
 //! is about what happens once per process (the exit, the first resources on a device).
 //! `scenarios NAME` runs one; it prints `RESULT key=value ...` lines for the parent to check.
-//! The exit scenarios live here; the pool stress, the fault injection and the shared helpers in
-//! sibling modules.
+//! The exit scenarios live here; the pool stress, the fault injection, the contexts memory lands
+//! in and the shared helpers in sibling modules.
 mod common;
+mod contexts;
 mod faults;
 mod pool;
 mod waits;
@@ -483,6 +484,7 @@ fn main() -> ExitCode {
         "releases-cross-inside-lends" => waits::uses_cross_inside_lends("release"),
         "exclusive-lends-cross-inside-lends" => waits::uses_cross_inside_lends("mut"),
         "release-and-exclusive-cross-inside-lends" => waits::uses_cross_inside_lends("mixed"),
+        "pool-made-first-under-a-foreign-context" => contexts::pool_made_first_under_a_foreign_context(),
         other => {
             eprintln!("unknown scenario {other:?}");
             std::process::exit(2);

@@ -1,0 +1,61 @@
+//! Scenarios about which CUDA context the library's memory lands in, each in a fresh process so
+//! that the device has not been set up by the library before the step under test.
+use cudarc::driver::sys;
+
+/// The context that owns the device memory at `address` (`CU_POINTER_ATTRIBUTE_CONTEXT`).
+fn owner_of(address: u64) -> usize {
+    let mut owner: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one context handle into a local; the address is a live array's.
+    unsafe {
+        sys::cuPointerGetAttribute(
+            &mut owner as *mut sys::CUcontext as *mut std::ffi::c_void,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+            address,
+        )
+    }
+    .result()
+    .expect("cuPointerGetAttribute");
+    owner as usize
+}
+
+/// The nineteenth audit (helper 86): with another library's context of device 0 current on the
+/// thread and the library not yet set up on device 0, a memory resource made first (a pool,
+/// whose first block it allocates at once) took that block in the foreign context: the shim's
+/// device scope binds the primary context only once the library has noted it. The foreign
+/// context's destruction then frees the pool's memory under the arrays made from it.
+/// Reports the owner of an array made from that pool (`primary` or `foreign`), and whether the
+/// array is still usable once the foreign context is destroyed.
+pub(crate) fn pool_made_first_under_a_foreign_context() {
+    // SAFETY: initialises the driver; no pointer.
+    unsafe { sys::cuInit(0) }.result().expect("cuInit");
+    let mut foreign: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: makes a new context of device 0 current on this thread; destroyed below, after the
+    // library's calls, with no use of it left (checked: nothing of the library's is in it).
+    unsafe { sys::cuCtxCreate_v4(&mut foreign, std::ptr::null_mut(), 0, 0) }.result().expect("cuCtxCreate");
+    let pool = raft::MemoryResource::cuda(0)
+        .and_then(|cuda| cuda.pool(raft::PoolOptions::initial(64 << 20).maximum(64 << 20)))
+        .expect("a pool of device 0");
+    let res = raft::DeviceResources::on_device(0).expect("resources");
+    let primary = res.stream().expect("stream").context().cu_ctx() as usize;
+    let mut v = raft::DeviceVec::<f32>::new_in(&res, 1 << 20, &pool).expect("an array from the pool");
+    let owner = owner_of(v.device_address());
+    println!(
+        "RESULT owner={} foreign_is_primary={}",
+        if owner == primary {
+            "primary"
+        } else if owner == foreign as usize {
+            "foreign"
+        } else {
+            "other"
+        },
+        foreign as usize == primary
+    );
+    if owner != primary {
+        // The array's memory dies with the foreign context: stop here (using it would fault).
+        return;
+    }
+    // SAFETY: the context made above, current on this thread; nothing of the library's is in it.
+    unsafe { sys::cuCtxDestroy_v2(foreign) }.result().expect("cuCtxDestroy");
+    let used = v.fill_zero().and_then(|_| v.to_host()).map(|h| h.iter().all(|x| *x == 0.0));
+    println!("RESULT used_after_destroy={}", matches!(used, Ok(true)));
+}
