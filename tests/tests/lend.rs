@@ -108,3 +108,46 @@ fn the_exclusive_lend_waits_for_other_uses_and_holds_new_ones_back() {
     assert_eq!(e.kind(), ErrorKind::Logic, "{e}");
     assert!(e.message().contains("released"), "{e}");
 }
+
+/// The nineteenth audit (helper 86): RAFT code works on the thread's current device (it makes
+/// its workspace from that device's RMM entry), yet `with_raft_resources` ran the closure on
+/// whatever context the thread had: none on a fresh thread, another library's, or another
+/// device's (whose lend count then did not protect the entry RAFT held). The closure now runs
+/// on the resources' own primary context, and the thread's context is put back after it, for
+/// the shared and the exclusive lend alike.
+#[test]
+fn a_lend_runs_on_the_resources_context_and_puts_the_thread_s_own_back() {
+    require_gpu!();
+    use cudarc::driver::sys;
+    let current = || {
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes the thread's current context into a local.
+        unsafe { sys::cuCtxGetCurrent(&mut c) }.result().unwrap();
+        c as usize
+    };
+    let res = DeviceResources::new().unwrap();
+    let primary = res.context().cu_ctx() as usize;
+    std::thread::scope(|s| {
+        // A fresh thread: no context of its own.
+        s.spawn(|| {
+            assert_eq!(current(), 0, "a fresh thread has no context");
+            let inside = res.with_raft_resources(|_| current()).unwrap();
+            assert_eq!(inside, primary, "the shared lend ran on no context of the resources'");
+            let inside = res.with_raft_resources_mut(|_| current()).unwrap();
+            assert_eq!(inside, primary, "the exclusive lend ran on no context of the resources'");
+        });
+        // A thread on another library's context of the device.
+        s.spawn(|| {
+            let mut foreign: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: makes a new context of the device current on this thread; destroyed below,
+            // once the lends (which must not use it) are over.
+            unsafe { sys::cuCtxCreate_v4(&mut foreign, std::ptr::null_mut(), 0, res.device() as i32) }.result().unwrap();
+            let inside = res.with_raft_resources(|_| current()).unwrap();
+            let after = current();
+            // SAFETY: the context made above, current on this thread; nothing uses it.
+            unsafe { sys::cuCtxDestroy_v2(foreign) }.result().unwrap();
+            assert_eq!(inside, primary, "the lend ran in another library's context");
+            assert_eq!(after, foreign as usize, "the thread's own context was not put back");
+        });
+    });
+}

@@ -2,6 +2,7 @@
 //! `cuvsResources_t`, RAFT's comms, a user's RAFT algorithm) without giving the resources up.
 use crate::error::Result;
 use crate::resources::DeviceResources;
+use crate::result::ContextGuard;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -46,6 +47,9 @@ impl DeviceResources {
     /// code given the pointer may only read the object; changing it (`raft::resource::set_*`)
     /// needs [`with_raft_resources_mut`](Self::with_raft_resources_mut).
     ///
+    /// `f` runs with the resources' device current on the thread (their primary context), and
+    /// the thread's own context is put back after it: RAFT code works on the current device.
+    ///
     /// RAFT's and cuVS's allocations made through the pointer (the workspace RAFT keeps in the
     /// object, an index's arrays) hold a reference into RMM's map entry for the device: from the
     /// first lend until these resources are released, the device's current resource is not
@@ -64,6 +68,9 @@ impl DeviceResources {
             // C++ code reaches the stream through RAFT's object (`result/exposure.rs`).
             native.capture_flag().raise();
             let ptr = native.raft_resources(WHO)?;
+            // RAFT works on the thread's current device (its workspace is made lazily from that
+            // device's RMM entry): the resources' own for the lend, the caller's back after it.
+            let _bound = ContextGuard::bind(WHO, self.context())?;
             Ok(f(RaftResourcesPtr { ptr, _borrow: PhantomData, _not_send: PhantomData }))
         })
     }
@@ -102,6 +109,9 @@ impl DeviceResources {
             // C++ code reaches the stream through RAFT's object (`result/exposure.rs`).
             native.capture_flag().raise();
             let ptr = native.raft_resources(WHO)?;
+            // RAFT works on the thread's current device (its workspace is made lazily from that
+            // device's RMM entry): the resources' own for the lend, the caller's back after it.
+            let _bound = ContextGuard::bind(WHO, self.context())?;
             Ok(f(RaftResourcesPtr { ptr, _borrow: PhantomData, _not_send: PhantomData }))
         })
     }
