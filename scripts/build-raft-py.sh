@@ -13,5 +13,5 @@ cd "$root"
 if [ "$profile" = release ]; then cargo build -p raft-py --release; dir=release; else cargo build -p raft-py --profile "$profile"; dir=$([ "$profile" = dev ] && echo debug || echo "$profile"); fi
 mkdir -p "$out"
 cp "target/$dir/libraft_py.so" "$out/raft_py.abi3.so"
-cp crates/raft-py/tests/test_torch.py crates/raft-py/tests/bench_gemm.py crates/raft-py/run-gpu.sh "$out/"
+cp crates/raft-py/tests/test_torch.py crates/raft-py/tests/test_cpu.py crates/raft-py/tests/bench_gemm.py crates/raft-py/run-gpu.sh "$out/"
 echo "raft_py: $out/raft_py.abi3.so"

@@ -264,13 +264,20 @@ unsafe fn typed<T: DlpackElement>(p: *mut c_void, versioned: bool, device: usize
     }
 }
 
-/// Takes `obj`'s tensor through `__dlpack__`, ordered before `res`'s stream.
-fn import(obj: &Bound<'_, PyAny>, res: &DeviceResources) -> PyResult<Imported> {
+/// `obj`'s `__dlpack_device__()`, refused unless CUDA device memory (or managed memory) of a
+/// device number that can be one: checked before any resources are made for it.
+fn cuda_device_of(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
     let (kind, id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
     if kind != KDL_CUDA && kind != KDL_CUDA_MANAGED {
         return Err(PyTypeError::new_err(format!("raft_py: a tensor on device type {kind}, not CUDA memory")));
     }
-    if id as usize != res.device() {
+    usize::try_from(id).map_err(|_| PyValueError::new_err(format!("raft_py: a CUDA tensor on device {id}, which no device is")))
+}
+
+/// Takes `obj`'s tensor through `__dlpack__`, ordered before `res`'s stream.
+fn import(obj: &Bound<'_, PyAny>, res: &DeviceResources) -> PyResult<Imported> {
+    let id = cuda_device_of(obj)?;
+    if id != res.device() {
         return Err(PyValueError::new_err(format!("raft_py: a tensor on device {id}, resources on device {}", res.device())));
     }
     let stream = res.stream().map_err(py_err)?.cu_stream() as usize as isize;
@@ -324,10 +331,14 @@ fn import(obj: &Bound<'_, PyAny>, res: &DeviceResources) -> PyResult<Imported> {
     Ok(t)
 }
 
+/// The calling thread's default resources of `obj`'s device, once `obj` is known to be CUDA
+/// memory: a host tensor, or a device number below 0, is refused before anything is made (the
+/// nineteenth audit: a CPU tensor made device 0's context and resources first, and its refusal
+/// on a machine without a driver said "no CUDA driver" instead of "not CUDA memory").
 fn resources_for(obj: &Bound<'_, PyAny>) -> PyResult<DeviceResources> {
-    let (_, id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
+    let id = cuda_device_of(obj)?;
     // Without the GIL: making resources may wait for pending releases.
-    obj.py().detach(|| raft::current_device_resources(id.max(0) as usize)).map_err(py_err)
+    obj.py().detach(|| raft::current_device_resources(id)).map_err(py_err)
 }
 
 /// `a @ b` (2-D, or 1-D as a row) on the calling thread's default resources of their device.
