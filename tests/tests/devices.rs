@@ -172,3 +172,17 @@ fn a_test_of_two_gpus_fails_where_the_run_requires_two_and_finds_fewer() {
     let (passed, text) = child(None);
     assert!(passed && text.contains("NOT REFUSED: None") && text.contains("SKIP"), "without the requirement it skips visibly:\n{text}");
 }
+
+/// The nineteenth audit (helper 86): an array of device 0 used on a stream of device 1 where the
+/// library had made nothing was leaked for the life of the process (no records context for
+/// device 1, so the use counted as one in another library's context). Now device 1's records
+/// context is made at that use, and the array is freed. A fresh process: device 1 untouched.
+#[test]
+fn an_array_used_on_a_stream_of_a_device_without_resources_is_freed() {
+    if raft_tests::gpus_or_skip(2).is_none() {
+        return;
+    }
+    let c = run_scenario!("array-used-on-a-stream-of-a-device-without-resources", &[], Duration::from_secs(60));
+    c.assert_code(0);
+    assert_eq!(c.result("live").as_deref(), Some("0"), "the array was leaked:\n{c:?}");
+}

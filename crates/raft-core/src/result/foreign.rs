@@ -111,7 +111,8 @@ fn recycle_event_object(mut object: Arc<CudaContext>) {
 
 /// Makes `device`'s records context: a second object of the primary context `primary` (made and
 /// retained by the caller), with a stream of its own, made without cudarc's context-wide wait
-/// (`first_stream`: the object is fresh). Called at each device's first resources; made once.
+/// (`first_stream`: the object is fresh). Called at each device's first resources, or at the first
+/// use of an array on a stream of a device the library has set up nothing on; made once.
 pub(crate) fn make_records_context(who: &'static str, device: usize) -> Result<()> {
     // Made under the lock, once: threads racing on a device's first resources each made and
     // leaked an object and its stream before (the fourteenth audit, low).
@@ -127,6 +128,29 @@ pub(crate) fn make_records_context(who: &'static str, device: usize) -> Result<(
     }
     all[device] = Some(made);
     Ok(())
+}
+
+/// Makes the records context of `stream`'s device when the library has made none there yet (no
+/// resources on that device) and the device's primary context is active already, as it is when
+/// `stream` belongs to it: an array used on such a stream was taken for one used in another
+/// library's context and leaked for the life of the process (the nineteenth audit, helper 86).
+/// A device whose primary context is inactive is left so (nothing is woken): `stream` then
+/// belongs to another context, which no record serves. Returns whether one was made.
+fn records_for_a_device_without_resources(who: &'static str, stream: &CudaStream) -> bool {
+    let device = stream.context().ordinal();
+    if RECORDS.lock().unwrap_or_else(|e| e.into_inner()).get(device).is_some_and(Option::is_some) {
+        return false; // made already: `stream` is of another context
+    }
+    let Ok(handle) = cudarc::driver::result::device::get(device as i32) else { return false };
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: writes two integers for a device handle the driver gave; no context is touched.
+    let asked = unsafe { cusys::cuDevicePrimaryCtxGetState(handle, &mut flags, &mut active) };
+    if asked != cusys::CUresult::CUDA_SUCCESS || active == 0 {
+        return false;
+    }
+    // Retaining makes the primary context current on this thread: the caller's goes back.
+    let Ok(_keep) = super::ContextGuard::save(who) else { return false };
+    make_records_context(who, device).is_ok()
 }
 
 /// Takes any error recorded in the records contexts (a record that failed, or one skipped
@@ -234,7 +258,10 @@ impl ForeignUses {
                 log::warn!(target: "raft", "{e}");
             }
         }
-        let (failures, records) = take_failures(Some(stream));
+        let (failures, records) = match take_failures(Some(stream)) {
+            (_, None) if records_for_a_device_without_resources(who, stream) => take_failures(Some(stream)),
+            found => found,
+        };
         let Some(records) = records else {
             // Another context than the device's primary one: no record can be trusted.
             return Ok(self.cannot_order(self.uses.lock().unwrap_or_else(|e| e.into_inner()), stream));

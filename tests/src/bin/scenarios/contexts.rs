@@ -59,3 +59,30 @@ pub(crate) fn pool_made_first_under_a_foreign_context() {
     let used = v.fill_zero().and_then(|_| v.to_host()).map(|h| h.iter().all(|x| *x == 0.0));
     println!("RESULT used_after_destroy={}", matches!(used, Ok(true)));
 }
+
+/// The nineteenth audit (helper 86), two GPUs: an array of device 0 used on a stream of device 1
+/// (cudarc's, of device 1's primary context), where the library has made nothing on device 1.
+/// With no records context for device 1 the use was taken for one in another library's context:
+/// the array was leaked for the life of the process. Reports the tracking resource's live
+/// allocations once the array is dropped and its stream synchronised (`live=0` when freed).
+pub(crate) fn array_used_on_a_stream_of_a_device_without_resources() {
+    let res = raft::DeviceResources::on_device(0).expect("resources on device 0");
+    let mr = raft::MemoryResource::cuda_async(0).and_then(|m| m.with_tracking()).expect("a tracking resource");
+    let other = cudarc::driver::CudaContext::new(1).expect("device 1's primary context");
+    let s1 = other.new_stream().expect("a stream of device 1");
+    let v = raft::DeviceVec::<f32>::new_in(&res, 1 << 16, &mr).expect("an array");
+    {
+        let (_ptr, _guard) = v.try_device_ptr(&s1).expect("a use on device 1's stream");
+    }
+    drop(v);
+    res.sync().expect("sync");
+    s1.synchronize().expect("sync device 1's stream");
+    // The free is stream-ordered and may go through the release queue: give it a moment.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut live = mr.tracked().expect("tracked").count;
+    while live > 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        live = mr.tracked().expect("tracked").count;
+    }
+    println!("RESULT live={live}");
+}

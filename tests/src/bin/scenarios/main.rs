@@ -485,6 +485,7 @@ fn main() -> ExitCode {
         "exclusive-lends-cross-inside-lends" => waits::uses_cross_inside_lends("mut"),
         "release-and-exclusive-cross-inside-lends" => waits::uses_cross_inside_lends("mixed"),
         "pool-made-first-under-a-foreign-context" => contexts::pool_made_first_under_a_foreign_context(),
+        "array-used-on-a-stream-of-a-device-without-resources" => contexts::array_used_on_a_stream_of_a_device_without_resources(),
         other => {
             eprintln!("unknown scenario {other:?}");
             std::process::exit(2);
