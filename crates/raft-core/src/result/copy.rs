@@ -383,7 +383,7 @@ fn queue(
             _ => None,
         };
         if let Some((s, d)) = peer {
-            enable_peer_access(who, s, d);
+            super::peers::enable_peer_access(who, s, d);
         }
         if crosses {
             bind(who, stream.context())?;
@@ -611,50 +611,6 @@ impl<'scope, 'env> CopyScope<'scope, 'env> {
     /// The device of the scope's stream.
     pub(crate) fn device(&self) -> usize {
         self.stream.context().ordinal()
-    }
-}
-
-/// Lets the two devices of a peer copy reach each other's memory, so that the copy goes over
-/// their link (run 24: 37.6 GB/s through the host, against 396 GB/s for the driver's own peer
-/// copy with access enabled): peer access between the two primary contexts, once per pair
-/// (`cuCtxEnablePeerAccess` both ways, where `cuDeviceCanAccessPeer` allows it), and access for
-/// the peer to each buffer's async pool (the shim, once per pool). As PyTorch does, on the first
-/// peer copy. A failure only costs speed (the driver then stages the copy through the host):
-/// it is logged, never returned.
-fn enable_peer_access(who: &'static str, a: &NativeBuffer, b: &NativeBuffer) {
-    static PAIRS: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
-    let pair = (a.device.min(b.device), a.device.max(b.device));
-    let mut pairs = PAIRS.lock().unwrap_or_else(|e| e.into_inner());
-    if !pairs.contains(&pair) {
-        let (ca, cb) = (a.stream.context(), b.stream.context());
-        let can = |x: &CudaContext, y: &CudaContext| {
-            let mut can = 0i32;
-            // SAFETY: writes one int for two valid device handles.
-            let rc = unsafe { cusys::cuDeviceCanAccessPeer(&mut can, x.cu_device(), y.cu_device()) };
-            rc == cusys::CUresult::CUDA_SUCCESS && can != 0
-        };
-        if can(ca, cb) && can(cb, ca) {
-            for (x, y) in [(ca, cb), (cb, ca)] {
-                let enabled = bind(who, x).and_then(|()| {
-                    // SAFETY: `x` is bound to this thread (the caller's guard puts the thread's
-                    // own context back) and `y` is a live primary context of another device.
-                    match unsafe { cusys::cuCtxEnablePeerAccess(y.cu_ctx(), 0) } {
-                        cusys::CUresult::CUDA_SUCCESS | cusys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
-                        rc => Err(Error::driver(who, cudarc::driver::DriverError(rc))),
-                    }
-                });
-                if let Err(e) = enabled {
-                    log::warn!(target: "raft", "peer access between devices {} and {} not enabled: {e}", a.device, b.device);
-                }
-            }
-        }
-        pairs.push(pair);
-    }
-    drop(pairs);
-    for (buf, peer) in [(a, b.device), (b, a.device)] {
-        if let Err(e) = buf.grant_peer(who, peer) {
-            log::warn!(target: "raft", "device {peer} not given access to an array of device {}: {e}", buf.device);
-        }
     }
 }
 

@@ -24,6 +24,7 @@ pub(crate) mod foreign;
 pub(crate) mod gemm;
 pub(crate) mod lent;
 pub(crate) mod mr;
+pub(crate) mod peers;
 pub(crate) mod registration;
 pub(crate) mod staging;
 pub(crate) mod stores;
