@@ -2,8 +2,10 @@
 //! crate makes), holding all of the crate's FFI `unsafe`, the context guard and the status check.
 //!
 //! As in cudarc's `sys` / `result` / `safe` split: above this module, the safe types
-//! (`DeviceResources`, `DeviceVec`, `MemoryResource`, …) hold no `unsafe` but their `Send` /
-//! `Sync` reasons. Native objects are owned here by small handle types ([`NativeResources`],
+//! (`DeviceResources`, `DeviceVec`, `MemoryResource`, …) hold no `unsafe` of their own: every
+//! `unsafe impl` is here, and above it there are only the `unsafe fn`s that forward a caller's
+//! contract down (DLPack's imports, `order_before`) and `with_native`'s nested use in
+//! `resources.rs` (ARCHITECTURE.md lists them). Native objects are owned here by small handle types ([`NativeResources`],
 //! [`NativeBuffer`], [`NativeMr`]) whose only ways to reach a raw pointer check what they hand
 //! over: a buffer's extent, a matrix's leading dimension, a copy's length. A handle keeps alive
 //! what its native object needs (the stream of a resources object or buffer, the memory
