@@ -186,3 +186,28 @@ fn an_array_used_on_a_stream_of_a_device_without_resources_is_freed() {
     c.assert_code(0);
     assert_eq!(c.result("live").as_deref(), Some("0"), "the array was leaked:\n{c:?}");
 }
+
+/// The nineteenth audit (helper 86): a library call in a job on objects of another device left
+/// the worker on that device for the rest of the job (a library thread put no context back), so
+/// `DeviceResources::new()` later in the same job made resources of the other device. A job's
+/// library calls now put the thread's context back as on a user's thread.
+#[test]
+fn a_job_using_another_device_stays_on_its_resources_device() {
+    let Some(_) = raft_tests::gpus_or_skip(2) else { return };
+    let (r0, r1) = (DeviceResources::on_device(0).unwrap(), DeviceResources::on_device(1).unwrap());
+    let r1c = r1.clone();
+    let (after_use, made_on) = r0
+        .spawn(move || {
+            let v = DeviceVec::from_host(&r1c, &[1.0f32; 256]).unwrap();
+            drop(v);
+            let after_use = raft::current_device().unwrap();
+            let made = DeviceResources::new().unwrap();
+            (after_use, made.device())
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!((after_use, made_on), (0, 0), "the job drifted to device 1 after a use of device 1's resources");
+    r1.release().unwrap();
+    r0.release().unwrap();
+}

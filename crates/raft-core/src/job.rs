@@ -142,7 +142,7 @@ where
     K: Send + 'static,
 {
     Box::new(move || {
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+        let result = crate::result::as_caller(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)));
         done.complete(result);
         if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(done))) {
             let message = panic_message(&*payload);

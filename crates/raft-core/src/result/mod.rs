@@ -159,6 +159,34 @@ pub(crate) fn note_primary(who: &'static str, device: usize, ctx: &'static CudaC
     let _ = check(who, api, unsafe { api.raftrs_note_primary_context(device as i32, ctx.cu_ctx() as *mut c_void) });
 }
 
+thread_local! {
+    /// A user's job runs on this (library) thread now: its calls put the context back as on a
+    /// user's thread ([`as_caller`]).
+    static IN_USER_JOB: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs a user's job on a library thread (a resources' worker) as a caller: every library call
+/// in it puts the thread's context back, as on the user's own threads, so a call on objects of
+/// another device leaves the rest of the job on its resources' device (the nineteenth audit:
+/// the worker stayed on the other device, and a `DeviceResources::new()` later in the job, or
+/// RAFT code lent there, followed it).
+pub(crate) fn as_caller<R>(job: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_USER_JOB.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(IN_USER_JOB.with(|c| c.replace(true)));
+    job()
+}
+
+/// Whether a library call on this thread needs no caller's context put back: a library thread,
+/// outside a user's job.
+fn no_caller_here() -> bool {
+    raft_exit::on_library_thread() && !IN_USER_JOB.with(std::cell::Cell::get)
+}
+
 /// Puts the calling thread's current CUDA context back when dropped: a library call must not
 /// switch the user's thread to another device.
 pub(crate) struct ContextGuard {
@@ -178,7 +206,7 @@ impl ContextGuard {
         }
         static INIT: OnceLock<std::result::Result<(), cudarc::driver::DriverError>> = OnceLock::new();
         (*INIT.get_or_init(cu::init)).map_err(|e| Error::driver(who, e))?;
-        if raft_exit::on_library_thread() {
+        if no_caller_here() {
             return Ok(ContextGuard { previous: None, restore: false, switched: false, bound: 0 });
         }
         let previous = cu::ctx::get_current().map_err(|e| Error::driver(who, e))?;
@@ -195,7 +223,7 @@ impl ContextGuard {
     /// context must bind `ctx` again before the guard drops.
     pub(crate) fn bind(who: &'static str, ctx: &CudaContext) -> Result<Self> {
         let mut guard = ContextGuard::save(who)?;
-        if raft_exit::on_library_thread() {
+        if no_caller_here() {
             bind(who, ctx)?;
             return Ok(guard);
         }
