@@ -48,6 +48,51 @@ pub fn gpus_or_skip(n: usize) -> Option<usize> {
     None
 }
 
+/// `Command::output` with a bound: a child that hangs past `limit` is killed and the test fails
+/// naming it, with what it printed (a plain `output()` would hold the test binary, and the GPU
+/// run's call, until the runner's own bound).
+pub trait OutputWithin {
+    fn output_within(&mut self, limit: std::time::Duration) -> std::process::Output;
+}
+
+impl OutputWithin for std::process::Command {
+    fn output_within(&mut self, limit: std::time::Duration) -> std::process::Output {
+        use std::io::Read;
+        fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                bytes
+            })
+        }
+        let start = std::time::Instant::now();
+        let mut child = self
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {self:?}: {e}"));
+        let stdout = drain(child.stdout.take().expect("piped stdout"));
+        let stderr = drain(child.stderr.take().expect("piped stderr"));
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for the child") {
+                break status;
+            }
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                let (out, err) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
+                panic!(
+                    "{self:?} hung past {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                    String::from_utf8_lossy(&out),
+                    String::from_utf8_lossy(&err)
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        std::process::Output { status, stdout: stdout.join().unwrap_or_default(), stderr: stderr.join().unwrap_or_default() }
+    }
+}
+
 /// Waits until no release is pending on any release thread or worker (`raft::stats`); panics
 /// past `limit`, with the statistics. Returns how long it took.
 pub fn settle_releases(limit: std::time::Duration) -> std::time::Duration {

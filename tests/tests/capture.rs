@@ -7,6 +7,7 @@ use raft::{DeviceResources, DeviceVec, ErrorKind, PinnedVec, RegisteredSlice};
 use raft_tests::global_capture::serial;
 use raft_tests::patterns::{pattern_f32, pattern_u32, pattern_u8, same};
 use raft_tests::require_gpu;
+use raft_tests::OutputWithin;
 
 #[test]
 fn copies_with_host_memory_are_refused_while_the_stream_is_captured() {
@@ -478,8 +479,7 @@ fn a_private_stream_taken_into_a_capture_by_a_pools_wait_stops_the_allocation() 
     let out = Command::new(me)
         .args(["a_private_stream_taken_into_a_capture_by_a_pools_wait_stops_the_allocation", "--exact", "--nocapture", "--test-threads=1"])
         .env("RAFT_CAPTURE_CHILD", "pool-join")
-        .output()
-        .unwrap();
+        .output_within(std::time::Duration::from_secs(300));
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("RESULT freed"), "the child did not reach the allocation:\n{stdout}\n{stderr}");
     assert!(!stdout.contains("RESULT joined=yes"), "the allocation went on inside the capture:\n{stdout}\n{stderr}");

@@ -9,6 +9,7 @@
 use raft::{gemm, DeviceResources, DeviceVec, ErrorKind, HostStores, Layout, PinnedVec, RegisteredSlice, Staging};
 use raft_tests::patterns::{pattern_f32, pattern_u32, pattern_u8, same, SIZES};
 use raft_tests::require_gpu;
+use raft_tests::OutputWithin;
 use std::time::{Duration, Instant};
 
 /// Runs `body` with `staging` as the process's setting (`Staging::set_current`), then puts the
@@ -650,8 +651,7 @@ fn a_copy_in_flight_at_exit_is_waited_for() {
             .args(["a_copy_in_flight_at_exit_is_waited_for", "--exact", "--nocapture", "--test-threads=1"])
             .env("RAFT_COPIES_EXIT_CHILD", how)
             .env("RUST_LOG", "raft=debug")
-            .output()
-            .unwrap();
+            .output_within(Duration::from_secs(300));
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert_eq!(out.status.code(), Some(0), "{how}: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
         assert!(stdout.contains("RESULT queued=8"), "{how}: {stdout}");
@@ -692,8 +692,7 @@ fn the_staging_watch_comes_from_the_environment() {
             .args(["the_staging_watch_comes_from_the_environment", "--exact", "--nocapture", "--test-threads=1"])
             .env("RAFT_COPIES_SPIN_CHILD", "1")
             .env("RAFT_STAGING_SPIN_US", value)
-            .output()
-            .unwrap();
+            .output_within(Duration::from_secs(300));
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert_eq!(out.status.code(), Some(0), "{value}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
         stdout

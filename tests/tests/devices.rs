@@ -2,6 +2,7 @@
 //! stream, handles, memory, defaults, jobs), the memory-resource rule applies per device, and the
 //! exit waits for jobs on every device. With one GPU these print a SKIP line.
 use raft::{current_device_resources, DeviceResources, DeviceVec};
+use raft_tests::OutputWithin;
 use raft_tests::{require_gpu, run_scenario};
 use std::time::Duration;
 
@@ -164,7 +165,7 @@ fn a_test_of_two_gpus_fails_where_the_run_requires_two_and_finds_fewer() {
             Some(n) => cmd.env("RAFT_REQUIRE_GPUS", n),
             None => cmd.env_remove("RAFT_REQUIRE_GPUS"),
         };
-        let out = cmd.output().unwrap();
+        let out = cmd.output_within(Duration::from_secs(60));
         (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
     };
     let (passed, text) = child(Some("2"));

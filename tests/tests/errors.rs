@@ -2,6 +2,7 @@
 //! out-of-memory kind with the process carrying on, `who` naming the API the user called, and
 //! texts that say in words what failed.
 use raft::{current_device_resources, DeviceResources, DeviceVec, Error, ErrorKind, Reason};
+use raft_tests::OutputWithin;
 use raft_tests::{require_gpu, run_scenario};
 use std::time::Duration;
 
@@ -259,8 +260,7 @@ fn a_missing_shim_is_a_missing_library() {
         .args(["--exact", "a_missing_shim_is_a_missing_library", "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
         .env("RAFT_RS_SHIM", MISSING)
-        .output()
-        .unwrap();
+        .output_within(std::time::Duration::from_secs(120));
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.contains("1 passed"), "{text}");
 }

@@ -7,6 +7,7 @@ use raft::{DeviceResources, DeviceVec, PinnedVec, RegisteredSlice};
 use raft_tests::global_capture::{capture_mode_now, serial, while_another_thread_captures_globally};
 use raft_tests::patterns::{pattern_f32, pattern_u8, same};
 use raft_tests::require_gpu;
+use raft_tests::OutputWithin;
 
 /// Resources released while another thread captures an unrelated stream in global mode (the
 /// eleventh audit): the release's first look at its stream (`cuStreamQuery`, before its wait) ran
@@ -103,8 +104,7 @@ fn child(name: &str, role: &str) -> (String, String) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env("RAFT_CAPTURE_CHILD", role)
-        .output()
-        .unwrap();
+        .output_within(std::time::Duration::from_secs(300));
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     assert!(out.status.success(), "the child stopped: {:?}\n{stdout}\n{stderr}", out.status);
     (stdout, stderr)

@@ -2,6 +2,7 @@
 //! and reports; limits become `OutOfMemory` and recover; a failure callback frees a cache and
 //! the retry succeeds; tracking and logging see what happened; `reinitialize` and `RAFT_RMM_*`.
 use raft::{memory, DeviceResources, DeviceVec, ErrorKind, MemoryResource, MemoryResourceKind, RmmOptions};
+use raft_tests::OutputWithin;
 use raft_tests::{require_gpu, run_scenario};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -227,7 +228,7 @@ fn the_tracking_report_at_exit_names_a_leaked_array() {
     require_gpu!();
     let exe = raft_tests::scenarios_exe(env!("CARGO_BIN_EXE_rmm-exit"));
     let exe = if exe.file_name().is_some_and(|n| n == "scenarios") { exe.with_file_name("rmm-exit") } else { exe };
-    let out = std::process::Command::new(exe).env("RUST_LOG", "raft=warn").output().unwrap();
+    let out = std::process::Command::new(exe).env("RUST_LOG", "raft=warn").output_within(std::time::Duration::from_secs(120));
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     let leaked = stdout.lines().find_map(|l| l.strip_prefix("LEAKED ")).expect("the child names its leaked array").trim().to_string();

@@ -6,6 +6,7 @@
 //! either succeeds, with its length and an address range of its own, or fails `OutOfMemory`.
 use raft::{DeviceResources, DeviceVec, ErrorKind, MemoryResource, PinnedVec};
 use raft_tests::require_gpu;
+use raft_tests::OutputWithin;
 use std::io::Write;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -260,8 +261,7 @@ fn every_resource_kind_refuses_or_serves_sizes_near_powers_of_two_and_usize_max(
             .args(["every_resource_kind_refuses_or_serves_sizes_near_powers_of_two_and_usize_max", "--exact", "--nocapture"])
             .arg("--test-threads=1")
             .env("RAFT_SIZES_CHILD", kind)
-            .output()
-            .unwrap();
+            .output_within(std::time::Duration::from_secs(300));
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         let done = stdout.contains(&format!("RESULT checked={}", sizes().len()));
         eprintln!("{kind}: {:?} in {:?}", out.status, start.elapsed());
