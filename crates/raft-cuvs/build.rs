@@ -1,5 +1,6 @@
 //! Where cuVS may be, as the build sees it: baked into the crate (`RAFT_CUVS_ROOTS`) for the
-//! run-time loader (`src/sys/load.rs`), which looks there after its own knobs. Nothing is linked:
+//! run-time loader (`src/sys/libcuvs.rs`, through raft-sys's `load`), which looks there after its
+//! own knobs. Nothing is linked:
 //! libcuvs_c.so is loaded at first use, so a binary starts without it. The roots and their order
 //! are `raft_build::cuvs_roots`'s (`RAFT_CUVS_PREFIX`, beside raft-sys's stack where
 //! `cargo xtask deps --cuvs` unpacks cuVS, the stack's root, `CONDA_PREFIX`).

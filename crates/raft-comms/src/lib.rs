@@ -7,7 +7,7 @@
 //! | C++ shim (`libraftcomms_shim.so`) | RAFT's `raft::comms::comms_iface` over NCCL alone (no UCX), the `raftcomms_*` C functions; opens libnccl at run time |
 //! | [`Communicator`] | one rank's `ncclComm_t` on a [`DeviceResources`]: collectives, [`split`](Communicator::split), [`install`](Communicator::install), [`sync`](Communicator::sync), release |
 //! | [`group_scope`] (safe), [`group`] (unsafe) | `ncclGroupStart` / `ncclGroupEnd`: one thread driving a whole clique; `g.on(&comm).allreduce_in_place(..)` |
-//! | [`UniqueId`], [`Launch`] | the rendezvous: rank 0's id over TCP, torchrun's environment variables |
+//! | [`UniqueId`], [`Launch`] | the rendezvous: rank 0's id over TCP; where a process stands, from torchrun's, Open MPI's, PMI's or Slurm's environment variables |
 //! | [`counts`] | the count checks every collective makes before NCCL is called |
 //! | `raft-run` (a binary) | `raft-run -n 2 ./prog args…`: a local launcher setting `RANK`, `WORLD_SIZE`, … |
 //!
@@ -48,12 +48,12 @@
 //! ```
 //!
 //! # NCCL
-//! The shim is built against `nccl.h` (`cargo xtask deps --nccl` puts the `nvidia-nccl-cu13`
-//! wheel in the cache; or `RAFT_COMMS_NCCL_PREFIX`); without it this crate still builds and the
-//! first call says so. libnccl (2.18 or newer) is opened at the first call: `RAFT_COMMS_NCCL_LIB`
-//! (a path), else `libnccl.so.2` through `LD_LIBRARY_PATH`, the NCCL found at build time, the
-//! system's. A program that never makes a communicator never loads either. cudarc's own `nccl`
-//! feature is not used (it panics when libnccl is missing).
+//! The shim is built against `nccl.h` (`cargo xtask deps` puts the `nvidia-nccl-cu13` wheel,
+//! one of the base pins, in the cache; or `RAFT_COMMS_NCCL_PREFIX`); without it this crate still
+//! builds and the first call says so. libnccl (2.18 or newer) is opened at the first call:
+//! `RAFT_COMMS_NCCL_LIB` (a path), else `libnccl.so.2` through `LD_LIBRARY_PATH`, the NCCL found
+//! at build time, the system's. A program that never makes a communicator never loads either.
+//! cudarc's own `nccl` feature is not used (it panics when libnccl is missing).
 //!
 //! # What is checked, and what cannot be
 //! Safe code cannot hand NCCL a count that does not fit the arrays given, an array of another
@@ -179,7 +179,7 @@ pub mod through_raft {
 #[cfg(test)]
 mod tests {
     /// The crate's files, for the layout checks below.
-    const FILES: [(&str, &str); 15] = [
+    const FILES: [(&str, &str); 18] = [
         ("lib.rs", include_str!("lib.rs")),
         ("collectives.rs", include_str!("collectives.rs")),
         ("communicator.rs", include_str!("communicator.rs")),
@@ -190,10 +190,13 @@ mod tests {
         ("load.rs", include_str!("load.rs")),
         ("rendezvous.rs", include_str!("rendezvous.rs")),
         ("result.rs", include_str!("result.rs")),
+        ("scope.rs", include_str!("scope.rs")),
         ("secret.rs", include_str!("secret.rs")),
+        ("shared.rs", include_str!("shared.rs")),
         ("sys.rs", include_str!("sys.rs")),
         ("unique_id.rs", include_str!("unique_id.rs")),
         ("watchdog.rs", include_str!("watchdog.rs")),
+        ("bin/comms-bench.rs", include_str!("bin/comms-bench.rs")),
         ("bin/raft-run.rs", include_str!("bin/raft-run.rs")),
     ];
 

@@ -1,5 +1,7 @@
-//! The result layer: one checked function per shim entry point, holding all of the crate's FFI
-//! `unsafe` and the status check (as raft-core's `result` module does for raft-sys's shim).
+//! The result layer: one checked function per shim entry point past loading, holding their FFI
+//! `unsafe` and the status check (as raft-core's `result` module does for raft-sys's shim). The
+//! crate's only other `unsafe` blocks load the shim and libnccl and read its last error
+//! (`load.rs`, `sys.rs`), and handle `raft-run`'s signals.
 //!
 //! [`NativeComm`] owns one shim handle. Every function that hands device memory to NCCL takes
 //! `DeviceVec`s, checks their counts ([`crate::counts`]) and that they are ordered on the stream

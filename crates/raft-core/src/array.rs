@@ -1,6 +1,7 @@
 //! `DeviceVec<T>`: typed device memory from an RMM resource, allocated and freed in order on a
-//! resources object's stream (an `rmm::device_buffer` that owns its resource). Its views are
-//! `views.rs` (ranges) and `matrix.rs` (matrices).
+//! resources object's stream: a held allocation (`NativeBuffer::create_held`), whose buffer holds
+//! the resource that frees it. Its views are `views.rs` (ranges) and `matrix.rs` (matrices).
+use crate::current::AsResources;
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::MemoryResource;
 use crate::resources::DeviceResources;
@@ -323,6 +324,17 @@ impl<T: DeviceScalar> Drop for DeviceVec<T> {
 impl<T: DeviceScalar> std::fmt::Debug for DeviceVec<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceVec").field("len", &self.len).field("device", &self.resources.device()).finish()
+    }
+}
+
+/// An array means its resources.
+impl<T: DeviceScalar> AsResources for DeviceVec<T> {
+    fn as_resources(&self) -> Result<DeviceResources> {
+        Ok(self.resources().clone())
+    }
+
+    fn as_device(&self) -> Result<usize> {
+        Ok(self.resources().device())
     }
 }
 

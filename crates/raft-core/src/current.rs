@@ -1,5 +1,6 @@
 //! Per-thread default resources: each thread gets its own for each device, made on first use
-//! and dropped when the thread ends.
+//! and dropped when the thread ends. Also `AsResources` ("a device number or resources"), for
+//! numbers and resources; `DeviceVec`'s impl is beside its type, a layer above.
 use crate::error::{Error, Result};
 use crate::resources::DeviceResources;
 use std::cell::RefCell;
@@ -77,16 +78,6 @@ impl AsResources for DeviceResources {
 
     fn as_device(&self) -> Result<usize> {
         Ok(self.device())
-    }
-}
-
-impl<T: crate::result::DeviceScalar> AsResources for crate::array::DeviceVec<T> {
-    fn as_resources(&self) -> Result<DeviceResources> {
-        Ok(self.resources().clone())
-    }
-
-    fn as_device(&self) -> Result<usize> {
-        Ok(self.resources().device())
     }
 }
 

@@ -1,6 +1,7 @@
 //! RAFT's lazily made library handles (cuBLAS, cuSOLVER dense and sparse, cuSPARSE), typed as
-//! cudarc knows them, for FFI users and cudarc's own wrappers; and what they hold, for the
-//! backpressure on pending releases.
+//! cudarc knows them, for FFI users and cudarc's own wrappers. Making one runs the backpressure on
+//! pending releases first, and an out-of-memory failure runs or waits for them and retries once.
+//! What a handle holds, for that ledger, is `handle_kind.rs`'s (`held_by`, `held_bytes`).
 use crate::error::{ErrorKind, Result};
 use crate::handle_kind::HandleKind;
 use crate::release;

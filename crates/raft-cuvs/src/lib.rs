@@ -45,11 +45,11 @@
 //! `libcuvs_c.so` is loaded at the first call ([`sys::api`] says where it looks), so a binary
 //! built with this crate starts without it, and the first call returns a `Cuda` error that says
 //! what is missing. `cargo xtask deps --cuvs` fetches cuVS 26.08.1 and its libraries beside the
-//! raft-rs stack, where the build finds them. cuVS 26.08 needs nvJitLink 13.3 or newer while the
-//! raft-rs stack ships 13.2, and a process holds one: the raft-rs shim, whenever it is loaded,
-//! binds cuVS's when it can find it (see [`sys::api`]), so the order of the first calls does not
-//! matter. Calling [`load`] first still orders cuVS's static destructors after raft-rs's exit
-//! teardown.
+//! raft-rs stack, where the build finds them. cuVS 26.08 needs nvJitLink 13.3 or newer, and a
+//! process holds one. The pinned stack ships 13.3; for a stack with an older one (13.2) the
+//! raft-rs shim, whenever it is loaded, binds cuVS's when it can find it (see [`sys::api`]), so
+//! the order of the first calls does not matter. Calling [`load`] first still orders cuVS's
+//! static destructors after raft-rs's exit teardown.
 //!
 mod brute_force;
 mod cagra;

@@ -1,13 +1,14 @@
 //! The result layer: one checked function per cuVS entry point this crate calls, holding its
 //! FFI `unsafe` and the status check (the message of a failed call is read on the same thread,
-//! right after it).
+//! right after it); only the load-time checks are elsewhere (`sys/libcuvs.rs`).
 //!
 //! As in cudarc's `sys` / `result` / `safe` split. The native objects cuVS makes are owned here
 //! by small types ([`BruteForceRaw`], [`CagraRaw`], [`DatasetRaw`], [`CagraIndexParamsRaw`],
 //! [`CagraSearchParamsRaw`]). Those that hold device memory (indexes, an owning dataset) have no
 //! `Drop`: their memory is freed in stream order on the stream of the resources they were built
-//! with, so the safe types above destroy them explicitly, while those resources are lent (see
-//! `index.rs`); one forgotten is leaked, never freed late. Functions whose arguments carry a
+//! with, so the safe types above destroy them explicitly, while those resources are lent
+//! (`resources.rs`'s `destroy_lent`, called from `brute_force.rs` and `cagra.rs`); one forgotten
+//! is leaked, never freed late. Functions whose arguments carry a
 //! contract the types cannot express (a dataset that must outlive an index, shapes that must
 //! agree) are `unsafe fn`, with the contract in `# Safety`; the safe types check it first.
 use crate::dlpack::Tensor;

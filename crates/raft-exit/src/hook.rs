@@ -1,5 +1,7 @@
-//! The exit hook: registered with `atexit` when the first job, release or communicator is made;
-//! at exit it waits for what is in flight, then tears down or, when the wait runs out, leaks.
+//! The exit hook: registered with `on_exit` (glibc; `atexit` elsewhere) when the first job,
+//! release, communicator, queued copy or tracking memory resource is made (jobs and releases
+//! through their tokens, the others through [`ensure_registered`]); at exit it waits for what is
+//! in flight, then tears down or, when the wait runs out, leaks.
 use crate::phase::{set_phase, Phase};
 use crate::registry::{Outcome, REGISTRY};
 use std::cell::Cell;
@@ -71,8 +73,8 @@ extern "C" {
     fn on_exit(function: extern "C" fn(libc::c_int, *mut libc::c_void), arg: *mut libc::c_void) -> libc::c_int;
 }
 
-/// Registers the hook with the C library's exit handlers, once (the first job, release or
-/// communicator does it too). For teardown steps that must run in a process that may never make
+/// Registers the hook with the C library's exit handlers, once (registering a job or release
+/// does it too). For teardown steps that must run in a process that may never make
 /// any of them, such as the tracking report of leaked allocations.
 pub fn ensure_registered() {
     let mut refused = 0;

@@ -8,14 +8,15 @@
 //!   the exit may wait for a job, read when the job is made, on the calling thread; given in
 //!   seconds or as a `Duration` ([`ExitWait`]);
 //! - the **registry** ([`JobToken`], [`ReleaseToken`]): what is in flight;
-//! - the **exit hook**, registered with `atexit` by the first job, release or communicator: it
-//!   waits for the jobs in flight up to the largest of their bounds, and for releases up to one
-//!   second after the exit began or the last job ended, whichever is later; then runs the
-//!   teardown steps ([`on_teardown`]) if everything drained, or skips them (leaking native
-//!   objects to the OS, never destroying them under a running job), logs a warning on target
-//!   `raft`, and ends
-//!   the process at once with its exit status (`_exit`): the C++ static destructors that would
-//!   follow (the CUDA runtime's, RMM's) would otherwise tear CUDA down under the running job.
+//! - the **exit hook**, registered with `on_exit` (glibc; `atexit` elsewhere) by the first job,
+//!   release, communicator, queued copy (raft-core's `Transfer`, `copy_from_device`) or tracking
+//!   memory resource: it waits for the jobs in flight up to the largest of their bounds, and for
+//!   releases up to one second after the exit began or the last job ended, whichever is later;
+//!   then runs the teardown steps ([`on_teardown`]) if everything drained, or skips them
+//!   (leaking native objects to the OS, never destroying them under a running job), logs a
+//!   warning on target `raft`, and ends the process at once with its exit status (`_exit`): the
+//!   C++ static destructors that would follow (the CUDA runtime's, RMM's) would otherwise tear
+//!   CUDA down under the running job.
 //!   A panic inside the hook (a user's `log` logger, say) changes none of this;
 //! - the **phase** of the exit ([`phase`], [`Phase`]): a job made once the exit has decided can
 //!   be refused ([`JobToken::try_register`], [`ExitDecided`]).
@@ -26,8 +27,8 @@
 //!
 //! | registered with `atexit` (or `on_exit`) | after a skipped teardown |
 //! | --- | --- |
-//! | after the process's first job, release or communicator (after the hook) | already ran: unaffected |
-//! | before the first job, release or communicator (coverage writers, profilers, most start-up code) | do **not** run |
+//! | after the process's first job, release, communicator, queued copy or tracking resource (after the hook) | already ran: unaffected |
+//! | before the first of those (coverage writers, profilers, most start-up code) | do **not** run |
 //! | C++ static destructors, C++ streams' flush | do **not** run (that is the point) |
 //!
 //! C stdio streams are flushed before `_exit`, and Rust's stdout is flushed before the exit

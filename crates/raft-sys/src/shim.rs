@@ -23,9 +23,10 @@ const DEPENDENCIES: &[&str] = &[
 ];
 
 /// A process holds one `libnvJitLink.so.13`, bound by the first library that needs it (the
-/// shim, through cuSOLVER and cuSPARSE), and cuVS 26.08 needs 13.3 where the stack ships 13.2.
-/// So the shim binds cuVS's nvJitLink when it can find it, and cuVS then loads whichever was
-/// loaded first (issue 34, item 9).
+/// shim, through cuSOLVER and cuSPARSE), and cuVS 26.08 needs 13.3. The pins ship 13.3
+/// (raft-build's `pins.rs`); a stack with an older one (13.2) would leave cuVS unloadable once
+/// the shim is in. So the shim binds cuVS's nvJitLink when it can find it, and cuVS then loads
+/// whichever was loaded first (issue 34, item 9).
 const NVJITLINK: &str = "libnvJitLink.so.13";
 
 /// The places cuVS's nvJitLink may be, as raft-cuvs's loader sees them: `RAFT_CUVS_LIB_PATH`;

@@ -17,7 +17,7 @@ use std::sync::{Arc, Once, Weak};
 /// 256 bytes; the pinned host resource also adds a header) with arithmetic that wraps near
 /// `usize::MAX`: `usize::MAX` bytes became a 0-byte block of a pool, and the pinned resource
 /// allocated 256 bytes for `usize::MAX - 7` (issue 33). The shim refuses the same sizes
-/// (`max_allocation_bytes` in shim.cpp).
+/// (`max_allocation_bytes` in raft-sys's `shim/buffers.cpp`).
 pub(crate) const MAX_ALLOCATION_BYTES: usize = 1 << 48;
 
 /// Sizes within this of `usize::MAX` are a `Logic` error rather than `OutOfMemory`: rounding them

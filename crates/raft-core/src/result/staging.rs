@@ -1,7 +1,8 @@
 //! Staged copies of pageable memory: page-locked slots the device copies from or to while host
-//! threads fill or empty them (`StagingBuffers`, `staged_upload`, `staged_download`), and the
-//! host copy itself (`HostStores`). Apart from `copy.rs` because it is its own concern: the
-//! device never touches the caller's memory here, so none of copy.rs's ownership shapes apply.
+//! threads fill or empty them (`StagingBuffers`, `staged_upload`, `staged_download`). The host
+//! copy itself (`HostStores`, `copy_host_bytes`) is `stores.rs`'s, which this file uses. Apart
+//! from `copy.rs` because it is its own concern: the device never touches the caller's memory
+//! here, so none of copy.rs's ownership shapes apply.
 use super::buffer::NativeBuffer;
 use super::copy::{driver, same_context, NativeEvent, NativeHostBuffer};
 use super::mr::NativeMr;
