@@ -1,5 +1,7 @@
 //! `cargo xtask layers`: the module graph of every crate, read from its own `crate::`, `super::`
-//! and `self::` paths; fails on a circle of files and on a source file over the size limit.
+//! and `self::` paths; fails on a circle of files, on a source file over the size limit, and in
+//! raft-core on a file that names one of a higher layer than ARCHITECTURE.md's table gives it
+//! (or that the table does not place): the table is the layering, checked.
 //!
 //! A node is a file (inline modules belong to their file). An edge F → G means F names G's
 //! module or an item in it. The crate root (`lib.rs`) is the facade: its own `mod` and `pub use`
@@ -31,6 +33,17 @@ pub fn run(verbose: bool) -> Result<()> {
         if verbose || !sccs.is_empty() {
             for (level, files) in graph.layers().iter().enumerate() {
                 println!("  layer {level}: {}", files.join(" "));
+            }
+        }
+        if graph.name == "raft-core" {
+            let architecture = fs::read_to_string(root.join("ARCHITECTURE.md")).map_err(|e| format!("ARCHITECTURE.md: {e}"))?;
+            let declared = declared_layers(&architecture);
+            if declared.is_empty() {
+                return Err("layers: ARCHITECTURE.md has no raft-core layer table (`| layer | files | role |`)".into());
+            }
+            for problem in graph.against_declared(&declared) {
+                println!("  {problem}");
+                found.insert(problem);
             }
         }
         for scc in &sccs {
@@ -77,6 +90,30 @@ pub fn run(verbose: bool) -> Result<()> {
     } else {
         Err(format!("layers:\n  {}", problems.join("\n  ")))
     }
+}
+
+/// raft-core's layers as ARCHITECTURE.md's table under "### `crates/raft-core`" declares them:
+/// each file (as `result/copy.rs`) with its layer's number, bottom first, and its name. A row
+/// whose first cell is empty belongs to the layer above it in the table.
+fn declared_layers(architecture: &str) -> BTreeMap<String, (usize, String)> {
+    let mut out = BTreeMap::new();
+    let Some(start) = architecture.find("### `crates/raft-core`") else { return out };
+    let section = &architecture[start..];
+    let section = &section[..section[3..].find("\n### ").map_or(section.len(), |e| e + 3)];
+    let mut layer: Option<(usize, String)> = None;
+    for line in section.lines().filter(|l| l.starts_with('|')) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let [name, files, ..] = cells[..] else { continue };
+        let Some(file) = files.strip_prefix('`').and_then(|f| f.split('`').next()) else { continue };
+        if !name.is_empty() {
+            let next = layer.as_ref().map_or(0, |(n, _)| n + 1);
+            layer = Some((next, name.to_string()));
+        }
+        if let Some(l) = &layer {
+            out.insert(file.to_string(), l.clone());
+        }
+    }
+    out
 }
 
 /// Every library crate of the workspace (a `src/lib.rs` under `crates/`), and `xtask` itself.
@@ -189,6 +226,31 @@ impl Graph {
             }
         }
         Ok(Graph { name, files, edges })
+    }
+
+    /// Against declared layers: every edge that goes up (a file naming one of a higher layer),
+    /// and every file the declaration does not place (the crate root, the facade, apart).
+    fn against_declared(&self, declared: &BTreeMap<String, (usize, String)>) -> Vec<String> {
+        // A module's own tests (`release/tests.rs`) are of its layer.
+        let layer_of = |file: &str| {
+            declared.get(file).or_else(|| file.strip_suffix("/tests.rs").and_then(|dir| declared.get(&format!("{dir}/mod.rs"))))
+        };
+        let mut out = Vec::new();
+        for (from, tos) in &self.edges {
+            if from == "lib.rs" {
+                continue;
+            }
+            let Some((lf, nf)) = layer_of(from) else {
+                out.push(format!("unplaced {}: {from} is in no layer of ARCHITECTURE.md's table", self.name));
+                continue;
+            };
+            for to in tos {
+                if let Some((lt, nt)) = layer_of(to).filter(|(lt, _)| lt > lf) {
+                    out.push(format!("upward {}: {from} ({nf}, layer {lf}) names {to} ({nt}, layer {lt})", self.name));
+                }
+            }
+        }
+        out
     }
 
     fn edge_count(&self) -> usize {
@@ -576,6 +638,28 @@ mod tests {
         assert_eq!(names("r/mod.rs"), vec!["r/c.rs"]);
         assert_eq!(names("r/c.rs"), vec!["b.rs"]);
         assert!(g.cycles().is_empty());
+    }
+
+    #[test]
+    fn a_file_naming_one_of_a_higher_declared_layer_is_found_and_an_unplaced_file_too() {
+        let table = "### `crates/raft-core`\n\n| layer | files | role |\n| --- | --- | --- |\n\
+                     | low | `a.rs` | x |\n| | `b.rs` | y |\n| high | `c.rs` | z |\n\n### `crates/raft-comms`\n| x | `d.rs` | w |\n";
+        let declared = declared_layers(table);
+        assert_eq!(declared.len(), 3, "{declared:?}");
+        assert_eq!(declared["b.rs"], (0, "low".to_string()));
+        assert_eq!(declared["c.rs"], (1, "high".to_string()));
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in [("a.rs", "b.rs"), ("b.rs", "a.rs"), ("c.rs", "a.rs"), ("a.rs", "c.rs"), ("e.rs", "a.rs"), ("lib.rs", "c.rs")] {
+            edges.entry(a.to_string()).or_default().insert(b.to_string());
+        }
+        let g = Graph { name: "raft-core".into(), files: BTreeMap::new(), edges };
+        assert_eq!(
+            g.against_declared(&declared),
+            vec![
+                "upward raft-core: a.rs (low, layer 0) names c.rs (high, layer 1)".to_string(),
+                "unplaced raft-core: e.rs is in no layer of ARCHITECTURE.md's table".to_string(),
+            ]
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! | `bindings [--check]` | regenerates (or checks) `crates/raft-sys/src/bindings.rs` |
 //! | `abi-check [--bless]` | compares the ABI tag of this build with the committed one |
 //! | `gpu-bundle [--out DIR]` | packs test and bench binaries, the shim and the downstream binary with the RAPIDS `.so` files for a GPU machine |
-//! | `layers [-v]` | each crate's file graph: fails on a circle of files or a source file over 900 lines not listed in `xtask/layers-known.txt` |
+//! | `layers [-v]` | each crate's file graph: fails on a circle of files, a source file over 900 lines, or a raft-core file naming one of a higher layer than ARCHITECTURE.md's table gives it (or placed in none), unless listed in `xtask/layers-known.txt` |
 //! | `package [--no-verify]` | `cargo package` of every library crate in dependency order (built from the tarballs), and their docs.rs metadata |
 mod abi_check;
 mod bindings;
