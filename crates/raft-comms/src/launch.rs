@@ -18,8 +18,10 @@
 //! family is there, and never held against one.
 //!
 //! The rendezvous is at `MASTER_ADDR:MASTER_PORT` when set. Under Slurm without `MASTER_ADDR`, it
-//! is the first host of `SLURM_JOB_NODELIST` (or `SLURM_NODELIST`), port `MASTER_PORT` or else
-//! `20000 + SLURM_JOB_ID % 10000` (the same in every rank of the job, and apart from another job's).
+//! is the first host of the step's `SLURM_STEP_NODELIST` (else `SLURM_JOB_NODELIST`,
+//! `SLURM_NODELIST`), port `MASTER_PORT` or else `20000 + (SLURM_JOB_ID + 4973 × SLURM_STEP_ID)
+//! mod 10000` (the same in every rank of the step, apart from the job's other steps and another
+//! job's). The steps' rendezvous are told apart by the secret's job id too (`Secret::from_env`).
 //! Under MPI, `MASTER_ADDR` and `MASTER_PORT` must be set (or the job started with `raft-run`).
 use raft_error::{Error, Result};
 use std::time::Duration;
@@ -68,10 +70,20 @@ const FAMILIES: [Family; 4] = [
     Family { launcher: "Slurm", rank: "SLURM_PROCID", size: "SLURM_NTASKS", local: "SLURM_LOCALID" },
 ];
 
-/// The port of a Slurm job without `MASTER_PORT`: the same in all its ranks, and apart from the
-/// ports of jobs whose ids are not 10000 apart.
-fn slurm_port(job_id: u64) -> u16 {
-    (20000 + job_id % 10000) as u16
+/// The port of a Slurm job step without `MASTER_PORT`: the same in all the step's ranks, apart
+/// from the other steps' of the job (two `srun … &` in one batch script run at once), and from
+/// the first steps of jobs whose ids are not 10000 apart. 4973 is prime to 10000: the steps of one
+/// job get distinct ports, and step 1 of a job shares none with step 0 of the next jobs.
+fn slurm_port(job_id: u64, step_id: u64) -> u16 {
+    (20000 + (job_id % 10000 + (step_id % 10000) * 4973) % 10000) as u16
+}
+
+/// `SLURM_STEP_ID` as a number: 0 outside a step (`salloc`, the batch script itself).
+fn slurm_step(who: &'static str, get: impl Fn(&str) -> Option<String>) -> Result<u64> {
+    match get("SLURM_STEP_ID") {
+        None => Ok(0),
+        Some(step) => step.trim().parse::<u64>().map_err(|_| Error::logic(who, format!("SLURM_STEP_ID={step} is not a step id"))),
+    }
 }
 
 /// The first host of a Slurm host list (`node[01-04,07],gpu3` → `node01`), its zero padding
@@ -184,12 +196,17 @@ impl Launch {
                 let addr = match get("MASTER_ADDR") {
                     Some(a) => a.trim().to_string(),
                     None => {
-                        let (name, list) = [("SLURM_JOB_NODELIST", get("SLURM_JOB_NODELIST")), ("SLURM_NODELIST", get("SLURM_NODELIST"))]
-                            .into_iter()
-                            .find_map(|(n, v)| v.map(|v| (n, v)))
-                            .ok_or_else(|| {
-                                Error::logic(who, "under Slurm, neither MASTER_ADDR nor SLURM_JOB_NODELIST is set: set MASTER_ADDR")
-                            })?;
+                        // The step's own hosts first: steps of one job may run on different nodes.
+                        let (name, list) = [
+                            ("SLURM_STEP_NODELIST", get("SLURM_STEP_NODELIST")),
+                            ("SLURM_JOB_NODELIST", get("SLURM_JOB_NODELIST")),
+                            ("SLURM_NODELIST", get("SLURM_NODELIST")),
+                        ]
+                        .into_iter()
+                        .find_map(|(n, v)| v.map(|v| (n, v)))
+                        .ok_or_else(|| {
+                            Error::logic(who, "under Slurm, neither MASTER_ADDR nor SLURM_JOB_NODELIST is set: set MASTER_ADDR")
+                        })?;
                         first_host(&list)
                             .ok_or_else(|| Error::logic(who, format!("{name}={list} is not a Slurm host list: set MASTER_ADDR")))?
                     }
@@ -200,7 +217,8 @@ impl Launch {
                         let id = get("SLURM_JOB_ID").ok_or_else(|| {
                             Error::logic(who, "under Slurm, neither MASTER_PORT nor SLURM_JOB_ID is set: set MASTER_PORT")
                         })?;
-                        slurm_port(id.trim().parse::<u64>().map_err(|_| Error::logic(who, format!("SLURM_JOB_ID={id} is not a job id")))?)
+                        let job = id.trim().parse::<u64>().map_err(|_| Error::logic(who, format!("SLURM_JOB_ID={id} is not a job id")))?;
+                        slurm_port(job, slurm_step(who, get)?)
                     }
                 };
                 (addr, p)
@@ -406,11 +424,47 @@ mod tests {
     }
 
     #[test]
-    fn slurm_port_fallback_is_20000_plus_job_id_mod_10000() {
-        assert_eq!(slurm_port(0), 20000);
-        assert_eq!(slurm_port(9999), 29999);
-        assert_eq!(slurm_port(10000), 20000);
-        assert_eq!(slurm_port(u64::MAX), 20000 + (u64::MAX % 10000) as u16);
+    fn slurm_port_fallback_is_20000_plus_job_id_mod_10000_for_the_first_step() {
+        assert_eq!(slurm_port(0, 0), 20000);
+        assert_eq!(slurm_port(9999, 0), 29999);
+        assert_eq!(slurm_port(10000, 0), 20000);
+        assert_eq!(slurm_port(u64::MAX, 0), 20000 + (u64::MAX % 10000) as u16);
+        assert_eq!(slurm_port(u64::MAX, u64::MAX), 20000 + ((u64::MAX % 10000 + (u64::MAX % 10000) * 4973) % 10000) as u16);
+    }
+
+    /// The nineteenth audit (helper 91): every step of one allocation computed the same
+    /// rendezvous (the job's first host, a port from the job id alone), so with two `srun … &`
+    /// in one batch script a rank of one step fetched the other step's id (reproduced on the CPU).
+    /// Each step now has its own hosts and port.
+    #[test]
+    fn slurm_steps_of_one_job_get_their_own_host_and_port() {
+        let step = |id: &str, nodes: &str| {
+            Launch::from_vars(
+                "t",
+                table(&[
+                    ("SLURM_PROCID", "1"),
+                    ("SLURM_NTASKS", "2"),
+                    ("SLURM_JOB_ID", "4242"),
+                    ("SLURM_JOB_NODELIST", "node[01-04]"),
+                    ("SLURM_STEP_NODELIST", nodes),
+                    ("SLURM_STEP_ID", id),
+                ]),
+            )
+            .unwrap()
+        };
+        let (a, b) = (step("0", "node[01-02]"), step("1", "node[03-04]"));
+        assert_eq!((a.master_addr.as_str(), b.master_addr.as_str()), ("node01", "node03"));
+        assert_ne!(a.master_port, b.master_port, "two steps of one job on one port");
+        let ports: std::collections::BTreeSet<u16> = (0..10000).map(|step| slurm_port(4242, step)).collect();
+        assert_eq!(ports.len(), 10000, "the steps of one job share no port");
+        assert_ne!(slurm_port(4242, 1), slurm_port(4243, 0));
+        let m = Launch::from_vars(
+            "t",
+            table(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_ID", "7"), ("SLURM_NODELIST", "n1"), ("SLURM_STEP_ID", "x")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(m.contains("SLURM_STEP_ID=x is not a step id"), "{m}");
     }
 
     #[test]
