@@ -2,6 +2,7 @@
 //! environment each rank gets, and the forwarding of statuses and signals. CPU only.
 mod common;
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -48,6 +49,39 @@ fn act(role: &str) -> ! {
             // SAFETY: raise takes a signal number; SIGKILL ends this child process at once.
             unsafe { libc::raise(libc::SIGKILL) };
             unreachable!()
+        }
+        // A rank that starts a process of its own (a wrapper script's program), then sleeps; with
+        // "helper-fails", rank 1 starts one that ignores SIGTERM and fails at once.
+        "grandchild" | "helper-fails" => {
+            let fails = role == "helper-fails" && rank == 1;
+            // Without raft-run's pipes: a holder of them would keep the test's `output()` waiting.
+            let mut helper = if fails {
+                let mut c = std::process::Command::new("sh");
+                c.args(["-c", "trap '' TERM; exec sleep 60"]);
+                c
+            } else {
+                let mut c = std::process::Command::new("sleep");
+                c.arg("60");
+                c
+            };
+            let null = std::process::Stdio::null;
+            let helper = helper.stdin(null()).stdout(null()).stderr(null()).spawn().unwrap();
+            std::fs::write(dir.join(format!("helper-{rank}")), helper.id().to_string()).unwrap();
+            std::mem::forget(helper);
+            if fails {
+                std::thread::sleep(Duration::from_millis(200)); // the trap is set by then
+                std::process::exit(3);
+            }
+            pid_file();
+            std::thread::sleep(Duration::from_secs(60));
+            std::process::exit(0)
+        }
+        "read-stdin" => {
+            // Reads its standard input to the end: a terminal's, when raft-run passed it on,
+            // stops this background process for good (SIGTTIN).
+            let mut all = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut all);
+            std::process::exit(0)
         }
         _ => {
             // Sleeps until raft-run stops it.
@@ -268,7 +302,8 @@ fn a_sigterm_to_raft_run_reaches_the_ranks() {
     // SAFETY: kill takes a pid (our own child, not yet reaped) and a signal number.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    // raft-run ends by the signal it passed on, as its ranks did (a shell sees 128 + 15).
+    assert_eq!((status.code(), status.signal()), (None, Some(libc::SIGTERM)), "{status:?}");
     for rank in 0..2 {
         let pid = std::fs::read_to_string(dir.join(format!("pid-{rank}"))).unwrap();
         assert!(!alive(&pid), "rank {rank} still runs");
@@ -283,4 +318,159 @@ fn bad_usage_is_status_2_with_the_usage() {
     let out = Command::new(common::raft_run()).args(["-n", "1", "/nonexistent/program"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("could not start rank 0"), "{}", show(&out));
+}
+
+/// Waits until `files` exist in `dir` (the ranks wrote them), or fails after 20 s.
+fn wait_for(dir: &Path, files: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !files.iter().all(|f| dir.join(f).exists()) {
+        assert!(Instant::now() < deadline, "{files:?} never appeared in {}", dir.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(50)); // the writes are whole
+}
+
+/// Whether the pid written in `file` still runs within `limit`, killing it if so (nothing of the
+/// test is left behind).
+fn still_runs_after(file: &Path, limit: Duration) -> Option<String> {
+    let pid = std::fs::read_to_string(file).unwrap();
+    let until = Instant::now() + limit;
+    while alive(&pid) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    alive(&pid).then(|| {
+        // SAFETY: kill takes a pid and a signal number; the pid is a process this test started.
+        unsafe { libc::kill(pid.trim().parse().unwrap(), libc::SIGKILL) };
+        pid
+    })
+}
+
+/// The nineteenth audit (helper 91): the parent-death signal reaches only the ranks, so what a
+/// rank started (a wrapper script's program) ran on after `raft-run` was killed. Now the job's
+/// guardian stops the job's whole process group when `raft-run` ends, however it ends.
+#[test]
+fn what_the_ranks_started_dies_with_a_killed_raft_run() {
+    if let Ok(role) = std::env::var(ROLE) {
+        act(&role);
+    }
+    let dir = temp_dir("grandchild");
+    let mut child = launch(2, &[], "what_the_ranks_started_dies_with_a_killed_raft_run", "grandchild", &dir).spawn().unwrap();
+    wait_for(&dir, &["pid-0", "pid-1", "helper-0", "helper-1"]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for rank in 0..2 {
+        let left = still_runs_after(&dir.join(format!("helper-{rank}")), Duration::from_secs(4));
+        assert!(left.is_none(), "rank {rank}'s own process (pid {left:?}) still runs after raft-run was killed");
+    }
+}
+
+/// The nineteenth audit (helper 91): a failed rank's own processes were never signalled (its
+/// group was left once the rank was reaped), and nothing escalated past a SIGTERM they ignore.
+/// Now `raft-run` returns only once the job's group is empty.
+#[test]
+fn the_processes_of_a_failed_rank_end_with_the_job_even_ignoring_sigterm() {
+    if let Ok(role) = std::env::var(ROLE) {
+        act(&role);
+    }
+    let dir = temp_dir("helper-fails");
+    let test = "the_processes_of_a_failed_rank_end_with_the_job_even_ignoring_sigterm";
+    let out = launch(2, &[], test, "helper-fails", &dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", show(&out));
+    for file in ["helper-0", "helper-1", "pid-0"] {
+        let left = still_runs_after(&dir.join(file), Duration::from_millis(200));
+        assert!(left.is_none(), "{file} (pid {left:?}) still runs after raft-run returned: {}", show(&out));
+    }
+}
+
+/// The nineteenth audit (helper 91): every line `raft-run` wrote went through `eprintln!`,
+/// which panics on a full or closed stderr: the failed rank's status became 101 and the other
+/// ranks were killed without their grace. Its lines are now written or dropped.
+#[test]
+fn a_full_stderr_keeps_the_failed_rank_s_status() {
+    if let Ok(role) = std::env::var(ROLE) {
+        act(&role);
+    }
+    let dir = temp_dir("full-stderr");
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = launch(3, &[], "a_full_stderr_keeps_the_failed_rank_s_status", "fail", &dir).stderr(full).output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", show(&out));
+}
+
+/// The nineteenth audit (helper 91): `raft-run` installed its handlers over a SIGHUP it was
+/// told to ignore (`nohup raft-run …`), so a hangup stopped the job. An ignored signal stays so.
+#[test]
+fn a_sighup_ignored_at_the_start_stays_ignored() {
+    if let Ok(role) = std::env::var(ROLE) {
+        act(&role);
+    }
+    let dir = temp_dir("nohup");
+    let mut cmd = launch(1, &[], "a_sighup_ignored_at_the_start_stays_ignored", "sleep", &dir);
+    // SAFETY: runs between fork and exec; sets a disposition (async-signal-safe), no memory.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        })
+    };
+    let mut child = cmd.spawn().unwrap();
+    wait_for(&dir, &["pid-0"]);
+    // SAFETY: kill takes a pid (our own child, not yet reaped) and a signal number.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+    std::thread::sleep(Duration::from_millis(300));
+    let after_hup = child.try_wait().unwrap();
+    let rank_runs = alive(&std::fs::read_to_string(dir.join("pid-0")).unwrap());
+    // SAFETY: as above; ends the job.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let _ = child.wait();
+    assert!(after_hup.is_none() && rank_runs, "an ignored SIGHUP stopped the job ({after_hup:?}, rank runs: {rank_runs})");
+}
+
+/// The nineteenth audit (helper 91): the ranks are not the terminal's foreground group, so a
+/// rank reading a terminal it was given (`input()`, a debugger) was stopped (SIGTTIN) and
+/// `raft-run` waited for ever. With a terminal for standard input the ranks now get
+/// `/dev/null`. `raft-run` runs here with a new pseudo-terminal as its controlling terminal.
+#[test]
+fn a_rank_reading_the_terminal_does_not_hold_up_raft_run() {
+    if let Ok(role) = std::env::var(ROLE) {
+        act(&role);
+    }
+    let (mut leader, mut follower) = (0, 0);
+    // SAFETY: writes two descriptors into locals; the name, settings and size are left null.
+    let rc = unsafe { libc::openpty(&mut leader, &mut follower, std::ptr::null_mut(), std::ptr::null(), std::ptr::null()) };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    let dir = temp_dir("tty");
+    let mut cmd = launch(1, &[], "a_rank_reading_the_terminal_does_not_hold_up_raft_run", "read-stdin", &dir);
+    // SAFETY: the descriptor is open here and in the child, which takes it as its standard input.
+    cmd.stdin(unsafe { <std::process::Stdio as std::os::fd::FromRawFd>::from_raw_fd(libc::dup(follower)) });
+    // SAFETY: runs between fork and exec: a new session whose controlling terminal is the
+    // pseudo-terminal on standard input (setsid and ioctl are async-signal-safe).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    let mut child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > until {
+            // SAFETY: kill takes a process group id (raft-run leads its session's group) and a
+            // signal number: raft-run and its guardian's job go.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // SAFETY: closes the two descriptors openpty gave.
+    unsafe {
+        libc::close(leader);
+        libc::close(follower);
+    }
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "raft-run did not end within 10 s (a rank stopped reading the terminal?)");
 }

@@ -20,9 +20,18 @@
 //! When a child fails (a non-zero status or a signal), the others are stopped (SIGTERM, then
 //! SIGKILL after a grace period, `RAFT_RUN_GRACE` seconds, default 5) unless `--keep-going`;
 //! `raft-run` then exits with the first failure's status (128 + the signal for a signal). A
-//! SIGINT, SIGTERM or SIGHUP to `raft-run` is passed on to the children. Each child leads its own
-//! process group (signals reach what it started too) and is killed if `raft-run` dies (even of
-//! SIGKILL: the parent-death signal).
+//! SIGINT, SIGTERM or SIGHUP to `raft-run` is passed on to the children, and `raft-run` then ends
+//! by that signal (as a shell expects of a child it interrupted); a signal ignored when
+//! `raft-run` started (`nohup`, a script's background job) stays ignored.
+//!
+//! The ranks, and whatever they start, share one process group, led by a small guardian process
+//! (`raft-run` itself, in a mode of its own) that holds a pipe from `raft-run`: when `raft-run`
+//! ends, however it ends (even by SIGKILL), the guardian stops what is left of the group
+//! (SIGTERM, then SIGKILL after the grace period), so no rank and no process a rank started (a
+//! wrapper script's program, a helper of a failed rank, one that ignores SIGTERM) outlives the
+//! job. Each rank is also killed directly if `raft-run` dies (the parent-death signal). When
+//! `raft-run`'s standard input is a terminal the ranks get `/dev/null` instead (they are not the
+//! terminal's foreground group: a read would stop them for good); a pipe or a file is passed on.
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -32,6 +41,19 @@ const USAGE: &str = "usage: raft-run -n N [--master-addr ADDR] [--master-port PO
 
 /// The variables that keep NVLink multicast off, set in every child whatever the environment.
 const ALWAYS: &[(&str, &str)] = &[("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")];
+
+/// The most ranks one `raft-run` starts (one host's GPUs are far fewer; a mistyped count must
+/// not fork until the system refuses).
+const MAX_RANKS: usize = 4096;
+
+/// A line on stderr whose failure is ignored: a closed or full stderr (a pipe whose reader went,
+/// `2>/dev/full`) must not panic `raft-run` between a rank's failure and the others' stop.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
 
 /// The signal raft-run received (0: none); written by the handler, read by the main loop.
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
@@ -64,16 +86,16 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
             "-n" | "--nproc-per-node" | "--nproc_per_node" => {
                 let v = value(&mut it, &a)?;
                 let count = v.parse::<usize>().ok().filter(|&n| n > 0).ok_or(format!("{a} {v}: expected a positive number"))?;
-                // NCCL's rank count is an `int`.
-                if count > i32::MAX as usize {
-                    return Err(format!("{a} {v}: at most {} ranks", i32::MAX));
+                if count > MAX_RANKS {
+                    return Err(format!("{a} {v}: at most {MAX_RANKS} ranks on one host"));
                 }
                 n = Some(count);
             }
             "--master-addr" | "--master_addr" => addr = value(&mut it, &a)?,
             "--master-port" | "--master_port" => {
                 let v = value(&mut it, &a)?;
-                port = Some(v.parse::<u16>().map_err(|_| format!("{a} {v}: expected a port number"))?);
+                port =
+                    Some(v.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| format!("{a} {v}: expected a port number, 1 to 65535"))?);
             }
             "--keep-going" => keep_going = true,
             "-h" | "--help" => return Err(USAGE.into()),
@@ -142,36 +164,118 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// Signals a child's process group (the child and what it started).
-fn signal(child: &Child, sig: libc::c_int) {
-    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: killpg takes a process group id and a signal number, no pointers; the group is
-        // our own child's (it leads it, not yet reaped: reaped children leave `running` first).
-        unsafe { libc::killpg(pid, sig) };
-    }
+/// Signals the job's process group (every rank and what the ranks started; the guardian that
+/// leads it ignores the signals `raft-run` passes on, and dies only of SIGKILL).
+fn signal_job(group: libc::pid_t, sig: libc::c_int) {
+    // SAFETY: killpg takes a process group id and a signal number, no pointers. The group is the
+    // guardian's, our child, not reaped before the job ends: its id names no one else's group.
+    unsafe { libc::killpg(group, sig) };
 }
 
-/// Stops the running children: `sig`, then SIGKILL to those still there after the grace period.
-fn stop(running: &mut [(usize, Child)], sig: libc::c_int, grace: Duration) {
-    for (_, c) in running.iter() {
-        signal(c, sig);
+/// Stops the running ranks: `sig` to the job's group, then SIGKILL to the group when a rank is
+/// still there after the grace period; every rank is reaped, and `running` left empty.
+fn stop(running: &mut Vec<(usize, Child)>, group: libc::pid_t, sig: libc::c_int, grace: Duration) {
+    if running.is_empty() {
+        return;
     }
+    signal_job(group, sig);
     let now = Instant::now();
     let until = now.checked_add(grace).unwrap_or(now + Duration::from_secs(1 << 32));
     while Instant::now() < until && running.iter_mut().any(|(_, c)| matches!(c.try_wait(), Ok(None))) {
         std::thread::sleep(Duration::from_millis(10));
     }
-    for (rank, c) in running.iter_mut() {
-        if matches!(c.try_wait(), Ok(None)) {
-            eprintln!("raft-run: rank {rank} (pid {}) did not stop within {:.1} s: killing it", c.id(), grace.as_secs_f64());
-            signal(c, libc::SIGKILL);
-            let _ = c.kill();
-        }
+    let left: Vec<usize> = running.iter_mut().filter_map(|(r, c)| matches!(c.try_wait(), Ok(None)).then_some(*r)).collect();
+    if !left.is_empty() {
+        note!("raft-run: rank(s) {left:?} did not stop within {:.1} s: killing the job", grace.as_secs_f64());
+        signal_job(group, libc::SIGKILL);
+    }
+    for (_, c) in running.iter_mut() {
+        let _ = c.kill();
         let _ = c.wait();
+    }
+    running.clear();
+}
+
+/// The processes of process group `group` other than `except`, not yet dead (zombies aside).
+fn members(group: libc::pid_t, except: libc::pid_t) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|pid| *pid != except)
+        .filter(|pid| {
+            // /proc/PID/stat: "pid (comm) state ppid pgrp …"; comm may hold spaces or parentheses.
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().is_some_and(|stat| {
+                let mut rest = stat.rsplit_once(") ").map(|(_, r)| r.split_whitespace()).into_iter().flatten();
+                let state = rest.next();
+                let pgrp = rest.nth(1).and_then(|g| g.parse::<libc::pid_t>().ok());
+                state != Some("Z") && pgrp == Some(group)
+            })
+        })
+        .count()
+}
+
+/// The guardian (`raft-run --guardian GRACE_MS`): leads the job's process group, ignores the
+/// signals `raft-run` passes on, and waits for its standard input (a pipe only `raft-run` holds
+/// open) to end; then stops what is left of the group: SIGTERM, and SIGKILL (itself included)
+/// after the grace period if anything remains.
+fn guardian(grace: Duration) -> ExitCode {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+        // SAFETY: sets a disposition, no pointer of ours.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+    let mut sink = [0u8; 64];
+    // Until `raft-run` ends or closes the pipe: EOF (0) or an error.
+    while matches!(std::io::Read::read(&mut std::io::stdin(), &mut sink), Ok(n) if n > 0) {}
+    // SAFETY: getpid and getpgrp take nothing.
+    let (me, group) = unsafe { (libc::getpid(), libc::getpgrp()) };
+    if members(group, me) == 0 {
+        return ExitCode::SUCCESS;
+    }
+    signal_job(group, libc::SIGTERM);
+    let now = Instant::now();
+    let until = now.checked_add(grace).unwrap_or(now + Duration::from_secs(1 << 32));
+    while Instant::now() < until && members(group, me) > 0 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if members(group, me) > 0 {
+        signal_job(group, libc::SIGKILL); // this process too
+    }
+    ExitCode::SUCCESS
+}
+
+/// Starts the guardian of a job: it leads a new process group, the job's, and holds the read end
+/// of a pipe whose write end (close-on-exec: no rank inherits it) is returned with it.
+fn start_guardian(grace: Duration) -> Result<(Child, std::process::ChildStdin), String> {
+    let me = std::env::current_exe().map_err(|e| format!("where raft-run itself is: {e}"))?;
+    let mut child = Command::new(me)
+        .arg("--guardian")
+        .arg(grace.as_millis().min(u64::MAX as u128).to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("could not start the job's guardian: {e}"))?;
+    let pipe = child.stdin.take().ok_or("the guardian's pipe")?;
+    Ok((child, pipe))
+}
+
+/// Whether `sig` was ignored when `raft-run` started (`nohup`, a background job of a script).
+fn ignored(sig: libc::c_int) -> bool {
+    // SAFETY: reads the current disposition into a zeroed local; installs nothing.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
     }
 }
 
-fn run(o: Options) -> Result<i32, String> {
+/// How a job ended: with a status for `raft-run` to exit with, or by a signal `raft-run`
+/// received and passed on (it then ends by that signal too).
+enum Outcome {
+    Status(i32),
+    Signal(libc::c_int),
+}
+
+fn run(o: Options) -> Result<Outcome, String> {
     let port = match o.port {
         Some(p) => p,
         None => free_port(&o.addr)?,
@@ -181,11 +285,40 @@ fn run(o: Options) -> Result<i32, String> {
     // SAFETY: getpid takes nothing and cannot fail.
     let parent = unsafe { libc::getpid() };
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        if ignored(sig) {
+            continue; // nohup's SIGHUP, a background job's SIGINT: left ignored
+        }
         // SAFETY: the handler only stores into an atomic (async-signal-safe); `signal` takes no
         // pointer of ours besides the handler's address.
         unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     }
-    let mut running: Vec<(usize, Child)> = Vec::with_capacity(o.n);
+    let (mut guard, pipe) = start_guardian(grace)?;
+    let group = libc::pid_t::try_from(guard.id()).map_err(|_| "the guardian's pid".to_string())?;
+    // SAFETY: isatty takes a descriptor number.
+    let terminal_in = unsafe { libc::isatty(0) } == 1;
+    let mut running: Vec<(usize, Child)> = Vec::new();
+    let outcome = start_and_watch(&o, port, grace, parent, group, terminal_in, &secret, &job, &mut running);
+    // The job's end: what the ranks left in the group is stopped by the guardian (closing its
+    // pipe), waited for here so that nothing of the job outlives `raft-run`.
+    stop(&mut running, group, libc::SIGTERM, grace);
+    drop(pipe);
+    let _ = guard.wait();
+    outcome
+}
+
+/// Starts the ranks into the guardian's group `group` and watches them (see [`run`]).
+#[allow(clippy::too_many_arguments)]
+fn start_and_watch(
+    o: &Options,
+    port: u16,
+    grace: Duration,
+    parent: libc::pid_t,
+    group: libc::pid_t,
+    terminal_in: bool,
+    secret: &str,
+    job: &str,
+    running: &mut Vec<(usize, Child)>,
+) -> Result<Outcome, String> {
     for rank in 0..o.n {
         let mut cmd = Command::new(&o.program);
         cmd.args(&o.args)
@@ -196,9 +329,12 @@ fn run(o: Options) -> Result<i32, String> {
             .env("GROUP_RANK", "0")
             .env("MASTER_ADDR", &o.addr)
             .env("MASTER_PORT", port.to_string())
-            .env(raft_comms::SECRET_VAR, &secret)
-            .env(raft_comms::JOB_VAR, &job)
-            .process_group(0);
+            .env(raft_comms::SECRET_VAR, secret)
+            .env(raft_comms::JOB_VAR, job)
+            .process_group(group);
+        if terminal_in {
+            cmd.stdin(std::process::Stdio::null());
+        }
         for (k, v) in ALWAYS {
             cmd.env(k, v);
         }
@@ -221,7 +357,7 @@ fn run(o: Options) -> Result<i32, String> {
         match cmd.spawn() {
             Ok(child) => running.push((rank, child)),
             Err(e) => {
-                stop(&mut running, libc::SIGTERM, grace);
+                stop(running, group, libc::SIGTERM, grace);
                 return Err(format!("could not start rank {rank} ({}): {e}", o.program));
             }
         }
@@ -230,9 +366,9 @@ fn run(o: Options) -> Result<i32, String> {
     while !running.is_empty() {
         let sig = SIGNALLED.load(Ordering::SeqCst);
         if sig != 0 {
-            eprintln!("raft-run: received signal {sig}: stopping {} rank(s)", running.len());
-            stop(&mut running, sig, grace);
-            return Ok(128 + sig);
+            note!("raft-run: received signal {sig}: stopping {} rank(s)", running.len());
+            stop(running, group, sig, grace);
+            return Ok(Outcome::Signal(sig));
         }
         let mut i = 0;
         let mut failed_now = false;
@@ -242,7 +378,7 @@ fn run(o: Options) -> Result<i32, String> {
                 Ok(Some(status)) => {
                     let (rank, child) = running.remove(i);
                     if !status.success() {
-                        eprintln!("raft-run: rank {rank} (pid {}) {}", child.id(), describe(status));
+                        note!("raft-run: rank {rank} (pid {}) {}", child.id(), describe(status));
                         if first_failure.is_none() {
                             first_failure = Some(code_of(status));
                             failed_now = true;
@@ -251,26 +387,40 @@ fn run(o: Options) -> Result<i32, String> {
                 }
                 Err(e) => {
                     let rank = running[i].0;
-                    stop(&mut running, libc::SIGTERM, grace);
+                    stop(running, group, libc::SIGTERM, grace);
                     return Err(format!("waiting for rank {rank}: {e} (every rank was stopped)"));
                 }
             }
         }
         if failed_now && !o.keep_going && !running.is_empty() {
-            eprintln!("raft-run: stopping the other {} rank(s)", running.len());
-            stop(&mut running, libc::SIGTERM, grace);
+            note!("raft-run: stopping the other {} rank(s)", running.len());
+            stop(running, group, libc::SIGTERM, grace);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    Ok(first_failure.unwrap_or(0))
+    Ok(Outcome::Status(first_failure.unwrap_or(0)))
 }
 
 fn main() -> ExitCode {
-    let outcome = parse(std::env::args().skip(1).collect()).and_then(run);
-    match outcome {
-        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--guardian") {
+        let grace = args.get(1).and_then(|ms| ms.parse::<u64>().ok()).map_or(Duration::from_secs(5), Duration::from_millis);
+        return guardian(grace);
+    }
+    match parse(args).and_then(run) {
+        Ok(Outcome::Status(code)) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Ok(Outcome::Signal(sig)) => {
+            // Ends by the signal, as the ranks did: a shell running `raft-run` in a script sees
+            // an interrupted child, not an exit status.
+            // SAFETY: restores the default disposition and raises the signal on this process.
+            unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+                libc::raise(sig);
+            }
+            ExitCode::from(u8::try_from(128 + sig).unwrap_or(1)) // a signal whose default is to go on
+        }
         Err(message) => {
-            eprintln!("raft-run: {message}");
+            note!("raft-run: {message}");
             ExitCode::from(2)
         }
     }
@@ -301,7 +451,7 @@ mod tests {
             assert!(grace_from(Some(bad.into())).unwrap_err().contains("RAFT_RUN_GRACE"), "{bad}");
         }
         // The longest grace representable does not overflow the deadline either.
-        stop(&mut [], libc::SIGTERM, Duration::MAX);
+        stop(&mut Vec::new(), 0, libc::SIGTERM, Duration::MAX);
     }
 
     #[test]
@@ -309,7 +459,9 @@ mod tests {
         assert!(parse(args("./prog")).unwrap_err().contains("-n N is required"));
         assert!(parse(args("-n 0 ./prog")).unwrap_err().contains("positive"));
         assert!(parse(args("-n 2")).unwrap_err().contains("no program"));
-        assert!(parse(args("-n 2147483648 ./prog")).unwrap_err().contains("2147483647"), "a world NCCL cannot hold");
+        assert!(parse(args("-n 4097 ./prog")).unwrap_err().contains("at most 4096 ranks"), "a count no host runs");
+        assert!(parse(args("-n 2147483647 ./prog")).unwrap_err().contains("at most 4096 ranks"));
+        assert!(parse(args("-n 2 --master-port 0 ./prog")).unwrap_err().contains("1 to 65535"), "port 0 is no rendezvous");
         assert!(parse(args("-n 2 --bogus ./prog")).unwrap_err().contains("unknown option --bogus"));
     }
 }
