@@ -166,7 +166,20 @@ impl Launch {
         }
         let &(family, rank, world_size) = complete.first().ok_or_else(|| not_set("RANK"))?;
         let nested = family.launcher == "torchrun" && (get("LOCAL_WORLD_SIZE").is_some() || get("TORCHELASTIC_RUN_ID").is_some());
-        if !nested {
+        if nested {
+            // A launch inside another never has fewer ranks than the outer one: torchrun's names
+            // giving fewer are a stale export (a `raft-run -n 1` rank that went on to `mpirun`).
+            if let Some(&(outer, _, s)) = complete.iter().skip(1).find(|(f, _, s)| f.launcher != "Slurm" && *s > world_size) {
+                return Err(Error::logic(
+                    who,
+                    format!(
+                        "{}={world_size} is fewer ranks than {}={s} around it: torchrun's names are stale here; unset RANK, \
+                         WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE",
+                        family.size, outer.size
+                    ),
+                ));
+            }
+        } else {
             for &(other, r, s) in complete.iter().skip(1).filter(|(f, _, _)| f.launcher != "Slurm") {
                 if (r, s) != (rank, world_size) {
                     return Err(Error::logic(
@@ -189,8 +202,15 @@ impl Launch {
             return Err(Error::logic(who, format!("{}={rank} is not a rank of {}={world_size}", family.rank, family.size)));
         }
         let local_rank = get(family.local).map(|v| number(family.local, v)).transpose()?;
-        let port =
-            |text: String| text.trim().parse::<u16>().map_err(|_| Error::logic(who, format!("MASTER_PORT={text} is not a port number")));
+        // Port 0 is no rendezvous: rank 0 would listen wherever the OS put it, the others knock at 0.
+        let port_of = |name: &str, text: String| {
+            text.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| Error::logic(who, format!("{name}={text} is not a port number (1 to 65535)")))
+        };
+        let port = |text: String| port_of("MASTER_PORT", text);
         let (master_addr, master_port) = match family.launcher {
             "Slurm" => {
                 let addr = match get("MASTER_ADDR") {
@@ -243,7 +263,7 @@ impl Launch {
             }
         };
         let rendezvous_port = match get("RAFT_COMMS_PORT") {
-            Some(p) => p.trim().parse::<u16>().map_err(|_| Error::logic(who, format!("RAFT_COMMS_PORT={p} is not a port number")))?,
+            Some(p) => port_of("RAFT_COMMS_PORT", p)?,
             None if var("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) => {
                 master_port.checked_add(1).ok_or_else(|| {
                     Error::logic(who, "MASTER_PORT=65535 is torchrun's store: set RAFT_COMMS_PORT to a free port for the rendezvous")
@@ -561,6 +581,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!((l.rank, l.size, l.launcher), (5, 8, "torchrun"));
+    }
+
+    /// The nineteenth audit (helper 91): any `LOCAL_WORLD_SIZE` turned the disagreement check
+    /// off, so a stale export of a `raft-run -n 1` rank that went on to `mpirun -np 4` made each
+    /// MPI process a world of one. A launch inside another never has fewer ranks.
+    #[test]
+    fn a_nested_world_smaller_than_the_outer_one_is_refused() {
+        let m = err(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("LOCAL_WORLD_SIZE", "1"),
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ]);
+        assert!(m.contains("WORLD_SIZE=1 is fewer ranks than OMPI_COMM_WORLD_SIZE=4") && m.contains("stale"), "{m}");
+    }
+
+    /// Port 0 is no rendezvous (helper 91): rank 0 listened wherever the OS put it while the
+    /// others knocked at 0, each waiting out the whole bound.
+    #[test]
+    fn port_zero_is_refused_naming_the_variable() {
+        let base = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")];
+        let m = err(&[base[0], base[1], base[2], ("MASTER_PORT", "0")]);
+        assert!(m.contains("MASTER_PORT=0 is not a port number (1 to 65535)"), "{m}");
+        let m = err(&[base[0], base[1], base[2], ("MASTER_PORT", "29500"), ("RAFT_COMMS_PORT", "0")]);
+        assert!(m.contains("RAFT_COMMS_PORT=0 is not a port number"), "{m}");
     }
 
     #[test]
