@@ -199,8 +199,12 @@ fn a_job_using_another_device_stays_on_its_resources_device() {
     let r1c = r1.clone();
     let (after_use, made_on) = r0
         .spawn(move || {
+            // Resources of device 1 made in the job: their making binds device 1's context, which
+            // a library thread kept bound (an array's small copy alone binds nothing: the
+            // review of this test, helper 90).
+            let made_there = DeviceResources::on_device(1).unwrap();
             let v = DeviceVec::from_host(&r1c, &[1.0f32; 256]).unwrap();
-            drop(v);
+            drop((v, made_there));
             let after_use = raft::current_device().unwrap();
             let made = DeviceResources::new().unwrap();
             (after_use, made.device())

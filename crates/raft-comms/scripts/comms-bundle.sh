@@ -81,7 +81,7 @@ tests() {
   for t in comms_counts comms_groups comms_rendezvous comms_launcher raft_comms comms_clique comms_splits comms_processes; do
     start=$SECONDS
     # A hung binary ends the step at its bound (124), not the device call.
-    timeout -k 10 "${RAFT_TEST_BOUND:-540}" "$here/tests/$t" --test-threads=1 --nocapture >"$logs/$t.log" 2>&1
+    timeout -k 10 "${RAFT_TEST_TIMEOUT:-540}" "$here/tests/$t" --test-threads=1 --nocapture >"$logs/$t.log" 2>&1
     rc=$?
     summary=$(grep -E '^test result:' "$logs/$t.log" | tail -n 1)
     echo "$t: rc=$rc ${summary:-no summary (see $logs/$t.log)} ($((SECONDS - start)) s)"

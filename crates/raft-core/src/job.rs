@@ -106,9 +106,10 @@ fn watch_time(who: &'static str) -> Result<Duration> {
 ///
 /// Each task starts on `ctx` (the unit tests' workers have none), whatever the task before it
 /// left current (a job that made resources of another device, or another library's context):
-/// jobs of the same resources are unrelated, and a library thread puts back no caller's context
-/// (the sixteenth audit: a later job's `DeviceResources::new()` and RAFT code lent there
-/// followed the drifted device).
+/// jobs of the same resources are unrelated (the sixteenth audit: a later job's
+/// `DeviceResources::new()` and RAFT code lent there followed the drifted device). Within a job
+/// the library's calls put the context back as on a user's thread (`result::as_caller`), so only
+/// the job's own code can leave another context bound for the next.
 fn run_tasks(rx: &mpsc::Receiver<Task>, watch: Duration, ctx: Option<&cudarc::driver::CudaContext>) {
     while let Some(task) = next_task(rx, watch) {
         // Every log line here through `log_guarded`: a panicking logger must not end the worker

@@ -48,7 +48,9 @@ impl DeviceResources {
     /// needs [`with_raft_resources_mut`](Self::with_raft_resources_mut).
     ///
     /// `f` runs with the resources' device current on the thread (their primary context), and
-    /// the thread's own context is put back after it: RAFT code works on the current device.
+    /// the thread's own context is put back after it, whatever `f` switched to (a thread that had
+    /// none may keep device 0's, which the runtime would bind there anyway): RAFT code works on
+    /// the current device.
     ///
     /// RAFT's and cuVS's allocations made through the pointer (the workspace RAFT keeps in the
     /// object, an index's arrays) hold a reference into RMM's map entry for the device: from the
@@ -69,8 +71,10 @@ impl DeviceResources {
             native.capture_flag().raise();
             let ptr = native.raft_resources(WHO)?;
             // RAFT works on the thread's current device (its workspace is made lazily from that
-            // device's RMM entry): the resources' own for the lend, the caller's back after it.
-            let _bound = ContextGuard::bind(WHO, self.context())?;
+            // device's RMM entry): the resources' own for the lend, the caller's back after it,
+            // read again then (the closure's code may have switched it: `cudaSetDevice`).
+            let _keep = ContextGuard::save(WHO)?;
+            crate::result::bind(WHO, self.context())?;
             Ok(f(RaftResourcesPtr { ptr, _borrow: PhantomData, _not_send: PhantomData }))
         })
     }
@@ -110,8 +114,10 @@ impl DeviceResources {
             native.capture_flag().raise();
             let ptr = native.raft_resources(WHO)?;
             // RAFT works on the thread's current device (its workspace is made lazily from that
-            // device's RMM entry): the resources' own for the lend, the caller's back after it.
-            let _bound = ContextGuard::bind(WHO, self.context())?;
+            // device's RMM entry): the resources' own for the lend, the caller's back after it,
+            // read again then (the closure's code may have switched it: `cudaSetDevice`).
+            let _keep = ContextGuard::save(WHO)?;
+            crate::result::bind(WHO, self.context())?;
             Ok(f(RaftResourcesPtr { ptr, _borrow: PhantomData, _not_send: PhantomData }))
         })
     }

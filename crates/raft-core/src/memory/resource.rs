@@ -136,7 +136,9 @@ impl MemoryResource {
         Ok(MemoryResource { native: Arc::new(native), kind })
     }
 
-    /// `device`'s current RMM resource (`rmm::mr::get_per_device_resource_ref`), shared.
+    /// `device`'s current RMM resource (`rmm::mr::get_per_device_resource_ref`), shared. Like
+    /// every constructor here it sets the device up first (its primary context, as resources
+    /// of the device do), so it makes the device's context in a process that had none.
     ///
     /// # Errors
     /// `Logic` for a device that does not exist, or a resource that cannot be shared (its copy

@@ -134,12 +134,17 @@ pub(crate) fn make_records_context(who: &'static str, device: usize) -> Result<(
 /// resources on that device) and the device's primary context is active already, as it is when
 /// `stream` belongs to it: an array used on such a stream was taken for one used in another
 /// library's context and leaked for the life of the process (the nineteenth audit, helper 86).
-/// A device whose primary context is inactive is left so (nothing is woken): `stream` then
-/// belongs to another context, which no record serves. Returns whether one was made.
+/// A device whose primary context is inactive is left so (nothing is woken), and a stream of a
+/// context that is not primary never gets here. Returns whether the device has one now.
 fn records_for_a_device_without_resources(who: &'static str, stream: &CudaStream) -> bool {
+    if !stream.context().is_primary() {
+        return false; // cudarc's `new_non_primary`: no record serves it, and nothing is retained
+    }
     let device = stream.context().ordinal();
     if RECORDS.lock().unwrap_or_else(|e| e.into_inner()).get(device).is_some_and(Option::is_some) {
-        return false; // made already: `stream` is of another context
+        // Made meanwhile by another thread (its device's first resources): the caller asks again,
+        // and the contexts' comparison decides.
+        return true;
     }
     let Ok(handle) = cudarc::driver::result::device::get(device as i32) else { return false };
     let (mut flags, mut active) = (0u32, 0i32);

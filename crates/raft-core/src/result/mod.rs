@@ -4,8 +4,10 @@
 //! As in cudarc's `sys` / `result` / `safe` split: above this module, the safe types
 //! (`DeviceResources`, `DeviceVec`, `MemoryResource`, …) hold no `unsafe` of their own: every
 //! `unsafe impl` is here, and above it there are only the `unsafe fn`s that forward a caller's
-//! contract down (DLPack's imports, `order_before`) and `with_native`'s nested use in
-//! `resources.rs` (ARCHITECTURE.md lists them). Native objects are owned here by small handle types ([`NativeResources`],
+//! contract down (DLPack's imports and `order_before_stream`, `DeviceVec::as_raw`,
+//! `PinnedVec::as_slice` / `as_mut_slice`, `RegisteredSlice::new` / `as_slice` /
+//! `as_mut_slice`) and `with_native`'s nested use in `resources.rs` (ARCHITECTURE.md lists
+//! them). Native objects are owned here by small handle types ([`NativeResources`],
 //! [`NativeBuffer`], [`NativeMr`]) whose only ways to reach a raw pointer check what they hand
 //! over: a buffer's extent, a matrix's leading dimension, a copy's length. A handle keeps alive
 //! what its native object needs (the stream of a resources object or buffer, the memory
@@ -191,7 +193,8 @@ fn no_caller_here() -> bool {
 /// switch the user's thread to another device.
 pub(crate) struct ContextGuard {
     previous: Option<cusys::CUcontext>,
-    /// Library threads have no caller's context to protect: they keep whichever is bound.
+    /// Library threads have no caller's context to protect: they keep whichever is bound (but a
+    /// user's job running on one is a caller: [`as_caller`]).
     restore: bool,
     /// Made by [`bind`](Self::bind), which switched the thread to `bound`: dropping puts
     /// `previous` back without reading the current context first.
@@ -377,11 +380,13 @@ const CAPTURE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// driver refuses, and invalidates the capture), and work queued before the capture began may
 /// still run, so the caller keeps the thing (leaks it, for the process's life) when this says
 /// `false`. A library thread (a release thread) waits for the capture to end, [`CAPTURE_WAIT`]
-/// at most; any other thread asks once (it may be the one capturing: it would wait for itself).
+/// at most; any other thread, and a user's job on a worker, asks once (it may be the one
+/// capturing: it would wait for itself).
 /// The exit's decision ends the wait. A failed query (a dead context) is no capture: the wait's
 /// own failure then says so.
 pub(crate) fn capture_ended(who: &'static str, stream: &CudaStream) -> bool {
-    let wait = if raft_exit::on_library_thread() { CAPTURE_WAIT } else { std::time::Duration::ZERO };
+    // A user's job on a worker is a caller too: it may be the one capturing.
+    let wait = if no_caller_here() { CAPTURE_WAIT } else { std::time::Duration::ZERO };
     let give_up = std::time::Instant::now() + wait;
     while capturing(who, stream).unwrap_or(false) {
         if std::time::Instant::now() >= give_up || !raft_exit::native_release_allowed() {

@@ -276,8 +276,8 @@ fn cagra_on_rows_of_nan_infinities_and_duplicates_ends_cleanly() {
 /// few rows of NaN or infinities, which cuVS does build a graph over, searched with finite, NaN
 /// and infinite queries and with a wider search. The build must
 /// succeed (else this test examines nothing), every search ends, and every row number a finite
-/// query gets is a row of the dataset. `crates/raft-cuvs/gpu/run.sh` runs it (and the test above)
-/// also under compute-sanitizer memcheck, which sees cuVS's own accesses.
+/// query gets is a row of the dataset. `crates/raft-cuvs/gpu/run.sh DIR memcheck` runs it (and the
+/// test above) under compute-sanitizer memcheck, which sees cuVS's own accesses.
 #[test]
 fn cagra_built_over_a_few_rows_of_nan_and_infinity_searches_within_the_dataset() {
     require_gpu!();
