@@ -129,7 +129,9 @@ impl Launch {
     /// rank not below the world size, a world size above `i32::MAX` (NCCL's limit), or MPI
     /// without `MASTER_ADDR`.
     pub fn from_env() -> Result<Launch> {
-        Self::from_vars("Launch::from_env", |name| std::env::var(name).ok())
+        // A value that is not UTF-8 is read lossily, so it is refused by name as not a number
+        // (`std::env::var(..).ok()` took it for unset, and another launcher's names won).
+        Self::from_vars("Launch::from_env", |name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
     }
 
     /// The same, from any lookup (the environment of another process, a test's table).

@@ -19,7 +19,7 @@ fn act(role: &str) -> ! {
         "env" => {
             let v = |k: &str| std::env::var(k).unwrap_or_else(|_| "-".into());
             println!(
-                "RAFT_RUN_ENV {} {} {} {} {} {} {} {} {} {} {}",
+                "RAFT_RUN_ENV {} {} {} {} {} {} {} {} {} {} {} {} {}",
                 v("RANK"),
                 v("WORLD_SIZE"),
                 v("LOCAL_RANK"),
@@ -30,7 +30,9 @@ fn act(role: &str) -> ! {
                 v("TORCH_SYMM_MEM_DISABLE_MULTICAST"),
                 v("CUDA_VISIBLE_DEVICES"),
                 v("RAFT_COMMS_SECRET"),
-                v("RAFT_COMMS_JOB")
+                v("RAFT_COMMS_JOB"),
+                v("RAFT_COMMS_PORT"),
+                v("TORCHELASTIC_USE_AGENT_STORE")
             );
             std::process::exit(0)
         }
@@ -139,6 +141,8 @@ fn every_rank_gets_the_torchrun_environment_with_multicast_off() {
     let out = launch(3, &[], "every_rank_gets_the_torchrun_environment_with_multicast_off", "env", &dir)
         .env("NCCL_NVLS_ENABLE", "1") // raft-run overrides it
         .env("CUDA_VISIBLE_DEVICES", "7,3") // and leaves this alone
+        .env("RAFT_COMMS_PORT", "22") // stale: the rendezvous is raft-run's MASTER_PORT
+        .env("TORCHELASTIC_USE_AGENT_STORE", "True")
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", show(&out));
@@ -148,7 +152,7 @@ fn every_rank_gets_the_torchrun_environment_with_multicast_off() {
     assert!(port.parse::<u16>().unwrap() > 0);
     for (rank, f) in lines.iter().enumerate() {
         let r = rank.to_string();
-        assert_eq!(f, &[&r, "3", &r, "3", "127.0.0.1", port, "0", "1", "7,3", secret, job], "rank {rank}");
+        assert_eq!(f, &[&r, "3", &r, "3", "127.0.0.1", port, "0", "1", "7,3", secret, job, "-", "-"], "rank {rank}");
     }
 }
 

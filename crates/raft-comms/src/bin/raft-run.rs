@@ -12,7 +12,8 @@
 //! already set: the rendezvous admits only processes holding it, so a process that takes the port
 //! first is refused by the ranks instead of handed the job), `RAFT_COMMS_JOB` (a fresh id for
 //! every job, whatever the environment says: bound into the rendezvous's proofs, it keeps apart
-//! jobs given the same secret), and always
+//! jobs given the same secret), no `RAFT_COMMS_PORT` or `TORCHELASTIC_USE_AGENT_STORE` (the
+//! rendezvous is `MASTER_PORT`, the port raft-run checked free), and always
 //! `NCCL_NVLS_ENABLE=0`, `TORCH_SYMM_MEM_DISABLE_MULTICAST=1`, `NVSHMEM_DISABLE_NVLS=1` (NVLink
 //! multicast stays off: on shared hosts it can take the GPUs out of service). `CUDA_VISIBLE_DEVICES`
 //! is left as it is: each rank picks its GPU from `LOCAL_RANK`.
@@ -75,12 +76,20 @@ struct Options {
 fn parse(args: Vec<String>) -> Result<Options, String> {
     let mut it = args.into_iter().peekable();
     let (mut n, mut addr, mut port, mut keep_going) = (None, "127.0.0.1".to_string(), None, false);
-    let value = |it: &mut std::iter::Peekable<std::vec::IntoIter<String>>, flag: &str| it.next().ok_or(format!("{flag} needs a value"));
-    while let Some(a) = it.peek().cloned() {
-        if !a.starts_with('-') {
+    while let Some(arg) = it.peek().cloned() {
+        if !arg.starts_with('-') {
             break;
         }
         it.next();
+        // `--name=value` and `-nN` (torchrun's spellings) as `--name value` and `-n N`.
+        let (a, mut inline) = match arg.split_once('=') {
+            Some((name, v)) if name.starts_with("--") => (name.to_string(), Some(v.to_string())),
+            _ if arg.starts_with("-n") && arg.len() > 2 && !arg.starts_with("--") => ("-n".to_string(), Some(arg[2..].to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |it: &mut std::iter::Peekable<std::vec::IntoIter<String>>, flag: &str| {
+            inline.take().or_else(|| it.next()).ok_or(format!("{flag} needs a value"))
+        };
         match a.as_str() {
             "--" => break,
             "-n" | "--nproc-per-node" | "--nproc_per_node" => {
@@ -100,6 +109,9 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
             "--keep-going" => keep_going = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
+        }
+        if inline.is_some() {
+            return Err(format!("{a} takes no value: {arg}\n{USAGE}"));
         }
     }
     let program = it.next().ok_or(format!("no program given\n{USAGE}"))?;
@@ -331,6 +343,10 @@ fn start_and_watch(
             .env("MASTER_PORT", port.to_string())
             .env(raft_comms::SECRET_VAR, secret)
             .env(raft_comms::JOB_VAR, job)
+            // The rendezvous is raft-run's to give: an inherited port for it (or torchrun's store
+            // moving it to MASTER_PORT + 1) would send the ranks where nothing was checked free.
+            .env_remove("RAFT_COMMS_PORT")
+            .env_remove("TORCHELASTIC_USE_AGENT_STORE")
             .process_group(group);
         if terminal_in {
             cmd.stdin(std::process::Stdio::null());
@@ -441,6 +457,11 @@ mod tests {
         assert_eq!((o.program.as_str(), o.args), ("./prog", vec!["-x".to_string(), "y".to_string()]));
         let o = parse(args("--nproc_per_node 4 python3 s.py --lr 1")).unwrap();
         assert_eq!((o.n, o.program.as_str(), o.args.len()), (4, "python3", 3));
+        // torchrun's other spellings (helper 91: refused as unknown options before).
+        let o = parse(args("--nproc_per_node=2 --master-port=29501 -- python3 s.py --lr=1")).unwrap();
+        assert_eq!((o.n, o.port, o.args.clone()), (2, Some(29501), vec!["s.py".to_string(), "--lr=1".to_string()]));
+        assert_eq!(parse(args("-n3 ./prog")).unwrap().n, 3);
+        assert!(parse(args("--keep-going=yes -n 2 ./prog")).unwrap_err().contains("--keep-going takes no value"));
     }
 
     #[test]
