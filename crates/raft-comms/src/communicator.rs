@@ -178,7 +178,7 @@ impl Communicator {
     /// ```no_run
     /// # fn main() -> raft_core::Result<()> {
     /// let launch = raft_comms::Launch::from_env()?;
-    /// let res = raft_core::DeviceResources::on_device(launch.local_rank.unwrap_or(0))?;
+    /// let res = raft_core::DeviceResources::on_device(launch.device()?)?;
     /// let comm = raft_comms::Communicator::from_env(&res)?;
     /// # Ok(()) }
     /// ```

@@ -276,6 +276,36 @@ impl Launch {
         Ok(Launch { rank, size: world_size, local_rank, master_addr, master_port, rendezvous_port, launcher: family.launcher })
     }
 
+    /// The device this rank uses: its local rank among the devices this process sees, or the
+    /// only one it sees whatever its local rank (a launcher that gives each rank a GPU of its
+    /// own: Slurm's `--gpus-per-task=1`, a wrapper setting `CUDA_VISIBLE_DEVICES` per rank);
+    /// device 0 without a local rank.
+    ///
+    /// # Errors
+    /// `Logic` when the local rank is not below the number of devices this process sees (naming
+    /// the variable, the count and `CUDA_VISIBLE_DEVICES`); `Cuda` when they cannot be counted.
+    pub fn device(&self) -> Result<usize> {
+        let visible = raft_core::device_count().map_err(|e| e.with_who("Launch::device"))?;
+        self.device_among(visible, std::env::var("CUDA_VISIBLE_DEVICES").ok())
+    }
+
+    /// [`device`](Self::device) for a process that sees `visible` devices.
+    fn device_among(&self, visible: usize, cuda_visible: Option<String>) -> Result<usize> {
+        let Some(local) = self.local_rank else { return Ok(0) };
+        if visible == 1 || local < visible {
+            return Ok(if visible == 1 { 0 } else { local });
+        }
+        let name = FAMILIES.iter().find(|f| f.launcher == self.launcher).map_or("LOCAL_RANK", |f| f.local);
+        Err(Error::logic(
+            "Launch::device",
+            format!(
+                "{name}={local} but this process sees {visible} device(s){}: start at most {visible} ranks per host, or give \
+                 each rank its devices",
+                cuda_visible.map_or(String::new(), |v| format!(" (CUDA_VISIBLE_DEVICES={v})"))
+            ),
+        ))
+    }
+
     /// `MASTER_ADDR:<rendezvous port>` (brackets around an IPv6 address).
     pub fn rendezvous_addr(&self) -> String {
         if self.master_addr.contains(':') && !self.master_addr.starts_with('[') {
@@ -600,6 +630,33 @@ mod tests {
             ("MASTER_PORT", "1"),
         ]);
         assert!(m.contains("WORLD_SIZE=1 is fewer ranks than OMPI_COMM_WORLD_SIZE=4") && m.contains("stale"), "{m}");
+    }
+
+    /// The nineteenth audit (helper 91): the documented `on_device(launch.local_rank.unwrap_or(0))`
+    /// failed as "no device 1 among 1" under a launcher that gives each rank one GPU (Slurm's
+    /// `--gpus-per-task=1`), without naming the local rank; `device()` maps that case to device 0
+    /// and names the variable otherwise.
+    #[test]
+    fn the_device_is_the_local_rank_among_the_visible_ones_or_the_only_one() {
+        let slurm = |local: &str| {
+            Launch::from_vars(
+                "t",
+                table(&[
+                    ("SLURM_PROCID", "3"),
+                    ("SLURM_NTASKS", "4"),
+                    ("SLURM_LOCALID", local),
+                    ("MASTER_ADDR", "h"),
+                    ("MASTER_PORT", "1"),
+                ]),
+            )
+            .unwrap()
+        };
+        assert_eq!(slurm("1").device_among(8, None).unwrap(), 1);
+        assert_eq!(slurm("3").device_among(1, Some("5".into())).unwrap(), 0, "one GPU per task");
+        let m = slurm("3").device_among(2, Some("0,1".into())).unwrap_err().to_string();
+        assert!(m.contains("SLURM_LOCALID=3 but this process sees 2 device(s) (CUDA_VISIBLE_DEVICES=0,1)"), "{m}");
+        let none = Launch { local_rank: None, ..slurm("0") };
+        assert_eq!(none.device_among(4, None).unwrap(), 0);
     }
 
     /// Port 0 is no rendezvous (helper 91): rank 0 listened wherever the OS put it while the

@@ -38,7 +38,7 @@
 //! use raft_comms::{Communicator, Launch, ReduceOp};
 //! # fn main() -> raft_core::Result<()> {
 //! let launch = Launch::from_env()?;
-//! let res = DeviceResources::on_device(launch.local_rank.unwrap_or(0))?;
+//! let res = DeviceResources::on_device(launch.device()?)?;
 //! let comm = Communicator::from_env(&res)?; // rank 0 serves the unique id over TCP
 //! let mut v = DeviceVec::from_host(&res, &[comm.rank() as f64; 3])?;
 //! comm.allreduce_in_place(&mut v, ReduceOp::Sum)?;
