@@ -30,7 +30,7 @@ fn check(total: &[i64]) {
 fn main() -> raft_core::Result<()> {
     if let Ok(launch) = Launch::from_env() {
         // One process per GPU, started by a launcher (raft-run, torchrun, mpirun, srun).
-        let res = DeviceResources::on_device(launch.local_rank.unwrap_or(0))?;
+        let res = DeviceResources::on_device(launch.device()?)?;
         let comm = Communicator::from_env(&res)?;
         let mut v = DeviceVec::from_host(&res, &part(comm.rank(), comm.size()))?;
         comm.allreduce_in_place(&mut v, ReduceOp::Sum)?;

@@ -48,7 +48,7 @@ fn iterations(bytes: usize) -> usize {
 
 fn run(o: Options) -> raft_error::Result<()> {
     let launch = Launch::from_env()?;
-    let res = DeviceResources::on_device(launch.local_rank.unwrap_or(0))?;
+    let res = DeviceResources::on_device(launch.device()?)?;
     let comm = Communicator::from_env(&res)?;
     let (rank, world) = (comm.rank(), comm.size());
     let nccl = raft_comms::nccl_info()?;
