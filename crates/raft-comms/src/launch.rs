@@ -264,6 +264,15 @@ impl Launch {
                 (need("MASTER_ADDR")?.trim().to_string(), port(need("MASTER_PORT")?)?)
             }
         };
+        // A colon is an IPv6 address's, or a port given in the wrong place (`host:29500`, which
+        // became the IPv6 address `[host:29500]`).
+        let bare = master_addr.trim_start_matches('[').trim_end_matches(']');
+        if master_addr.contains(':') && bare.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(Error::logic(
+                who,
+                format!("MASTER_ADDR={master_addr} is neither a host nor an IPv6 address: give the port in MASTER_PORT"),
+            ));
+        }
         let rendezvous_port = match get("RAFT_COMMS_PORT") {
             Some(p) => port_of("RAFT_COMMS_PORT", p)?,
             None if var("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) => {
@@ -657,6 +666,19 @@ mod tests {
         assert!(m.contains("SLURM_LOCALID=3 but this process sees 2 device(s) (CUDA_VISIBLE_DEVICES=0,1)"), "{m}");
         let none = Launch { local_rank: None, ..slurm("0") };
         assert_eq!(none.device_among(4, None).unwrap(), 0);
+    }
+
+    /// `MASTER_ADDR=host:29500` (a port in the wrong place) was taken for the IPv6 address
+    /// `[host:29500]` (helper 91); an IPv6 address itself is still taken, bracketed or not.
+    #[test]
+    fn a_port_inside_master_addr_is_refused_and_ipv6_is_not() {
+        let base = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "29500")];
+        let m = err(&[base[0], base[1], base[2], ("MASTER_ADDR", "node01:29500")]);
+        assert!(m.contains("MASTER_ADDR=node01:29500 is neither a host nor an IPv6 address"), "{m}");
+        for v6 in ["::1", "[fe80::1]"] {
+            let l = Launch::from_vars("t", table(&[base[0], base[1], base[2], ("MASTER_ADDR", v6)])).unwrap();
+            assert!(l.rendezvous_addr().ends_with("]:29500"), "{v6}: {}", l.rendezvous_addr());
+        }
     }
 
     /// Port 0 is no rendezvous (helper 91): rank 0 listened wherever the OS put it while the
