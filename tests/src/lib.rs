@@ -107,6 +107,24 @@ pub fn settle_releases(limit: std::time::Duration) -> std::time::Duration {
     }
 }
 
+/// The context that owns the device memory at `address`, as the driver says
+/// (`cuPointerGetAttribute` CONTEXT), as an integer.
+pub fn context_of_address(address: u64) -> usize {
+    use cudarc::driver::sys;
+    let mut owner: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one context handle into a local; the caller names a live allocation.
+    unsafe {
+        sys::cuPointerGetAttribute(
+            &mut owner as *mut sys::CUcontext as *mut std::ffi::c_void,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+            address,
+        )
+    }
+    .result()
+    .expect("cuPointerGetAttribute");
+    owner as usize
+}
+
 /// The device an array lives on, as the driver says (`cuPointerGetAttribute` DEVICE_ORDINAL).
 pub fn device_of<T: raft::DeviceScalar>(v: &raft::DeviceVec<T>) -> i32 {
     use cudarc::driver::sys::{cuPointerGetAttribute, CUpointer_attribute, CUresult};

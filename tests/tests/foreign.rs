@@ -399,20 +399,6 @@ fn memory_made_while_another_librarys_context_of_the_device_is_current_belongs_t
     let res = DeviceResources::on_device(0).unwrap();
     let primary = res.stream().unwrap().context().cu_ctx() as usize;
     let mr = raft::MemoryResource::cuda(0).unwrap();
-    let owner_of = |address: u64| {
-        let mut owner: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes one context handle into a local; the address is a live array's.
-        unsafe {
-            sys::cuPointerGetAttribute(
-                &mut owner as *mut sys::CUcontext as *mut std::ffi::c_void,
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
-                address,
-            )
-        }
-        .result()
-        .unwrap();
-        owner as usize
-    };
     std::thread::spawn(move || {
         let mut foreign: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: makes a new context of device 0 current on this thread; destroyed below, after
@@ -424,7 +410,7 @@ fn memory_made_while_another_librarys_context_of_the_device_is_current_belongs_t
         // SAFETY: writes the thread's current context into a local.
         unsafe { sys::cuCtxGetCurrent(&mut current) }.result().unwrap();
         assert_eq!(current as usize, foreign as usize, "the thread's own context was not put back");
-        let owner = owner_of(v.device_address());
+        let owner = raft_tests::context_of_address(v.device_address());
         // SAFETY: the context made above, current on this thread, holds nothing the library uses
         // (checked: the array is the primary context's).
         unsafe { sys::cuCtxDestroy_v2(foreign) }.result().unwrap();

@@ -5,10 +5,10 @@
 //! ([`one_at_a_time`]): they replace device 0's resource, which the others read. What happens
 //! at exit runs in a child process of its own (`tls-exit`).
 use raft::{memory, DeviceResources, DeviceVec, ErrorKind, MemoryResource, MemoryResourceKind};
-use raft_tests::{require_gpu, run_scenario, Child};
-use std::io::{Read, Write};
+use raft_tests::{require_gpu, run_scenario, Child, OutputWithin};
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
@@ -602,38 +602,17 @@ fn tls_exit(mode: &str) -> Child {
 }
 
 /// Runs `cmd` to its end, reading its output meanwhile (valgrind writes a lot); kills it and
-/// fails after `limit`.
+/// fails after `limit` (`raft_tests::OutputWithin`).
 fn run_child(mut cmd: Command, limit: Duration) -> Child {
     use std::os::unix::process::ExitStatusExt;
-    fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            let _ = pipe.read_to_end(&mut bytes);
-            String::from_utf8_lossy(&bytes).into_owned()
-        })
-    }
     let start = Instant::now();
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    let stdout = drain(child.stdout.take().expect("piped stdout"));
-    let stderr = drain(child.stderr.take().expect("piped stderr"));
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            let (out, err) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
-            panic!("{cmd:?} hung past {limit:?}\nstdout:\n{out}\nstderr:\n{err}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let out = cmd.output_within(limit);
     Child {
-        code: status.code(),
-        signal: status.signal(),
+        code: out.status.code(),
+        signal: out.status.signal(),
         elapsed: start.elapsed(),
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
 

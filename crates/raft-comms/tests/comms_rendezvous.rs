@@ -506,19 +506,7 @@ fn rank_zero_out_of_descriptors_under_a_flood_still_serves_the_honest_rank() {
         }
         return;
     }
-    let addr = free_addr();
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["rank_zero_out_of_descriptors_under_a_flood_still_serves_the_honest_rank", "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, &addr)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Rank 0 listening first.
-    let up = Instant::now() + Duration::from_secs(5);
-    while TcpStream::connect(&addr).is_err() {
-        assert!(Instant::now() < up, "rank 0 never listened");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (addr, child) = rank_zero_in_a_child("rank_zero_out_of_descriptors_under_a_flood_still_serves_the_honest_rank", CHILD);
     let stop = Arc::new(AtomicBool::new(false));
     let attacker = flood(addr.clone(), 200, stop.clone());
     std::thread::sleep(Duration::from_millis(500)); // past the descriptors' limit
@@ -598,18 +586,7 @@ fn strangers_failing_the_proof_are_warned_of_once_per_power_of_ten() {
         }
         return;
     }
-    let addr = free_addr();
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["strangers_failing_the_proof_are_warned_of_once_per_power_of_ten", "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, &addr)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let up = Instant::now() + Duration::from_secs(5);
-    while TcpStream::connect(&addr).is_err() {
-        assert!(Instant::now() < up, "rank 0 never listened");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (addr, child) = rank_zero_in_a_child("strangers_failing_the_proof_are_warned_of_once_per_power_of_ten", CHILD);
     for _ in 0..30 {
         answer_without_the_secret(&addr);
     }
@@ -619,4 +596,22 @@ fn strangers_failing_the_proof_are_warned_of_once_per_power_of_ten() {
     assert_eq!(got.unwrap(), fake_id(3), "{said}");
     // Warned at the 1st and the 10th of 30 refusals.
     assert!(said.contains("SERVED, warnings: 2\n"), "rank 0 said: {said}");
+}
+
+/// Rank 0 in a child process of this test binary (the test `test` re-run, with `var` set to a
+/// free address it serves on), listening when this returns; its stdout is piped.
+fn rank_zero_in_a_child(test: &str, var: &str) -> (String, std::process::Child) {
+    let addr = free_addr();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(var, &addr)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let up = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(&addr).is_err() {
+        assert!(Instant::now() < up, "rank 0 never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (addr, child)
 }

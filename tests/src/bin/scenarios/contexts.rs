@@ -2,22 +2,6 @@
 //! that the device has not been set up by the library before the step under test.
 use cudarc::driver::sys;
 
-/// The context that owns the device memory at `address` (`CU_POINTER_ATTRIBUTE_CONTEXT`).
-fn owner_of(address: u64) -> usize {
-    let mut owner: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: writes one context handle into a local; the address is a live array's.
-    unsafe {
-        sys::cuPointerGetAttribute(
-            &mut owner as *mut sys::CUcontext as *mut std::ffi::c_void,
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
-            address,
-        )
-    }
-    .result()
-    .expect("cuPointerGetAttribute");
-    owner as usize
-}
-
 /// The nineteenth audit (helper 86): with another library's context of device 0 current on the
 /// thread and the library not yet set up on device 0, a memory resource made first (a pool,
 /// whose first block it allocates at once) took that block in the foreign context: the shim's
@@ -38,7 +22,7 @@ pub(crate) fn pool_made_first_under_a_foreign_context() {
     let res = raft::DeviceResources::on_device(0).expect("resources");
     let primary = res.stream().expect("stream").context().cu_ctx() as usize;
     let mut v = raft::DeviceVec::<f32>::new_in(&res, 1 << 20, &pool).expect("an array from the pool");
-    let owner = owner_of(v.device_address());
+    let owner = raft_tests::context_of_address(v.device_address());
     println!(
         "RESULT owner={} foreign_is_primary={}",
         if owner == primary {
