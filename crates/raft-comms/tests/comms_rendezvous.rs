@@ -209,18 +209,7 @@ fn a_wrong_secret_is_refused_on_both_sides() {
         assert!(e.message().contains("did not prove it holds this job's secret"), "{what}: {e}");
     }
     // A peer that answers rank 0's challenge without the secret.
-    let mut peer = connect(&addr);
-    let mut hello = b"RFTC".to_vec();
-    hello.extend_from_slice(&VERSION.to_le_bytes());
-    hello.extend_from_slice(&[9u8; 32]);
-    peer.write_all(&hello).unwrap();
-    let mut challenge = [0u8; 65];
-    peer.read_exact(&mut challenge).unwrap();
-    let mut answer = vec![0u8; 32];
-    answer.extend_from_slice(&2u32.to_le_bytes());
-    answer.extend_from_slice(&1u32.to_le_bytes());
-    peer.write_all(&answer).unwrap();
-    assert_eq!(read_all(&mut peer), Vec::<u8>::new(), "rank 0 must close without a word");
+    answer_without_the_secret(&addr);
     let e = server.join().unwrap().unwrap_err();
     assert!(e.message().contains("missing: 1"), "no peer counted as rank 1: {e}");
 }
