@@ -78,6 +78,15 @@ fn act(role: &str) -> ! {
             std::thread::sleep(Duration::from_secs(60));
             std::process::exit(0)
         }
+        "ignore-term" => {
+            // SAFETY: sets a disposition of this child process; no memory.
+            unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+            // SAFETY: as above.
+            unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+            pid_file();
+            std::thread::sleep(Duration::from_secs(60));
+            std::process::exit(0)
+        }
         "read-stdin" => {
             // Reads its standard input to the end: a terminal's, when raft-run passed it on,
             // stops this background process for good (SIGTTIN).
@@ -477,4 +486,38 @@ fn a_rank_reading_the_terminal_does_not_hold_up_raft_run() {
         libc::close(follower);
     }
     assert_eq!(status.and_then(|s| s.code()), Some(0), "raft-run did not end within 10 s (a rank stopped reading the terminal?)");
+}
+
+/// A second Ctrl-C while the ranks are being stopped kills them at once, rather than waiting out
+/// the grace for a rank that ignores the first (helper 91: nothing escalated).
+#[test]
+fn a_second_interrupt_cuts_the_grace_short() {
+    if let Ok(role) = std::env::var(ROLE) {
+        act(&role);
+    }
+    let dir = temp_dir("second-int");
+    let mut child =
+        launch(1, &[], "a_second_interrupt_cuts_the_grace_short", "ignore-term", &dir).env("RAFT_RUN_GRACE", "60").spawn().unwrap();
+    wait_for(&dir, &["pid-0"]);
+    let start = Instant::now();
+    for _ in 0..2 {
+        // SAFETY: kill takes a pid (our own child, not yet reaped) and a signal number.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        std::thread::sleep(Duration::from_secs(1)); // raft-run's loop has seen the first by then
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let left = still_runs_after(&dir.join("pid-0"), Duration::from_secs(1));
+    assert!(status.is_some(), "raft-run still waited {:?} after the second interrupt", start.elapsed());
+    assert!(left.is_none(), "the rank (pid {left:?}) still runs");
 }

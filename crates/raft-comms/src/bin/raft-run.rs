@@ -22,8 +22,9 @@
 //! SIGKILL after a grace period, `RAFT_RUN_GRACE` seconds, default 5) unless `--keep-going`;
 //! `raft-run` then exits with the first failure's status (128 + the signal for a signal). A
 //! SIGINT, SIGTERM or SIGHUP to `raft-run` is passed on to the children, and `raft-run` then ends
-//! by that signal (as a shell expects of a child it interrupted); a signal ignored when
-//! `raft-run` started (`nohup`, a script's background job) stays ignored.
+//! by that signal (as a shell expects of a child it interrupted); a second one while the ranks
+//! stop (a second Ctrl-C) kills them at once; a signal ignored when `raft-run` started (`nohup`,
+//! a script's background job) stays ignored.
 //!
 //! The ranks, and whatever they start, share one process group, led by a small guardian process
 //! (`raft-run` itself, in a mode of its own) that holds a pipe from `raft-run`: when `raft-run`
@@ -59,8 +60,13 @@ macro_rules! note {
 /// The signal raft-run received (0: none); written by the handler, read by the main loop.
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
 
+/// How many signals raft-run received: a second one while the ranks are being stopped (a second
+/// Ctrl-C) cuts the grace short.
+static SIGNALS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 extern "C" fn on_signal(signal: libc::c_int) {
     SIGNALLED.store(signal, Ordering::SeqCst);
+    SIGNALS.fetch_add(1, Ordering::SeqCst);
 }
 
 #[derive(Debug)]
@@ -190,10 +196,15 @@ fn stop(running: &mut Vec<(usize, Child)>, group: libc::pid_t, sig: libc::c_int,
     if running.is_empty() {
         return;
     }
+    // The signal that started this stop counts already: only a later one cuts the grace short.
+    let signals = SIGNALS.load(Ordering::SeqCst);
     signal_job(group, sig);
     let now = Instant::now();
     let until = now.checked_add(grace).unwrap_or(now + Duration::from_secs(1 << 32));
-    while Instant::now() < until && running.iter_mut().any(|(_, c)| matches!(c.try_wait(), Ok(None))) {
+    while Instant::now() < until
+        && SIGNALS.load(Ordering::SeqCst) == signals
+        && running.iter_mut().any(|(_, c)| matches!(c.try_wait(), Ok(None)))
+    {
         std::thread::sleep(Duration::from_millis(10));
     }
     let left: Vec<usize> = running.iter_mut().filter_map(|(r, c)| matches!(c.try_wait(), Ok(None)).then_some(*r)).collect();
