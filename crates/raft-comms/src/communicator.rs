@@ -185,9 +185,20 @@ impl Communicator {
     ///
     /// # Errors
     /// As [`init`](Self::init); `Logic` naming a missing or malformed variable.
+    ///
+    /// Ranks that `srun` numbered (see [`Launch`]) bind their Slurm step into the rendezvous
+    /// secret's job when `RAFT_COMMS_JOB` is unset: two steps of one batch script, sharing its
+    /// secret, refuse each other's ranks.
     pub fn from_env(resources: &DeviceResources) -> Result<Communicator> {
+        const WHO: &str = "Communicator::from_env";
         let launch = Launch::from_env()?;
-        Self::init(resources, launch.rank, launch.size, &launch.rendezvous_addr(), timeout_from_env()?)
+        let mut secret = Secret::from_env().map_err(|e| e.with_who(WHO))?;
+        if std::env::var_os(crate::secret::JOB_VAR).is_none() {
+            if let Some(step) = crate::launch::srun_step_job(launch.launcher, |name| std::env::var(name).ok()) {
+                secret = secret.map(|s| s.with_job(step));
+            }
+        }
+        Self::init_with_secret(resources, launch.rank, launch.size, &launch.rendezvous_addr(), timeout_from_env()?, secret)
     }
 
     /// Rank `rank` of `size` ranks on `resources`' device: rank 0 makes the unique id and serves it at
@@ -204,13 +215,25 @@ impl Communicator {
     /// secret for an address that is not loopback; `Generic` when the rendezvous or NCCL fails
     /// or runs out of time.
     pub fn init(resources: &DeviceResources, rank: usize, size: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
+        let secret = Secret::from_env().map_err(|e| e.with_who("Communicator::init"))?;
+        Self::init_with_secret(resources, rank, size, addr, timeout, secret)
+    }
+
+    /// [`init`](Self::init) with the rendezvous secret given.
+    fn init_with_secret(
+        resources: &DeviceResources,
+        rank: usize,
+        size: usize,
+        addr: &str,
+        timeout: Duration,
+        secret: Option<Secret>,
+    ) -> Result<Communicator> {
         const WHO: &str = "Communicator::init";
         group::refuse_inside(WHO)?;
         refuse_zero_timeout(WHO, timeout)?;
         if size == 0 || rank >= size {
             return Err(Error::logic(WHO, format!("rank {rank} is not a rank of a size of {size}")));
         }
-        let secret = Secret::from_env().map_err(|e| e.with_who(WHO))?;
         let deadline = rendezvous::deadline_after(timeout);
         let id = if rank == 0 {
             // Bound before the id is made: an address of another host, or one without a secret

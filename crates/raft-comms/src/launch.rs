@@ -21,7 +21,8 @@
 //! is the first host of the step's `SLURM_STEP_NODELIST` (else `SLURM_JOB_NODELIST`,
 //! `SLURM_NODELIST`), port `MASTER_PORT` or else `20000 + (SLURM_JOB_ID + 4973 × SLURM_STEP_ID)
 //! mod 10000` (the same in every rank of the step, apart from the job's other steps and another
-//! job's). The steps' rendezvous are told apart by the secret's job id too (`Secret::from_env`).
+//! job's). For ranks `srun` numbered, `Communicator::from_env` also binds the step into the
+//! secret's job when `RAFT_COMMS_JOB` is unset, so steps sharing a secret refuse each other.
 //! Under MPI, `MASTER_ADDR` and `MASTER_PORT` must be set (or the job started with `raft-run`).
 use raft_error::{Error, Result};
 use std::time::Duration;
@@ -41,9 +42,10 @@ pub struct Launch {
     /// `LOCAL_RANK` (or the launcher's own name): the rank among the processes of this host (the
     /// GPU to use), when set.
     pub local_rank: Option<usize>,
-    /// `MASTER_ADDR`: rank 0's host (under Slurm without it, the job's first host).
+    /// `MASTER_ADDR`: rank 0's host (under Slurm without it, the step's first host).
     pub master_addr: String,
-    /// `MASTER_PORT` (under Slurm without it, `20000 + SLURM_JOB_ID % 10000`).
+    /// `MASTER_PORT` (under Slurm without it, `20000 + (SLURM_JOB_ID + 4973 × SLURM_STEP_ID) mod
+    /// 10000`).
     pub master_port: u16,
     /// The port rank 0 serves the unique id on: `RAFT_COMMS_PORT` when set; else, under
     /// torchrun (`TORCHELASTIC_USE_AGENT_STORE=True`, whose agent already listens on
@@ -76,6 +78,24 @@ const FAMILIES: [Family; 4] = [
 /// job get distinct ports, and step 1 of a job shares none with step 0 of the next jobs.
 fn slurm_port(job_id: u64, step_id: u64) -> u16 {
     (20000 + (job_id % 10000 + (step_id % 10000) * 4973) % 10000) as u16
+}
+
+/// The Slurm step as the rendezvous secret's job (`slurm:<job>.<step>`, and `.r<n>` after a
+/// requeue), for ranks that `srun` numbered: the Slurm family's, or PMI's where they are Slurm's
+/// own numbering (Slurm's `mpi/pmi2` plugin sets `PMI_RANK` / `PMI_SIZE` in every task). The
+/// steps of one allocation share the batch script's secret; bound to their steps, two steps
+/// running at once refuse each other's ranks. `None` for ranks another launcher numbered (their
+/// job may span steps: mpirun's own ranks and its daemons' differ) or outside a step.
+pub(crate) fn srun_step_job(launcher: &str, get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let same = |a: &str, b: &str| get(a).zip(get(b)).is_some_and(|(x, y)| x.trim() == y.trim());
+    let numbered_by_srun = match launcher {
+        "Slurm" => true,
+        "PMI" => same("PMI_RANK", "SLURM_PROCID") && same("PMI_SIZE", "SLURM_NTASKS"),
+        _ => false,
+    };
+    let (job, step) = (get("SLURM_JOB_ID")?, get("SLURM_STEP_ID")?);
+    let restart = get("SLURM_RESTART_COUNT").filter(|r| r.trim() != "0").map_or(String::new(), |r| format!(".r{}", r.trim()));
+    numbered_by_srun.then(|| format!("slurm:{}.{}{restart}", job.trim(), step.trim()))
 }
 
 /// `SLURM_STEP_ID` as a number: 0 outside a step (`salloc`, the batch script itself).
@@ -168,20 +188,25 @@ impl Launch {
         }
         let &(family, rank, world_size) = complete.first().ok_or_else(|| not_set("RANK"))?;
         let nested = family.launcher == "torchrun" && (get("LOCAL_WORLD_SIZE").is_some() || get("TORCHELASTIC_RUN_ID").is_some());
-        if nested {
-            // A launch inside another never has fewer ranks than the outer one: torchrun's names
-            // giving fewer are a stale export (a `raft-run -n 1` rank that went on to `mpirun`).
+        // torchrun itself sets TORCHELASTIC_RUN_ID; raft-run sets LOCAL_WORLD_SIZE alone.
+        let by_raft_run = nested && get("TORCHELASTIC_RUN_ID").is_none();
+        if by_raft_run {
+            // raft-run takes the outer launcher's numbering out of its ranks' environment: names
+            // of a larger world beside its own are a stale export (a `raft-run -n 1` rank that
+            // went on to `mpirun -np 4`). (A torchrun per node, `--standalone` under mpirun, is
+            // a world of its own and smaller: not refused.)
             if let Some(&(outer, _, s)) = complete.iter().skip(1).find(|(f, _, s)| f.launcher != "Slurm" && *s > world_size) {
                 return Err(Error::logic(
                     who,
                     format!(
-                        "{}={world_size} is fewer ranks than {}={s} around it: torchrun's names are stale here; unset RANK, \
-                         WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE",
+                        "{}={world_size} is fewer ranks than {}={s} around it: raft-run's names are stale here; unset \
+                         RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE",
                         family.size, outer.size
                     ),
                 ));
             }
-        } else {
+        }
+        if !nested {
             for &(other, r, s) in complete.iter().skip(1).filter(|(f, _, _)| f.launcher != "Slurm") {
                 if (r, s) != (rank, world_size) {
                     return Err(Error::logic(
@@ -266,8 +291,9 @@ impl Launch {
         };
         // A colon is an IPv6 address's, or a port given in the wrong place (`host:29500`, which
         // became the IPv6 address `[host:29500]`).
-        let bare = master_addr.trim_start_matches('[').trim_end_matches(']');
-        if master_addr.contains(':') && bare.parse::<std::net::Ipv6Addr>().is_err() {
+        let bare = master_addr.strip_prefix('[').and_then(|a| a.strip_suffix(']')).unwrap_or(&master_addr);
+        let v6 = format!("[{bare}]:0").parse::<std::net::SocketAddrV6>().is_ok(); // scope ids too: fe80::1%2
+        if (master_addr.contains(':') || master_addr.contains('[') || master_addr.contains(']')) && !v6 {
             return Err(Error::logic(
                 who,
                 format!("MASTER_ADDR={master_addr} is neither a host nor an IPv6 address: give the port in MASTER_PORT"),
@@ -301,8 +327,14 @@ impl Launch {
     /// [`device`](Self::device) for a process that sees `visible` devices.
     fn device_among(&self, visible: usize, cuda_visible: Option<String>) -> Result<usize> {
         let Some(local) = self.local_rank else { return Ok(0) };
-        if visible == 1 || local < visible {
-            return Ok(if visible == 1 { 0 } else { local });
+        if local < visible {
+            return Ok(local);
+        }
+        // One device seen, chosen for this rank (Slurm's `--gpus-per-task=1`, a per-rank
+        // wrapper: both set CUDA_VISIBLE_DEVICES); without that, several ranks on one GPU would
+        // meet only in NCCL's "duplicate GPU" (the review, helper 92).
+        if visible == 1 && cuda_visible.as_deref().is_some_and(|v| !v.trim().is_empty()) {
+            return Ok(0);
         }
         let name = FAMILIES.iter().find(|f| f.launcher == self.launcher).map_or("LOCAL_RANK", |f| f.local);
         Err(Error::logic(
@@ -330,7 +362,8 @@ impl Launch {
 /// # Errors
 /// `Logic` when the variable is set to something else than a positive number of seconds.
 pub fn timeout_from_env() -> Result<Duration> {
-    timeout_from(std::env::var("RAFT_COMMS_TIMEOUT").ok())
+    // Read lossily: a value that is not UTF-8 is refused, not taken for unset.
+    timeout_from(std::env::var_os("RAFT_COMMS_TIMEOUT").map(|v| v.to_string_lossy().into_owned()))
 }
 
 pub(crate) fn timeout_from(text: Option<String>) -> Result<Duration> {
@@ -639,6 +672,42 @@ mod tests {
             ("MASTER_PORT", "1"),
         ]);
         assert!(m.contains("WORLD_SIZE=1 is fewer ranks than OMPI_COMM_WORLD_SIZE=4") && m.contains("stale"), "{m}");
+        // A torchrun per node under mpirun (`--map-by ppr:1:node -np 8 torchrun --standalone
+        // --nproc-per-node 4`) is a world of its own (the review, helper 92).
+        let l = Launch::from_vars(
+            "t",
+            table(&[
+                ("RANK", "2"),
+                ("WORLD_SIZE", "4"),
+                ("LOCAL_WORLD_SIZE", "4"),
+                ("TORCHELASTIC_RUN_ID", "abc"),
+                ("OMPI_COMM_WORLD_RANK", "5"),
+                ("OMPI_COMM_WORLD_SIZE", "8"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((l.rank, l.size), (2, 4));
+    }
+
+    /// The nineteenth audit (helpers 91, 92): the steps of one allocation share the batch
+    /// script's secret; ranks `srun` numbered bind their step (and a requeue's count) as the
+    /// secret's job, and ranks another launcher numbered, or a program naming its own, do not.
+    #[test]
+    fn only_ranks_srun_numbered_bind_their_step() {
+        let step = |launcher: &str, pairs: &[(&str, &str)]| {
+            let mut all = vec![("SLURM_JOB_ID", "4242"), ("SLURM_STEP_ID", "1"), ("SLURM_PROCID", "3"), ("SLURM_NTASKS", "8")];
+            all.extend_from_slice(pairs);
+            srun_step_job(launcher, table(&all))
+        };
+        assert_eq!(step("Slurm", &[]).as_deref(), Some("slurm:4242.1"));
+        assert_eq!(step("Slurm", &[("SLURM_RESTART_COUNT", "2")]).as_deref(), Some("slurm:4242.1.r2"));
+        assert_eq!(step("PMI", &[("PMI_RANK", "3"), ("PMI_SIZE", "8")]).as_deref(), Some("slurm:4242.1"), "pmi2's numbering is srun's");
+        assert_eq!(step("PMI", &[("PMI_RANK", "0"), ("PMI_SIZE", "2")]), None, "mpirun's own numbering");
+        assert_eq!(step("Open MPI", &[]), None);
+        assert_eq!(step("torchrun", &[]), None);
+        assert_eq!(srun_step_job("Slurm", table(&[("SLURM_JOB_ID", "4242")])), None, "outside a step");
     }
 
     /// The nineteenth audit (helper 91): the documented `on_device(launch.local_rank.unwrap_or(0))`
@@ -662,6 +731,8 @@ mod tests {
         };
         assert_eq!(slurm("1").device_among(8, None).unwrap(), 1);
         assert_eq!(slurm("3").device_among(1, Some("5".into())).unwrap(), 0, "one GPU per task");
+        let m = slurm("1").device_among(1, None).unwrap_err().to_string();
+        assert!(m.contains("SLURM_LOCALID=1 but this process sees 1 device(s)"), "two ranks on one GPU: {m}");
         let m = slurm("3").device_among(2, Some("0,1".into())).unwrap_err().to_string();
         assert!(m.contains("SLURM_LOCALID=3 but this process sees 2 device(s) (CUDA_VISIBLE_DEVICES=0,1)"), "{m}");
         let none = Launch { local_rank: None, ..slurm("0") };
@@ -675,7 +746,11 @@ mod tests {
         let base = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "29500")];
         let m = err(&[base[0], base[1], base[2], ("MASTER_ADDR", "node01:29500")]);
         assert!(m.contains("MASTER_ADDR=node01:29500 is neither a host nor an IPv6 address"), "{m}");
-        for v6 in ["::1", "[fe80::1]"] {
+        for bad in ["[::1", "[[::1]]", "host]"] {
+            let m = err(&[base[0], base[1], base[2], ("MASTER_ADDR", bad)]);
+            assert!(m.contains("is neither a host nor an IPv6 address"), "{bad}: {m}");
+        }
+        for v6 in ["::1", "[fe80::1]", "fe80::1%2"] {
             let l = Launch::from_vars("t", table(&[base[0], base[1], base[2], ("MASTER_ADDR", v6)])).unwrap();
             assert!(l.rendezvous_addr().ends_with("]:29500"), "{v6}: {}", l.rendezvous_addr());
         }

@@ -93,45 +93,23 @@ impl Secret {
         Ok(Secret::keyed(hex(&raw).into_bytes(), Vec::new()))
     }
 
-    /// `RAFT_COMMS_SECRET` when set and not empty, for the job `RAFT_COMMS_JOB`; when that is
-    /// unset and Slurm started the ranks (`srun`: a job step, and no `RANK`,
-    /// `OMPI_COMM_WORLD_RANK` or `PMI_RANK` of a launcher inside it), the step
-    /// (`slurm:<SLURM_JOB_ID>.<SLURM_STEP_ID>`); else empty. Without a secret the job is not used.
-    ///
-    /// The step's default keeps the steps of one allocation apart: the batch script's one
-    /// exported secret reaches every `srun` step, and two steps running at once would otherwise
-    /// admit each other's ranks (the nineteenth audit).
+    /// `RAFT_COMMS_SECRET` when set and not empty, for the job `RAFT_COMMS_JOB` (empty when unset;
+    /// without a secret it is not used). [`Communicator::from_env`](crate::Communicator::from_env)
+    /// binds the Slurm step as the job when `srun` numbered the ranks and `RAFT_COMMS_JOB` is
+    /// unset; this function does not (a program naming its ranks itself may start them in
+    /// several steps).
     ///
     /// # Errors
     /// `Logic` when it is set but too short or not UTF-8.
     pub fn from_env() -> Result<Option<Secret>> {
-        Self::from_lookup(|name| std::env::var_os(name))
-    }
-
-    /// [`from_env`](Self::from_env) over any lookup (a test's table).
-    fn from_lookup(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<Option<Secret>> {
-        match var(SECRET_VAR) {
+        match std::env::var_os(SECRET_VAR) {
             None => Ok(None),
             Some(v) if v.is_empty() => Ok(None),
             Some(v) => {
                 let text = v.into_string().map_err(|_| Error::logic(SECRET_VAR, "is not UTF-8"))?;
                 let secret = Secret::new(text).map_err(|e| e.with_who(SECRET_VAR))?;
-                // Slurm started the ranks itself (`srun`) when no launcher inside it names them:
-                // under mpirun or torchrun in an allocation, ranks of one job can see different
-                // steps (mpirun's own ranks the batch script's, the others their daemons' step).
-                let inner = ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"].iter().any(|n| var(n).is_some_and(|v| !v.is_empty()));
-                let job = match (var(JOB_VAR), var("SLURM_JOB_ID"), var("SLURM_STEP_ID")) {
-                    (Some(job), _, _) => job.into_encoded_bytes(),
-                    (None, Some(job), Some(step)) if !inner => {
-                        let mut id = b"slurm:".to_vec();
-                        id.extend_from_slice(job.as_encoded_bytes());
-                        id.push(b'.');
-                        id.extend_from_slice(step.as_encoded_bytes());
-                        id
-                    }
-                    _ => Vec::new(),
-                };
-                Ok(Some(secret.with_job(job)))
+                let job = std::env::var_os(JOB_VAR).unwrap_or_default();
+                Ok(Some(secret.with_job(job.into_encoded_bytes())))
             }
         }
     }
@@ -219,31 +197,6 @@ mod tests {
         assert_eq!(a.to_env_value().len(), 64);
         assert_eq!(Secret::new(a.to_env_value()).unwrap(), a);
         assert!(!format!("{a:?}").contains(&a.to_env_value()[..8]), "{a:?}");
-    }
-
-    /// The nineteenth audit (helper 91): the steps of one Slurm allocation share the batch
-    /// script's secret and, without `RAFT_COMMS_JOB`, had the same (empty) job: a rank of one
-    /// step could be admitted by another step's rank 0. Each step is now a job of its own, unless
-    /// `RAFT_COMMS_JOB` says otherwise.
-    #[test]
-    fn each_slurm_step_is_a_job_of_its_own_unless_raft_comms_job_is_set() {
-        let secret = "s".repeat(32);
-        let with = |pairs: &[(&str, &str)]| {
-            let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-            Secret::from_lookup(move |name| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.into())).unwrap().unwrap()
-        };
-        let step = |id: &str| with(&[(SECRET_VAR, &secret), ("SLURM_JOB_ID", "4242"), ("SLURM_STEP_ID", id)]);
-        let (a, b) = (step("0"), step("1"));
-        assert_eq!(a.job(), b"slurm:4242.0");
-        assert_ne!(a.key(), b.key(), "two steps of one job admit each other's ranks");
-        let named = |id: &str| with(&[(SECRET_VAR, &secret), ("SLURM_JOB_ID", "4242"), ("SLURM_STEP_ID", id), (JOB_VAR, "mine")]);
-        assert_eq!(named("0").key(), named("1").key(), "RAFT_COMMS_JOB wins");
-        assert_eq!(with(&[(SECRET_VAR, &secret), ("SLURM_JOB_ID", "4242")]).job(), b"", "no step: no job");
-        // mpirun inside an allocation: its own ranks see the batch script's step, the others
-        // their daemons' step; the launcher's job is one, so no step is bound.
-        let under_mpirun =
-            |id: &str| with(&[(SECRET_VAR, &secret), ("SLURM_JOB_ID", "4242"), ("SLURM_STEP_ID", id), ("OMPI_COMM_WORLD_RANK", "1")]);
-        assert_eq!(under_mpirun("0").key(), under_mpirun("1").key());
     }
 
     #[test]

@@ -371,10 +371,10 @@ fn what_the_ranks_started_dies_with_a_killed_raft_run() {
     wait_for(&dir, &["pid-0", "pid-1", "helper-0", "helper-1"]);
     child.kill().unwrap();
     child.wait().unwrap();
-    for rank in 0..2 {
-        let left = still_runs_after(&dir.join(format!("helper-{rank}")), Duration::from_secs(4));
-        assert!(left.is_none(), "rank {rank}'s own process (pid {left:?}) still runs after raft-run was killed");
-    }
+    let left: Vec<(usize, String)> = (0..2)
+        .filter_map(|rank| still_runs_after(&dir.join(format!("helper-{rank}")), Duration::from_secs(4)).map(|pid| (rank, pid)))
+        .collect();
+    assert!(left.is_empty(), "the ranks' own processes {left:?} (rank, pid) still ran after raft-run was killed");
 }
 
 /// The nineteenth audit (helper 91): a failed rank's own processes were never signalled (its
@@ -389,10 +389,12 @@ fn the_processes_of_a_failed_rank_end_with_the_job_even_ignoring_sigterm() {
     let test = "the_processes_of_a_failed_rank_end_with_the_job_even_ignoring_sigterm";
     let out = launch(2, &[], test, "helper-fails", &dir).output().unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", show(&out));
-    for file in ["helper-0", "helper-1", "pid-0"] {
-        let left = still_runs_after(&dir.join(file), Duration::from_millis(200));
-        assert!(left.is_none(), "{file} (pid {left:?}) still runs after raft-run returned: {}", show(&out));
-    }
+    // Every one looked at (and killed if left) before any assertion: nothing of the test lingers.
+    let left: Vec<(&str, String)> = ["helper-0", "helper-1", "pid-0"]
+        .into_iter()
+        .filter_map(|file| still_runs_after(&dir.join(file), Duration::from_millis(200)).map(|pid| (file, pid)))
+        .collect();
+    assert!(left.is_empty(), "{left:?} still ran after raft-run returned: {}", show(&out));
 }
 
 /// The nineteenth audit (helper 91): every line `raft-run` wrote went through `eprintln!`,
@@ -404,7 +406,10 @@ fn a_full_stderr_keeps_the_failed_rank_s_status() {
         act(&role);
     }
     let dir = temp_dir("full-stderr");
-    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("SKIP a_full_stderr_keeps_the_failed_rank_s_status: no /dev/full here");
+        return;
+    };
     let out = launch(3, &[], "a_full_stderr_keeps_the_failed_rank_s_status", "fail", &dir).stderr(full).output().unwrap();
     assert_eq!(out.status.code(), Some(7), "{}", show(&out));
 }
@@ -450,7 +455,13 @@ fn a_rank_reading_the_terminal_does_not_hold_up_raft_run() {
     let (mut leader, mut follower) = (0, 0);
     // SAFETY: writes two descriptors into locals; the name, settings and size are left null.
     let rc = unsafe { libc::openpty(&mut leader, &mut follower, std::ptr::null_mut(), std::ptr::null(), std::ptr::null()) };
-    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    if rc != 0 {
+        eprintln!(
+            "SKIP a_rank_reading_the_terminal_does_not_hold_up_raft_run: no pseudo-terminal here ({})",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
     let dir = temp_dir("tty");
     let mut cmd = launch(1, &[], "a_rank_reading_the_terminal_does_not_hold_up_raft_run", "read-stdin", &dir);
     // SAFETY: the descriptor is open here and in the child, which takes it as its standard input.
@@ -472,8 +483,8 @@ fn a_rank_reading_the_terminal_does_not_hold_up_raft_run() {
             break Some(status);
         }
         if Instant::now() > until {
-            // SAFETY: kill takes a process group id (raft-run leads its session's group) and a
-            // signal number: raft-run and its guardian's job go.
+            // SAFETY: kill takes a pid (our own child, not yet reaped) and a signal number; the
+            // guardian then stops the job.
             unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
             let _ = child.wait();
             break None;
@@ -520,4 +531,43 @@ fn a_second_interrupt_cuts_the_grace_short() {
     let left = still_runs_after(&dir.join("pid-0"), Duration::from_secs(1));
     assert!(status.is_some(), "raft-run still waited {:?} after the second interrupt", start.elapsed());
     assert!(left.is_none(), "the rank (pid {left:?}) still runs");
+}
+
+/// `raft-run` run through the dynamic loader re-executes the loader, not itself: no guardian, and
+/// the job ran unguarded (the review, helper 92). Now no rank starts: status 2, saying why.
+#[test]
+fn a_raft_run_whose_guardian_cannot_start_starts_no_rank() {
+    let loader = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"].into_iter().find(|l| Path::new(l).exists());
+    let Some(loader) = loader else {
+        eprintln!("SKIP a_raft_run_whose_guardian_cannot_start_starts_no_rank: no dynamic loader at a known path");
+        return;
+    };
+    let out = Command::new(loader).arg(common::raft_run()).args(["-n", "1", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("guardian did not start"), "{}", show(&out));
+}
+
+/// A `raft-run` started with SIGTERM ignored handed that to its ranks, so stopping them after a
+/// failure waited the whole grace for SIGKILL (the review, helper 92). The ranks get SIGTERM's
+/// default.
+#[test]
+fn ranks_of_a_raft_run_started_with_sigterm_ignored_still_stop_on_it() {
+    if let Ok(role) = std::env::var(ROLE) {
+        act(&role);
+    }
+    let dir = temp_dir("term-ignored");
+    let mut cmd = launch(2, &[], "ranks_of_a_raft_run_started_with_sigterm_ignored_still_stop_on_it", "fail", &dir);
+    cmd.env("RAFT_RUN_GRACE", "30");
+    // SAFETY: runs between fork and exec; sets a disposition (async-signal-safe), no memory.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            Ok(())
+        })
+    };
+    let start = Instant::now();
+    let out = cmd.output().unwrap();
+    let took = start.elapsed();
+    assert_eq!(out.status.code(), Some(7), "{}", show(&out));
+    assert!(took < Duration::from_secs(15), "the ranks waited {took:?} for SIGKILL: SIGTERM reached them ignored");
 }

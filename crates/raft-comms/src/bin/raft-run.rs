@@ -13,7 +13,8 @@
 //! first is refused by the ranks instead of handed the job), `RAFT_COMMS_JOB` (a fresh id for
 //! every job, whatever the environment says: bound into the rendezvous's proofs, it keeps apart
 //! jobs given the same secret), no `RAFT_COMMS_PORT` or `TORCHELASTIC_USE_AGENT_STORE` (the
-//! rendezvous is `MASTER_PORT`, the port raft-run checked free), and always
+//! rendezvous is `MASTER_PORT`, the port raft-run checked free) and no outer launcher's
+//! numbering (`OMPI_COMM_WORLD_*`, `PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`), and always
 //! `NCCL_NVLS_ENABLE=0`, `TORCH_SYMM_MEM_DISABLE_MULTICAST=1`, `NVSHMEM_DISABLE_NVLS=1` (NVLink
 //! multicast stays off: on shared hosts it can take the GPUs out of service). `CUDA_VISIBLE_DEVICES`
 //! is left as it is: each rank picks its GPU from `LOCAL_RANK`.
@@ -40,6 +41,10 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 const USAGE: &str = "usage: raft-run -n N [--master-addr ADDR] [--master-port PORT] [--keep-going] [--] PROGRAM [ARGS...]";
+
+/// Other launchers' names for a process's rank and world, taken out of the ranks' environment.
+const OUTER_NUMBERING: &[&str] =
+    &["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"];
 
 /// The variables that keep NVLink multicast off, set in every child whatever the environment.
 const ALWAYS: &[(&str, &str)] = &[("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")];
@@ -191,25 +196,26 @@ fn signal_job(group: libc::pid_t, sig: libc::c_int) {
 }
 
 /// Stops the running ranks: `sig` to the job's group, then SIGKILL to the group when a rank is
-/// still there after the grace period; every rank is reaped, and `running` left empty.
-fn stop(running: &mut Vec<(usize, Child)>, group: libc::pid_t, sig: libc::c_int, grace: Duration) {
+/// still there after the grace period, or at once when a signal beyond the first `seen` arrives
+/// meanwhile (a second Ctrl-C); every rank is reaped, and `running` left empty.
+fn stop(running: &mut Vec<(usize, Child)>, group: libc::pid_t, sig: libc::c_int, grace: Duration, seen: usize) {
     if running.is_empty() {
         return;
     }
-    // The signal that started this stop counts already: only a later one cuts the grace short.
-    let signals = SIGNALS.load(Ordering::SeqCst);
     signal_job(group, sig);
     let now = Instant::now();
     let until = now.checked_add(grace).unwrap_or(now + Duration::from_secs(1 << 32));
-    while Instant::now() < until
-        && SIGNALS.load(Ordering::SeqCst) == signals
-        && running.iter_mut().any(|(_, c)| matches!(c.try_wait(), Ok(None)))
-    {
+    let another = || SIGNALS.load(Ordering::SeqCst) > seen;
+    while Instant::now() < until && !another() && running.iter_mut().any(|(_, c)| matches!(c.try_wait(), Ok(None))) {
         std::thread::sleep(Duration::from_millis(10));
     }
     let left: Vec<usize> = running.iter_mut().filter_map(|(r, c)| matches!(c.try_wait(), Ok(None)).then_some(*r)).collect();
     if !left.is_empty() {
-        note!("raft-run: rank(s) {left:?} did not stop within {:.1} s: killing the job", grace.as_secs_f64());
+        if another() {
+            note!("raft-run: another signal while rank(s) {left:?} stopped: killing the job");
+        } else {
+            note!("raft-run: rank(s) {left:?} did not stop within {:.1} s: killing the job", grace.as_secs_f64());
+        }
         signal_job(group, libc::SIGKILL);
     }
     for (_, c) in running.iter_mut() {
@@ -219,10 +225,17 @@ fn stop(running: &mut Vec<(usize, Child)>, group: libc::pid_t, sig: libc::c_int,
     running.clear();
 }
 
-/// The processes of process group `group` other than `except`, not yet dead (zombies aside).
-fn members(group: libc::pid_t, except: libc::pid_t) -> usize {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+/// The processes of process group `group` other than `except`, not yet dead (zombies aside, but
+/// a process whose main thread ended while others run counts); `None` when `/proc` cannot tell
+/// (absent, or of another pid namespace: the caller then sweeps without looking).
+fn members(group: libc::pid_t, except: libc::pid_t) -> Option<usize> {
+    // Our own entry must be there, or this /proc is not of our namespace.
+    if !std::path::Path::new(&format!("/proc/{except}/stat")).exists() {
+        return None;
+    }
+    let dir = std::fs::read_dir("/proc").ok()?;
+    let count = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
         .filter(|pid| *pid != except)
         .filter(|pid| {
             // /proc/PID/stat: "pid (comm) state ppid pgrp …"; comm may hold spaces or parentheses.
@@ -230,10 +243,12 @@ fn members(group: libc::pid_t, except: libc::pid_t) -> usize {
                 let mut rest = stat.rsplit_once(") ").map(|(_, r)| r.split_whitespace()).into_iter().flatten();
                 let state = rest.next();
                 let pgrp = rest.nth(1).and_then(|g| g.parse::<libc::pid_t>().ok());
-                state != Some("Z") && pgrp == Some(group)
+                let threads_left = || std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|t| t.count() > 1);
+                pgrp == Some(group) && (state != Some("Z") || threads_left())
             })
         })
-        .count()
+        .count();
+    Some(count)
 }
 
 /// The guardian (`raft-run --guardian GRACE_MS`): leads the job's process group, ignores the
@@ -245,40 +260,78 @@ fn guardian(grace: Duration) -> ExitCode {
         // SAFETY: sets a disposition, no pointer of ours.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
+    // Ready: raft-run starts no rank before this byte (a guardian that never started, say a
+    // raft-run run through the dynamic loader, is an error there, not a job left unguarded).
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout();
+        if out.write_all(b"R").and_then(|()| out.flush()).is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
     let mut sink = [0u8; 64];
-    // Until `raft-run` ends or closes the pipe: EOF (0) or an error.
-    while matches!(std::io::Read::read(&mut std::io::stdin(), &mut sink), Ok(n) if n > 0) {}
+    // Until `raft-run` ends or closes the pipe: EOF (0) or an error (an interrupted read is
+    // neither).
+    loop {
+        match std::io::Read::read(&mut std::io::stdin(), &mut sink) {
+            Ok(n) if n > 0 => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            _ => break,
+        }
+    }
     // SAFETY: getpid and getpgrp take nothing.
     let (me, group) = unsafe { (libc::getpid(), libc::getpgrp()) };
-    if members(group, me) == 0 {
+    let left = || members(group, me).is_none_or(|n| n > 0); // not knowing is "maybe"
+    if !left() {
         return ExitCode::SUCCESS;
     }
     signal_job(group, libc::SIGTERM);
     let now = Instant::now();
     let until = now.checked_add(grace).unwrap_or(now + Duration::from_secs(1 << 32));
-    while Instant::now() < until && members(group, me) > 0 {
+    while Instant::now() < until && left() {
         std::thread::sleep(Duration::from_millis(10));
     }
-    if members(group, me) > 0 {
+    if left() {
         signal_job(group, libc::SIGKILL); // this process too
     }
     ExitCode::SUCCESS
 }
 
 /// Starts the guardian of a job: it leads a new process group, the job's, and holds the read end
-/// of a pipe whose write end (close-on-exec: no rank inherits it) is returned with it.
+/// of a pipe whose write end (close-on-exec: no rank inherits it) is returned with it. This very
+/// executable (`/proc/self/exe`: the same file even if its path changed), with the signals
+/// `raft-run` passes on ignored from before its exec (no early SIGTERM of a stop ends it), and
+/// running once it has said so on its standard output.
 fn start_guardian(grace: Duration) -> Result<(Child, std::process::ChildStdin), String> {
-    let me = std::env::current_exe().map_err(|e| format!("where raft-run itself is: {e}"))?;
-    let mut child = Command::new(me)
-        .arg("--guardian")
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg("--guardian")
         .arg(grace.as_millis().min(u64::MAX as u128).to_string())
         .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .map_err(|e| format!("could not start the job's guardian: {e}"))?;
+        .process_group(0);
+    // SAFETY: runs in the child between fork and exec and only sets dispositions (async-signal-
+    // safe); ignored dispositions survive the exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_IGN);
+            }
+            Ok(())
+        })
+    };
+    let mut child = cmd.spawn().map_err(|e| format!("could not start the job's guardian: {e}"))?;
     let pipe = child.stdin.take().ok_or("the guardian's pipe")?;
+    let mut ready = [0u8; 1];
+    let said = child.stdout.take().map(|mut out| std::io::Read::read_exact(&mut out, &mut ready));
+    if !matches!(said, Some(Ok(()))) || ready != *b"R" {
+        drop(pipe);
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err("the job's guardian did not start (raft-run must run as its own executable, not through the dynamic loader): \
+                    no rank was started"
+            .into());
+    }
     Ok((child, pipe))
 }
 
@@ -303,7 +356,7 @@ fn run(o: Options) -> Result<Outcome, String> {
         Some(p) => p,
         None => free_port(&o.addr)?,
     };
-    let grace = grace_from(std::env::var("RAFT_RUN_GRACE").ok())?;
+    let grace = grace_from(std::env::var_os("RAFT_RUN_GRACE").map(|v| v.to_string_lossy().into_owned()))?;
     let (secret, job) = (job_secret()?, job_id()?);
     // SAFETY: getpid takes nothing and cannot fail.
     let parent = unsafe { libc::getpid() };
@@ -323,7 +376,7 @@ fn run(o: Options) -> Result<Outcome, String> {
     let outcome = start_and_watch(&o, port, grace, parent, group, terminal_in, &secret, &job, &mut running);
     // The job's end: what the ranks left in the group is stopped by the guardian (closing its
     // pipe), waited for here so that nothing of the job outlives `raft-run`.
-    stop(&mut running, group, libc::SIGTERM, grace);
+    stop(&mut running, group, libc::SIGTERM, grace, SIGNALS.load(Ordering::SeqCst));
     drop(pipe);
     let _ = guard.wait();
     outcome
@@ -357,8 +410,13 @@ fn start_and_watch(
             // The rendezvous is raft-run's to give: an inherited port for it (or torchrun's store
             // moving it to MASTER_PORT + 1) would send the ranks where nothing was checked free.
             .env_remove("RAFT_COMMS_PORT")
-            .env_remove("TORCHELASTIC_USE_AGENT_STORE")
-            .process_group(group);
+            .env_remove("TORCHELASTIC_USE_AGENT_STORE");
+        // raft-run numbers its ranks: an outer launcher's numbering (raft-run started by
+        // `srun` under pmi2, or by `mpirun`, once per node) describes raft-run, not them.
+        for name in OUTER_NUMBERING {
+            cmd.env_remove(name);
+        }
+        cmd.process_group(group);
         if terminal_in {
             cmd.stdin(std::process::Stdio::null());
         }
@@ -366,8 +424,8 @@ fn start_and_watch(
             cmd.env(k, v);
         }
         // SAFETY: runs in the child between fork and exec, calling only async-signal-safe
-        // functions (prctl, getppid, _exit) and touching no memory of the parent's but a copied
-        // integer.
+        // functions (prctl, getppid, _exit, signal) and touching no memory of the parent's but a
+        // copied integer.
         unsafe {
             cmd.pre_exec(move || {
                 // Dies with raft-run, whatever kills it; a raft-run already gone before this
@@ -378,13 +436,16 @@ fn start_and_watch(
                 if libc::getppid() != parent {
                     libc::_exit(128 + libc::SIGKILL);
                 }
+                // SIGTERM is how raft-run stops a rank: never inherited ignored (a raft-run
+                // started with it ignored left its ranks only SIGKILL).
+                libc::signal(libc::SIGTERM, libc::SIG_DFL);
                 Ok(())
             })
         };
         match cmd.spawn() {
             Ok(child) => running.push((rank, child)),
             Err(e) => {
-                stop(running, group, libc::SIGTERM, grace);
+                stop(running, group, libc::SIGTERM, grace, SIGNALS.load(Ordering::SeqCst));
                 return Err(format!("could not start rank {rank} ({}): {e}", o.program));
             }
         }
@@ -394,7 +455,9 @@ fn start_and_watch(
         let sig = SIGNALLED.load(Ordering::SeqCst);
         if sig != 0 {
             note!("raft-run: received signal {sig}: stopping {} rank(s)", running.len());
-            stop(running, group, sig, grace);
+            // The signal that started this stop is the first: one more cuts the grace short (two
+            // within one look of this loop count as two).
+            stop(running, group, sig, grace, 1);
             return Ok(Outcome::Signal(sig));
         }
         let mut i = 0;
@@ -414,14 +477,14 @@ fn start_and_watch(
                 }
                 Err(e) => {
                     let rank = running[i].0;
-                    stop(running, group, libc::SIGTERM, grace);
+                    stop(running, group, libc::SIGTERM, grace, SIGNALS.load(Ordering::SeqCst));
                     return Err(format!("waiting for rank {rank}: {e} (every rank was stopped)"));
                 }
             }
         }
         if failed_now && !o.keep_going && !running.is_empty() {
             note!("raft-run: stopping the other {} rank(s)", running.len());
-            stop(running, group, libc::SIGTERM, grace);
+            stop(running, group, libc::SIGTERM, grace, SIGNALS.load(Ordering::SeqCst));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -483,7 +546,7 @@ mod tests {
             assert!(grace_from(Some(bad.into())).unwrap_err().contains("RAFT_RUN_GRACE"), "{bad}");
         }
         // The longest grace representable does not overflow the deadline either.
-        stop(&mut Vec::new(), 0, libc::SIGTERM, Duration::MAX);
+        stop(&mut Vec::new(), 0, libc::SIGTERM, Duration::MAX, 0);
     }
 
     #[test]
