@@ -8,7 +8,57 @@
 //! workspace-internal crate does that; users' binaries need neither.
 use raft_build::{Stack, LIBRARIES};
 
+/// The documents whose Rust code blocks `tests/tests/docs.rs` compiles.
+const DOCUMENTS: &[&str] = &["README.md", "docs/COMMS.md", "docs/CUVS.md", "docs/MEMORY.md"];
+
+/// Every ```` ```rust ```` block of the documents (`rust,ignore` too: rustdoc never sees these
+/// files), each as the body of a function returning `Result`, so `?` works as in the text;
+/// rustdoc's hidden lines (`# …`) are kept without their mark. Written to
+/// `$OUT_DIR/doc_examples.rs` with the count of blocks per document, for `docs.rs` to include
+/// and check: a block that no longer compiles fails the tests' build.
+fn doc_examples() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut out = String::new();
+    let mut counts = Vec::new();
+    for doc in DOCUMENTS {
+        println!("cargo:rerun-if-changed=../{doc}");
+        let text = std::fs::read_to_string(root.join(doc)).unwrap_or_else(|e| panic!("{doc}: {e}"));
+        let mut block: Option<(usize, Vec<String>)> = None;
+        let mut n = 0;
+        for (i, line) in text.lines().enumerate() {
+            match &mut block {
+                None if line.trim_start().starts_with("```rust") => block = Some((i + 1, Vec::new())),
+                None => {}
+                Some(_) if line.trim_start() == "```" => {
+                    let (at, body) = block.take().expect("open block");
+                    n += 1;
+                    let name: String = doc.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' }).collect();
+                    out.push_str(&format!(
+                        "/// {doc}, the block at line {at}.\n#[allow(unused, unused_must_use, clippy::all)]\npub fn {name}_{n}() -> Result<(), Box<dyn std::error::Error>> {{\n{}\n    ;\n    Ok(())\n}}\n\n",
+                        body.join("\n")
+                    ));
+                }
+                Some((_, body)) => {
+                    let trimmed = line.trim_start();
+                    let line = if trimmed == "#" {
+                        ""
+                    } else {
+                        trimmed.strip_prefix("# ").map_or(line, |_| &line[line.len() - trimmed.len() + 2..])
+                    };
+                    body.push(format!("    {line}"));
+                }
+            }
+        }
+        assert!(block.is_none(), "{doc}: a rust block is never closed");
+        counts.push(format!("({doc:?}, {n})"));
+    }
+    out.push_str(&format!("/// The blocks compiled, per document.\npub const COUNTS: &[(&str, usize)] = &[{}];\n", counts.join(", ")));
+    let dest = std::path::Path::new(&std::env::var("OUT_DIR").expect("OUT_DIR")).join("doc_examples.rs");
+    std::fs::write(dest, out).expect("write doc_examples.rs");
+}
+
 fn main() {
+    doc_examples();
     println!("cargo:rerun-if-changed=bench/baseline.cpp");
     println!("cargo:rerun-if-changed=bench/lifecycle_floor.cpp");
     println!("cargo:rerun-if-changed=native/foreign_mr.cpp");
