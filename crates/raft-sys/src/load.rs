@@ -177,7 +177,11 @@ pub fn preload(preload: &Preload) -> Vec<String> {
 
 /// Loads the library `spec` names, trying its candidates in order: the first that opens and
 /// that `accept` takes (binding its symbols, checking its version) is the one, never unloaded.
-/// `accept`'s `Err` is that candidate's line in the message, and the search goes on.
+/// A candidate absent, or that the dynamic loader cannot open, is a line of the message and the
+/// search goes on; one that opened but that `accept` refuses ends the search: it stays in the
+/// process (its initialisers ran; RMM's unique symbols make it undeletable) with every library
+/// it brought, and the next candidate's dependencies would bind to those by soname, a build
+/// running on another's libraries with nothing said (the nineteenth audit, helper 93).
 ///
 /// # Errors
 /// Every candidate refused: the message names the library, each place tried and why, and
@@ -224,7 +228,16 @@ pub fn open<T>(spec: &Spec<'_>, mut accept: impl FnMut(Library, &Path) -> Result
         };
         match accept(lib, path) {
             Ok(api) => return Ok(Loaded { api, path: path.clone() }),
-            Err(why) => tried.push(format!("{}: {why}", path.display())),
+            Err(why) => {
+                tried.push(format!("{}: {why}", path.display()));
+                let mut message = format!("could not load {} ({}): {}.", spec.what, spec.file, tried.join("; "));
+                message.push_str(&format!(
+                    " That file was loaded, with the libraries it needs, and cannot be unloaded: no other candidate is \
+                     tried (it would run on those). Remove it or rebuild it, or set {} to the right one.",
+                    spec.path_var
+                ));
+                return Err(LoadError::new(message));
+            }
         }
     }
     let mut message = format!("could not load {} ({}): {}.", spec.what, spec.file, tried.join("; "));
@@ -290,10 +303,11 @@ mod tests {
         assert!(!m.contains("names it"), "{m}");
     }
 
-    /// A library that opens but that `accept` refuses is a line of the message, then the next
-    /// candidate is tried; the accepted one is reported with its path.
+    /// A library that opens but that `accept` refuses ends the search, naming it (the nineteenth
+    /// audit: the next candidate ran on the refused one's libraries); an accepted one is reported
+    /// with its path.
     #[test]
-    fn accept_refuses_then_takes_the_next_candidate() {
+    fn a_refused_library_ends_the_search_and_an_accepted_one_is_the_one() {
         let libm = ["/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib64/libm.so.6", "/lib64/libm.so.6"]
             .iter()
             .map(PathBuf::from)
@@ -301,21 +315,22 @@ mod tests {
             .expect("libm on this machine");
         let s = spec("RAFTRS_TEST_UNSET_VARIABLE", vec![libm.clone(), libm.clone()]);
         let mut calls = 0;
-        let loaded = open(&s, |lib, _| {
+        let e = open(&s, |_, _| -> Result<(), String> {
             calls += 1;
+            Err("refused once".into())
+        })
+        .unwrap_err();
+        assert_eq!(calls, 1, "a second candidate was tried after a loaded one was refused");
+        let m = e.message();
+        assert!(m.contains(&format!("{}: refused once", libm.display())), "{m}");
+        assert!(m.contains("cannot be unloaded: no other candidate is tried") && m.contains("RAFTRS_TEST_UNSET_VARIABLE"), "{m}");
+        let loaded = open(&s, |lib, _| {
             // SAFETY: only looks the symbol up.
-            let found = unsafe { lib.get::<*const c_void>(b"cos\0") }.is_ok();
-            if calls == 1 {
-                Err("refused once".into())
-            } else {
-                Ok(found)
-            }
+            Ok(unsafe { lib.get::<*const c_void>(b"cos\0") }.is_ok())
         })
         .unwrap();
         assert!(loaded.api, "cos found in libm");
         assert_eq!(loaded.path, libm);
-        let e = open(&s, |_, _| -> Result<(), String> { Err("not this one".into()) }).unwrap_err();
-        assert!(e.message().contains(&format!("{}: not this one", libm.display())), "{}", e.message());
     }
 
     /// A failed check ends the search at once with its reason (no other candidate is tried).
