@@ -48,11 +48,18 @@ fn main() {
 
     let header_hash = raft_build::header_hash(&std::fs::read(manifest.join("include/raftrs.h")).expect("read include/raftrs.h"));
     println!("cargo:rustc-env=RAFT_SYS_HEADER_HASH={header_hash}");
-    let shim = build_shim(&manifest, &out, &stack, header_hash);
+    // The headers' release first: another than the pinned one is an error (cargo hides a
+    // dependency's warnings), unless allowed, before the shim is compiled against it.
     let info = read_build_info(&manifest, &stack);
-    if let Some(warning) = raft_build::unpinned(info.raft, info.rmm) {
-        println!("cargo:warning={warning}");
+    match raft_build::check_pinned(info.raft, info.rmm, env_var_rerun("RAFT_RS_ALLOW_UNPINNED").as_deref()) {
+        Ok(None) => {}
+        Ok(Some(warning)) => println!("cargo:warning={warning}"),
+        Err(message) => {
+            eprintln!("error: {message}");
+            std::process::exit(1);
+        }
     }
+    let shim = build_shim(&manifest, &out, &stack, header_hash);
     write_build_info(&out, &info, true);
 
     let lib_dirs = env::join_paths(&stack.lib_dirs).expect("library paths contain no separator");

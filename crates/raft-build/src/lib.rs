@@ -25,7 +25,7 @@ pub mod stack;
 
 pub use cache::{cache_dir, cache_prefix, env_var_rerun};
 pub use cuvs::{cuvs_beside, cuvs_roots, cuvs_roots_from_env};
-pub use pins::{pip_line, unpinned, LIBRARIES, NCCL_WHEEL, PINNED, WHEELS};
+pub use pins::{check_pinned, pip_line, unpinned, LIBRARIES, NCCL_WHEEL, PINNED, WHEELS};
 pub use stack::{find, Stack};
 
 /// FNV-1a (64 bits) of a C header's bytes: what a shim is built with (a `*_HEADER_HASH` define it

@@ -61,9 +61,32 @@ pub fn pip_line() -> String {
 /// The libraries the shim links, in load order (a library after what it needs).
 pub const LIBRARIES: &[&str] = &["rapids_logger", "rmm", "cudart", "cublasLt", "cublas", "cusparse", "cusolver"];
 
+/// The build's decision on the headers' release: `Ok(None)` for the pinned `year.month`; for
+/// another, an error unless `allow` (the value of `RAFT_RS_ALLOW_UNPINNED`) is `1`, then
+/// `Ok(Some(warning))`. An error, not a warning: cargo shows the warnings of a path dependency
+/// only, so a user's crate depending on raft-rs from crates.io or git built against another
+/// release in silence (the nineteenth audit, helper 93).
+pub fn check_pinned(raft: (u32, u32, u32), rmm: (u32, u32, u32), allow: Option<&str>) -> Result<Option<String>, String> {
+    match unpinned(raft, rmm) {
+        None => Ok(None),
+        Some(w) if allow.map(str::trim) == Some("1") => Ok(Some(w)),
+        Some(w) => Err(format!("{w}. Set RAFT_RS_ALLOW_UNPINNED=1 to build against them anyway")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_release_is_an_error_unless_allowed() {
+        assert_eq!(check_pinned((26, 8, 0), (26, 8, 0), None), Ok(None));
+        let e = check_pinned((26, 10, 0), (26, 8, 0), None).unwrap_err();
+        assert!(e.contains("RAFT 26.10.00") && e.contains("pip install") && e.contains("RAFT_RS_ALLOW_UNPINNED=1"), "{e}");
+        assert!(check_pinned((26, 10, 0), (26, 8, 0), Some("0")).is_err());
+        let w = check_pinned((26, 10, 0), (26, 8, 0), Some("1")).unwrap().expect("a warning when allowed");
+        assert!(w.contains("RAFT 26.10.00"), "{w}");
+    }
 
     /// The fifteenth audit (helper 72): headers of another release were built against in silence.
     #[test]
