@@ -116,11 +116,55 @@ pub fn verify(prefix: &Path) -> Result<()> {
 /// Fetches (when needed), unpacks and checks the stack; returns the prefix. `cargo xtask deps
 /// --cuvs` fetches cuVS's wheels too (see [`cuvs`]).
 pub fn run() -> Result<PathBuf> {
+    // One `deps` at a time per cache: two (the README's two commands in two terminals) shared one
+    // staging directory, one renaming it while the other wrote, and an incomplete stack was
+    // stamped and kept (the nineteenth audit, helper 93). The second waits, then finds it done.
+    let _lock = CacheLock::take(&cache_dir()?)?;
     let prefix = run_base()?;
     if cuvs_requested() {
         cuvs(&prefix)?;
     }
     Ok(prefix)
+}
+
+/// An exclusive `flock` on `<cache>/.lock`, held while it lives (the OS lets go of it when the
+/// process ends, however it ends).
+pub struct CacheLock {
+    /// Held for the lock: closing it lets go.
+    _file: std::fs::File,
+}
+
+impl CacheLock {
+    /// Takes the lock, waiting (and saying so) while another process holds it.
+    pub fn take(cache: &Path) -> Result<CacheLock> {
+        std::fs::create_dir_all(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+        let path = cache.join(".lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock takes a descriptor this function owns (alive in `file`) and flags.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            eprintln!("xtask deps: another `cargo xtask deps` is filling {}: waiting for it", cache.display());
+            // SAFETY: as above; blocks until the other process lets go.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                return Err(format!("{}: {}", path.display(), std::io::Error::last_os_error()));
+            }
+        }
+        Ok(CacheLock { _file: file })
+    }
+
+    /// Whether another holder has it now (without waiting).
+    #[cfg(test)]
+    fn held_elsewhere(cache: &Path) -> bool {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(cache.join(".lock")).unwrap();
+        // SAFETY: as in `take`; a lock taken here is let go when `file` closes below.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
+    }
 }
 
 fn run_base() -> Result<PathBuf> {
@@ -253,4 +297,20 @@ pub fn cuvs(prefix: &Path) -> Result<PathBuf> {
     std::fs::write(&stamp, cuvs_stamp_text()).map_err(|e| format!("{}: {e}", stamp.display()))?;
     eprintln!("xtask deps --cuvs: cuVS 26.08.01 ready in {}", dir.display());
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    /// One `deps` at a time per cache (the nineteenth audit, helper 93): a second holder of the
+    /// lock (another open of the file: `flock` conflicts between them, in one process or two)
+    /// cannot take it while the first holds it, and can once it is let go.
+    #[test]
+    fn the_cache_lock_keeps_a_second_deps_out_until_the_first_is_done() {
+        let cache = std::env::temp_dir().join(format!("xtask-lock-test-{}", std::process::id()));
+        let lock = super::CacheLock::take(&cache).unwrap();
+        assert!(super::CacheLock::held_elsewhere(&cache), "a second holder got the cache while the first filled it");
+        drop(lock);
+        assert!(!super::CacheLock::held_elsewhere(&cache), "the lock outlived its holder");
+        let _ = std::fs::remove_dir_all(&cache);
+    }
 }
