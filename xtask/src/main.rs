@@ -64,7 +64,18 @@ fn main() -> ExitCode {
             abi_check::run(false)?;
             run(cargo().args(["test", "--workspace"]).args(&args[1..]))
         })(),
-        Some("doctor") => deps::run().and_then(|_| run(cargo().args(["run", "--release", "--bin", "raft-doctor", "--"]).args(&args[1..]))),
+        Some("doctor") => deps::run().and_then(|_| {
+            // raft-doctor's status is the command's (2: no usable GPU, as the README says), not
+            // a failure of xtask's own.
+            let mut cmd = cargo();
+            cmd.current_dir(workspace_root()).args(["run", "--release", "--bin", "raft-doctor", "--"]).args(&args[1..]);
+            let status = cmd.status().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
+            match status.code() {
+                Some(0) => Ok(()),
+                Some(code) => std::process::exit(code),
+                None => Err(format!("raft-doctor ended by {status}")),
+            }
+        }),
         Some("bindings") => bindings::run(flag("--check")),
         Some("abi-check") => deps::run().and_then(|_| abi_check::run(flag("--bless"))),
         Some("gpu-bundle") => {
