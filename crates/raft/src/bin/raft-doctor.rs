@@ -112,11 +112,21 @@ fn workload(report: &Report, r: &DeviceResources) -> raft::Result<Value> {
     r.sync()?;
     let secs = t.elapsed().as_secs_f64() / reps as f64;
     let tflops = 2.0 * (m as f64).powi(3) / secs / 1e12;
-    report.done(&format!("{tflops:.1} TFLOP/s"));
+    // The product itself, not only its speed: a few entries against the host's sum (relative
+    // 1e-2: TF32 math, if cuBLAS uses it, keeps about 3 decimal digits per product).
+    let got = c.to_host()?;
+    let at = |v: &[f32], row: usize, col: usize| f64::from(v[row + col * m]);
+    let a_host = &host[..m * m];
+    let gemm_ok = [(0, 0), (1, 2), (17, 4095), (4095, 0), (2048, 1024), (4095, 4095)].iter().all(|&(i, j)| {
+        let want: f64 = (0..m).map(|k| at(a_host, i, k) * at(a_host, k, j)).sum();
+        (at(&got, i, j) - want).abs() <= 1e-2 * want.abs().max(1.0)
+    });
+    report.done(&format!("{tflops:.1} TFLOP/s, product {}", if gemm_ok { "right" } else { "WRONG" }));
     Ok(json!({
         "device": d,
         "job_ran_on_device": job_ran_on,
         "copy_64_MiB_equal": copy_ok,
+        "gemm_4096_fp32_right": gemm_ok,
         "gemm_4096_fp32_tflops": tflops,
         "first_gemm_with_handle_ms": first_ms,
         "memory_resource_after": raft::memory::current(d)?.kind().to_string(),
@@ -159,7 +169,7 @@ fn main() {
         }
         Err(e) => report.line(format!("  RMM per-device map: unknown ({e})")),
     }
-    report.line(format!("  exit wait: {} s", raft::exit::current_exit_wait().map(|w| w.to_string()).unwrap_or_else(|e| e.to_string())));
+    report.line(format!("  exit wait: {}", raft::exit::current_exit_wait().map(|w| format!("{w} s")).unwrap_or_else(|e| e.to_string())));
 
     let count = match raft::device_count() {
         Ok(n) if n > 0 => n,
@@ -169,6 +179,7 @@ fn main() {
 
     let mut devices = Vec::new();
     let mut workloads = Vec::new();
+    let mut errors = Vec::new();
     let mut failed = false;
     for d in 0..count {
         let step = DeviceResources::on_device(d).and_then(|r| {
@@ -183,14 +194,20 @@ fn main() {
             ));
             devices.push(info);
             let w = workload(&report, &r)?;
+            // Each claim of the line checked: the job's device, the copy, the product.
+            let job_ok = w["job_ran_on_device"].as_u64() == Some(d as u64);
+            let copy_ok = w["copy_64_MiB_equal"].as_bool() == Some(true);
+            let gemm_ok = w["gemm_4096_fp32_right"].as_bool() == Some(true);
             report.line(format!(
-                "  workload: job ok (on device {}), 64 MiB copy {}, GEMM 4096³ fp32 {:.1} TFLOP/s (first call with handle {:.1} ms)",
+                "  workload: job {} (on device {}), 64 MiB copy {}, GEMM 4096³ fp32 {} at {:.1} TFLOP/s (first call with handle {:.1} ms)",
+                if job_ok { "ok" } else { "ON ANOTHER DEVICE" },
                 w["job_ran_on_device"],
-                if w["copy_64_MiB_equal"].as_bool() == Some(true) { "equal" } else { "DIFFERENT" },
+                if copy_ok { "equal" } else { "DIFFERENT" },
+                if gemm_ok { "right" } else { "WRONG" },
                 w["gemm_4096_fp32_tflops"].as_f64().unwrap_or(0.0),
                 w["first_gemm_with_handle_ms"].as_f64().unwrap_or(0.0),
             ));
-            if w["copy_64_MiB_equal"].as_bool() != Some(true) {
+            if !(job_ok && copy_ok && gemm_ok) {
                 failed = true;
             }
             workloads.push(w);
@@ -198,10 +215,12 @@ fn main() {
         });
         if let Err(e) = step {
             report.line(format!("device {d}: FAILED: {e}"));
+            errors.push(json!({ "device": d, "error": e.to_string() })); // in the JSON too
             failed = true;
         }
     }
     report.doc.insert("devices".into(), Value::Array(devices));
+    report.doc.insert("errors".into(), Value::Array(errors));
     report.doc.insert("workloads".into(), Value::Array(workloads));
     report.doc.insert("ok".into(), json!(!failed));
     if json_out {
