@@ -94,7 +94,7 @@ fn no_shim(note: &str, nccl_lib: &str) {
 /// `cargo xtask deps`, `pip install`, a conda install) is found by the next build.
 fn find_nccl(stack: &Stack) -> (Option<Nccl>, Vec<String>) {
     let mut roots: Vec<(PathBuf, String)> = Vec::new();
-    if let Some(prefix) = env_var_rerun("RAFT_COMMS_NCCL_PREFIX") {
+    if let Some(prefix) = raft_build::cache::path_knob("RAFT_COMMS_NCCL_PREFIX") {
         roots.push((PathBuf::from(prefix), "RAFT_COMMS_NCCL_PREFIX".into()));
     }
     roots.push((stack.root.clone(), "the RAFT stack raft-sys built against".into()));

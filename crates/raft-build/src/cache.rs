@@ -31,14 +31,35 @@ fn knob_value(name: &str, value: Option<std::ffi::OsString>) -> Result<Option<St
     }
 }
 
-/// The cache `cargo xtask deps` fills: `RAFT_RS_CACHE`, else `$XDG_CACHE_HOME/raft-rs`, else
-/// `~/.cache/raft-rs`.
+/// A knob that names a directory ([`env_var_rerun`]), refused when relative: a build script
+/// runs in its own package's directory, not the user's, so `RAFT_RS_CACHE=../cc` named another
+/// place for the build than for `cargo xtask` (the nineteenth audit, helper 93).
+///
+/// # Panics
+/// As [`env_var_rerun`], and for a relative path, with a message naming it.
+pub fn path_knob(name: &str) -> Option<String> {
+    absolute(name, env_var_rerun(name)).unwrap_or_else(|message| panic!("{message}"))
+}
+
+/// [`path_knob`]'s rule on a given value.
+fn absolute(name: &str, value: Option<String>) -> Result<Option<String>, String> {
+    match value {
+        Some(v) if !std::path::Path::new(&v).is_absolute() => Err(format!(
+            "{name}={v} is a relative path: the build runs in raft-sys's package directory, not yours, so it would name \
+             another place than you mean; give an absolute path"
+        )),
+        v => Ok(v),
+    }
+}
+
+/// The cache `cargo xtask deps` fills: `RAFT_RS_CACHE`, else `$XDG_CACHE_HOME/raft-rs` (an
+/// absolute one: the XDG rule ignores a relative one), else `~/.cache/raft-rs`.
 pub fn cache_dir() -> Option<PathBuf> {
     // Read one after the other, as before: a build script watches only the knobs that decided.
-    if let Some(dir) = env_var_rerun("RAFT_RS_CACHE") {
+    if let Some(dir) = path_knob("RAFT_RS_CACHE") {
         return cache_dir_from(Some(dir), None, None);
     }
-    if let Some(dir) = env_var_rerun("XDG_CACHE_HOME") {
+    if let Some(dir) = env_var_rerun("XDG_CACHE_HOME").filter(|d| std::path::Path::new(d).is_absolute()) {
         return cache_dir_from(None, Some(dir), None);
     }
     cache_dir_from(None, None, env_var_rerun("HOME"))
@@ -66,6 +87,16 @@ mod tests {
     use super::*;
 
     /// The fifteenth audit (helper 72): a knob that is not UTF-8 was read as unset, so a
+    /// The nineteenth audit (helper 93): `RAFT_RS_CACHE=../cc` was resolved against raft-sys's
+    /// package directory by the build and against the shell's by xtask.
+    #[test]
+    fn a_relative_path_knob_is_refused_by_name() {
+        let e = absolute("RAFT_RS_CACHE", Some("../cc".into())).unwrap_err();
+        assert!(e.starts_with("RAFT_RS_CACHE=../cc is a relative path"), "{e}");
+        assert_eq!(absolute("RAFT_SYS_PREFIX", Some("/opt/rapids".into())), Ok(Some("/opt/rapids".into())));
+        assert_eq!(absolute("RAFT_SYS_PREFIX", None), Ok(None));
+    }
+
     /// `RAFT_SYS_PREFIX` naming a stack at such a path silently built against another one.
     #[test]
     fn a_knob_that_is_not_utf8_is_refused_by_name_not_read_as_unset() {

@@ -30,7 +30,7 @@ pub fn cuvs_roots(user_prefix: Option<&Path>, stack_root: Option<&Path>, conda_p
 /// [`cuvs_roots`] from a build script's environment: `RAFT_CUVS_PREFIX`, raft-sys's
 /// `DEP_RAFTRS_ROOT` (absent in documentation builds), `CONDA_PREFIX`.
 pub fn cuvs_roots_from_env() -> Vec<PathBuf> {
-    let user = env_var_rerun("RAFT_CUVS_PREFIX").map(PathBuf::from);
+    let user = crate::cache::path_knob("RAFT_CUVS_PREFIX").map(PathBuf::from);
     let stack = env::var_os("DEP_RAFTRS_ROOT").map(PathBuf::from);
     let conda = env_var_rerun("CONDA_PREFIX").map(PathBuf::from);
     cuvs_roots(user.as_deref(), stack.as_deref(), conda.as_deref())

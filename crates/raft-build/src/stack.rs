@@ -170,7 +170,7 @@ impl Stack {
 
 /// [`find`]'s search, before its paths are checked.
 fn find_anywhere() -> Result<Stack, String> {
-    if let Some(prefix) = env_var_rerun("RAFT_SYS_PREFIX") {
+    if let Some(prefix) = crate::cache::path_knob("RAFT_SYS_PREFIX") {
         let root = PathBuf::from(&prefix);
         return Stack::at(&root, "RAFT_SYS_PREFIX").ok_or(format!(
             "RAFT_SYS_PREFIX={prefix} holds no RAFT headers (looked for include/raft/core/device_resources.hpp \
