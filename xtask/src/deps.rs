@@ -116,6 +116,20 @@ pub fn verify(prefix: &Path) -> Result<()> {
 /// Fetches (when needed), unpacks and checks the stack; returns the prefix. `cargo xtask deps
 /// --cuvs` fetches cuVS's wheels too (see [`cuvs`]).
 pub fn run() -> Result<PathBuf> {
+    // A stack done already needs no lock (a read-only cache, one another `deps` holds).
+    let prefix = prefix()?;
+    let done = |prefix: &Path| {
+        std::fs::read_to_string(prefix.join(".raft-rs-wheels")).ok().as_deref() == Some(stamp_text().as_str())
+            && verify(prefix).is_ok()
+            && (!cuvs_requested() || {
+                let dir = cuvs_prefix(prefix);
+                std::fs::read_to_string(dir.join(".raft-rs-cuvs-wheels")).ok().as_deref() == Some(cuvs_stamp_text().as_str())
+                    && verify_cuvs(&dir).is_ok()
+            })
+    };
+    if done(&prefix) {
+        return Ok(prefix);
+    }
     // One `deps` at a time per cache: two (the README's two commands in two terminals) shared one
     // staging directory, one renaming it while the other wrote, and an incomplete stack was
     // stamped and kept (the nineteenth audit, helper 93). The second waits, then finds it done.
@@ -148,6 +162,13 @@ impl CacheLock {
         use std::os::fd::AsRawFd;
         // SAFETY: flock takes a descriptor this function owns (alive in `file`) and flags.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::WouldBlock {
+                // A filesystem without flock (NFS with no lock manager, Lustre without `flock`):
+                // on without the lock, as before it existed.
+                eprintln!("xtask deps: {} cannot be locked ({e}): going on without the lock", path.display());
+                return Ok(CacheLock { _file: file });
+            }
             eprintln!("xtask deps: another `cargo xtask deps` is filling {}: waiting for it", cache.display());
             // SAFETY: as above; blocks until the other process lets go.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {

@@ -42,11 +42,11 @@ pub fn path_knob(name: &str) -> Option<String> {
 }
 
 /// [`path_knob`]'s rule on a given value.
-fn absolute(name: &str, value: Option<String>) -> Result<Option<String>, String> {
+pub(crate) fn absolute(name: &str, value: Option<String>) -> Result<Option<String>, String> {
     match value {
         Some(v) if !std::path::Path::new(&v).is_absolute() => Err(format!(
-            "{name}={v} is a relative path: the build runs in raft-sys's package directory, not yours, so it would name \
-             another place than you mean; give an absolute path"
+            "{name}={v} is a relative path: a build script runs in its own package's directory, not yours, so it would \
+             name another place than you mean; give an absolute path"
         )),
         v => Ok(v),
     }
@@ -86,7 +86,6 @@ fn prefix_in(cache: PathBuf) -> PathBuf {
 mod tests {
     use super::*;
 
-    /// The fifteenth audit (helper 72): a knob that is not UTF-8 was read as unset, so a
     /// The nineteenth audit (helper 93): `RAFT_RS_CACHE=../cc` was resolved against raft-sys's
     /// package directory by the build and against the shell's by xtask.
     #[test]
@@ -97,6 +96,7 @@ mod tests {
         assert_eq!(absolute("RAFT_SYS_PREFIX", None), Ok(None));
     }
 
+    /// The fifteenth audit (helper 72): a knob that is not UTF-8 was read as unset, so a
     /// `RAFT_SYS_PREFIX` naming a stack at such a path silently built against another one.
     #[test]
     fn a_knob_that_is_not_utf8_is_refused_by_name_not_read_as_unset() {

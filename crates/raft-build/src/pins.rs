@@ -41,8 +41,8 @@ pub fn unpinned(raft: (u32, u32, u32), rmm: (u32, u32, u32)) -> Option<String> {
         .collect();
     (!off.is_empty()).then(|| {
         format!(
-            "raft-rs is pinned to RAPIDS {PINNED}, but the headers it is building against are {}: it compiles, and \
-             nothing else is checked; run `raft-doctor` and the tests before relying on it, or install the pinned stack ({})",
+            "raft-rs is pinned to RAPIDS {PINNED}, but the headers it is building against are {}: RAFT and RMM keep no C++ \
+             ABI across releases, and nothing past compiling is checked for another one; install the pinned stack ({})",
             off.join(" and "),
             pip_line()
         )

@@ -170,7 +170,8 @@ impl Stack {
 
 /// [`find`]'s search, before its paths are checked.
 fn find_anywhere() -> Result<Stack, String> {
-    if let Some(prefix) = crate::cache::path_knob("RAFT_SYS_PREFIX") {
+    // A relative prefix is an error here, not a panic: the build prints it as its one message.
+    if let Some(prefix) = crate::cache::absolute("RAFT_SYS_PREFIX", crate::cache::env_var_rerun("RAFT_SYS_PREFIX"))? {
         let root = PathBuf::from(&prefix);
         return Stack::at(&root, "RAFT_SYS_PREFIX").ok_or(format!(
             "RAFT_SYS_PREFIX={prefix} holds no RAFT headers (looked for include/raft/core/device_resources.hpp \

@@ -233,9 +233,14 @@ pub fn open<T>(spec: &Spec<'_>, mut accept: impl FnMut(Library, &Path) -> Result
                 let mut message = format!("could not load {} ({}): {}.", spec.what, spec.file, tried.join("; "));
                 message.push_str(&format!(
                     " That file was loaded, with the libraries it needs, and cannot be unloaded: no other candidate is \
-                     tried (it would run on those). Remove it or rebuild it, or set {} to the right one.",
-                    spec.path_var
+                     tried (it would run on those). {} ",
+                    if explicit {
+                        format!("{} names it: point it at the right one.", spec.path_var)
+                    } else {
+                        format!("Set {} to the right one (or rebuild or move that file).", spec.path_var)
+                    }
                 ));
+                message.push_str(&spec.advice);
                 return Err(LoadError::new(message));
             }
         }
@@ -323,7 +328,8 @@ mod tests {
         assert_eq!(calls, 1, "a second candidate was tried after a loaded one was refused");
         let m = e.message();
         assert!(m.contains(&format!("{}: refused once", libm.display())), "{m}");
-        assert!(m.contains("cannot be unloaded: no other candidate is tried") && m.contains("RAFTRS_TEST_UNSET_VARIABLE"), "{m}");
+        assert!(m.contains("cannot be unloaded: no other candidate is tried") && m.contains("Set RAFTRS_TEST_UNSET_VARIABLE"), "{m}");
+        assert!(m.ends_with("Set THE_VARIABLE."), "the library's own advice last: {m}");
         let loaded = open(&s, |lib, _| {
             // SAFETY: only looks the symbol up.
             Ok(unsafe { lib.get::<*const c_void>(b"cos\0") }.is_ok())
