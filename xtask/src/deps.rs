@@ -41,12 +41,29 @@ fn wheel_file(dir: &Path, name: &str, version: &str) -> Option<PathBuf> {
 fn fetch(wheels: &Path, pins: &[(&str, &str)], what: &str) -> Result<()> {
     const TRIES: usize = 3;
     std::fs::create_dir_all(wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
+    // A wheel cut short (a full disk during pip's copy) stays there, and pip never fetches a file
+    // that exists: every later run failed on it (the nineteenth audit, helper 93). Gone, it is
+    // fetched again below.
+    for (name, version) in pins {
+        if let Some(file) = wheel_file(wheels, name, version).filter(|f| !whole_zip(f)) {
+            eprintln!("xtask deps: {} is cut short (no zip directory at its end): fetching it again", file.display());
+            std::fs::remove_file(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        }
+    }
     let python = python();
-    for attempt in 1..=TRIES {
+    let mut attempt = 0;
+    while attempt < TRIES {
+        attempt += 1;
         let missing: Vec<String> =
             pins.iter().filter(|(n, v)| wheel_file(wheels, n, v).is_none()).map(|(n, v)| format!("{n}=={v}")).collect();
         if missing.is_empty() {
             return Ok(());
+        }
+        // No pip at all is no registry's hiccup: said at once, not after three tries.
+        if attempt == 1 && !Command::new(&python).args(["-m", "pip", "--version"]).output().is_ok_and(|o| o.status.success()) {
+            return Err(format!(
+                "`{python} -m pip` is not there: install python3-pip (or set PYTHON to a Python with pip) to fetch {what}"
+            ));
         }
         eprintln!("xtask deps: fetching {} wheel(s) ({what}) into {}", missing.len(), wheels.display());
         let mut pip = Command::new(&python);
@@ -67,6 +84,22 @@ fn fetch(wheels: &Path, pins: &[(&str, &str)], what: &str) -> Result<()> {
         }
     }
     unreachable!("the last try returns")
+}
+
+/// Whether `path` ends with a zip's end-of-central-directory record (its comment, if any,
+/// reaching exactly the end): a wheel cut short has none.
+fn whole_zip(path: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else { return false };
+    let Ok(len) = file.seek(SeekFrom::End(0)) else { return false };
+    let tail_len = len.min(22 + 65535);
+    let mut tail = vec![0u8; tail_len as usize];
+    if file.seek(SeekFrom::Start(len - tail_len)).is_err() || file.read_exact(&mut tail).is_err() {
+        return false;
+    }
+    (0..tail.len().saturating_sub(21))
+        .rev()
+        .any(|i| tail[i..i + 4] == *b"PK\x05\x06" && i + 22 + usize::from(u16::from_le_bytes([tail[i + 20], tail[i + 21]])) == tail.len())
 }
 
 /// Unpacks the pinned wheels from `wheels` into `into` (Python's own zipfile: no unzip needed).
@@ -322,6 +355,32 @@ pub fn cuvs(prefix: &Path) -> Result<PathBuf> {
 
 #[cfg(test)]
 mod tests {
+    /// The nineteenth audit (helper 93): a wheel cut short (a full disk during pip's copy) was
+    /// kept and never fetched again. A zip's end record is what a cut leaves out.
+    #[test]
+    fn a_wheel_cut_short_is_told_from_a_whole_one() {
+        let dir = std::env::temp_dir().join(format!("xtask-zip-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut empty_zip = b"PK\x05\x06".to_vec();
+        empty_zip.extend_from_slice(&[0u8; 18]);
+        let mut with_comment = b"some entries".to_vec();
+        with_comment.extend_from_slice(&empty_zip[..20]);
+        with_comment.extend_from_slice(&3u16.to_le_bytes());
+        with_comment.extend_from_slice(b"abc");
+        for (name, bytes, whole) in [
+            ("empty.whl", empty_zip.clone(), true),
+            ("comment.whl", with_comment.clone(), true),
+            ("cut.whl", empty_zip[..10].to_vec(), false),
+            ("cut-comment.whl", with_comment[..with_comment.len() - 1].to_vec(), false),
+            ("nothing.whl", Vec::new(), false),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, &bytes).unwrap();
+            assert_eq!(super::whole_zip(&path), whole, "{name}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// One `deps` at a time per cache (the nineteenth audit, helper 93): a second holder of the
     /// lock (another open of the file: `flock` conflicts between them, in one process or two)
     /// cannot take it while the first holds it, and can once it is let go.
