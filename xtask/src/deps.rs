@@ -151,16 +151,7 @@ pub fn verify(prefix: &Path) -> Result<()> {
 pub fn run() -> Result<PathBuf> {
     // A stack done already needs no lock (a read-only cache, one another `deps` holds).
     let prefix = prefix()?;
-    let done = |prefix: &Path| {
-        std::fs::read_to_string(prefix.join(".raft-rs-wheels")).ok().as_deref() == Some(stamp_text().as_str())
-            && verify(prefix).is_ok()
-            && (!cuvs_requested() || {
-                let dir = cuvs_prefix(prefix);
-                std::fs::read_to_string(dir.join(".raft-rs-cuvs-wheels")).ok().as_deref() == Some(cuvs_stamp_text().as_str())
-                    && verify_cuvs(&dir).is_ok()
-            })
-    };
-    if done(&prefix) {
+    if base_done(&prefix) && (!cuvs_requested() || cuvs_done(&cuvs_prefix(&prefix))) {
         return Ok(prefix);
     }
     // One `deps` at a time per cache: two (the README's two commands in two terminals) shared one
@@ -221,11 +212,22 @@ impl CacheLock {
     }
 }
 
+/// Whether the base stack in `prefix` is there whole: this run's stamp and every checked file.
+fn base_done(prefix: &Path) -> bool {
+    std::fs::read_to_string(prefix.join(".raft-rs-wheels")).ok().as_deref() == Some(stamp_text().as_str()) && verify(prefix).is_ok()
+}
+
+/// Whether cuVS in `dir` is there whole: its stamp and every checked file.
+fn cuvs_done(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join(".raft-rs-cuvs-wheels")).ok().as_deref() == Some(cuvs_stamp_text().as_str())
+        && verify_cuvs(dir).is_ok()
+}
+
 fn run_base() -> Result<PathBuf> {
     let cache = cache_dir()?;
     let prefix = prefix()?;
     let stamp = prefix.join(".raft-rs-wheels");
-    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(stamp_text().as_str()) && verify(&prefix).is_ok() {
+    if base_done(&prefix) {
         return Ok(prefix); // already done: nothing to fetch
     }
     let wheels = cache.join("wheels");
@@ -336,7 +338,7 @@ fn nvjitlink_13_3(jitlink: &Path) -> Result<()> {
 pub fn cuvs(prefix: &Path) -> Result<PathBuf> {
     let dir = cuvs_prefix(prefix);
     let stamp = dir.join(".raft-rs-cuvs-wheels");
-    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(cuvs_stamp_text().as_str()) && verify_cuvs(&dir).is_ok() {
+    if cuvs_done(&dir) {
         return Ok(dir); // already done: nothing to fetch
     }
     let wheels = cache_dir()?.join("wheels");

@@ -183,12 +183,12 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     ///
-    /// # Errors
-    /// As [`init`](Self::init); `Logic` naming a missing or malformed variable.
-    ///
     /// Ranks that `srun` numbered (see [`Launch`]) bind their Slurm step into the rendezvous
     /// secret's job when `RAFT_COMMS_JOB` is unset: two steps of one batch script, sharing its
     /// secret, refuse each other's ranks.
+    ///
+    /// # Errors
+    /// As [`init`](Self::init); `Logic` naming a missing or malformed variable.
     pub fn from_env(resources: &DeviceResources) -> Result<Communicator> {
         const WHO: &str = "Communicator::from_env";
         let launch = Launch::from_env()?;
