@@ -24,6 +24,149 @@ fn stamp_text() -> String {
     WHEELS.iter().map(|(n, v)| format!("{n}=={v}\n")).collect()
 }
 
+/// The one file of each pin (the x86-64 Linux wheel pip picks for CPython 3.12) and its SHA-256,
+/// as PyPI publishes it (the `#sha256=` of its simple index, checked against these on 2026-12-05):
+/// a wheel in the cache is unpacked only when it is this file with this digest, and pip fetches
+/// with `--require-hashes`, so neither an altered wheel on the way nor one left in the cache by
+/// something else becomes the stack the shim is compiled against and loads.
+pub const WHEEL_FILES: &[(&str, &str, &str, &str)] = &[
+    (
+        "libraft-cu13",
+        "26.8.0",
+        "libraft_cu13-26.8.0-py3-none-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "71fdb1987d61f0ecf78771ca6cf363a5b587cc3a7e45808017d3a034f8506b1e",
+    ),
+    (
+        "librmm-cu13",
+        "26.8.0",
+        "librmm_cu13-26.8.0-py3-none-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+        "b99105380532b1176c29ddaf115a4ed38a1c8004e2a12372469cb6dac9b47a24",
+    ),
+    (
+        "rapids-logger",
+        "0.2.3",
+        "rapids_logger-0.2.3-py3-none-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "7fe67ef4049c5d8ba6154746325dcf7cc0f327f0efa8f2611fc8f64e67510f60",
+    ),
+    (
+        "cuda-toolkit",
+        "13.2.2",
+        "cuda_toolkit-13.2.2-py2.py3-none-any.whl",
+        "d12edc1aad1356236a2ee10c0d794b1aff5d3e79bfeca54867c3bb8e5afd87b0",
+    ),
+    (
+        "nvidia-cuda-runtime",
+        "13.2.86",
+        "nvidia_cuda_runtime-13.2.86-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "3498247680dfddce31bad102af7e3e26fc795342a3cac64722bb0fa95e7f60f0",
+    ),
+    (
+        "nvidia-cuda-crt",
+        "13.2.86",
+        "nvidia_cuda_crt-13.2.86-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "e3ab08801bf9b1e6dc979275d25e816bb5000521b648e19c324d5eef0c79f1da",
+    ),
+    (
+        "nvidia-cublas",
+        "13.4.1.3",
+        "nvidia_cublas-13.4.1.3-py3-none-manylinux_2_27_x86_64.whl",
+        "a5917cb642cfb07f4a0231ee16aec7e2e0357d8cb8b1b78a0c9c68dba3e6afc7",
+    ),
+    (
+        "nvidia-cuda-nvrtc",
+        "13.2.86",
+        "nvidia_cuda_nvrtc-13.2.86-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl",
+        "8111c5130e967b78222ea2124145f8efe9ce201b752b2579a2513100a53be1c5",
+    ),
+    (
+        "nvidia-cusolver",
+        "12.2.0.11",
+        "nvidia_cusolver-12.2.0.11-py3-none-manylinux_2_27_x86_64.whl",
+        "fab5778f6769947389a1a6abc07e635576825a08c0ffc68c3ae7f1392c794b42",
+    ),
+    (
+        "nvidia-cusparse",
+        "12.7.10.12",
+        "nvidia_cusparse-12.7.10.12-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "25907c75e4db1581685f06f61cc6cdecc04611765516a52373e0a18ebd69fa00",
+    ),
+    (
+        "nvidia-curand",
+        "10.4.2.66",
+        "nvidia_curand-10.4.2.66-py3-none-manylinux_2_27_x86_64.whl",
+        "9bb3796a2f6223454b2e326e3d7572c1500cfa4d629de827676b4eeecd30ab0c",
+    ),
+    (
+        "nvidia-nvjitlink",
+        "13.3.33",
+        "nvidia_nvjitlink-13.3.33-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl",
+        "26a6de7fb4c8fdaa7703d3dad720d6d427ddfea5c48a528fd97c11733ad830e5",
+    ),
+    (
+        "nvidia-nccl-cu13",
+        "2.28.9",
+        "nvidia_nccl_cu13-2.28.9-py3-none-manylinux_2_18_x86_64.whl",
+        "e4553a30f34195f3fa1da02a6da3d6337d28f2003943aa0a3d247bbc25fefc42",
+    ),
+    (
+        "libcuvs-cu13",
+        "26.8.1",
+        "libcuvs_cu13-26.8.1-py3-none-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+        "023a28bebad0ed80cb753c5099687eb6d14fbad9e7e4b49bdaca805014667d0e",
+    ),
+    (
+        "nvidia-curand",
+        "10.4.3.29",
+        "nvidia_curand-10.4.3.29-py3-none-manylinux_2_27_x86_64.whl",
+        "1859bf37a62754d2c65001393096ca79de399f995971fa7826d0adfd88c3cf7b",
+    ),
+    (
+        "nvidia-cuda-nvrtc",
+        "13.3.33",
+        "nvidia_cuda_nvrtc-13.3.33-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl",
+        "82530788b8c6164a54d3fd9ae8bcca8893d397c4aeb998861982a03bbe41e204",
+    ),
+];
+
+/// The pinned file and digest of `name==version` (every pin has one: a unit test says so).
+fn pinned_file(name: &str, version: &str) -> Result<(&'static str, &'static str)> {
+    WHEEL_FILES
+        .iter()
+        .find(|(n, v, _, _)| *n == name && *v == version)
+        .map(|(_, _, file, sha)| (*file, *sha))
+        .ok_or_else(|| format!("{name}=={version} has no pinned file and digest in xtask's WHEEL_FILES"))
+}
+
+/// The SHA-256 of `path`, in lower-case hex.
+fn sha256_of(path: &Path) -> Result<String> {
+    use sha2::Digest;
+    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Why the cached wheel of `name==version` in `dir` is not the pinned file, or `None` when it is
+/// (or when there is none yet).
+fn unlike_the_pin(dir: &Path, name: &str, version: &str) -> Result<Option<(PathBuf, String)>> {
+    let Some(file) = wheel_file(dir, name, version) else { return Ok(None) };
+    let (pinned, sha) = pinned_file(name, version)?;
+    let why = if file.file_name().and_then(|f| f.to_str()) != Some(pinned) {
+        format!("it is not the pinned file {pinned}")
+    } else if !whole_zip(&file) {
+        // A wheel cut short (a full disk during pip's copy) stays there, and pip never fetches a
+        // file that exists: every later run failed on it (the nineteenth audit, helper 93).
+        "it is cut short (no zip directory at its end)".to_string()
+    } else {
+        let got = sha256_of(&file)?;
+        if got == sha {
+            return Ok(None);
+        }
+        format!("its SHA-256 is {got}, not the pinned {sha}")
+    };
+    Ok(Some((file, why)))
+}
+
 /// The wheel file of `name==version` in `dir`.
 fn wheel_file(dir: &Path, name: &str, version: &str) -> Option<PathBuf> {
     let start = format!("{}-{}-", name.replace('-', "_"), version);
@@ -41,12 +184,11 @@ fn wheel_file(dir: &Path, name: &str, version: &str) -> Option<PathBuf> {
 fn fetch(wheels: &Path, pins: &[(&str, &str)], what: &str) -> Result<()> {
     const TRIES: usize = 3;
     std::fs::create_dir_all(wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
-    // A wheel cut short (a full disk during pip's copy) stays there, and pip never fetches a file
-    // that exists: every later run failed on it (the nineteenth audit, helper 93). Gone, it is
-    // fetched again below.
+    // A cached wheel that is not the pinned file (cut short, altered, another build of the
+    // version) goes, and is fetched again below.
     for (name, version) in pins {
-        if let Some(file) = wheel_file(wheels, name, version).filter(|f| !whole_zip(f)) {
-            eprintln!("xtask deps: {} is cut short (no zip directory at its end): fetching it again", file.display());
+        if let Some((file, why)) = unlike_the_pin(wheels, name, version)? {
+            eprintln!("xtask deps: {} is not the pinned wheel ({why}): fetching it again", file.display());
             std::fs::remove_file(&file).map_err(|e| format!("{}: {e}", file.display()))?;
         }
     }
@@ -66,14 +208,33 @@ fn fetch(wheels: &Path, pins: &[(&str, &str)], what: &str) -> Result<()> {
             ));
         }
         eprintln!("xtask deps: fetching {} wheel(s) ({what}) into {}", missing.len(), wheels.display());
+        // pip takes only a file with a pinned digest (`--require-hashes` wants a requirements
+        // file): one another index offers for the same version, or one altered on the way, fails.
+        let requirements = wheels.join(format!(".requirements-{}.txt", std::process::id()));
+        let mut lines = String::new();
+        for pin in &missing {
+            let (name, version) = pin.split_once("==").expect("built as name==version above");
+            lines += &format!("{pin} --hash=sha256:{}\n", pinned_file(name, version)?.1);
+        }
+        std::fs::write(&requirements, lines).map_err(|e| format!("{}: {e}", requirements.display()))?;
         let mut pip = Command::new(&python);
-        pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]);
+        pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes", "--python-version", "3.12"]);
         for platform in install_line::PLATFORMS {
             pip.args(["--platform", platform]);
         }
-        pip.arg("-d").arg(wheels).args(&missing);
-        match crate::run(&mut pip) {
-            Ok(()) => return Ok(()),
+        pip.arg("-d").arg(wheels).arg("-r").arg(&requirements);
+        let fetched = crate::run(&mut pip);
+        let _ = std::fs::remove_file(&requirements);
+        match fetched {
+            // What pip left must be the pinned files (it checked the digests; the names too).
+            Ok(()) => {
+                for (name, version) in pins {
+                    if let Some((file, why)) = unlike_the_pin(wheels, name, version)? {
+                        return Err(format!("pip fetched {} for {name}=={version}, which is not the pinned wheel: {why}", file.display()));
+                    }
+                }
+                return Ok(());
+            }
             Err(e) if attempt < TRIES => {
                 eprintln!("xtask deps: pip failed (try {attempt} of {TRIES}): {e}; again in 20 s");
                 std::thread::sleep(std::time::Duration::from_secs(20));
@@ -105,7 +266,10 @@ fn whole_zip(path: &Path) -> bool {
 /// Unpacks the pinned wheels from `wheels` into `into` (Python's own zipfile: no unzip needed).
 fn unpack(wheels: &Path, pins: &[(&str, &str)], into: &Path) -> Result<()> {
     for (name, version) in pins {
-        let wheel = wheel_file(wheels, name, version).ok_or(format!("pip did not fetch {name}=={version}"))?;
+        let wheel = wheels.join(pinned_file(name, version)?.0);
+        if !wheel.exists() {
+            return Err(format!("pip did not fetch {name}=={version} ({})", wheel.display()));
+        }
         crate::run(Command::new(python()).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(into))?;
     }
     Ok(())
@@ -379,6 +543,64 @@ mod tests {
             let path = dir.join(name);
             std::fs::write(&path, &bytes).unwrap();
             assert_eq!(super::whole_zip(&path), whole, "{name}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Every pin (the base stack's and cuVS's) has exactly one pinned file, named for it, with a
+    /// SHA-256, and the table pins nothing else.
+    #[test]
+    fn every_pin_has_one_pinned_file_named_for_it() {
+        let pins: Vec<(&str, &str)> = super::WHEELS.iter().chain(super::CUVS_WHEELS).copied().collect();
+        for (name, version) in &pins {
+            let files: Vec<_> = super::WHEEL_FILES.iter().filter(|(n, v, _, _)| n == name && v == version).collect();
+            assert_eq!(files.len(), 1, "{name}=={version}: {files:?}");
+            let (_, _, file, sha) = files[0];
+            assert!(file.starts_with(&format!("{}-{version}-", name.replace('-', "_"))) && file.ends_with(".whl"), "{file}");
+            assert!(sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)), "{sha}");
+        }
+        for (name, version, file, _) in super::WHEEL_FILES {
+            assert!(pins.contains(&(*name, *version)), "{file} pins no wheel of WHEELS or CUVS_WHEELS");
+        }
+    }
+
+    /// A cached wheel that is not the pinned file is told, with why, and fetched again: another
+    /// file of the version, an altered one of the pinned name (whole, so only its digest tells:
+    /// it was unpacked as it was before the digests were pinned); the pinned file passes.
+    #[test]
+    fn a_cached_wheel_unlike_its_pin_is_told_and_the_pinned_one_passes() {
+        // SHA-256 itself, against FIPS 180-2's "abc".
+        let dir = std::env::temp_dir().join(format!("xtask-pin-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("abc"), b"abc").unwrap();
+        assert_eq!(super::sha256_of(&dir.join("abc")).unwrap(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+
+        let (name, version) = ("rapids-logger", "0.2.3");
+        let (pinned, _) = super::pinned_file(name, version).unwrap();
+        let mut empty_zip = b"PK\x05\x06".to_vec();
+        empty_zip.extend_from_slice(&[0u8; 18]);
+        let other = dir.join("rapids_logger-0.2.3-py3-none-any.whl");
+        std::fs::write(&other, &empty_zip).unwrap();
+        let (file, why) = super::unlike_the_pin(&dir, name, version).unwrap().expect("another file of the version passed");
+        assert_eq!(file, other);
+        assert!(why.contains("not the pinned file"), "{why}");
+        std::fs::remove_file(&other).unwrap();
+
+        std::fs::write(dir.join(pinned), &empty_zip).unwrap();
+        let (_, why) = super::unlike_the_pin(&dir, name, version).unwrap().expect("an altered wheel of the pinned name passed");
+        assert!(why.contains("SHA-256") && why.contains("not the pinned"), "{why}");
+        std::fs::write(dir.join(pinned), &empty_zip[..10]).unwrap();
+        let (_, why) = super::unlike_the_pin(&dir, name, version).unwrap().expect("a cut wheel passed");
+        assert!(why.contains("cut short"), "{why}");
+        std::fs::remove_file(dir.join(pinned)).unwrap();
+        assert!(super::unlike_the_pin(&dir, name, version).unwrap().is_none(), "no wheel yet is nothing to refetch");
+
+        // The real one, where `cargo xtask deps` fetched it (CI runs it before the tests).
+        let cached = super::cache_dir().unwrap().join("wheels");
+        if cached.join(pinned).exists() {
+            assert_eq!(super::unlike_the_pin(&cached, name, version).unwrap(), None, "the cached pinned wheel failed its digest");
+        } else {
+            eprintln!("SKIP (part): no fetched {pinned} in {} to pass its digest", cached.display());
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
