@@ -15,8 +15,9 @@ use std::ptr::NonNull;
 /// `raft::resources` (never deletes it, never keeps it past the closure), on any thread while the
 /// closure runs. Through a shared lend ([`DeviceResources::with_raft_resources`]) the object is
 /// only read (RAFT's `get_*` accessors, algorithms): other threads may use it at the same time.
-/// Changes (`raft::resource::set_*`) need the exclusive lend,
-/// [`DeviceResources::with_raft_resources_mut`].
+/// Changes (`raft::resource::set_*`, and RAFT calls that switch the shared cuBLAS handle to
+/// device pointer mode for their duration: see [`DeviceResources::with_raft_resources`]) need the
+/// exclusive lend, [`DeviceResources::with_raft_resources_mut`].
 ///
 /// ```compile_fail
 /// # fn f(res: &raft_core::DeviceResources) -> raft_core::Result<()> {
@@ -45,7 +46,14 @@ impl DeviceResources {
     ///
     /// The lend is shared: other threads may use (and lend) the resources meanwhile, so the C++
     /// code given the pointer may only read the object; changing it (`raft::resource::set_*`)
-    /// needs [`with_raft_resources_mut`](Self::with_raft_resources_mut).
+    /// needs [`with_raft_resources_mut`](Self::with_raft_resources_mut). So does RAFT code that
+    /// switches the resources' cuBLAS handle to device pointer mode while it runs (RAFT's
+    /// `DevicePointerMode = true` calls: `raft::linalg::axpy` with a device scalar, `gemv` /
+    /// `axpy` instantiated with `true`, anything under `cublas_device_pointer_mode<true>`, such as
+    /// cuVS's ScaNN build): the handle is shared, and another thread's GEMM on these resources
+    /// meanwhile would have its host scalars read as device addresses. (RAFT's GEMMs, through
+    /// cuBLASLt's per-call descriptors, and cuVS's brute-force and CAGRA calls leave the mode at
+    /// host: the twentieth audit read both sources for it.)
     ///
     /// `f` runs with the resources' device current on the thread (their primary context), and
     /// the thread's own context is put back after it, whatever `f` switched to (a thread that had

@@ -477,6 +477,74 @@ mod tests {
         logic(dense_shape("t", 4, 1 << 32, 1 << 32, Layout::RowMajor));
     }
 
+    /// The elements (indices into the array) a shape describes, by (row, column), computed in
+    /// u128 from the definition, not from the code under test.
+    fn cells(offset: usize, rows: usize, cols: usize, ld: usize, layout: Layout) -> Vec<((usize, usize), u128)> {
+        let mut out = Vec::new();
+        for r in 0..rows {
+            for c in 0..cols {
+                let (line, within) = match layout {
+                    Layout::RowMajor => (r, c),
+                    Layout::ColMajor => (c, r),
+                };
+                out.push(((r, c), offset as u128 + line as u128 * ld as u128 + within as u128));
+            }
+        }
+        out
+    }
+
+    /// Every shape of a small domain, exhaustively: a shape is accepted exactly when its leading
+    /// dimension covers a line and every element it describes lies inside the array (an empty
+    /// one: its offset at most the length), and every block of an accepted shape describes
+    /// exactly its parent's elements at those rows and columns. A checker that let one element
+    /// out would hand cuBLAS memory past the array (checked to fail with `end <= len + 1`).
+    #[test]
+    #[cfg_attr(miri, ignore = "pure arithmetic over tens of thousands of cases: Miri adds nothing and takes minutes")]
+    fn every_small_shape_is_accepted_exactly_when_its_elements_lie_inside() {
+        let mut accepted = 0;
+        for layout in [Layout::RowMajor, Layout::ColMajor] {
+            for len in 0..=7 {
+                for offset in 0..=8 {
+                    for rows in 0..=3 {
+                        for cols in 0..=3 {
+                            for ld in 0..=5 {
+                                let (inner, _) = Shape::inner_outer(rows, cols, layout);
+                                let all = cells(offset, rows, cols, ld, layout);
+                                let fits = if all.is_empty() { offset <= len } else { all.iter().all(|&(_, i)| i < len as u128) };
+                                let want = ld >= inner.max(1) && fits;
+                                let got = Shape::checked("t", len, offset, rows, cols, ld, layout);
+                                assert_eq!(got.is_ok(), want, "len {len} offset {offset} {rows}x{cols} ld {ld} {layout:?}");
+                                let Ok(shape) = got else { continue };
+                                accepted += 1;
+                                for r0 in 0..=rows {
+                                    for r1 in r0..=rows {
+                                        for c0 in 0..=cols {
+                                            for c1 in c0..=cols {
+                                                let sub = shape.sub("t", r0..r1, c0..c1).unwrap();
+                                                let want: Vec<u128> = all
+                                                    .iter()
+                                                    .filter(|&&((r, c), _)| (r0..r1).contains(&r) && (c0..c1).contains(&c))
+                                                    .map(|&(_, i)| i)
+                                                    .collect();
+                                                let got: Vec<u128> = cells(sub.offset, sub.rows, sub.cols, sub.ld, sub.layout)
+                                                    .into_iter()
+                                                    .map(|(_, i)| i)
+                                                    .collect();
+                                                assert_eq!(got, want, "{shape:?} [{r0}..{r1}, {c0}..{c1}] -> {sub:?}");
+                                                assert!(sub.offset <= len && sub.span() + sub.offset <= len, "{sub:?} past {len}");
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(accepted > 1000, "the domain accepted only {accepted} shapes");
+    }
+
     #[test]
     fn a_submatrix_starts_at_its_first_element_and_keeps_the_leading_dimension() {
         let m = Shape::checked("t", 20, 0, 4, 5, 5, Layout::RowMajor).unwrap();

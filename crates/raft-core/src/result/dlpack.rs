@@ -737,3 +737,98 @@ fn contiguous(shape: &[usize], strides: &[i64], start: usize, next: impl Fn(usiz
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every small tensor description, exhaustively: `check` accepts one exactly when its
+    /// elements, as its own shape, strides and offset place them (computed here in i128 from
+    /// DLPack's definition), are the `len` elements from `data` in the order it reports, C or
+    /// Fortran, element for element; everything else is refused. A checker that let one
+    /// element out, or took a transposed tensor for the other order, would hand cuBLAS other
+    /// memory than the tensor's.
+    #[test]
+    #[cfg_attr(miri, ignore = "pure arithmetic over tens of thousands of cases: Miri adds nothing and takes minutes")]
+    fn every_small_tensor_is_viewed_exactly_as_its_strides_place_it_or_refused() {
+        let f32 = DLDataType { code: KDL_FLOAT, bits: 32, lanes: 1 };
+        let values: [i64; 6] = [-1, 0, 1, 2, 3, 6];
+        let mut accepted = [0usize; 2];
+        for ndim in 0..=3usize {
+            for shape_code in 0..4usize.pow(ndim as u32) {
+                let shape: Vec<i64> = (0..ndim).map(|d| (shape_code / 4usize.pow(d as u32) % 4) as i64).collect();
+                let mut strides_all: Vec<Option<Vec<i64>>> = vec![None];
+                for code in 0..values.len().pow(ndim as u32) {
+                    strides_all.push(Some((0..ndim).map(|d| values[code / values.len().pow(d as u32) % values.len()]).collect()));
+                }
+                for strides in strides_all {
+                    for (data, byte_offset) in [(4096u64, 0u64), (4096, 8), (4096, 2), (0, 0)] {
+                        let d = Described {
+                            version: None,
+                            flags: 0,
+                            data,
+                            device: DLDevice { device_type: KDL_CUDA, device_id: 0 },
+                            dtype: f32,
+                            shape: shape.clone(),
+                            strides: strides.clone(),
+                            byte_offset,
+                        };
+                        let len: i128 = shape.iter().map(|&e| e as i128).product();
+                        // The tensor's own element addresses, by multi-index (row-major walk).
+                        let eff: Vec<i64> = strides.clone().unwrap_or_else(|| {
+                            let mut s = vec![1i64; ndim];
+                            for k in (0..ndim.saturating_sub(1)).rev() {
+                                s[k] = s[k + 1] * shape[k + 1];
+                            }
+                            s
+                        });
+                        let mut addresses = Vec::new();
+                        let mut index = vec![0i64; ndim];
+                        for _ in 0..len {
+                            let at: i128 = (0..ndim).map(|k| index[k] as i128 * eff[k] as i128).sum();
+                            addresses.push((index.clone(), data as i128 + byte_offset as i128 + 4 * at));
+                            for k in (0..ndim).rev() {
+                                index[k] += 1;
+                                if index[k] < shape[k] {
+                                    break;
+                                }
+                                index[k] = 0;
+                            }
+                        }
+                        // Where a dense view from the first element puts each index, C and F.
+                        let dense = |order: Order, index: &[i64]| -> i128 {
+                            let (mut at, mut step) = (0i128, 1i128);
+                            let dims: Vec<usize> = match order {
+                                Order::C => (0..ndim).rev().collect(),
+                                Order::F => (0..ndim).collect(),
+                            };
+                            for k in dims {
+                                at += index[k] as i128 * step;
+                                step *= shape[k] as i128;
+                            }
+                            data as i128 + byte_offset as i128 + 4 * at
+                        };
+                        let fits = |order: Order| addresses.iter().all(|(i, a)| dense(order, i) == *a);
+                        let aligned = len == 0 || (data + byte_offset) % 4 == 0;
+                        let null = len > 0 && data == 0;
+                        let viewable = (fits(Order::C) || fits(Order::F)) && aligned && !null;
+                        let what = format!("shape {shape:?} strides {strides:?} data {data:#x}+{byte_offset}");
+                        match check("t", &d, 0, f32, 4) {
+                            Ok(c) => {
+                                assert!(viewable, "{what} accepted as {c:?}");
+                                assert!(fits(c.order), "{what} accepted in {:?} order, which places it elsewhere", c.order);
+                                assert_eq!((c.len as i128, c.bytes as i128, c.data), (len, 4 * len, data + byte_offset), "{what}");
+                                accepted[c.order as usize] += 1;
+                            }
+                            Err(e) => {
+                                assert_eq!(e.kind(), crate::ErrorKind::Logic, "{what}");
+                                assert!(!viewable, "{what} refused: {e}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(accepted[0] > 100 && accepted[1] > 100, "the domain accepted too few: {accepted:?}");
+    }
+}

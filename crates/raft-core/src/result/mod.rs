@@ -532,11 +532,19 @@ pub(crate) struct NativeResources {
     lent: std::sync::atomic::AtomicBool,
 }
 
-// SAFETY: raft::device_resources may be used from any thread; its lazily made handles are
-// created under atomics (RAFT's resource cells). Destruction takes `self` by value, so no other
-// reference can exist then.
+// SAFETY: raft::device_resources may be used from any thread: RAFT makes its lazy resources
+// (the handles, the workspace) under the object's own mutex (`raft::resources::get_resource`
+// locks it). Destruction takes `self` by value, so no other reference can exist then.
 unsafe impl Send for NativeResources {}
-// SAFETY: as above; shared use only reads the object or goes through RAFT's atomic cells.
+// SAFETY: shared use from several threads at once: RAFT's lookups lock as above. The one state
+// written through `&self` is the shared cuBLAS handle's stream and pointer mode, set before each
+// of this library's GEMMs (the shim's `raftrs_gemm_f32` / `_f64`, `result::gemm`'s f16 / bf16)
+// and by RAFT's own calls under a lend; cuBLAS allows one handle to be used from several threads
+// at once (its documentation's thread-safety section), and every such writer stores the same
+// values (the resources' own stream, host pointer mode), so no GEMM runs with another's
+// settings. Changing them through the raw handle is an `unsafe` use bound by
+// `DeviceResources::handle`'s documented contract (leave them as they are). (The twentieth
+// audit, helper 95: this comment said "only reads", which the GEMMs' settings contradicted.)
 unsafe impl Sync for NativeResources {}
 
 impl NativeResources {
