@@ -156,8 +156,9 @@ pub fn file_of(address: usize) -> Option<PathBuf> {
 }
 
 /// Loads each file of `preload` that the process does not have yet from the first of its
-/// directories holding it; returns what failed to load.
-pub fn preload(preload: &Preload) -> Vec<String> {
+/// directories holding it, adding each it loaded to `brought` (its name and file); returns what
+/// failed to load.
+pub fn preload(preload: &Preload, brought: &mut Vec<(&'static str, PathBuf)>) -> Vec<String> {
     let mut problems = Vec::new();
     let mode = RTLD_NOW | if preload.global { RTLD_GLOBAL } else { RTLD_LOCAL };
     for name in &preload.files {
@@ -168,11 +169,36 @@ pub fn preload(preload: &Preload) -> Vec<String> {
         // SAFETY: loading a CUDA or RAPIDS library runs its initialisers, which make no CUDA
         // call that needs a device; the handle is leaked on purpose (never unloaded).
         match unsafe { Library::open(Some(&path), mode) } {
-            Ok(lib) => std::mem::forget(lib),
+            Ok(lib) => {
+                std::mem::forget(lib);
+                brought.push((name, path));
+            }
             Err(e) => problems.push(format!("{}: {e}", path.display())),
         }
     }
     problems
+}
+
+/// A library an earlier candidate's preload brought into the process (it then failed to open)
+/// that `candidate` would take from another file: its preloads would skip that name (the process
+/// has it) and the dynamic loader would bind the candidate to the earlier one's copy. `None` when
+/// every such name resolves to the very file already loaded.
+fn held_elsewhere(spec: &Spec<'_>, candidate: &Path, held: &[(&'static str, PathBuf, PathBuf)]) -> Option<String> {
+    let same = |a: &Path, b: &Path| a == b || a.canonicalize().ok().is_some_and(|a| b.canonicalize().ok() == Some(a));
+    let wanted = (spec.preload)(candidate);
+    held.iter().find_map(|(name, file, by)| {
+        let wish = wanted.iter().filter(|p| p.files.contains(name)).find_map(|p| p.dirs.iter().map(|d| d.join(name)).find(|f| f.is_file()));
+        (!wish.as_deref().is_some_and(|w| same(w, file))).then(|| {
+            format!(
+                "{name} is loaded from {} (brought in for {}, which then failed to open; it cannot be unloaded), and {} would \
+                 run on it{}",
+                file.display(),
+                by.display(),
+                candidate.display(),
+                wish.map(|w| format!(" instead of {}", w.display())).unwrap_or_default()
+            )
+        })
+    })
 }
 
 /// Loads the library `spec` names, trying its candidates in order: the first that opens and
@@ -181,7 +207,10 @@ pub fn preload(preload: &Preload) -> Vec<String> {
 /// search goes on; one that opened but that `accept` refuses ends the search: it stays in the
 /// process (its initialisers ran; RMM's unique symbols make it undeletable) with every library
 /// it brought, and the next candidate's dependencies would bind to those by soname, a build
-/// running on another's libraries with nothing said (the nineteenth audit, helper 93).
+/// running on another's libraries with nothing said (the nineteenth audit, helper 93). A
+/// candidate that fails to open after its preloads loaded libraries leaves those too: the search
+/// goes on only to candidates whose own preloads take those very files, and ends, naming both,
+/// at one that would take another copy (the twentieth audit).
 ///
 /// # Errors
 /// Every candidate refused: the message names the library, each place tried and why, and
@@ -197,13 +226,29 @@ pub fn open<T>(spec: &Spec<'_>, mut accept: impl FnMut(Library, &Path) -> Result
     let (paths, explicit) = candidates(spec);
     let mut tried = Vec::new();
     let mut problems: Vec<String> = Vec::new();
+    // What the preloads of candidates that then failed to open brought in (name, file, for whom):
+    // it stays, and a later candidate whose own copy of one is another file would run on it
+    // (the twentieth audit: the nineteenth's "left open", a failed open after its preloads).
+    let mut held: Vec<(&'static str, PathBuf, PathBuf)> = Vec::new();
     for path in &paths {
         let bare = path.components().count() == 1;
         if !bare && !path.exists() {
             tried.push(format!("{} (absent)", path.display()));
             continue;
         }
-        for p in (spec.preload)(path).iter().flat_map(preload) {
+        if let Some(why) = held_elsewhere(spec, path, &held) {
+            let mut message =
+                format!("could not load {} ({}): {}; {why}: no other candidate is tried. ", spec.what, spec.file, tried.join("; "));
+            message.push_str(&if explicit {
+                format!("{} names it: point it at the right one. ", spec.path_var)
+            } else {
+                format!("Set {} to the right one (or rebuild or move the file that failed). ", spec.path_var)
+            });
+            message.push_str(&spec.advice);
+            return Err(LoadError::new(message));
+        }
+        let mut brought = Vec::new();
+        for p in (spec.preload)(path).iter().flat_map(|p| preload(p, &mut brought)) {
             if !problems.contains(&p) {
                 problems.push(p);
             }
@@ -219,10 +264,12 @@ pub fn open<T>(spec: &Spec<'_>, mut accept: impl FnMut(Library, &Path) -> Result
             Ok(lib) => lib,
             Err(e) if bare => {
                 tried.push(format!("{} through the dynamic loader's search: {e}", spec.file));
+                held.extend(brought.into_iter().map(|(name, file)| (name, file, path.clone())));
                 continue;
             }
             Err(e) => {
                 tried.push(format!("{}: {e}", path.display()));
+                held.extend(brought.into_iter().map(|(name, file)| (name, file, path.clone())));
                 continue;
             }
         };
@@ -337,6 +384,56 @@ mod tests {
         .unwrap();
         assert!(loaded.api, "cos found in libm");
         assert_eq!(loaded.path, libm);
+    }
+
+    /// A candidate that fails to open after its preloads brought libraries in leaves them in the
+    /// process: a later candidate whose own copy of one is another file is not opened on it (the
+    /// search ends, naming both); one whose preload takes the very same file goes on. Before,
+    /// the second candidate loaded and bound to the first one's copy, with nothing said.
+    #[test]
+    fn a_candidate_that_failed_to_open_after_its_preloads_holds_later_ones_to_its_libraries() {
+        let system = ["/lib/x86_64-linux-gnu", "/usr/lib64", "/lib64"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|d| d.join("libm.so.6").is_file() && d.join("libBrokenLocale.so.1").is_file() && d.join("libanl.so.1").is_file())
+            .expect("glibc's libm, libBrokenLocale and libanl on this machine");
+        let dir = std::env::temp_dir().join(format!("raftrs-load-held-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("deps")).unwrap();
+        // The first candidate: a file the dynamic loader refuses, with its own copy of a library.
+        let broken = dir.join("libraftrs_test_absent.so");
+        std::fs::write(&broken, b"not an ELF file").unwrap();
+        std::fs::copy(system.join("libBrokenLocale.so.1"), dir.join("deps/libBrokenLocale.so.1")).unwrap();
+        assert!(already_loaded("libBrokenLocale.so.1").is_none() && already_loaded("libanl.so.1").is_none());
+        let libm = system.join("libm.so.6");
+
+        // Each candidate's preload takes libBrokenLocale from its own stack (the first from deps/).
+        let (first, own, sys) = (broken.clone(), dir.join("deps"), system.clone());
+        let beside = move |c: &Path| -> Vec<Preload> {
+            vec![Preload {
+                files: vec!["libBrokenLocale.so.1"],
+                dirs: vec![if c == first { own.clone() } else { sys.clone() }],
+                global: false,
+            }]
+        };
+        let mut s = spec("RAFTRS_TEST_UNSET_VARIABLE", vec![broken.clone(), libm.clone()]);
+        s.preload = &beside;
+        let e = open(&s, |_, _| Ok(())).unwrap_err();
+        let m = e.message();
+        assert!(m.contains(&format!("libBrokenLocale.so.1 is loaded from {}", dir.join("deps/libBrokenLocale.so.1").display())), "{m}");
+        assert!(
+            m.contains(&format!("{} would run on it instead of {}", libm.display(), system.join("libBrokenLocale.so.1").display())),
+            "{m}"
+        );
+        assert!(m.contains("no other candidate is tried") && m.ends_with("Set THE_VARIABLE."), "{m}");
+
+        // The same file for every candidate (the user's directories): the search goes on.
+        let sys = system.clone();
+        let same = move |_: &Path| -> Vec<Preload> { vec![Preload { files: vec!["libanl.so.1"], dirs: vec![sys.clone()], global: false }] };
+        s.preload = &same;
+        let loaded = open(&s, |_, _| Ok(())).unwrap();
+        assert_eq!(loaded.path, libm, "a candidate whose preload is the loaded file was not tried");
+        assert!(already_loaded("libanl.so.1").is_some());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A failed check ends the search at once with its reason (no other candidate is tried).
