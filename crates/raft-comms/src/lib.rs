@@ -82,7 +82,7 @@ pub use dtype::{NcclType, ReduceOp};
 pub use group::group;
 pub use launch::{timeout_from_env, Launch, DEFAULT_TIMEOUT};
 pub use scope::{group_scope, GroupScope, ScopedComm};
-pub use secret::{Secret, JOB_VAR, MIN_SECRET_BYTES, SECRET_VAR};
+pub use secret::{Secret, JOB_VAR, MIN_DISTINCT_SECRET_BYTES, MIN_SECRET_BYTES, SECRET_VAR};
 pub use unique_id::UniqueId;
 
 use raft_core::{DeviceResources, DeviceVec};

@@ -18,6 +18,11 @@ pub const JOB_VAR: &str = "RAFT_COMMS_JOB";
 /// hex are 128 bits).
 pub const MIN_SECRET_BYTES: usize = 32;
 
+/// The fewest different bytes a secret may have: a placeholder (32 spaces, `xxxx…`, `0000…`,
+/// `abab…`) is long enough and guessed at once. Random text has many more (32 hex digits have
+/// fewer than 8 different ones with a probability below 10^-20).
+pub const MIN_DISTINCT_SECRET_BYTES: usize = 8;
+
 pub(crate) const TAG: usize = 32;
 pub(crate) const NONCE: usize = 32;
 
@@ -53,13 +58,27 @@ impl Secret {
     /// A secret from its bytes (the text of `RAFT_COMMS_SECRET`, say).
     ///
     /// # Errors
-    /// `Logic` for fewer than [`MIN_SECRET_BYTES`] bytes.
+    /// `Logic` for fewer than [`MIN_SECRET_BYTES`] bytes, or fewer than
+    /// [`MIN_DISTINCT_SECRET_BYTES`] different ones (a placeholder, not a random secret).
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Secret> {
         let bytes = bytes.into();
         if bytes.len() < MIN_SECRET_BYTES {
             return Err(Error::logic(
                 "Secret::new",
                 format!("a rendezvous secret of {} byte(s): use at least {MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32`)", bytes.len()),
+            ));
+        }
+        let mut seen = [false; 256];
+        bytes.iter().for_each(|&b| seen[usize::from(b)] = true);
+        let distinct = seen.iter().filter(|&&s| s).count();
+        if distinct < MIN_DISTINCT_SECRET_BYTES {
+            return Err(Error::logic(
+                "Secret::new",
+                format!(
+                    "a rendezvous secret of {} byte(s) with only {distinct} different one(s) is a placeholder, not a random \
+                     secret: use at least {MIN_DISTINCT_SECRET_BYTES} (e.g. `openssl rand -hex 32`)",
+                    bytes.len()
+                ),
             ));
         }
         Ok(Secret::keyed(bytes, Vec::new()))
@@ -192,6 +211,12 @@ mod tests {
     #[test]
     fn secrets_are_long_enough_fresh_and_not_printed() {
         assert!(Secret::new("short").is_err());
+        // Long enough, yet placeholders (helper 91: 32 spaces were taken).
+        for placeholder in [" ".repeat(32), "x".repeat(64), "ab".repeat(16), "0123456".repeat(5)] {
+            let e = Secret::new(placeholder.clone()).unwrap_err();
+            assert!(e.to_string().contains("is a placeholder"), "{placeholder:?}: {e}");
+        }
+        assert!(Secret::new("01234567".repeat(4)).is_ok(), "eight different bytes are enough");
         let (a, b) = (Secret::generate().unwrap(), Secret::generate().unwrap());
         assert_ne!(a, b);
         assert_eq!(a.to_env_value().len(), 64);
@@ -201,7 +226,7 @@ mod tests {
 
     #[test]
     fn the_job_changes_every_key() {
-        let s = Secret::new("s".repeat(32)).unwrap();
+        let s = Secret::new("s0123456789abcdef".repeat(2)).unwrap();
         let (a, b) = (s.clone().with_job("a"), s.clone().with_job("b"));
         assert_ne!(a.key(), b.key());
         assert_ne!(a.key(), s.key());
