@@ -323,6 +323,68 @@ fn a_sigterm_to_raft_run_reaches_the_ranks() {
     }
 }
 
+/// The state letter of a process (`/proc/PID/stat`'s third field: `T` for stopped), or `X` when
+/// it is gone.
+fn state_of(pid: &str) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()).unwrap_or('X')
+}
+
+/// Whether every pid reaches (`stopped`) or leaves the stopped state within 5 s.
+fn all_become(pids: &[String], stopped: bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if pids.iter().all(|p| (state_of(p) == 'T') == stopped) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Helper 91 (the nineteenth audit, left open then): the ranks are not in the terminal's
+/// foreground group, so a Ctrl-Z stopped `raft-run` alone and the ranks ran on. Now they stop
+/// with it and go on when it is continued. (`raft-run` leads a group of its own here, with this
+/// test, its parent, outside it: a stop is then not discarded as in an orphaned group.)
+#[test]
+fn a_sigtstp_stops_the_ranks_with_raft_run_and_a_sigcont_continues_them() {
+    if let Ok(role) = std::env::var(ROLE) {
+        act(&role);
+    }
+    let dir = temp_dir("tstp");
+    let test = "a_sigtstp_stops_the_ranks_with_raft_run_and_a_sigcont_continues_them";
+    let mut cmd = launch(2, &[], test, "sleep", &dir);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().unwrap();
+    wait_for(&dir, &["pid-0", "pid-1"]);
+    let me = child.id().to_string();
+    let ranks: Vec<String> = (0..2).map(|r| std::fs::read_to_string(dir.join(format!("pid-{r}"))).unwrap()).collect();
+    let signal = |sig| {
+        // SAFETY: kill takes a pid (our own child, not yet reaped) and a signal number.
+        unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+    };
+    signal(libc::SIGTSTP);
+    let stopped = all_become(std::slice::from_ref(&me), true) && all_become(&ranks, true);
+    let states = |ranks: &[String]| ranks.iter().map(|p| state_of(p)).collect::<String>();
+    let (at_stop, raft_run_at_stop) = (states(&ranks), state_of(&me));
+    signal(libc::SIGCONT);
+    let continued = all_become(std::slice::from_ref(&me), false) && all_become(&ranks, false);
+    let at_cont = states(&ranks);
+    signal(libc::SIGTERM);
+    let status = child.wait().unwrap();
+    let left: Vec<String> = ranks.iter().filter(|p| alive(p)).cloned().collect();
+    for p in &left {
+        // SAFETY: as above, a rank this test started.
+        unsafe { libc::kill(p.trim().parse().unwrap(), libc::SIGKILL) };
+    }
+    assert!(stopped, "after SIGTSTP: raft-run {raft_run_at_stop}, ranks {at_stop} (T: stopped)");
+    assert!(continued, "after SIGCONT: ranks {at_cont} (T: stopped)");
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    assert!(left.is_empty(), "ranks {left:?} outlived raft-run");
+}
+
 #[test]
 fn bad_usage_is_status_2_with_the_usage() {
     let out = Command::new(common::raft_run()).output().unwrap();

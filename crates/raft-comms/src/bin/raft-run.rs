@@ -25,7 +25,8 @@
 //! SIGINT, SIGTERM or SIGHUP to `raft-run` is passed on to the children, and `raft-run` then ends
 //! by that signal (as a shell expects of a child it interrupted); a second one while the ranks
 //! stop (a second Ctrl-C) kills them at once; a signal ignored when `raft-run` started (`nohup`,
-//! a script's background job) stays ignored.
+//! a script's background job) stays ignored. A SIGTSTP (Ctrl-Z) stops the ranks with `raft-run`,
+//! and they go on when it is continued.
 //!
 //! The ranks, and whatever they start, share one process group, led by a small guardian process
 //! (`raft-run` itself, in a mode of its own) that holds a pipe from `raft-run`: when `raft-run`
@@ -72,6 +73,37 @@ static SIGNALS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 extern "C" fn on_signal(signal: libc::c_int) {
     SIGNALLED.store(signal, Ordering::SeqCst);
     SIGNALS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A SIGTSTP (Ctrl-Z) not yet passed on to the ranks; written by its handler, read by the loop.
+static SUSPEND: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_suspend(_: libc::c_int) {
+    SUSPEND.store(true, Ordering::SeqCst);
+}
+
+/// Installs [`on_suspend`] for SIGTSTP.
+fn catch_suspend() {
+    // SAFETY: the handler only stores into an atomic (async-signal-safe); `signal` takes no
+    // pointer of ours besides the handler's address.
+    unsafe { libc::signal(libc::SIGTSTP, on_suspend as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+}
+
+/// Ctrl-Z: the ranks are not in the terminal's foreground group, so the terminal's SIGTSTP
+/// reaches `raft-run` alone (it stopped, the ranks ran on: helper 91). It passes it on to the
+/// job's group (the guardian ignores it), stops itself the way SIGTSTP would have, and, continued
+/// (`fg`, `bg`), continues the group.
+fn suspend(group: libc::pid_t) {
+    note!("raft-run: suspended: the ranks are stopped too (continued with raft-run)");
+    signal_job(group, libc::SIGTSTP);
+    // SAFETY: sets SIGTSTP's default disposition and raises it on this process (which stops it
+    // until a SIGCONT), then puts the handler back; no pointers but the handler's address.
+    unsafe {
+        libc::signal(libc::SIGTSTP, libc::SIG_DFL);
+        libc::raise(libc::SIGTSTP);
+    }
+    catch_suspend();
+    signal_job(group, libc::SIGCONT);
 }
 
 #[derive(Debug)]
@@ -256,7 +288,7 @@ fn members(group: libc::pid_t, except: libc::pid_t) -> Option<usize> {
 /// open) to end; then stops what is left of the group: SIGTERM, and SIGKILL (itself included)
 /// after the grace period if anything remains.
 fn guardian(grace: Duration) -> ExitCode {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE, libc::SIGTSTP] {
         // SAFETY: sets a disposition, no pointer of ours.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
@@ -314,7 +346,7 @@ fn start_guardian(grace: Duration) -> Result<(Child, std::process::ChildStdin), 
     // safe); ignored dispositions survive the exec.
     unsafe {
         cmd.pre_exec(|| {
-            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGTSTP] {
                 libc::signal(sig, libc::SIG_IGN);
             }
             Ok(())
@@ -367,6 +399,9 @@ fn run(o: Options) -> Result<Outcome, String> {
         // SAFETY: the handler only stores into an atomic (async-signal-safe); `signal` takes no
         // pointer of ours besides the handler's address.
         unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
+    if !ignored(libc::SIGTSTP) {
+        catch_suspend();
     }
     let (mut guard, pipe) = start_guardian(grace)?;
     let group = libc::pid_t::try_from(guard.id()).map_err(|_| "the guardian's pid".to_string())?;
@@ -459,6 +494,9 @@ fn start_and_watch(
             // within one look of this loop count as two).
             stop(running, group, sig, grace, 1);
             return Ok(Outcome::Signal(sig));
+        }
+        if SUSPEND.swap(false, Ordering::SeqCst) {
+            suspend(group);
         }
         let mut i = 0;
         let mut failed_now = false;
