@@ -48,13 +48,16 @@ ncclRedOp_t nccl_op(int32_t op)
 
 namespace {
 
-/// The communicators this thread's open group holds (a plain pointer to a heap vector, never
-/// freed: no thread-local destructor, which glibc would run before the exit's handlers).
+/// The communicators this thread's open group holds: a plain pointer to a heap vector (no
+/// thread-local destructor, which glibc would run before the exit's handlers), made at the
+/// group's first hold and deleted at its outermost end (it was kept, one per thread that ever
+/// ended a group: the twentieth audit, helper 98).
+thread_local std::vector<std::weak_ptr<comm_cell>>* group_held_list = nullptr;
+
 std::vector<std::weak_ptr<comm_cell>>& group_held()
 {
-  thread_local std::vector<std::weak_ptr<comm_cell>>* held = nullptr;
-  if (held == nullptr) { held = new std::vector<std::weak_ptr<comm_cell>>; }
-  return *held;
+  if (group_held_list == nullptr) { group_held_list = new std::vector<std::weak_ptr<comm_cell>>; }
+  return *group_held_list;
 }
 
 }  // namespace
@@ -79,7 +82,8 @@ void hold_for_group(comm_cell& c, char const* doing)
 void abort_group_held(std::string const& what) noexcept
 {
   try {
-    for (auto const& w : group_held()) {
+    if (group_held_list == nullptr) { return; }
+    for (auto const& w : *group_held_list) {
       if (auto c = w.lock()) {
         std::lock_guard<std::mutex> hold(c->lock);
         abort_locked(*c, what);  // held by this group: carried out at the release
@@ -92,14 +96,11 @@ void abort_group_held(std::string const& what) noexcept
 
 void release_group_held() noexcept
 {
-  try {
-    std::vector<std::weak_ptr<comm_cell>> held;
-    held.swap(group_held());
-    for (auto const& w : held) {
-      if (auto c = w.lock()) { release_group_owner(*c); }
-    }
-  } catch (...) {
-    // Only the list's first allocation can throw, and then nothing was held.
+  std::unique_ptr<std::vector<std::weak_ptr<comm_cell>>> held(group_held_list);
+  group_held_list = nullptr;
+  if (!held) { return; }  // nothing was held
+  for (auto const& w : *held) {
+    if (auto c = w.lock()) { release_group_owner(*c); }
   }
 }
 
@@ -200,10 +201,8 @@ extern "C" {
 
 raftcomms_status raftcomms_group_start(void)
 {
-  return guard([&] {
-    check_nccl(nccl().GroupStart(), "ncclGroupStart");
-    ++group_depth;
-  });
+  // NCCL's own group is opened at the first call that reaches it (`open_nccl_group`).
+  return guard([&] { ++group_depth; });
 }
 
 raftcomms_status raftcomms_group_end(int32_t n, raftcomms_comm* const* comms, void* const* streams)
@@ -212,7 +211,8 @@ raftcomms_status raftcomms_group_end(int32_t n, raftcomms_comm* const* comms, vo
     if (group_depth <= 0) { throw std::logic_error("ncclGroupEnd: no group is open on this thread"); }
     --group_depth;
     group_held_release release;  // after the outermost end, on every path out
-    ncclResult_t r = nccl().GroupEnd();
+    if (group_depth > 0) { return; }  // NCCL's group, when open, ends with the outermost
+    ncclResult_t r = end_nccl_group();
     if (r != ncclSuccess && r != ncclInProgress) {
       // The group's calls may have been launched on some communicators and not others: none of
       // them can be trusted to agree with its peers any more, listed or only held (a call the
@@ -226,7 +226,6 @@ raftcomms_status raftcomms_group_end(int32_t n, raftcomms_comm* const* comms, vo
       abort_group_held(what);
       throw nccl_failure(r, what);
     }
-    if (group_depth > 0) { return; }
     for (int32_t i = 0; i < n; ++i) {
       try {
         auto& c = cell_of(comms[i]);

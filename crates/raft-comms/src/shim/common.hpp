@@ -287,8 +287,35 @@ inline bool capture_forbids_query(cudaStream_t stream) noexcept
   return status != cudaStreamCaptureStatusNone;
 }
 
-/// ncclGroupStart / ncclGroupEnd depth on this thread (a plain int: no destructor).
+/// The depth of this thread's open groups (`raftcomms_group_start`, `comms_iface::group_start`;
+/// a plain int: no destructor).
 extern thread_local int group_depth;
+
+/// Whether this thread's NCCL group is open. It is opened lazily, at the first call that reaches
+/// NCCL inside the outermost open group (`open_nccl_group`), and ended at that group's end only
+/// when it was opened: NCCL 2.28's ncclGroupEnd allocates a job it frees only for a group that
+/// held work, so every empty group (a scope whose body queued nothing, or whose calls were all
+/// refused before NCCL) leaked 160 bytes (the twentieth audit, helper 98).
+extern thread_local bool nccl_group_open;
+
+/// Opens this thread's NCCL group when a group of this shim is open and NCCL's is not yet; before
+/// every NCCL call that NCCL may fold into a group (`run_op`, `start_split`).
+inline void open_nccl_group()
+{
+  if (group_depth > 0 && !nccl_group_open) {
+    check_nccl(nccl().GroupStart(), "ncclGroupStart");
+    nccl_group_open = true;
+  }
+}
+
+/// At the outermost group's end: ncclGroupEnd when NCCL's group was opened, else ncclSuccess
+/// (nothing reached NCCL: nothing to launch).
+inline ncclResult_t end_nccl_group()
+{
+  if (!nccl_group_open) { return ncclSuccess; }
+  nccl_group_open = false;
+  return nccl().GroupEnd();
+}
 
 // ---- communicators -------------------------------------------------------------------------------
 
@@ -462,6 +489,7 @@ void run_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, F&&
     // group, and an abort (this failure's, a peer's) must then wait for the group's end.
     if (group_depth > 0) { hold_for_group(c, doing); }
     device_scope scope{c.device};
+    open_nccl_group();
     r = call(c.comm);
     if (r != ncclSuccess && r != ncclInProgress) {
       std::string what = nccl_message(r, doing);

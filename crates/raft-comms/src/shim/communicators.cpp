@@ -118,8 +118,8 @@ struct scheduled_abort {
 
 /// The clique aborts this thread scheduled, run when it leaves the entry point (or the open
 /// group) it scheduled them in: an abort has reached the whole clique when the call that made
-/// it returns. A plain pointer to a heap vector, never freed: no thread-local destructor, which
-/// glibc would run before the exit's teardown still aborts.
+/// it returns. A plain pointer to a heap vector (no thread-local destructor, which glibc would
+/// run before the exit's teardown still aborts), deleted once drained.
 std::vector<scheduled_abort>*& queue_of_this_thread();
 
 std::vector<scheduled_abort>& scheduled()
@@ -246,7 +246,11 @@ void abort_scheduled_peers() noexcept
         on.clear();
         handed_on_pending.store(false, std::memory_order_release);
       }
-      if (batch.empty()) { return; }
+      if (batch.empty()) {
+        delete mine;  // drained: a thread that scheduled once keeps no vector for good
+        queue_of_this_thread() = nullptr;
+        return;
+      }
       for (std::size_t i = 0; i < batch.size(); ++i) {
         if (auto p = batch[i].peer.lock()) {
           try {
@@ -336,6 +340,7 @@ cell_ptr start_split(comm_cell& parent, int color, int key, char const* doing)
     // Inside a group (split_all) NCCL lists the parent there: an abort must wait for the end.
     if (group_depth > 0) { hold_for_group(parent, doing); }
     device_scope scope{parent.device};
+    open_nccl_group();
     ncclResult_t r = nccl().CommSplit(parent.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, child->split_slot, nullptr);
     if (r != ncclSuccess && r != ncclInProgress) {
       std::string what = nccl_message(r, doing);

@@ -144,6 +144,9 @@ driver_ctx const* driver()
 /// ncclGroupStart / ncclGroupEnd depth on this thread (a plain int: no destructor).
 thread_local int group_depth = 0;
 
+/// Whether this thread's NCCL group is open (a plain bool: no destructor).
+thread_local bool nccl_group_open = false;
+
 }  // namespace raftcomms
 
 #pragma GCC visibility pop

@@ -225,7 +225,7 @@ class nccl_comms final : public raft::comms::comms_iface {
 
   void group_start() const override
   {
-    check_nccl(nccl().GroupStart(), "group_start");
+    // NCCL's own group is opened at the first call that reaches it (`open_nccl_group`).
     ++group_depth;
   }
 
@@ -235,14 +235,15 @@ class nccl_comms final : public raft::comms::comms_iface {
     if (group_depth <= 0) { throw raft::logic_error("group_end: no group is open on this thread"); }
     --group_depth;
     group_held_release release;  // after the outermost end, on every path out
-    ncclResult_t r = nccl().GroupEnd();
+    if (group_depth > 0) { return; }  // NCCL's group, when open, ends with the outermost
+    ncclResult_t r = end_nccl_group();
     if (r != ncclSuccess && r != ncclInProgress) {
       // As raftcomms_group_end: every communicator the group held is ended.
       std::string what = nccl_message(r, "group_end");
       abort_group_held(what);
       throw nccl_failure(r, what);
     }
-    if (r == ncclInProgress && group_depth == 0) { wait_ready(*cell_, cell_->timeout_s, "group_end"); }
+    if (r == ncclInProgress) { wait_ready(*cell_, cell_->timeout_s, "group_end"); }
   }
 
  private:
