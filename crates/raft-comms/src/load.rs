@@ -105,7 +105,7 @@ fn load() -> std::result::Result<Loaded, LoadError> {
         check: &|_| Ok(()),
         advice: shim_advice(),
     };
-    let shim = load::open(&spec, |lib, _| {
+    let accept = |lib: libloading::os::unix::Library, _: &std::path::Path| {
         // SAFETY: a raftcomms shim: its functions have the signatures of src/sys.rs, which a
         // test checks against the header it was built from; the table keeps the library loaded.
         // A shim built from another header is refused just below, before any other call.
@@ -113,7 +113,10 @@ fn load() -> std::result::Result<Loaded, LoadError> {
         // SAFETY: takes nothing, returns a number: callable whatever the rest of the shim is.
         same_header(unsafe { (api.raftcomms_header_hash)() }, build_header_hash())?;
         Ok(api)
-    })?;
+    };
+    // SAFETY: the candidates are raft-comms shims (initialisers that need no device; nothing is
+    // preloaded); `accept` moves the library into its function table, kept for the process's life.
+    let shim = unsafe { load::open(&spec, accept) }?;
     let api = shim.api;
     let explicit_nccl = std::env::var("RAFT_COMMS_NCCL_LIB").ok().filter(|p| !p.is_empty());
     let c_path =

@@ -58,10 +58,18 @@ impl Secret {
     /// A secret from its bytes (the text of `RAFT_COMMS_SECRET`, say).
     ///
     /// # Errors
-    /// `Logic` for fewer than [`MIN_SECRET_BYTES`] bytes, or fewer than
-    /// [`MIN_DISTINCT_SECRET_BYTES`] different ones (a placeholder, not a random secret).
+    /// `Logic` for fewer than [`MIN_SECRET_BYTES`] bytes, fewer than
+    /// [`MIN_DISTINCT_SECRET_BYTES`] different ones (a placeholder, not a random secret), or
+    /// bytes that are not UTF-8 text (a secret travels to the ranks in an environment variable:
+    /// [`to_env_value`](Self::to_env_value) would hand them another one).
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Secret> {
         let bytes = bytes.into();
+        if std::str::from_utf8(&bytes).is_err() {
+            return Err(Error::logic(
+                "Secret::new",
+                "a rendezvous secret must be UTF-8 text (it travels to the ranks in RAFT_COMMS_SECRET): e.g. `openssl rand -hex 32`",
+            ));
+        }
         if bytes.len() < MIN_SECRET_BYTES {
             return Err(Error::logic(
                 "Secret::new",
@@ -133,8 +141,8 @@ impl Secret {
         }
     }
 
-    /// The secret as text, to hand to the ranks in `RAFT_COMMS_SECRET` (lossy for bytes that
-    /// are not UTF-8; a generated secret is hex).
+    /// The secret as text, to hand to the ranks in `RAFT_COMMS_SECRET`: exactly its bytes
+    /// ([`new`](Self::new) takes only UTF-8 text; a generated secret is hex).
     pub fn to_env_value(&self) -> String {
         String::from_utf8_lossy(&self.raw).into_owned()
     }
@@ -217,6 +225,9 @@ mod tests {
             assert!(e.to_string().contains("is a placeholder"), "{placeholder:?}: {e}");
         }
         assert!(Secret::new("01234567".repeat(4)).is_ok(), "eight different bytes are enough");
+        // Bytes that are not UTF-8: `to_env_value` handed the ranks another secret (helper 97).
+        let e = Secret::new((0x80u8..0xA0).collect::<Vec<u8>>()).unwrap_err();
+        assert!(e.to_string().contains("UTF-8"), "{e}");
         let (a, b) = (Secret::generate().unwrap(), Secret::generate().unwrap());
         assert_ne!(a, b);
         assert_eq!(a.to_env_value().len(), 64);

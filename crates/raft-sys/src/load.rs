@@ -158,7 +158,18 @@ pub fn file_of(address: usize) -> Option<PathBuf> {
 /// Loads each file of `preload` that the process does not have yet from the first of its
 /// directories holding it, adding each it loaded to `brought` (its name and file); returns what
 /// failed to load.
-pub fn preload(preload: &Preload, brought: &mut Vec<(&'static str, PathBuf)>) -> Vec<String> {
+///
+/// # Safety
+/// Loading a library runs its initialisers (ELF constructors), which may do anything: every file
+/// `preload` can name must be a library whose initialisers are sound to run in this process now
+/// (the CUDA and RAPIDS libraries this crate's callers name make no call that needs a device).
+/// (The twentieth audit, helper 97: as a safe function it let safe code run any file's code.)
+///
+/// ```compile_fail,E0133
+/// let nothing = raft_sys::load::Preload { files: vec![], dirs: vec![], global: false };
+/// raft_sys::load::preload(&nothing, &mut Vec::new()); // error: an `unsafe fn`
+/// ```
+pub unsafe fn preload(preload: &Preload, brought: &mut Vec<(&'static str, PathBuf)>) -> Vec<String> {
     let mut problems = Vec::new();
     let mode = RTLD_NOW | if preload.global { RTLD_GLOBAL } else { RTLD_LOCAL };
     for name in &preload.files {
@@ -166,8 +177,8 @@ pub fn preload(preload: &Preload, brought: &mut Vec<(&'static str, PathBuf)>) ->
             continue; // the dynamic loader gives every later library this very one
         }
         let Some(path) = preload.dirs.iter().map(|d| d.join(name)).find(|p| p.is_file()) else { continue };
-        // SAFETY: loading a CUDA or RAPIDS library runs its initialisers, which make no CUDA
-        // call that needs a device; the handle is leaked on purpose (never unloaded).
+        // SAFETY: the caller's contract: this file's initialisers are sound to run; the handle
+        // is leaked on purpose (never unloaded).
         match unsafe { Library::open(Some(&path), mode) } {
             Ok(lib) => {
                 std::mem::forget(lib);
@@ -215,7 +226,21 @@ fn held_elsewhere(spec: &Spec<'_>, candidate: &Path, held: &[(&'static str, Path
 /// # Errors
 /// Every candidate refused: the message names the library, each place tried and why, and
 /// `spec.advice`.
-pub fn open<T>(spec: &Spec<'_>, mut accept: impl FnMut(Library, &Path) -> Result<T, String>) -> Result<Loaded<T>, LoadError> {
+///
+/// # Safety
+/// Every candidate of `spec` and everything its `preload` names is loaded, which runs its
+/// initialisers: each must be a library whose initialisers are sound to run in this process now
+/// (as for [`preload`]). `accept` must keep the `Library` it is given loaded for as long as
+/// anything it returns refers into it (the function tables of this crate's callers own it and
+/// live for the process's life). (The twentieth audit, helper 97: as a safe function it let safe
+/// code run any file's code, and return pointers into a library it had dropped.)
+///
+/// ```compile_fail,E0133
+/// fn load(spec: &raft_sys::load::Spec<'_>) {
+///     let _ = raft_sys::load::open(spec, |_, _| Ok(())); // error: an `unsafe fn`
+/// }
+/// ```
+pub unsafe fn open<T>(spec: &Spec<'_>, mut accept: impl FnMut(Library, &Path) -> Result<T, String>) -> Result<Loaded<T>, LoadError> {
     if let Some(symbol) = spec.reuse_symbol.filter(|_| std::env::var_os(spec.path_var).is_none()) {
         if let Some((lib, path)) = in_process(spec.file, symbol) {
             return accept(lib, &path)
@@ -248,7 +273,8 @@ pub fn open<T>(spec: &Spec<'_>, mut accept: impl FnMut(Library, &Path) -> Result
             return Err(LoadError::new(message));
         }
         let mut brought = Vec::new();
-        for p in (spec.preload)(path).iter().flat_map(|p| preload(p, &mut brought)) {
+        // SAFETY: this function's own contract covers what `spec.preload` names.
+        for p in (spec.preload)(path).iter().flat_map(|p| unsafe { preload(p, &mut brought) }) {
             if !problems.contains(&p) {
                 problems.push(p);
             }
@@ -256,10 +282,11 @@ pub fn open<T>(spec: &Spec<'_>, mut accept: impl FnMut(Library, &Path) -> Result
         if let Err(why) = (spec.check)(path) {
             return Err(LoadError::new(format!("could not load {} ({}): {why}.", spec.what, path.display())));
         }
-        // SAFETY: the initialisers of a raft-rs or RAPIDS library (and of the CUDA libraries it
-        // needs) make no call that needs a device; RTLD_NOW resolves every symbol now, so a
-        // missing one is an error here rather than a crash later; RTLD_LOCAL keeps its C++
-        // symbols out of the global namespace. Never unloaded (`accept` keeps it).
+        // SAFETY: the caller's contract: a candidate's initialisers are sound to run (those of a
+        // raft-rs or RAPIDS library, and of the CUDA libraries it needs, make no call that needs
+        // a device); RTLD_NOW resolves every symbol now, so a missing one is an error here rather
+        // than a crash later; RTLD_LOCAL keeps its C++ symbols out of the global namespace.
+        // Never unloaded (`accept` keeps it).
         let lib = match unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) } {
             Ok(lib) => lib,
             Err(e) if bare => {
@@ -325,6 +352,13 @@ mod tests {
         Ok(())
     }
 
+    /// [`open`] over the tests' own files: glibc's libraries and a file that is no library.
+    fn open_test<T>(s: &Spec<'_>, accept: impl FnMut(Library, &Path) -> Result<T, String>) -> Result<Loaded<T>, LoadError> {
+        // SAFETY: the tests' specs name only glibc's own libraries (whose initialisers run in
+        // every process) and a file the dynamic loader refuses; `accept` binds nothing it keeps.
+        unsafe { open(s, accept) }
+    }
+
     fn spec<'a>(path_var: &'a str, built: Vec<PathBuf>) -> Spec<'a> {
         Spec {
             what: "a test library",
@@ -345,7 +379,7 @@ mod tests {
     #[test]
     fn a_missing_library_is_named_with_every_place_tried() {
         let s = spec("RAFTRS_TEST_UNSET_VARIABLE", vec![PathBuf::from("/nonexistent/built/libraftrs_test_absent.so")]);
-        let e = open(&s, |_, _| -> Result<(), String> { panic!("nothing to accept") }).unwrap_err();
+        let e = open_test(&s, |_, _| -> Result<(), String> { panic!("nothing to accept") }).unwrap_err();
         let m = e.message();
         assert!(m.starts_with("could not load a test library (libraftrs_test_absent.so): "), "{m}");
         assert!(m.contains("/nonexistent/built/libraftrs_test_absent.so (absent)"), "{m}");
@@ -367,7 +401,7 @@ mod tests {
             .expect("libm on this machine");
         let s = spec("RAFTRS_TEST_UNSET_VARIABLE", vec![libm.clone(), libm.clone()]);
         let mut calls = 0;
-        let e = open(&s, |_, _| -> Result<(), String> {
+        let e = open_test(&s, |_, _| -> Result<(), String> {
             calls += 1;
             Err("refused once".into())
         })
@@ -377,7 +411,7 @@ mod tests {
         assert!(m.contains(&format!("{}: refused once", libm.display())), "{m}");
         assert!(m.contains("cannot be unloaded: no other candidate is tried") && m.contains("Set RAFTRS_TEST_UNSET_VARIABLE"), "{m}");
         assert!(m.ends_with("Set THE_VARIABLE."), "the library's own advice last: {m}");
-        let loaded = open(&s, |lib, _| {
+        let loaded = open_test(&s, |lib, _| {
             // SAFETY: only looks the symbol up.
             Ok(unsafe { lib.get::<*const c_void>(b"cos\0") }.is_ok())
         })
@@ -417,7 +451,7 @@ mod tests {
         };
         let mut s = spec("RAFTRS_TEST_UNSET_VARIABLE", vec![broken.clone(), libm.clone()]);
         s.preload = &beside;
-        let e = open(&s, |_, _| Ok(())).unwrap_err();
+        let e = open_test(&s, |_, _| Ok(())).unwrap_err();
         let m = e.message();
         assert!(m.contains(&format!("libBrokenLocale.so.1 is loaded from {}", dir.join("deps/libBrokenLocale.so.1").display())), "{m}");
         assert!(
@@ -430,7 +464,7 @@ mod tests {
         let sys = system.clone();
         let same = move |_: &Path| -> Vec<Preload> { vec![Preload { files: vec!["libanl.so.1"], dirs: vec![sys.clone()], global: false }] };
         s.preload = &same;
-        let loaded = open(&s, |_, _| Ok(())).unwrap();
+        let loaded = open_test(&s, |_, _| Ok(())).unwrap();
         assert_eq!(loaded.path, libm, "a candidate whose preload is the loaded file was not tried");
         assert!(already_loaded("libanl.so.1").is_some());
         let _ = std::fs::remove_dir_all(&dir);
@@ -446,7 +480,7 @@ mod tests {
         s.file = "libm.so.6";
         s.system_search = true;
         s.check = &refuse;
-        let e = open(&s, |_, _| Ok(())).unwrap_err();
+        let e = open_test(&s, |_, _| Ok(())).unwrap_err();
         assert_eq!(e.message(), "could not load a test library (/): a conflict.");
     }
 

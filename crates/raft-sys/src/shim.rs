@@ -124,7 +124,7 @@ fn load_shim() -> Result<Loaded, LoadError> {
         check: &no_check,
         advice: advice(),
     };
-    let loaded = load::open(&spec, |lib, _| {
+    let accept = |lib: libloading::os::unix::Library, _: &Path| {
         // SAFETY: every symbol is looked up with the signature of the header the bindings were
         // generated from; the shim's build facts are checked just below.
         let api = unsafe { RaftrsShim::from_library(lib) }.map_err(|e| format!("not this raft-sys version's shim ({e})"))?;
@@ -138,7 +138,11 @@ fn load_shim() -> Result<Loaded, LoadError> {
         }
         same_build(&api)?;
         Ok(api)
-    })?;
+    };
+    // SAFETY: the candidates are raft-rs shims and what `preload` names the RAPIDS / CUDA
+    // libraries of the stack (initialisers that need no device); `accept` moves the library into
+    // its function table, which lives in a static for the process's life.
+    let loaded = unsafe { load::open(&spec, accept) }?;
     Ok(Loaded { api: loaded.api, path: loaded.path })
 }
 

@@ -171,7 +171,10 @@ fn load_cuvs() -> Result<Loaded, LoadError> {
         check: &check_nvjitlink,
         advice: advice(),
     };
-    let loaded = load::open(&spec, |lib, _| api_of(lib))?;
+    // SAFETY: the candidates are cuVS's C library and what `preload` names its own dependencies
+    // (initialisers that need no device); the accepted library is kept by its function table,
+    // kept for the process's life.
+    let loaded = unsafe { load::open(&spec, |lib, _| api_of(lib)) }?;
     Ok(Loaded { api: loaded.api, path: loaded.path })
 }
 
