@@ -85,8 +85,12 @@ pub(crate) struct Held {
 /// every `new()` (two loads) and by `stats()`.
 #[derive(Default)]
 struct Ledger {
-    /// Pending: queued, running, or waiting on a retiring worker.
-    releases: AtomicUsize,
+    /// The releases pending (queued, running, or waiting on a retiring worker) in the low 32
+    /// bits, and those of this device finished ever (mod 2^32) in the high 32: one word, so an
+    /// out-of-memory wait reads both at one instant. Read apart, a release that finished between
+    /// the two reads was owed and never counted, and the wait ran to its deadline behind a later
+    /// release (the twentieth audit, helper 96, with loom).
+    counts: AtomicU64,
     /// Of those, in the queue, not yet started: what a helping thread can run.
     queued: AtomicUsize,
     /// Of those, queued on a worker behind its jobs: only that worker can run them.
@@ -94,8 +98,21 @@ struct Ledger {
     streams: AtomicUsize,
     handles: AtomicUsize,
     bytes: AtomicU64,
-    /// Releases of this device finished, ever (an out-of-memory wait counts them).
-    finished: AtomicU64,
+}
+
+/// [`Ledger::counts`]' pending releases.
+const PENDING: u64 = u32::MAX as u64;
+/// One finished release in [`Ledger::counts`] (its high half).
+const FINISHED_ONE: u64 = 1 << 32;
+
+/// The pending releases of a [`Ledger::counts`] word.
+fn pending_of(counts: u64) -> usize {
+    (counts & PENDING) as usize
+}
+
+/// The finished releases (mod 2^32) of a [`Ledger::counts`] word.
+fn finished_of(counts: u64) -> u32 {
+    (counts >> 32) as u32
 }
 
 impl Ledger {
@@ -103,23 +120,29 @@ impl Ledger {
         self.streams.fetch_add(h.streams, Ordering::Relaxed);
         self.handles.fetch_add(h.handles, Ordering::Relaxed);
         self.bytes.fetch_add(h.bytes, Ordering::Relaxed);
-        self.releases.fetch_add(1, Ordering::SeqCst);
+        self.counts.fetch_add(1, Ordering::SeqCst);
     }
 
     fn remove(&self, h: Held) {
         self.streams.fetch_sub(h.streams, Ordering::Relaxed);
         self.handles.fetch_sub(h.handles, Ordering::Relaxed);
         self.bytes.fetch_sub(h.bytes, Ordering::Relaxed);
-        self.finished.fetch_add(1, Ordering::SeqCst);
-        self.releases.fetch_sub(1, Ordering::SeqCst);
+        // One more finished, one fewer pending, in one step (a pending count of at least one:
+        // every `remove` follows its `add`, so the low half never borrows from the high).
+        self.counts.fetch_add(FINISHED_ONE - 1, Ordering::SeqCst);
     }
 
-    /// `releases` is read first, with `Acquire`: `add` and `remove` change it last (a release
+    /// The releases pending now.
+    fn pending(&self, order: Ordering) -> usize {
+        pending_of(self.counts.load(order))
+    }
+
+    /// `counts` is read first, with `Acquire`: `add` and `remove` change it last (a release
     /// store), so a snapshot that sees a release gone also sees what it held gone (Miri's weak
     /// memory showed a snapshot with no release pending and its handle still counted).
     fn snapshot(&self) -> PendingReleases {
         PendingReleases {
-            releases: self.releases.load(Ordering::Acquire),
+            releases: self.pending(Ordering::Acquire),
             queued: self.queued.load(Ordering::Relaxed),
             on_workers: self.on_workers.load(Ordering::Relaxed),
             streams: self.streams.load(Ordering::Relaxed),
@@ -148,7 +171,7 @@ impl Limits {
     }
 
     fn exceeded_by(&self, ledger: &Ledger) -> bool {
-        ledger.releases.load(Ordering::Relaxed) > self.releases || ledger.bytes.load(Ordering::Relaxed) > self.bytes
+        ledger.pending(Ordering::Relaxed) > self.releases || ledger.bytes.load(Ordering::Relaxed) > self.bytes
     }
 }
 
@@ -360,15 +383,19 @@ impl Pool {
     /// release waits behind). Returns whether any was pending.
     fn drain(&self, device: usize, wait: Duration) -> bool {
         let ledger = self.ledger(Some(device));
-        let outside = |l: &Ledger| {
-            let on_workers = if raft_exit::on_library_thread() { l.on_workers.load(Ordering::SeqCst) } else { 0 };
-            l.releases.load(Ordering::SeqCst).saturating_sub(on_workers)
+        let outside = |counts: u64| {
+            let on_workers = if raft_exit::on_library_thread() { ledger.on_workers.load(Ordering::SeqCst) } else { 0 };
+            pending_of(counts).saturating_sub(on_workers)
         };
-        let pending = outside(ledger);
+        // What is owed and what had finished, at one instant.
+        let counts = ledger.counts.load(Ordering::SeqCst);
+        let pending = outside(counts);
         if pending == 0 {
             return false;
         }
-        let finished_before = ledger.finished.load(Ordering::SeqCst);
+        let finished_before = finished_of(counts);
+        #[cfg(test)]
+        tests::AFTER_DRAIN_SNAPSHOT.with(|hook| hook.take().map(|f| f()));
         let held_memory = ledger.bytes.load(Ordering::SeqCst) > 0;
         for _ in 0..pending {
             let Some(q) = self.take_for(device) else { break };
@@ -378,10 +405,11 @@ impl Pool {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let mut g = self.finished_lock.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            let all_finished = ledger.finished.load(Ordering::SeqCst).wrapping_sub(finished_before) >= pending as u64;
+            let counts = ledger.counts.load(Ordering::SeqCst);
+            let all_finished = finished_of(counts).wrapping_sub(finished_before) as usize >= pending;
             let memory_freed = held_memory && ledger.bytes.load(Ordering::SeqCst) == 0;
             let now = Instant::now();
-            if all_finished || memory_freed || outside(ledger) == 0 || now >= deadline {
+            if all_finished || memory_freed || outside(counts) == 0 || now >= deadline {
                 break;
             }
             // Bounded naps as well as the notification: a worker's release settles without it.

@@ -174,6 +174,36 @@ fn kept(p: Pool) -> &'static Pool {
     p
 }
 
+thread_local! {
+    /// Run once by `Pool::drain` on this thread right after it read what it waits for (the
+    /// point between the two reads it made before the twentieth audit).
+    pub(super) static AFTER_DRAIN_SNAPSHOT: std::cell::Cell<Option<Box<dyn FnOnce()>>> = const { std::cell::Cell::new(None) };
+}
+
+/// The twentieth audit (helper 96, found with loom): the wait read the pending releases and the
+/// finished count apart; a release that finished between the reads was owed and never counted,
+/// so with another release queued meanwhile (a long one, holding no memory) the wait ran to its
+/// deadline. Read as one word, the wait ends when the release it saw ends. Before: 500 ms.
+#[test]
+fn an_out_of_memory_wait_counts_a_release_that_ends_as_it_looks() {
+    let p = kept(pool(1000, u64::MAX));
+    let device = 5;
+    let ledger = p.ledger(Some(device));
+    ledger.add(Held::default()); // R1: running elsewhere, holding no memory
+    AFTER_DRAIN_SNAPSHOT.with(|hook| {
+        hook.set(Some(Box::new(move || {
+            p.settle(Some(device), Held::default()); // R1 ends
+            p.ledger(Some(device)).add(Held::default()); // R2 starts, and runs long
+        })))
+    });
+    let t = Instant::now();
+    assert!(p.drain(device, Duration::from_millis(500)));
+    let waited = t.elapsed();
+    assert!(waited < Duration::from_millis(400), "the wait for R1 ran to its deadline ({waited:?}) behind R2");
+    p.ledger(Some(device)).remove(Held::default()); // R2 ends
+    assert_eq!(p.ledger(Some(device)).snapshot(), PendingReleases::default());
+}
+
 #[test]
 fn an_out_of_memory_wait_ends_when_the_release_running_elsewhere_ends() {
     let p = kept(pool(1000, u64::MAX));
