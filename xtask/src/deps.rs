@@ -20,8 +20,15 @@ pub fn prefix() -> Result<PathBuf> {
     stack::cache_prefix().ok_or_else(|| "neither RAFT_RS_CACHE nor HOME is set: set RAFT_RS_CACHE to a writable directory".into())
 }
 
+/// The stamp of an unpacked stack: each pin with its pinned digest, so a stack unpacked before
+/// the digests were pinned (or from other files) is checked and unpacked once more from the
+/// pinned wheels (the review, helper 99).
+fn stamp_of(pins: &[(&str, &str)]) -> String {
+    pins.iter().map(|(n, v)| format!("{n}=={v} --hash=sha256:{}\n", pinned_file(n, v).map(|(_, sha)| sha).unwrap_or("unpinned"))).collect()
+}
+
 fn stamp_text() -> String {
-    WHEELS.iter().map(|(n, v)| format!("{n}=={v}\n")).collect()
+    stamp_of(WHEELS)
 }
 
 /// The one file of each pin (the x86-64 Linux wheel pip picks for CPython 3.12) and its SHA-256,
@@ -458,7 +465,7 @@ fn cuvs_requested() -> bool {
 }
 
 fn cuvs_stamp_text() -> String {
-    CUVS_WHEELS.iter().map(|(n, v)| format!("{n}=={v}\n")).collect()
+    stamp_of(CUVS_WHEELS)
 }
 
 /// Checks what the cuVS prefix holds: the release, the libraries, an nvJitLink new enough.

@@ -19,9 +19,10 @@ pub const JOB_VAR: &str = "RAFT_COMMS_JOB";
 pub const MIN_SECRET_BYTES: usize = 32;
 
 /// The fewest different bytes a secret may have: a placeholder (32 spaces, `xxxx…`, `0000…`,
-/// `abab…`) is long enough and guessed at once. Random text has many more (32 hex digits have
-/// fewer than 8 different ones with a probability below 10^-20).
-pub const MIN_DISTINCT_SECRET_BYTES: usize = 8;
+/// `abab…`, `abcabc…`) is long enough and guessed at once. Random text has more: 32 random hex
+/// digits have fewer than 4 different ones with a probability of 3·10^-21 (8 would refuse one
+/// random 32-digit secret in 28 million: the review, helper 99).
+pub const MIN_DISTINCT_SECRET_BYTES: usize = 4;
 
 pub(crate) const TAG: usize = 32;
 pub(crate) const NONCE: usize = 32;
@@ -220,11 +221,11 @@ mod tests {
     fn secrets_are_long_enough_fresh_and_not_printed() {
         assert!(Secret::new("short").is_err());
         // Long enough, yet placeholders (helper 91: 32 spaces were taken).
-        for placeholder in [" ".repeat(32), "x".repeat(64), "ab".repeat(16), "0123456".repeat(5)] {
+        for placeholder in [" ".repeat(32), "x".repeat(64), "ab".repeat(16), "abc".repeat(11)] {
             let e = Secret::new(placeholder.clone()).unwrap_err();
             assert!(e.to_string().contains("is a placeholder"), "{placeholder:?}: {e}");
         }
-        assert!(Secret::new("01234567".repeat(4)).is_ok(), "eight different bytes are enough");
+        assert!(Secret::new("0123".repeat(8)).is_ok(), "four different bytes are enough");
         // Bytes that are not UTF-8: `to_env_value` handed the ranks another secret (helper 97).
         let e = Secret::new((0x80u8..0xA0).collect::<Vec<u8>>()).unwrap_err();
         assert!(e.to_string().contains("UTF-8"), "{e}");

@@ -205,7 +205,9 @@ fn growth_in_a_child(test: &str, role: &str) -> Vec<i64> {
 /// whose body reached no NCCL call leaked 160 bytes (176 with malloc's header), and each thread
 /// that ever ended a group kept a vector of the shim's. Measured in a child process of its own
 /// (nothing else allocating meanwhile): before, +17.6 MB for the 100 000 empty groups and
-/// +4.2 MB for the 20 000 threads.
+/// +4.2 MB for the 20 000 threads (3.5 MB of it NCCL's leak, 0.64 MB the shim's vectors: the
+/// bound is 8 bytes a thread, below the 32 of one vector). Only empty groups run here: a group
+/// that held a communicator (its held list) needs a GPU.
 #[test]
 fn empty_groups_and_threads_that_ended_groups_leave_no_memory_behind() {
     const ROLE: &str = "RAFT_COMMS_TEST_GROUP_MEMORY";
@@ -237,7 +239,7 @@ fn empty_groups_and_threads_that_ended_groups_leave_no_memory_behind() {
     }
     let growth = growth_in_a_child("empty_groups_and_threads_that_ended_groups_leave_no_memory_behind", ROLE);
     assert!(
-        growth[0] < 1 << 20 && growth[1] < 1 << 20,
+        growth[0] < 1 << 20 && growth[1] < 20_000 * 8,
         "100 000 empty groups kept {} bytes, 20 000 threads that each ended a group {} bytes",
         growth[0],
         growth[1]

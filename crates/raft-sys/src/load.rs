@@ -264,6 +264,10 @@ pub unsafe fn open<T>(spec: &Spec<'_>, mut accept: impl FnMut(Library, &Path) ->
         if let Some(why) = held_elsewhere(spec, path, &held) {
             let mut message =
                 format!("could not load {} ({}): {}; {why}: no other candidate is tried. ", spec.what, spec.file, tried.join("; "));
+            if !problems.is_empty() {
+                // Often why the earlier candidate failed to open (the review, helper 99).
+                message.push_str(&format!("Loading what it needs first: {}. ", problems.join("; ")));
+            }
             message.push_str(&if explicit {
                 format!("{} names it: point it at the right one. ", spec.path_var)
             } else {

@@ -82,27 +82,43 @@ extern "C" fn on_suspend(_: libc::c_int) {
     SUSPEND.store(true, Ordering::SeqCst);
 }
 
-/// Installs [`on_suspend`] for SIGTSTP.
+/// Set by a SIGCONT: `raft-run` was stopped and is continued.
+static CONTINUED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_continue(_: libc::c_int) {
+    CONTINUED.store(true, Ordering::SeqCst);
+}
+
+/// Installs [`on_suspend`] for SIGTSTP and [`on_continue`] for SIGCONT (which continues the
+/// process all the same: the kernel does that, the handler only notes it).
 fn catch_suspend() {
-    // SAFETY: the handler only stores into an atomic (async-signal-safe); `signal` takes no
-    // pointer of ours besides the handler's address.
-    unsafe { libc::signal(libc::SIGTSTP, on_suspend as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    // SAFETY: the handlers only store into atomics (async-signal-safe); `signal` takes no
+    // pointer of ours besides the handlers' addresses.
+    unsafe {
+        libc::signal(libc::SIGTSTP, on_suspend as extern "C" fn(libc::c_int) as libc::sighandler_t);
+        libc::signal(libc::SIGCONT, on_continue as extern "C" fn(libc::c_int) as libc::sighandler_t);
+    }
 }
 
 /// Ctrl-Z: the ranks are not in the terminal's foreground group, so the terminal's SIGTSTP
 /// reaches `raft-run` alone (it stopped, the ranks ran on: helper 91). It passes it on to the
 /// job's group (the guardian ignores it), stops itself the way SIGTSTP would have, and, continued
-/// (`fg`, `bg`), continues the group.
+/// (`fg`, `bg`), continues the group. In an orphaned process group (a `setsid` start) the kernel
+/// discards the stop: `raft-run` goes on at once, says so, and so do the ranks.
 fn suspend(group: libc::pid_t) {
-    note!("raft-run: suspended: the ranks are stopped too (continued with raft-run)");
     signal_job(group, libc::SIGTSTP);
+    CONTINUED.store(false, Ordering::SeqCst);
     // SAFETY: sets SIGTSTP's default disposition and raises it on this process (which stops it
-    // until a SIGCONT), then puts the handler back; no pointers but the handler's address.
+    // until a SIGCONT, whose handler runs before `raise` returns), then puts the handler back; no
+    // pointers but the handler's address.
     unsafe {
         libc::signal(libc::SIGTSTP, libc::SIG_DFL);
         libc::raise(libc::SIGTSTP);
     }
     catch_suspend();
+    if !CONTINUED.load(Ordering::SeqCst) {
+        note!("raft-run: a SIGTSTP cannot stop raft-run here (its process group is orphaned): the ranks go on too");
+    }
     signal_job(group, libc::SIGCONT);
 }
 
