@@ -2,6 +2,7 @@
 // common.hpp, is their shared path), and NCCL groups: the thread's group depth, which thread
 // holds a communicator's open group, ncclGroupEnd over several communicators.
 
+#include <algorithm>
 #include "common.hpp"
 
 #pragma GCC visibility push(hidden)  // internal to the shim, as in common.hpp
@@ -133,6 +134,8 @@ void release_group_owner(comm_cell& c) noexcept
 void barrier_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing)
 {
   if (group_depth > 0) { throw std::logic_error(std::string(doing) + ": a barrier inside a group would wait for itself"); }
+  // One rank meets itself: nothing to allocate or reduce.
+  if (answer_locally(c, stream, mark, doing, {false, nullptr, nullptr, 0, 0})) { return; }
   int* flag = nullptr;
   {
     device_scope scope{c.device};
@@ -161,6 +164,33 @@ void barrier_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing)
   device_scope scope{c.device};
   relaxed_capture relaxed;
   check_cuda(cudaFreeAsync(flag, stream), "freeing the barrier's int");
+}
+
+bool answer_locally(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, local_answer const& a)
+{
+  std::lock_guard<std::mutex> hold(c.lock);
+  live(c, doing);
+  // NCCL refuses a root that is not a rank; so does this answer (the size known).
+  if (c.size > 0 && (a.root < 0 || a.root >= c.size)) {
+    throw std::invalid_argument(std::string(doing) + ": root " + std::to_string(a.root) + " is not a rank of a communicator of " +
+                                std::to_string(c.size));
+  }
+  if (!a.empty && c.size != 1) { return false; }
+  refuse_held_elsewhere(c, doing);
+  if (group_depth > 0) { hold_for_group(c, doing); }
+  device_scope scope{c.device};
+  if (!a.empty && a.bytes > 0 && a.dst != a.src) {
+    check_cuda(cudaMemcpyAsync(a.dst, a.src, a.bytes, cudaMemcpyDefault, stream), "copying one rank's collective");
+  }
+  if (mark && group_depth == 0) { check_cuda(cudaEventRecord(c.event, stream), "recording the communicator's event"); }
+  return true;
+}
+
+std::size_t bytes_of(std::size_t count, ncclDataType_t dt)
+{
+  std::size_t bytes = 0;
+  if (__builtin_mul_overflow(count, type_size(dt), &bytes)) { throw std::invalid_argument("a count whose bytes pass size_t"); }
+  return bytes;
 }
 
 ncclResult_t allgatherv_calls(ncclComm_t comm, const void* send, void* recv, const size_t* counts, const size_t* displs,
@@ -258,6 +288,9 @@ raftcomms_status raftcomms_allreduce(raftcomms_comm* comm, const void* send, voi
   return guard([&] {
     auto dt = nccl_type(dtype);
     auto ro = nccl_op(op);
+    if (answer_locally(cell_of(comm), as_stream(stream), mark != 0, "ncclAllReduce", {count == 0, recv, send, bytes_of(count, dt), 0})) {
+      return;
+    }
     run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclAllReduce",
            [&](ncclComm_t c) { return nccl().AllReduce(send, recv, count, dt, ro, c, as_stream(stream)); });
   });
@@ -268,6 +301,9 @@ raftcomms_status raftcomms_broadcast(raftcomms_comm* comm, const void* send, voi
 {
   return guard([&] {
     auto dt = nccl_type(dtype);
+    if (answer_locally(cell_of(comm), as_stream(stream), mark != 0, "ncclBroadcast", {count == 0, recv, send, bytes_of(count, dt), root})) {
+      return;
+    }
     run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclBroadcast",
            [&](ncclComm_t c) { return nccl().Broadcast(send, recv, count, dt, root, c, as_stream(stream)); });
   });
@@ -279,6 +315,9 @@ raftcomms_status raftcomms_reduce(raftcomms_comm* comm, const void* send, void* 
   return guard([&] {
     auto dt = nccl_type(dtype);
     auto ro = nccl_op(op);
+    if (answer_locally(cell_of(comm), as_stream(stream), mark != 0, "ncclReduce", {count == 0, recv, send, bytes_of(count, dt), root})) {
+      return;
+    }
     run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclReduce",
            [&](ncclComm_t c) { return nccl().Reduce(send, recv, count, dt, ro, root, c, as_stream(stream)); });
   });
@@ -289,6 +328,10 @@ raftcomms_status raftcomms_allgather(raftcomms_comm* comm, const void* send, voi
 {
   return guard([&] {
     auto dt = nccl_type(dtype);
+    if (answer_locally(cell_of(comm), as_stream(stream), mark != 0, "ncclAllGather",
+                       {sendcount == 0, recv, send, bytes_of(sendcount, dt), 0})) {
+      return;
+    }
     run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclAllGather",
            [&](ncclComm_t c) { return nccl().AllGather(send, recv, sendcount, dt, c, as_stream(stream)); });
   });
@@ -306,6 +349,13 @@ raftcomms_status raftcomms_allgatherv(raftcomms_comm* comm, const void* send, vo
       size = c.size;
     }
     if (size > 2048) { throw std::invalid_argument("allgatherv over more than 2048 ranks (one NCCL group per call)"); }
+    if (size > 0) {
+      bool empty = std::all_of(counts, counts + size, [](size_t n) { return n == 0; });
+      if (answer_locally(c, as_stream(stream), mark != 0, "allgatherv",
+                         {empty, static_cast<char*>(recv) + displs[0] * type_size(dt), send, bytes_of(counts[0], dt), 0})) {
+        return;
+      }
+    }
     run_op(c, as_stream(stream), mark != 0, "allgatherv (ncclBroadcast in a group)", [&](ncclComm_t nc) {
       return allgatherv_calls(nc, send, recv, counts, displs, dt, size, as_stream(stream));
     });
@@ -325,6 +375,9 @@ raftcomms_status raftcomms_gather(raftcomms_comm* comm, const void* send, void* 
       rank = c.rank;
       size = c.size;
     }
+    if (answer_locally(c, as_stream(stream), mark != 0, "gather", {sendcount == 0, recv, send, bytes_of(sendcount, dt), root})) {
+      return;
+    }
     run_op(c, as_stream(stream), mark != 0, "gather (ncclSend/ncclRecv in a group)", [&](ncclComm_t nc) {
       return gather_calls(nc, send, recv, sendcount, dt, root, rank, size, as_stream(stream));
     });
@@ -337,6 +390,10 @@ raftcomms_status raftcomms_reducescatter(raftcomms_comm* comm, const void* send,
   return guard([&] {
     auto dt = nccl_type(dtype);
     auto ro = nccl_op(op);
+    if (answer_locally(cell_of(comm), as_stream(stream), mark != 0, "ncclReduceScatter",
+                       {recvcount == 0, recv, send, bytes_of(recvcount, dt), 0})) {
+      return;
+    }
     run_op(cell_of(comm), as_stream(stream), mark != 0, "ncclReduceScatter",
            [&](ncclComm_t c) { return nccl().ReduceScatter(send, recv, recvcount, dt, ro, c, as_stream(stream)); });
   });

@@ -514,6 +514,29 @@ void run_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, F&&
 
 void barrier_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing);
 
+/// What a collective moves when this shim answers it without NCCL: `bytes` from `src` to `dst`
+/// on one rank (nothing in place), or nothing at all when the call moves no elements.
+struct local_answer {
+  bool empty;        ///< the call moves no elements on any rank (the counts say so everywhere)
+  void* dst;         ///< one rank's result
+  const void* src;   ///< one rank's input
+  std::size_t bytes; ///< one rank's copy
+  int root;          ///< the root named (one rank: only 0 is a rank)
+};
+
+/// Answers a collective here when NCCL need not take it: one that moves no elements (nothing to
+/// do) or one on a communicator of one rank (a copy on `stream`). NCCL 2.28 runs each such call
+/// as a group of its own that gets no task, and never frees that group's job: 176 bytes per call
+/// on the H200 (run 219, `comms_groups::collectives_of_one_rank_and_of_no_elements_leave_no_memory_behind`),
+/// so a loop of them grew without bound. Under the cell's lock, on its device, with the same
+/// checks as `run_op` (ended, held by another thread's group; held by this thread's group when
+/// one is open); records the event when asked, outside a group. Returns false when NCCL must
+/// take the call (elements to move among more ranks, or a size not known yet).
+bool answer_locally(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, local_answer const& a);
+
+/// `count` elements of `dt` in bytes, refusing a product past size_t.
+std::size_t bytes_of(std::size_t count, ncclDataType_t dt);
+
 /// ncclGroupStart ... ncclGroupEnd around `body`, ending the group also when `body` fails.
 template <typename F>
 ncclResult_t in_group(F&& body)

@@ -2,6 +2,7 @@
 // and cuVS's multi-GPU code reaches through raft::resource::get_comms; and the entry points that
 // install it into a raft::resources and call through it.
 
+#include <algorithm>
 #include "common.hpp"
 
 #pragma GCC visibility push(hidden)  // internal to the shim, as in common.hpp
@@ -111,8 +112,10 @@ class nccl_comms final : public raft::comms::comms_iface {
   void allreduce(const void* send, void* recv, size_t count, raft::comms::datatype_t t, raft::comms::op_t op,
                  cudaStream_t stream) const override
   {
-    run_op(*cell_, stream, false, "allreduce",
-           [&](ncclComm_t comm) { return nccl().AllReduce(send, recv, count, raft_type(t), raft_op(op), comm, stream); });
+    auto const dt = raft_type(t);
+    auto const ro = raft_op(op);
+    if (answer_locally(*cell_, stream, false, "allreduce", {count == 0, recv, send, bytes_of(count, dt), 0})) { return; }
+    run_op(*cell_, stream, false, "allreduce", [&](ncclComm_t comm) { return nccl().AllReduce(send, recv, count, dt, ro, comm, stream); });
   }
 
   void bcast(void* buff, size_t count, raft::comms::datatype_t t, int root, cudaStream_t stream) const override
@@ -122,43 +125,62 @@ class nccl_comms final : public raft::comms::comms_iface {
 
   void bcast(const void* send, void* recv, size_t count, raft::comms::datatype_t t, int root, cudaStream_t stream) const override
   {
-    run_op(*cell_, stream, false, "bcast",
-           [&](ncclComm_t comm) { return nccl().Broadcast(send, recv, count, raft_type(t), root, comm, stream); });
+    auto const dt = raft_type(t);
+    if (answer_locally(*cell_, stream, false, "bcast", {count == 0, recv, send, bytes_of(count, dt), root})) { return; }
+    run_op(*cell_, stream, false, "bcast", [&](ncclComm_t comm) { return nccl().Broadcast(send, recv, count, dt, root, comm, stream); });
   }
 
   void reduce(const void* send, void* recv, size_t count, raft::comms::datatype_t t, raft::comms::op_t op, int root,
               cudaStream_t stream) const override
   {
-    run_op(*cell_, stream, false, "reduce",
-           [&](ncclComm_t comm) { return nccl().Reduce(send, recv, count, raft_type(t), raft_op(op), root, comm, stream); });
+    auto const dt = raft_type(t);
+    auto const ro = raft_op(op);
+    if (answer_locally(*cell_, stream, false, "reduce", {count == 0, recv, send, bytes_of(count, dt), root})) { return; }
+    run_op(*cell_, stream, false, "reduce", [&](ncclComm_t comm) { return nccl().Reduce(send, recv, count, dt, ro, root, comm, stream); });
   }
 
   void allgather(const void* send, void* recv, size_t sendcount, raft::comms::datatype_t t, cudaStream_t stream) const override
   {
-    run_op(*cell_, stream, false, "allgather",
-           [&](ncclComm_t comm) { return nccl().AllGather(send, recv, sendcount, raft_type(t), comm, stream); });
+    auto const dt = raft_type(t);
+    if (answer_locally(*cell_, stream, false, "allgather", {sendcount == 0, recv, send, bytes_of(sendcount, dt), 0})) { return; }
+    run_op(*cell_, stream, false, "allgather", [&](ncclComm_t comm) { return nccl().AllGather(send, recv, sendcount, dt, comm, stream); });
   }
 
   void allgatherv(const void* send, void* recv, const size_t* counts, const size_t* displs, raft::comms::datatype_t t,
                   cudaStream_t stream) const override
   {
+    auto const dt = raft_type(t);
+    if (size_ > 0) {
+      bool empty = std::all_of(counts, counts + size_, [](size_t n) { return n == 0; });
+      if (answer_locally(*cell_, stream, false, "allgatherv",
+                         {empty, static_cast<char*>(recv) + displs[0] * type_size(dt), send, bytes_of(counts[0], dt), 0})) {
+        return;
+      }
+    }
     run_op(*cell_, stream, false, "allgatherv",
-           [&](ncclComm_t comm) { return allgatherv_calls(comm, send, recv, counts, displs, raft_type(t), size_, stream); });
+           [&](ncclComm_t comm) { return allgatherv_calls(comm, send, recv, counts, displs, dt, size_, stream); });
   }
 
   void gather(const void* send, void* recv, size_t sendcount, raft::comms::datatype_t t, int root,
               cudaStream_t stream) const override
   {
+    auto const dt = raft_type(t);
+    if (answer_locally(*cell_, stream, false, "gather", {sendcount == 0, recv, send, bytes_of(sendcount, dt), root})) { return; }
     run_op(*cell_, stream, false, "gather",
-           [&](ncclComm_t comm) { return gather_calls(comm, send, recv, sendcount, raft_type(t), root, rank_, size_, stream); });
+           [&](ncclComm_t comm) { return gather_calls(comm, send, recv, sendcount, dt, root, rank_, size_, stream); });
   }
 
   void gatherv(const void* send, void* recv, size_t sendcount, const size_t* counts, const size_t* displs,
                raft::comms::datatype_t t, int root, cudaStream_t stream) const override
   {
+    auto const dt = raft_type(t);
+    auto const sz = type_size(dt);
+    // One rank only: the others' counts may differ, so a rank sending nothing still takes part.
+    if (size_ == 1 && answer_locally(*cell_, stream, false, "gatherv",
+                                     {false, static_cast<char*>(recv) + displs[0] * sz, send, bytes_of(sendcount, dt), root})) {
+      return;
+    }
     run_op(*cell_, stream, false, "gatherv", [&](ncclComm_t comm) {
-      auto const dt = raft_type(t);
-      auto const sz = type_size(dt);
       return in_group([&] {
         if (rank_ == root) {
           for (int r = 0; r < size_; ++r) {
@@ -174,9 +196,11 @@ class nccl_comms final : public raft::comms::comms_iface {
   void reducescatter(const void* send, void* recv, size_t recvcount, raft::comms::datatype_t t, raft::comms::op_t op,
                      cudaStream_t stream) const override
   {
-    run_op(*cell_, stream, false, "reducescatter", [&](ncclComm_t comm) {
-      return nccl().ReduceScatter(send, recv, recvcount, raft_type(t), raft_op(op), comm, stream);
-    });
+    auto const dt = raft_type(t);
+    auto const ro = raft_op(op);
+    if (answer_locally(*cell_, stream, false, "reducescatter", {recvcount == 0, recv, send, bytes_of(recvcount, dt), 0})) { return; }
+    run_op(*cell_, stream, false, "reducescatter",
+           [&](ncclComm_t comm) { return nccl().ReduceScatter(send, recv, recvcount, dt, ro, comm, stream); });
   }
 
   void device_send(const void* buf, size_t size, int dest, cudaStream_t stream) const override
