@@ -34,13 +34,29 @@ pub fn gpus() -> usize {
     raft_core::device_count().unwrap_or(0)
 }
 
-/// Whether `test` can run with `n` GPUs and NCCL here; prints why not, and fails instead under
-/// `RAFT_REQUIRE_GPU=1`.
+/// The GPUs the run promises (`RAFT_REQUIRE_GPUS`; `RAFT_REQUIRE_GPU=1` alone promises one), as
+/// the main tests read it (`raft_tests::gpus_or_skip`).
+pub fn required_gpus() -> usize {
+    let promised = std::env::var("RAFT_REQUIRE_GPUS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    promised.max(usize::from(required()))
+}
+
+/// Whether `test` can run with `n` GPUs and NCCL here; prints why not, and fails instead where
+/// the run promised what is missing: `n` GPUs (`RAFT_REQUIRE_GPUS` ≥ `n`, or one under
+/// `RAFT_REQUIRE_GPU=1`), NCCL and NVLink multicast off (`RAFT_REQUIRE_GPU=1`). A two-GPU test
+/// on a one-GPU run skips visibly (run 219 counted each as a failure).
 pub fn have(n: usize, test: &str) -> bool {
     let found = gpus();
-    let why = if found < n {
-        Some(format!("{test}: skipped: needs {n} GPU(s), found {found}"))
-    } else if std::env::var("NCCL_NVLS_ENABLE").ok().as_deref() != Some("0") {
+    if found < n {
+        let why = format!("{test}: skipped: needs {n} GPU(s), found {found}");
+        // No GPU at all fails under `RAFT_REQUIRE_GPU=1` whatever the test needs.
+        if required_gpus() >= n || (required() && found == 0) {
+            panic!("{why} (the run promised {} GPU(s): RAFT_REQUIRE_GPU / RAFT_REQUIRE_GPUS)", required_gpus());
+        }
+        eprintln!("{why}");
+        return false;
+    }
+    let why = if std::env::var("NCCL_NVLS_ENABLE").ok().as_deref() != Some("0") {
         // NVLink multicast can take a shared host's GPUs out of service: never from a test.
         Some(format!("{test}: skipped: NCCL_NVLS_ENABLE=0 is not set (NVLink multicast must stay off)"))
     } else {
