@@ -28,7 +28,7 @@ fn main() {
 
     if env_var_rerun("DOCS_RS").is_some() || env::var_os("CARGO_FEATURE_DOC_ONLY").is_some() {
         // Documentation needs no native code: the pinned facts stand in for the headers'.
-        write_build_info(&out, &pinned_info(), false);
+        write_build_info(&out, &pinned_info(), false, &Linked::default());
         println!("cargo:rustc-env=RAFT_SYS_SHIM_PATH=");
         println!("cargo:rustc-env=RAFT_SYS_LIB_DIRS=");
         println!("cargo:rustc-env=RAFT_SYS_HEADER_HASH=0");
@@ -59,8 +59,9 @@ fn main() {
             std::process::exit(1);
         }
     }
-    let shim = build_shim(&manifest, &out, &stack, header_hash);
-    write_build_info(&out, &info, true);
+    let linked = linked_librmm(&stack);
+    let shim = build_shim(&manifest, &out, &stack, header_hash, &linked);
+    write_build_info(&out, &info, true, &linked);
 
     let lib_dirs = env::join_paths(&stack.lib_dirs).expect("library paths contain no separator");
     let includes = env::join_paths(&stack.includes).expect("include paths contain no separator");
@@ -91,13 +92,17 @@ fn watch_stack(stack: &Stack) {
             "nvidia/cu13/include/cuda_runtime_api.h",
             "include/raft/core/device_resources.hpp",
             "include/cuda_runtime_api.h",
+            // A patch release or a rebuild of RMM (its headers, its library) rebuilds the shim
+            // and the build-id it checks at load (helper 101: conda's layout rebuilt nothing).
+            "librmm/include/rmm/version_config.hpp",
+            "include/rmm/version_config.hpp",
         ]
         .iter()
         .map(|f| stack.root.join(f))
         .filter(|f| f.is_file())
         .collect()
     };
-    for file in files {
+    for file in files.iter().chain(stack.library("rmm").map(|(dir, file)| dir.join(file)).as_ref()) {
         println!("cargo:rerun-if-changed={}", file.display());
     }
     if stack.source == "RAFT_SYS_PREFIX" || stack.source == "the cargo xtask deps cache" {
@@ -112,12 +117,30 @@ fn watch_stack(stack: &Stack) {
 
 /// Compiles the shim's translation units (`SHIM_SOURCES`) position-independent and links them
 /// into `OUT_DIR/libraftrs_shim.so`, with RUNPATH `$ORIGIN` and the stack's library directories.
-fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64) -> PathBuf {
+/// The `librmm.so` the shim links and its GNU build-id (empty where it has none).
+#[derive(Default)]
+struct Linked {
+    path: String,
+    build_id: String,
+}
+
+/// Which `librmm.so` the link below takes (`Stack::library`, as it does) and its build-id: the
+/// shim compiles RMM's inline code for that one build, and compares it at load with the
+/// `librmm.so` the process mapped (`raftrs_get_librmm_identity`).
+fn linked_librmm(stack: &Stack) -> Linked {
+    let Some((dir, file)) = stack.library("rmm") else { return Linked::default() };
+    let path = dir.join(file);
+    let build_id = std::fs::read(&path).ok().and_then(|elf| raft_build::gnu_build_id(&elf)).unwrap_or_default();
+    Linked { path: path.display().to_string(), build_id }
+}
+
+fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64, linked: &Linked) -> PathBuf {
     let mut build = cc::Build::new();
     // The C++ never instrumented: under -Zsanitizer=address cc adds -fsanitize=address for
     // CARGO_CFG_SANITIZE, and `--no-undefined` links cannot take ASan's runtime.
     build.flag("-fno-sanitize=address");
     build.define("RAFTRS_HEADER_HASH", Some(format!("{header_hash}ULL").as_str()));
+    build.define("RAFTRS_LIBRMM_BUILD_ID", Some(format!("\"{}\"", linked.build_id).as_str()));
     build.cpp(true).std("c++20").pic(true).include(manifest.join("include"));
     build.files(SHIM_SOURCES.iter().map(|f| manifest.join("src/shim").join(f)));
     // -isystem: warnings inside RAFT's and RMM's headers are theirs, not the shim's.
@@ -225,7 +248,7 @@ fn read_build_info(manifest: &Path, stack: &Stack) -> Info {
     }
 }
 
-fn write_build_info(out: &Path, info: &Info, native: bool) {
+fn write_build_info(out: &Path, info: &Info, native: bool, linked: &Linked) {
     let (rj, rn, rp) = info.raft;
     let (mj, mn, mp) = info.rmm;
     let text = format!(
@@ -247,8 +270,11 @@ fn write_build_info(out: &Path, info: &Info, native: bool) {
          /// show the pinned stack's).\n\
          pub const FROM_HEADERS: bool = {native};\n\
          /// The release the build script was pinned to.\n\
-         pub const PINNED: &str = {PINNED:?};\n",
-        info.cccl, info.cudart, info.rmm_abi_namespace
+         pub const PINNED: &str = {PINNED:?};\n\
+         /// The `librmm.so` the shim was linked against, and its GNU build-id (empty: none).\n\
+         pub const LIBRMM_LINKED: &str = {:?};\n\
+         pub const LIBRMM_BUILD_ID: &str = {:?};\n",
+        info.cccl, info.cudart, info.rmm_abi_namespace, linked.path, linked.build_id
     );
     std::fs::write(out.join("build_info.rs"), text).expect("write build_info.rs");
 }

@@ -72,6 +72,18 @@ typedef struct raftrs_build_info {
 
 void raftrs_get_build_info(raftrs_build_info* out);
 
+/** Which build of librmm.so: the GNU build-id (lower-case hex, empty: none) of the one the shim
+ *  was linked against at build time, and of the one mapped in this process now, with its path
+ *  (empty: none mapped under a librmm.so name). A librmm of the same release but another build
+ *  (another package, a rebuild) may lay out what the shim's inline RMM code reads otherwise. */
+typedef struct raftrs_librmm_identity {
+  char linked[72];
+  char mapped[72];
+  char mapped_path[1024];
+} raftrs_librmm_identity;
+
+void raftrs_get_librmm_identity(raftrs_librmm_identity* out);
+
 /** sizeof(raft::device_resources) in RAFT 26.08.00: the shim refuses to compile (a
  *  static_assert) against headers where the handle has another size. */
 #define RAFTRS_EXPECTED_HANDLE_SIZE 32

@@ -65,6 +65,22 @@ const _: () = {
     ["Offset of field: raftrs_build_info::resources_size"][::core::mem::offset_of!(raftrs_build_info, resources_size) - 40usize];
     ["Offset of field: raftrs_build_info::rmm_abi_namespace"][::core::mem::offset_of!(raftrs_build_info, rmm_abi_namespace) - 48usize];
 };
+#[doc = " Which build of librmm.so: the GNU build-id (lower-case hex, empty: none) of the one the shim\n  was linked against at build time, and of the one mapped in this process now, with its path\n  (empty: none mapped under a librmm.so name). A librmm of the same release but another build\n  (another package, a rebuild) may lay out what the shim's inline RMM code reads otherwise."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct raftrs_librmm_identity {
+    pub linked: [::core::ffi::c_char; 72usize],
+    pub mapped: [::core::ffi::c_char; 72usize],
+    pub mapped_path: [::core::ffi::c_char; 1024usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of raftrs_librmm_identity"][::core::mem::size_of::<raftrs_librmm_identity>() - 1168usize];
+    ["Alignment of raftrs_librmm_identity"][::core::mem::align_of::<raftrs_librmm_identity>() - 1usize];
+    ["Offset of field: raftrs_librmm_identity::linked"][::core::mem::offset_of!(raftrs_librmm_identity, linked) - 0usize];
+    ["Offset of field: raftrs_librmm_identity::mapped"][::core::mem::offset_of!(raftrs_librmm_identity, mapped) - 72usize];
+    ["Offset of field: raftrs_librmm_identity::mapped_path"][::core::mem::offset_of!(raftrs_librmm_identity, mapped_path) - 144usize];
+};
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct raftrs_resources {
@@ -90,6 +106,7 @@ pub struct RaftrsShim {
     pub raftrs_clear_error: unsafe extern "C" fn(),
     pub raftrs_header_hash: unsafe extern "C" fn() -> u64,
     pub raftrs_get_build_info: unsafe extern "C" fn(out: *mut raftrs_build_info),
+    pub raftrs_get_librmm_identity: unsafe extern "C" fn(out: *mut raftrs_librmm_identity),
     pub raftrs_runtime_version: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
     pub raftrs_driver_version: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
     pub raftrs_device_count: unsafe extern "C" fn(out: *mut i32) -> raftrs_status,
@@ -261,6 +278,7 @@ impl RaftrsShim {
         let raftrs_clear_error = __library.get(b"raftrs_clear_error\0").map(|sym| *sym)?;
         let raftrs_header_hash = __library.get(b"raftrs_header_hash\0").map(|sym| *sym)?;
         let raftrs_get_build_info = __library.get(b"raftrs_get_build_info\0").map(|sym| *sym)?;
+        let raftrs_get_librmm_identity = __library.get(b"raftrs_get_librmm_identity\0").map(|sym| *sym)?;
         let raftrs_runtime_version = __library.get(b"raftrs_runtime_version\0").map(|sym| *sym)?;
         let raftrs_driver_version = __library.get(b"raftrs_driver_version\0").map(|sym| *sym)?;
         let raftrs_device_count = __library.get(b"raftrs_device_count\0").map(|sym| *sym)?;
@@ -326,6 +344,7 @@ impl RaftrsShim {
             raftrs_clear_error,
             raftrs_header_hash,
             raftrs_get_build_info,
+            raftrs_get_librmm_identity,
             raftrs_runtime_version,
             raftrs_driver_version,
             raftrs_device_count,
@@ -401,6 +420,9 @@ impl RaftrsShim {
     }
     pub unsafe fn raftrs_get_build_info(&self, out: *mut raftrs_build_info) {
         (self.raftrs_get_build_info)(out)
+    }
+    pub unsafe fn raftrs_get_librmm_identity(&self, out: *mut raftrs_librmm_identity) {
+        (self.raftrs_get_librmm_identity)(out)
     }
     #[doc = " cudaRuntimeGetVersion: the runtime actually loaded (works without a driver)."]
     pub unsafe fn raftrs_runtime_version(&self, out: *mut i32) -> raftrs_status {

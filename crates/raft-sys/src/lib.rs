@@ -32,7 +32,7 @@ mod shim;
 
 pub use bindings::*;
 pub use load::{shipped_library_candidates, LoadError};
-pub use shim::{loaded_from, shim, take_last_error, SHIM_FILE};
+pub use shim::{loaded_from, shim, take_last_error, ALLOW_OTHER_LIBRMM, SHIM_FILE};
 
 /// What the shim was compiled against, read from the headers by `build.rs` (RAFT's, RMM's and
 /// CCCL's version macros, `CUDART_VERSION`, RMM's ABI namespace, the handle size). Available

@@ -137,6 +137,7 @@ fn load_shim() -> Result<Loaded, LoadError> {
             ));
         }
         same_build(&api)?;
+        same_librmm(&api)?;
         Ok(api)
     };
     // SAFETY: the candidates are raft-rs shims and what `preload` names the RAPIDS / CUDA
@@ -198,4 +199,37 @@ fn same_build(api: &RaftrsShim) -> Result<(), String> {
             ours.4
         ))
     }
+}
+
+/// The knob that takes a `librmm.so` of another build than the shim was linked against.
+pub const ALLOW_OTHER_LIBRMM: &str = "RAFT_RS_ALLOW_OTHER_LIBRMM";
+
+/// Refuses a process whose `librmm.so` is another build than the one the shim was linked
+/// against (their GNU build-ids differ), unless `RAFT_RS_ALLOW_OTHER_LIBRMM=1`: the shim holds
+/// RMM's inline code compiled for that build's headers, and another build of even the same
+/// release (another package, a rebuild) may lay out what that code reads otherwise, silently
+/// (helper 101 reproduced statistics read from the wrong fields). Nothing is said where either
+/// build-id is unknown (a library built without one, none mapped under a `librmm.so` name).
+fn same_librmm(api: &RaftrsShim) -> Result<(), String> {
+    // SAFETY: an all-zero raftrs_librmm_identity is valid (three char arrays).
+    let mut id: crate::raftrs_librmm_identity = unsafe { std::mem::zeroed() };
+    // SAFETY: fills the struct through a valid pointer, each field NUL-terminated within it;
+    // reads the loader's list of objects and makes no CUDA call.
+    unsafe { api.raftrs_get_librmm_identity(&mut id) };
+    let text = |field: &[std::ffi::c_char]| -> String {
+        let bytes: Vec<u8> = field.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    let (linked, mapped, path) = (text(&id.linked), text(&id.mapped), text(&id.mapped_path));
+    if linked.is_empty() || path.is_empty() || linked == mapped || std::env::var_os(ALLOW_OTHER_LIBRMM).is_some_and(|v| v == "1") {
+        return Ok(());
+    }
+    Err(format!(
+        "this process's librmm.so ({path}, build-id {}) is not the build the shim was linked against (build-id {linked}, \
+         {}): the shim compiled RMM's inline code for that build, and another build, even of the same release, may lay \
+         out its objects otherwise. Point RAFT_RS_LIB_PATH (or LD_LIBRARY_PATH) at the librmm.so it was built with, \
+         rebuild against this one, or set {ALLOW_OTHER_LIBRMM}=1 to take it anyway",
+        if mapped.is_empty() { "none" } else { &mapped },
+        if build_info::LIBRMM_LINKED.is_empty() { "where the shim was built" } else { build_info::LIBRMM_LINKED },
+    ))
 }

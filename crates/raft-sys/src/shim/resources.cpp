@@ -19,8 +19,10 @@
 #include <cuda/std/version>
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <memory>
@@ -28,6 +30,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 static_assert(sizeof(raft::device_resources) == RAFTRS_EXPECTED_HANDLE_SIZE,
@@ -586,6 +589,54 @@ raftrs_status gemm(raftrs_resources* res,
   });
 }
 
+/// The GNU build-id (hex) and path of the librmm.so mapped in this process, from its loaded
+/// `PT_NOTE` segments (`dl_iterate_phdr`); both empty when none is mapped under that name.
+void librmm_mapped_identity(char* id, std::size_t id_size, char* path, std::size_t path_size) noexcept
+{
+  struct found_t {
+    char* id;
+    std::size_t id_size;
+    char* path;
+    std::size_t path_size;
+  } found{id, id_size, path, path_size};
+  dl_iterate_phdr(
+    [](dl_phdr_info* info, std::size_t, void* data) -> int {
+      auto* f = static_cast<found_t*>(data);
+      std::string_view name{info->dlpi_name == nullptr ? "" : info->dlpi_name};
+      auto slash = name.rfind('/');
+      auto base  = slash == std::string_view::npos ? name : name.substr(slash + 1);
+      if (base != "librmm.so" && !base.starts_with("librmm.so.")) { return 0; }
+      std::strncpy(f->path, info->dlpi_name, f->path_size - 1);
+      for (int i = 0; i < info->dlpi_phnum; ++i) {
+        auto const& ph = info->dlpi_phdr[i];
+        if (ph.p_type != PT_NOTE) { continue; }
+        std::size_t const align = ph.p_align == 8 ? 8 : 4;
+        auto up                 = [align](std::size_t n) { return (n + align - 1) & ~(align - 1); };
+        // SAFETY (of the reads): the loader mapped this segment whole, p_memsz bytes from here.
+        auto const* notes = reinterpret_cast<unsigned char const*>(info->dlpi_addr + ph.p_vaddr);
+        std::size_t at = 0;
+        while (at + sizeof(ElfW(Nhdr)) <= ph.p_memsz) {
+          ElfW(Nhdr) nh;
+          std::memcpy(&nh, notes + at, sizeof(nh));
+          std::size_t const desc = at + up(sizeof(ElfW(Nhdr)) + nh.n_namesz);
+          std::size_t const next = at + up(desc - at + nh.n_descsz);
+          if (desc + nh.n_descsz > ph.p_memsz || next <= at) { break; }
+          if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
+              std::memcmp(notes + at + sizeof(ElfW(Nhdr)), "GNU", 4) == 0) {
+            std::size_t w = 0;
+            for (std::size_t k = 0; k < nh.n_descsz && w + 3 <= f->id_size; ++k, w += 2) {
+              std::snprintf(f->id + w, 3, "%02x", static_cast<unsigned>(notes[desc + k]));
+            }
+            return 1;
+          }
+          at = next;
+        }
+      }
+      return 1;  // librmm found, without a build-id
+    },
+    &found);
+}
+
 }  // namespace
 
 extern "C" {
@@ -609,6 +660,14 @@ void raftrs_get_build_info(raftrs_build_info* out)
   std::strncpy(out->rmm_abi_namespace, RAFTRS_STR(RMM_ABI_NAMESPACE), sizeof(out->rmm_abi_namespace) - 1);
 #undef RAFTRS_STR
 #undef RAFTRS_STR2
+}
+
+void raftrs_get_librmm_identity(raftrs_librmm_identity* out)
+{
+  if (out == nullptr) { return; }
+  std::memset(out, 0, sizeof(*out));
+  std::strncpy(out->linked, RAFTRS_LIBRMM_BUILD_ID, sizeof(out->linked) - 1);
+  librmm_mapped_identity(out->mapped, sizeof(out->mapped), out->mapped_path, sizeof(out->mapped_path));
 }
 
 raftrs_status raftrs_runtime_version(int32_t* out)
