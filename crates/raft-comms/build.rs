@@ -153,6 +153,14 @@ fn build_shim(manifest: &Path, out: &Path, stack: &Stack, nccl: &Nccl, header_ha
     build.flag("-fno-sanitize=address");
     build.cpp(true).std("c++20").pic(true).files(SHIM_SOURCES.iter().map(|f| manifest.join(f))).include(manifest.join("include"));
     build.define("RAFTCOMMS_HEADER_HASH", Some(format!("{header_hash}ULL").as_str()));
+    // The build-id of the librmm.so of the stack (raft-sys's linked one): the Rust side compares
+    // it with raft-sys's at load (a shim of another stack runs RAFT's code on raft-sys's objects).
+    let librmm_build_id = stack
+        .library("rmm")
+        .and_then(|(dir, file)| std::fs::read(dir.join(file)).ok())
+        .and_then(|elf| raft_build::gnu_build_id(&elf))
+        .unwrap_or_default();
+    build.define("RAFTCOMMS_LIBRMM_BUILD_ID", Some(format!("\"{librmm_build_id}\"").as_str()));
     build.flag(format!("-isystem{}", nccl.include.display()));
     for dir in &stack.includes {
         build.flag(format!("-isystem{}", dir.display()));

@@ -60,6 +60,13 @@ uint64_t raftcomms_header_hash(void);
 /** NCCL_VERSION_CODE of the nccl.h the shim was compiled against (e.g. 22809). */
 int32_t raftcomms_header_nccl_version(void);
 
+/** The stack the shim was compiled against: RAFT's and RMM's versions (major * 10000 + minor *
+ *  100 + patch), CCCL_VERSION, CUDART_VERSION, and the GNU build-id (lower-case hex, empty: none)
+ *  of the librmm.so of that stack, NUL-terminated in `librmm_build_id` (at most `size` bytes).
+ *  The shim runs RAFT's and RMM's inline code on raft-sys's `raft::resources`: the Rust side
+ *  refuses a shim whose stack is not raft-sys's. */
+void raftcomms_build_info(int32_t* raft, int32_t* rmm, int32_t* cccl, int32_t* cudart, char* librmm_build_id, size_t size);
+
 /** The oldest NCCL the shim accepts at run time (2.18: non-blocking communicators, split). */
 #define RAFTCOMMS_MIN_NCCL_VERSION 21800
 

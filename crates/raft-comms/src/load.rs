@@ -89,6 +89,58 @@ fn same_header(theirs: u64, ours: u64) -> std::result::Result<(), String> {
     }
 }
 
+/// The stack a shim was compiled against: RAFT's and RMM's versions (major * 10000 + minor * 100
+/// + patch), `CCCL_VERSION`, `CUDART_VERSION`, the GNU build-id of its `librmm.so` (empty: none).
+type StackFacts = (u32, u32, u32, u32, String);
+
+/// raft-sys's: the shim whose `raft::resources` this one's RAFT code runs on.
+fn raft_sys_stack() -> StackFacts {
+    use raft_sys::build_info as b;
+    let v = |(major, minor, patch): (u32, u32, u32)| major * 10_000 + minor * 100 + patch;
+    (v(b::RAFT_VERSION), v(b::RMM_VERSION), b::CCCL_VERSION, b::CUDART_VERSION, b::LIBRMM_BUILD_ID.to_string())
+}
+
+/// Refuses a shim compiled against another stack than raft-sys's: it runs RAFT's and RMM's
+/// inline code on raft-sys's `raft::resources` (`raftcomms_comm_install`), so their layouts must
+/// be the same build's. Only the header's hash was compared: helper 101 loaded a comms shim built
+/// against RMM 26.08.01 under raft-sys's 26.08.00, which raft-sys's own check refused. Build-ids
+/// are compared where both are known.
+fn same_stack(theirs: &StackFacts, ours: &StackFacts) -> std::result::Result<(), String> {
+    let ids_differ = !theirs.4.is_empty() && !ours.4.is_empty() && theirs.4 != ours.4;
+    if theirs.0 == ours.0 && theirs.1 == ours.1 && theirs.2 == ours.2 && theirs.3 == ours.3 && !ids_differ {
+        return Ok(());
+    }
+    let say = |f: &StackFacts| {
+        let v = |n: u32| format!("{:02}.{:02}.{:02}", n / 10_000, n / 100 % 100, n % 100);
+        format!(
+            "RAFT {} / RMM {} / CCCL {} / CUDA runtime {} / librmm build-id {}",
+            v(f.0),
+            v(f.1),
+            f.2,
+            f.3,
+            if f.4.is_empty() { "unknown" } else { &f.4 }
+        )
+    };
+    Err(format!(
+        "built against {}, raft-sys's shim against {}: this shim runs RAFT's code on raft-sys's objects, so both must be \
+         built against one stack (rebuild raft-comms with raft-sys, or point RAFT_COMMS_SHIM at a shim of this build)",
+        say(theirs),
+        say(ours)
+    ))
+}
+
+/// The stack `api`'s shim reports.
+fn shim_stack(api: &RaftcommsShim) -> StackFacts {
+    let (mut raft, mut rmm, mut cccl, mut cudart) = (0i32, 0i32, 0i32, 0i32);
+    let mut id = [0 as std::ffi::c_char; 72];
+    // SAFETY: writes four ints and at most `id.len()` bytes, NUL-terminated, through valid
+    // pointers; makes no CUDA or NCCL call.
+    unsafe { (api.raftcomms_build_info)(&mut raft, &mut rmm, &mut cccl, &mut cudart, id.as_mut_ptr(), id.len()) };
+    // SAFETY: NUL-terminated within `id` (the shim writes the terminator; zeroed before).
+    let id = unsafe { CStr::from_ptr(id.as_ptr()) }.to_string_lossy().into_owned();
+    (raft as u32, rmm as u32, cccl as u32, cudart as u32, id)
+}
+
 fn load() -> std::result::Result<Loaded, LoadError> {
     // raft-sys's shim first: it preloads the CUDA libraries RAFT_RS_LIB_PATH names, and this shim
     // must bind to the same libcudart. Its own failure is reported by the calls that need it.
@@ -112,6 +164,7 @@ fn load() -> std::result::Result<Loaded, LoadError> {
         let api = unsafe { RaftcommsShim::from_library(lib.into()) }.map_err(|e| format!("not this raft-comms version's shim ({e})"))?;
         // SAFETY: takes nothing, returns a number: callable whatever the rest of the shim is.
         same_header(unsafe { (api.raftcomms_header_hash)() }, build_header_hash())?;
+        same_stack(&shim_stack(&api), &raft_sys_stack())?;
         Ok(api)
     };
     // SAFETY: the candidates are raft-comms shims (initialisers that need no device; nothing is
@@ -157,6 +210,23 @@ pub(crate) fn build_note() -> Option<&'static str> {
 mod tests {
     #[test]
     fn a_shim_from_another_header_is_refused_by_name() {
+        let ours = super::raft_sys_stack();
+        assert!(super::same_stack(&ours, &ours).is_ok());
+        for (i, theirs) in [
+            (ours.0 + 1, ours.1, ours.2, ours.3, ours.4.clone()),
+            (ours.0, 261000, ours.2, ours.3, ours.4.clone()),
+            (ours.0, ours.1, ours.2 + 1, ours.3, ours.4.clone()),
+            (ours.0, ours.1, ours.2, 13030, ours.4.clone()),
+            (ours.0, ours.1, ours.2, ours.3, "00".repeat(20)),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let e = super::same_stack(&theirs, &ours).unwrap_err();
+            assert!(e.contains("raft-sys's shim against"), "{i}: {e}");
+        }
+        // An unknown build-id on either side is not a difference.
+        assert!(super::same_stack(&(ours.0, ours.1, ours.2, ours.3, String::new()), &ours).is_ok());
         assert!(super::same_header(7, 7).is_ok());
         let e = super::same_header(7, 8).unwrap_err();
         assert!(e.contains("another raftcomms.h") && e.contains("0x7") && e.contains("0x8"), "{e}");

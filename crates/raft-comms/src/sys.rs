@@ -79,6 +79,7 @@ shim_functions! {
     fn raftcomms_clear_error();
     fn raftcomms_header_hash() -> u64;
     fn raftcomms_header_nccl_version() -> i32;
+    fn raftcomms_build_info(raft: *mut i32, rmm: *mut i32, cccl: *mut i32, cudart: *mut i32, librmm_build_id: *mut c_char, size: usize);
     fn raftcomms_nccl_load(path: *const c_char, version: *mut i32) -> raftcomms_status;
     fn raftcomms_nccl_path(buf: *mut c_char, size: usize) -> raftcomms_status;
     fn raftcomms_unique_id(out: *mut u8) -> raftcomms_status;

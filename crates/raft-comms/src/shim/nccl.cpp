@@ -4,6 +4,14 @@
 
 #include "common.hpp"
 
+#include <raft/version_config.hpp>
+#include <rmm/version_config.hpp>
+
+#include <cuda/std/version>
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
 #pragma GCC visibility push(hidden)  // internal to the shim, as in common.hpp
 
 namespace raftcomms {
@@ -162,6 +170,18 @@ void raftcomms_clear_error(void) { last_error[0] = '\0'; }
 uint64_t raftcomms_header_hash(void) { return RAFTCOMMS_HEADER_HASH; }
 
 int32_t raftcomms_header_nccl_version(void) { return NCCL_VERSION_CODE; }
+
+void raftcomms_build_info(int32_t* raft, int32_t* rmm, int32_t* cccl, int32_t* cudart, char* librmm_build_id, size_t size)
+{
+  if (raft != nullptr) { *raft = RAFT_VERSION_MAJOR * 10000 + RAFT_VERSION_MINOR * 100 + RAFT_VERSION_PATCH; }
+  if (rmm != nullptr) { *rmm = RMM_VERSION_MAJOR * 10000 + RMM_VERSION_MINOR * 100 + RMM_VERSION_PATCH; }
+  if (cccl != nullptr) { *cccl = CCCL_VERSION; }
+  if (cudart != nullptr) { *cudart = CUDART_VERSION; }
+  if (librmm_build_id != nullptr && size > 0) {
+    std::strncpy(librmm_build_id, RAFTCOMMS_LIBRMM_BUILD_ID, size - 1);
+    librmm_build_id[size - 1] = '\0';
+  }
+}
 
 raftcomms_status raftcomms_nccl_load(const char* path, int32_t* version)
 {
