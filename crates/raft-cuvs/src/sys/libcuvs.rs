@@ -178,7 +178,13 @@ fn load_cuvs() -> Result<Loaded, LoadError> {
     Ok(Loaded { api: loaded.api, path: loaded.path })
 }
 
-/// The C API of a loaded `libcuvs_c.so`, refused unless it is cuVS 26.08.
+/// The knob that takes another patch release of cuVS 26.08 than the bindings'.
+pub const ALLOW_OTHER_PATCH: &str = "RAFT_CUVS_ALLOW_OTHER_PATCH";
+
+/// The C API of a loaded `libcuvs_c.so`, refused unless it is the release the bindings were
+/// generated from ([`BINDINGS_VERSION`](super::BINDINGS_VERSION)); another patch of 26.08 only
+/// with `RAFT_CUVS_ALLOW_OTHER_PATCH=1` (the bindings write cuVS's parameter structs by their
+/// release's layout; helper 101 had a 26.08.02 taken in silence).
 fn api_of(lib: Library) -> Result<CuvsApi, String> {
     // SAFETY: every symbol is looked up with the signature of cuVS 26.08's headers, which the
     // bindings were generated from; the version is checked just below.
@@ -186,8 +192,45 @@ fn api_of(lib: Library) -> Result<CuvsApi, String> {
     let (mut major, mut minor, mut patch) = (0u16, 0u16, 0u16);
     // SAFETY: writes three integers through valid pointers; makes no CUDA call.
     let status = unsafe { api.cuvsVersionGet(&mut major, &mut minor, &mut patch) };
-    if status != cuvsError_t::CUVS_SUCCESS || (major, minor) != (26, 8) {
-        return Err(format!("cuVS {major}.{minor:02}.{patch:02}, not 26.08 (the bindings' struct layouts are 26.08's)"));
+    if status != cuvsError_t::CUVS_SUCCESS {
+        return Err(format!("cuvsVersionGet failed (status {}): not a working cuVS 26.08", status.0));
     }
+    let allowed = std::env::var_os(ALLOW_OTHER_PATCH).is_some_and(|v| v == "1");
+    version_accepted((major, minor, patch), super::BINDINGS_VERSION, allowed)?;
     Ok(api)
+}
+
+/// Whether a cuVS of `found` may be used through bindings of `bindings`: the same release, or
+/// another patch of the same `year.month` when `other_patch_allowed`.
+fn version_accepted(found: (u16, u16, u16), bindings: (u16, u16, u16), other_patch_allowed: bool) -> Result<(), String> {
+    let (major, minor, patch) = found;
+    let (bm, bn, bp) = bindings;
+    if (major, minor) != (bm, bn) {
+        return Err(format!(
+            "cuVS {major}.{minor:02}.{patch:02}, not {bm}.{bn:02} (the bindings' struct layouts are {bm}.{bn:02}.{bp:02}'s)"
+        ));
+    }
+    if patch != bp && !other_patch_allowed {
+        return Err(format!(
+            "cuVS {major}.{minor:02}.{patch:02}, not {bm}.{bn:02}.{bp:02}: the bindings write cuVS's parameter structs by \
+             {bm}.{bn:02}.{bp:02}'s headers. Install that release (`cargo xtask deps --cuvs`, or pip install \
+             libcuvs-cu13=={bm}.{bn}.{bp}), or set {ALLOW_OTHER_PATCH}=1 to take {major}.{minor:02}.{patch:02} anyway"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod version_tests {
+    #[test]
+    fn only_the_bindings_release_is_taken_unless_another_patch_is_allowed() {
+        let b = (26, 8, 1);
+        assert!(super::version_accepted((26, 8, 1), b, false).is_ok());
+        let e = super::version_accepted((26, 8, 2), b, false).unwrap_err();
+        assert!(e.contains("26.08.02, not 26.08.01") && e.contains(super::ALLOW_OTHER_PATCH), "{e}");
+        assert!(super::version_accepted((26, 8, 0), b, true).is_ok());
+        for other in [(26, 10, 0), (25, 8, 1)] {
+            assert!(super::version_accepted(other, b, true).is_err(), "{other:?}");
+        }
+    }
 }

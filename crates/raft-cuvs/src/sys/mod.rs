@@ -27,7 +27,12 @@ mod headers;
 mod libcuvs;
 
 pub use bindings::*;
-pub use libcuvs::{api, loaded_from, LIB_FILE};
+pub use libcuvs::{api, loaded_from, ALLOW_OTHER_PATCH, LIB_FILE};
+
+/// The cuVS release the bindings were generated from (the pinned wheel's headers: a test checks
+/// it against `cuvs/version_config.h`). Another patch of 26.08 is refused at load unless
+/// [`ALLOW_OTHER_PATCH`] is set: the bindings write its structs by this release's layout.
+pub const BINDINGS_VERSION: (u16, u16, u16) = (26, 8, 1);
 /// Why cuVS could not be loaded: which library, where it looked, what to set (raft-sys's type,
 /// shared by every loader of this workspace).
 pub use raft_sys::LoadError;
@@ -50,6 +55,12 @@ mod tests {
         for needed in ["cuvs/core/c_api.h", "cuvs/neighbors/cagra.h", "cuvs/neighbors/brute_force.h", "dlpack/dlpack.h", "cuda_runtime.h"] {
             assert!(names.iter().any(|n| n == needed), "{needed} not among {names:?}");
         }
+        let version = std::fs::read_to_string(include.join("cuvs/version_config.h")).expect("cuvs/version_config.h");
+        let macro_value = |name: &str| -> u16 {
+            version.lines().find_map(|l| l.strip_prefix(&format!("#define {name} "))).and_then(|v| v.trim().parse().ok()).expect(name)
+        };
+        let theirs = (macro_value("CUVS_VERSION_MAJOR"), macro_value("CUVS_VERSION_MINOR"), macro_value("CUVS_VERSION_PATCH"));
+        assert_eq!(super::BINDINGS_VERSION, theirs, "BINDINGS_VERSION is not the headers' release");
         let recorded =
             include_str!("bindings.rs").lines().find_map(|l| l.strip_prefix(headers::MARK)).expect("the bindings record the fingerprint");
         assert_eq!(
