@@ -49,6 +49,12 @@ pub struct Preload {
     pub dirs: Vec<PathBuf>,
     /// `RTLD_GLOBAL` (their symbols also serve libraries loaded later) rather than `RTLD_LOCAL`.
     pub global: bool,
+    /// The variable that named `dirs` (the user's word, `RAFT_RS_LIB_PATH`): a file found there
+    /// that fails to load ends the search with an error naming it and the variable. Without it
+    /// the candidate went on and bound to another copy through its RUNPATH, and the user's
+    /// library was dropped in silence (helper 101). `None`: a failure is only reported if the
+    /// whole search fails.
+    pub named_by: Option<&'static str>,
 }
 
 /// One native library and where it may be.
@@ -166,7 +172,7 @@ pub fn file_of(address: usize) -> Option<PathBuf> {
 /// (The twentieth audit, helper 97: as a safe function it let safe code run any file's code.)
 ///
 /// ```compile_fail,E0133
-/// let nothing = raft_sys::load::Preload { files: vec![], dirs: vec![], global: false };
+/// let nothing = raft_sys::load::Preload { files: vec![], dirs: vec![], global: false, named_by: None };
 /// raft_sys::load::preload(&nothing, &mut Vec::new()); // error: an `unsafe fn`
 /// ```
 pub unsafe fn preload(preload: &Preload, brought: &mut Vec<(&'static str, PathBuf)>) -> Vec<String> {
@@ -277,10 +283,23 @@ pub unsafe fn open<T>(spec: &Spec<'_>, mut accept: impl FnMut(Library, &Path) ->
             return Err(LoadError::new(message));
         }
         let mut brought = Vec::new();
-        // SAFETY: this function's own contract covers what `spec.preload` names.
-        for p in (spec.preload)(path).iter().flat_map(|p| unsafe { preload(p, &mut brought) }) {
-            if !problems.contains(&p) {
-                problems.push(p);
+        for wanted in (spec.preload)(path) {
+            // SAFETY: this function's own contract covers what `spec.preload` names.
+            let failed = unsafe { preload(&wanted, &mut brought) };
+            if let (Some(var), false) = (wanted.named_by, failed.is_empty()) {
+                return Err(LoadError::new(format!(
+                    "could not load {} ({}): {var} names libraries that failed to load: {}. Fix or remove them from {var}: \
+                     the candidate would otherwise run on other copies, found through its own search path. {}",
+                    spec.what,
+                    path.display(),
+                    failed.join("; "),
+                    spec.advice
+                )));
+            }
+            for p in failed {
+                if !problems.contains(&p) {
+                    problems.push(p);
+                }
             }
         }
         if let Err(why) = (spec.check)(path) {
@@ -451,6 +470,7 @@ mod tests {
                 files: vec!["libBrokenLocale.so.1"],
                 dirs: vec![if c == first { own.clone() } else { sys.clone() }],
                 global: false,
+                named_by: None,
             }]
         };
         let mut s = spec("RAFTRS_TEST_UNSET_VARIABLE", vec![broken.clone(), libm.clone()]);
@@ -466,11 +486,49 @@ mod tests {
 
         // The same file for every candidate (the user's directories): the search goes on.
         let sys = system.clone();
-        let same = move |_: &Path| -> Vec<Preload> { vec![Preload { files: vec!["libanl.so.1"], dirs: vec![sys.clone()], global: false }] };
+        let same = move |_: &Path| -> Vec<Preload> {
+            vec![Preload { files: vec!["libanl.so.1"], dirs: vec![sys.clone()], global: false, named_by: None }]
+        };
         s.preload = &same;
         let loaded = open_test(&s, |_, _| Ok(())).unwrap();
         assert_eq!(loaded.path, libm, "a candidate whose preload is the loaded file was not tried");
         assert!(already_loaded("libanl.so.1").is_some());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A library the user's directories hold that fails to load ends the search, naming it and
+    /// the variable (helper 101: the candidate loaded, bound to another copy through its
+    /// RUNPATH, and the user's library was dropped in silence); from other directories the
+    /// failure is only reported if the search fails.
+    #[test]
+    fn a_library_the_users_directories_hold_that_fails_to_load_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("raftrs-load-named-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libraftrs_test_unloadable.so.1"), b"not an ELF file").unwrap();
+        let libm = ["/lib/x86_64-linux-gnu", "/usr/lib64", "/lib64"]
+            .iter()
+            .map(|d| Path::new(d).join("libm.so.6"))
+            .find(|p| p.is_file())
+            .expect("glibc's libm on this machine");
+        let (d1, d2) = (dir.clone(), dir.clone());
+        let named = move |_: &Path| -> Vec<Preload> {
+            vec![Preload {
+                files: vec!["libraftrs_test_unloadable.so.1"],
+                dirs: vec![d1.clone()],
+                global: false,
+                named_by: Some("THE_LIB_PATH"),
+            }]
+        };
+        let unnamed = move |_: &Path| -> Vec<Preload> {
+            vec![Preload { files: vec!["libraftrs_test_unloadable.so.1"], dirs: vec![d2.clone()], global: false, named_by: None }]
+        };
+        let mut s = spec("RAFTRS_TEST_UNSET_VARIABLE", vec![libm.clone()]);
+        s.preload = &named;
+        let e = open_test(&s, |_, _| Ok(())).unwrap_err();
+        assert!(e.message().contains("THE_LIB_PATH names libraries that failed to load"), "{}", e.message());
+        assert!(e.message().contains("libraftrs_test_unloadable.so.1"), "{}", e.message());
+        s.preload = &unnamed;
+        assert_eq!(open_test(&s, |_, _| Ok(())).unwrap().path, libm);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

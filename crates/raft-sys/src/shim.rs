@@ -54,8 +54,13 @@ fn cuvs_nvjitlink_dirs() -> Vec<PathBuf> {
 /// is not loaded yet.
 fn preload(_: &Path) -> Vec<Preload> {
     vec![
-        Preload { files: DEPENDENCIES.to_vec(), dirs: load::env_dirs("RAFT_RS_LIB_PATH"), global: true },
-        Preload { files: vec![NVJITLINK], dirs: cuvs_nvjitlink_dirs(), global: false },
+        Preload {
+            files: DEPENDENCIES.to_vec(),
+            dirs: load::env_dirs("RAFT_RS_LIB_PATH"),
+            global: true,
+            named_by: Some("RAFT_RS_LIB_PATH"),
+        },
+        Preload { files: vec![NVJITLINK], dirs: cuvs_nvjitlink_dirs(), global: false, named_by: None },
     ]
 }
 

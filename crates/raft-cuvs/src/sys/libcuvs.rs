@@ -100,7 +100,7 @@ fn dependency_dirs(lib: &Path) -> Vec<PathBuf> {
 }
 
 fn preload(lib: &Path) -> Vec<Preload> {
-    vec![Preload { files: DEPENDENCIES.to_vec(), dirs: dependency_dirs(lib), global: false }]
+    vec![Preload { files: DEPENDENCIES.to_vec(), dirs: dependency_dirs(lib), global: false, named_by: None }]
 }
 
 /// Refuses an nvJitLink older than 13.3 already in the process: loading libcuvs.so over it fails
