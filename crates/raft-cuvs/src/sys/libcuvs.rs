@@ -178,11 +178,17 @@ fn load_cuvs() -> Result<Loaded, LoadError> {
     Ok(Loaded { api: loaded.api, path: loaded.path })
 }
 
+/// The cuVS release the bindings were generated from (the pinned wheel's headers: a test in
+/// `sys/mod.rs` checks it against `cuvs/version_config.h`). Another patch of 26.08 is refused at
+/// load unless [`ALLOW_OTHER_PATCH`] is set: the bindings write its structs by this release's
+/// layout.
+pub const BINDINGS_VERSION: (u16, u16, u16) = (26, 8, 1);
+
 /// The knob that takes another patch release of cuVS 26.08 than the bindings'.
 pub const ALLOW_OTHER_PATCH: &str = "RAFT_CUVS_ALLOW_OTHER_PATCH";
 
 /// The C API of a loaded `libcuvs_c.so`, refused unless it is the release the bindings were
-/// generated from ([`BINDINGS_VERSION`](super::BINDINGS_VERSION)); another patch of 26.08 only
+/// generated from ([`BINDINGS_VERSION`](BINDINGS_VERSION)); another patch of 26.08 only
 /// with `RAFT_CUVS_ALLOW_OTHER_PATCH=1` (the bindings write cuVS's parameter structs by their
 /// release's layout; helper 101 had a 26.08.02 taken in silence).
 fn api_of(lib: Library) -> Result<CuvsApi, String> {
@@ -196,7 +202,7 @@ fn api_of(lib: Library) -> Result<CuvsApi, String> {
         return Err(format!("cuvsVersionGet failed (status {}): not a working cuVS 26.08", status.0));
     }
     let allowed = std::env::var_os(ALLOW_OTHER_PATCH).is_some_and(|v| v == "1");
-    version_accepted((major, minor, patch), super::BINDINGS_VERSION, allowed)?;
+    version_accepted((major, minor, patch), BINDINGS_VERSION, allowed)?;
     Ok(api)
 }
 
@@ -221,16 +227,18 @@ fn version_accepted(found: (u16, u16, u16), bindings: (u16, u16, u16), other_pat
 }
 
 #[cfg(test)]
-mod version_tests {
+mod tests {
+    use super::*;
+
     #[test]
     fn only_the_bindings_release_is_taken_unless_another_patch_is_allowed() {
         let b = (26, 8, 1);
-        assert!(super::version_accepted((26, 8, 1), b, false).is_ok());
-        let e = super::version_accepted((26, 8, 2), b, false).unwrap_err();
-        assert!(e.contains("26.08.02, not 26.08.01") && e.contains(super::ALLOW_OTHER_PATCH), "{e}");
-        assert!(super::version_accepted((26, 8, 0), b, true).is_ok());
+        assert!(version_accepted((26, 8, 1), b, false).is_ok());
+        let e = version_accepted((26, 8, 2), b, false).unwrap_err();
+        assert!(e.contains("26.08.02, not 26.08.01") && e.contains(ALLOW_OTHER_PATCH), "{e}");
+        assert!(version_accepted((26, 8, 0), b, true).is_ok());
         for other in [(26, 10, 0), (25, 8, 1)] {
-            assert!(super::version_accepted(other, b, true).is_err(), "{other:?}");
+            assert!(version_accepted(other, b, true).is_err(), "{other:?}");
         }
     }
 }

@@ -27,12 +27,7 @@ mod headers;
 mod libcuvs;
 
 pub use bindings::*;
-pub use libcuvs::{api, loaded_from, ALLOW_OTHER_PATCH, LIB_FILE};
-
-/// The cuVS release the bindings were generated from (the pinned wheel's headers: a test checks
-/// it against `cuvs/version_config.h`). Another patch of 26.08 is refused at load unless
-/// [`ALLOW_OTHER_PATCH`] is set: the bindings write its structs by this release's layout.
-pub const BINDINGS_VERSION: (u16, u16, u16) = (26, 8, 1);
+pub use libcuvs::{api, loaded_from, ALLOW_OTHER_PATCH, BINDINGS_VERSION, LIB_FILE};
 /// Why cuVS could not be loaded: which library, where it looked, what to set (raft-sys's type,
 /// shared by every loader of this workspace).
 pub use raft_sys::LoadError;
