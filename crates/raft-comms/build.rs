@@ -159,7 +159,10 @@ fn build_shim(manifest: &Path, out: &Path, stack: &Stack, nccl: &Nccl, header_ha
         .library("rmm")
         .and_then(|(dir, file)| std::fs::read(dir.join(file)).ok())
         .and_then(|elf| raft_build::gnu_build_id(&elf))
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .chars()
+        .take(raft_build::elf::BUILD_ID_HEX_MAX)
+        .collect::<String>();
     build.define("RAFTCOMMS_LIBRMM_BUILD_ID", Some(format!("\"{librmm_build_id}\"").as_str()));
     build.flag(format!("-isystem{}", nccl.include.display()));
     for dir in &stack.includes {

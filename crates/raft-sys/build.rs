@@ -130,7 +130,13 @@ struct Linked {
 fn linked_librmm(stack: &Stack) -> Linked {
     let Some((dir, file)) = stack.library("rmm") else { return Linked::default() };
     let path = dir.join(file);
-    let build_id = std::fs::read(&path).ok().and_then(|elf| raft_build::gnu_build_id(&elf)).unwrap_or_default();
+    let build_id: String = std::fs::read(&path)
+        .ok()
+        .and_then(|elf| raft_build::gnu_build_id(&elf))
+        .unwrap_or_default()
+        .chars()
+        .take(raft_build::elf::BUILD_ID_HEX_MAX)
+        .collect();
     Linked { path: path.display().to_string(), build_id }
 }
 

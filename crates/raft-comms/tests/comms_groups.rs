@@ -289,3 +289,71 @@ fn collectives_of_one_rank_and_of_no_elements_leave_no_memory_behind() {
         growth[1]
     );
 }
+
+/// What the shim answers itself since run 219 (collectives of a communicator of one rank, and
+/// of no elements), checked for results: every collective, in place and out of place, equals
+/// its input on one rank, as NCCL's would; a root that is not a rank is refused; collectives of
+/// no elements and the one-rank barrier end; RAFT's `comms_iface` path (an installed
+/// communicator's allreduce) too. The review of the local answers (helper 102) found only
+/// allreduce checked on one rank. One GPU; GPU run owed (thirtieth session).
+#[test]
+fn every_collective_of_one_rank_and_of_no_elements_gives_what_nccl_would() {
+    let test = "every_collective_of_one_rank_and_of_no_elements_gives_what_nccl_would";
+    if !common::have(1, test) {
+        return;
+    }
+    let res = DeviceResources::on_device(0).unwrap();
+    let comm = one_rank(&res);
+    let host: Vec<f32> = (0..64).map(|i| i as f32 * 0.5 - 3.0).collect();
+    let send = DeviceVec::from_host(&res, &host).unwrap();
+    let fresh = || DeviceVec::from_host(&res, &[f32::NAN; 64]).unwrap();
+    let same = |what: &str, v: &DeviceVec<f32>| {
+        comm.sync().unwrap();
+        assert_eq!(v.to_host().unwrap(), host, "{what} on one rank");
+    };
+    for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
+        let mut r = fresh();
+        comm.allreduce(&send, &mut r, op).unwrap();
+        same(&format!("allreduce {op:?}"), &r);
+        let mut b = DeviceVec::from_host(&res, &host).unwrap();
+        comm.allreduce_in_place(&mut b, op).unwrap();
+        same(&format!("allreduce_in_place {op:?}"), &b);
+        let mut r = fresh();
+        comm.reduce(&send, Some(&mut r), op, 0).unwrap();
+        same(&format!("reduce {op:?}"), &r);
+        let mut r = fresh();
+        comm.reduce_scatter(&send, &mut r, op).unwrap();
+        same(&format!("reduce_scatter {op:?}"), &r);
+    }
+    let mut r = fresh();
+    comm.broadcast(&send, &mut r, 0).unwrap();
+    same("broadcast", &r);
+    let mut b = DeviceVec::from_host(&res, &host).unwrap();
+    comm.broadcast_in_place(&mut b, 0).unwrap();
+    same("broadcast_in_place", &b);
+    let mut r = fresh();
+    comm.allgather(&send, &mut r).unwrap();
+    same("allgather", &r);
+    let mut r = fresh();
+    comm.allgatherv(&send, &mut r, &[64]).unwrap();
+    same("allgatherv", &r);
+    let mut r = fresh();
+    comm.gather(&send, Some(&mut r), 0).unwrap();
+    same("gather", &r);
+    let mut r = fresh();
+    assert_eq!(comm.broadcast(&send, &mut r, 1).unwrap_err().kind(), ErrorKind::Logic, "root 1 of one rank");
+    comm.barrier().unwrap();
+    // No elements: nothing to move, each call ends.
+    let mut none = DeviceVec::<f32>::zeros(&res, 0).unwrap();
+    let empty = DeviceVec::<f32>::zeros(&res, 0).unwrap();
+    comm.allreduce_in_place(&mut none, ReduceOp::Sum).unwrap();
+    comm.broadcast_in_place(&mut none, 0).unwrap();
+    comm.allgather(&empty, &mut none).unwrap();
+    comm.reduce_scatter(&empty, &mut none, ReduceOp::Max).unwrap();
+    comm.sync().unwrap();
+    // RAFT's path: an installed communicator's allreduce through `comms_iface`.
+    comm.install(&res).unwrap();
+    let mut r = fresh();
+    raft_comms::through_raft::allreduce(&res, &send, &mut r, ReduceOp::Sum).unwrap();
+    same("RAFT's comms_iface allreduce", &r);
+}

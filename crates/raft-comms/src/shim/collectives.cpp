@@ -170,6 +170,18 @@ bool answer_locally(comm_cell& c, cudaStream_t stream, bool mark, char const* do
 {
   std::lock_guard<std::mutex> hold(c.lock);
   live(c, doing);
+  // What NCCL asks at every call, no elements or not (and allocates nothing for): a communicator
+  // still initialising is left to NCCL (its in-progress path), one that failed is aborted and
+  // refused as a call would be (the review, helper 102).
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t asked = nccl().CommGetAsyncError(c.comm, &state);
+  if (asked != ncclSuccess) { state = asked; }
+  if (state == ncclInProgress) { return false; }
+  if (state != ncclSuccess) {
+    std::string what = nccl_message(state, doing);
+    abort_locked(c, what);
+    throw nccl_failure(state, what);
+  }
   // NCCL refuses a root that is not a rank; so does this answer (the size known).
   if (c.size > 0 && (a.root < 0 || a.root >= c.size)) {
     throw std::invalid_argument(std::string(doing) + ": root " + std::to_string(a.root) + " is not a rank of a communicator of " +

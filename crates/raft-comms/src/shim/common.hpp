@@ -529,9 +529,11 @@ struct local_answer {
 /// as a group of its own that gets no task, and never frees that group's job: 176 bytes per call
 /// on the H200 (run 219, `comms_groups::collectives_of_one_rank_and_of_no_elements_leave_no_memory_behind`),
 /// so a loop of them grew without bound. Under the cell's lock, on its device, with the same
-/// checks as `run_op` (ended, held by another thread's group; held by this thread's group when
-/// one is open); records the event when asked, outside a group. Returns false when NCCL must
-/// take the call (elements to move among more ranks, or a size not known yet).
+/// checks as `run_op` (ended, an asynchronous error, held by another thread's group; held by
+/// this thread's group when one is open); records the event when asked, outside a group. Inside
+/// a group the copy is queued at once, not at the group's end as NCCL would: earlier on the same
+/// stream, which no NCCL contract orders otherwise. Returns false when NCCL must take the call
+/// (elements to move among more ranks, a size not known yet, a communicator still initialising).
 bool answer_locally(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, local_answer const& a);
 
 /// `count` elements of `dt` in bytes, refusing a product past size_t.

@@ -176,9 +176,16 @@ class nccl_comms final : public raft::comms::comms_iface {
     auto const dt = raft_type(t);
     auto const sz = type_size(dt);
     // One rank only: the others' counts may differ, so a rank sending nothing still takes part.
-    if (size_ == 1 && answer_locally(*cell_, stream, false, "gatherv",
-                                     {false, static_cast<char*>(recv) + displs[0] * sz, send, bytes_of(sendcount, dt), root})) {
-      return;
+    // Its root and its one count are checked before `displs` is read (the review, helper 102).
+    if (size_ == 1) {
+      if (root != 0) { throw std::invalid_argument("gatherv: root " + std::to_string(root) + " is not a rank of a communicator of 1"); }
+      if (counts == nullptr || displs == nullptr || counts[0] != sendcount) {
+        throw std::invalid_argument("gatherv: the root's count for itself is not what it sends");
+      }
+      if (answer_locally(*cell_, stream, false, "gatherv",
+                         {false, static_cast<char*>(recv) + displs[0] * sz, send, bytes_of(sendcount, dt), root})) {
+        return;
+      }
     }
     run_op(*cell_, stream, false, "gatherv", [&](ncclComm_t comm) {
       return in_group([&] {

@@ -30,7 +30,6 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <vector>
 
 static_assert(sizeof(raft::device_resources) == RAFTRS_EXPECTED_HANDLE_SIZE,
@@ -589,23 +588,30 @@ raftrs_status gemm(raftrs_resources* res,
   });
 }
 
-/// The GNU build-id (hex) and path of the librmm.so mapped in this process, from its loaded
-/// `PT_NOTE` segments (`dl_iterate_phdr`); both empty when none is mapped under that name.
+/// The GNU build-id (hex) and path of the librmm.so this shim is bound to, from its loaded
+/// `PT_NOTE` segments (`dl_iterate_phdr`); both empty when none is. The object is the one the
+/// loader gives the soname `librmm.so` (what the shim's DT_NEEDED names: `dlopen` with
+/// RTLD_NOLOAD finds that very one, not a copy under another name; the review, helper 102).
 void librmm_mapped_identity(char* id, std::size_t id_size, char* path, std::size_t path_size) noexcept
 {
+  void* handle = dlopen("librmm.so", RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) { return; }
+  link_map* map = nullptr;
+  bool const known = dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr;
+  ElfW(Addr) const base = known ? map->l_addr : 0;
+  dlclose(handle);  // balances the RTLD_NOLOAD reference; the shim's own keeps it mapped
+  if (!known) { return; }
   struct found_t {
     char* id;
     std::size_t id_size;
     char* path;
     std::size_t path_size;
-  } found{id, id_size, path, path_size};
+    ElfW(Addr) base;
+  } found{id, id_size, path, path_size, base};
   dl_iterate_phdr(
     [](dl_phdr_info* info, std::size_t, void* data) -> int {
       auto* f = static_cast<found_t*>(data);
-      std::string_view name{info->dlpi_name == nullptr ? "" : info->dlpi_name};
-      auto slash = name.rfind('/');
-      auto base  = slash == std::string_view::npos ? name : name.substr(slash + 1);
-      if (base != "librmm.so" && !base.starts_with("librmm.so.")) { return 0; }
+      if (info->dlpi_addr != f->base || info->dlpi_name == nullptr) { return 0; }
       std::strncpy(f->path, info->dlpi_name, f->path_size - 1);
       for (int i = 0; i < info->dlpi_phnum; ++i) {
         auto const& ph = info->dlpi_phdr[i];
