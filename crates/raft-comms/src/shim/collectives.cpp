@@ -168,6 +168,7 @@ void barrier_op(comm_cell& c, cudaStream_t stream, bool mark, char const* doing)
 
 bool answer_locally(comm_cell& c, cudaStream_t stream, bool mark, char const* doing, local_answer const& a)
 {
+  peers_after after;  // an abort below schedules the clique's peers: aborted once the lock is let go
   std::lock_guard<std::mutex> hold(c.lock);
   live(c, doing);
   // What NCCL asks at every call, no elements or not (and allocates nothing for): a communicator
