@@ -171,6 +171,9 @@ bool answer_locally(comm_cell& c, cudaStream_t stream, bool mark, char const* do
   peers_after after;  // an abort below schedules the clique's peers: aborted once the lock is let go
   std::lock_guard<std::mutex> hold(c.lock);
   live(c, doing);
+  // Elements to move among more ranks (or a size not known yet): NCCL's call, which asks all
+  // that follows itself. The common case costs this lock and two reads.
+  if (!a.empty && c.size != 1) { return false; }
   // What NCCL asks at every call, no elements or not (and allocates nothing for): a communicator
   // still initialising is left to NCCL (its in-progress path), one that failed is aborted and
   // refused as a call would be (the review, helper 102).
@@ -188,7 +191,6 @@ bool answer_locally(comm_cell& c, cudaStream_t stream, bool mark, char const* do
     throw std::invalid_argument(std::string(doing) + ": root " + std::to_string(a.root) + " is not a rank of a communicator of " +
                                 std::to_string(c.size));
   }
-  if (!a.empty && c.size != 1) { return false; }
   refuse_held_elsewhere(c, doing);
   if (group_depth > 0) { hold_for_group(c, doing); }
   device_scope scope{c.device};
