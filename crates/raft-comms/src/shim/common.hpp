@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <raft/core/comms.hpp>
+#include <raft/core/error.hpp>
 #include <raft/core/resource/comms.hpp>
 
 #include <cuda_runtime_api.h>
@@ -103,8 +104,11 @@ raftcomms_status guard(F&& body) noexcept
     return fail(e.code == cudaErrorMemoryAllocation ? RAFTCOMMS_STATUS_OUT_OF_MEMORY : RAFTCOMMS_STATUS_CUDA, e.what());
   } catch (std::bad_alloc const& e) {
     return fail(RAFTCOMMS_STATUS_OUT_OF_MEMORY, e.what());
+  } catch (raft::logic_error const& e) {
+    // RAFT's ASSERT / RAFT_EXPECTS (a raft::exception, not a std::logic_error: helper 103 found
+    // them reported as GENERIC).
+    return fail(RAFTCOMMS_STATUS_LOGIC, e.what());
   } catch (std::logic_error const& e) {
-    // raft::logic_error derives from it (RAFT's ASSERT / RAFT_EXPECTS).
     return fail(RAFTCOMMS_STATUS_LOGIC, e.what());
   } catch (std::exception const& e) {
     return fail(RAFTCOMMS_STATUS_GENERIC, e.what());

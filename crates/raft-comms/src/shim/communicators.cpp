@@ -526,7 +526,12 @@ void close_owned(comm_cell& c) noexcept
     c.why   = "was destroyed";
   } catch (...) {
     std::lock_guard<std::mutex> hold(c.lock);
-    abort_locked(c, "finalizing a split communicator failed");
+    // A noexcept function: the reason's allocation may not escape it (helper 103).
+    try {
+      abort_locked(c, "finalizing a split communicator failed");
+    } catch (...) {
+      abort_locked(c, std::string{});
+    }
   }
 }
 
@@ -591,7 +596,13 @@ raftcomms_status raftcomms_comm_init_clique(int32_t n, const int32_t* devices, d
         if (!armed) { return; }
         for (auto& c : cells) {
           std::lock_guard<std::mutex> hold(c->lock);
-          abort_locked(*c, "initialising the clique failed");
+          // The reason is a heap string: out of memory it is dropped, not let out of a
+          // destructor running during unwinding (std::terminate; helper 103).
+          try {
+            abort_locked(*c, "initialising the clique failed");
+          } catch (...) {
+            abort_locked(*c, std::string{});
+          }
         }
       }
     } cleanup{cells};

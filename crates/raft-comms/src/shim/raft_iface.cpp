@@ -90,14 +90,23 @@ class nccl_comms final : public raft::comms::comms_iface {
           // event, which this interface's calls never record; the communicator stays as it is.
           state = query_locked(*cell_, stream, true, on_capture::refuse, "sync_stream");
         } catch (nccl_failure const& e) {
-          abort_locked(*cell_, e.what());
+          try {
+            abort_locked(*cell_, e.what());
+          } catch (...) {
+            abort_locked(*cell_, std::string{});  // the reason's allocation failed (helper 103)
+          }
           return raft::comms::status_t::ABORT;
         } catch (...) {
           return raft::comms::status_t::ERROR;
         }
         if (state == RAFTCOMMS_STATE_DONE) { return raft::comms::status_t::SUCCESS; }
         if (seconds_since(start) > cell_->timeout_s) {
-          abort_locked(*cell_, "sync_stream timed out after " + std::to_string(cell_->timeout_s) + " s");
+          // The message is built where its allocation cannot skip the abort (helper 103).
+          try {
+            abort_locked(*cell_, "sync_stream timed out after " + std::to_string(cell_->timeout_s) + " s");
+          } catch (...) {
+            abort_locked(*cell_, std::string{});
+          }
           return raft::comms::status_t::ABORT;
         }
       }
