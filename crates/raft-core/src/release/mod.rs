@@ -506,6 +506,10 @@ fn start_threads(pool: &'static Pool) -> bool {
     if STARTED.load(Ordering::Acquire) {
         return true;
     }
+    #[cfg(test)]
+    if tests::REFUSE_THREADS.load(Ordering::SeqCst) {
+        return false; // as if the OS refused every thread (a child process's test only)
+    }
     let _one = STARTING.lock().unwrap_or_else(|e| e.into_inner());
     while pool.threads.load(Ordering::Acquire) < pool.base_threads {
         pool.threads.fetch_add(1, Ordering::AcqRel);
@@ -623,10 +627,17 @@ pub(crate) fn enqueue_holding(label: raft_exit::Label, held: Held, release: Rele
     send(pool(), q);
 }
 
-fn send(pool: &'static Pool, q: Queued) {
+fn send(pool: &'static Pool, mut q: Queued) {
     if !start_threads(pool) {
-        std::mem::forget(q.release); // first: a logger that panics must not drop it
-        log::warn!(target: "raft", "no release thread could be started: native objects leaked");
+        // No thread could be started (the OS refused one: a pids limit): queued and counted all
+        // the same, for the next release that starts a thread, an out-of-memory drain or the
+        // backpressure to run on any thread. It was forgotten here, its memory lost for good and
+        // uncounted, so no drain could even wait for it (the twenty-first audit, helper 104).
+        // Its exit token goes: with no thread to run it, the exit must not wait for it (the OS
+        // takes it then).
+        q._token = None;
+        pool.push_local(q);
+        log::warn!(target: "raft", "no release thread could be started: the release waits in the queue for one");
         return;
     }
     pool.push(q);
