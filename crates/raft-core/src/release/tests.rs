@@ -326,13 +326,24 @@ fn a_release_queued_while_no_thread_can_start_runs_once_one_can() {
         let first = Arc::new(AtomicUsize::new(0));
         let f = first.clone();
         let label = raft_exit::Label { what: "queued without a thread", id: raft_exit::next_id(), device: Some(device) };
-        enqueue_holding(label, Held { streams: 0, handles: 0, bytes: MIB }, Box::new(move || drop(f.fetch_add(1, Ordering::SeqCst))));
+        enqueue_holding(
+            label,
+            Held { streams: 0, handles: 0, bytes: MIB },
+            Box::new(move || {
+                f.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
         let counted = pending(device);
         REFUSE_THREADS.store(false, Ordering::SeqCst);
         let second = Arc::new(AtomicUsize::new(0));
         let s = second.clone();
         let label = raft_exit::Label { what: "the next release", id: raft_exit::next_id(), device: Some(device) };
-        enqueue(label, Box::new(move || drop(s.fetch_add(1, Ordering::SeqCst))));
+        enqueue(
+            label,
+            Box::new(move || {
+                s.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
         let give_up = Instant::now() + Duration::from_secs(5);
         while (first.load(Ordering::SeqCst) == 0 || second.load(Ordering::SeqCst) == 0) && Instant::now() < give_up {
             std::thread::sleep(Duration::from_millis(1));
