@@ -379,6 +379,8 @@ impl Communicator {
     }
 
     fn sync_within(&self, who: &'static str, timeout: Duration, on_capture: OnCapture) -> Result<()> {
+        // A watchdog the OS refused a thread is started here once it can be (helper 104).
+        crate::watchdog::retry_start();
         group::refuse_inside(who)?;
         let sh = &self.shared;
         let stream = sh.resources.stream().map_err(|e| e.with_who(who))?;

@@ -36,6 +36,10 @@ struct Watchdog {
 
 static WATCHDOG: OnceLock<Watchdog> = OnceLock::new();
 
+/// Whether a start failed and nothing started it since: `retry_start` (every `sync`) asks this
+/// first, one load.
+static START_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Adds a communicator to the watched ones (the caller marked it as watched, so once while it is
 /// watched).
 pub(crate) fn watch(shared: Arc<dyn Watched>) {
@@ -45,26 +49,59 @@ pub(crate) fn watch(shared: Arc<dyn Watched>) {
         wake: Condvar::new(),
         running: Mutex::new(false),
     });
-    {
-        let mut running = dog.running.lock().unwrap_or_else(|e| e.into_inner());
-        if !*running {
-            match std::thread::Builder::new().name("raft-comms-watchdog".into()).spawn(move || run(dog)) {
-                Ok(_) => *running = true,
-                // Guarded: this runs inside a group's end for each member, whose later members a
-                // logger's panic would leave half-ended (the sixteenth audit).
-                Err(e) => raft_exit::log_guarded(|| {
-                    log::warn!(
-                        target: "raft",
-                        "raft-comms: the watchdog thread could not start ({e}): collectives are watched only by sync() \
-                         until a later collective starts it"
-                    )
-                }),
-            }
-        }
-    }
+    start(dog);
     let ticket = dog.next_ticket.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     dog.watched.lock().unwrap_or_else(|e| e.into_inner()).push((ticket, shared));
     dog.wake.notify_one();
+}
+
+/// Starts the watchdog's thread unless it runs. A start the OS refused (a pids limit) is tried
+/// again at the next `watch` and at every `sync` ([`retry_start`]): a dropped communicator's
+/// teardown waited for a thread that only another communicator's first collective would start
+/// (the twenty-first audit, helper 104).
+fn start(dog: &'static Watchdog) {
+    let mut running = dog.running.lock().unwrap_or_else(|e| e.into_inner());
+    if *running {
+        return;
+    }
+    #[cfg(test)]
+    let refused = tests::REFUSE_SPAWN.load(std::sync::atomic::Ordering::SeqCst);
+    #[cfg(not(test))]
+    let refused = false;
+    let spawned = if refused {
+        Err(std::io::Error::from(std::io::ErrorKind::WouldBlock))
+    } else {
+        std::thread::Builder::new().name("raft-comms-watchdog".into()).spawn(move || run(dog))
+    };
+    match spawned {
+        Ok(_) => {
+            *running = true;
+            START_FAILED.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+        Err(e) => {
+            START_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+            // Guarded: this runs inside a group's end for each member, whose later members a
+            // logger's panic would leave half-ended (the sixteenth audit).
+            raft_exit::log_guarded(|| {
+                log::warn!(
+                    target: "raft",
+                    "raft-comms: the watchdog thread could not start ({e}): collectives are watched only by sync() \
+                     until a later collective or sync starts it"
+                )
+            })
+        }
+    }
+}
+
+/// Starts the watchdog again where its start failed (one load otherwise): called by every
+/// `sync`, so the watched communicators (a dropped one's teardown included) get their thread at
+/// the next call that can make one.
+pub(crate) fn retry_start() {
+    if START_FAILED.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Some(dog) = WATCHDOG.get() {
+            start(dog);
+        }
+    }
 }
 
 fn run(dog: &'static Watchdog) {
@@ -103,7 +140,53 @@ fn run(dog: &'static Watchdog) {
 
 #[cfg(test)]
 mod tests {
-    use super::{watch, Watched};
+    use super::{retry_start, watch, Watched};
+    use std::sync::atomic::AtomicBool;
+
+    /// `start` answers as if the OS refused the thread (set only in the child below).
+    pub(super) static REFUSE_SPAWN: AtomicBool = AtomicBool::new(false);
+
+    struct Counted(AtomicUsize);
+
+    impl Watched for Counted {
+        fn watch_step(&self) -> bool {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+    }
+
+    /// A watchdog whose start the OS refused is started by the next `sync` (`retry_start`),
+    /// and looks at what was watched meanwhile (a dropped communicator's teardown). Before, only
+    /// a later `watch` (another communicator's first collective) retried it. In a child process:
+    /// the watchdog is process-wide.
+    #[test]
+    fn a_watchdog_whose_start_was_refused_is_started_by_the_next_sync() {
+        const ROLE: &str = "RAFT_COMMS_TEST_WATCHDOG_REFUSED";
+        const NAME: &str = "watchdog::tests::a_watchdog_whose_start_was_refused_is_started_by_the_next_sync";
+        if std::env::var_os(ROLE).is_some() {
+            REFUSE_SPAWN.store(true, Ordering::SeqCst);
+            let item = Arc::new(Counted(AtomicUsize::new(0)));
+            watch(item.clone());
+            std::thread::sleep(Duration::from_millis(300));
+            let before = item.0.load(Ordering::SeqCst);
+            REFUSE_SPAWN.store(false, Ordering::SeqCst);
+            retry_start();
+            let give_up = Instant::now() + Duration::from_secs(5);
+            while item.0.load(Ordering::SeqCst) == 0 && Instant::now() < give_up {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            println!("STEPS {before} {}", item.0.load(Ordering::SeqCst));
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env(ROLE, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("STEPS 0 1"), "refused, then retried by a sync: {text}");
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex, Weak};
     use std::time::{Duration, Instant};
