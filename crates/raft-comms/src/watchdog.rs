@@ -30,7 +30,8 @@ struct Watchdog {
     next_ticket: std::sync::atomic::AtomicU64,
     wake: Condvar,
     /// Whether the thread runs: a spawn that failed (no thread to be had) is tried again at the
-    /// next `watch`, so a dropped communicator's teardown is not left to a thread that never came.
+    /// next `watch` and every `sync` (`retry_start`), so a dropped communicator's teardown is not
+    /// left to a thread that never came.
     running: Mutex<bool>,
 }
 

@@ -609,8 +609,8 @@ pub(crate) fn on_own_thread(label: raft_exit::Label, held: Held, release: Releas
 }
 
 /// Queues `release` on a release thread, counted in `label`'s device ledger as holding
-/// nothing. Never blocks on the GPU, never panics; when no thread can run it (none could be
-/// started), the native objects are leaked instead.
+/// nothing. Never blocks on the GPU, never panics; when no thread could be started, it waits
+/// in the queue, counted, for the next thread, drain or backpressure to run it.
 pub(crate) fn enqueue(label: raft_exit::Label, release: Release) {
     enqueue_holding(label, Held::default(), release)
 }
