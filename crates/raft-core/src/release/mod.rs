@@ -162,11 +162,12 @@ pub(crate) struct Limits {
 
 impl Limits {
     /// `RAFT_RELEASE_PENDING_MAX` releases (default 256) and `RAFT_RELEASE_PENDING_MIB` MiB
-    /// (default 2048, about 31 cuBLAS handles) per device.
-    fn from_env() -> Limits {
+    /// (default 2048, about 31 cuBLAS handles) per device; warnings about bad values go to
+    /// `warnings` (see [`knob`]).
+    fn from_env(warnings: &mut Vec<String>) -> Limits {
         Limits {
-            releases: knob("RAFT_RELEASE_PENDING_MAX", 256, 1..=usize::MAX),
-            bytes: (knob("RAFT_RELEASE_PENDING_MIB", 2048, 1..=(u64::MAX >> 20) as usize) as u64) << 20,
+            releases: knob("RAFT_RELEASE_PENDING_MAX", 256, 1..=usize::MAX, warnings),
+            bytes: (knob("RAFT_RELEASE_PENDING_MIB", 2048, 1..=(u64::MAX >> 20) as usize, warnings) as u64) << 20,
         }
     }
 
@@ -176,10 +177,11 @@ impl Limits {
 }
 
 /// A numeric setting from the environment, or `default` when unset, not UTF-8 or out of `range`
-/// (logged). Read inside the pool's `OnceLock`, whose first use may be a drop: the warning goes
-/// through `log_guarded`, so a user's logger that panics cannot make that drop panic (the
-/// eighteenth audit).
-fn knob(name: &str, default: usize, range: std::ops::RangeInclusive<usize>) -> usize {
+/// (a warning pushed on `warnings`). Read inside the pool's `OnceLock`: the warnings are logged
+/// by [`pool`] once it is set, never inside it, where a logger that asks the pool anything
+/// (`raft::pending_releases`, `stats`, an array's drop) re-entered its initialisation, a
+/// deadlock (the twenty-second audit).
+fn knob(name: &str, default: usize, range: std::ops::RangeInclusive<usize>, warnings: &mut Vec<String>) -> usize {
     let text = match std::env::var(name) {
         Ok(text) => text,
         Err(std::env::VarError::NotPresent) => return default,
@@ -188,7 +190,7 @@ fn knob(name: &str, default: usize, range: std::ops::RangeInclusive<usize>) -> u
     match text.trim().parse::<usize>() {
         Ok(n) if range.contains(&n) => n,
         _ => {
-            raft_exit::log_guarded(|| log::warn!(target: "raft", "{name}={text:?} is not a number in {range:?}: using {default}"));
+            warnings.push(format!("{name}={text:?} is not a number in {range:?}: using {default}"));
             default
         }
     }
@@ -490,12 +492,22 @@ impl Pool {
 /// queued for them (`start_threads`).
 fn pool() -> &'static Pool {
     static POOL: OnceLock<&'static Pool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let base = knob("RAFT_RELEASE_THREADS", 4, 1..=MAX_THREADS);
-        let max = knob("RAFT_RELEASE_THREADS_MAX", 16.max(base), base..=MAX_THREADS);
+    if let Some(pool) = POOL.get() {
+        return pool;
+    }
+    let mut warnings = Vec::new();
+    let pool = POOL.get_or_init(|| {
+        let base = knob("RAFT_RELEASE_THREADS", 4, 1..=MAX_THREADS, &mut warnings);
+        let max = knob("RAFT_RELEASE_THREADS_MAX", 16.max(base), base..=MAX_THREADS, &mut warnings);
         // Leaked on purpose: the threads borrow it for the life of the process.
-        Box::leak(Box::new(Pool::new(Limits::from_env(), base, max, true)))
-    })
+        Box::leak(Box::new(Pool::new(Limits::from_env(&mut warnings), base, max, true)))
+    });
+    // Logged once the pool is set (see `knob`), guarded: the first use may be a drop, which a
+    // logger's panic must not make panic (the eighteenth audit).
+    for warning in warnings {
+        raft_exit::log_guarded(|| log::warn!(target: "raft", "{warning}"));
+    }
+    pool
 }
 
 /// Starts the pool's threads on first use; whether any runs. A start that failed (no thread

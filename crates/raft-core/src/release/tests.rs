@@ -360,3 +360,70 @@ fn a_release_queued_while_no_thread_can_start_runs_once_one_can() {
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains(&format!("COUNTED 1 {MIB} RAN 1 1")), "the release queued while no thread could start: {text}");
 }
+
+/// Runs this test binary's test `name` in a child process with `role` set, and gives its
+/// stdout and whether it succeeded; `None` when it ran past `limit` (it was killed: a deadlock).
+fn child_within(name: &str, role: &str, envs: &[(&str, &str)], limit: Duration) -> Option<(bool, String)> {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(role, "1")
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let give_up = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() >= give_up {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    Some((out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)))
+}
+
+/// A logger that asks the release pool what is pending (`raft::pending_releases`, as a logger
+/// adding the library's figures to each line might), once: it must not re-enter anything the
+/// line was logged under.
+struct AsksPending;
+
+static ASKED: AtomicUsize = AtomicUsize::new(0);
+
+impl log::Log for AsksPending {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, _: &log::Record<'_>) {
+        if ASKED.fetch_add(1, Ordering::SeqCst) == 0 {
+            let _ = crate::stats::pending_releases(0);
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// A bad `RAFT_RELEASE_*` value is warned about: the warning was logged inside the pool's
+/// `OnceLock`, so a logger that asks for the pending releases (or `stats()`) re-entered its
+/// initialisation on the same thread, which deadlocks (the twenty-second audit). In a child
+/// process: the pool and the logger are process-wide; bounded, so the deadlock fails the test.
+#[test]
+#[cfg_attr(miri, ignore)] // a child process
+fn a_logger_asking_for_pending_releases_while_a_bad_setting_is_warned_about_does_not_deadlock() {
+    const ROLE: &str = "RAFT_CORE_TEST_LOGGER_ASKS_PENDING";
+    const NAME: &str = "release::tests::a_logger_asking_for_pending_releases_while_a_bad_setting_is_warned_about_does_not_deadlock";
+    if std::env::var_os(ROLE).is_some() {
+        log::set_logger(&AsksPending).expect("the first logger");
+        log::set_max_level(log::LevelFilter::Trace);
+        let pending = crate::stats::pending_releases(0);
+        println!("PENDING {} ASKED {}", pending.releases, ASKED.load(Ordering::SeqCst));
+        return;
+    }
+    let got = child_within(NAME, ROLE, &[("RAFT_RELEASE_THREADS", "many")], Duration::from_secs(20));
+    let Some((ok, text)) = got else { panic!("the child was still running after 20 s: deadlocked") };
+    assert!(ok, "{text}");
+    assert!(text.contains("PENDING 0 ASKED 1"), "the warning reached the logger once, which asked once: {text}");
+}
