@@ -81,6 +81,9 @@ fn start(dog: &'static Watchdog) {
         }
         Err(e) => {
             START_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+            // Logged after the lock: a logger that syncs a communicator retries this start,
+            // which locked it again on this thread (the twenty-second audit: a deadlock).
+            drop(running);
             // Guarded: this runs inside a group's end for each member, whose later members a
             // logger's panic would leave half-ended (the sixteenth audit).
             raft_exit::log_guarded(|| {
@@ -187,6 +190,64 @@ mod tests {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
         assert!(text.contains("STEPS 0 1"), "refused, then retried by a sync: {text}");
+    }
+    /// A logger that makes what every `Communicator::sync` does first (`retry_start`), once: a
+    /// logger that syncs a communicator, or reports on one, from its `log`.
+    struct Syncs;
+
+    static SYNCED: AtomicUsize = AtomicUsize::new(0);
+
+    impl log::Log for Syncs {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+
+        fn log(&self, _: &log::Record<'_>) {
+            if SYNCED.fetch_add(1, Ordering::SeqCst) == 0 {
+                retry_start();
+            }
+        }
+
+        fn flush(&self) {}
+    }
+
+    /// The warning that the watchdog's thread could not start was logged under the lock of the
+    /// watchdog's start (`running`): a logger that syncs a communicator (whose first step retries
+    /// that start) locked it again on the same thread, a deadlock inside the collective, group
+    /// end or `sync` that logged (the twenty-second audit). In a child process, bounded: the
+    /// watchdog and the logger are process-wide, and the deadlock must fail the test, not hang it.
+    #[test]
+    fn a_logger_that_syncs_while_the_watchdog_s_refused_start_is_warned_about_does_not_deadlock() {
+        const ROLE: &str = "RAFT_COMMS_TEST_WATCHDOG_LOGGER_SYNCS";
+        const NAME: &str = "watchdog::tests::a_logger_that_syncs_while_the_watchdog_s_refused_start_is_warned_about_does_not_deadlock";
+        if std::env::var_os(ROLE).is_some() {
+            log::set_logger(&Syncs).expect("the first logger");
+            log::set_max_level(log::LevelFilter::Trace);
+            REFUSE_SPAWN.store(true, Ordering::SeqCst);
+            watch(Arc::new(Counted(AtomicUsize::new(0))));
+            println!("WATCHED LOGGED {}", SYNCED.load(Ordering::SeqCst));
+            return;
+        }
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env(ROLE, "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let give_up = Instant::now() + Duration::from_secs(20);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() >= give_up {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the child was still running after 20 s: deadlocked");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("WATCHED LOGGED 2"), "the refusal logged, and the logger's retry refused and logged again: {text}");
     }
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex, Weak};
