@@ -692,17 +692,22 @@ fn run_on_threads(threads: usize, work: &(dyn Fn() -> Result<()> + Sync), main: 
 /// not be started (the copies then run on scoped threads of their own).
 fn staging_threads() -> Option<&'static rayon_core::ThreadPool> {
     static POOL: std::sync::OnceLock<Option<rayon_core::ThreadPool>> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| {
+    let mut refused = None;
+    let pool = POOL.get_or_init(|| {
         let n = crate::result::crew::parallelism().clamp(1, 16);
-        rayon_core::ThreadPoolBuilder::new()
+        let built = rayon_core::ThreadPoolBuilder::new()
             .num_threads(n)
             .thread_name(|i| format!("raft-staging-{i}"))
             .start_handler(|_| raft_exit::mark_library_thread())
-            .build()
-            .inspect_err(|e| log::warn!(target: "raft", "staging threads not started, staged copies start threads of their own: {e}"))
-            .ok()
-    })
-    .as_ref()
+            .build();
+        built.map_err(|e| refused = Some(e)).ok()
+    });
+    // Logged once the cell is set: inside it, a logger that makes a staged copy re-entered it (a
+    // deadlock, the twenty-second audit).
+    if let Some(e) = refused {
+        log::warn!(target: "raft", "staging threads not started, staged copies start threads of their own: {e}");
+    }
+    pool.as_ref()
 }
 
 /// Staging buffers kept for reuse, any device, least recently returned first.

@@ -426,15 +426,18 @@ fn remember_current(device: usize, mr: &Arc<NativeMr>) {
 #[inline]
 fn register_stream_keeper(api: &sys::RaftrsShim) {
     static ONCE: Once = Once::new();
+    let mut refused = None;
     ONCE.call_once(|| {
         // SAFETY: three `extern "C"` functions that never unwind and live as long as the process.
         let status = unsafe { api.raftrs_buffer_on_streams(Some(retain_stream), Some(release_stream), Some(sole_stream)) };
-        if let Err(e) = check("DeviceVec::new", api, status) {
-            // Guarded: a logger's panic would poison the `Once`, and every later allocation
-            // would panic on it (the sixteenth audit).
-            raft_exit::log_guarded(|| log::warn!(target: "raft", "{e}: frees into pools record an event each"));
-        }
+        refused = check("DeviceVec::new", api, status).err();
     });
+    // Logged once the `Once` is done: inside it, a logger that allocates an array re-entered it
+    // (a deadlock, the twenty-second audit). Guarded: a logger's panic must not reach the
+    // allocation (the sixteenth audit: it poisoned the `Once`).
+    if let Some(e) = refused {
+        raft_exit::log_guarded(|| log::warn!(target: "raft", "{e}: frees into pools record an event each"));
+    }
 }
 
 /// A reference to the stream behind `owner` for a fence (see [`register_stream_keeper`]).

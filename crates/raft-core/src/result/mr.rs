@@ -370,14 +370,17 @@ impl DoomedMr {
 /// release thread, which waits for those streams and then destroys it (the shim's fence.hpp).
 fn register_deferred_hook(api: &sys::RaftrsShim) {
     static ONCE: std::sync::Once = std::sync::Once::new();
+    let mut refused = None;
     ONCE.call_once(|| {
         // SAFETY: `deferred_hook` is an `extern "C"` function that never unwinds (it catches every
         // panic) and lives as long as the process.
-        if let Err(e) = check("MemoryResource::pool", api, unsafe { api.raftrs_mr_on_deferred(Some(deferred_hook)) }) {
-            // Guarded, as `register_stream_keeper`'s: a panic would poison the `Once`.
-            raft_exit::log_guarded(|| log::warn!(target: "raft", "{e}: pools will be waited for where their last copy goes"));
-        }
+        refused = check("MemoryResource::pool", api, unsafe { api.raftrs_mr_on_deferred(Some(deferred_hook)) }).err();
     });
+    // Logged once the `Once` is done: inside it, a logger that makes a pool re-entered it (a
+    // deadlock, the twenty-second audit). Guarded, as `register_stream_keeper`'s.
+    if let Some(e) = refused {
+        raft_exit::log_guarded(|| log::warn!(target: "raft", "{e}: pools will be waited for where their last copy goes"));
+    }
 }
 
 /// Called by the shim, inside the destructor of a resource's last copy, when its wait is deferred.
