@@ -119,10 +119,9 @@ impl ResourcesState {
                                     .wait_timeout(state, std::time::Duration::from_millis(10))
                                     .unwrap_or_else(|e| e.into_inner())
                                     .0;
-                                // While the first release waits for the uses in flight, a thread
-                                // waiting for this one may hold such a use (a lend joining the job
-                                // making this call): a second release has nothing of its own to
-                                // finish, so it returns rather than close that circle.
+                                // While the first release waits for the uses in flight, a thread waiting for this
+                                // one may hold such a use (a lend joining the job making this call): a second
+                                // release has nothing of its own to finish, so it returns rather than close that circle.
                                 if !matches!(*state, Releasing::Done)
                                     && self.closing.load(Ordering::Acquire)
                                     && waits::awaited(std::thread::current().id())
@@ -133,10 +132,11 @@ impl ResourcesState {
                             Some(deadline) => {
                                 let now = std::time::Instant::now();
                                 if now >= deadline {
+                                    drop((state, waiting, _counted)); // said unlocked: a logger may use these resources (audit 22)
                                     raft_exit::left_running_saying(
                                         || log::warn!(target: "raft", "exit teardown: resources {} on device {} are still being released on another thread: left to the OS", self.id, self.device),
                                     );
-                                    break;
+                                    return Ok(());
                                 }
                                 state = self.released_cv.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
                             }

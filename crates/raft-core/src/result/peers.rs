@@ -43,6 +43,9 @@ pub(crate) fn enable_peer_access(who: &'static str, a: &NativeBuffer, b: &Native
         let rc = unsafe { cusys::cuDeviceCanAccessPeer(&mut can, x.cu_device(), y.cu_device()) };
         rc == cusys::CUresult::CUDA_SUCCESS && can != 0
     };
+    // Failures are said once the pairs' lock is let go: a logger that makes a peer copy locked it
+    // again on this thread (a deadlock, the twenty-second audit).
+    let mut failed = Vec::new();
     let enable = |can: bool| {
         if !can {
             return;
@@ -57,11 +60,14 @@ pub(crate) fn enable_peer_access(who: &'static str, a: &NativeBuffer, b: &Native
                 }
             });
             if let Err(e) = enabled {
-                log::warn!(target: "raft", "peer access between devices {} and {} not enabled: {e}", a.device, b.device);
+                failed.push(e);
             }
         }
     };
     let reachable = PAIRS.lock().unwrap_or_else(|e| e.into_inner()).look(pair, || can(ca, cb) && can(cb, ca), enable);
+    for e in failed {
+        log::warn!(target: "raft", "peer access between devices {} and {} not enabled: {e}", a.device, b.device);
+    }
     if !reachable {
         return; // the copy is staged by the driver; no pool access to give
     }
