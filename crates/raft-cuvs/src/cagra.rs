@@ -296,6 +296,71 @@ impl CagraSearchParams {
             raised
         })
     }
+
+    /// The widest per-query stride, in elements, that cuVS 26.08's CAGRA kernels multiply by a
+    /// query's number within a batch in 32-bit arithmetic, for an index of `graph_degree` over
+    /// `n_rows` rows (0: none that grows with the parameters). The single-CTA kernel finds a
+    /// query's visited-node table in global memory at `table size × query` (when the table does
+    /// not fit shared memory), the multi-CTA kernel its traversed-node table the same way and its
+    /// intermediate results at `32 × CTAs per query × query` (`search_single_cta_jit.cuh`,
+    /// `search_multi_cta_jit.cuh`); the buffers are sized in 64 bits, so past 2^32 the later
+    /// queries of a batch silently share the earlier ones' tables and results (wrong answers).
+    /// The tables are sized as `calc_hashmap_params` in `search_plan.cuh` does (fill rate 0.5,
+    /// at least 2^11 entries), from an upper bound of the iterations; for `Auto`, both kernels
+    /// it may pick are counted.
+    fn query_stride(&self, graph_degree: usize, n_rows: usize) -> u64 {
+        let width = self.search_width.unwrap_or(1).max(1) as u64;
+        let itopk = self.itopk_size.unwrap_or(64) as u64;
+        let itopk32 = itopk.next_multiple_of(32);
+        let degree = graph_degree.max(1) as u64;
+        // cuVS's automatic max_iterations (`adjust_search_params`): a base, plus one per step of
+        // the graph's reach until it covers the rows.
+        let (mut reach, mut steps, factor) = (1u128, 0u64, (degree / 2).max(2) as u128);
+        while reach < n_rows as u128 {
+            reach *= factor;
+            steps += 1;
+        }
+        let (max, min) = (self.max_iterations.unwrap_or(0) as u64, self.min_iterations.unwrap_or(0) as u64);
+        let iterations = |base: u64| if max == 0 { base + steps } else { max }.max(min);
+        // The smallest table of at least 2^11 entries that holds `nodes` at half its size.
+        let table = |nodes: u64| {
+            let mut bits = 11;
+            while nodes > (1u64 << bits) / 2 {
+                bits += 1;
+            }
+            1u64 << bits
+        };
+        let algo = self.algo.unwrap_or(CagraSearchAlgo::Auto);
+        let mut stride = 0;
+        // Auto picks the single-CTA kernel only for an itopk_size up to 512; it keeps the table
+        // in shared memory while `itopk + width × degree` fits half of 2^13 entries.
+        let single = algo == CagraSearchAlgo::SingleCta || (algo == CagraSearchAlgo::Auto && itopk32 <= MAX_ITOPK_SINGLE_CTA as u64);
+        if single && itopk32 + width * degree > 1 << 12 {
+            stride = table(itopk32 + width * degree * iterations(itopk / width));
+        }
+        if matches!(algo, CagraSearchAlgo::MultiCta | CagraSearchAlgo::Auto) {
+            let ctas = width.max(itopk.div_ceil(32));
+            stride = stride.max(32 * ctas).max(table(ctas * iterations(32).max(32)));
+        }
+        stride
+    }
+
+    /// Lowers the batch cuVS searches at once (`max_queries`, 0: `min(n_queries, 65535)`) so
+    /// that [`query_stride`](Self::query_stride) × the batch stays within 2^32; returns what was
+    /// lowered, for the log.
+    fn limit_batches(&self, raw: &mut sys::cuvsCagraSearchParams, graph_degree: usize, n_rows: usize, n_queries: usize) -> Option<String> {
+        let stride = self.query_stride(graph_degree, n_rows);
+        let batch = if raw.max_queries > 0 { raw.max_queries } else { n_queries.min(MAX_QUERIES) };
+        let limit = usize::try_from((1u64 << 32) / stride.max(1)).unwrap_or(usize::MAX).max(1);
+        (batch > limit).then(|| {
+            let lowered = format!(
+                "{batch} queries at once lowered to {limit}: cuVS's kernels offset each query's tables and results by {stride} \
+                 elements in 32-bit arithmetic"
+            );
+            raw.max_queries = limit;
+            lowered
+        })
+    }
 }
 
 /// A CAGRA index over a dataset it owns.
@@ -425,6 +490,9 @@ impl CagraIndex {
             let mut cparams = CagraSearchParamsRaw::create(WHO)?;
             if let Some(raised) = params.apply(cparams.get_mut()) {
                 log::warn!(target: "raft", "{WHO}: {raised}");
+            }
+            if let Some(lowered) = params.limit_batches(cparams.get_mut(), self.graph_degree, self.n_rows(), n_queries) {
+                log::debug!(target: "raft", "{WHO}: {lowered}");
             }
             let (qs, mut ns, mut ds) = (queries.as_slice(), neighbors.view_mut(), distances.view_mut());
             let mut q = Tensor::input(WHO, &qs, n_queries, self.dim(), &stream)?;
@@ -704,6 +772,43 @@ mod tests {
         );
         assert_eq!(iterations(CagraSearchParams { min_iterations: Some(10), ..Default::default() }), ((10, 0), None));
         assert_eq!(iterations(CagraSearchParams::default()), ((0, 0), None));
+    }
+
+    /// The batch cuVS searches at once for `p` (after this crate's adjustments), and cuVS's 32-bit
+    /// per-query stride, on a degree-64 index of a million rows.
+    fn batch(p: CagraSearchParams, n_queries: usize) -> (u64, usize) {
+        search(p).expect("checked");
+        let mut raw = raw_search_defaults();
+        p.apply(&mut raw);
+        p.limit_batches(&mut raw, 64, 1_000_000, n_queries);
+        let batch = if raw.max_queries > 0 { raw.max_queries } else { n_queries.min(MAX_QUERIES) };
+        (p.query_stride(64, 1_000_000), batch)
+    }
+
+    /// Helper 106: cuVS 26.08's CAGRA kernels find a query's visited-node table (single-CTA, when
+    /// it does not fit shared memory), traversed-node table and intermediate results (multi-CTA)
+    /// at `stride × query` in 32-bit arithmetic over buffers sized in 64 bits: past 2^32 the later
+    /// queries of a batch share the earlier ones' tables and results, a silent wrong answer.
+    /// Batches are lowered so that no offset passes 2^32; ordinary searches keep cuVS's batch.
+    #[test]
+    fn batches_keep_cuvs_per_query_offsets_within_32_bits() {
+        // A wide single-CTA search of 100 iterations: a visited table of 2^20 entries per query.
+        let wide = CagraSearchParams { search_width: Some(64), max_iterations: Some(100), ..Default::default() };
+        let (stride, queries) = batch(wide, 8192);
+        assert_eq!(stride, 1 << 20);
+        assert!(stride * queries as u64 <= 1 << 32, "{queries} queries of {stride} pass 2^32");
+        assert_eq!(queries, 4096);
+        // A multi-CTA search of itopk 65536: 2048 CTAs per query, a traversed table of 2^18.
+        let deep = CagraSearchParams { itopk_size: Some(65536), algo: Some(CagraSearchAlgo::MultiCta), ..Default::default() };
+        let (stride, queries) = batch(deep, 100_000);
+        assert_eq!(stride, 1 << 18);
+        assert!(stride * queries as u64 <= 1 << 32, "{queries} queries of {stride} pass 2^32");
+        // A batch the user chose is lowered too; ordinary searches keep cuVS's batch.
+        let chosen = CagraSearchParams { max_queries: Some(65535), ..deep };
+        assert_eq!(batch(chosen, 100_000).1, 16384);
+        assert_eq!(batch(CagraSearchParams::default(), 100_000), (2048, MAX_QUERIES));
+        let high_recall = CagraSearchParams { itopk_size: Some(1024), search_width: Some(4), ..Default::default() };
+        assert_eq!(batch(high_recall, 100_000).1, MAX_QUERIES);
     }
 
     #[test]
