@@ -160,8 +160,9 @@ impl BruteForceIndex {
         let view = dataset.view();
         let rows = view.as_slice();
         let raw = lend(WHO, &res, |cuvs| {
-            let mut raw = BruteForceRaw::create(WHO)?;
+            // The tensor first: its failure (a capture query) leaves no cuVS index behind.
             let mut rows = Tensor::input(WHO, &rows, n_rows, dim, &stream)?;
+            let mut raw = BruteForceRaw::create(WHO)?;
             // SAFETY: the index views `dataset`, which the BruteForceIndex made below owns, never
             // writes and drops only after destroying the index (Drop, `release`), which happens
             // while these resources are lent.
