@@ -399,7 +399,7 @@ impl log::Log for AsksPending {
 
     fn log(&self, _: &log::Record<'_>) {
         if ASKED.fetch_add(1, Ordering::SeqCst) == 0 {
-            let _ = crate::stats::pending_releases(0);
+            let _ = pending(0); // what `raft::pending_releases` reads
         }
     }
 
@@ -418,7 +418,7 @@ fn a_logger_asking_for_pending_releases_while_a_bad_setting_is_warned_about_does
     if std::env::var_os(ROLE).is_some() {
         log::set_logger(&AsksPending).expect("the first logger");
         log::set_max_level(log::LevelFilter::Trace);
-        let pending = crate::stats::pending_releases(0);
+        let pending = pending(0);
         println!("PENDING {} ASKED {}", pending.releases, ASKED.load(Ordering::SeqCst));
         return;
     }
