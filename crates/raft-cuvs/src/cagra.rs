@@ -411,6 +411,10 @@ impl CagraIndex {
         let _bound = result::bind_device(WHO, &res)?;
         let view = dataset.view();
         let whole = view.as_slice();
+        // Said once the index owns what was built: a logger that panics inside the lend leaked
+        // the padded copy of the dataset (the twenty-second audit), and it ran in the lend's
+        // relaxed capture mode.
+        let mut lowered = None;
         let (raw, rows) = lend(WHO, &res, |cuvs| {
             let mut tensor = Tensor::input(WHO, &whole, n_rows, dim, &stream)?;
             let rows = if (dim * std::mem::size_of::<f32>()).is_multiple_of(16) {
@@ -422,9 +426,7 @@ impl CagraIndex {
             };
             let built = (|| {
                 let mut cparams = CagraIndexParamsRaw::create(WHO)?;
-                if let Some(lowered) = params.apply(cparams.get_mut(), n_rows) {
-                    log::warn!(target: "raft", "{WHO}: {lowered}");
-                }
+                lowered = params.apply(cparams.get_mut(), n_rows);
                 let mut raw = CagraRaw::create(WHO)?;
                 // SAFETY: `rows` (and the array it may view) is kept by the CagraIndex made
                 // below until after the index is destroyed, while these resources are lent.
@@ -449,6 +451,9 @@ impl CagraIndex {
             }
         })?;
         let mut index = CagraIndex { raw: Some(raw), rows: Some(rows), dataset, graph_degree: 0, resources: res.clone() };
+        if let Some(lowered) = lowered {
+            log::warn!(target: "raft", "{WHO}: {lowered}");
+        }
         let (built_dim, size, degree) = index.raw.as_ref().expect("just built").dims(WHO)?;
         if built_dim != dim as i64 || size != n_rows as i64 {
             return Err(Error::new(
