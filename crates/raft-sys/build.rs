@@ -28,7 +28,7 @@ fn main() {
 
     if env_var_rerun("DOCS_RS").is_some() || env::var_os("CARGO_FEATURE_DOC_ONLY").is_some() {
         // Documentation needs no native code: the pinned facts stand in for the headers'.
-        write_build_info(&out, &pinned_info(), false, &Linked::default());
+        write_build_info(&out, &pinned_info(), false, &Linked::default(), &Headers::default());
         println!("cargo:rustc-env=RAFT_SYS_SHIM_PATH=");
         println!("cargo:rustc-env=RAFT_SYS_LIB_DIRS=");
         println!("cargo:rustc-env=RAFT_SYS_HEADER_HASH=0");
@@ -60,8 +60,8 @@ fn main() {
         }
     }
     let linked = linked_librmm(&stack);
-    let shim = build_shim(&manifest, &out, &stack, header_hash, &linked);
-    write_build_info(&out, &info, true, &linked);
+    let (shim, headers) = build_shim(&manifest, &out, &stack, header_hash, &linked);
+    write_build_info(&out, &info, true, &linked, &headers);
 
     let lib_dirs = env::join_paths(&stack.lib_dirs).expect("library paths contain no separator");
     let includes = env::join_paths(&stack.includes).expect("include paths contain no separator");
@@ -140,7 +140,14 @@ fn linked_librmm(stack: &Stack) -> Linked {
     Linked { path: path.display().to_string(), build_id }
 }
 
-fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64, linked: &Linked) -> PathBuf {
+/// Every header of the stack the shim was compiled with, as one digest (`raft_build::depfile`).
+#[derive(Default)]
+struct Headers {
+    digest: String,
+    count: usize,
+}
+
+fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64, linked: &Linked) -> (PathBuf, Headers) {
     let mut build = cc::Build::new();
     // The C++ never instrumented: under -Zsanitizer=address cc adds -fsanitize=address for
     // CARGO_CFG_SANITIZE, and `--no-undefined` links cannot take ASan's runtime.
@@ -155,10 +162,14 @@ fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64, link
     }
     // The shim is small and hot: always optimised, never with debug info.
     build.opt_level(2).debug(false).flag_if_supported("-Wno-deprecated-declarations");
+    // A dependency file beside each object (`-MD`): every header the shim was compiled with,
+    // digested below into the build's facts (`HEADERS_DIGEST`).
+    build.flag("-MD");
     // No TLS descriptors (`-mtls-dialect=gnu2`, which would make the fence's thread-local a load
     // instead of a call to `__tls_get_addr`): before glibc 2.40 their dynamic path, taken when a
     // process's static TLS is used up, clobbered vector registers (glibc bugs 31372, 31501).
     let objects = build.compile_intermediates();
+    let headers = headers_of(&objects, stack);
 
     let shim = out.join(SHIM_FILE);
     let compiler = build.get_compiler();
@@ -201,7 +212,26 @@ fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64, link
         eprintln!("error: linking {} failed ({status}): {link:?}", shim.display());
         std::process::exit(1);
     }
-    shim
+    (shim, headers)
+}
+
+/// The stack's headers the objects were compiled with, from their dependency files (`-MD`
+/// writes `x.d` beside `x.o`): what `HEADERS_DIGEST` says of this build.
+fn headers_of(objects: &[PathBuf], stack: &Stack) -> Headers {
+    let mut files = Vec::new();
+    for object in objects {
+        let depfile = object.with_extension("d");
+        let text = std::fs::read_to_string(&depfile)
+            .unwrap_or_else(|e| panic!("the compiler wrote no dependency file {} (-MD): {e}", depfile.display()));
+        files.extend(raft_build::depfile::prerequisites(&text));
+    }
+    // A header edited in place (a prefix of the user's) recompiles the shim against it.
+    for file in files.iter().filter(|f| stack.includes.iter().any(|root| f.starts_with(root))) {
+        println!("cargo:rerun-if-changed={}", file.display());
+    }
+    let (digest, count) = raft_build::headers_digest(&files, &stack.includes)
+        .unwrap_or_else(|e| panic!("reading the headers the shim was compiled with: {e}"));
+    Headers { digest, count }
 }
 
 /// What the headers say: versions, CCCL, the CUDA runtime, RMM's inline ABI namespace.
@@ -254,7 +284,7 @@ fn read_build_info(manifest: &Path, stack: &Stack) -> Info {
     }
 }
 
-fn write_build_info(out: &Path, info: &Info, native: bool, linked: &Linked) {
+fn write_build_info(out: &Path, info: &Info, native: bool, linked: &Linked, headers: &Headers) {
     let (rj, rn, rp) = info.raft;
     let (mj, mn, mp) = info.rmm;
     let text = format!(
@@ -279,8 +309,13 @@ fn write_build_info(out: &Path, info: &Info, native: bool, linked: &Linked) {
          pub const PINNED: &str = {PINNED:?};\n\
          /// The `librmm.so` the shim was linked against, and its GNU build-id (empty: none).\n\
          pub const LIBRMM_LINKED: &str = {:?};\n\
-         pub const LIBRMM_BUILD_ID: &str = {:?};\n",
-        info.cccl, info.cudart, info.rmm_abi_namespace, linked.path, linked.build_id
+         pub const LIBRMM_BUILD_ID: &str = {:?};\n\
+         /// A digest of every header of the stack the shim was compiled with (RAFT's, RMM's,\n\
+         /// CCCL's, CUDA's: their paths and bytes; empty without headers), and how many: headers\n\
+         /// edited or mixed from two packages differ here where versions and build-ids agree.\n\
+         pub const HEADERS_DIGEST: &str = {:?};\n\
+         pub const HEADERS_COUNT: usize = {};\n",
+        info.cccl, info.cudart, info.rmm_abi_namespace, linked.path, linked.build_id, headers.digest, headers.count
     );
     std::fs::write(out.join("build_info.rs"), text).expect("write build_info.rs");
 }

@@ -102,7 +102,7 @@ mod tests {
     use serde_json::json;
 
     fn tag() -> Value {
-        json!({"version": 1, "raft": "26.08.00", "rmm": "26.08.00", "cccl": "3.4.3", "cuda_runtime": "13.2", "handle_size": 32, "rmm_abi_namespace": "_RMM_26_8"})
+        json!({"version": 1, "raft": "26.08.00", "rmm": "26.08.00", "cccl": "3.4.3", "cuda_runtime": "13.2", "handle_size": 32, "rmm_abi_namespace": "_RMM_26_8", "headers": "f8d1a1068f4bc2ab"})
     }
 
     #[test]
@@ -119,7 +119,7 @@ mod tests {
         std::fs::write(&path, tag().to_string()).unwrap();
         let rows = check(&path, &tag()).unwrap();
         assert!(rows.iter().all(Row::same));
-        assert_eq!(rows.len(), 7);
+        assert_eq!(rows.len(), 8);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

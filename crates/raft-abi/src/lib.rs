@@ -2,8 +2,9 @@
 //! stack that moved under it.
 //!
 //! [`abi()`] is the tag of this build: RAFT's, RMM's and CCCL's version macros, `CUDART_VERSION`,
-//! `sizeof(raft::device_resources)` and RMM's ABI namespace, as `raft-sys`'s build script read
-//! them from the headers the shim was compiled with ([`raft_sys::build_info`]). Reading it loads
+//! `sizeof(raft::device_resources)`, RMM's ABI namespace and a digest of every stack header,
+//! as `raft-sys`'s build script read them from the headers the shim was compiled with
+//! ([`raft_sys::build_info`]). Reading it loads
 //! nothing and needs no CUDA, so a binary can print it even where the native stack is missing.
 //! [`running()`] is the other side: the CUDA runtime and driver this process actually loaded
 //! (through the shim). [`Abi::mismatches`] names the fields that differ between two tags;
@@ -87,6 +88,7 @@ pub fn abi() -> Abi {
         cuda_runtime: cuda_version(build_info::CUDART_VERSION.into()),
         handle_size: build_info::HANDLE_SIZE,
         rmm_abi_namespace: build_info::RMM_ABI_NAMESPACE.to_string(),
+        headers: build_info::HEADERS_DIGEST.to_string(),
     }
 }
 

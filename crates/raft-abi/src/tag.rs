@@ -28,6 +28,12 @@ pub struct Abi {
     /// Tags written before this field existed read as `""` (which differs from any build's).
     #[serde(default)]
     pub rmm_abi_namespace: String,
+    /// A digest of every RAFT, RMM, CCCL and CUDA header the shim was compiled with (16 hex
+    /// digits; `raft_build::depfile`): headers edited in place or mixed from two packages of one
+    /// release show here where every version agrees. Empty for a documentation build, and in
+    /// tags written before this field existed (which then differ from any build's).
+    #[serde(default)]
+    pub headers: String,
 }
 
 /// A field of [`Abi`], named as the seed names it.
@@ -48,6 +54,8 @@ pub enum AbiField {
     HandleSize,
     /// `rmm-abi-namespace`
     RmmAbiNamespace,
+    /// `headers`
+    Headers,
 }
 
 impl fmt::Display for AbiField {
@@ -60,13 +68,14 @@ impl fmt::Display for AbiField {
             AbiField::CudaRuntime => "cuda-runtime",
             AbiField::HandleSize => "handle-size",
             AbiField::RmmAbiNamespace => "rmm-abi-namespace",
+            AbiField::Headers => "headers",
         })
     }
 }
 
 impl Abi {
     /// Every field with its value as text, in order.
-    pub fn fields(&self) -> [(AbiField, String); 7] {
+    pub fn fields(&self) -> [(AbiField, String); 8] {
         [
             (AbiField::Version, self.version.to_string()),
             (AbiField::Raft, self.raft.clone()),
@@ -75,6 +84,7 @@ impl Abi {
             (AbiField::CudaRuntime, self.cuda_runtime.clone()),
             (AbiField::HandleSize, self.handle_size.to_string()),
             (AbiField::RmmAbiNamespace, self.rmm_abi_namespace.clone()),
+            (AbiField::Headers, self.headers.clone()),
         ]
     }
 
@@ -116,6 +126,7 @@ mod tests {
             cuda_runtime: "13.2".into(),
             handle_size: 32,
             rmm_abi_namespace: "_RMM_26_8".into(),
+            headers: "f8d1a1068f4bc2ab".into(),
         }
     }
 
@@ -125,9 +136,17 @@ mod tests {
         let old = r#"{"version": 1, "raft": "26.08.00", "rmm": "26.08.00", "cccl": "3.4.3", "cuda_runtime": "13.2", "handle_size": 32}"#;
         let read = Abi::from_json(old).unwrap();
         assert_eq!(read.rmm_abi_namespace, "");
-        assert_eq!(read, Abi { rmm_abi_namespace: String::new(), ..tag() });
+        assert_eq!(read, Abi { rmm_abi_namespace: String::new(), headers: String::new(), ..tag() });
         // ... and it is reported as a difference, not taken for a match.
-        assert_eq!(tag().mismatches(&read), [AbiField::RmmAbiNamespace]);
+        assert_eq!(tag().mismatches(&read), [AbiField::RmmAbiNamespace, AbiField::Headers]);
+    }
+
+    #[test]
+    fn headers_that_differ_are_named_where_every_version_agrees() {
+        let edited = Abi { headers: "0123456789abcdef".into(), ..tag() };
+        assert_eq!(tag().mismatches(&edited), [AbiField::Headers]);
+        assert_eq!(AbiField::Headers.to_string(), "headers");
+        assert_eq!(Abi::from_json(&edited.to_json()).unwrap(), edited);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //!   `CONDA_PREFIX`; [`Stack::from_dep_metadata`] for crates that build after `raft-sys`.
 //! - [`cuvs`]: where cuVS may be, relative to the stack ([`cuvs_roots`]).
 //! - [`elf`]: [`gnu_build_id`], one build of a library's identity.
+//! - [`depfile`]: [`headers_digest`], every header a shim was compiled with, as one digest.
 //! - [`header_hash`]: the hash a shim is built with and its Rust side checks at load, so a shim
 //!   built from another version of its C header is refused, not called through the wrong
 //!   signatures.
@@ -21,12 +22,14 @@
 
 pub mod cache;
 pub mod cuvs;
+pub mod depfile;
 pub mod elf;
 pub mod pins;
 pub mod stack;
 
 pub use cache::{cache_dir, cache_prefix, env_var_rerun};
 pub use cuvs::{cuvs_beside, cuvs_roots, cuvs_roots_from_env};
+pub use depfile::headers_digest;
 pub use elf::gnu_build_id;
 pub use pins::{check_pinned, pip_line, unpinned, LIBRARIES, NCCL_WHEEL, PINNED, WHEELS};
 pub use stack::{find, Stack};
