@@ -172,17 +172,25 @@ impl Shared {
 
     /// Ends the communicator with `error`: aborts it (a no-op when the shim already did; the
     /// shim aborts its clique with it, see `clique` in the shim's common.hpp), keeps the error
-    /// for every later call, and ends the exit-wait job. Returns the error.
+    /// for every later call, and ends the exit-wait job. Returns the error (with the abort's
+    /// own failure, if any, added to its message).
     pub(crate) fn end_with(&self, st: &mut State, who: &'static str, error: Error) -> Error {
-        if st.ended.is_none() {
-            let aborted = self.native.abort(who, error.message());
-            // Recorded before the log line: a panic in the user's logger must not leave an
-            // aborted communicator unmarked (nor the teardown's loop stopped).
+        let error = if st.ended.is_none() {
+            // A failed abort is said in the error, not logged: every caller holds the
+            // communicator's lock, which a user's logger that syncs this communicator would take
+            // again on this thread (the twenty-second audit: a deadlock).
+            let error = match self.native.abort(who, error.message()) {
+                Ok(()) => error,
+                Err(e) => {
+                    let message = format!("{}; aborting the communicator failed too: {}", error.message(), e.message());
+                    error.with_message(message)
+                }
+            };
             st.ended = Some(error.clone());
-            if let Err(e) = aborted {
-                raft_exit::log_guarded(|| log::debug!(target: "raft", "{e}"));
-            }
-        }
+            error
+        } else {
+            error
+        };
         st.token = None;
         error
     }
@@ -355,6 +363,7 @@ impl Watched for Shared {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return true,
         };
+        let mut unsaid = None;
         if st.token.is_some() && st.ended.is_none() {
             match self.native.query(WHO, None) {
                 Ok(true) => st.token = None,
@@ -407,9 +416,7 @@ impl Watched for Shared {
                 } else {
                     match self.native.query(WHO, None) {
                         Ok(true) => {
-                            if let Err(e) = self.native.destroy(WHO) {
-                                log::warn!(target: "raft", "{e}");
-                            }
+                            unsaid = self.native.destroy(WHO).err();
                             st.ended = Some(Error::logic(WHO, "the communicator was released").with_reason(Reason::Released));
                             false
                         }
@@ -432,6 +439,11 @@ impl Watched for Shared {
         };
         if !keep {
             st.watched = false;
+        }
+        // Said once the lock is let go (the twenty-second audit: nothing logs under it).
+        drop(st);
+        if let Some(e) = unsaid {
+            raft_exit::log_guarded(|| log::warn!(target: "raft", "{e}"));
         }
         keep
     }
