@@ -1,6 +1,7 @@
 //! Approximate nearest-neighbour search with cuVS's CAGRA graph index (`cuvsCagraBuild` /
 //! `cuvsCagraSearch`).
 use crate::brute_force::Neighbors;
+use crate::cagra_kernels::{limit_batches, CagraSearchAlgo, MAX_ITOPK_SINGLE_CTA, MAX_QUERIES};
 use crate::check;
 use crate::distance::Metric;
 use crate::dlpack::Tensor;
@@ -151,20 +152,6 @@ fn graph_degrees(intermediate: usize, graph: usize, n_rows: usize) -> (usize, us
     (intermediate, graph.min(intermediate))
 }
 
-/// Which CAGRA search kernel runs (cuVS's `cuvsCagraSearchAlgo`).
-#[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CagraSearchAlgo {
-    /// One thread block per query: large batches.
-    SingleCta,
-    /// Several thread blocks per query: small batches.
-    MultiCta,
-    /// Several kernels.
-    MultiKernel,
-    /// cuVS chooses (its default).
-    Auto,
-}
-
 /// CAGRA's search parameters: `None` keeps cuVS's default (in brackets). cuVS's persistent
 /// search is not offered.
 ///
@@ -199,12 +186,6 @@ pub struct CagraSearchParams {
     pub rand_xor_mask: Option<u64>,
 }
 
-/// CUDA's grid y-dimension: cuVS launches one row of blocks per query of a batch, and picks
-/// at most this many itself.
-const MAX_QUERIES: usize = 65535;
-/// The single-CTA kernel's largest internal top-k (cuVS refuses more, and so does `Auto` when it
-/// picks that kernel for a large batch).
-const MAX_ITOPK_SINGLE_CTA: usize = 512;
 /// `itopk_size + search_width × graph_degree` candidates per query: cuVS sizes shared memory
 /// and buffers from it in 32-bit arithmetic, 8 bytes per candidate.
 const MAX_CANDIDATES: u64 = 1 << 24;
@@ -276,12 +257,7 @@ impl CagraSearchParams {
         set(&mut raw.min_iterations, self.min_iterations);
         set(&mut raw.thread_block_size, self.thread_block_size);
         if let Some(a) = self.algo {
-            raw.algo = match a {
-                CagraSearchAlgo::SingleCta => sys::cuvsCagraSearchAlgo::SINGLE_CTA,
-                CagraSearchAlgo::MultiCta => sys::cuvsCagraSearchAlgo::MULTI_CTA,
-                CagraSearchAlgo::MultiKernel => sys::cuvsCagraSearchAlgo::MULTI_KERNEL,
-                CagraSearchAlgo::Auto => sys::cuvsCagraSearchAlgo::AUTO,
-            };
+            raw.algo = a.raw();
         }
         if let Some(n) = self.num_random_samplings {
             raw.num_random_samplings = n;
@@ -294,71 +270,6 @@ impl CagraSearchParams {
             let raised = format!("max_iterations {} raised to min_iterations {}, as cuVS does", raw.max_iterations, raw.min_iterations);
             raw.max_iterations = raw.min_iterations;
             raised
-        })
-    }
-
-    /// The widest per-query stride, in elements, that cuVS 26.08's CAGRA kernels multiply by a
-    /// query's number within a batch in 32-bit arithmetic, for an index of `graph_degree` over
-    /// `n_rows` rows (0: none that grows with the parameters). The single-CTA kernel finds a
-    /// query's visited-node table in global memory at `table size × query` (when the table does
-    /// not fit shared memory), the multi-CTA kernel its traversed-node table the same way and its
-    /// intermediate results at `32 × CTAs per query × query` (`search_single_cta_jit.cuh`,
-    /// `search_multi_cta_jit.cuh`); the buffers are sized in 64 bits, so past 2^32 the later
-    /// queries of a batch silently share the earlier ones' tables and results (wrong answers).
-    /// The tables are sized as `calc_hashmap_params` in `search_plan.cuh` does (fill rate 0.5,
-    /// at least 2^11 entries), from an upper bound of the iterations; for `Auto`, both kernels
-    /// it may pick are counted.
-    fn query_stride(&self, graph_degree: usize, n_rows: usize) -> u64 {
-        let width = self.search_width.unwrap_or(1).max(1) as u64;
-        let itopk = self.itopk_size.unwrap_or(64) as u64;
-        let itopk32 = itopk.next_multiple_of(32);
-        let degree = graph_degree.max(1) as u64;
-        // cuVS's automatic max_iterations (`adjust_search_params`): a base, plus one per step of
-        // the graph's reach until it covers the rows.
-        let (mut reach, mut steps, factor) = (1u128, 0u64, (degree / 2).max(2) as u128);
-        while reach < n_rows as u128 {
-            reach *= factor;
-            steps += 1;
-        }
-        let (max, min) = (self.max_iterations.unwrap_or(0) as u64, self.min_iterations.unwrap_or(0) as u64);
-        let iterations = |base: u64| if max == 0 { base + steps } else { max }.max(min);
-        // The smallest table of at least 2^11 entries that holds `nodes` at half its size.
-        let table = |nodes: u64| {
-            let mut bits = 11;
-            while nodes > (1u64 << bits) / 2 {
-                bits += 1;
-            }
-            1u64 << bits
-        };
-        let algo = self.algo.unwrap_or(CagraSearchAlgo::Auto);
-        let mut stride = 0;
-        // Auto picks the single-CTA kernel only for an itopk_size up to 512; it keeps the table
-        // in shared memory while `itopk + width × degree` fits half of 2^13 entries.
-        let single = algo == CagraSearchAlgo::SingleCta || (algo == CagraSearchAlgo::Auto && itopk32 <= MAX_ITOPK_SINGLE_CTA as u64);
-        if single && itopk32 + width * degree > 1 << 12 {
-            stride = table(itopk32 + width * degree * iterations(itopk / width));
-        }
-        if matches!(algo, CagraSearchAlgo::MultiCta | CagraSearchAlgo::Auto) {
-            let ctas = width.max(itopk.div_ceil(32));
-            stride = stride.max(32 * ctas).max(table(ctas * iterations(32).max(32)));
-        }
-        stride
-    }
-
-    /// Lowers the batch cuVS searches at once (`max_queries`, 0: `min(n_queries, 65535)`) so
-    /// that [`query_stride`](Self::query_stride) × the batch stays within 2^32; returns what was
-    /// lowered, for the log.
-    fn limit_batches(&self, raw: &mut sys::cuvsCagraSearchParams, graph_degree: usize, n_rows: usize, n_queries: usize) -> Option<String> {
-        let stride = self.query_stride(graph_degree, n_rows);
-        let batch = if raw.max_queries > 0 { raw.max_queries } else { n_queries.min(MAX_QUERIES) };
-        let limit = usize::try_from((1u64 << 32) / stride.max(1)).unwrap_or(usize::MAX).max(1);
-        (batch > limit).then(|| {
-            let lowered = format!(
-                "{batch} queries at once lowered to {limit}: cuVS's kernels offset each query's tables and results by {stride} \
-                 elements in 32-bit arithmetic"
-            );
-            raw.max_queries = limit;
-            lowered
         })
     }
 }
@@ -414,8 +325,8 @@ impl CagraIndex {
         // Said once the index owns what was built: a logger that panics inside the lend leaked
         // the padded copy of the dataset (the twenty-second audit), and it ran in the lend's
         // relaxed capture mode.
-        let mut lowered = None;
-        let (raw, rows) = lend(WHO, &res, |cuvs| {
+        let (mut lowered, mut unsaid) = (None, Vec::new());
+        let built = lend(WHO, &res, |cuvs| {
             let mut tensor = Tensor::input(WHO, &whole, n_rows, dim, &stream)?;
             let rows = if (dim * std::mem::size_of::<f32>()).is_multiple_of(16) {
                 // SAFETY: the view is of `dataset`, which the CagraIndex made below owns, never
@@ -433,9 +344,7 @@ impl CagraIndex {
                 match unsafe { raw.build(WHO, &cuvs, &mut cparams, &rows) } {
                     Ok(()) => Ok(raw),
                     Err(e) => {
-                        if let Err(d) = raw.destroy(WHO) {
-                            log::warn!(target: "raft", "{d}");
-                        }
+                        unsaid.extend(raw.destroy(WHO).err());
                         Err(e)
                     }
                 }
@@ -443,17 +352,28 @@ impl CagraIndex {
             match built {
                 Ok(raw) => Ok((raw, rows)),
                 Err(e) => {
-                    if let Err(d) = rows.destroy(WHO) {
-                        log::warn!(target: "raft", "{d}");
-                    }
+                    unsaid.extend(rows.destroy(WHO).err());
                     Err(e)
                 }
             }
-        })?;
+        });
+        let say = |lowered: Option<String>, unsaid: Vec<Error>| {
+            if let Some(lowered) = lowered {
+                log::warn!(target: "raft", "{WHO}: {lowered}");
+            }
+            for d in unsaid {
+                log::warn!(target: "raft", "{d}");
+            }
+        };
+        let (raw, rows) = match built {
+            Ok(built) => built,
+            Err(e) => {
+                say(lowered, unsaid);
+                return Err(e);
+            }
+        };
         let mut index = CagraIndex { raw: Some(raw), rows: Some(rows), dataset, graph_degree: 0, resources: res.clone() };
-        if let Some(lowered) = lowered {
-            log::warn!(target: "raft", "{WHO}: {lowered}");
-        }
+        say(lowered, unsaid);
         let (built_dim, size, degree) = index.raw.as_ref().expect("just built").dims(WHO)?;
         if built_dim != dim as i64 || size != n_rows as i64 {
             return Err(Error::new(
@@ -491,14 +411,18 @@ impl CagraIndex {
         let mut neighbors = DeviceVec::<i64>::new(&self.resources, results).map_err(|e| e.with_who(WHO))?;
         let mut distances = DeviceVec::<f32>::new(&self.resources, results).map_err(|e| e.with_who(WHO))?;
         let _bound = result::bind_device(WHO, &self.resources)?;
-        lend(WHO, &self.resources, |cuvs| {
+        let sm = || {
+            let count =
+                self.resources.context().attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+            count.ok().and_then(|n| usize::try_from(n).ok())
+        };
+        // Said after the lend, as the build's: not in its relaxed capture mode, and a logger's
+        // panic meets no half-made call.
+        let (mut raised, mut lowered) = (None, None);
+        let searched = lend(WHO, &self.resources, |cuvs| {
             let mut cparams = CagraSearchParamsRaw::create(WHO)?;
-            if let Some(raised) = params.apply(cparams.get_mut()) {
-                log::warn!(target: "raft", "{WHO}: {raised}");
-            }
-            if let Some(lowered) = params.limit_batches(cparams.get_mut(), self.graph_degree, self.n_rows(), n_queries) {
-                log::debug!(target: "raft", "{WHO}: {lowered}");
-            }
+            raised = params.apply(cparams.get_mut());
+            lowered = limit_batches(cparams.get_mut(), self.graph_degree, self.n_rows(), n_queries, sm);
             let (qs, mut ns, mut ds) = (queries.as_slice(), neighbors.view_mut(), distances.view_mut());
             let mut q = Tensor::input(WHO, &qs, n_queries, self.dim(), &stream)?;
             let mut n = Tensor::output(WHO, &mut ns, n_queries, k, &stream)?;
@@ -507,7 +431,14 @@ impl CagraIndex {
             // dataset is kept alive by `self`; the tensors have `n_queries` rows each, `dim`
             // columns for the queries, `k` for the outputs, each exactly its array.
             unsafe { raw.search(WHO, &cuvs, &mut cparams, &mut q, &mut n, &mut d) }
-        })?;
+        });
+        if let Some(raised) = raised {
+            log::warn!(target: "raft", "{WHO}: {raised}");
+        }
+        if let Some(lowered) = lowered {
+            log::debug!(target: "raft", "{WHO}: {lowered}");
+        }
+        searched?;
         crate::brute_force::finish(WHO, n_queries, k, neighbors, distances)
     }
 
@@ -583,6 +514,7 @@ impl std::fmt::Debug for CagraIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cagra_kernels::query_stride;
     use raft_core::ErrorKind;
 
     fn refused(r: Result<()>) -> String {
@@ -779,30 +711,42 @@ mod tests {
         assert_eq!(iterations(CagraSearchParams::default()), ((0, 0), None));
     }
 
-    /// The batch cuVS searches at once for `p` (after this crate's adjustments), and cuVS's 32-bit
-    /// per-query stride, on a degree-64 index of a million rows.
-    fn batch(p: CagraSearchParams, n_queries: usize) -> (u64, usize) {
-        search(p).expect("checked");
+    /// What cuVS gets for `p` over `n_queries` on a degree-`degree` index of a million rows, on a
+    /// device of 132 multiprocessors (an H100's or H200's): the stride of the kernel it runs
+    /// (multi-CTA's for an unresolved `Auto`), the batch and the kernel named.
+    fn batch_of(p: CagraSearchParams, degree: usize, n_queries: usize) -> (u64, usize, sys::cuvsCagraSearchAlgo) {
+        p.check("t", degree).expect("checked");
         let mut raw = raw_search_defaults();
         p.apply(&mut raw);
-        p.limit_batches(&mut raw, 64, 1_000_000, n_queries);
+        limit_batches(&mut raw, degree, 1_000_000, n_queries, || Some(132));
         let batch = if raw.max_queries > 0 { raw.max_queries } else { n_queries.min(MAX_QUERIES) };
-        (p.query_stride(64, 1_000_000), batch)
+        let kernel = match raw.algo {
+            sys::cuvsCagraSearchAlgo::SINGLE_CTA => CagraSearchAlgo::SingleCta,
+            sys::cuvsCagraSearchAlgo::MULTI_KERNEL => CagraSearchAlgo::MultiKernel,
+            _ => CagraSearchAlgo::MultiCta,
+        };
+        (query_stride(&raw, kernel, degree, 1_000_000), batch, raw.algo)
+    }
+
+    fn batch(p: CagraSearchParams, n_queries: usize) -> (u64, usize) {
+        let (stride, batch, _) = batch_of(p, 64, n_queries);
+        (stride, batch)
     }
 
     /// Helper 106: cuVS 26.08's CAGRA kernels find a query's visited-node table (single-CTA, when
-    /// it does not fit shared memory), traversed-node table and intermediate results (multi-CTA)
-    /// at `stride × query` in 32-bit arithmetic over buffers sized in 64 bits: past 2^32 the later
-    /// queries of a batch share the earlier ones' tables and results, a silent wrong answer.
-    /// Batches are lowered so that no offset passes 2^32; ordinary searches keep cuVS's batch.
+    /// it does not fit shared memory; multi-kernel), traversed-node table and intermediate results
+    /// (multi-CTA) and result buffers (multi-kernel) at `stride × query` in 32-bit arithmetic over
+    /// buffers sized in 64 bits: past 2^32 the later queries of a batch share the earlier ones'
+    /// tables and results, a silent wrong answer. Batches are lowered so that no offset passes
+    /// 2^32; ordinary searches keep cuVS's batch.
     #[test]
     fn batches_keep_cuvs_per_query_offsets_within_32_bits() {
-        // A wide single-CTA search of 100 iterations: a visited table of 2^20 entries per query.
+        use sys::cuvsCagraSearchAlgo as A;
+        // A wide search of 100 iterations: cuVS's Auto picks the single-CTA kernel for 8192
+        // queries, whose visited table has 2^20 entries per query; the batch is halved and that
+        // kernel named, so the smaller batch keeps it.
         let wide = CagraSearchParams { search_width: Some(64), max_iterations: Some(100), ..Default::default() };
-        let (stride, queries) = batch(wide, 8192);
-        assert_eq!(stride, 1 << 20);
-        assert!(stride * queries as u64 <= 1 << 32, "{queries} queries of {stride} pass 2^32");
-        assert_eq!(queries, 4096);
+        assert_eq!(batch_of(wide, 64, 8192), (1 << 20, 4096, A::SINGLE_CTA));
         // A multi-CTA search of itopk 65536: 2048 CTAs per query, a traversed table of 2^18.
         let deep = CagraSearchParams { itopk_size: Some(65536), algo: Some(CagraSearchAlgo::MultiCta), ..Default::default() };
         let (stride, queries) = batch(deep, 100_000);
@@ -811,9 +755,44 @@ mod tests {
         // A batch the user chose is lowered too; ordinary searches keep cuVS's batch.
         let chosen = CagraSearchParams { max_queries: Some(65535), ..deep };
         assert_eq!(batch(chosen, 100_000).1, 16384);
-        assert_eq!(batch(CagraSearchParams::default(), 100_000), (2048, MAX_QUERIES));
+        assert_eq!(batch_of(CagraSearchParams::default(), 64, 100_000), (2048, MAX_QUERIES, A::AUTO));
         let high_recall = CagraSearchParams { itopk_size: Some(1024), search_width: Some(4), ..Default::default() };
         assert_eq!(batch(high_recall, 100_000).1, MAX_QUERIES);
+        // The multi-kernel search (the review, helper 107: not counted at first): its visited
+        // table, always in global memory, and its result buffers.
+        let multi_kernel = CagraSearchParams { algo: Some(CagraSearchAlgo::MultiKernel), ..wide };
+        assert_eq!(batch_of(multi_kernel, 64, 65535), (1 << 20, 4096, A::MULTI_KERNEL));
+        let small_table = CagraSearchParams { algo: Some(CagraSearchAlgo::MultiKernel), itopk_size: Some(512), ..Default::default() };
+        assert_eq!(batch_of(small_table, 64, 65535), (2048, MAX_QUERIES, A::MULTI_KERNEL));
+    }
+
+    /// The review (helper 107): `Auto` was counted as both kernels, so a search cuVS runs with
+    /// the single-CTA kernel and its table in shared memory (no stride) had its batch lowered for
+    /// the multi-CTA kernel's table, below twice the multiprocessors, and cuVS's `Auto` then
+    /// picked the multi-CTA kernel, which refuses such a search (256 queries at once before).
+    /// `Auto` is resolved as cuVS does, asked about the device only where a batch may be lowered.
+    #[test]
+    fn auto_is_resolved_as_cuvs_does_and_a_lowered_batch_keeps_its_kernel() {
+        use sys::cuvsCagraSearchAlgo as A;
+        let shared = CagraSearchParams { search_width: Some(126), max_iterations: Some(65536), ..Default::default() };
+        let (_, queries, kernel) = batch_of(shared, 32, 100_000);
+        assert_eq!((queries, kernel), (MAX_QUERIES, A::AUTO), "nothing lowered: cuVS chooses as it would have");
+        // Below twice the multiprocessors cuVS's Auto runs the multi-CTA kernel: its stride counts.
+        let (stride, queries, kernel) = batch_of(shared, 32, 200);
+        assert_eq!((stride, queries, kernel), (1 << 24, 200, A::AUTO), "200 queries of 2^24 fit 2^32");
+        let mut raw = raw_search_defaults();
+        shared.apply(&mut raw);
+        assert!(limit_batches(&mut raw, 32, 1_000_000, 263, || Some(132)).is_some());
+        assert_eq!((raw.max_queries, raw.algo), (256, A::MULTI_CTA), "the multi-CTA kernel cuVS picks for 263 named");
+        // Without the device's count, both kernels are counted (and nothing named).
+        let mut raw = raw_search_defaults();
+        shared.apply(&mut raw);
+        assert!(limit_batches(&mut raw, 32, 1_000_000, 100_000, || None).is_some());
+        assert_eq!((raw.max_queries, raw.algo), (256, A::AUTO));
+        // An ordinary search never asks the device.
+        let mut raw = raw_search_defaults();
+        CagraSearchParams::default().apply(&mut raw);
+        assert_eq!(limit_batches(&mut raw, 64, 1_000_000, 100_000, || panic!("asked")), None);
     }
 
     #[test]

@@ -53,6 +53,7 @@
 //!
 mod brute_force;
 mod cagra;
+mod cagra_kernels;
 mod check;
 mod distance;
 mod dlpack;
@@ -63,7 +64,8 @@ pub mod sys;
 mod version;
 
 pub use brute_force::{brute_force_knn, BruteForceIndex, Neighbors};
-pub use cagra::{CagraBuildAlgo, CagraIndex, CagraIndexParams, CagraSearchAlgo, CagraSearchParams};
+pub use cagra::{CagraBuildAlgo, CagraIndex, CagraIndexParams, CagraSearchParams};
+pub use cagra_kernels::CagraSearchAlgo;
 pub use distance::Metric;
 pub use lent::CuvsResources;
 pub use raft_core::DeviceResources;

@@ -362,51 +362,48 @@ fn cagra_over_a_few_rows_of_nan_and_infinity_is_refused_cleanly_or_searches_with
     eprintln!("CAGRA over NaN and infinite rows: searched {} of 3 datasets: {searched:?}", searched.len());
 }
 
-/// Helper 106's finding: cuVS 26.08's CAGRA kernels offset each query's visited-node table by
-/// `table size × query` in 32-bit arithmetic. A wide single-CTA search (width 64, 100 iterations
-/// on a degree-64 graph: a table of 2^20 entries per query, in global memory) over 8192 queries
-/// in one batch passes 2^32 at query 4096, and the later half shares the earlier half's tables
-/// while both run. The search lowers its batch to keep every offset within 2^32; this checks the
-/// answer of both halves against the exact one (before the lowering, the later half's recall).
+/// Helper 106's finding, as the review (helper 107) made it testable: cuVS 26.08's multi-CTA
+/// kernel finds a query's traversed-node table at `table size × query` in 32-bit arithmetic, and
+/// the tables are filled once per batch. itopk_size 512 and `max_iterations` 65536 give 2^21
+/// entries a query, past 2^32 at query 2048: in one batch of 4096, query q + 2048 shares query
+/// q's table, and with the same query vector it finds every node q traversed marked already.
+/// The search lowers its batch to keep every offset within 2^32; this checks the answer of the
+/// repeated half against the exact one (before the lowering, its recall).
 #[test]
-fn a_wide_cagra_search_over_8192_queries_answers_the_later_half_as_well_as_the_first() {
+fn a_deep_multi_cta_search_answers_queries_past_cuvs_32_bit_offsets_as_well_as_the_first() {
     require_gpu!();
     const N_ROWS: usize = 20_000;
     const DIM: usize = 32;
-    const N_QUERIES: usize = 8192;
+    const HALF: usize = 2048;
     const CHECKED: usize = 200;
     const K: usize = 10;
     let mut rng = Rng::new(0x5eed_0106);
     let a = mixing(&mut rng, DIM);
     let dataset = embeddings(&mut rng, &a, DIM, N_ROWS);
-    let queries = embeddings(&mut rng, &a, DIM, N_QUERIES);
+    let first = embeddings(&mut rng, &a, DIM, HALF);
+    let queries = [first.as_slice(), first.as_slice()].concat(); // query q + 2048 is query q
     let res = DeviceResources::new().unwrap();
     let index =
         CagraIndex::build(DeviceMatrix::from_host(&res, &dataset, N_ROWS, DIM, Layout::RowMajor).unwrap(), &CagraIndexParams::default())
             .unwrap();
-    assert_eq!(index.graph_degree(), 64);
-    let wide = CagraSearchParams {
-        search_width: Some(64),
-        max_iterations: Some(100),
-        algo: Some(raft_cuvs::CagraSearchAlgo::SingleCta),
+    let deep = CagraSearchParams {
+        itopk_size: Some(512),
+        max_iterations: Some(65536),
+        algo: Some(raft_cuvs::CagraSearchAlgo::MultiCta),
         ..Default::default()
     };
-    // The later half's first CHECKED queries, searched on their own: no offset near 2^32.
-    let later = &queries[(N_QUERIES / 2) * DIM..][..CHECKED * DIM];
-    let alone = index.search(DeviceMatrix::from_host(&res, later, CHECKED, DIM, Layout::RowMajor).unwrap().view(), K, &wide).unwrap();
-    let r_alone = recall(&alone.neighbors.to_host().unwrap(), &dataset, DIM, later, CHECKED, K);
     let started = std::time::Instant::now();
-    let q = DeviceMatrix::from_host(&res, &queries, N_QUERIES, DIM, Layout::RowMajor).unwrap();
-    let ids = index.search(q.view(), K, &wide).unwrap().neighbors.to_host().unwrap();
+    let q = DeviceMatrix::from_host(&res, &queries, 2 * HALF, DIM, Layout::RowMajor).unwrap();
+    let ids = index.search(q.view(), K, &deep).unwrap().neighbors.to_host().unwrap();
     let took = started.elapsed();
-    let r_first = recall(&ids, &dataset, DIM, &queries, CHECKED, K);
-    let r_later = recall(&ids[(N_QUERIES / 2) * K..], &dataset, DIM, later, CHECKED, K);
+    let r_first = recall(&ids, &dataset, DIM, &first, CHECKED, K);
+    let r_again = recall(&ids[HALF * K..], &dataset, DIM, &first, CHECKED, K);
     eprintln!(
-        "CAGRA wide search, {N_QUERIES} queries in one call ({:.2} s): recall@10 first half {r_first:.4}, later half {r_later:.4}; \
-         the later half's queries alone {r_alone:.4}",
+        "CAGRA deep multi-CTA search, {} queries in one call ({:.2} s): recall@10 of the first {CHECKED} {r_first:.4}, \
+         of the same queries again from query {HALF} {r_again:.4}",
+        2 * HALF,
         took.as_secs_f64()
     );
-    assert!(r_alone >= 0.95, "recall@10 of the later queries alone = {r_alone:.4}");
-    assert!(r_first >= 0.95 && r_later >= 0.95, "recall@10: first half {r_first:.4}, later half {r_later:.4}");
+    assert!(r_first >= 0.95 && r_again >= 0.95, "recall@10: first {r_first:.4}, again {r_again:.4}");
     index.release().unwrap();
 }

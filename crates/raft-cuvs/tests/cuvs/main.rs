@@ -5,7 +5,7 @@
 //! | --- | --- | --- |
 //! | `loading` | any machine | cuVS loaded at run time: a clear error without it, nvJitLink, one RMM |
 //! | `knn` | GPU | brute force equal to the exact CPU answer; the lent stream; argument checks first |
-//! | `cagra` | GPU | CAGRA build + search on 100k × 128, recall@10 ≥ 0.95; a wide search of 8192 queries in one call; parameters cuVS crashes on refused (child) |
+//! | `cagra` | GPU | CAGRA build + search on 100k × 128, recall@10 ≥ 0.95; a deep multi-CTA search past cuVS's 32-bit offsets; parameters cuVS crashes on refused (child) |
 //! | `memory` | GPU (child process) | cuVS's allocations in raft-rs's memory statistics |
 //! | `exit` | GPU (child processes) | an exit while a cuVS search runs as a job |
 //!
