@@ -170,7 +170,7 @@ pub struct CagraSearchParams {
     pub itopk_size: Option<usize>,
     /// Most iterations, at most 65536 (0: automatic); raised to `min_iterations` when below it.
     pub max_iterations: Option<usize>,
-    /// The kernel (automatic).
+    /// The kernel (single-CTA, what cuVS's C API gives; `Auto` lets cuVS choose by batch).
     pub algo: Option<CagraSearchAlgo>,
     /// Threads per distance: 4, 8, 16 or 32 (0: automatic).
     pub team_size: Option<usize>,
@@ -210,8 +210,13 @@ impl CagraSearchParams {
         if itopk == 0 {
             return refuse("itopk_size must be at least 1 (and at least k)".into());
         }
-        if self.algo == Some(CagraSearchAlgo::SingleCta) && itopk > MAX_ITOPK_SINGLE_CTA {
-            return refuse(format!("itopk_size = {itopk} is above the single-CTA kernel's {MAX_ITOPK_SINGLE_CTA}"));
+        // The single-CTA kernel is the default (cuVS's C API leaves `algo` 0): refused here with
+        // a message that says so rather than by cuVS (the review, helper 108).
+        if matches!(self.algo, None | Some(CagraSearchAlgo::SingleCta)) && itopk > MAX_ITOPK_SINGLE_CTA {
+            return refuse(format!(
+                "itopk_size = {itopk} is above the single-CTA kernel's {MAX_ITOPK_SINGLE_CTA} (the default kernel; Auto, \
+                 MultiCta and MultiKernel take more)"
+            ));
         }
         // In u128: neither product can wrap.
         let candidates = (itopk as u128).next_multiple_of(32) + search_width as u128 * graph_degree.max(1) as u128;
@@ -557,12 +562,15 @@ mod tests {
             max_queries: 0,
             itopk_size: 64,
             max_iterations: 0,
-            algo: sys::cuvsCagraSearchAlgo::AUTO,
+            // cuvsCagraSearchParamsCreate names only itopk_size, search_width, the fill rate, the
+            // samplings, the mask and the persistent fields: the rest is 0, so SINGLE_CTA and
+            // HASH (c/src/neighbors/cagra.cpp; helper 108 read them from the pinned library).
+            algo: sys::cuvsCagraSearchAlgo::SINGLE_CTA,
             team_size: 0,
             search_width: 1,
             min_iterations: 0,
             thread_block_size: 0,
-            hashmap_mode: sys::cuvsCagraHashMode::AUTO_HASH,
+            hashmap_mode: sys::cuvsCagraHashMode::HASH,
             hashmap_min_bitlen: 0,
             hashmap_max_fill_rate: 0.5,
             num_random_samplings: 1,
@@ -733,18 +741,17 @@ mod tests {
         (stride, batch)
     }
 
-    /// Helper 106: cuVS 26.08's CAGRA kernels find a query's visited-node table (single-CTA, when
-    /// it does not fit shared memory; multi-kernel), traversed-node table and intermediate results
-    /// (multi-CTA) and result buffers (multi-kernel) at `stride × query` in 32-bit arithmetic over
-    /// buffers sized in 64 bits: past 2^32 the later queries of a batch share the earlier ones'
-    /// tables and results, a silent wrong answer. Batches are lowered so that no offset passes
-    /// 2^32; ordinary searches keep cuVS's batch.
+    /// Helper 106: cuVS 26.08's CAGRA kernels find a query's visited-node table (single-CTA,
+    /// in global memory in the `HASH` mode cuVS's C API gives; multi-kernel), traversed-node table
+    /// and intermediate results (multi-CTA) and result buffers (multi-kernel) at `stride × query`
+    /// in 32-bit arithmetic over buffers sized in 64 bits: past 2^32 the later queries of a batch
+    /// share the earlier ones' tables and results, a silent wrong answer. Batches are lowered so
+    /// that no offset passes 2^32; ordinary searches keep cuVS's batch.
     #[test]
     fn batches_keep_cuvs_per_query_offsets_within_32_bits() {
         use sys::cuvsCagraSearchAlgo as A;
-        // A wide search of 100 iterations: cuVS's Auto picks the single-CTA kernel for 8192
-        // queries, whose visited table has 2^20 entries per query; the batch is halved and that
-        // kernel named, so the smaller batch keeps it.
+        // A wide single-CTA search (the default kernel) of 100 iterations: a visited table of
+        // 2^20 entries per query, so 4096 queries at once.
         let wide = CagraSearchParams { search_width: Some(64), max_iterations: Some(100), ..Default::default() };
         assert_eq!(batch_of(wide, 64, 8192), (1 << 20, 4096, A::SINGLE_CTA));
         // A multi-CTA search of itopk 65536: 2048 CTAs per query, a traversed table of 2^18.
@@ -752,46 +759,57 @@ mod tests {
         let (stride, queries) = batch(deep, 100_000);
         assert_eq!(stride, 1 << 18);
         assert!(stride * queries as u64 <= 1 << 32, "{queries} queries of {stride} pass 2^32");
-        // A batch the user chose is lowered too; ordinary searches keep cuVS's batch.
+        // A batch the user chose is lowered too; ordinary searches keep cuVS's batch: the default
+        // (itopk 64, 4 + 64 iterations over a million rows) has a table of 2^14 entries a query.
         let chosen = CagraSearchParams { max_queries: Some(65535), ..deep };
         assert_eq!(batch(chosen, 100_000).1, 16384);
-        assert_eq!(batch_of(CagraSearchParams::default(), 64, 100_000), (2048, MAX_QUERIES, A::AUTO));
-        let high_recall = CagraSearchParams { itopk_size: Some(1024), search_width: Some(4), ..Default::default() };
+        assert_eq!(batch_of(CagraSearchParams::default(), 64, 100_000), (1 << 14, MAX_QUERIES, A::SINGLE_CTA));
+        let high_recall =
+            CagraSearchParams { itopk_size: Some(1024), search_width: Some(4), algo: Some(CagraSearchAlgo::Auto), ..Default::default() };
         assert_eq!(batch(high_recall, 100_000).1, MAX_QUERIES);
+        // The default kernel at itopk 512 (the review, helper 108: `HASH` mode keeps no small
+        // table): 512 + 64 × 516 nodes, a table of 2^17 entries, 32768 queries at once.
+        let itopk_512 = CagraSearchParams { itopk_size: Some(512), ..Default::default() };
+        assert_eq!(batch_of(itopk_512, 64, 65535), (1 << 17, 32768, A::SINGLE_CTA));
         // The multi-kernel search (the review, helper 107: not counted at first): its visited
         // table, always in global memory, and its result buffers.
         let multi_kernel = CagraSearchParams { algo: Some(CagraSearchAlgo::MultiKernel), ..wide };
         assert_eq!(batch_of(multi_kernel, 64, 65535), (1 << 20, 4096, A::MULTI_KERNEL));
-        let small_table = CagraSearchParams { algo: Some(CagraSearchAlgo::MultiKernel), itopk_size: Some(512), ..Default::default() };
-        assert_eq!(batch_of(small_table, 64, 65535), (2048, MAX_QUERIES, A::MULTI_KERNEL));
+        // Were the hash mode AUTO (this crate never sets it), a small table would not count.
+        let mut raw = raw_search_defaults();
+        raw.hashmap_mode = sys::cuvsCagraHashMode::AUTO_HASH;
+        assert_eq!(query_stride(&raw, CagraSearchAlgo::SingleCta, 64, 1_000_000), 0);
+        assert_eq!(query_stride(&raw, CagraSearchAlgo::MultiKernel, 64, 1_000_000), 256);
     }
 
-    /// The review (helper 107): `Auto` was counted as both kernels, so a search cuVS runs with
-    /// the single-CTA kernel and its table in shared memory (no stride) had its batch lowered for
-    /// the multi-CTA kernel's table, below twice the multiprocessors, and cuVS's `Auto` then
-    /// picked the multi-CTA kernel, which refuses such a search (256 queries at once before).
-    /// `Auto` is resolved as cuVS does, asked about the device only where a batch may be lowered.
+    /// The review (helper 107): `Auto` was counted as both kernels, and a batch lowered below
+    /// twice the multiprocessors makes cuVS's `Auto` pick the multi-CTA kernel, which refuses
+    /// searches the single-CTA kernel takes. `Auto` is resolved as cuVS does (with the batch
+    /// before lowering) and the kernel named where a batch is lowered; the device is asked only
+    /// where a batch may be lowered.
     #[test]
     fn auto_is_resolved_as_cuvs_does_and_a_lowered_batch_keeps_its_kernel() {
         use sys::cuvsCagraSearchAlgo as A;
-        let shared = CagraSearchParams { search_width: Some(126), max_iterations: Some(65536), ..Default::default() };
-        let (_, queries, kernel) = batch_of(shared, 32, 100_000);
-        assert_eq!((queries, kernel), (MAX_QUERIES, A::AUTO), "nothing lowered: cuVS chooses as it would have");
-        // Below twice the multiprocessors cuVS's Auto runs the multi-CTA kernel: its stride counts.
-        let (stride, queries, kernel) = batch_of(shared, 32, 200);
-        assert_eq!((stride, queries, kernel), (1 << 24, 200, A::AUTO), "200 queries of 2^24 fit 2^32");
-        let mut raw = raw_search_defaults();
-        shared.apply(&mut raw);
-        assert!(limit_batches(&mut raw, 32, 1_000_000, 263, || Some(132)).is_some());
-        assert_eq!((raw.max_queries, raw.algo), (256, A::MULTI_CTA), "the multi-CTA kernel cuVS picks for 263 named");
-        // Without the device's count, both kernels are counted (and nothing named).
+        let shared = CagraSearchParams {
+            search_width: Some(126),
+            max_iterations: Some(65536),
+            algo: Some(CagraSearchAlgo::Auto),
+            ..Default::default()
+        };
+        // 100 000 queries: cuVS's Auto picks the single-CTA kernel, whose table (64 + 126 × 32 ×
+        // 65536 nodes) has 2^29 entries a query: 8 queries at once, still single-CTA.
+        assert_eq!(batch_of(shared, 32, 100_000), (1 << 29, 8, A::SINGLE_CTA));
+        // 263 queries, below twice 132 multiprocessors: the multi-CTA kernel (126 CTAs a query,
+        // 2^24 entries), lowered to 256 and named.
+        assert_eq!(batch_of(shared, 32, 263), (1 << 24, 256, A::MULTI_CTA));
+        // Without the device's count, both kernels are counted and nothing is named.
         let mut raw = raw_search_defaults();
         shared.apply(&mut raw);
         assert!(limit_batches(&mut raw, 32, 1_000_000, 100_000, || None).is_some());
-        assert_eq!((raw.max_queries, raw.algo), (256, A::AUTO));
-        // An ordinary search never asks the device.
+        assert_eq!((raw.max_queries, raw.algo), (8, A::AUTO));
+        // An ordinary Auto search never asks the device.
         let mut raw = raw_search_defaults();
-        CagraSearchParams::default().apply(&mut raw);
+        CagraSearchParams { algo: Some(CagraSearchAlgo::Auto), ..Default::default() }.apply(&mut raw);
         assert_eq!(limit_batches(&mut raw, 64, 1_000_000, 100_000, || panic!("asked")), None);
     }
 
@@ -809,6 +827,9 @@ mod tests {
         };
         refused(p(|p| p.itopk_size = Some(0)));
         refused(p(|p| (p.itopk_size, p.algo) = (Some(1024), Some(CagraSearchAlgo::SingleCta))));
+        // The default kernel is the single-CTA one (cuVS's C API leaves `algo` 0: helper 108).
+        assert!(refused(p(|p| p.itopk_size = Some(1024))).contains("the default kernel"));
+        assert!(p(|p| (p.itopk_size, p.algo) = (Some(1024), Some(CagraSearchAlgo::Auto))).is_ok());
         // Widths whose products pass 32 bits in cuVS's buffer sizes.
         refused(p(|p| p.search_width = Some(usize::MAX)));
         refused(p(|p| p.search_width = Some(1 << 32)));

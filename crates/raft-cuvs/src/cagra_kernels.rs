@@ -8,13 +8,16 @@ use crate::sys;
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CagraSearchAlgo {
-    /// One thread block per query: large batches.
+    /// One thread block per query: large batches; an `itopk_size` up to 512. The default (what
+    /// cuVS's C API gives).
     SingleCta,
     /// Several thread blocks per query: small batches.
     MultiCta,
     /// Several kernels.
     MultiKernel,
-    /// cuVS chooses (its default).
+    /// cuVS chooses by `itopk_size` and batch: single-CTA for an `itopk_size` up to 512 and a
+    /// batch of at least twice the device's multiprocessors, else multi-CTA (the default of
+    /// cuVS's C++ and Python APIs; its C API's, and so this crate's, is single-CTA).
     Auto,
 }
 
@@ -51,8 +54,8 @@ impl CagraSearchAlgo {
 ///   `2 × itopk + width × degree` a query (`search_multi_jit.cuh`, `topk_core.cuh`).
 ///
 /// The tables are sized as `calc_hashmap_params` in `search_plan.cuh` does (fill rate 0.5; at
-/// least 2^11 entries, or 2^8 for the small table of at most 2^13), from an upper bound of the
-/// iterations (`adjust_search_params`).
+/// least 2^11 entries, or 2^8 for the small table of at most 2^13, which `HASH` mode never
+/// uses), from an upper bound of the iterations (`adjust_search_params`).
 pub(crate) fn query_stride(raw: &sys::cuvsCagraSearchParams, kernel: CagraSearchAlgo, graph_degree: usize, n_rows: usize) -> u64 {
     let width = raw.search_width.max(1) as u64;
     let itopk = raw.itopk_size as u64;
@@ -75,8 +78,11 @@ pub(crate) fn query_stride(raw: &sys::cuvsCagraSearchParams, kernel: CagraSearch
         1u64 << bits
     };
     // The single-CTA and multi-kernel searches keep a small table (reset every few iterations)
-    // while `itopk + width × degree` fits half of 2^13 entries: in shared memory for the former.
-    let small = itopk32 + width * degree <= 1 << 12;
+    // while `itopk + width × degree` fits half of 2^13 entries (in shared memory for the former),
+    // unless the hash mode is `HASH`: what cuVS's C API gives (`cuvsCagraSearchParamsCreate`
+    // leaves `hashmap_mode` 0) and this crate keeps, so every table is the full one (the review,
+    // helper 108).
+    let small = raw.hashmap_mode != sys::cuvsCagraHashMode::HASH && itopk32 + width * degree <= 1 << 12;
     match kernel {
         CagraSearchAlgo::SingleCta if small => 0,
         CagraSearchAlgo::SingleCta => table(itopk32 + width * degree * iterations(itopk / width), 11),

@@ -362,26 +362,28 @@ fn cagra_over_a_few_rows_of_nan_and_infinity_is_refused_cleanly_or_searches_with
     eprintln!("CAGRA over NaN and infinite rows: searched {} of 3 datasets: {searched:?}", searched.len());
 }
 
-/// Helper 106's finding, as the review (helper 107) made it testable: cuVS 26.08's multi-CTA
-/// kernel finds a query's traversed-node table at `table size × query` in 32-bit arithmetic, and
-/// the tables are filled once per batch. itopk_size 512 and `max_iterations` 65536 give 2^21
-/// entries a query, past 2^32 at query 2048: in one batch of 4096, query q + 2048 shares query
-/// q's table, and with the same query vector it finds every node q traversed marked already.
-/// The search lowers its batch to keep every offset within 2^32; this checks the answer of the
-/// repeated half against the exact one (before the lowering, its recall).
+/// Helper 106's finding, as the reviews (helpers 107, 108) made it testable: cuVS 26.08's
+/// multi-CTA kernel finds a query's traversed-node table at `table size × query` in 32-bit
+/// arithmetic, and the tables are filled once per batch. itopk_size 512 and `max_iterations`
+/// 65536 give 2^21 entries a query, past 2^32 at query 2048: in one batch of 2248, query
+/// 2048 + q shares query q's table, and with the same query vector it finds every node q
+/// traversed marked already. The search lowers its batch to keep every offset within 2^32; this
+/// checks the repeated queries' answer against the exact one (before the lowering, their recall).
+/// 2248 queries' tables take 17.6 GiB before the lowering (RAFT's workspace default is a quarter
+/// of the device: an H100's holds them), 16 GiB after.
 #[test]
 fn a_deep_multi_cta_search_answers_queries_past_cuvs_32_bit_offsets_as_well_as_the_first() {
     require_gpu!();
     const N_ROWS: usize = 20_000;
     const DIM: usize = 32;
-    const HALF: usize = 2048;
-    const CHECKED: usize = 200;
+    const WRAP: usize = 2048; // 2^32 / 2^21
+    const AGAIN: usize = 200; // the first queries, again from query WRAP on
     const K: usize = 10;
     let mut rng = Rng::new(0x5eed_0106);
     let a = mixing(&mut rng, DIM);
     let dataset = embeddings(&mut rng, &a, DIM, N_ROWS);
-    let first = embeddings(&mut rng, &a, DIM, HALF);
-    let queries = [first.as_slice(), first.as_slice()].concat(); // query q + 2048 is query q
+    let first = embeddings(&mut rng, &a, DIM, WRAP);
+    let queries = [first.as_slice(), &first[..AGAIN * DIM]].concat();
     let res = DeviceResources::new().unwrap();
     let index =
         CagraIndex::build(DeviceMatrix::from_host(&res, &dataset, N_ROWS, DIM, Layout::RowMajor).unwrap(), &CagraIndexParams::default())
@@ -393,15 +395,15 @@ fn a_deep_multi_cta_search_answers_queries_past_cuvs_32_bit_offsets_as_well_as_t
         ..Default::default()
     };
     let started = std::time::Instant::now();
-    let q = DeviceMatrix::from_host(&res, &queries, 2 * HALF, DIM, Layout::RowMajor).unwrap();
+    let q = DeviceMatrix::from_host(&res, &queries, WRAP + AGAIN, DIM, Layout::RowMajor).unwrap();
     let ids = index.search(q.view(), K, &deep).unwrap().neighbors.to_host().unwrap();
     let took = started.elapsed();
-    let r_first = recall(&ids, &dataset, DIM, &first, CHECKED, K);
-    let r_again = recall(&ids[HALF * K..], &dataset, DIM, &first, CHECKED, K);
+    let r_first = recall(&ids, &dataset, DIM, &first, AGAIN, K);
+    let r_again = recall(&ids[WRAP * K..], &dataset, DIM, &first, AGAIN, K);
     eprintln!(
-        "CAGRA deep multi-CTA search, {} queries in one call ({:.2} s): recall@10 of the first {CHECKED} {r_first:.4}, \
-         of the same queries again from query {HALF} {r_again:.4}",
-        2 * HALF,
+        "CAGRA deep multi-CTA search, {} queries in one call ({:.2} s): recall@10 of the first {AGAIN} {r_first:.4}, \
+         of the same queries again from query {WRAP} {r_again:.4}",
+        WRAP + AGAIN,
         took.as_secs_f64()
     );
     assert!(r_first >= 0.95 && r_again >= 0.95, "recall@10: first {r_first:.4}, again {r_again:.4}");
