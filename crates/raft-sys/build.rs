@@ -165,6 +165,9 @@ fn build_shim(manifest: &Path, out: &Path, stack: &Stack, header_hash: u64, link
     // A dependency file beside each object (`-MD`): every header the shim was compiled with,
     // digested below into the build's facts (`HEADERS_DIGEST`).
     build.flag("-MD");
+    // Headers named as the search found them, not by their real paths (GCC's default for
+    // system headers when shorter); `headers_digest` matches real paths too.
+    build.flag_if_supported("-fno-canonical-system-headers");
     // No TLS descriptors (`-mtls-dialect=gnu2`, which would make the fence's thread-local a load
     // instead of a call to `__tls_get_addr`): before glibc 2.40 their dynamic path, taken when a
     // process's static TLS is used up, clobbered vector registers (glibc bugs 31372, 31501).
@@ -231,6 +234,15 @@ fn headers_of(objects: &[PathBuf], stack: &Stack) -> Headers {
     }
     let (digest, count) = raft_build::headers_digest(&files, &stack.includes)
         .unwrap_or_else(|e| panic!("reading the headers the shim was compiled with: {e}"));
+    if count == 0 {
+        // Said, and left empty rather than the digest of nothing (which every such build
+        // would share): the tag then differs from any build whose headers were found.
+        println!(
+            "cargo:warning=no header of the stack ({:?}) in the shim's dependency files: the ABI tag's `headers` is empty",
+            stack.includes
+        );
+        return Headers::default();
+    }
     Headers { digest, count }
 }
 

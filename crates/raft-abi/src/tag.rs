@@ -2,7 +2,9 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// The format number of [`Abi`] itself: bumped when fields are added or change meaning.
+/// The format number of [`Abi`] itself: bumped when a field changes meaning or goes. A field
+/// added reads as its default (`""`) from older tags, which then differ in it from any build
+/// (`rmm_abi_namespace`, `headers`): no bump.
 pub const TAG_FORMAT: u32 = 1;
 
 /// The native stack a build was compiled against (the seed's `raft-abi`).
@@ -30,13 +32,16 @@ pub struct Abi {
     pub rmm_abi_namespace: String,
     /// A digest of every RAFT, RMM, CCCL and CUDA header the shim was compiled with (16 hex
     /// digits; `raft_build::depfile`): headers edited in place or mixed from two packages of one
-    /// release show here where every version agrees. Empty for a documentation build, and in
-    /// tags written before this field existed (which then differ from any build's).
+    /// release show here where every version agrees. Which headers are read can depend on the
+    /// compiler too (CCCL and RMM branch on its macros), so another compiler over the same
+    /// stack may give another digest. Empty for a documentation build, and in tags written
+    /// before this field existed (which then differ from any build's).
     #[serde(default)]
     pub headers: String,
 }
 
-/// A field of [`Abi`], named as the seed names it.
+/// A field of [`Abi`], named as the seed names it. Non-exhaustive: a field may be added.
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AbiField {

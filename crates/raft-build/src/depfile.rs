@@ -64,16 +64,26 @@ pub fn prerequisites(text: &str) -> Vec<PathBuf> {
 /// over each header's path relative to its root, a NUL, its length and its bytes, in path order,
 /// each header once. Returns the digest as 16 hex digits and how many headers it covers.
 ///
+/// A file under no root as written is matched again by its real path against the roots' real
+/// paths: GCC writes a system header's real path when that is shorter
+/// (`-fcanonical-system-headers`), as for a prefix reached through a long symlink (the review,
+/// helper 108: 0 headers were found so).
+///
 /// # Errors
 /// A header that cannot be read.
 pub fn headers_digest(files: &[PathBuf], roots: &[PathBuf]) -> std::io::Result<(String, usize)> {
+    let real_roots: Vec<PathBuf> = roots.iter().filter_map(|r| r.canonicalize().ok()).collect();
+    // The shortest relative path: a root nested in another names the header as the compiler's
+    // search found it.
+    let under = |f: &Path, roots: &[PathBuf]| -> Option<String> {
+        let rel = roots.iter().filter_map(|r| f.strip_prefix(r).ok()).min_by_key(|rel| rel.as_os_str().len())?;
+        Some(rel.to_string_lossy().into_owned())
+    };
     let mut headers: Vec<(String, &Path)> = files
         .iter()
         .filter_map(|f| {
-            // The shortest relative path: a root nested in another names the header as the
-            // compiler's search found it.
-            let rel = roots.iter().filter_map(|r| f.strip_prefix(r).ok()).min_by_key(|rel| rel.as_os_str().len())?;
-            Some((rel.to_string_lossy().into_owned(), f.as_path()))
+            let rel = under(f, roots).or_else(|| f.canonicalize().ok().and_then(|real| under(&real, &real_roots)))?;
+            Some((rel, f.as_path()))
         })
         .collect();
     headers.sort();
@@ -140,6 +150,12 @@ mod tests {
         std::fs::rename(inc.join("rmm/b.hpp"), inc.join("rmm/b2.hpp")).unwrap();
         let renamed = vec![inc.join("rmm/b2.hpp"), inc.join("rmm/a.hpp")];
         assert_ne!(headers_digest(&renamed, &roots).unwrap().0, first);
+        // A root reached through a symlink, the compiler writing the header's real path: the
+        // same header, the same digest.
+        let link = dir.join("link-to-include");
+        std::os::unix::fs::symlink(&inc, &link).unwrap();
+        let through_link = vec![inc.join("rmm/a.hpp"), inc.join("rmm/b2.hpp")];
+        assert_eq!(headers_digest(&through_link, std::slice::from_ref(&link)).unwrap(), headers_digest(&renamed, &roots).unwrap());
         // A header that cannot be read is an error, not a digest of less.
         assert!(headers_digest(&[inc.join("rmm/gone.hpp")], &roots).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
