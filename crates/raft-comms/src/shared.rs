@@ -131,7 +131,12 @@ fn abort_one(sh: &Shared) {
     match locked {
         Some(mut st) => {
             if st.ended.is_none() {
-                sh.end_with(&mut st, WHO, Error::logic(WHO, why));
+                let ended = sh.end_with(&mut st, WHO, Error::logic(WHO, why));
+                drop(st);
+                // Its abort's failure, if any, is in the error (`end_with`): said, unlocked.
+                if ended.message() != why {
+                    raft_exit::log_guarded(|| log::debug!(target: "raft", "{ended}"));
+                }
             }
         }
         // Held across a wait (a split waits for its peers under it, up to the timeout):
