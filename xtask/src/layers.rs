@@ -526,7 +526,7 @@ fn expand(tree: &str, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
 }
 
 /// The text with comments, string and char literals blanked (their paths are not imports).
-fn strip(text: &str) -> String {
+pub(crate) fn strip(text: &str) -> String {
     let b = text.as_bytes();
     let mut out = String::with_capacity(text.len());
     let mut i = 0;

@@ -10,10 +10,12 @@
 //! | `abi-check [--bless]` | compares the ABI tag of this build with the committed one |
 //! | `gpu-bundle [--out DIR]` | packs test and bench binaries, the shim and the downstream binary with the RAPIDS `.so` files for a GPU machine |
 //! | `layers [-v]` | each crate's file graph: fails on a circle of files, a source file over 900 lines, or a raft-core file naming one of a higher layer than ARCHITECTURE.md's table gives it (or placed in none), unless listed in `xtask/layers-known.txt` |
+//! | `claims [-v] [--root DIR]` | every test name the README and docs give as a claim's proof must be a `#[test]` of the tree (a dated record's may be one of the git history): fails listing each that is not, with its document and line |
 //! | `package [--no-verify]` | `cargo package` of every library crate in dependency order (built from the tarballs), and their docs.rs metadata |
 mod abi_check;
 mod bindings;
 mod bundle;
+mod claims;
 mod deps;
 mod install_line;
 mod layers;
@@ -49,7 +51,7 @@ pub fn cargo() -> Command {
 }
 
 const USAGE: &str =
-    "usage: cargo xtask <deps [--cuvs]|install-line [--check]|test|doctor|bindings [--check]|abi-check [--bless]|gpu-bundle [--out DIR]|package [--no-verify]|layers [-v]>";
+    "usage: cargo xtask <deps [--cuvs]|install-line [--check]|test|doctor|bindings [--check]|abi-check [--bless]|gpu-bundle [--out DIR]|package [--no-verify]|layers [-v]|claims [-v] [--root DIR]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -83,6 +85,7 @@ fn main() -> ExitCode {
             deps::run().and_then(|_| bundle::run(out))
         }
         Some("layers") => layers::run(flag("-v")),
+        Some("claims") => claims::run(flag("-v"), args.iter().position(|a| a == "--root").and_then(|i| args.get(i + 1)).map(PathBuf::from)),
         Some("package") if flag("--no-verify") => package::run(false),
         Some("package") => deps::run().and_then(|_| package::run(true)),
         _ => Err(USAGE.to_string()),
