@@ -49,6 +49,8 @@
 //! `def test_`), where its segments named it then; a record naming a test that never existed
 //! fails like a live claim. A test of the history is printed (`-v`) with the commit that removed
 //! it and the most alike test that commit added.
+//! Where the history is not all there (a shallow clone, a source archive), a record's name
+//! that the tree does not resolve is printed as unknown, not failed; a live claim's still fails.
 use crate::{layers, workspace_root, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -138,6 +140,16 @@ fn check(root: &Path, tree: &Tree, history: &History) -> Result<Report> {
 /// of a test's name in a command line (a `cargo test` filter); a name with a test file's segment, or a near miss
 /// of a test's name (a misspelled test); else unknown (printed, not failed).
 fn classify(m: &Mention, tree: &Tree, history: &History) -> Verdict {
+    let verdict = classify_with(m, tree, history);
+    // A record is checked against the history, which a shallow clone or a source archive lacks:
+    // there its unresolved names are printed, not failed (a live claim's still fail).
+    if m.record && !history.complete && verdict.fails() {
+        return Verdict::Unknown;
+    }
+    verdict
+}
+
+fn classify_with(m: &Mention, tree: &Tree, history: &History) -> Verdict {
     let named = |name: &str| if m.prefix { name.starts_with(&m.name) } else { name == m.name };
     // `tests`, `src` and `crates` name nearly every test: a segment besides them must match.
     let specific: Vec<&String> = m.places.iter().filter(|p| !matches!(p.as_str(), "tests" | "src" | "crates")).collect();
@@ -567,6 +579,8 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) -> Result<()> {
 /// documents (the records in docs/ name tests, they do not define them).
 #[derive(Default)]
 struct History {
+    /// Whether the whole history was read (not a shallow clone, not a source archive).
+    complete: bool,
     /// Every test function ever added or removed.
     tests: BTreeMap<String, Life>,
     /// Every identifier of an added or removed line.
@@ -627,8 +641,20 @@ impl History {
                 &format!(":(exclude){SELF}"),
             ])
             .output();
+        let shallow = Command::new("git")
+            .current_dir(root)
+            .args(["rev-parse", "--is-shallow-repository"])
+            .output()
+            .map_or(true, |o| !o.status.success() || String::from_utf8_lossy(&o.stdout).trim() != "false");
         match out {
-            Ok(out) if out.status.success() => History::parse(&String::from_utf8_lossy(&out.stdout)),
+            Ok(out) if out.status.success() => {
+                let mut history = History::parse(&String::from_utf8_lossy(&out.stdout));
+                history.complete = !shallow;
+                if shallow {
+                    eprintln!("claims: a shallow clone: the records' names missing from the tree are printed, not failed");
+                }
+                history
+            }
             _ => {
                 eprintln!("claims: no git history here; names are checked against the tree only");
                 History::default()
@@ -639,7 +665,7 @@ impl History {
     /// `git log -p` output, newest commit first. A function is a test where `#[test]` is among
     /// the four lines of its hunk above it, or it is a `def test_` of a `test_*.py` file.
     fn parse(log: &str) -> History {
-        let mut history = History::default();
+        let mut history = History { complete: true, ..History::default() };
         let mut commit = String::new();
         let mut file = String::new();
         // Of the current commit: tests removed and added, with their files.
@@ -728,6 +754,11 @@ mod tests {
         report.verdicts.iter().filter(|(_, v)| v.fails()).map(|(m, v)| (format!("{}:{}", m.doc, m.line), v.describe())).collect()
     }
 
+    /// A whole history with no test in it (a repository of one commit).
+    fn empty_history() -> History {
+        History { complete: true, ..History::default() }
+    }
+
     const README: &str = "# Title\n\nA job calling exit ends at once\n(`exit::a_job_calling_exit_ends_at_once`).\n";
     const RUNS: &str = "# Runs\n\n## Run 1: 2026-11-29, commit abc\n\n- `tests/tests/exit.rs::a_job_calling_exit_ends_at_once` passed.\n";
 
@@ -735,15 +766,20 @@ mod tests {
     fn a_named_test_that_is_missing_fails_with_its_line_and_passes_once_present() {
         let without = "#[test]\nfn something_else_entirely_here() {}\n";
         let root = tree_of("missing", &[("README.md", README), ("docs/gpu-runs.md", RUNS), ("tests/tests/exit.rs", without)]);
-        let failed = failures(&root, &History::default());
+        let failed = failures(&root, &empty_history());
         assert_eq!(failed.len(), 2, "{failed:?}");
         assert_eq!(failed[0].0, "README.md:4");
         assert!(failed[0].1.contains("`exit` is a test file"), "{failed:?}");
         assert_eq!(failed[1].0, "docs/gpu-runs.md:5");
 
+        // Without the history (a shallow clone), the record's name is printed, not failed; the
+        // live claim's still fails.
+        let failed = failures(&root, &History::default());
+        assert_eq!(failed.iter().map(|f| f.0.as_str()).collect::<Vec<_>>(), ["README.md:4"], "{failed:?}");
+
         let with = "#[test]\nfn something_else_entirely_here() {}\n\n#[test]\n#[ignore]\nfn a_job_calling_exit_ends_at_once() {}\n";
         fs::write(root.join("tests/tests/exit.rs"), with).unwrap();
-        assert!(failures(&root, &History::default()).is_empty());
+        assert!(failures(&root, &empty_history()).is_empty());
         fs::remove_dir_all(root).unwrap();
     }
 
@@ -770,7 +806,7 @@ mod tests {
         let lib = "pub fn current_device_resources_of_the_thread() {}\n\n#[cfg(test)]\nmod tests {\n    use super::*;\n\n    #[test]\n    fn sizes_parse_like_dask_cuda() { let _ = \"{\"; }\n}\n";
         let readme = "`raft::current_device_resources_of_the_thread`, `DeviceResources::with_the_raft_resources_mut`,\n`deps::tests::sizes_parse_like_dask_cuda`, `sizes_parse_like_dask…`, `layers::tests::sizes_parse_like_dask_cuda`\n";
         let root = tree_of("api", &[("README.md", readme), ("xtask/src/deps.rs", lib)]);
-        let report = check(&root, &Tree::scan(&root).unwrap(), &History::default()).unwrap();
+        let report = check(&root, &Tree::scan(&root).unwrap(), &empty_history()).unwrap();
         let verdicts: Vec<&Verdict> = report.verdicts.iter().map(|(_, v)| v).collect();
         assert_eq!(verdicts.len(), 4, "the type's method is not a test name: {verdicts:?}");
         assert!(matches!(verdicts[0], Verdict::Code(_)));
