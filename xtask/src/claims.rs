@@ -51,7 +51,10 @@
 //! it and the most alike test that commit added.
 //! Where the history is not all there (a shallow clone, a source archive), a record's name
 //! that the tree does not resolve is printed as unknown, not failed; a live claim's still fails.
-use crate::{layers, workspace_root, Result};
+//!
+//! **Run by a script.** A live claim's test must also be one a script of the repository runs
+//! (not `#[ignore]`d, feature-gated or in a binary no script runs): claims_run.rs, its table.
+use crate::{claims_run, layers, workspace_root, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -85,11 +88,19 @@ pub fn run(verbose: bool, root: Option<PathBuf>) -> Result<()> {
             println!("{}:{}: `{}`: {}", m.doc, m.line, m.text, v.describe());
         }
     }
-    let failed = count(Verdict::fails);
-    if failed == 0 {
-        Ok(())
-    } else {
-        Err(format!("claims: {failed} test names in the documents resolve to no test"))
+    // The second half (claims_run.rs): each test a live claim names is one a script runs.
+    let live_tests = report.verdicts.iter().filter(|(m, v)| !m.record && *v == Verdict::Test);
+    let named: Vec<claims_run::Named> = live_tests
+        .map(|(m, _)| {
+            let tests = resolved(m, &tree).iter().map(|t| (t.file.as_str(), t.name.as_str())).collect();
+            claims_run::Named { doc: &m.doc, line: m.line, text: &m.text, tests }
+        })
+        .collect();
+    let unrun = claims_run::report(&root, &named, verbose)?;
+    match (count(Verdict::fails), unrun) {
+        (0, 0) => Ok(()),
+        (0, n) => Err(format!("claims: {n} test names in live claims name tests that no script of the repository runs")),
+        (failed, _) => Err(format!("claims: {failed} test names in the documents resolve to no test")),
     }
 }
 
@@ -149,16 +160,33 @@ fn classify(m: &Mention, tree: &Tree, history: &History) -> Verdict {
     verdict
 }
 
+/// Whether a test of that name is the one named (or one the prefix names).
+fn is_named(m: &Mention, name: &str) -> bool {
+    if m.prefix {
+        name.starts_with(&m.name)
+    } else {
+        name == m.name
+    }
+}
+
+/// Whether a test of these place words is where the name's segments put it (`tests`, `src` and
+/// `crates` name nearly every test: a segment besides them must match).
+fn is_placed(m: &Mention, places: &BTreeSet<String>) -> bool {
+    let mut specific = m.places.iter().filter(|p| !matches!(p.as_str(), "tests" | "src" | "crates")).peekable();
+    m.places.is_empty()
+        || if specific.peek().is_none() { m.places.iter().any(|p| places.contains(p)) } else { specific.any(|p| places.contains(p)) }
+}
+
+/// The tests of the tree a name resolves to: of its name, in a place its segments name.
+fn resolved<'t>(m: &Mention, tree: &'t Tree) -> Vec<&'t TestFn> {
+    tree.tests.iter().filter(|t| is_named(m, &t.name) && is_placed(m, &t.places)).collect()
+}
+
 fn classify_with(m: &Mention, tree: &Tree, history: &History) -> Verdict {
-    let named = |name: &str| if m.prefix { name.starts_with(&m.name) } else { name == m.name };
-    // `tests`, `src` and `crates` name nearly every test: a segment besides them must match.
-    let specific: Vec<&String> = m.places.iter().filter(|p| !matches!(p.as_str(), "tests" | "src" | "crates")).collect();
-    let placed = |places: &BTreeSet<String>| {
-        m.places.is_empty()
-            || if specific.is_empty() { m.places.iter().any(|p| places.contains(p)) } else { specific.iter().any(|p| places.contains(*p)) }
-    };
+    let named = |name: &str| is_named(m, name);
+    let placed = |places: &BTreeSet<String>| is_placed(m, places);
     let same: Vec<&TestFn> = tree.tests.iter().filter(|t| named(&t.name)).collect();
-    if same.iter().any(|t| placed(&t.places)) {
+    if !resolved(m, tree).is_empty() {
         return Verdict::Test;
     }
     let past = history.tests.iter().find(|(name, _)| named(name));

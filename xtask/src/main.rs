@@ -10,12 +10,14 @@
 //! | `abi-check [--bless]` | compares the ABI tag of this build with the committed one |
 //! | `gpu-bundle [--out DIR]` | packs test and bench binaries, the shim and the downstream binary with the RAPIDS `.so` files for a GPU machine |
 //! | `layers [-v]` | each crate's file graph: fails on a circle of files, a source file over 900 lines, or a raft-core file naming one of a higher layer than ARCHITECTURE.md's table gives it (or placed in none), unless listed in `xtask/layers-known.txt` |
-//! | `claims [-v] [--root DIR]` | every test name the README and docs give as a claim's proof must be a `#[test]` of the tree (a dated record's may be one of the git history): fails listing each that is not, with its document and line |
+//! | `claims [-v] [--root DIR]` | every test name the README and docs give as a claim's proof must be a `#[test]` of the tree (a dated record's may be one of the git history), and a live claim's one that a script of the repository runs (`claims_run.rs`'s table): fails listing each that is not, with its document and line |
 //! | `package [--no-verify]` | `cargo package` of every library crate in dependency order (built from the tarballs), and their docs.rs metadata |
 mod abi_check;
 mod bindings;
 mod bundle;
 mod claims;
+mod claims_run;
+mod claims_targets;
 mod deps;
 mod install_line;
 mod layers;
