@@ -555,36 +555,11 @@ fn place_words(rel: &str, inner: &[String]) -> BTreeSet<String> {
     path.split('/').map(|p| p.replace('-', "_")).chain(inner.iter().cloned()).collect()
 }
 
-/// The text with comments blanked (`//`, `/* */`), string literals kept (their words, scenario
-/// names and bench rows, are identifiers of the code too) and skipped over, so a `//` in one is
-/// no comment.
+/// The text with comments blanked, string literals kept (their words, scenario names and bench
+/// rows, are identifiers of the code too) and skipped over, so a `//` in one is no comment: the
+/// layer check's lexer, keeping literals.
 fn uncommented(text: &str) -> String {
-    let b = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
-    let mut i = 0;
-    while i < b.len() {
-        if text[i..].starts_with("//") {
-            while i < b.len() && b[i] != b'\n' {
-                i += 1;
-            }
-        } else if text[i..].starts_with("/*") {
-            i = text[i + 2..].find("*/").map_or(b.len(), |k| i + 4 + k);
-            out.push(' ');
-        } else if b[i] == b'"' {
-            let start = i;
-            i += 1;
-            while i < b.len() && b[i] != b'"' {
-                i += if b[i] == b'\\' { 2 } else { 1 };
-            }
-            i = (i + 1).min(b.len());
-            out.push_str(&text[start..i]);
-        } else {
-            let c = text[i..].chars().next().expect("in bounds");
-            out.push(c);
-            i += c.len_utf8();
-        }
-    }
-    out
+    layers::lex(text, true)
 }
 
 fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) -> Result<()> {
