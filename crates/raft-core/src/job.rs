@@ -356,12 +356,20 @@ impl<T> Future for JobHandle<T> {
         if self.is_finished() {
             return Poll::Ready(self.take());
         }
+        // The executor's waker is user code (`std::task::Wake`, a `RawWakerVTable`): cloned before
+        // the lock, and the waker it replaces dropped after it. A waker's `Drop` run under the
+        // lock would hold up `complete` on the worker, so one that waits for this job, or for a
+        // job queued behind it on the same worker, would never return.
+        let waker = cx.waker().clone();
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         if self.shared.done.load(Ordering::Acquire) {
             drop(st);
+            drop(waker);
             return Poll::Ready(self.take());
         }
-        st.waker = Some(cx.waker().clone());
+        let replaced = st.waker.replace(waker);
+        drop(st);
+        drop(replaced);
         Poll::Pending
     }
 }
@@ -474,6 +482,66 @@ mod tests {
         assert_eq!(parse(None), Ok(Duration::from_micros(50)));
         assert_eq!(parse(Some("0")), Ok(Duration::ZERO));
         assert!(parse(Some("-1")).unwrap_err().starts_with("RAFT_WORKER_SPIN_US: expected microseconds"));
+    }
+
+    /// An executor's waker whose `Drop` waits for the job (here, for its completion on the
+    /// worker, bounded at 10 s): `poll` replaced the stored waker under the job's lock, so the
+    /// old one's `Drop` ran there and the worker's `complete` waited behind it; a drop that
+    /// waits for this job (or, through a join, for a job queued behind it on the same worker)
+    /// never returned. The drop must see the completion.
+    #[test]
+    fn a_waker_dropped_by_poll_runs_outside_the_job_s_lock() {
+        use std::task::Wake;
+        struct WaitsForTheJob {
+            /// Told when this waker's `Drop` begins (the worker then completes the job).
+            dropping: Mutex<Option<mpsc::Sender<()>>>,
+            /// Told once `complete` has returned on the worker.
+            completed: Mutex<Option<mpsc::Receiver<()>>>,
+            /// Whether the drop saw the completion within its bound.
+            saw: Arc<AtomicBool>,
+        }
+        impl Wake for WaitsForTheJob {
+            fn wake(self: Arc<Self>) {}
+        }
+        impl Drop for WaitsForTheJob {
+            fn drop(&mut self) {
+                let (Some(dropping), Some(completed)) = (self.dropping.get_mut().unwrap().take(), self.completed.get_mut().unwrap().take())
+                else {
+                    return;
+                };
+                let _ = dropping.send(());
+                let seen = completed.recv_timeout(Duration::from_secs(10)).is_ok();
+                self.saw.store(seen, Ordering::SeqCst);
+            }
+        }
+        struct Quiet;
+        impl Wake for Quiet {
+            fn wake(self: Arc<Self>) {}
+        }
+        let (dropping_tx, dropping_rx) = mpsc::channel();
+        let (completed_tx, completed_rx) = mpsc::channel();
+        let saw = Arc::new(AtomicBool::new(false));
+        let shared = Shared::<u32>::new();
+        let done = shared.clone();
+        let worker = std::thread::spawn(move || {
+            // The job ends while the old waker is being dropped.
+            dropping_rx.recv().unwrap();
+            done.complete(Ok(7));
+            let _ = completed_tx.send(());
+        });
+        let mut handle = JobHandle { shared, device: 0, worker: worker.thread().id() };
+        let first = std::task::Waker::from(Arc::new(WaitsForTheJob {
+            dropping: Mutex::new(Some(dropping_tx)),
+            completed: Mutex::new(Some(completed_rx)),
+            saw: saw.clone(),
+        }));
+        assert!(Pin::new(&mut handle).poll(&mut Context::from_waker(&first)).is_pending());
+        drop(first); // the handle's clone is now the last: the next poll drops it
+        let second = std::task::Waker::from(Arc::new(Quiet));
+        let _ = Pin::new(&mut handle).poll(&mut Context::from_waker(&second));
+        worker.join().unwrap();
+        assert!(saw.load(Ordering::SeqCst), "the worker's completion waited for the waker dropped under the job's lock");
+        assert_eq!(handle.join().unwrap(), 7);
     }
 
     #[test]
