@@ -78,7 +78,8 @@ impl CuvsResources<'_> {
 ///
 /// A capture of the resources' stream into a CUDA graph must not be open when this is called
 /// (`Logic`: cuVS's work would run at each launch of the graph, after the index and the arrays
-/// may be gone), nor be begun by `f` and left open: the process stops then, as it does for a copy.
+/// may be gone), nor be begun by `f` and left open: the process stops then, as it does for a copy,
+/// however `f` ends (its error or its panic included).
 /// `f` runs in the thread's own capture mode: while another thread captures a stream in global
 /// mode, the driver refuses what cuVS's calls in `f` allocate, free or wait for through a
 /// resource that is not stream-ordered (`cudaMalloc`), and that capture is invalidated. Wrap
@@ -128,17 +129,34 @@ fn lend_in<R>(who: &'static str, res: &DeviceResources, relaxed: bool, f: impl F
     // device for the lend, and the thread's own context back after it (the sixteenth audit:
     // `CuvsResources::sync` and a `with_cuvs` closure ran on whatever was current).
     let _bound = crate::result::bind_device(who, res)?;
+    // Checked on every way out of the lend, an error or a panic of `f` included (declared after
+    // `_bound`, so it runs with the device still bound).
+    let _checked = CaptureCheck { who, stream: &stream };
     // The stream itself was refused above if captured; the mode only decides what the driver
     // refuses beside other threads' captures.
     let run = || res.with_raft_resources(|lend| f(CuvsResources::lent(lend, device, &stream)));
-    let out = if relaxed { raft_core::with_relaxed_capture(run) } else { run() }.map_err(|e| e.with_who(who))?;
-    if raft_core::stream_is_capturing(&stream).unwrap_or(false) {
-        // A capture begun meanwhile on another thread may have taken cuVS's kernels into its
-        // graph, which would then use the index and the arrays at each launch: the process stops,
-        // as raft-core's copies do.
-        raft_exit::abort_with(format_args!("{who}: a CUDA graph capture began on the resources' stream while cuVS worked on it; aborting"));
+    if relaxed { raft_core::with_relaxed_capture(run) } else { run() }.map_err(|e| e.with_who(who))?
+}
+
+/// Stops the process when a capture of the lent stream is open as the lend ends, however it
+/// ends: a capture begun meanwhile (by `f`, or on another thread) may have taken cuVS's kernels
+/// into its graph, which would then use the index and the arrays at each launch, after they may
+/// be gone; raft-core's copies stop the process so too. A closure that began one and then
+/// failed or panicked has queued the same work (the check ran only after a success before).
+struct CaptureCheck<'a> {
+    who: &'static str,
+    stream: &'a Arc<CudaStream>,
+}
+
+impl Drop for CaptureCheck<'_> {
+    fn drop(&mut self) {
+        if raft_core::stream_is_capturing(self.stream).unwrap_or(false) {
+            raft_exit::abort_with(format_args!(
+                "{}: a CUDA graph capture began on the resources' stream while cuVS worked on it; aborting",
+                self.who
+            ));
+        }
     }
-    out
 }
 
 /// cuVS's work queued on a stream being captured into a CUDA graph would run at each launch of

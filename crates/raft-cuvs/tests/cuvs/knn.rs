@@ -353,3 +353,48 @@ fn an_array_of_other_resources_on_a_captured_stream_is_refused_not_a_panic() {
     assert_exact(&found.neighbors.to_host().unwrap(), &found.distances.to_host().unwrap(), &dataset, &queries, K);
     brute_force_knn(&ra, rows(&d, N_ROWS), rows(&q, N_QUERIES), K).unwrap();
 }
+
+/// The child: a `with_cuvs` closure that begins a capture of the lent stream and leaves it open,
+/// then ends as the scenario says (`ok`, `err`, `panic`).
+fn capture_left_open_by_the_closure(ending: &str) {
+    use cudarc::driver::sys::CUstreamCaptureMode as Mode;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    crate::common::load_cuvs().as_ref().expect("cuVS");
+    let res = DeviceResources::new().unwrap();
+    res.sync().unwrap();
+    let lent = catch_unwind(AssertUnwindSafe(|| {
+        with_cuvs(&res, |cuvs| {
+            cuvs.stream()?.begin_capture(Mode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+            match ending {
+                "ok" => Ok(()),
+                "err" => Err(raft_core::Error::logic("the closure", "its own error")),
+                _ => panic!("the closure panics"),
+            }
+        })
+    }));
+    // Reached only when the lend let the open capture pass.
+    println!("RESULT returned={}", if lent.is_ok() { "yes" } else { "panicked" });
+}
+
+/// A capture of the resources' stream begun inside `with_cuvs` and left open stops the process
+/// however the closure ends (helper 112's open item): the check ran only after a closure that
+/// returned `Ok`, so one that began the capture and then returned its error or panicked went
+/// on with cuVS's work possibly in the graph. (Before: `err` and `panic` returned.)
+#[test]
+fn a_capture_left_open_in_with_cuvs_stops_the_process_however_the_closure_ends() {
+    if let Some(s) = child_scenario() {
+        return capture_left_open_by_the_closure(&s);
+    }
+    require_gpu!();
+    for ending in ["ok", "err", "panic"] {
+        let c = rerun(
+            concat!(module_path!(), "::a_capture_left_open_in_with_cuvs_stops_the_process_however_the_closure_ends"),
+            ending,
+            &[],
+            Duration::from_secs(60),
+        );
+        assert_eq!(c.result("returned"), None, "{ending}: the lend returned with a capture open\n{}\n{}", c.stdout, c.stderr);
+        assert_eq!(c.signal, Some(libc::SIGABRT), "{ending}: {c:?}");
+        assert!(c.stderr.contains("a CUDA graph capture began on the resources' stream while cuVS worked on it"), "{ending}: {}", c.stderr);
+    }
+}
