@@ -44,7 +44,10 @@ use std::sync::Arc;
 /// can take the event out of it and record it elsewhere (or reach the context it was made in)
 /// after the guard is gone; the array's stream then waits for that record instead of the use.
 /// cudarc's own slices order their frees through the same events and share the gap. Never
-/// take a guard apart. A fourth, in cudarc 0.19's `nccl` feature (which this library does not
+/// take a guard apart, nor forget one: `DevicePtr` and `DevicePtrMut` are safe traits in
+/// cudarc 0.19, so a type of yours implementing them (asking an array for its pointer and
+/// forgetting the guard, or answering any address at all) is taken by cudarc's safe calls on
+/// its word. A fourth, in cudarc 0.19's `nccl` feature (which this library does not
 /// turn on; a crate of yours that does turns it on for every user of cudarc in the build): its
 /// safe collectives take the send buffer's length as the count and never compare it with the
 /// receive buffer's (`all_reduce`, `reduce`; `all_gather` and `reduce_scatter` scale one by the
