@@ -211,9 +211,10 @@ impl Communicator {
     ///
     /// # Errors
     /// `Logic` for a rank not below `size`, a zero bound, released resources, another rank's
-    /// mismatching world size, a call inside a group, a peer without the job's secret, or no
-    /// secret for an address that is not loopback; `Generic` when the rendezvous or NCCL fails
-    /// or runs out of time.
+    /// mismatching world size, a call inside a group, a peer without the job's secret, an
+    /// address that is not `host:port` or names port 0, or no secret for an address that is
+    /// not loopback; `Generic` when the rendezvous or NCCL fails or runs out of time (an address
+    /// whose name does not resolve is retried until then).
     pub fn init(resources: &DeviceResources, rank: usize, size: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
         let secret = Secret::from_env().map_err(|e| e.with_who("Communicator::init"))?;
         Self::init_with_secret(resources, rank, size, addr, timeout, secret)
@@ -238,7 +239,7 @@ impl Communicator {
         let id = if rank == 0 {
             // Bound before the id is made: an address of another host, or one without a secret
             // that is not loopback, fails before NCCL starts its bootstrap root.
-            let listener = if size > 1 { Some(rendezvous::bind(WHO, addr, secret.as_ref())?) } else { None };
+            let listener = if size > 1 { Some(rendezvous::bind(WHO, addr, secret.as_ref(), deadline, timeout)?) } else { None };
             let id = UniqueId::new().map_err(|e| e.with_who(WHO))?;
             if let Some(listener) = listener {
                 rendezvous::serve_on(WHO, &listener, id.as_bytes(), size, secret.as_ref(), deadline, timeout)?;

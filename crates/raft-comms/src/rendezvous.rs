@@ -57,13 +57,45 @@ pub(crate) fn deadline_after(timeout: Duration) -> Instant {
     now.checked_add(timeout).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
-fn resolve(who: &'static str, addr: &str) -> Result<Vec<SocketAddr>> {
-    let found: Vec<SocketAddr> =
-        addr.to_socket_addrs().map_err(|e| Error::logic(who, format!("the rendezvous address {addr} does not resolve: {e}")))?.collect();
-    if found.is_empty() {
-        return Err(Error::logic(who, format!("the rendezvous address {addr} resolves to nothing")));
+/// The socket addresses of `addr` (`host:port`), retrying a host name that does not resolve
+/// until `deadline`: a name that does not resolve *yet* is rank 0 not reachable yet (a pod's DNS
+/// record appears once it runs; a resolver may answer late), as torch's store takes it. An
+/// address that is not `host:port`, or names port 0 (rank 0 would listen on a port the OS
+/// picks, which no rank can know; a rank would knock at a port that refuses every
+/// connection), is refused at once (`Logic`); a name still unresolved at `deadline` is the
+/// `Generic` timeout.
+fn resolve(who: &'static str, addr: &str, deadline: Instant, timeout: Duration) -> Result<Vec<SocketAddr>> {
+    let port = addr.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+    if let Some(Ok(0)) = port {
+        return Err(Error::logic(who, format!("the rendezvous address {addr} names port 0: give rank 0's port (MASTER_PORT)")));
     }
-    Ok(found)
+    loop {
+        let why = match addr.to_socket_addrs() {
+            Ok(found) => {
+                let found: Vec<SocketAddr> = found.collect();
+                if found.iter().any(|a| a.port() == 0) {
+                    return Err(Error::logic(who, format!("the rendezvous address {addr} names port 0: give rank 0's port (MASTER_PORT)")));
+                }
+                if !found.is_empty() {
+                    return Ok(found);
+                }
+                "it resolves to no address".to_string()
+            }
+            // Not `host:port` (no port, or one that is not a number up to 65535): no retry
+            // makes it one.
+            Err(e) if e.kind() == IoKind::InvalidInput => {
+                return Err(Error::logic(who, format!("the rendezvous address {addr} is not host:port: {e}")));
+            }
+            Err(e) => e.to_string(),
+        };
+        let Some(left) = remaining(deadline) else {
+            return Err(Error::timeout(
+                who,
+                format!("the rendezvous address {addr} did not resolve within {:.1} s: {why}", timeout.as_secs_f64()),
+            ));
+        };
+        std::thread::sleep(Duration::from_millis(100).min(left));
+    }
 }
 
 /// The key of the rendezvous at `targets`: the secret's, or an empty one on loopback; refuses
@@ -85,9 +117,10 @@ fn key_for<'a>(who: &'static str, addr: &str, targets: &[SocketAddr], secret: Op
 }
 
 /// Binds `addr` and nothing else: an address that names no interface of this host is an error,
-/// never a listener on every interface.
-pub(crate) fn bind(who: &'static str, addr: &str, secret: Option<&Secret>) -> Result<TcpListener> {
-    let candidates = resolve(who, addr)?;
+/// never a listener on every interface. A name that does not resolve is retried until
+/// `deadline` (see [`resolve`]).
+pub(crate) fn bind(who: &'static str, addr: &str, secret: Option<&Secret>, deadline: Instant, timeout: Duration) -> Result<TcpListener> {
+    let candidates = resolve(who, addr, deadline, timeout)?;
     key_for(who, addr, &candidates, secret)?;
     let mut last = None;
     for a in &candidates {
@@ -499,7 +532,7 @@ pub(crate) fn fetch_until(
         u32::try_from(rank).map_err(|_| Error::logic(who, "rank too large"))?,
         u32::try_from(world).map_err(|_| Error::logic(who, "world size too large"))?,
     );
-    let targets = resolve(who, addr)?;
+    let targets = resolve(who, addr, deadline, timeout)?;
     let key = key_for(who, addr, &targets, secret)?;
     let mut last_error = String::from("no attempt");
     loop {

@@ -50,9 +50,11 @@ impl UniqueId {
     /// handshake bounded: a slow or hostile peer does not hold up the others.
     ///
     /// # Errors
-    /// `Logic` for a world size of 0 or above `i32::MAX` (NCCL's limit), a malformed
-    /// `RAFT_COMMS_SECRET`, or no secret on an address that is not loopback; `Generic` when the address cannot be bound, or when a rank
-    /// has not arrived within `timeout` (the message names the missing ranks).
+    /// `Logic` for a world size of 0 or above `i32::MAX` (NCCL's limit), an address that is not
+    /// `host:port` or names port 0, a malformed `RAFT_COMMS_SECRET`, or no secret on an address
+    /// that is not loopback; `Generic` when the address cannot be bound, does not resolve
+    /// within `timeout` (a name is retried until then), or when a rank has not arrived within
+    /// `timeout` (the message names the missing ranks).
     pub fn serve(&self, addr: &str, world: usize, timeout: Duration) -> Result<()> {
         const WHO: &str = "UniqueId::serve";
         let secret = Secret::from_env().map_err(|e| e.with_who(WHO))?;
@@ -71,7 +73,7 @@ impl UniqueId {
     fn serve_as(&self, who: &'static str, addr: &str, world: usize, timeout: Duration, secret: Option<&Secret>) -> Result<()> {
         rendezvous::check_world(who, world)?;
         let deadline = deadline_after(timeout);
-        let listener = rendezvous::bind(who, addr, secret)?;
+        let listener = rendezvous::bind(who, addr, secret, deadline, timeout)?;
         rendezvous::serve_on(who, &listener, self.as_bytes(), world, secret, deadline, timeout)
     }
 
@@ -80,11 +82,13 @@ impl UniqueId {
     /// must be a loopback address), proves this rank holds it too, and receives the id.
     ///
     /// # Errors
-    /// `Logic` when `rank` is 0 or not below `world`, `world` is above `i32::MAX`, rank 0 refused this rank (another world
-    /// size, a duplicate rank), the process at `addr` does not hold the secret, or no secret was
-    /// given for an address that is not loopback; `Generic` when rank 0 could not be reached
-    /// within `timeout` (every read is bounded by it: a peer that answers slowly does not
-    /// stretch it).
+    /// `Logic` when `rank` is 0 or not below `world`, `world` is above `i32::MAX`, `addr` is
+    /// not `host:port` or names port 0, rank 0 refused this rank (another world size, a
+    /// duplicate rank), the process at `addr` does not hold the secret, or no secret was given
+    /// for an address that is not loopback; `Generic` when rank 0 could not be reached within
+    /// `timeout`, its name not resolved by then included (a name that does not resolve yet is
+    /// retried, as a rank 0 that does not listen yet; every read is bounded by it: a peer that
+    /// answers slowly does not stretch it).
     pub fn fetch(addr: &str, rank: usize, world: usize, timeout: Duration) -> Result<UniqueId> {
         const WHO: &str = "UniqueId::fetch";
         let secret = Secret::from_env().map_err(|e| e.with_who(WHO))?;

@@ -316,11 +316,11 @@ fn a_dribbling_rank_zero_does_not_stretch_the_fetch_bound() {
 /// Without a secret, an address that is not loopback is refused on both sides.
 #[test]
 fn rank_zero_binds_only_where_asked() {
-    let remote = "192.0.2.1:0"; // TEST-NET-1: an address of no interface here
+    let remote = "192.0.2.1:9"; // TEST-NET-1: an address of no interface here
     let start = Instant::now();
     let e = fake_id(1).serve_with_secret(remote, 2, Duration::from_secs(2), Some(&secret("job"))).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Generic);
-    assert!(e.message().contains("could not listen on 192.0.2.1:0") && e.message().contains("not an address of this host"), "{e}");
+    assert!(e.message().contains("could not listen on 192.0.2.1:9") && e.message().contains("not an address of this host"), "{e}");
     assert!(start.elapsed() < *SLACK, "took {:?}", start.elapsed());
     let e = fake_id(1).serve(remote, 2, Duration::from_secs(2)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Logic);
@@ -328,6 +328,53 @@ fn rank_zero_binds_only_where_asked() {
     let e = UniqueId::fetch_with_secret("192.0.2.1:9", 1, 2, Duration::from_secs(2), None).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Logic);
     assert!(e.message().contains("RAFT_COMMS_SECRET"), "{e}");
+}
+
+/// The thirty-first session's audit (helper 113): a rank whose rank 0's host name did not
+/// resolve failed at once with `Logic`, though a name that does not resolve *yet* is rank 0 not
+/// reachable yet (a pod's DNS record that appears once it runs, a resolver that answers late),
+/// which the fetch retries until its bound; torch's store retries such names too. Now retried,
+/// and a `Generic` timeout at the bound as for a rank 0 that does not listen.
+#[test]
+fn a_rank_zero_whose_name_does_not_resolve_yet_is_retried_until_the_bound() {
+    let bound = Duration::from_millis(800);
+    // `.invalid` never resolves (RFC 6761).
+    for secret in [None, Some(secret("job"))] {
+        let start = Instant::now();
+        let e = UniqueId::fetch_with_secret("rank0.raft-rs.invalid:29500", 1, 2, bound, secret.as_ref()).unwrap_err();
+        let took = start.elapsed();
+        assert_eq!((e.kind(), e.reason()), (ErrorKind::Generic, raft_error::Reason::Timeout), "{e}");
+        assert!(e.message().contains("rank0.raft-rs.invalid:29500") && e.message().contains("resolve"), "{e}");
+        // A resolver that takes long per question may overrun by one question, no more.
+        assert!(took >= bound && took < bound + Duration::from_secs(10), "took {took:?}");
+    }
+    // Rank 0's side: its own name is retried the same way, then the same timeout.
+    let start = Instant::now();
+    let e = fake_id(1).serve_with_secret("rank0.raft-rs.invalid:29500", 2, bound, Some(&secret("job"))).unwrap_err();
+    assert_eq!((e.kind(), e.reason()), (ErrorKind::Generic, raft_error::Reason::Timeout), "{e}");
+    assert!(start.elapsed() >= bound, "took {:?}", start.elapsed());
+}
+
+/// The same audit: port 0 is no rendezvous (rank 0 would listen on whichever port the OS
+/// picked, which no rank can know; a rank knocks at port 0, which refuses every connection), yet
+/// both sides took it and waited out their whole bound (300 s by default) before an error that
+/// named missing ranks or a refused connection. `Launch` refuses it already; now every address
+/// does, at once, as it refuses one that is not `host:port`.
+#[test]
+fn port_zero_and_malformed_addresses_are_refused_at_once_on_both_sides() {
+    let bound = Duration::from_secs(3);
+    for addr in ["127.0.0.1:0", "[::1]:0", "localhost:0", "localhost", "127.0.0.1:http", "127.0.0.1:65536"] {
+        let start = Instant::now();
+        let e = fake_id(1).serve_with_secret(addr, 2, bound, None).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Logic, "serve at {addr}: {e}");
+        assert!(e.message().contains(addr), "{e}");
+        assert!(start.elapsed() < *SLACK, "serve at {addr} took {:?}", start.elapsed());
+        let start = Instant::now();
+        let e = UniqueId::fetch_with_secret(addr, 1, 2, bound, None).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Logic, "fetch from {addr}: {e}");
+        assert!(e.message().contains(addr), "{e}");
+        assert!(start.elapsed() < *SLACK, "fetch from {addr} took {:?}", start.elapsed());
+    }
 }
 
 #[test]
