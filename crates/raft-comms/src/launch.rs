@@ -360,7 +360,8 @@ impl Launch {
 /// `RAFT_COMMS_TIMEOUT` (seconds, a positive number) or [`DEFAULT_TIMEOUT`].
 ///
 /// # Errors
-/// `Logic` when the variable is set to something else than a positive number of seconds.
+/// `Logic` when the variable is set to something else than a positive number of seconds, or
+/// to one below a nanosecond (a zero bound) or beyond what a `Duration` holds.
 pub fn timeout_from_env() -> Result<Duration> {
     // Read lossily: a value that is not UTF-8 is refused, not taken for unset.
     timeout_from(std::env::var_os("RAFT_COMMS_TIMEOUT").map(|v| v.to_string_lossy().into_owned()))
@@ -370,8 +371,13 @@ pub(crate) fn timeout_from(text: Option<String>) -> Result<Duration> {
     match text.filter(|t| !t.trim().is_empty()) {
         None => Ok(DEFAULT_TIMEOUT),
         Some(t) => match t.trim().parse::<f64>() {
-            Ok(s) if s > 0.0 => Duration::try_from_secs_f64(s)
-                .map_err(|_| Error::logic("RAFT_COMMS_TIMEOUT", format!("{t} seconds is beyond any wait (the most is about 1.8e19)"))),
+            Ok(s) if s > 0.0 => match Duration::try_from_secs_f64(s) {
+                // Below a nanosecond a positive number is a zero bound, which every communicator
+                // refuses without naming the variable.
+                Ok(d) if d.is_zero() => Err(Error::logic("RAFT_COMMS_TIMEOUT", format!("{t} seconds is below a nanosecond: a zero bound"))),
+                Ok(d) => Ok(d),
+                Err(_) => Err(Error::logic("RAFT_COMMS_TIMEOUT", format!("{t} seconds is beyond any wait (the most is about 1.8e19)"))),
+            },
             _ => Err(Error::logic("RAFT_COMMS_TIMEOUT", format!("expected a positive number of seconds, given {t}"))),
         },
     }
@@ -860,5 +866,19 @@ mod tests {
             assert_eq!(timeout_from(Some(huge.into())).unwrap_err().kind(), raft_error::ErrorKind::Logic, "{huge}");
         }
         assert_eq!(timeout_from(Some("1e9".into())).unwrap(), Duration::from_secs(1_000_000_000));
+    }
+
+    /// The thirty-first session's audit (helper 113): a positive number below a nanosecond
+    /// (`1e-10`) became a zero `Duration`, returned as a valid bound, which every communicator
+    /// then refused as "a zero timeout" without naming the variable (`Communicator::from_env`,
+    /// `clique`). Refused here, naming it; a nanosecond is still taken.
+    #[test]
+    fn a_timeout_below_a_nanosecond_is_refused_naming_the_variable() {
+        for tiny in ["1e-10", "0.0000000001", "4.9e-324"] {
+            let e = timeout_from(Some(tiny.into())).unwrap_err();
+            assert_eq!(e.kind(), raft_error::ErrorKind::Logic, "{tiny}");
+            assert!(e.to_string().contains("RAFT_COMMS_TIMEOUT") && e.to_string().contains(tiny), "{e}");
+        }
+        assert_eq!(timeout_from(Some("1e-9".into())).unwrap(), Duration::from_nanos(1));
     }
 }
