@@ -69,6 +69,17 @@ fn resolve(who: &'static str, addr: &str, deadline: Instant, timeout: Duration) 
     if let Some(Ok(0)) = port {
         return Err(Error::logic(who, format!("the rendezvous address {addr} names port 0: give rank 0's port (MASTER_PORT)")));
     }
+    // A host that no resolver could ever answer for (empty, or with characters no host name
+    // has) is a typo, not a name that resolves later: refused at once too. IP literals, IPv6
+    // in brackets included, parse as they are.
+    if addr.parse::<SocketAddr>().is_err() {
+        if let Some((host, _)) = addr.rsplit_once(':') {
+            let name = host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+            if host.is_empty() || !(name || host.parse::<std::net::IpAddr>().is_ok()) {
+                return Err(Error::logic(who, format!("the rendezvous address {addr} does not name a host (host:port)")));
+            }
+        }
+    }
     loop {
         let why = match addr.to_socket_addrs() {
             Ok(found) => {

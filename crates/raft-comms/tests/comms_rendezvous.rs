@@ -363,7 +363,8 @@ fn a_rank_zero_whose_name_does_not_resolve_yet_is_retried_until_the_bound() {
 #[test]
 fn port_zero_and_malformed_addresses_are_refused_at_once_on_both_sides() {
     let bound = Duration::from_secs(3);
-    for addr in ["127.0.0.1:0", "[::1]:0", "localhost:0", "localhost", "127.0.0.1:http", "127.0.0.1:65536"] {
+    // Hosts no resolver answers for ever (empty, a space) are typos, refused at once too.
+    for addr in ["127.0.0.1:0", "[::1]:0", "localhost:0", "localhost", "127.0.0.1:http", "127.0.0.1:65536", ":29500", "rank 0:29500"] {
         let start = Instant::now();
         let e = fake_id(1).serve_with_secret(addr, 2, bound, None).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Logic, "serve at {addr}: {e}");
