@@ -79,7 +79,9 @@ impl Communicator {
     ///
     /// # Errors
     /// `Logic` when `counts` does not have one entry per rank, this rank's entry is not
-    /// `send.len()`, or `recv` does not hold their sum; else as [`allreduce`](Self::allreduce).
+    /// `send.len()`, `recv` does not hold their sum, or the communicator has more than 2048
+    /// ranks (the shim issues one broadcast per rank in one NCCL group, and refuses more);
+    /// else as [`allreduce`](Self::allreduce).
     pub fn allgatherv<T: NcclType>(&self, send: &DeviceVec<T>, recv: &mut DeviceVec<T>, counts: &[usize]) -> Result<()> {
         const WHO: &str = "Communicator::allgatherv";
         let at = (self.size(), self.rank());

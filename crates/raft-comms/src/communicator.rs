@@ -456,8 +456,9 @@ impl Communicator {
     /// For a clique driven from one thread, use [`split_all`](Self::split_all).
     ///
     /// # Errors
-    /// `Logic` inside a group or on an ended communicator; `Generic` when NCCL fails or does not
-    /// finish within the timeout.
+    /// `Logic` inside a group, on an ended communicator, or for a color above `i32::MAX` (NCCL's
+    /// `int`; the communicator stays usable); `Generic` when NCCL fails or does not finish within
+    /// the timeout.
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
         const WHO: &str = "Communicator::split";
         group::refuse_inside(WHO)?;

@@ -128,7 +128,8 @@ impl Secret {
     /// several steps).
     ///
     /// # Errors
-    /// `Logic` when it is set but too short or not UTF-8.
+    /// `Logic` when it is set but refused by [`new`](Self::new) (too short, a placeholder of
+    /// fewer than [`MIN_DISTINCT_SECRET_BYTES`] different bytes) or not UTF-8.
     pub fn from_env() -> Result<Option<Secret>> {
         match std::env::var_os(SECRET_VAR) {
             None => Ok(None),
