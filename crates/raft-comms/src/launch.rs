@@ -868,7 +868,7 @@ mod tests {
         assert_eq!(timeout_from(Some("1e9".into())).unwrap(), Duration::from_secs(1_000_000_000));
     }
 
-    /// The thirty-first session's audit (helper 113): a positive number below a nanosecond
+    /// The twenty-third audit (helper 113): a positive number below a nanosecond
     /// (`1e-10`) became a zero `Duration`, returned as a valid bound, which every communicator
     /// then refused as "a zero timeout" without naming the variable (`Communicator::from_env`,
     /// `clique`). Refused here, naming it; a nanosecond is still taken.

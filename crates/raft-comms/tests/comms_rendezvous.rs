@@ -330,7 +330,7 @@ fn rank_zero_binds_only_where_asked() {
     assert!(e.message().contains("RAFT_COMMS_SECRET"), "{e}");
 }
 
-/// The thirty-first session's audit (helper 113): a rank whose rank 0's host name did not
+/// The twenty-third audit (helper 113): a rank whose rank 0's host name did not
 /// resolve failed at once with `Logic`, though a name that does not resolve *yet* is rank 0 not
 /// reachable yet (a pod's DNS record that appears once it runs, a resolver that answers late),
 /// which the fetch retries until its bound; torch's store retries such names too. Now retried,
