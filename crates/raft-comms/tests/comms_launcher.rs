@@ -633,3 +633,47 @@ fn ranks_of_a_raft_run_started_with_sigterm_ignored_still_stop_on_it() {
     assert_eq!(out.status.code(), Some(7), "{}", show(&out));
     assert!(took < Duration::from_secs(15), "the ranks waited {took:?} for SIGKILL: SIGTERM reached them ignored");
 }
+
+/// Arguments are bytes on Linux, not text: a file name in Latin-1 (`caf\xe9.csv`) is a
+/// program's argument like any other. `raft-run` read its arguments as UTF-8 and panicked on
+/// such a one (status 101, no rank started; audit 111); it passes them on as they are, the
+/// program's own name too.
+#[test]
+fn arguments_that_are_not_utf8_reach_the_ranks_unchanged() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = temp_dir("bytes");
+    let arg = std::ffi::OsStr::from_bytes(b"caf\xe9 \xff\xfe.csv");
+    let out_file = dir.join("arg");
+    // A script whose own name is not UTF-8 either.
+    let script = dir.join(std::ffi::OsStr::from_bytes(b"prog-\xe9.sh"));
+    std::fs::write(&script, "#!/bin/sh\nprintf '%s' \"$1\" > \"$2\"\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = Command::new(common::raft_run()).args(["-n", "1"]).arg(&script).arg(arg).arg(&out_file).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert_eq!(std::fs::read(&out_file).unwrap(), arg.as_bytes(), "{}", show(&out));
+    // An option that is not UTF-8 is refused by name (status 2), not a panic.
+    let out = Command::new(common::raft_run())
+        .arg(std::ffi::OsStr::from_bytes(b"--master-addr=\xff"))
+        .args(["-n", "1", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("raft-run: "), "{}", show(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `raft-run --guardian` is an internal mode: the guardian leads the job's process group, and
+/// when its pipe closes it stops (SIGTERM, then SIGKILL) every process of its group. Typed by
+/// hand (or by a script trying the options) it ran in its caller's group and killed the caller
+/// with it: a shell script's whole job (audit 111). A guardian that does not lead its group
+/// refuses to run.
+#[test]
+fn a_guardian_started_by_hand_does_not_kill_its_callers_group() {
+    use std::os::unix::process::CommandExt;
+    let script = format!("'{}' --guardian 100 < /dev/null; echo SURVIVED $?", common::raft_run().display());
+    // `sh` leads a group of its own (not the test harness's), raft-run runs inside it.
+    let out = Command::new("sh").args(["-c", &script]).process_group(0).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("SURVIVED 2"), "the caller's group was stopped: {}", show(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--guardian"), "{}", show(&out));
+}

@@ -36,6 +36,7 @@
 //! job. Each rank is also killed directly if `raft-run` dies (the parent-death signal). When
 //! `raft-run`'s standard input is a terminal the ranks get `/dev/null` instead (they are not the
 //! terminal's foreground group: a read would stop them for good); a pipe or a file is passed on.
+use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -128,26 +129,31 @@ struct Options {
     addr: String,
     port: Option<u16>,
     keep_going: bool,
-    program: String,
-    args: Vec<String>,
+    program: OsString,
+    args: Vec<OsString>,
 }
 
-fn parse(args: Vec<String>) -> Result<Options, String> {
+/// The command line: options (text) up to the program, then the program and its arguments as
+/// the bytes they are (a Latin-1 file name is an argument like any other: `std::env::args`
+/// panicked on one, audit 111).
+fn parse(args: Vec<OsString>) -> Result<Options, String> {
     let mut it = args.into_iter().peekable();
     let (mut n, mut addr, mut port, mut keep_going) = (None, "127.0.0.1".to_string(), None, false);
-    while let Some(arg) = it.peek().cloned() {
-        if !arg.starts_with('-') {
+    let text = |a: OsString| a.into_string().map_err(|a| format!("{}: an option that is not UTF-8 text\n{USAGE}", a.to_string_lossy()));
+    while let Some(arg) = it.peek() {
+        if !arg.as_encoded_bytes().starts_with(b"-") {
             break;
         }
-        it.next();
+        let arg = text(it.next().unwrap_or_default())?;
         // `--name=value` and `-nN` (torchrun's spellings) as `--name value` and `-n N`.
         let (a, mut inline) = match arg.split_once('=') {
             Some((name, v)) if name.starts_with("--") => (name.to_string(), Some(v.to_string())),
             _ if arg.starts_with("-n") && arg.len() > 2 && !arg.starts_with("--") => ("-n".to_string(), Some(arg[2..].to_string())),
             _ => (arg.clone(), None),
         };
-        let mut value = |it: &mut std::iter::Peekable<std::vec::IntoIter<String>>, flag: &str| {
-            inline.take().or_else(|| it.next()).ok_or(format!("{flag} needs a value"))
+        let mut value = |it: &mut std::iter::Peekable<std::vec::IntoIter<OsString>>, flag: &str| match inline.take() {
+            Some(v) => Ok(v),
+            None => text(it.next().ok_or(format!("{flag} needs a value"))?),
         };
         match a.as_str() {
             "--" => break,
@@ -304,6 +310,14 @@ fn members(group: libc::pid_t, except: libc::pid_t) -> Option<usize> {
 /// open) to end; then stops what is left of the group: SIGTERM, and SIGKILL (itself included)
 /// after the grace period if anything remains.
 fn guardian(grace: Duration) -> ExitCode {
+    // Only as `start_guardian` starts it: leading a group of its own, the job's. Anywhere else
+    // (`raft-run --guardian` typed by hand, a script trying the options) its group is its
+    // caller's, which the sweep below would stop, the caller included (audit 111).
+    // SAFETY: getpid and getpgrp take nothing.
+    if unsafe { libc::getpgrp() != libc::getpid() } {
+        note!("raft-run: --guardian is raft-run's own mode (the leader of a job's process group), not for use by hand\n{USAGE}");
+        return ExitCode::from(2);
+    }
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE, libc::SIGTSTP] {
         // SAFETY: sets a disposition, no pointer of ours.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
@@ -497,7 +511,7 @@ fn start_and_watch(
             Ok(child) => running.push((rank, child)),
             Err(e) => {
                 stop(running, group, libc::SIGTERM, grace, SIGNALS.load(Ordering::SeqCst));
-                return Err(format!("could not start rank {rank} ({}): {e}", o.program));
+                return Err(format!("could not start rank {rank} ({}): {e}", o.program.to_string_lossy()));
             }
         }
     }
@@ -546,9 +560,9 @@ fn start_and_watch(
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--guardian") {
-        let grace = args.get(1).and_then(|ms| ms.parse::<u64>().ok()).map_or(Duration::from_secs(5), Duration::from_millis);
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if args.first().is_some_and(|a| a == "--guardian") {
+        let grace = args.get(1).and_then(|ms| ms.to_str()?.parse::<u64>().ok()).map_or(Duration::from_secs(5), Duration::from_millis);
         return guardian(grace);
     }
     match parse(args).and_then(run) {
@@ -574,20 +588,20 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
+    fn args(s: &str) -> Vec<OsString> {
+        s.split_whitespace().map(OsString::from).collect()
     }
 
     #[test]
     fn parses_torchrun_like_options() {
         let o = parse(args("-n 2 --master-port 29500 --keep-going -- ./prog -x y")).unwrap();
         assert_eq!((o.n, o.port, o.keep_going, o.addr.as_str()), (2, Some(29500), true, "127.0.0.1"));
-        assert_eq!((o.program.as_str(), o.args), ("./prog", vec!["-x".to_string(), "y".to_string()]));
+        assert_eq!((o.program, o.args), ("./prog".into(), args("-x y")));
         let o = parse(args("--nproc_per_node 4 python3 s.py --lr 1")).unwrap();
-        assert_eq!((o.n, o.program.as_str(), o.args.len()), (4, "python3", 3));
+        assert_eq!((o.n, o.program, o.args.len()), (4, "python3".into(), 3));
         // torchrun's other spellings (helper 91: refused as unknown options before).
         let o = parse(args("--nproc_per_node=2 --master-port=29501 -- python3 s.py --lr=1")).unwrap();
-        assert_eq!((o.n, o.port, o.args.clone()), (2, Some(29501), vec!["s.py".to_string(), "--lr=1".to_string()]));
+        assert_eq!((o.n, o.port, o.args.clone()), (2, Some(29501), args("s.py --lr=1")));
         assert_eq!(parse(args("-n3 ./prog")).unwrap().n, 3);
         assert!(parse(args("--keep-going=yes -n 2 ./prog")).unwrap_err().contains("--keep-going takes no value"));
     }
