@@ -86,9 +86,11 @@ thread_local! {
 
 fn from_env() -> Result<f64, InvalidExitWait> {
     FROM_ENV
-        .get_or_init(|| match std::env::var("RAFT_EXIT_WAIT") {
-            Err(_) => Ok(DEFAULT_EXIT_WAIT),
-            Ok(text) => match text.trim().parse::<f64>() {
+        // Read lossily: a value that is not UTF-8 is refused like any other bad value, never
+        // taken for unset (`std::env::var`'s error did, and the 10 s default ran in silence).
+        .get_or_init(|| match std::env::var_os("RAFT_EXIT_WAIT").map(|v| v.to_string_lossy().into_owned()) {
+            None => Ok(DEFAULT_EXIT_WAIT),
+            Some(text) => match text.trim().parse::<f64>() {
                 Ok(v) => validate("RAFT_EXIT_WAIT", v),
                 Err(_) => Err(InvalidExitWait { who: "RAFT_EXIT_WAIT", given: text }),
             },
@@ -198,6 +200,37 @@ mod tests {
             with_exit_wait(ExitWait::from(f64::NAN), || ()).unwrap_err().to_string(),
             "with_exit_wait: expected a non-negative real number of seconds, given NaN"
         );
+    }
+
+    /// `RAFT_EXIT_WAIT` is refused at first use when it is no wait, also when it is not UTF-8
+    /// (it was taken for unset: the default 10 s in silence, audit 111). A child process, since
+    /// the variable is read once per process.
+    #[test]
+    #[cfg_attr(miri, ignore = "spawns a process")]
+    fn an_exit_wait_that_is_not_text_is_refused_not_taken_for_unset() {
+        use std::os::unix::ffi::OsStrExt;
+        const CHILD: &str = "RAFT_EXIT_TEST_WAIT_BYTES_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            match default_exit_wait() {
+                Ok(w) => println!("WAIT TAKEN {w}"),
+                Err(e) => println!("WAIT REFUSED {e}"),
+            }
+            return;
+        }
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "wait::tests::an_exit_wait_that_is_not_text_is_refused_not_taken_for_unset",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .env("RAFT_EXIT_WAIT", std::ffi::OsStr::from_bytes(b"3\xff"))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("WAIT REFUSED RAFT_EXIT_WAIT: "), "{stdout}");
     }
 
     #[test]
