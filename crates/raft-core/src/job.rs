@@ -87,11 +87,12 @@ impl Worker {
 ///
 /// # Errors
 /// `Logic`, naming the variable, for a value that does not parse or is out of range.
-fn watch_time(who: &'static str) -> Result<Duration> {
+pub(crate) fn watch_time(who: &'static str) -> Result<Duration> {
     static WATCH: OnceLock<std::result::Result<Duration, String>> = OnceLock::new();
     WATCH
         .get_or_init(|| {
-            let v = std::env::var("RAFT_WORKER_SPIN_US").ok();
+            // Lossily: a value that is not UTF-8 is refused, never taken for unset.
+            let v = std::env::var_os("RAFT_WORKER_SPIN_US").map(|v| v.to_string_lossy().into_owned());
             crate::result::crew::parse_micros("RAFT_WORKER_SPIN_US", v.as_deref(), Duration::from_micros(50))
         })
         .clone()

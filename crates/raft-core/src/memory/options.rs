@@ -101,7 +101,23 @@ impl RmmOptions {
     /// `RAFT_RMM_MAXIMUM_POOL_SIZE` without a pool).
     pub fn from_env() -> Result<Option<RmmOptions>> {
         static FROM_ENV: OnceLock<Result<Option<RmmOptions>>> = OnceLock::new();
-        FROM_ENV.get_or_init(|| Self::from_vars(|name| std::env::var(name).ok())).clone()
+        FROM_ENV.get_or_init(|| Self::from_env_os(|name| std::env::var_os(name))).clone()
+    }
+
+    /// [`from_vars`](Self::from_vars) over values that may not be UTF-8: a size or a flag that is
+    /// not is refused by name, and the log directory is taken as the path it is. `std::env::var`
+    /// took either for unset (audit 111): a pool size or a log directory was dropped in silence.
+    fn from_env_os(get: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<Option<RmmOptions>> {
+        const LOG: &str = "RAFT_RMM_LOG_DIRECTORY";
+        let options = Self::from_vars(|name| get(name).map(|v| v.to_string_lossy().into_owned()))?;
+        Ok(options.map(|mut o| {
+            // Set (not blank) exactly when `from_vars` took it: its bytes, not the lossy text,
+            // which would name another file.
+            if o.log_file.is_some() {
+                o.log_file = get(LOG).map(PathBuf::from);
+            }
+            o
+        }))
     }
 
     /// The same from any lookup (tests, config files).
@@ -283,5 +299,48 @@ mod tests {
             assert_eq!((e.kind(), e.reason()), (crate::ErrorKind::Logic, crate::Reason::InvalidArgument), "{e}");
             assert!(named.iter().all(|n| e.message().contains(n)), "{set:?}: {e}");
         }
+    }
+
+    /// What the environment says is read as it is said: a size, flag or watch that is not UTF-8
+    /// is refused by name, and a log directory that is not is taken as its bytes. Each was
+    /// taken for unset (`std::env::var(..).ok()`): a pool size, the log, a spin setting
+    /// dropped in silence (audit 111). Child processes: each setting is read once per process.
+    #[test]
+    #[cfg_attr(miri, ignore = "spawns a process")]
+    fn settings_that_are_not_utf8_are_refused_or_taken_as_bytes_never_dropped() {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        const CHILD: &str = "RAFT_CORE_TEST_SETTINGS_BYTES_CHILD";
+        const NAME: &str = "memory::options::tests::settings_that_are_not_utf8_are_refused_or_taken_as_bytes_never_dropped";
+        if std::env::var_os(CHILD).is_some() {
+            match RmmOptions::from_env() {
+                Ok(Some(o)) => println!("RMM LOG {:?}", o.log_file.map(|p| p.into_os_string().into_vec())),
+                Ok(None) => println!("RMM NONE"),
+                Err(e) => println!("RMM REFUSED {e}"),
+            }
+            match crate::result::crew::watch_time("staging") {
+                Ok(w) => println!("STAGING TAKEN {w:?}"),
+                Err(e) => println!("STAGING REFUSED {e}"),
+            }
+            match crate::job::watch_time("worker") {
+                Ok(w) => println!("WORKER TAKEN {w:?}"),
+                Err(e) => println!("WORKER REFUSED {e}"),
+            }
+            return;
+        }
+        let run = |vars: &[(&str, &[u8])]| {
+            let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+            cmd.args(["--exact", NAME, "--nocapture", "--test-threads=1"]).env(CHILD, "1");
+            for (k, v) in vars {
+                cmd.env(k, std::ffi::OsStr::from_bytes(v));
+            }
+            String::from_utf8_lossy(&cmd.output().unwrap().stdout).into_owned()
+        };
+        let out = run(&[("RAFT_RMM_POOL_SIZE", b"8G\xff"), ("RAFT_STAGING_SPIN_US", b"5\xff"), ("RAFT_WORKER_SPIN_US", b"\xff")]);
+        assert!(out.contains("RMM REFUSED RmmOptions::from_env: RAFT_RMM_POOL_SIZE"), "{out}");
+        assert!(out.contains("STAGING REFUSED staging: RAFT_STAGING_SPIN_US"), "{out}");
+        assert!(out.contains("WORKER REFUSED worker: RAFT_WORKER_SPIN_US"), "{out}");
+        let dir = b"/tmp/rmm-logs-caf\xe9";
+        let out = run(&[("RAFT_RMM_LOG_DIRECTORY", dir)]);
+        assert!(out.contains(&format!("RMM LOG {:?}", Some(dir.to_vec()))), "{out}");
     }
 }

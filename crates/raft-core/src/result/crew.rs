@@ -41,7 +41,9 @@ pub(crate) fn parallelism() -> usize {
 /// `Logic`, naming the variable, for a value that does not parse or is out of range.
 pub(crate) fn watch_time(who: &'static str) -> Result<Duration> {
     static WATCH: OnceLock<std::result::Result<Duration, String>> = OnceLock::new();
-    WATCH.get_or_init(|| parse_watch(std::env::var("RAFT_STAGING_SPIN_US").ok().as_deref())).clone().map_err(|m| Error::logic(who, m))
+    // Lossily: a value that is not UTF-8 is refused, never taken for unset.
+    let read = || std::env::var_os("RAFT_STAGING_SPIN_US").map(|v| v.to_string_lossy().into_owned());
+    WATCH.get_or_init(|| parse_watch(read().as_deref())).clone().map_err(|m| Error::logic(who, m))
 }
 
 fn parse_watch(v: Option<&str>) -> std::result::Result<Duration, String> {
