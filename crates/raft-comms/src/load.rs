@@ -171,9 +171,14 @@ fn load() -> std::result::Result<Loaded, LoadError> {
     // preloaded); `accept` moves the library into its function table, kept for the process's life.
     let shim = unsafe { load::open(&spec, accept) }?;
     let api = shim.api;
-    let explicit_nccl = std::env::var("RAFT_COMMS_NCCL_LIB").ok().filter(|p| !p.is_empty());
-    let c_path =
-        explicit_nccl.as_deref().map(CString::new).transpose().map_err(|_| LoadError::new("RAFT_COMMS_NCCL_LIB contains a NUL byte"))?;
+    // A path is bytes: one that is not UTF-8 is still the file named (`std::env::var` took it
+    // for unset, and another NCCL was loaded in its place in silence: audit 111).
+    let explicit_nccl = std::env::var_os("RAFT_COMMS_NCCL_LIB").filter(|p| !p.is_empty());
+    let c_path = explicit_nccl
+        .as_ref()
+        .map(|p| CString::new(p.as_encoded_bytes()))
+        .transpose()
+        .map_err(|_| LoadError::new("RAFT_COMMS_NCCL_LIB contains a NUL byte"))?;
     let mut version = 0;
     // SAFETY: the path is NUL-terminated (or null); `version` is a valid int.
     let status = unsafe { (api.raftcomms_nccl_load)(c_path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()), &mut version) };
@@ -230,6 +235,35 @@ mod tests {
         assert!(super::same_header(7, 7).is_ok());
         let e = super::same_header(7, 8).unwrap_err();
         assert!(e.contains("another raftcomms.h") && e.contains("0x7") && e.contains("0x8"), "{e}");
+    }
+
+    /// `RAFT_COMMS_NCCL_LIB` names the NCCL to load, also when its path is not UTF-8: that file
+    /// or an error naming the variable, never another NCCL in its place (it was taken for
+    /// unset, audit 111). A child process: the loader runs once per process.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn an_nccl_path_that_is_not_utf8_is_the_one_loaded_or_an_error_naming_it() {
+        use std::os::unix::ffi::OsStrExt;
+        const CHILD: &str = "RAFT_COMMS_TEST_NCCL_PATH_BYTES_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            match super::loaded("test") {
+                Ok(l) => println!("NCCL LOADED {}", l.nccl_path),
+                Err(e) => println!("NCCL REFUSED {e}"),
+            }
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "load::tests::an_nccl_path_that_is_not_utf8_is_the_one_loaded_or_an_error_naming_it", "--nocapture"])
+            .env(CHILD, "1")
+            .env("RAFT_COMMS_NCCL_LIB", std::ffi::OsStr::from_bytes(b"/nonexistent/caf\xe9/libnccl.so.2"))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if stdout.contains("raft-comms's shim") && !stdout.contains("NCCL could not be loaded") {
+            eprintln!("SKIP: no raft-comms shim in this build: {stdout}");
+            return;
+        }
+        assert!(stdout.contains("NCCL REFUSED") && stdout.contains("(RAFT_COMMS_NCCL_LIB names it)"), "{stdout}");
     }
 
     /// The hash the build gave the shim (and these bindings) is the one of the header in the tree.
