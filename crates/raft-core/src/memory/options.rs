@@ -301,6 +301,126 @@ mod tests {
         }
     }
 
+    /// The `RAFT_RMM_*` variables, mutated (seeded, 8000 cases: sizes and flags with bytes
+    /// flipped, cut, inserted, repeated, units and edge numbers spliced in, variables dropped or
+    /// added): `from_vars` never panics, every refusal is `Logic` naming a variable, and every
+    /// setup it accepts is one RMM takes (pool sizes in 256-byte multiples, an async pool with no
+    /// base or maximum, a maximum only with a pool).
+    #[test]
+    #[cfg_attr(miri, ignore = "thousands of cases of string handling: Miri adds nothing")]
+    fn mutated_rmm_variables_never_panic_and_accepted_setups_are_rmms() {
+        const NAMES: [&str; 9] = [
+            "RAFT_RMM_POOL_SIZE",
+            "RAFT_RMM_MAXIMUM_POOL_SIZE",
+            "RAFT_RMM_RELEASE_THRESHOLD",
+            "RAFT_RMM_POOL",
+            "RAFT_RMM_MANAGED",
+            "RAFT_RMM_ASYNC",
+            "RAFT_RMM_TRACK_ALLOCATIONS",
+            "RAFT_RMM_STATISTICS",
+            "RAFT_RMM_LOG_DIRECTORY",
+        ];
+        const PIECES: [&str; 22] = [
+            "0",
+            "1",
+            "-1",
+            ".",
+            "1.5",
+            "1e3",
+            "NaN",
+            "inf",
+            " ",
+            "GiB",
+            "gb",
+            "K",
+            "t",
+            "TiB",
+            "b",
+            "18446744073709551615",
+            "18446744073709551616",
+            "9007199254740993",
+            "0.000001",
+            "true",
+            "off",
+            "\u{e9}",
+        ];
+        let seeds: [&[(&str, &str)]; 4] = [
+            &[("RAFT_RMM_POOL_SIZE", "2GiB"), ("RAFT_RMM_MAXIMUM_POOL_SIZE", "4GiB"), ("RAFT_RMM_MANAGED", "true")],
+            &[("RAFT_RMM_ASYNC", "1"), ("RAFT_RMM_POOL_SIZE", "1.23GB"), ("RAFT_RMM_RELEASE_THRESHOLD", "512 MB")],
+            &[("RAFT_RMM_POOL", "yes"), ("RAFT_RMM_STATISTICS", "on"), ("RAFT_RMM_LOG_DIRECTORY", "/tmp/logs")],
+            &[("RAFT_RMM_TRACK_ALLOCATIONS", "1"), ("RAFT_RMM_POOL_SIZE", "1073741824")],
+        ];
+        let mut state = 0x5eed_0111_0000_0005u64;
+        let mut next = move || {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x2545_f491_4f6c_dd1d) as usize
+        };
+        let (mut accepted, mut refused) = (0, 0);
+        for case in 0..8000 {
+            let mut set: Vec<(String, String)> = seeds[next() % seeds.len()].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            for _ in 0..1 + next() % 3 {
+                let n = set.len();
+                match next() % 5 {
+                    0 | 1 if n > 0 => {
+                        let mut b = std::mem::take(&mut set[next() % n].1).into_bytes();
+                        let at = next() % (b.len() + 1);
+                        match next() % 4 {
+                            0 if at < b.len() => b[at] ^= (next() as u8).max(1),
+                            1 => b.truncate(at),
+                            2 => {
+                                let piece = PIECES[next() % PIECES.len()].as_bytes();
+                                b.splice(at..at, piece.iter().copied());
+                            }
+                            _ => {
+                                let copy = b[at..].to_vec();
+                                b.extend_from_slice(&copy);
+                            }
+                        }
+                        let i = next() % n;
+                        set[i].1 = String::from_utf8_lossy(&b).into_owned();
+                    }
+                    2 if n > 0 => {
+                        set.remove(next() % n);
+                    }
+                    _ => {
+                        let name = NAMES[next() % NAMES.len()];
+                        set.retain(|(k, _)| k != name);
+                        set.push((name.to_string(), PIECES[next() % PIECES.len()].to_string()));
+                    }
+                }
+            }
+            let lookup = |name: &str| set.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+            match RmmOptions::from_vars(lookup) {
+                Ok(None) => assert!(set.iter().all(|(_, v)| v.trim().is_empty()), "case {case}: {set:?} read as no setup"),
+                Ok(Some(o)) => {
+                    accepted += 1;
+                    match o.allocator {
+                        Allocator::Pool(_, p) => {
+                            assert!(p.initial.is_none_or(|b| b % 256 == 0) && p.maximum.is_none_or(|b| b % 256 == 0), "case {case}: {o:?}")
+                        }
+                        Allocator::Async(_) => {
+                            assert!(lookup("RAFT_RMM_MAXIMUM_POOL_SIZE").is_none_or(|v| v.trim().is_empty()), "case {case}")
+                        }
+                        Allocator::Direct(_) => assert!(
+                            ["RAFT_RMM_MAXIMUM_POOL_SIZE", "RAFT_RMM_RELEASE_THRESHOLD"]
+                                .iter()
+                                .all(|n| lookup(n).is_none_or(|v| v.trim().is_empty())),
+                            "case {case}: {set:?} gave {o:?}"
+                        ),
+                    }
+                }
+                Err(e) => {
+                    refused += 1;
+                    assert_eq!(e.kind(), crate::ErrorKind::Logic, "case {case}: {e}");
+                    assert!(NAMES.iter().any(|n| e.message().contains(n)), "case {case}: {e}");
+                }
+            }
+        }
+        assert!(accepted > 1000 && refused > 1000, "{accepted} accepted, {refused} refused");
+    }
+
     /// What the environment says is read as it is said: a size, flag or watch that is not UTF-8
     /// is refused by name, and a log directory that is not is taken as its bytes. Each was
     /// taken for unset (`std::env::var(..).ok()`): a pool size, the log, a spin setting
