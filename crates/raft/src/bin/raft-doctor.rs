@@ -135,7 +135,8 @@ fn workload(report: &Report, r: &DeviceResources) -> raft::Result<Value> {
 }
 
 fn main() {
-    let json_out = std::env::args().any(|a| a == "--json");
+    // `args_os`: `std::env::args` panics on an argument that is not UTF-8 (audit 111).
+    let json_out = std::env::args_os().any(|a| a == "--json");
     let mut report = Report { json: json_out, doc: serde_json::Map::new() };
     let built = raft::abi();
     report.doc.insert("abi_built".into(), serde_json::to_value(&built).unwrap_or(Value::Null));
