@@ -129,13 +129,7 @@ mod tests {
     #[cfg_attr(miri, ignore = "tens of thousands of cases: Miri adds nothing")]
     fn mutated_dependency_files_never_panic() {
         const PIECES: [&str; 14] = ["a.o", ":", " ", "\\", "\n", "\r\n", "$", "$$", "#", "\t", "/p/x.h", "é", "\\ ", "\\\n"];
-        let mut state = 0x5eed_0111_0000_0007u64;
-        let mut next = move || {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            state.wrapping_mul(0x2545_f491_4f6c_dd1d) as usize
-        };
+        let mut next = crate::seeded(0x5eed_0111_0000_0007u64);
         for case in 0..20_000 {
             let text: String = (0..next() % 60).map(|_| PIECES[next() % PIECES.len()]).collect();
             let got = prerequisites(&text);

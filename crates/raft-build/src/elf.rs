@@ -134,13 +134,7 @@ mod tests {
         // Where the reader takes offsets, counts and sizes from.
         let fields = [0x20, 0x36, 0x38, 64, 64 + 8, 64 + 32, 64 + 48, 120, 124, 128, 136, 140, 144];
         let edges: [u64; 8] = [0, 1, 3, 8, 0xffff, u32::MAX as u64, i64::MAX as u64, u64::MAX];
-        let mut state = 0x5eed_0111_0000_0006u64;
-        let mut next = move || {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            state.wrapping_mul(0x2545_f491_4f6c_dd1d) as usize
-        };
+        let mut next = crate::seeded(0x5eed_0111_0000_0006u64);
         let mut found = 0;
         for case in 0..20_000 {
             let mut b = whole.clone();

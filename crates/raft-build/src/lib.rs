@@ -40,6 +40,17 @@ pub fn header_hash(header: &[u8]) -> u64 {
     header.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
+/// The mutation tests' numbers (xorshift64*, seeded): the same cases on every run.
+#[cfg(test)]
+pub(crate) fn seeded(mut state: u64) -> impl FnMut() -> usize {
+    move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d) as usize
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
