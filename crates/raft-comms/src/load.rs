@@ -172,7 +172,7 @@ fn load() -> std::result::Result<Loaded, LoadError> {
     let shim = unsafe { load::open(&spec, accept) }?;
     let api = shim.api;
     // A path is bytes: one that is not UTF-8 is still the file named (`std::env::var` took it
-    // for unset, and another NCCL was loaded in its place in silence: audit 111).
+    // for unset, and another NCCL was loaded in its place in silence: helper 111).
     let explicit_nccl = std::env::var_os("RAFT_COMMS_NCCL_LIB").filter(|p| !p.is_empty());
     let c_path = explicit_nccl
         .as_ref()
@@ -239,7 +239,7 @@ mod tests {
 
     /// `RAFT_COMMS_NCCL_LIB` names the NCCL to load, also when its path is not UTF-8: that file
     /// or an error naming the variable, never another NCCL in its place (it was taken for
-    /// unset, audit 111). A child process: the loader runs once per process.
+    /// unset, helper 111). A child process: the loader runs once per process.
     #[test]
     #[cfg_attr(miri, ignore)]
     fn an_nccl_path_that_is_not_utf8_is_the_one_loaded_or_an_error_naming_it() {

@@ -636,7 +636,7 @@ fn ranks_of_a_raft_run_started_with_sigterm_ignored_still_stop_on_it() {
 
 /// Arguments are bytes on Linux, not text: a file name in Latin-1 (`caf\xe9.csv`) is a
 /// program's argument like any other. `raft-run` read its arguments as UTF-8 and panicked on
-/// such a one (status 101, no rank started; audit 111); it passes them on as they are, the
+/// such a one (status 101, no rank started; helper 111); it passes them on as they are, the
 /// program's own name too.
 #[test]
 fn arguments_that_are_not_utf8_reach_the_ranks_unchanged() {
@@ -665,7 +665,7 @@ fn arguments_that_are_not_utf8_reach_the_ranks_unchanged() {
 /// `raft-run --guardian` is an internal mode: the guardian leads the job's process group, and
 /// when its pipe closes it stops (SIGTERM, then SIGKILL) every process of its group. Typed by
 /// hand (or by a script trying the options) it ran in its caller's group and killed the caller
-/// with it: a shell script's whole job (audit 111). A guardian that does not lead its group
+/// with it: a shell script's whole job (helper 111). A guardian that does not lead its group
 /// refuses to run.
 #[test]
 fn a_guardian_started_by_hand_does_not_kill_its_callers_group() {

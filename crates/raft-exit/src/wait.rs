@@ -203,7 +203,7 @@ mod tests {
     }
 
     /// `RAFT_EXIT_WAIT` is refused at first use when it is no wait, also when it is not UTF-8
-    /// (it was taken for unset: the default 10 s in silence, audit 111). A child process, since
+    /// (it was taken for unset: the default 10 s in silence, helper 111). A child process, since
     /// the variable is read once per process.
     #[test]
     #[cfg_attr(miri, ignore = "spawns a process")]

@@ -1,7 +1,7 @@
 //! `raft-doctor`'s command line (CPU).
 
 /// An argument that is not UTF-8 (a stray byte from a script) is no reason to panic: the doctor
-/// runs and reports as without it. `std::env::args` panicked (status 101, audit 111).
+/// runs and reports as without it. `std::env::args` panicked (status 101, helper 111).
 #[test]
 fn an_argument_that_is_not_utf8_does_not_panic_the_doctor() {
     use std::os::unix::ffi::OsStrExt;

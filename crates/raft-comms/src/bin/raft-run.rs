@@ -135,7 +135,7 @@ struct Options {
 
 /// The command line: options (text) up to the program, then the program and its arguments as
 /// the bytes they are (a Latin-1 file name is an argument like any other: `std::env::args`
-/// panicked on one, audit 111).
+/// panicked on one, helper 111).
 fn parse(args: Vec<OsString>) -> Result<Options, String> {
     let mut it = args.into_iter().peekable();
     let (mut n, mut addr, mut port, mut keep_going) = (None, "127.0.0.1".to_string(), None, false);
@@ -312,7 +312,7 @@ fn members(group: libc::pid_t, except: libc::pid_t) -> Option<usize> {
 fn guardian(grace: Duration) -> ExitCode {
     // Only as `start_guardian` starts it: leading a group of its own, the job's. Anywhere else
     // (`raft-run --guardian` typed by hand, a script trying the options) its group is its
-    // caller's, which the sweep below would stop, the caller included (audit 111).
+    // caller's, which the sweep below would stop, the caller included (helper 111).
     // SAFETY: getpid and getpgrp take nothing.
     if unsafe { libc::getpgrp() != libc::getpid() } {
         note!("raft-run: --guardian is raft-run's own mode (the leader of a job's process group), not for use by hand\n{USAGE}");

@@ -106,7 +106,7 @@ impl RmmOptions {
 
     /// [`from_vars`](Self::from_vars) over values that may not be UTF-8: a size or a flag that is
     /// not is refused by name, and the log directory is taken as the path it is. `std::env::var`
-    /// took either for unset (audit 111): a pool size or a log directory was dropped in silence.
+    /// took either for unset (helper 111): a pool size or a log directory was dropped in silence.
     fn from_env_os(get: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<Option<RmmOptions>> {
         const LOG: &str = "RAFT_RMM_LOG_DIRECTORY";
         let options = Self::from_vars(|name| get(name).map(|v| v.to_string_lossy().into_owned()))?;
@@ -424,7 +424,7 @@ mod tests {
     /// What the environment says is read as it is said: a size, flag or watch that is not UTF-8
     /// is refused by name, and a log directory that is not is taken as its bytes. Each was
     /// taken for unset (`std::env::var(..).ok()`): a pool size, the log, a spin setting
-    /// dropped in silence (audit 111). Child processes: each setting is read once per process.
+    /// dropped in silence (helper 111). Child processes: each setting is read once per process.
     #[test]
     #[cfg_attr(miri, ignore = "spawns a process")]
     fn settings_that_are_not_utf8_are_refused_or_taken_as_bytes_never_dropped() {

@@ -135,7 +135,7 @@ fn workload(report: &Report, r: &DeviceResources) -> raft::Result<Value> {
 }
 
 fn main() {
-    // `args_os`: `std::env::args` panics on an argument that is not UTF-8 (audit 111).
+    // `args_os`: `std::env::args` panics on an argument that is not UTF-8 (helper 111).
     let json_out = std::env::args_os().any(|a| a == "--json");
     let mut report = Report { json: json_out, doc: serde_json::Map::new() };
     let built = raft::abi();
