@@ -146,12 +146,18 @@ impl<T> std::future::Future for JobHandle<T> {
         if self.is_finished() {
             return Poll::Ready(self.take());
         }
+        // As the real poll since the twenty-third audit: the waker cloned before the lock, the
+        // replaced one dropped after it.
+        let waker = cx.waker().clone();
         let mut st = self.shared.state.lock().unwrap();
         if self.shared.done.load(Ordering::Acquire) {
             drop(st);
+            drop(waker);
             return Poll::Ready(self.take());
         }
-        st.waker = Some(cx.waker().clone());
+        let replaced = st.waker.replace(waker);
+        drop(st);
+        drop(replaced);
         Poll::Pending
     }
 }
