@@ -71,11 +71,15 @@ fn resolve(who: &'static str, addr: &str, deadline: Instant, timeout: Duration) 
     }
     // A host that no resolver could ever answer for (empty, or with characters no host name
     // has) is a typo, not a name that resolves later: refused at once too. IP literals, IPv6
-    // in brackets included, parse as they are.
+    // in brackets included, parse as they are; an IPv6 address with a named zone
+    // (`fe80::1%eth0`, unbracketed) is the resolver's to read.
     if addr.parse::<SocketAddr>().is_err() {
         if let Some((host, _)) = addr.rsplit_once(':') {
-            let name = host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
-            if host.is_empty() || !(name || host.parse::<std::net::IpAddr>().is_ok()) {
+            let name_of = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+            let zoned = host
+                .split_once('%')
+                .is_some_and(|(ip, zone)| ip.parse::<std::net::Ipv6Addr>().is_ok() && !zone.is_empty() && name_of(zone));
+            if host.is_empty() || !(name_of(host) || zoned || host.parse::<std::net::IpAddr>().is_ok()) {
                 return Err(Error::logic(who, format!("the rendezvous address {addr} does not name a host (host:port)")));
             }
         }
@@ -661,6 +665,23 @@ mod tests {
         assert_eq!(missing(4, &BTreeSet::from([2])), "1, 3");
         let text = missing(MAX_WORLD, &BTreeSet::from([1, 30]));
         assert!(text.starts_with("2, 3,") && text.ends_with(", 21 and 2147483624 more"), "{text}");
+    }
+
+    /// An IPv6 address with a named zone (`fe80::1%eth0:29500`, the form `format!("{ip}:{port}")`
+    /// gives) is an address, which the resolver takes (glibc's `getaddrinfo` reads the zone);
+    /// the typo check refused it as a host with characters no host name has (`%`, `:`), though
+    /// it resolved before that check (the review of the twenty-third audit, helper 114).
+    #[test]
+    fn an_ipv6_address_with_a_named_zone_is_resolved_not_refused_as_a_typo() {
+        let timeout = Duration::from_secs(2);
+        // `lo` is in every Linux network namespace.
+        let found = resolve("t", "fe80::1%lo:29500", deadline_after(timeout), timeout).unwrap();
+        assert!(found.iter().all(|a| matches!(a, SocketAddr::V6(v) if v.port() == 29500 && v.scope_id() != 0)), "{found:?}");
+        // Still refused at once: a zone of characters no interface has, an empty zone, no address.
+        for typo in ["fe80::1%e th0:29500", "fe80::1%:29500", "%lo:29500", "fe80::zz%lo:29500"] {
+            let e = resolve("t", typo, deadline_after(timeout), timeout).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Logic, "{typo}: {e}");
+        }
     }
 
     #[test]
