@@ -211,10 +211,11 @@ impl Communicator {
     ///
     /// # Errors
     /// `Logic` for a rank not below `size`, a zero bound, released resources, another rank's
-    /// mismatching world size, a call inside a group, a peer without the job's secret, an
-    /// address that is not `host:port` or names port 0, or no secret for an address that is
-    /// not loopback; `Generic` when the rendezvous or NCCL fails or runs out of time (an address
-    /// whose name does not resolve is retried until then).
+    /// mismatching world size, a call inside a group, a peer without the job's secret, and, for
+    /// a size above 1 (a communicator of one rank has no rendezvous, and its address is not
+    /// read), an address that is not `host:port` or names port 0, or no secret for an address
+    /// that is not loopback; `Generic` when the rendezvous or NCCL fails or runs out of time (an
+    /// address whose name does not resolve is retried until then).
     pub fn init(resources: &DeviceResources, rank: usize, size: usize, addr: &str, timeout: Duration) -> Result<Communicator> {
         let secret = Secret::from_env().map_err(|e| e.with_who("Communicator::init"))?;
         Self::init_with_secret(resources, rank, size, addr, timeout, secret)
