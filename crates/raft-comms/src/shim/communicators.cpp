@@ -560,13 +560,18 @@ raftcomms_status raftcomms_comm_init(const uint8_t* id, int32_t nranks, int32_t 
     }
     ncclUniqueId uid;
     std::memcpy(&uid, id, sizeof(uid));
-    auto cell   = new_cell(device, timeout_s);
+    // Bare until every step that can throw without ending it is behind it: its event, made
+    // first, was never destroyed when the clique's key, the clique or the handle could not be
+    // allocated (a cell has no destructor: only `take_and_end` lets its objects go).
+    auto cell = new_cell(device, timeout_s, true);
     // The ranks initialised in this process with this id are one clique.
     join_clique(cell, std::string("id ") + std::string(reinterpret_cast<char const*>(id), sizeof(uid)));
     auto handle = std::make_unique<raftcomms_comm>(raftcomms_comm{cell});
     std::lock_guard<std::mutex> hold(cell->lock);
     // A rank of the same id in this process aborted before this one was made: none is made.
     if (cell->ended) { throw std::logic_error("ncclCommInitRankConfig: the communicator " + cell->why); }
+    // From here on a failure ends the cell (`abort_locked`), which destroys the event.
+    make_device_objects(*cell);
     device_scope scope{device};
     ncclConfig_t config = nonblocking_config();
     ncclResult_t r      = nccl().CommInitRankConfig(&cell->comm, nranks, uid, rank, &config);
@@ -606,6 +611,9 @@ raftcomms_status raftcomms_comm_init_clique(int32_t n, const int32_t* devices, d
         }
       }
     } cleanup{cells};
+    // Room first: a cell made (its event with it) and then lost to a `push_back` that could not
+    // grow was never ended, its event never destroyed.
+    cells.reserve(static_cast<std::size_t>(n));
     auto together = std::make_shared<clique>();
     for (int32_t i = 0; i < n; ++i) {
       cells.push_back(new_cell(devices[i], timeout_s));
@@ -640,8 +648,16 @@ raftcomms_status raftcomms_comm_init_clique(int32_t n, const int32_t* devices, d
       }
       throw nccl_failure(first, what);
     }
+    // Every handle made before any is handed out: one that could not be allocated aborted the
+    // clique (`cleanup`) after the earlier ones were written to `out`, which the caller, told
+    // of the failure, never frees.
+    std::vector<std::unique_ptr<raftcomms_comm>> handles;
+    handles.reserve(static_cast<std::size_t>(n));
     for (int32_t i = 0; i < n; ++i) {
-      out[i] = new raftcomms_comm{cells[i]};
+      handles.push_back(std::make_unique<raftcomms_comm>(raftcomms_comm{cells[i]}));
+    }
+    for (int32_t i = 0; i < n; ++i) {
+      out[i] = handles[static_cast<std::size_t>(i)].release();
     }
     cleanup.armed = false;
   });
@@ -650,9 +666,13 @@ raftcomms_status raftcomms_comm_init_clique(int32_t n, const int32_t* devices, d
 raftcomms_status raftcomms_comm_split(raftcomms_comm* comm, int32_t color, int32_t key, raftcomms_comm** out)
 {
   return guard([&] {
-    *out       = nullptr;
-    auto child = start_split(cell_of(comm), color, key, "ncclCommSplit");
-    *out       = new raftcomms_comm{child};
+    *out = nullptr;
+    // The handle first: once the split is issued, NCCL writes the child's communicator into its
+    // slot when the parent's split completes, and a child lost here (the handle's allocation
+    // failing after the split) left that communicator to nobody, never aborted.
+    auto handle  = std::make_unique<raftcomms_comm>();
+    handle->cell = start_split(cell_of(comm), color, key, "ncclCommSplit");
+    *out         = handle.release();
   });
 }
 
