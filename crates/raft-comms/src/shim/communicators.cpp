@@ -444,8 +444,17 @@ void wait_ready(comm_cell& c, double timeout_s, char const* doing)
       if (r != ncclSuccess) { state = r; }
       if (state == ncclSuccess) {
         if (c.rank < 0) {
-          check_nccl(nccl().CommUserRank(c.comm, &c.rank), "reading the communicator's rank");
-          check_nccl(nccl().CommCount(c.comm, &c.size), "reading the communicator's size");
+          // A failure here ends the communicator, as every other failure of this wait does: the
+          // callers free a handle whose wait failed without aborting it (`Communicator::init`),
+          // which left a ready communicator, its proxy threads and its event, to nobody.
+          ncclResult_t read = nccl().CommUserRank(c.comm, &c.rank);
+          if (read == ncclSuccess) { read = nccl().CommCount(c.comm, &c.size); }
+          if (read != ncclSuccess) {
+            c.rank           = -1;
+            std::string what = nccl_message(read, "reading the communicator's rank and size");
+            abort_locked(c, what);
+            throw nccl_failure(read, what);
+          }
         }
         return;
       }

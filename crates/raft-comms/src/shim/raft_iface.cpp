@@ -61,11 +61,22 @@ class nccl_comms final : public raft::comms::comms_iface {
 
   std::unique_ptr<raft::comms::comms_iface> comm_split(int color, int key) const override
   {
+    peers_after after;  // an abort of the child below reaches its clique before this returns
     cell_ptr child = start_split(*cell_, color, key, "comm_split");
     wait_ready(*cell_, cell_->timeout_s, "comm_split");  // the split completes with the parent
     if (!finish_split(*child)) { throw raft::logic_error("comm_split: this rank's color gave no communicator"); }
-    wait_ready(*child, child->timeout_s, "comm_split");
-    return std::make_unique<nccl_comms>(child, stream_, true);
+    // The child holds NCCL's communicator and its event from here: until the owning interface
+    // exists, a failure ends it. `wait_ready` aborts on its own failures; the interface's
+    // allocation (or its lock) failing left a ready communicator to nobody (a cell has no
+    // destructor), its proxy threads and memory for the process's life.
+    try {
+      wait_ready(*child, child->timeout_s, "comm_split");
+      return std::make_unique<nccl_comms>(child, stream_, true);
+    } catch (...) {
+      std::lock_guard<std::mutex> hold(child->lock);
+      abort_locked(*child, std::string{});  // ended already: only a communicator left is aborted
+      throw;
+    }
   }
 
   void barrier() const override
