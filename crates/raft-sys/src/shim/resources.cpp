@@ -148,12 +148,15 @@ class checked_handle final : public raft::resource::resource {
   checked_handle(rmm::cuda_stream_view stream, int device) : device_{device}
   {
     device_scope scope{device_};
-    if (auto kept = kept_handles<Handle>::of().take(device_)) {
+    // Read before a kept handle is taken out of the list: the read locks (and could throw),
+    // which lost the handle taken (audit 115). Without them a kept handle is not reused, and
+    // stays in the list for the trim.
+    auto const fresh = fresh_settings(device_);
+    if (auto kept = fresh ? kept_handles<Handle>::of().take(device_) : std::nullopt) {
       // Bound to this stream and every setting put back to a fresh handle's: a reused handle is
       // one made now (the seventeenth audit: settings missed here outlived their user, among
       // them a device address cuBLAS writes through in emulated FP64 GEMMs).
-      auto fresh = fresh_settings(device_);
-      if (fresh && Traits::set_stream(*kept, stream.value()) == Success && Traits::apply(*kept, *fresh) == Success) {
+      if (Traits::set_stream(*kept, stream.value()) == Success && Traits::apply(*kept, *fresh) == Success) {
         handle_ = *kept;
         return;
       }
@@ -168,7 +171,11 @@ class checked_handle final : public raft::resource::resource {
     remember_fresh_settings(device_, handle_);
     auto bound = Traits::set_stream(handle_, stream.value());
     if (bound != Success) {
-      Traits::destroy(handle_);
+      // Left to the trim as a spoiled one is, not destroyed now: cuBLAS's and cuSOLVER's
+      // destroys synchronise the device, which invalidates any other thread's capture (the
+      // sixteenth audit's rule: no library handle is destroyed while the process runs).
+      (void)Traits::set_stream(handle_, nullptr);
+      kept_handles<Handle>::of().keep_spoiled(device_, handle_);
       Traits::fail("binding to the resources' stream", bound);
     }
   }
