@@ -433,3 +433,51 @@ fn a_logger_asking_for_pending_releases_while_a_bad_setting_is_warned_about_does
     assert!(ok, "{text}");
     assert!(text.contains("PENDING 0 ASKED 1"), "the warning reached the logger once, which asked once: {text}");
 }
+
+/// A logger whose every line panics.
+struct Panics;
+
+impl log::Log for Panics {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, _: &log::Record<'_>) {
+        panic!("the user's logger panicked");
+    }
+
+    fn flush(&self) {}
+}
+
+/// A release queued while no release thread can start logs a warning: that line ran unguarded,
+/// so a user's logger that panics unwound out of `enqueue`, that is out of the drop that queued
+/// it (an array's, a memory resource's), and out of `create_held` after its block was allocated,
+/// leaving the block to nobody (audit 115). The release is queued and counted either way. In a
+/// child process: the refusal and the logger are process-wide.
+#[test]
+#[cfg_attr(miri, ignore)] // a child process
+fn a_panicking_logger_does_not_unwind_out_of_a_release_queued_without_a_thread() {
+    const ROLE: &str = "RAFT_CORE_TEST_NO_THREAD_PANICKING_LOGGER";
+    const NAME: &str = "release::tests::a_panicking_logger_does_not_unwind_out_of_a_release_queued_without_a_thread";
+    if std::env::var_os(ROLE).is_some() {
+        log::set_logger(&Panics).expect("the first logger");
+        log::set_max_level(log::LevelFilter::Warn);
+        let device = 46;
+        REFUSE_THREADS.store(true, Ordering::SeqCst);
+        let label = raft_exit::Label { what: "queued without a thread", id: raft_exit::next_id(), device: Some(device) };
+        let unwound = std::panic::catch_unwind(|| {
+            enqueue_holding(label, Held { streams: 0, handles: 0, bytes: MIB }, Box::new(|| {}));
+        })
+        .is_err();
+        println!("UNWOUND {unwound} COUNTED {}", pending(device).releases);
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("UNWOUND false COUNTED 1"), "a panicking logger while no release thread can start: {text}");
+}
