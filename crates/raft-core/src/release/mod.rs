@@ -651,7 +651,7 @@ fn send(pool: &'static Pool, mut q: Queued) {
         pool.push_local(q);
         // Guarded: this runs inside drops (an array's, a memory resource's) and inside
         // `create_held` after its block was allocated (the map's old copy let go), where a
-        // logger's panic left that block to nobody (audit 115).
+        // logger's panic left that block to nobody (helper 115).
         raft_exit::log_guarded(|| log::warn!(target: "raft", "no release thread could be started: the release waits in the queue for one"));
         return;
     }

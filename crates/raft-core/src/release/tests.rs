@@ -452,7 +452,7 @@ impl log::Log for Panics {
 /// A release queued while no release thread can start logs a warning: that line ran unguarded,
 /// so a user's logger that panics unwound out of `enqueue`, that is out of the drop that queued
 /// it (an array's, a memory resource's), and out of `create_held` after its block was allocated,
-/// leaving the block to nobody (audit 115). The release is queued and counted either way. In a
+/// leaving the block to nobody (helper 115). The release is queued and counted either way. In a
 /// child process: the refusal and the logger are process-wide.
 #[test]
 #[cfg_attr(miri, ignore)] // a child process

@@ -149,7 +149,7 @@ class checked_handle final : public raft::resource::resource {
   {
     device_scope scope{device_};
     // Read before a kept handle is taken out of the list: the read locks (and could throw),
-    // which lost the handle taken (audit 115). Without them a kept handle is not reused, and
+    // which lost the handle taken (helper 115). Without them a kept handle is not reused, and
     // stays in the list for the trim.
     auto const fresh = fresh_settings(device_);
     if (auto kept = fresh ? kept_handles<Handle>::of().take(device_) : std::nullopt) {
