@@ -252,7 +252,9 @@ impl Drop for CagraIndexParamsRaw {
         self.get_mut().build_algo = sys::cuvsCagraGraphBuildAlgo::IVF_PQ;
         // SAFETY: made by cuvsCagraIndexParamsCreate, destroyed once; host memory only.
         if let Err(e) = check("CagraIndexParams::drop", api, unsafe { api.cuvsCagraIndexParamsDestroy(self.ptr.as_ptr()) }) {
-            log::warn!(target: "raft", "{e}");
+            // Guarded (helper 115): a build drops its parameters before the index owns what cuVS
+            // made, which a logger's panic here would leak; a search's alike.
+            raft_exit::log_guarded(|| log::warn!(target: "raft", "{e}"));
         }
     }
 }
@@ -284,7 +286,9 @@ impl Drop for CagraSearchParamsRaw {
         let Ok(api) = api("CagraSearchParams::drop") else { return };
         // SAFETY: made by cuvsCagraSearchParamsCreate, destroyed once; host memory only.
         if let Err(e) = check("CagraSearchParams::drop", api, unsafe { api.cuvsCagraSearchParamsDestroy(self.ptr.as_ptr()) }) {
-            log::warn!(target: "raft", "{e}");
+            // Guarded (helper 115): a build drops its parameters before the index owns what cuVS
+            // made, which a logger's panic here would leak; a search's alike.
+            raft_exit::log_guarded(|| log::warn!(target: "raft", "{e}"));
         }
     }
 }
