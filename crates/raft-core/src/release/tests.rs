@@ -472,12 +472,7 @@ fn a_panicking_logger_does_not_unwind_out_of_a_release_queued_without_a_thread()
         println!("UNWOUND {unwound} COUNTED {}", pending(device).releases);
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-        .env(ROLE, "1")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let Some((ok, text)) = child_within(NAME, ROLE, &[], Duration::from_secs(20)) else { panic!("the child was still running after 20 s") };
+    assert!(ok, "{text}");
     assert!(text.contains("UNWOUND false COUNTED 1"), "a panicking logger while no release thread can start: {text}");
 }
