@@ -523,9 +523,12 @@ pub(crate) fn serve_on(
     Ok(())
 }
 
-/// One attempt's failure: worth another try (nobody there yet, a connection lost), or final.
+/// One attempt's failure: worth another try (nobody there yet, a connection lost), final for
+/// the address asked (whoever answered there did not prove it holds the secret, or refused
+/// before it proved it), or final (rank 0, proved, refused the rank or failed it).
 enum Attempt {
     Retry(String),
+    Unproven(Error),
     Fail(Error),
 }
 
@@ -549,18 +552,42 @@ pub(crate) fn fetch_until(
     );
     let targets = resolve(who, addr, deadline, timeout)?;
     let key = key_for(who, addr, &targets, secret)?;
+    fetch_from(who, addr, targets, key, rank, (world32, rank32), deadline, timeout)
+}
+
+/// [`fetch_until`]'s attempts at `targets`, the addresses `addr` resolved to. A target whose
+/// listener answered without proving it holds the secret (or refused before proving it) is not
+/// asked again, but the others still are, until the deadline: a name of several addresses (dual
+/// stack) may have rank 0 on one and a process that took the port on another (the twenty-third
+/// audit's open item). The rank ends with the first such failure once every address has failed
+/// so; rank 0's own refusal, after its proof, ends it at once.
+#[allow(clippy::too_many_arguments)] // the rank's side of the handshake, as `fetch_once` takes it
+fn fetch_from(
+    who: &'static str,
+    addr: &str,
+    mut targets: Vec<SocketAddr>,
+    key: &[u8],
+    rank: usize,
+    (world32, rank32): (u32, u32),
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<[u8; ID]> {
+    let world = world32 as usize;
     let mut last_error = String::from("no attempt");
+    let mut first_failure: Option<Error> = None;
     loop {
         let Some(left) = remaining(deadline) else {
             return Err(Error::timeout(
                 who,
                 format!(
-                    "rank {rank} of {world} could not get the id from rank 0 at {addr} within {:.1} s: {last_error}",
-                    timeout.as_secs_f64()
+                    "rank {rank} of {world} could not get the id from rank 0 at {addr} within {:.1} s: {last_error}{}",
+                    timeout.as_secs_f64(),
+                    first_failure.as_ref().map_or_else(String::new, |e| format!(" (and another of its addresses: {})", e.message()))
                 ),
             ));
         };
-        for target in &targets {
+        let mut failed = Vec::new();
+        for (i, target) in targets.iter().enumerate() {
             let mut stream = match TcpStream::connect_timeout(target, left.min(Duration::from_secs(1))) {
                 Ok(s) => s,
                 Err(e) => {
@@ -571,8 +598,18 @@ pub(crate) fn fetch_until(
             match fetch_once(who, addr, &mut stream, key, rank, (world32, rank32), deadline) {
                 Ok(id) => return Ok(id),
                 Err(Attempt::Fail(e)) => return Err(e),
+                Err(Attempt::Unproven(e)) => {
+                    failed.push(i);
+                    first_failure.get_or_insert(e);
+                }
                 Err(Attempt::Retry(why)) => last_error = why,
             }
+        }
+        for i in failed.into_iter().rev() {
+            targets.remove(i);
+        }
+        if targets.is_empty() {
+            return Err(first_failure.expect("a target is dropped only with its failure"));
         }
         std::thread::sleep(Duration::from_millis(50).min(remaining(deadline).unwrap_or_default()));
     }
@@ -606,12 +643,12 @@ fn fetch_once(
                 text = String::from_utf8_lossy(&buf).chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
             }
         }
-        Attempt::Fail(Error::logic(who, format!("rank 0 at {addr} refused rank {rank}: {text}")))
+        Error::logic(who, format!("rank 0 at {addr} refused rank {rank}: {text}"))
     };
     let mut status = [0u8; 1];
     read_by(stream, &mut status, deadline).map_err(|e| retry("no reply", e))?;
     if status[0] != REPLY_OK {
-        return Err(refused(stream));
+        return Err(Attempt::Unproven(refused(stream)));
     }
     let mut challenge = [0u8; NONCE + TAG];
     read_by(stream, &mut challenge, deadline).map_err(|e| retry("reading rank 0's challenge", e))?;
@@ -626,7 +663,7 @@ fn fetch_once(
             ),
         );
         log::warn!(target: "raft", "{e}");
-        return Err(Attempt::Fail(e));
+        return Err(Attempt::Unproven(e));
     }
     let (w, r) = (world32.to_le_bytes(), rank32.to_le_bytes());
     let mut answer = secret::tag(key, &[b"raft-comms rank", ns, &nc, &w, &r]).to_vec();
@@ -635,7 +672,7 @@ fn fetch_once(
     write_by(stream, &answer, deadline).map_err(|e| retry("answering rank 0's challenge", e))?;
     read_by(stream, &mut status, deadline).map_err(|e| retry("no reply to the answer", e))?;
     if status[0] != REPLY_OK {
-        return Err(refused(stream));
+        return Err(Attempt::Fail(refused(stream)));
     }
     let mut sealed = [0u8; ID + TAG];
     read_by(stream, &mut sealed, deadline).map_err(|e| Attempt::Fail(generic(who, format!("reading the id from rank 0: {e}"))))?;
@@ -682,6 +719,82 @@ mod tests {
             let e = resolve("t", typo, deadline_after(timeout), timeout).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::Logic, "{typo}: {e}");
         }
+    }
+
+    /// A process on `127.0.0.1:port` that answers every hello with a challenge of random bytes
+    /// (it holds no secret: a squatter on one address of rank 0's name), until `stop`.
+    fn squatter(port: u16, stop: Arc<std::sync::atomic::AtomicBool>) -> Option<(SocketAddr, std::thread::JoinHandle<usize>)> {
+        let listener = TcpListener::bind(("127.0.0.1", port)).ok()?;
+        listener.set_nonblocking(true).unwrap();
+        let here = listener.local_addr().unwrap();
+        Some((
+            here,
+            std::thread::spawn(move || {
+                let mut answered = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let Ok((mut s, _)) = listener.accept() else {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    };
+                    s.set_nonblocking(false).unwrap();
+                    let mut hello = [0u8; 8 + NONCE];
+                    if s.read_exact(&mut hello).is_ok() {
+                        let mut challenge = vec![REPLY_OK];
+                        challenge.extend_from_slice(&[0x5a; NONCE + TAG]);
+                        let _ = s.write_all(&challenge);
+                        answered += 1;
+                    }
+                }
+                answered
+            }),
+        ))
+    }
+
+    /// A name of several addresses (dual stack: `::1` and `127.0.0.1` for `localhost`) with a
+    /// process that took rank 0's port on the address a rank tries first: the rank went no
+    /// further than that address's failed proof and ended, though rank 0 listened on the next
+    /// (the twenty-third audit's open item). Two loopback addresses of one port stand for the
+    /// name's two. The rank now gets the id from rank 0; the squatter alone still ends it at
+    /// once, and the squatter beside an address where nobody listens ends it at the bound,
+    /// naming the squatter's failure.
+    #[test]
+    fn a_squatter_on_one_address_of_rank_zero_s_name_does_not_keep_the_rank_from_the_others() {
+        let secret = Secret::new("dual-stack-0123456789abcdef-0123456789abcdef").unwrap().with_job("audit-24");
+        let key = secret.key().to_vec();
+        let id: [u8; ID] = std::array::from_fn(|i| (i * 5 + 1) as u8);
+        let timeout = Duration::from_secs(20);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Rank 0 on 127.0.0.2, the squatter on 127.0.0.1 at the same port (a few tries: the
+        // port may be taken on 127.0.0.1).
+        let (listener, (squat, squatting)) = (0..20)
+            .find_map(|_| {
+                let l = TcpListener::bind("127.0.0.2:0").ok()?;
+                let sq = squatter(l.local_addr().ok()?.port(), stop.clone())?;
+                Some((l, sq))
+            })
+            .expect("a port free on 127.0.0.1 and 127.0.0.2");
+        let rank0 = listener.local_addr().unwrap();
+        let server = {
+            let secret = secret.clone();
+            std::thread::spawn(move || serve_on("t", &listener, &id, 2, Some(&secret), deadline_after(timeout), timeout))
+        };
+        let started = Instant::now();
+        let got = fetch_from("t", "a name of two addresses", vec![squat, rank0], &key, 1, (2, 1), deadline_after(timeout), timeout);
+        assert_eq!(got.map_err(|e| e.to_string()), Ok(id), "the rank past the squatter");
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+        server.join().unwrap().unwrap();
+        // The squatter alone: the failed proof ends the rank at once.
+        let started = Instant::now();
+        let e = fetch_from("t", "the squatter", vec![squat], &key, 1, (2, 1), deadline_after(timeout), timeout).unwrap_err();
+        assert!(e.kind() == ErrorKind::Logic && e.message().contains("did not prove"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        // Beside an address where nobody listens (rank 0 not up yet): tried until the bound.
+        let nobody = TcpListener::bind("127.0.0.2:0").unwrap().local_addr().unwrap();
+        let short = Duration::from_millis(600);
+        let e = fetch_from("t", "two addresses", vec![squat, nobody], &key, 1, (2, 1), deadline_after(short), short).unwrap_err();
+        assert!(e.message().contains("within 0.6 s") && e.message().contains("did not prove"), "{e}");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(squatting.join().unwrap(), 3, "the squatter is asked once by each fetch");
     }
 
     #[test]

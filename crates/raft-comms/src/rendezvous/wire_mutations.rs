@@ -334,7 +334,7 @@ fn a_rank_takes_no_id_from_a_mutated_rank_zero() {
                 assert_eq!(got, id, "case {case}");
                 taken += 1;
             }
-            Err(Attempt::Fail(e)) => {
+            Err(Attempt::Fail(e) | Attempt::Unproven(e)) => {
                 assert!(!whole, "case {case}: the honest reply refused ({ms:?}): {e}");
                 assert!(matches!(e.kind(), ErrorKind::Logic | ErrorKind::Generic), "case {case}: {e}");
                 refused += 1;
