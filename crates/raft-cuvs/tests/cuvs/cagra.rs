@@ -369,8 +369,15 @@ fn cagra_over_a_few_rows_of_nan_and_infinity_is_refused_cleanly_or_searches_with
 /// 2048 + q shares query q's table, and with the same query vector it finds every node q
 /// traversed marked already. The search lowers its batch to keep every offset within 2^32; this
 /// checks the repeated queries' answer against the exact one (before the lowering, their recall).
-/// 2248 queries' tables take 17.6 GiB before the lowering (RAFT's workspace default is a quarter
-/// of the device: an H100's holds them), 16 GiB after.
+///
+/// Run 220 (an H100) found what the tables really take: cuVS 26.08's multi-CTA search sizes its
+/// table vector of 32-bit entries with a byte count (`hashmap.resize(hashmap_size)`, where
+/// `hashmap_size` already holds `sizeof(INDEX_T)`), 16 bytes an entry, so any batch at the wrap
+/// asks RAFT's workspace for 64 GiB (2^32 entries), 70 GiB for 2248 queries before the lowering.
+/// RAFT's workspace is a quarter of the device's free memory (19.8 GiB on the H100, about 35 GiB
+/// on the H200): there the search is refused as `OutOfMemory` by the workspace's limit, with or
+/// without the lowering, and this search can return no wrong answer there. The test says so and skips visibly
+/// then; it checks the answers where a workspace holds the tables (a device of 256 GiB).
 #[test]
 fn a_deep_multi_cta_search_answers_queries_past_cuvs_32_bit_offsets_as_well_as_the_first() {
     require_gpu!();
@@ -396,7 +403,20 @@ fn a_deep_multi_cta_search_answers_queries_past_cuvs_32_bit_offsets_as_well_as_t
     };
     let started = std::time::Instant::now();
     let q = DeviceMatrix::from_host(&res, &queries, WRAP + AGAIN, DIM, Layout::RowMajor).unwrap();
-    let ids = index.search(q.view(), K, &deep).unwrap().neighbors.to_host().unwrap();
+    let ids = match index.search(q.view(), K, &deep) {
+        Ok(found) => found.neighbors.to_host().unwrap(),
+        // Only the workspace's own limit (the message of RMM's limiting adaptor) is a skip: any
+        // other failure, out-of-memory included, fails the test.
+        Err(e) if e.kind() == ErrorKind::OutOfMemory && e.message().contains("limiting_resource_adaptor") => {
+            eprintln!(
+                "SKIP a_deep_multi_cta_search_answers_queries_past_cuvs_32_bit_offsets_as_well_as_the_first: RAFT's \
+                 workspace cannot hold cuVS's multi-CTA tables at the 32-bit wrap (64 GiB at 16 bytes an entry): {e}"
+            );
+            index.release().unwrap();
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
     let took = started.elapsed();
     let r_first = recall(&ids, &dataset, DIM, &first, AGAIN, K);
     let r_again = recall(&ids[WRAP * K..], &dataset, DIM, &first, AGAIN, K);
