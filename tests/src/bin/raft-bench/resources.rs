@@ -27,9 +27,25 @@ pub fn scale(ctx: &Arc<CudaContext>) -> Vec<serde_json::Value> {
         no_handles.push(before as i64 - after as i64);
         all.iter().for_each(|r| r.release().unwrap());
     }
+    // A cuBLAS handle's device memory, from the counts measured so far (66 MiB on the H200):
+    // released resources keep theirs for reuse (resources.cpp's `kept_handles`), so C++'s
+    // `count` handles are made beside ours. A count whose two sets do not fit the free memory
+    // (1000 on an H100: run 220's C++ handles failed with CUBLAS_STATUS_ALLOC_FAILED, and its
+    // child process could make no resources) is skipped, said in the row.
+    let mut per_handle: u64 = 72 << 20;
     for (i, count) in [1usize, 10, 100, 1000].into_iter().enumerate() {
         ctx.synchronize().unwrap();
         let (before, _) = ctx.mem_get_info().unwrap();
+        let needs = 2 * count as u64 * per_handle + (2 << 30);
+        if needs > before as u64 {
+            eprintln!(
+                "  scale: {count} resources with cuBLAS handles skipped: ours (kept) and C++'s need about {} GiB, {} GiB free",
+                needs >> 30,
+                before >> 30
+            );
+            scale.push(serde_json::json!({ "count": count, "skipped_needs_bytes": needs, "free_bytes": before }));
+            continue;
+        }
         let s = Instant::now();
         let all: Vec<DeviceResources> = (0..count).map(|_| DeviceResources::new().unwrap()).collect();
         let ours_ns = s.elapsed().as_nanos() as i64;
@@ -40,6 +56,7 @@ pub fn scale(ctx: &Arc<CudaContext>) -> Vec<serde_json::Value> {
         let handles_ns = s.elapsed().as_nanos() as i64;
         ctx.synchronize().unwrap();
         let (with_handles, _) = ctx.mem_get_info().unwrap();
+        per_handle = per_handle.max((before.saturating_sub(with_handles) / count) as u64);
         for one in &all {
             one.release().unwrap();
         }

@@ -95,6 +95,15 @@ impl Table {
         println!("| resources alive | ours: create all | C++: create all | ours: device memory, no handles | ours: with a cuBLAS handle each | C++: with a cuBLAS handle each | process wall (make, exit) |");
         println!("| --- | --- | --- | --- | --- | --- | --- |");
         for s in scale {
+            if let Some(needs) = s["skipped_needs_bytes"].as_u64() {
+                println!(
+                    "| {} | skipped: ours (kept) and C++'s handles need about {} GiB, {} GiB free | | | | | |",
+                    s["count"],
+                    needs >> 30,
+                    s["free_bytes"].as_u64().unwrap_or(0) >> 30
+                );
+                continue;
+            }
             println!(
                 "| {} | {:.2} ms | {:.2} ms | {:.1} MiB | {:.1} MiB | {:.1} MiB | {} |",
                 s["count"],
