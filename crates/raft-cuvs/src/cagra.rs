@@ -401,7 +401,11 @@ impl CagraIndex {
     /// bad `k`, parameters outside cuVS's limits (see [`CagraSearchParams`]), more queries than
     /// cuVS's 32-bit batch offsets reach (`n_queries × max(k, dim)` above 2^32), released
     /// resources, or a stream being captured into a CUDA graph (the index's, or the queries' of
-    /// other resources); `Cuda` / `OutOfMemory` from cuVS.
+    /// other resources); `Cuda` / `OutOfMemory` from cuVS. Its working tables come from RAFT's
+    /// workspace, a quarter of the device's free memory: cuVS 26.08's multi-CTA kernel takes 16
+    /// bytes a table entry (run 220), so a deep multi-CTA search over a large batch (the table
+    /// grows with `itopk_size` and `max_iterations`) is refused as `OutOfMemory` there; a lower
+    /// `max_queries` takes less.
     pub fn search(&self, queries: MatrixView<'_, f32>, k: usize, params: &CagraSearchParams) -> Result<Neighbors> {
         const WHO: &str = "CagraIndex::search";
         check::view(WHO, "queries", &queries)?;
