@@ -321,7 +321,7 @@ impl Launch {
     /// the variable, the count and `CUDA_VISIBLE_DEVICES`); `Cuda` when they cannot be counted.
     pub fn device(&self) -> Result<usize> {
         let visible = raft_core::device_count().map_err(|e| e.with_who("Launch::device"))?;
-        self.device_among(visible, std::env::var("CUDA_VISIBLE_DEVICES").ok())
+        self.device_among(visible, cuda_visible())
     }
 
     /// [`device`](Self::device) for a process that sees `visible` devices.
@@ -355,6 +355,13 @@ impl Launch {
             format!("{}:{}", self.master_addr, self.rendezvous_port)
         }
     }
+}
+
+/// `CUDA_VISIBLE_DEVICES`, read lossily: a value that is not UTF-8 is still set (CUDA reads the
+/// variable as bytes, and the one-device rule of [`Launch::device`] must see it), where
+/// `std::env::var` took it for unset (the twenty-third audit's open item, helper 111).
+fn cuda_visible() -> Option<String> {
+    std::env::var_os("CUDA_VISIBLE_DEVICES").map(|v| v.to_string_lossy().into_owned())
 }
 
 /// `RAFT_COMMS_TIMEOUT` (seconds, a positive number) or [`DEFAULT_TIMEOUT`].
@@ -743,6 +750,35 @@ mod tests {
         assert!(m.contains("SLURM_LOCALID=3 but this process sees 2 device(s) (CUDA_VISIBLE_DEVICES=0,1)"), "{m}");
         let none = Launch { local_rank: None, ..slurm("0") };
         assert_eq!(none.device_among(4, None).unwrap(), 0);
+    }
+
+    /// A `CUDA_VISIBLE_DEVICES` that is not UTF-8 is set, not unset: a rank given one GPU of its
+    /// own by a wrapper that wrote a stray byte still takes it, where `std::env::var` read
+    /// nothing and the rank was refused as a second rank on one GPU. A child process: the
+    /// variable is the process's.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn a_cuda_visible_devices_that_is_not_utf8_is_read_as_set() {
+        use std::os::unix::ffi::OsStrExt;
+        const CHILD: &str = "RAFT_COMMS_TEST_CUDA_VISIBLE_BYTES_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            let vars = [("SLURM_PROCID", "3"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "3"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")];
+            let one = Launch::from_vars("t", table(&vars)).unwrap();
+            println!(
+                "VISIBLE {:?} DEVICE {:?}",
+                super::cuda_visible(),
+                one.device_among(1, super::cuda_visible()).map_err(|e| e.to_string())
+            );
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "launch::tests::a_cuda_visible_devices_that_is_not_utf8_is_read_as_set", "--nocapture"])
+            .env(CHILD, "1")
+            .env("CUDA_VISIBLE_DEVICES", std::ffi::OsStr::from_bytes(b"GPU-5\xff"))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("VISIBLE Some(\"GPU-5\u{fffd}\") DEVICE Ok(0)"), "{stdout}");
     }
 
     /// `MASTER_ADDR=host:29500` (a port in the wrong place) was taken for the IPv6 address
