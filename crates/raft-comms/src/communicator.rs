@@ -194,7 +194,11 @@ impl Communicator {
         let launch = Launch::from_env()?;
         let mut secret = Secret::from_env().map_err(|e| e.with_who(WHO))?;
         if std::env::var_os(crate::secret::JOB_VAR).is_none() {
-            if let Some(step) = crate::launch::srun_step_job(launch.launcher, |name| std::env::var(name).ok()) {
+            // Read lossily, as `Launch::from_env` reads the same variables: a value that is not
+            // UTF-8 binds the step too, where `std::env::var` dropped it.
+            if let Some(step) =
+                crate::launch::srun_step_job(launch.launcher, |name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+            {
                 secret = secret.map(|s| s.with_job(step));
             }
         }
