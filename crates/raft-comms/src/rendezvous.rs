@@ -609,7 +609,9 @@ fn fetch_from(
             targets.remove(i);
         }
         if targets.is_empty() {
-            return Err(first_failure.expect("a target is dropped only with its failure"));
+            // A target is dropped only with its failure; an empty list from the start (none
+            // resolved) is the resolver's to refuse, said here all the same.
+            return Err(first_failure.unwrap_or_else(|| generic(who, format!("rank 0's address {addr} resolved to no address"))));
         }
         std::thread::sleep(Duration::from_millis(50).min(remaining(deadline).unwrap_or_default()));
     }
