@@ -38,6 +38,9 @@ const HANDSHAKE: Duration = Duration::from_secs(5);
 /// How long a new connection has to send its hello: a rank sends it as soon as it is connected,
 /// so only a stranger needs longer (and a rank closed by it retries).
 const HELLO: Duration = Duration::from_millis(250);
+/// How long a rank waits for rank 0's proof on one connection before it tries again (and the
+/// other addresses of rank 0's name meanwhile).
+const PROOF_WAIT: Duration = Duration::from_secs(3);
 /// The most handshakes rank 0 runs at once; beyond, the oldest peer that has not proved itself
 /// yet is closed for the newcomer (honest ranks retry).
 const MAX_HANDSHAKES: usize = 64;
@@ -591,7 +594,7 @@ fn fetch_from(
             let mut stream = match TcpStream::connect_timeout(target, left.min(Duration::from_secs(1))) {
                 Ok(s) => s,
                 Err(e) => {
-                    last_error = e.to_string();
+                    last_error = format!("{target}: {e}");
                     continue;
                 }
             };
@@ -602,7 +605,7 @@ fn fetch_from(
                     failed.push(i);
                     first_failure.get_or_insert(e);
                 }
-                Err(Attempt::Retry(why)) => last_error = why,
+                Err(Attempt::Retry(why)) => last_error = format!("{target}: {why}"),
             }
         }
         for i in failed.into_iter().rev() {
@@ -627,13 +630,18 @@ fn fetch_once(
     deadline: Instant,
 ) -> std::result::Result<[u8; ID], Attempt> {
     let retry = |what: &str, e: io::Error| Attempt::Retry(format!("{what} ({e})"));
+    // Until the peer has proved itself, an attempt waits a few seconds at most, then is retried:
+    // rank 0 answers a hello at once, and a process that took rank 0's port on one address of
+    // its name and never answers would otherwise hold the rank there until the bound, away from
+    // the other addresses (the review of the thirty-third session, helper 116).
+    let early = deadline.min(Instant::now() + PROOF_WAIT);
     let mut nc = [0u8; NONCE];
     random_bytes(who, &mut nc).map_err(Attempt::Fail)?;
     let mut hello = Vec::with_capacity(8 + NONCE);
     hello.extend_from_slice(&MAGIC);
     hello.extend_from_slice(&VERSION.to_le_bytes());
     hello.extend_from_slice(&nc);
-    write_by(stream, &hello, deadline).map_err(|e| retry("sending the hello", e))?;
+    write_by(stream, &hello, early).map_err(|e| retry("sending the hello", e))?;
     let refused = |stream: &mut TcpStream| {
         let mut len = [0u8; 4];
         let mut text = String::from("(no reason given)");
@@ -648,12 +656,12 @@ fn fetch_once(
         Error::logic(who, format!("rank 0 at {addr} refused rank {rank}: {text}"))
     };
     let mut status = [0u8; 1];
-    read_by(stream, &mut status, deadline).map_err(|e| retry("no reply", e))?;
+    read_by(stream, &mut status, early).map_err(|e| retry("no reply", e))?;
     if status[0] != REPLY_OK {
         return Err(Attempt::Unproven(refused(stream)));
     }
     let mut challenge = [0u8; NONCE + TAG];
-    read_by(stream, &mut challenge, deadline).map_err(|e| retry("reading rank 0's challenge", e))?;
+    read_by(stream, &mut challenge, early).map_err(|e| retry("reading rank 0's challenge", e))?;
     let (ns, proof) = challenge.split_at(NONCE);
     if !secret::verify(key, &[b"raft-comms rank 0", &nc, ns], proof) {
         let e = Error::logic(
@@ -724,15 +732,16 @@ mod tests {
     }
 
     /// A process on `127.0.0.1:port` that answers every hello with a challenge of random bytes
-    /// (it holds no secret: a squatter on one address of rank 0's name), until `stop`.
-    fn squatter(port: u16, stop: Arc<std::sync::atomic::AtomicBool>) -> Option<(SocketAddr, std::thread::JoinHandle<usize>)> {
+    /// (it holds no secret: a squatter on one address of rank 0's name), or, `silent`, keeps
+    /// every connection open without a word, until `stop`; how many hellos it heard.
+    fn squatter(port: u16, silent: bool, stop: Arc<std::sync::atomic::AtomicBool>) -> Option<(SocketAddr, std::thread::JoinHandle<usize>)> {
         let listener = TcpListener::bind(("127.0.0.1", port)).ok()?;
         listener.set_nonblocking(true).unwrap();
         let here = listener.local_addr().unwrap();
         Some((
             here,
             std::thread::spawn(move || {
-                let mut answered = 0;
+                let (mut answered, mut held) = (0, Vec::new());
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let Ok((mut s, _)) = listener.accept() else {
                         std::thread::sleep(Duration::from_millis(5));
@@ -741,10 +750,14 @@ mod tests {
                     s.set_nonblocking(false).unwrap();
                     let mut hello = [0u8; 8 + NONCE];
                     if s.read_exact(&mut hello).is_ok() {
-                        let mut challenge = vec![REPLY_OK];
-                        challenge.extend_from_slice(&[0x5a; NONCE + TAG]);
-                        let _ = s.write_all(&challenge);
                         answered += 1;
+                        if silent {
+                            held.push(s);
+                        } else {
+                            let mut challenge = vec![REPLY_OK];
+                            challenge.extend_from_slice(&[0x5a; NONCE + TAG]);
+                            let _ = s.write_all(&challenge);
+                        }
                     }
                 }
                 answered
@@ -758,7 +771,9 @@ mod tests {
     /// (the twenty-third audit's open item). Two loopback addresses of one port stand for the
     /// name's two. The rank now gets the id from rank 0; the squatter alone still ends it at
     /// once, and the squatter beside an address where nobody listens ends it at the bound,
-    /// naming the squatter's failure.
+    /// naming the squatter's failure. A squatter that accepts and never answers holds each
+    /// attempt for `PROOF_WAIT` only: the rank gets the id from the other address after it
+    /// (the review, helper 116: before, it waited there until the bound).
     #[test]
     fn a_squatter_on_one_address_of_rank_zero_s_name_does_not_keep_the_rank_from_the_others() {
         let secret = Secret::new("dual-stack-0123456789abcdef-0123456789abcdef").unwrap().with_job("audit-24");
@@ -771,7 +786,7 @@ mod tests {
         let (listener, (squat, squatting)) = (0..20)
             .find_map(|_| {
                 let l = TcpListener::bind("127.0.0.2:0").ok()?;
-                let sq = squatter(l.local_addr().ok()?.port(), stop.clone())?;
+                let sq = squatter(l.local_addr().ok()?.port(), false, stop.clone())?;
                 Some((l, sq))
             })
             .expect("a port free on 127.0.0.1 and 127.0.0.2");
@@ -797,6 +812,28 @@ mod tests {
         assert!(e.message().contains("within 0.6 s") && e.message().contains("did not prove"), "{e}");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(squatting.join().unwrap(), 3, "the squatter is asked once by each fetch");
+        // A silent squatter ahead of rank 0.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (listener, (squat, squatting)) = (0..20)
+            .find_map(|_| {
+                let l = TcpListener::bind("127.0.0.2:0").ok()?;
+                let sq = squatter(l.local_addr().ok()?.port(), true, stop.clone())?;
+                Some((l, sq))
+            })
+            .expect("a port free on 127.0.0.1 and 127.0.0.2");
+        let rank0 = listener.local_addr().unwrap();
+        let server = {
+            let secret = secret.clone();
+            std::thread::spawn(move || serve_on("t", &listener, &id, 2, Some(&secret), deadline_after(timeout), timeout))
+        };
+        let started = Instant::now();
+        let got = fetch_from("t", "a name of two addresses", vec![squat, rank0], &key, 1, (2, 1), deadline_after(timeout), timeout);
+        assert_eq!(got.map_err(|e| e.to_string()), Ok(id), "the rank past the silent squatter");
+        let took = started.elapsed();
+        assert!(took >= PROOF_WAIT && took < PROOF_WAIT + Duration::from_secs(5), "{took:?}");
+        server.join().unwrap().unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(squatting.join().unwrap(), 1, "the silent squatter is asked once");
     }
 
     #[test]
