@@ -68,6 +68,33 @@ pub(crate) fn deadline_after(timeout: Duration) -> Instant {
 /// connection), is refused at once (`Logic`); a name still unresolved at `deadline` is the
 /// `Generic` timeout.
 fn resolve(who: &'static str, addr: &str, deadline: Instant, timeout: Duration) -> Result<Vec<SocketAddr>> {
+    resolve_by(who, addr, deadline, timeout, |a| a.to_socket_addrs().map(Iterator::collect))
+}
+
+/// One lookup of `addr`, on a thread of its own so that a resolver that answers late cannot hold
+/// the caller past `deadline` (`getaddrinfo` blocks, and a retry waited out one whole lookup
+/// past the bound: the twenty-third audit's open item, helper 113); the late answer is dropped.
+/// `None`: the deadline came first. Inline where no thread can be started.
+fn lookup_by(addr: &str, deadline: Instant, lookup: fn(&str) -> io::Result<Vec<SocketAddr>>) -> Option<io::Result<Vec<SocketAddr>>> {
+    let (tx, rx) = mpsc::channel();
+    let text = addr.to_string();
+    let spawned = std::thread::Builder::new().name("raft-comms-resolve".into()).spawn(move || {
+        let _ = tx.send(lookup(&text));
+    });
+    if spawned.is_err() {
+        return Some(lookup(addr));
+    }
+    rx.recv_timeout(remaining(deadline).unwrap_or_default()).ok()
+}
+
+/// [`resolve`], through `lookup` (the resolver; a test's slow one).
+fn resolve_by(
+    who: &'static str,
+    addr: &str,
+    deadline: Instant,
+    timeout: Duration,
+    lookup: fn(&str) -> io::Result<Vec<SocketAddr>>,
+) -> Result<Vec<SocketAddr>> {
     let port = addr.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
     if let Some(Ok(0)) = port {
         return Err(Error::logic(who, format!("the rendezvous address {addr} names port 0: give rank 0's port (MASTER_PORT)")));
@@ -88,9 +115,9 @@ fn resolve(who: &'static str, addr: &str, deadline: Instant, timeout: Duration) 
         }
     }
     loop {
-        let why = match addr.to_socket_addrs() {
-            Ok(found) => {
-                let found: Vec<SocketAddr> = found.collect();
+        let why = match lookup_by(addr, deadline, lookup) {
+            None => "the resolver did not answer in time".to_string(),
+            Some(Ok(found)) => {
                 if found.iter().any(|a| a.port() == 0) {
                     return Err(Error::logic(who, format!("the rendezvous address {addr} names port 0: give rank 0's port (MASTER_PORT)")));
                 }
@@ -101,10 +128,10 @@ fn resolve(who: &'static str, addr: &str, deadline: Instant, timeout: Duration) 
             }
             // Not `host:port` (no port, or one that is not a number up to 65535): no retry
             // makes it one.
-            Err(e) if e.kind() == IoKind::InvalidInput => {
+            Some(Err(e)) if e.kind() == IoKind::InvalidInput => {
                 return Err(Error::logic(who, format!("the rendezvous address {addr} is not host:port: {e}")));
             }
-            Err(e) => e.to_string(),
+            Some(Err(e)) => e.to_string(),
         };
         let Some(left) = remaining(deadline) else {
             return Err(Error::timeout(
@@ -834,6 +861,29 @@ mod tests {
         server.join().unwrap().unwrap();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(squatting.join().unwrap(), 1, "the silent squatter is asked once");
+    }
+
+    /// A resolver that answers late held a rank (or rank 0) past the rendezvous's bound by one
+    /// whole lookup (`getaddrinfo` blocks; the twenty-third audit's open item, helper 113): the
+    /// lookup runs on a thread of its own now, and the bound ends the wait. Before: 3 s for a
+    /// bound of 0.3 s.
+    #[test]
+    fn a_resolver_that_answers_late_does_not_stretch_the_bound() {
+        fn slow(_: &str) -> io::Result<Vec<SocketAddr>> {
+            std::thread::sleep(Duration::from_secs(3));
+            Err(io::Error::other("no such host yet"))
+        }
+        let bound = Duration::from_millis(300);
+        let started = Instant::now();
+        let e = resolve_by("t", "rank0.example:29500", deadline_after(bound), bound, slow).unwrap_err();
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        assert!(e.kind() == ErrorKind::Generic && e.message().contains("did not answer in time"), "{e}");
+        // A resolver that answers within the bound is taken as before.
+        fn local(_: &str) -> io::Result<Vec<SocketAddr>> {
+            Ok(vec!["127.0.0.1:29500".parse().unwrap()])
+        }
+        assert_eq!(resolve_by("t", "rank0.example:29500", deadline_after(bound), bound, local).unwrap().len(), 1);
     }
 
     #[test]
