@@ -807,26 +807,30 @@ mod tests {
         let key = secret.key().to_vec();
         let id: [u8; ID] = std::array::from_fn(|i| (i * 5 + 1) as u8);
         let timeout = Duration::from_secs(20);
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        // Rank 0 on 127.0.0.2, the squatter on 127.0.0.1 at the same port (a few tries: the
-        // port may be taken on 127.0.0.1).
-        let (listener, (squat, squatting)) = (0..20)
-            .find_map(|_| {
-                let l = TcpListener::bind("127.0.0.2:0").ok()?;
-                let sq = squatter(l.local_addr().ok()?.port(), false, stop.clone())?;
-                Some((l, sq))
-            })
-            .expect("a port free on 127.0.0.1 and 127.0.0.2");
-        let rank0 = listener.local_addr().unwrap();
-        let server = {
+        // Rank 0 on 127.0.0.2 serving one rank, a squatter on 127.0.0.1 at the same port (a few
+        // tries: the port may be taken on 127.0.0.1); the rank fetches from both, the squatter
+        // first.
+        let past_a_squatter = |silent: bool, stop: &Arc<std::sync::atomic::AtomicBool>| {
+            let (listener, (squat, squatting)) = (0..20)
+                .find_map(|_| {
+                    let l = TcpListener::bind("127.0.0.2:0").ok()?;
+                    let sq = squatter(l.local_addr().ok()?.port(), silent, stop.clone())?;
+                    Some((l, sq))
+                })
+                .expect("a port free on 127.0.0.1 and 127.0.0.2");
+            let rank0 = listener.local_addr().unwrap();
             let secret = secret.clone();
-            std::thread::spawn(move || serve_on("t", &listener, &id, 2, Some(&secret), deadline_after(timeout), timeout))
+            let server = std::thread::spawn(move || serve_on("t", &listener, &id, 2, Some(&secret), deadline_after(timeout), timeout));
+            let started = Instant::now();
+            let got = fetch_from("t", "a name of two addresses", vec![squat, rank0], &key, 1, (2, 1), deadline_after(timeout), timeout);
+            let took = started.elapsed();
+            server.join().unwrap().unwrap();
+            (got.map_err(|e| e.to_string()), took, squat, squatting)
         };
-        let started = Instant::now();
-        let got = fetch_from("t", "a name of two addresses", vec![squat, rank0], &key, 1, (2, 1), deadline_after(timeout), timeout);
-        assert_eq!(got.map_err(|e| e.to_string()), Ok(id), "the rank past the squatter");
-        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
-        server.join().unwrap().unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (got, took, squat, squatting) = past_a_squatter(false, &stop);
+        assert_eq!(got, Ok(id), "the rank past the squatter");
+        assert!(took < Duration::from_secs(10), "{took:?}");
         // The squatter alone: the failed proof ends the rank at once.
         let started = Instant::now();
         let e = fetch_from("t", "the squatter", vec![squat], &key, 1, (2, 1), deadline_after(timeout), timeout).unwrap_err();
@@ -839,26 +843,11 @@ mod tests {
         assert!(e.message().contains("within 0.6 s") && e.message().contains("did not prove"), "{e}");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(squatting.join().unwrap(), 3, "the squatter is asked once by each fetch");
-        // A silent squatter ahead of rank 0.
+        // A silent squatter ahead of rank 0: the rank waits `PROOF_WAIT` there, then goes on.
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (listener, (squat, squatting)) = (0..20)
-            .find_map(|_| {
-                let l = TcpListener::bind("127.0.0.2:0").ok()?;
-                let sq = squatter(l.local_addr().ok()?.port(), true, stop.clone())?;
-                Some((l, sq))
-            })
-            .expect("a port free on 127.0.0.1 and 127.0.0.2");
-        let rank0 = listener.local_addr().unwrap();
-        let server = {
-            let secret = secret.clone();
-            std::thread::spawn(move || serve_on("t", &listener, &id, 2, Some(&secret), deadline_after(timeout), timeout))
-        };
-        let started = Instant::now();
-        let got = fetch_from("t", "a name of two addresses", vec![squat, rank0], &key, 1, (2, 1), deadline_after(timeout), timeout);
-        assert_eq!(got.map_err(|e| e.to_string()), Ok(id), "the rank past the silent squatter");
-        let took = started.elapsed();
+        let (got, took, _, squatting) = past_a_squatter(true, &stop);
+        assert_eq!(got, Ok(id), "the rank past the silent squatter");
         assert!(took >= PROOF_WAIT && took < PROOF_WAIT + Duration::from_secs(5), "{took:?}");
-        server.join().unwrap().unwrap();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(squatting.join().unwrap(), 1, "the silent squatter is asked once");
     }
