@@ -22,10 +22,16 @@ use crate::secret::{self, random_bytes, Secret, NONCE, TAG};
 use raft_error::{Error, ErrorKind, Result};
 use std::collections::BTreeSet;
 use std::io::{self, ErrorKind as IoKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod deadline;
+mod resolve;
+pub(crate) use deadline::deadline_after;
+use deadline::remaining;
+use resolve::resolve;
 
 /// "RFTC": the first bytes of every hello, so a stray connection is told apart.
 const MAGIC: [u8; 4] = *b"RFTC";
@@ -52,95 +58,6 @@ const ID: usize = 128;
 
 fn generic(who: &'static str, message: String) -> Error {
     Error::new(ErrorKind::Generic, who, message)
-}
-
-/// `Instant + Duration` that saturates instead of panicking (`Duration::MAX` timeouts).
-pub(crate) fn deadline_after(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
-}
-
-/// The socket addresses of `addr` (`host:port`), retrying a host name that does not resolve
-/// until `deadline`: a name that does not resolve *yet* is rank 0 not reachable yet (a pod's DNS
-/// record appears once it runs; a resolver may answer late), as torch's store takes it. An
-/// address that is not `host:port`, or names port 0 (rank 0 would listen on a port the OS
-/// picks, which no rank can know; a rank would knock at a port that refuses every
-/// connection), is refused at once (`Logic`); a name still unresolved at `deadline` is the
-/// `Generic` timeout.
-fn resolve(who: &'static str, addr: &str, deadline: Instant, timeout: Duration) -> Result<Vec<SocketAddr>> {
-    resolve_by(who, addr, deadline, timeout, |a| a.to_socket_addrs().map(Iterator::collect))
-}
-
-/// One lookup of `addr`, on a thread of its own so that a resolver that answers late cannot hold
-/// the caller past `deadline` (`getaddrinfo` blocks, and a retry waited out one whole lookup
-/// past the bound: the twenty-third audit's open item, helper 113); the late answer is dropped.
-/// `None`: the deadline came first. Inline where no thread can be started.
-fn lookup_by(addr: &str, deadline: Instant, lookup: fn(&str) -> io::Result<Vec<SocketAddr>>) -> Option<io::Result<Vec<SocketAddr>>> {
-    let (tx, rx) = mpsc::channel();
-    let text = addr.to_string();
-    let spawned = std::thread::Builder::new().name("raft-comms-resolve".into()).spawn(move || {
-        let _ = tx.send(lookup(&text));
-    });
-    if spawned.is_err() {
-        return Some(lookup(addr));
-    }
-    rx.recv_timeout(remaining(deadline).unwrap_or_default()).ok()
-}
-
-/// [`resolve`], through `lookup` (the resolver; a test's slow one).
-fn resolve_by(
-    who: &'static str,
-    addr: &str,
-    deadline: Instant,
-    timeout: Duration,
-    lookup: fn(&str) -> io::Result<Vec<SocketAddr>>,
-) -> Result<Vec<SocketAddr>> {
-    let port = addr.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
-    if let Some(Ok(0)) = port {
-        return Err(Error::logic(who, format!("the rendezvous address {addr} names port 0: give rank 0's port (MASTER_PORT)")));
-    }
-    // A host that no resolver could ever answer for (empty, or with characters no host name
-    // has) is a typo, not a name that resolves later: refused at once too. IP literals, IPv6
-    // in brackets included, parse as they are; an IPv6 address with a named zone
-    // (`fe80::1%eth0`, unbracketed) is the resolver's to read.
-    if addr.parse::<SocketAddr>().is_err() {
-        if let Some((host, _)) = addr.rsplit_once(':') {
-            let name_of = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
-            let zoned = host
-                .split_once('%')
-                .is_some_and(|(ip, zone)| ip.parse::<std::net::Ipv6Addr>().is_ok() && !zone.is_empty() && name_of(zone));
-            if host.is_empty() || !(name_of(host) || zoned || host.parse::<std::net::IpAddr>().is_ok()) {
-                return Err(Error::logic(who, format!("the rendezvous address {addr} does not name a host (host:port)")));
-            }
-        }
-    }
-    loop {
-        let why = match lookup_by(addr, deadline, lookup) {
-            None => "the resolver did not answer in time".to_string(),
-            Some(Ok(found)) => {
-                if found.iter().any(|a| a.port() == 0) {
-                    return Err(Error::logic(who, format!("the rendezvous address {addr} names port 0: give rank 0's port (MASTER_PORT)")));
-                }
-                if !found.is_empty() {
-                    return Ok(found);
-                }
-                "it resolves to no address".to_string()
-            }
-            // Not `host:port` (no port, or one that is not a number up to 65535): no retry
-            // makes it one.
-            Some(Err(e)) if e.kind() == IoKind::InvalidInput => {
-                return Err(Error::logic(who, format!("the rendezvous address {addr} is not host:port: {e}")));
-            }
-            Some(Err(e)) => e.to_string(),
-        };
-        let Some(left) = remaining(deadline) else {
-            return Err(Error::timeout(
-                who,
-                format!("the rendezvous address {addr} did not resolve within {:.1} s: {why}", timeout.as_secs_f64()),
-            ));
-        };
-        std::thread::sleep(Duration::from_millis(100).min(left));
-    }
 }
 
 /// The key of the rendezvous at `targets`: the secret's, or an empty one on loopback; refuses
@@ -199,10 +116,6 @@ fn missing(world: usize, served: &BTreeSet<usize>) -> String {
     } else {
         format!("{} and {more} more", named.join(", "))
     }
-}
-
-fn remaining(deadline: Instant) -> Option<Duration> {
-    deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())
 }
 
 fn timed_out() -> io::Error {
@@ -625,7 +538,7 @@ fn fetch_from(
                     continue;
                 }
             };
-            match fetch_once(who, addr, &mut stream, key, rank, (world32, rank32), deadline) {
+            match fetch_once(who, addr, *target, &mut stream, key, rank, (world32, rank32), deadline) {
                 Ok(id) => return Ok(id),
                 Err(Attempt::Fail(e)) => return Err(e),
                 Err(Attempt::Unproven(e)) => {
@@ -647,9 +560,11 @@ fn fetch_from(
     }
 }
 
+#[allow(clippy::too_many_arguments)] // one attempt of `fetch_from`, at one of its targets
 fn fetch_once(
     who: &'static str,
     addr: &str,
+    target: SocketAddr,
     stream: &mut TcpStream,
     key: &[u8],
     rank: usize,
@@ -669,23 +584,29 @@ fn fetch_once(
     hello.extend_from_slice(&VERSION.to_le_bytes());
     hello.extend_from_slice(&nc);
     write_by(stream, &hello, early).map_err(|e| retry("sending the hello", e))?;
-    let refused = |stream: &mut TcpStream| {
+    // The reason of a refusal, read by `by`: before the proof, the attempt's few seconds, as
+    // the rest of the exchange before it (a process that took the port may send a status and a
+    // length, a service's greeting may read as one, and then say nothing: the review of the
+    // thirty-third session, helper 120); after it, the whole bound.
+    let refusal = |stream: &mut TcpStream, by: Instant| {
         let mut len = [0u8; 4];
         let mut text = String::from("(no reason given)");
-        if read_by(stream, &mut len, deadline).is_ok() {
+        if read_by(stream, &mut len, by).is_ok() {
             let mut buf = vec![0u8; (u32::from_le_bytes(len) as usize).min(4096)];
-            if read_by(stream, &mut buf, deadline).is_ok() {
+            if read_by(stream, &mut buf, by).is_ok() {
                 // Whoever answered at rank 0's address wrote it (before any proof): control
                 // characters (terminal escapes, new lines forging log lines) become spaces.
                 text = String::from_utf8_lossy(&buf).chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
             }
         }
-        Error::logic(who, format!("rank 0 at {addr} refused rank {rank}: {text}"))
+        text
     };
     let mut status = [0u8; 1];
     read_by(stream, &mut status, early).map_err(|e| retry("no reply", e))?;
     if status[0] != REPLY_OK {
-        return Err(Attempt::Unproven(refused(stream)));
+        let text = refusal(stream, early);
+        let e = format!("the process at {target} ({addr}), not proved to be rank 0, refused rank {rank}: {text}");
+        return Err(Attempt::Unproven(Error::logic(who, e)));
     }
     let mut challenge = [0u8; NONCE + TAG];
     read_by(stream, &mut challenge, early).map_err(|e| retry("reading rank 0's challenge", e))?;
@@ -694,8 +615,8 @@ fn fetch_once(
         let e = Error::logic(
             who,
             format!(
-                "the process at {addr} did not prove it holds this job's secret ({}): it is not this job's rank 0 (another job's, \
-                 a process that took the port, or a rank 0 given another secret)",
+                "the process at {target} ({addr}) did not prove it holds this job's secret ({}): it is not this job's rank 0 \
+                 (another job's, a process that took the port, or a rank 0 given another secret)",
                 secret::SECRET_VAR
             ),
         );
@@ -709,7 +630,8 @@ fn fetch_once(
     write_by(stream, &answer, deadline).map_err(|e| retry("answering rank 0's challenge", e))?;
     read_by(stream, &mut status, deadline).map_err(|e| retry("no reply to the answer", e))?;
     if status[0] != REPLY_OK {
-        return Err(Attempt::Fail(refused(stream)));
+        let text = refusal(stream, deadline);
+        return Err(Attempt::Fail(Error::logic(who, format!("rank 0 at {addr} ({target}) refused rank {rank}: {text}"))));
     }
     let mut sealed = [0u8; ID + TAG];
     read_by(stream, &mut sealed, deadline).map_err(|e| Attempt::Fail(generic(who, format!("reading the id from rank 0: {e}"))))?;
@@ -723,6 +645,7 @@ fn fetch_once(
 
 #[cfg(test)]
 mod tests {
+    use super::resolve::resolve_by;
     use super::*;
 
     #[test]
@@ -761,7 +684,19 @@ mod tests {
     /// A process on `127.0.0.1:port` that answers every hello with a challenge of random bytes
     /// (it holds no secret: a squatter on one address of rank 0's name), or, `silent`, keeps
     /// every connection open without a word, until `stop`; how many hellos it heard.
-    fn squatter(port: u16, silent: bool, stop: Arc<std::sync::atomic::AtomicBool>) -> Option<(SocketAddr, std::thread::JoinHandle<usize>)> {
+    /// What a squatter on rank 0's port answers a hello with.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Squat {
+        /// A challenge whose proof is wrong.
+        FalseProof,
+        /// Nothing, the connection held open.
+        Silent,
+        /// A refusal's status and a length of 100, then nothing (a service's greeting may read
+        /// so), the connection held open.
+        RefusesThenStalls,
+    }
+
+    fn squatter(port: u16, how: Squat, stop: Arc<std::sync::atomic::AtomicBool>) -> Option<(SocketAddr, std::thread::JoinHandle<usize>)> {
         let listener = TcpListener::bind(("127.0.0.1", port)).ok()?;
         listener.set_nonblocking(true).unwrap();
         let here = listener.local_addr().unwrap();
@@ -778,12 +713,17 @@ mod tests {
                     let mut hello = [0u8; 8 + NONCE];
                     if s.read_exact(&mut hello).is_ok() {
                         answered += 1;
-                        if silent {
-                            held.push(s);
-                        } else {
-                            let mut challenge = vec![REPLY_OK];
-                            challenge.extend_from_slice(&[0x5a; NONCE + TAG]);
-                            let _ = s.write_all(&challenge);
+                        match how {
+                            Squat::FalseProof => {
+                                let mut challenge = vec![REPLY_OK];
+                                challenge.extend_from_slice(&[0x5a; NONCE + TAG]);
+                                let _ = s.write_all(&challenge);
+                            }
+                            Squat::Silent => held.push(s),
+                            Squat::RefusesThenStalls => {
+                                let _ = s.write_all(&[REPLY_REFUSED, 100, 0, 0, 0]);
+                                held.push(s);
+                            }
                         }
                     }
                 }
@@ -800,7 +740,9 @@ mod tests {
     /// once, and the squatter beside an address where nobody listens ends it at the bound,
     /// naming the squatter's failure. A squatter that accepts and never answers holds each
     /// attempt for `PROOF_WAIT` only: the rank gets the id from the other address after it
-    /// (the review, helper 116: before, it waited there until the bound).
+    /// (the review, helper 116: before, it waited there until the bound); so does one that sends
+    /// a refusal's first bytes and then nothing (the review of the thirty-third session, helper
+    /// 120: its reason was read with the whole bound, and the rank waited there until it).
     #[test]
     fn a_squatter_on_one_address_of_rank_zero_s_name_does_not_keep_the_rank_from_the_others() {
         let secret = Secret::new("dual-stack-0123456789abcdef-0123456789abcdef").unwrap().with_job("audit-24");
@@ -810,11 +752,11 @@ mod tests {
         // Rank 0 on 127.0.0.2 serving one rank, a squatter on 127.0.0.1 at the same port (a few
         // tries: the port may be taken on 127.0.0.1); the rank fetches from both, the squatter
         // first.
-        let past_a_squatter = |silent: bool, stop: &Arc<std::sync::atomic::AtomicBool>| {
+        let past_a_squatter = |how: Squat, stop: &Arc<std::sync::atomic::AtomicBool>| {
             let (listener, (squat, squatting)) = (0..20)
                 .find_map(|_| {
                     let l = TcpListener::bind("127.0.0.2:0").ok()?;
-                    let sq = squatter(l.local_addr().ok()?.port(), silent, stop.clone())?;
+                    let sq = squatter(l.local_addr().ok()?.port(), how, stop.clone())?;
                     Some((l, sq))
                 })
                 .expect("a port free on 127.0.0.1 and 127.0.0.2");
@@ -828,7 +770,7 @@ mod tests {
             (got.map_err(|e| e.to_string()), took, squat, squatting)
         };
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (got, took, squat, squatting) = past_a_squatter(false, &stop);
+        let (got, took, squat, squatting) = past_a_squatter(Squat::FalseProof, &stop);
         assert_eq!(got, Ok(id), "the rank past the squatter");
         assert!(took < Duration::from_secs(10), "{took:?}");
         // The squatter alone: the failed proof ends the rank at once.
@@ -845,11 +787,23 @@ mod tests {
         assert_eq!(squatting.join().unwrap(), 3, "the squatter is asked once by each fetch");
         // A silent squatter ahead of rank 0: the rank waits `PROOF_WAIT` there, then goes on.
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (got, took, _, squatting) = past_a_squatter(true, &stop);
+        let (got, took, _, squatting) = past_a_squatter(Squat::Silent, &stop);
         assert_eq!(got, Ok(id), "the rank past the silent squatter");
         assert!(took >= PROOF_WAIT && took < PROOF_WAIT + Duration::from_secs(5), "{took:?}");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(squatting.join().unwrap(), 1, "the silent squatter is asked once");
+        // One that starts a refusal and stalls: `PROOF_WAIT` there too, then the other address.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (got, took, squat, squatting) = past_a_squatter(Squat::RefusesThenStalls, &stop);
+        assert_eq!(got, Ok(id), "the rank past the squatter that refuses, then stalls");
+        assert!(took >= PROOF_WAIT && took < PROOF_WAIT + Duration::from_secs(5), "{took:?}");
+        // Alone, its refusal ends the rank after the attempt's few seconds, named as what it is:
+        // a process at that address not proved to be rank 0.
+        let e = fetch_from("t", "the squatter", vec![squat], &key, 1, (2, 1), deadline_after(timeout), timeout).unwrap_err();
+        let said = e.message();
+        assert!(said.contains(&format!("the process at {squat}")) && said.contains("not proved to be rank 0"), "{e}");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(squatting.join().unwrap(), 2, "the squatter is asked once by each fetch");
     }
 
     /// A resolver that answers late held a rank (or rank 0) past the rendezvous's bound by one
@@ -864,7 +818,8 @@ mod tests {
         }
         let bound = Duration::from_millis(300);
         let started = Instant::now();
-        let e = resolve_by("t", "rank0.example:29500", deadline_after(bound), bound, slow).unwrap_err();
+        static SLOTS: resolve::Lookups = resolve::Lookups::new(resolve::MAX_LOOKUPS);
+        let e = resolve_by("t", "rank0.example:29500", deadline_after(bound), bound, slow, &SLOTS).unwrap_err();
         let took = started.elapsed();
         assert!(took < Duration::from_secs(2), "{took:?}");
         assert!(e.kind() == ErrorKind::Generic && e.message().contains("did not answer in time"), "{e}");
@@ -872,7 +827,7 @@ mod tests {
         fn local(_: &str) -> io::Result<Vec<SocketAddr>> {
             Ok(vec!["127.0.0.1:29500".parse().unwrap()])
         }
-        assert_eq!(resolve_by("t", "rank0.example:29500", deadline_after(bound), bound, local).unwrap().len(), 1);
+        assert_eq!(resolve_by("t", "rank0.example:29500", deadline_after(bound), bound, local, &SLOTS).unwrap().len(), 1);
     }
 
     #[test]

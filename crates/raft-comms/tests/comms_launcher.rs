@@ -666,7 +666,10 @@ fn arguments_that_are_not_utf8_reach_the_ranks_unchanged() {
 /// when its pipe closes it stops (SIGTERM, then SIGKILL) every process of its group. Typed by
 /// hand (or by a script trying the options) it ran in its caller's group and killed the caller
 /// with it: a shell script's whole job (helper 111). A guardian that does not lead its group
-/// refuses to run.
+/// refuses to run. At a shell with job control every job leads a group of its own, so leading
+/// one is not enough: a guardian typed there stopped the other members of its pipeline (the
+/// review of the thirty-third session, helper 120). It runs only as raft-run's child, named by
+/// raft-run, reading a pipe.
 #[test]
 fn a_guardian_started_by_hand_does_not_kill_its_callers_group() {
     use std::os::unix::process::CommandExt;
@@ -676,4 +679,18 @@ fn a_guardian_started_by_hand_does_not_kill_its_callers_group() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("SURVIVED 2"), "the caller's group was stopped: {}", show(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--guardian"), "{}", show(&out));
+    // As a job of a shell with job control: leading a group of its own, its input a pipe, but
+    // not named by a raft-run. Before: it said it was ready ("R") and ran, then swept its group.
+    let mut job = Command::new(common::raft_run())
+        .args(["--guardian", "100"])
+        .process_group(0)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(job.stdin.take());
+    let out = job.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "a guardian in a group of its own, not named: {}", show(&out));
+    assert!(out.stdout.is_empty(), "it said it was ready: {}", show(&out));
 }

@@ -305,16 +305,28 @@ fn members(group: libc::pid_t, except: libc::pid_t) -> Option<usize> {
     Some(count)
 }
 
+/// The variable `start_guardian` gives its guardian alone: the pid of the `raft-run` it guards.
+const GUARDIAN_OF: &str = "RAFT_RUN_GUARDIAN_OF";
+
 /// The guardian (`raft-run --guardian GRACE_MS`): leads the job's process group, ignores the
 /// signals `raft-run` passes on, and waits for its standard input (a pipe only `raft-run` holds
 /// open) to end; then stops what is left of the group: SIGTERM, and SIGKILL (itself included)
 /// after the grace period if anything remains.
 fn guardian(grace: Duration) -> ExitCode {
-    // Only as `start_guardian` starts it: leading a group of its own, the job's. Anywhere else
-    // (`raft-run --guardian` typed by hand, a script trying the options) its group is its
-    // caller's, which the sweep below would stop, the caller included (helper 111).
-    // SAFETY: getpid and getpgrp take nothing.
-    if unsafe { libc::getpgrp() != libc::getpid() } {
+    // Only as `start_guardian` starts it: leading a group of its own, the job's, a child of the
+    // `raft-run` that named itself in `GUARDIAN_OF`, reading a pipe. Anywhere else its group is
+    // another's, which the sweep below would stop: its caller's (`raft-run --guardian` in a
+    // script, helper 111), or, typed at a shell with job control (where every job leads a group
+    // of its own), the other members of its pipeline (the review of the thirty-third session,
+    // helper 120).
+    // SAFETY: getpid, getppid and getpgrp take nothing; fstat writes into a local.
+    let (leads, parent, stdin_is_pipe) = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        let pipe = libc::fstat(0, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFIFO;
+        (libc::getpgrp() == libc::getpid(), libc::getppid(), pipe)
+    };
+    let named = std::env::var_os(GUARDIAN_OF).is_some_and(|v| v.to_str().and_then(|v| v.parse::<libc::pid_t>().ok()) == Some(parent));
+    if !(leads && named && stdin_is_pipe) {
         note!("raft-run: --guardian is raft-run's own mode (the leader of a job's process group), not for use by hand\n{USAGE}");
         return ExitCode::from(2);
     }
@@ -366,7 +378,8 @@ fn guardian(grace: Duration) -> ExitCode {
 /// running once it has said so on its standard output.
 fn start_guardian(grace: Duration) -> Result<(Child, std::process::ChildStdin), String> {
     let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg("--guardian")
+    cmd.env(GUARDIAN_OF, std::process::id().to_string())
+        .arg("--guardian")
         .arg(grace.as_millis().min(u64::MAX as u128).to_string())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

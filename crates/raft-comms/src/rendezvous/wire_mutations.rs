@@ -323,7 +323,7 @@ fn a_rank_takes_no_id_from_a_mutated_rank_zero() {
         cases.send(ms.clone()).unwrap();
         let mut stream = TcpStream::connect(addr).unwrap();
         let started = Instant::now();
-        let got = fetch_once("mutations", "the fake", &mut stream, &key, 1, (2, 1), deadline_after(Duration::from_secs(10)));
+        let got = fetch_once("mutations", "the fake", addr, &mut stream, &key, 1, (2, 1), deadline_after(Duration::from_secs(10)));
         let took = started.elapsed();
         drop(stream);
         let (honest, sent) = hear.recv().unwrap();
