@@ -392,7 +392,8 @@ using cell_ptr = std::shared_ptr<comm_cell>;
 /// Makes `c` (not shared yet) a member of `q`.
 void join_clique(cell_ptr const& c, std::shared_ptr<clique> const& q);
 /// Makes `c` (not shared yet) a member of the clique registered under `key`, made if none is
-/// alive. Never under a cell's lock.
+/// alive. Under no lock or one cell's (`start_split` holds the parent's): the registry's lock and
+/// a clique's are taken after a cell's, never before one.
 void join_clique(cell_ptr const& c, std::string const& key);
 
 }  // namespace raftcomms

@@ -326,38 +326,41 @@ cell_ptr new_cell(int device, double timeout_s, bool bare)
 
 /// Starts a non-blocking ncclCommSplit of `parent` into a new bare cell (under the parent's
 /// lock, taken here). The child has no communicator until `finish_split`, after the parent's
-/// state left ncclInProgress.
+/// state left ncclInProgress. Everything that can throw comes before the split is issued: once
+/// it is, NCCL writes a communicator into the child's slot, and a child lost to a failure after
+/// that (a `bad_alloc` building the clique's key or joining it) left that communicator to
+/// nobody, never aborted, its proxy threads for the process's life.
 cell_ptr start_split(comm_cell& parent, int color, int key, char const* doing)
 {
   peers_after after;
   auto child           = new_cell(parent.device, parent.timeout_s, true);
   child->split_slot    = new ncclComm_t(nullptr);
   child->split_colored = color >= 0;
-  std::string clique_key;
-  {
-    std::lock_guard<std::mutex> hold(parent.lock);
-    live(parent, doing);
-    // Inside a group (split_all) NCCL lists the parent there: an abort must wait for the end.
-    if (group_depth > 0) { hold_for_group(parent, doing); }
-    device_scope scope{parent.device};
-    open_nccl_group();
-    ncclResult_t r = nccl().CommSplit(parent.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, child->split_slot, nullptr);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      std::string what = nccl_message(r, doing);
-      if (!leaves_comm_usable(r)) { abort_locked(parent, what); }
-      throw nccl_failure(r, what);
-    }
-    // The n-th split of each rank of the parent's clique, per color: the children's clique.
-    if (parent.peers && color >= 0) {
-      clique_key = "split " + std::to_string(parent.peers->serial) + " " +
-                   std::to_string(parent.splits) + " " + std::to_string(color);
-    }
-    ++parent.splits;
+  std::lock_guard<std::mutex> hold(parent.lock);
+  live(parent, doing);
+  // The n-th split of each rank of the parent's clique, per color: the children's clique. Joined
+  // under the parent's lock (its split count is the one this split is issued with) and before
+  // the split: a peer aborted from here on ends the child too, and `finish_split` aborts the
+  // communicator NCCL hands it. The split is issued all the same, so that the parent's split
+  // count stays that of its peers. A split not issued leaves the child to expire from the clique.
+  if (parent.peers && color >= 0) {
+    join_clique(child, "split " + std::to_string(parent.peers->serial) + " " + std::to_string(parent.splits) + " " +
+                           std::to_string(color));
   }
-  if (!clique_key.empty()) { join_clique(child, clique_key); }
+  // Inside a group (split_all) NCCL lists the parent there: an abort must wait for the end.
+  if (group_depth > 0) { hold_for_group(parent, doing); }
+  device_scope scope{parent.device};
+  open_nccl_group();
+  ncclResult_t r = nccl().CommSplit(parent.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, child->split_slot, nullptr);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    std::string what = nccl_message(r, doing);
+    if (!leaves_comm_usable(r)) { abort_locked(parent, what); }
+    throw nccl_failure(r, what);
+  }
+  // Issued: nothing from here to the caller's owning the child can throw.
+  ++parent.splits;
   return child;
 }
-
 
 /// After the parent's wait: takes the new communicator NCCL writes when the split's job ends
 /// (waiting for it, bounded by the timeout, should the parent have turned ready first), or none
@@ -383,7 +386,7 @@ bool finish_split(comm_cell& child)
         child.split_slot = nullptr;
         child.comm       = made;
         if (child.ended) {
-          // Its clique was aborted while NCCL made it: it goes at once, with the reason.
+          // Its clique was aborted before NCCL handed it over: it goes at once, with the reason.
           abort_now(child);
           live(child, "ncclCommSplit");  // throws, saying why
         }
