@@ -3,7 +3,8 @@
 //! after the inner closure's arrays may be gone), refuses to open inside another group, and the
 //! thread is left with no group open afterwards. Skips where NCCL cannot be loaded. And, on one
 //! GPU, a collective made by user code running inside a scoped call (a logger) is refused, and
-//! the watchdog's abort behind a shut stream holds up no use of the communicator.
+//! the watchdog's abort behind a shut stream holds up no use of the communicator. A group of more
+//! NCCL calls than NCCL's old limit of 2048 completes (one GPU: point-to-point; two: collectives).
 mod common;
 
 use raft_comms::{group, group_scope, Communicator, ReduceOp};
@@ -356,4 +357,67 @@ fn every_collective_of_one_rank_and_of_no_elements_gives_what_nccl_would() {
     let mut r = fresh();
     raft_comms::through_raft::allreduce(&res, &send, &mut r, ReduceOp::Sum).unwrap();
     same("RAFT's comms_iface allreduce", &r);
+}
+
+/// More operations in one NCCL group than NCCL's old limit of 2048 (`NCCL_MAX_OPS`, enforced
+/// per communicator up to 2.12: "Too many async operations in progress"). NCCL 2.13 queues a
+/// group's tasks in growing pools and cuts them into as many kernels as its work budget needs,
+/// so the NCCL this crate loads (2.18 or newer) takes any number (helper 117, read in NCCL's
+/// source at v2.18.1-1 and v2.28.9-1). Here, on one rank, 3000 sendrecv to itself in one scope:
+/// 6000 NCCL calls in the one group. One GPU; GPU run owed.
+const PAST_THE_OLD_LIMIT: usize = 3000;
+
+#[test]
+fn a_group_of_more_than_2048_point_to_point_calls_completes() {
+    let test = "a_group_of_more_than_2048_point_to_point_calls_completes";
+    if !common::have(1, test) {
+        return;
+    }
+    let res = DeviceResources::on_device(0).unwrap();
+    let comm = one_rank(&res);
+    let value = |i: usize, j: usize| (i * 4 + j) as f32;
+    let send: Vec<DeviceVec<f32>> = (0..PAST_THE_OLD_LIMIT)
+        .map(|i| DeviceVec::from_host(&res, &[value(i, 0), value(i, 1), value(i, 2), value(i, 3)]).unwrap())
+        .collect();
+    let mut recv: Vec<DeviceVec<f32>> = (0..PAST_THE_OLD_LIMIT).map(|_| DeviceVec::from_host(&res, &[f32::NAN; 4]).unwrap()).collect();
+    group_scope(|g| send.iter().zip(recv.iter_mut()).try_for_each(|(s, r)| g.on(&comm).sendrecv(s, 0, r, 0))).unwrap();
+    comm.sync().unwrap();
+    for (i, r) in recv.iter().enumerate() {
+        assert_eq!(r.to_host().unwrap(), [value(i, 0), value(i, 1), value(i, 2), value(i, 3)], "sendrecv {i} of the group");
+    }
+}
+
+/// The same across two ranks with collectives, the pattern of `allgatherv` (a broadcast per
+/// rank in one group): 3000 broadcasts a communicator in one scope, the root alternating.
+/// Two GPUs; GPU run owed.
+#[test]
+fn a_group_of_more_than_2048_collectives_completes_on_two_ranks() {
+    let test = "a_group_of_more_than_2048_collectives_completes_on_two_ranks";
+    if !common::have(2, test) {
+        return;
+    }
+    let res: Vec<DeviceResources> = (0..2).map(|d| DeviceResources::on_device(d).unwrap()).collect();
+    let comms = Communicator::clique_with_timeout(&res, Duration::from_secs(120)).unwrap();
+    let value = |r: usize, i: usize| (r * 100_000 + i) as f32;
+    let mut bufs: Vec<Vec<DeviceVec<f32>>> =
+        (0..2).map(|r| (0..PAST_THE_OLD_LIMIT).map(|i| DeviceVec::from_host(&res[r], &[value(r, i); 4]).unwrap()).collect()).collect();
+    group_scope(|g| {
+        for (r, mine) in bufs.iter_mut().enumerate() {
+            for (i, b) in mine.iter_mut().enumerate() {
+                g.on(&comms[r]).broadcast_in_place(b, i % 2)?;
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    for c in &comms {
+        c.sync().unwrap();
+    }
+    for (r, mine) in bufs.iter().enumerate() {
+        for (i, b) in mine.iter().enumerate() {
+            assert_eq!(b.to_host().unwrap(), [value(i % 2, i); 4], "broadcast {i} of the group on rank {r}");
+        }
+    }
+    drop(bufs);
+    Communicator::release_all(comms).unwrap();
 }
