@@ -76,6 +76,11 @@ pub enum Reason {
     Nccl,
     /// A job panicked (its payload: `JobHandle::join_unwind`).
     Panicked,
+    /// The process is exiting and the library's exit teardown has run (or was skipped): the
+    /// call came from a user's exit handler registered before the library's exit hook, or from a
+    /// thread still running under the exit (kind `Logic`). Nothing new is made from then on,
+    /// and what is dropped is left to the OS.
+    Exiting,
     /// Anything else.
     Other,
 }
@@ -92,6 +97,7 @@ impl fmt::Display for Reason {
             Reason::Cuda => "cuda",
             Reason::Nccl => "nccl",
             Reason::Panicked => "panicked",
+            Reason::Exiting => "exiting",
             Reason::Other => "other",
         })
     }
@@ -265,6 +271,20 @@ impl Error {
             "CUDA was in use when this process was forked: a fork's child cannot use CUDA or this library (start it with \
              spawn or forkserver, or exec)",
         )
+    }
+
+    /// The `Logic` error of a call made once the process's exit teardown has run or was skipped
+    /// (`raft_exit::closed`; [`Reason::Exiting`]): what the call would make would meet the C++
+    /// static destructors that follow the teardown (RMM's per-device map, the CUDA runtime's),
+    /// so nothing is made. Every crate of the workspace refuses through this (by way of
+    /// `raft_exit::refusal`).
+    pub fn exiting(who: impl Into<Cow<'static, str>>) -> Self {
+        Self::logic(
+            who,
+            "the process is exiting: the library's exit teardown has run (or was skipped), so nothing new is made; \
+             what is dropped from now on is left to the OS",
+        )
+        .with_reason(Reason::Exiting)
     }
 
     /// The `Cuda` error of a process without a CUDA driver ([`Reason::NoDriver`],
@@ -479,6 +499,9 @@ mod tests {
         let e = Error::timeout("UniqueId::fetch", "no id within 1.0 s");
         assert_eq!((e.kind(), e.reason()), (ErrorKind::Generic, Reason::Timeout));
         assert_eq!(Error::released("DeviceResources::sync", 0).reason(), Reason::Released);
+        let e = Error::exiting("DeviceResources::new");
+        assert_eq!((e.kind(), e.reason(), e.reason().to_string()), (ErrorKind::Logic, Reason::Exiting, "exiting".to_string()));
+        assert!(e.to_string().starts_with("DeviceResources::new: the process is exiting: the library's exit teardown has run"), "{e}");
         // with_who and with_message keep what a program acts on.
         let e = Error::released("a", 1).with_who("b").with_message("m");
         assert_eq!((e.to_string().as_str(), e.reason(), e.kind()), ("b: m", Reason::Released, ErrorKind::Logic));
