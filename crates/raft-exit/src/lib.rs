@@ -19,7 +19,10 @@
 //!   CUDA down under the running job.
 //!   A panic inside the hook (a user's `log` logger, say) changes none of this;
 //! - the **phase** of the exit ([`phase`], [`Phase`]): a job made once the exit has decided can
-//!   be refused ([`JobToken::try_register`], [`ExitDecided`]).
+//!   be refused ([`JobToken::try_register`], [`ExitDecided`]); once the teardown has run or was
+//!   skipped the library is [`closed`]: code that still runs (a user's exit handler registered
+//!   before the hook, which runs after it) is refused everything new ([`refusal`]: `Logic`,
+//!   reason `Exiting`), and what it drops is left to the OS.
 //!
 //! # Your own exit handlers after a skipped teardown
 //! `_exit` ends the process without running the exit handlers that come after the hook. The C
@@ -49,7 +52,7 @@ pub use hook::{
     ensure_registered as register_exit_hook, hook_registered, left_running_saying, log_guarded, mark_library_thread, on_library_thread,
     on_teardown, teardown_left_running, teardown_step, watch_forks,
 };
-pub use phase::{exiting, forked, native_release_allowed, phase, ExitDecided, Phase};
+pub use phase::{closed, closed_or, exiting, forked, native_release_allowed, phase, refusal, ExitDecided, Phase};
 pub use registry::Label;
 pub use wait::{
     current_exit_wait, default_exit_wait, set_default_exit_wait, spawn_thread, validate, with_exit_wait, ExitWait, InvalidExitWait,

@@ -80,6 +80,44 @@ pub fn exiting() -> bool {
     phase() != Phase::Running
 }
 
+/// Whether the library is closed to new work for good: the exit's teardown has run or was
+/// skipped (`TornDown`, `Skipped`; a fork's child is `Skipped` too). Code that still runs then (a
+/// user's exit handler registered before the library's hook runs after it, a thread still
+/// running under the exit) must make nothing native: it would meet the C++ static destructors
+/// that follow (RMM's per-device map, the CUDA runtime's), or outlive a skipped teardown.
+///
+/// One relaxed load, read by the gate every shim call passes (raft-core's, raft-comms's and
+/// raft-cuvs's `api`, in place of the fork flag they read before: the same cost). Relaxed is
+/// enough: the exit's own handlers run on the thread that set the phase, and another thread's
+/// call racing the decision is no more refused by an ordered load.
+#[inline]
+pub fn closed() -> bool {
+    PHASE.0.load(Ordering::Relaxed) >= Phase::TornDown as u8
+}
+
+/// The error of a call refused because the library is [`closed`]: `Error::forked` (`Cuda`) in a
+/// fork's child, else `Error::exiting` (`Logic`, reason `Exiting`).
+#[cold]
+#[inline(never)]
+pub fn refusal(who: impl Into<std::borrow::Cow<'static, str>>) -> raft_error::Error {
+    if forked() {
+        raft_error::Error::forked(who)
+    } else {
+        raft_error::Error::exiting(who)
+    }
+}
+
+/// `e`, or once the library is [`closed`], the exit's [`refusal`] for the same caller: for the
+/// refusal of an object the exit's teardown released, which then says why. Only on error paths.
+#[cold]
+pub fn closed_or(e: raft_error::Error) -> raft_error::Error {
+    if closed() {
+        refusal(e.who().to_owned())
+    } else {
+        e
+    }
+}
+
 /// A job refused because the exit has already decided: it would be neither waited for nor safe
 /// from the teardown (see [`JobToken::try_register`](crate::JobToken::try_register)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -131,6 +169,24 @@ mod tests {
             assert_eq!(cell.get(), p);
             assert_eq!(p.decided(), !matches!(p, Phase::Running | Phase::Waiting), "{p:?}");
         }
+    }
+
+    #[test]
+    fn only_a_teardown_that_ran_or_was_skipped_closes_the_library() {
+        // The ordering `closed` relies on: the phases after the teardown come last.
+        for p in [Phase::Running, Phase::Waiting, Phase::TearingDown, Phase::TornDown, Phase::Skipped] {
+            let closes = p as u8 >= Phase::TornDown as u8;
+            assert_eq!(closes, matches!(p, Phase::TornDown | Phase::Skipped), "{p:?}");
+            // The teardown's own releases still reach CUDA; nothing after it does.
+            assert_eq!(closes, p.decided() && p != Phase::TearingDown, "{p:?}");
+        }
+        // This test binary's exit never began.
+        assert!(!closed());
+        let e = closed_or(raft_error::Error::released("DeviceVec::new", 0));
+        assert_eq!(e.reason(), raft_error::Reason::Released, "a process that runs keeps the object's own error");
+        let e = refusal("DeviceResources::new");
+        assert_eq!((e.kind(), e.reason()), (raft_error::ErrorKind::Logic, raft_error::Reason::Exiting));
+        assert_eq!(e.who(), "DeviceResources::new");
     }
 
     #[test]
