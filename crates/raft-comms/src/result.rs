@@ -26,9 +26,11 @@ static_assertions::const_assert_eq!(sys::RAFTCOMMS_STATUS_LOGIC, 3);
 static_assertions::const_assert_eq!(sys::RAFTCOMMS_STATUS_GENERIC, 4);
 
 /// The loaded shim (with NCCL opened), or the error saying what is missing.
+/// Refused once the library is closed (`raft_exit::closed`: after the exit's teardown, or in a
+/// fork's child), as raft-core's shim gate is.
 pub(crate) fn api(who: &'static str) -> Result<&'static RaftcommsShim> {
-    if raft_exit::forked() {
-        return Err(Error::forked(who));
+    if raft_exit::closed() {
+        return Err(raft_exit::refusal(who));
     }
     loaded(who).map(|l| &l.api)
 }

@@ -233,7 +233,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
 
     pub(crate) fn live(&self, who: &'static str) -> Result<()> {
         if self.resources.is_released() {
-            Err(Error::released(who, self.resources.device()))
+            Err(raft_exit::closed_or(Error::released(who, self.resources.device())))
         } else {
             Ok(())
         }

@@ -49,7 +49,7 @@ fn same_len(who: &'static str, src: usize, dst: usize) -> Result<()> {
 
 fn live<T: DeviceScalar>(who: &'static str, v: &DeviceVec<T>) -> Result<()> {
     if v.resources().is_released() {
-        return Err(Error::released(who, v.resources().device()));
+        return Err(raft_exit::closed_or(Error::released(who, v.resources().device())));
     }
     Ok(())
 }
@@ -323,7 +323,7 @@ impl DeviceResources {
 impl<'scope, 'env> CopyScope<'scope, 'env> {
     fn check<T: DeviceScalar>(&self, who: &'static str, arrays: &[&DeviceVec<T>], src: usize, dst: usize) -> Result<()> {
         if !self.is_live() {
-            return Err(Error::released(who, self.device()));
+            return Err(raft_exit::closed_or(Error::released(who, self.device())));
         }
         for a in arrays {
             live(who, a)?;

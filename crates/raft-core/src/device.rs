@@ -91,9 +91,11 @@ struct DeviceContext {
 }
 
 /// The device's primary context as a cudarc context, retained once per process.
+/// Refused once the library is closed (`raft_exit::closed`: after the exit's teardown, or in a
+/// fork's child), as the shim's gate (`result::api`) is: every new resources object starts here.
 pub(crate) fn context(who: &'static str, device: usize) -> Result<Arc<CudaContext>> {
-    if raft_exit::forked() {
-        return Err(crate::error::Error::forked(who));
+    if raft_exit::closed() {
+        return Err(raft_exit::refusal(who));
     }
     let count = check_device(who, device)?;
     let slots = CONTEXTS.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect());

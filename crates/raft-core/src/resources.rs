@@ -583,7 +583,7 @@ impl DeviceResources {
         // Once the release takes the native objects, no new use begins: it waits only for the
         // uses already in flight, which no stream of new ones can prolong.
         if self.state.closing.load(Ordering::Acquire) {
-            return Err(Error::released(who, self.state.device));
+            return Err(raft_exit::closed_or(Error::released(who, self.state.device)));
         }
         let native = match self.state.native.try_read() {
             Ok(guard) => guard,
@@ -599,7 +599,7 @@ impl DeviceResources {
                 let me = std::thread::current().id();
                 match waits::read_behind_writer(&self.state.native, &self.state.closing, || self.state.lender_waits_for(me)) {
                     Ok(guard) => guard,
-                    Err(waits::Behind::Closing) => return Err(Error::released(who, self.state.device)),
+                    Err(waits::Behind::Closing) => return Err(raft_exit::closed_or(Error::released(who, self.state.device))),
                     Err(waits::Behind::Refused) => return Err(Error::logic(who, WAITS_FOR_THIS_ONE)),
                 }
             }
@@ -613,7 +613,7 @@ impl DeviceResources {
                 }
                 f(n)
             }
-            None => Err(Error::released(who, self.state.device)),
+            None => Err(raft_exit::closed_or(Error::released(who, self.state.device))),
         }
     }
 
@@ -640,7 +640,7 @@ impl DeviceResources {
             // As `with_native`: no new use once the release takes the native objects (checked
             // at every poll, so a release begun meanwhile is not held up).
             if self.state.closing.load(Ordering::Acquire) {
-                return Err(Error::released(who, self.state.device));
+                return Err(raft_exit::closed_or(Error::released(who, self.state.device)));
             }
             match self.state.native.try_write() {
                 Ok(guard) => break guard,
@@ -683,7 +683,7 @@ impl DeviceResources {
                 self.state.used.store(true, Ordering::Relaxed);
                 f(n)
             }
-            None => Err(Error::released(who, self.state.device)),
+            None => Err(raft_exit::closed_or(Error::released(who, self.state.device))),
         }
     }
 
@@ -791,7 +791,7 @@ impl DeviceResources {
         let device = self.state.device;
         let mut worker = self.state.worker.lock().unwrap_or_else(|e| e.into_inner());
         if self.is_released() {
-            return Err(Error::released(WHO, device));
+            return Err(raft_exit::closed_or(Error::released(WHO, device)));
         }
         if worker.is_none() {
             let w = Worker::start(WHO, device, self.state.ctx.clone())?;

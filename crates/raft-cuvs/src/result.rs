@@ -20,9 +20,11 @@ use std::ptr::NonNull;
 
 /// The loaded C API, or the `Cuda` error saying why it is not there (the kind raft-core gives a
 /// missing shim).
+/// Refused once the library is closed (`raft_exit::closed`: after the exit's teardown, or in a
+/// fork's child), as raft-core's shim gate is.
 pub(crate) fn api(who: &'static str) -> Result<&'static sys::CuvsApi> {
-    if raft_exit::forked() {
-        return Err(Error::forked(who));
+    if raft_exit::closed() {
+        return Err(raft_exit::refusal(who));
     }
     sys::api().map_err(|e| Error::library_missing(who, e.clone()))
 }

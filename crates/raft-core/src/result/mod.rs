@@ -40,11 +40,15 @@ static_assertions::const_assert_eq!(sys::RAFTRS_STATUS_LOGIC, 3);
 // The shim refuses to compile against another handle size; the build facts say the same.
 static_assertions::const_assert_eq!(sys::RAFTRS_EXPECTED_HANDLE_SIZE as usize, sys::build_info::HANDLE_SIZE);
 
-/// The loaded shim, or the `Cuda` error saying why it is not there.
+/// The loaded shim, or the `Cuda` error saying why it is not there. Refused once the library
+/// is closed (`raft_exit::closed`: the exit's teardown has run or was skipped, or this is a
+/// fork's child): a call made then (a user's exit handler registered before the library's hook
+/// runs after it) would make native objects under the static destructors that follow, or touch
+/// RMM's map and the CUDA runtime after theirs. One relaxed load, in place of the fork flag's.
 #[inline]
 pub(crate) fn api(who: &'static str) -> Result<&'static sys::RaftrsShim> {
-    if raft_exit::forked() {
-        return Err(Error::forked(who));
+    if raft_exit::closed() {
+        return Err(raft_exit::refusal(who));
     }
     sys::shim().map_err(|e| Error::library_missing(who, e.clone()))
 }
