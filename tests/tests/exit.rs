@@ -285,3 +285,72 @@ fn a_panicking_logger_does_not_end_a_resources_worker() {
     c.assert_code(0);
     assert_eq!(c.result("joined").as_deref(), Some("true"), "the job queued behind was never run:\n{c:?}");
 }
+
+/// The text of the child's `MESSAGE key=...` line (an error's `who: message`).
+fn message(c: &Child, key: &str) -> Option<String> {
+    let prefix = format!("MESSAGE {key}=");
+    c.stdout.lines().find_map(|l| l.strip_prefix(&prefix)).map(str::to_string)
+}
+
+/// Asserts that the child's call `key` was refused because the exit's teardown had run: kind
+/// `Logic`, reason `exiting`, a message that says so (not a missing driver, not released
+/// resources, not RMM's map).
+fn assert_refused_for_the_exit(c: &Child, key: &str, context: &str) {
+    let text = message(c, key).unwrap_or_default();
+    assert_eq!(c.result(key).as_deref(), Some("logic"), "{context}: {key} was not refused as Logic ({text}):\n{c:?}");
+    assert_eq!(c.result(&format!("{key}_reason")).as_deref(), Some("exiting"), "{context}: {key}: {text}");
+    assert!(text.contains("the process is exiting: the library's exit teardown has run"), "{context}: {key}: {text}");
+}
+
+/// The twenty-third audit's open item (helper 112), closed by helper 118: a user's `atexit`
+/// handler registered before the library's exit hook runs after the hook's teardown, and the
+/// library still accepted calls there (resources, arrays, `memory::set_current`), making native
+/// objects under the C++ static destructors and the CUDA runtime's teardown. Now every
+/// constructor is refused with a `Logic` error that names the exit, and main's status stands.
+/// Without a GPU the calls reach no driver either way: before, they failed with `Cuda` (no
+/// driver); the refusal now comes first and names the exit.
+#[test]
+fn a_user_exit_handler_after_the_teardown_is_refused_the_library_and_the_status_stands() {
+    let c = run_scenario!("library-after-teardown", &[("SCENARIO_GPU", "0"), ("SCENARIO_STATUS", "9")], LIMIT);
+    c.assert_code(9);
+    assert_eq!(c.result("hook_registered").as_deref(), Some("true"), "{c:?}");
+    assert_eq!(c.result("handler").as_deref(), Some("ran"), "the handler did not run to its end:\n{c:?}");
+    assert_eq!(c.result("phase").as_deref(), Some("TornDown"), "the handler ran before the teardown:\n{c:?}");
+    for key in ["new", "on_device", "current", "mr_cuda", "mr_current"] {
+        assert_refused_for_the_exit(&c, key, "cpu");
+    }
+    assert!(secs(&c) < 10.0, "the exit took {:.2} s", secs(&c));
+}
+
+/// The GPU half of the test above: resources, arrays (of the default async pool and of
+/// `cudaMalloc`), a memory resource and pinned memory made before the exit are used and dropped
+/// in a user's exit handler that runs after the teardown, registered first thing (it then runs
+/// after RMM's per-device map and the CUDA runtime are torn down too), after the shim's load
+/// (after the map's destruction, the runtime alive: new resources lent to RAFT there would read
+/// the destroyed map) or after the first resources (before both). Every new object and use is
+/// refused as `Logic` naming the exit,
+/// every drop leaves its native object to the OS without a crash or a wait, and main's status
+/// stands. (Before: new resources, `set_current` and allocations were accepted there.)
+#[test]
+fn a_user_exit_handler_after_the_teardown_is_refused_new_gpu_objects_and_drops_what_it_kept() {
+    if !gpu() {
+        return;
+    }
+    for order in ["first", "after-shim", "after-first-use"] {
+        let c =
+            run_scenario!("library-after-teardown", &[("SCENARIO_GPU", "1"), ("SCENARIO_STATUS", "9"), ("SCENARIO_HANDLER", order)], LIMIT);
+        let context = format!("handler registered {order}");
+        assert!(!c.stderr.contains("CRASH"), "{context}: {c:?}");
+        c.assert_code(9);
+        assert_eq!(c.result("handler").as_deref(), Some("ran"), "{context}: the handler did not run to its end:\n{c:?}");
+        assert_eq!(c.result("phase").as_deref(), Some("TornDown"), "{context}: {c:?}");
+        assert!(c.stderr.contains("tearing down"), "{context}: {}", c.stderr);
+        for key in
+            ["new", "on_device", "current", "mr_cuda", "mr_current", "alloc", "alloc_in", "pinned_new", "set_current", "spawn", "sync"]
+        {
+            assert_refused_for_the_exit(&c, key, &context);
+        }
+        assert_eq!(c.result("dropped").as_deref(), Some("ok"), "{context}: {c:?}");
+        assert!(secs(&c) < 20.0, "{context}: the exit took {:.2} s", secs(&c));
+    }
+}

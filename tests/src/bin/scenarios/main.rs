@@ -3,6 +3,7 @@
 //! `scenarios NAME` runs one; it prints `RESULT key=value ...` lines for the parent to check.
 //! The exit scenarios live here; the pool stress, the fault injection, the contexts memory lands
 //! in and the shared helpers in sibling modules.
+mod after_teardown;
 mod common;
 mod contexts;
 mod faults;
@@ -454,6 +455,9 @@ fn main() -> ExitCode {
             println!("RESULT abi={} hook={}", raft::abi().raft, raft_exit::hook_registered());
         }
         // The exit wait as read on the main thread (RAFT_EXIT_WAIT at first use).
+        // The twenty-third audit's open item: a user's exit handler that runs after the
+        // library's exit teardown calls it (after_teardown.rs).
+        "library-after-teardown" => after_teardown::library_after_teardown(),
         "read-wait" => match raft::exit::current_exit_wait() {
             Ok(v) => println!("RESULT wait={v}"),
             Err(e) => println!("ERROR {}", raft::Error::from(e)),
