@@ -45,6 +45,8 @@
 //! A process may exit (main returns, or `std::process::exit` from any thread) while jobs run:
 //! the exit waits for them up to their exit wait (see [`exit`]), then tears down or, when a job
 //! outlives its bound, leaks the native objects to the OS rather than destroy them under it.
+//! Code that runs after the teardown (an `atexit` handler registered before the library's first
+//! job runs after it) is refused every new object with [`Reason::Exiting`] ([`exit::closed`]).
 pub use cudarc;
 pub use raft_abi::{abi, raft_release, require_raft_release, running, version, Abi, AbiField, Release, Running};
 pub use raft_core::{
@@ -74,7 +76,7 @@ pub use raft_cuvs as cuvs;
 /// Exiting while jobs run: the exit wait and the state of the exit (`raft-exit`).
 pub mod exit {
     pub use raft_exit::{
-        current_exit_wait, default_exit_wait, jobs_in_flight, phase, releases_in_flight, set_default_exit_wait, spawn_thread,
+        closed, current_exit_wait, default_exit_wait, jobs_in_flight, phase, releases_in_flight, set_default_exit_wait, spawn_thread,
         with_exit_wait, ExitDecided, ExitWait, InvalidExitWait, Phase, DEFAULT_EXIT_WAIT,
     };
 }
