@@ -336,6 +336,20 @@ cell_ptr start_split(comm_cell& parent, int color, int key, char const* doing)
   auto child           = new_cell(parent.device, parent.timeout_s, true);
   child->split_slot    = new ncclComm_t(nullptr);
   child->split_colored = color >= 0;
+  // The slot goes with a split refused before it is issued (an ended parent, another thread's
+  // group, a failed device switch: 8 bytes each, for as long as a caller retries; the review of
+  // the thirty-fourth session, helper 121). From the call on it is NCCL's, failed or not.
+  struct unissued_slot {
+    comm_cell& child;
+    bool issued = false;
+    ~unissued_slot()
+    {
+      if (!issued) {
+        delete child.split_slot;
+        child.split_slot = nullptr;
+      }
+    }
+  } slot{*child};
   std::lock_guard<std::mutex> hold(parent.lock);
   live(parent, doing);
   // The n-th split of each rank of the parent's clique, per color: the children's clique. Joined
@@ -351,7 +365,8 @@ cell_ptr start_split(comm_cell& parent, int color, int key, char const* doing)
   if (group_depth > 0) { hold_for_group(parent, doing); }
   device_scope scope{parent.device};
   open_nccl_group();
-  ncclResult_t r = nccl().CommSplit(parent.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, child->split_slot, nullptr);
+  slot.issued      = true;
+  ncclResult_t r   = nccl().CommSplit(parent.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, child->split_slot, nullptr);
   if (r != ncclSuccess && r != ncclInProgress) {
     std::string what = nccl_message(r, doing);
     if (!leaves_comm_usable(r)) { abort_locked(parent, what); }
