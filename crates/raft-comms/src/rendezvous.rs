@@ -785,18 +785,19 @@ mod tests {
         assert!(e.message().contains("within 0.6 s") && e.message().contains("did not prove"), "{e}");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(squatting.join().unwrap(), 3, "the squatter is asked once by each fetch");
-        // A silent squatter ahead of rank 0: the rank waits `PROOF_WAIT` there, then goes on.
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (got, took, _, squatting) = past_a_squatter(Squat::Silent, &stop);
-        assert_eq!(got, Ok(id), "the rank past the silent squatter");
-        assert!(took >= PROOF_WAIT && took < PROOF_WAIT + Duration::from_secs(5), "{took:?}");
+        // A squatter ahead of rank 0 that stalls, silent or after the start of a refusal: the
+        // rank waits `PROOF_WAIT` there, then gets the id from the other address.
+        let past_a_staller = |how: Squat| {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (got, took, squat, squatting) = past_a_squatter(how, &stop);
+            assert_eq!(got, Ok(id), "the rank past a squatter that stalls ({})", how as u8);
+            assert!(took >= PROOF_WAIT && took < PROOF_WAIT + Duration::from_secs(5), "{took:?}");
+            (stop, squat, squatting)
+        };
+        let (stop, _, squatting) = past_a_staller(Squat::Silent);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(squatting.join().unwrap(), 1, "the silent squatter is asked once");
-        // One that starts a refusal and stalls: `PROOF_WAIT` there too, then the other address.
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (got, took, squat, squatting) = past_a_squatter(Squat::RefusesThenStalls, &stop);
-        assert_eq!(got, Ok(id), "the rank past the squatter that refuses, then stalls");
-        assert!(took >= PROOF_WAIT && took < PROOF_WAIT + Duration::from_secs(5), "{took:?}");
+        let (stop, squat, squatting) = past_a_staller(Squat::RefusesThenStalls);
         // Alone, its refusal ends the rank after the attempt's few seconds, named as what it is:
         // a process at that address not proved to be rank 0.
         let e = fetch_from("t", "the squatter", vec![squat], &key, 1, (2, 1), deadline_after(timeout), timeout).unwrap_err();
